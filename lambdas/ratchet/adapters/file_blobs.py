@@ -1,0 +1,38 @@
+"""Large tool outputs on the local disk, by content hash (the S3 adapter's local twin)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from ratchet.state import BlobRef
+
+
+class FileBlobStore:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+
+    def put(self, data: bytes) -> BlobRef:
+        digest = hashlib.sha256(data).hexdigest()
+        path = self._path(digest)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Write aside, fsync, then rename: a crash leaves either no blob or a whole one.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        return BlobRef(sha256=digest, size=len(data))
+
+    def get(self, ref: BlobRef) -> bytes:
+        data = self._path(ref.sha256).read_bytes()
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ValueError(f"blob {ref.sha256} is corrupt on disk")
+        return data
+
+    def _path(self, digest: str) -> Path:
+        return self._root / digest[:2] / digest

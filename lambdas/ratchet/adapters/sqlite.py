@@ -1,0 +1,343 @@
+"""The embedded store: checkpoints, heads and the idempotency ledger in one SQLite file.
+
+WAL mode with `synchronous=FULL`: a commit is durable when it returns, and readers in other
+processes never block the writer. Every write runs in `BEGIN IMMEDIATE`, which takes SQLite's
+single write lock up front, so a version check and the writes that depend on it cannot
+interleave with another process's.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from ratchet.errors import (
+    CheckpointTooLarge,
+    IdempotencyConflict,
+    RunNotFound,
+    StaleVersion,
+    StoreUnavailable,
+)
+from ratchet.migrations import upgrade_state
+from ratchet.ports import (
+    MAX_ITEM_BYTES,
+    Commit,
+    CommitReceipt,
+    LedgerEntry,
+    LedgerStatus,
+    RunSummary,
+)
+from ratchet.state import Checkpoint, CheckpointEvent, RunState, RunStatus, utcnow
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id     TEXT PRIMARY KEY,
+    version    INTEGER NOT NULL,
+    status     TEXT NOT NULL,
+    step       INTEGER NOT NULL,
+    attempts   INTEGER NOT NULL,
+    state      TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id     TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    step       INTEGER NOT NULL,
+    status     TEXT NOT NULL,
+    worker_id  TEXT NOT NULL,
+    bytes      INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    PRIMARY KEY (run_id, version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotency (
+    key        TEXT PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    step       INTEGER NOT NULL,
+    status     TEXT NOT NULL,
+    args_hash  TEXT NOT NULL,
+    decision   TEXT NOT NULL,
+    result     TEXT,
+    created_at TEXT NOT NULL,
+    expires_at TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    run_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
+_EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
+LEDGER_RETENTION = timedelta(days=30)
+
+
+class SqliteDatabase:
+    """One connection to a Ratchet SQLite file, shared by the store, ledger and leases."""
+
+    def __init__(self, path: Path, *, create: bool = True) -> None:
+        self.path = path
+        if not create and not path.exists():
+            raise StoreUnavailable(f"no Ratchet store at {path} (start a run first)")
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.connection = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+            self.connection.execute("PRAGMA journal_mode=WAL")
+            self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.execute("PRAGMA busy_timeout=30000")
+            if create:
+                self.connection.executescript(_SCHEMA)
+            else:
+                self.connection.execute("SELECT 1 FROM runs LIMIT 1")
+        except sqlite3.DatabaseError as error:
+            raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding SQLite's write lock from its first statement."""
+        self.connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.connection
+        except BaseException:
+            self.connection.execute("ROLLBACK")
+            raise
+        self.connection.execute("COMMIT")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _text_bytes(*values: str | None) -> int:
+    return sum(len(v.encode("utf-8")) for v in values if v is not None)
+
+
+def _check_size(what: str, text: str) -> None:
+    size = len(text.encode("utf-8"))
+    if size > MAX_ITEM_BYTES:
+        raise CheckpointTooLarge(what, size, MAX_ITEM_BYTES)
+
+
+class SqliteCheckpointStore:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
+        state_json = state.model_dump_json()
+        event_json = _EVENT.dump_json(checkpoint.event).decode()
+        _check_size(f"run {state.run_id} head", state_json)
+        _check_size(f"run {state.run_id} checkpoint", event_json)
+        with self._db.write() as tx:
+            inserted = tx.execute(
+                "INSERT INTO runs (run_id, version, status, step, attempts, state, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+                (
+                    state.run_id,
+                    state.version,
+                    state.status.value,
+                    state.step,
+                    state.attempts,
+                    state_json,
+                    state.updated_at.isoformat(),
+                ),
+            ).rowcount
+            if inserted:
+                self._insert_checkpoint(tx, checkpoint, event_json, _text_bytes(state_json))
+        return bool(inserted)
+
+    def load_head(self, run_id: str) -> RunState | None:
+        row = self._db.connection.execute(
+            "SELECT version, attempts, state FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        version, attempts, state_json = row
+        # `begin_attempt` bumps only the columns, so they are authoritative over the JSON.
+        raw = upgrade_state(json.loads(state_json))
+        raw.update(version=version, attempts=attempts)
+        return RunState.model_validate(raw)
+
+    def begin_attempt(self, run_id: str, expected_version: int) -> int:
+        with self._db.write() as tx:
+            changed = tx.execute(
+                "UPDATE runs SET attempts = attempts + 1, version = version + 1 "
+                "WHERE run_id = ? AND version = ?",
+                (run_id, expected_version),
+            ).rowcount
+            if not changed:
+                self._raise_stale(tx, run_id, expected_version)
+        return expected_version + 1
+
+    def commit(self, commit: Commit) -> CommitReceipt:
+        started = time.perf_counter()
+        head = commit.head
+        state_json = head.model_dump_json()
+        event_json = _EVENT.dump_json(commit.checkpoint.event).decode()
+        _check_size(f"run {head.run_id} head", state_json)
+        _check_size(f"run {head.run_id} step {commit.checkpoint.step} record", event_json)
+        result = commit.completes.result if commit.completes else None
+        if result is not None:
+            _check_size(f"ledger result of {commit.completes.key}", result)  # type: ignore[union-attr]
+        with self._db.write() as tx:
+            # The version check and every write below share one transaction: either the
+            # head was still at the version this worker read and all of it lands, or none.
+            changed = tx.execute(
+                "UPDATE runs SET version = ?, status = ?, step = ?, attempts = ?, state = ?, "
+                "updated_at = ? WHERE run_id = ? AND version = ?",
+                (
+                    head.version,
+                    head.status.value,
+                    head.step,
+                    head.attempts,
+                    state_json,
+                    head.updated_at.isoformat(),
+                    head.run_id,
+                    commit.expected_version,
+                ),
+            ).rowcount
+            if not changed:
+                self._raise_stale(tx, head.run_id, commit.expected_version)
+            written = _text_bytes(state_json, result)
+            if commit.completes is not None:
+                tx.execute(
+                    "UPDATE idempotency SET status = ?, result = ? WHERE key = ?",
+                    (LedgerStatus.COMPLETED.value, result, commit.completes.key),
+                )
+            written += self._insert_checkpoint(tx, commit.checkpoint, event_json, written)
+        return CommitReceipt(written, (time.perf_counter() - started) * 1000)
+
+    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        rows = self._db.connection.execute(
+            "SELECT version, step, status, worker_id, bytes, created_at, event "
+            "FROM checkpoints WHERE run_id = ? ORDER BY version",
+            (run_id,),
+        ).fetchall()
+        return [
+            Checkpoint(
+                run_id=run_id,
+                version=version,
+                step=step,
+                status=RunStatus(status),
+                worker_id=worker_id,
+                size=size,
+                created_at=datetime.fromisoformat(created_at),
+                event=_EVENT.validate_json(event),
+            )
+            for version, step, status, worker_id, size, created_at, event in rows
+        ]
+
+    def list_runs(self) -> list[RunSummary]:
+        rows = self._db.connection.execute(
+            "SELECT run_id, status, step, version, updated_at FROM runs ORDER BY updated_at"
+        ).fetchall()
+        return [
+            RunSummary(run_id, status, step, version, datetime.fromisoformat(updated_at))
+            for run_id, status, step, version, updated_at in rows
+        ]
+
+    @staticmethod
+    def _insert_checkpoint(
+        tx: sqlite3.Connection, checkpoint: Checkpoint, event_json: str, other_bytes: int
+    ) -> int:
+        row_bytes = _text_bytes(
+            checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
+        )
+        tx.execute(
+            "INSERT INTO checkpoints (run_id, version, step, status, worker_id, bytes, "
+            "created_at, event) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                checkpoint.run_id,
+                checkpoint.version,
+                checkpoint.step,
+                checkpoint.status.value,
+                checkpoint.worker_id,
+                row_bytes + other_bytes,
+                checkpoint.created_at.isoformat(),
+                event_json,
+            ),
+        )
+        return row_bytes
+
+    @staticmethod
+    def _raise_stale(tx: sqlite3.Connection, run_id: str, expected_version: int) -> None:
+        exists = tx.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if exists is None:
+            raise RunNotFound(run_id)
+        raise StaleVersion(run_id, expected_version)
+
+
+class SqliteLedger:
+    def __init__(self, db: SqliteDatabase, *, retention: timedelta = LEDGER_RETENTION) -> None:
+        self._db = db
+        self._retention = retention
+
+    def begin(self, entry: LedgerEntry) -> LedgerEntry:
+        decision_json = json.dumps(entry.decision, sort_keys=True)
+        _check_size(f"ledger decision of {entry.key}", decision_json)
+        now = utcnow()
+        expires_at = entry.expires_at or now + self._retention
+        with self._db.write() as tx:
+            # Insert-if-absent under the write lock: of two workers deciding the same step,
+            # the first record stands and the second reads it back below.
+            tx.execute(
+                "INSERT INTO idempotency (key, run_id, step, status, args_hash, decision, "
+                "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key) DO NOTHING",
+                (
+                    entry.key,
+                    entry.run_id,
+                    entry.step,
+                    LedgerStatus.IN_PROGRESS.value,
+                    entry.args_hash,
+                    decision_json,
+                    now.isoformat(),
+                    expires_at.isoformat(),
+                ),
+            )
+            stored = self._read(tx, entry.key)
+        assert stored is not None
+        if stored.args_hash != entry.args_hash:
+            raise IdempotencyConflict(entry.key)
+        return stored
+
+    def get(self, key: str) -> LedgerEntry | None:
+        return self._read(self._db.connection, key)
+
+    def complete(self, key: str, result: str) -> None:
+        _check_size(f"ledger result of {key}", result)
+        with self._db.write() as tx:
+            changed = tx.execute(
+                "UPDATE idempotency SET status = ?, result = ? WHERE key = ?",
+                (LedgerStatus.COMPLETED.value, result, key),
+            ).rowcount
+        if not changed:
+            raise KeyError(f"no idempotency record for {key!r}")
+
+    @staticmethod
+    def _read(connection: sqlite3.Connection, key: str) -> LedgerEntry | None:
+        row = connection.execute(
+            "SELECT key, run_id, step, status, args_hash, decision, result, expires_at "
+            "FROM idempotency WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is None:
+            return None
+        key, run_id, step, status, args_hash, decision, result, expires_at = row
+        return LedgerEntry(
+            key=key,
+            run_id=run_id,
+            step=step,
+            status=LedgerStatus(status),
+            args_hash=args_hash,
+            decision=json.loads(decision),
+            result=result,
+            expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
+        )

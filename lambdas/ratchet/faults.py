@@ -1,0 +1,75 @@
+"""Fault injection: crash the engine at an exact point to prove it survives there.
+
+`RATCHET_FAULT=<action>:<point>@<step>`, e.g. `kill:after_tool@23`. `raise` raises
+`InjectedFault`; `kill` sends SIGKILL to this very process, so nothing (no finally, no atexit)
+runs, as when a machine disappears. Several faults may be joined with commas. A fault fires
+every time its point is reached at its step in this process: a new process without the
+variable is what recovers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ratchet.errors import InjectedFault, InvalidInput
+
+
+class FaultPoint(StrEnum):
+    BEFORE_MODEL = "before_model"
+    AFTER_MODEL = "after_model"
+    AFTER_DECISION = "after_decision"
+    AFTER_TOOL = "after_tool"
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+
+
+class FaultAction(StrEnum):
+    RAISE = "raise"
+    KILL = "kill"
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: FaultAction
+    point: FaultPoint
+    step: int
+
+    def __str__(self) -> str:
+        return f"{self.action}:{self.point}@{self.step}"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> FaultPlan:
+        if not spec or not spec.strip():
+            return cls()
+        return cls(tuple(_parse_one(part.strip()) for part in spec.split(",") if part.strip()))
+
+    def hit(self, point: FaultPoint, step: int) -> None:
+        for fault in self.faults:
+            if fault.point is point and fault.step == step:
+                if fault.action is FaultAction.KILL:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise InjectedFault(f"injected fault {fault}")
+
+
+NO_FAULTS = FaultPlan()
+
+
+def _parse_one(text: str) -> Fault:
+    try:
+        action, rest = text.split(":", 1)
+        point, step = rest.split("@", 1)
+        return Fault(FaultAction(action), FaultPoint(point), int(step))
+    except ValueError:
+        points = ", ".join(p.value for p in FaultPoint)
+        raise InvalidInput(
+            f"bad RATCHET_FAULT {text!r}: expected <raise|kill>:<point>@<step> with point one "
+            f"of {points}"
+        ) from None

@@ -1,0 +1,267 @@
+"""`ratchet demo`: the pattern's story, for real, in under a minute and offline.
+
+Worker A (a real process) runs the migration agent and is SIGKILLed during step 23, after its
+tool copied the batch and before the checkpoint. Worker B, a fresh process, waits for A's lease
+to lapse, resumes at step 23 from checkpoint 22 (the redelivered key changes nothing), and runs
+until the agent asks for approval: the run parks and B exits. The demo approves as a person
+would, with `ratchet approve`; worker C finishes the run. Then it checks the invariants and
+exits non-zero if any fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.state import RunState, RunStatus, idempotency_key
+
+RUN_ID = "demo-migration"
+KILL_STEP = 23
+LEASE_SECONDS = 1.5
+TIMEOUT_SECONDS = 120.0
+
+
+@dataclass
+class _Demo:
+    console: Console
+    workdir: Path
+    batches: int
+
+    @property
+    def store(self) -> str:
+        return f"sqlite:///{self.workdir / 'ratchet.db'}"
+
+    @property
+    def total_steps(self) -> int:
+        return self.batches + 5  # inspect, copies, approval, drop, email, then DONE
+
+    def ratchet(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ratchet.cli", "--store", self.store, *args],
+            capture_output=True,
+            text=True,
+            env=self._env(env),
+            check=False,
+        )
+
+    def spawn_worker(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        log = (self.workdir / f"{name}.log").open("w")
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ratchet.cli",
+                "--store",
+                self.store,
+                "worker",
+                "--until-idle",
+                "--worker-id",
+                name,
+                "--lease-seconds",
+                str(LEASE_SECONDS),
+            ],
+            stdout=log,
+            stderr=log,
+            text=True,
+            env=self._env(env),
+        )
+
+    def head(self) -> RunState:
+        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        try:
+            state = runtime.store.load_head(RUN_ID)
+        finally:
+            runtime.close()
+        assert state is not None
+        return state
+
+    def watch(self, process: subprocess.Popen[str], label: str) -> int:
+        """Show the run's progress until the worker process exits; return its exit code."""
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        with Progress(
+            TextColumn(f"  {label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps  {task.fields[status]}"),
+            console=self.console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(label, total=self.total_steps, status="")
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    process.kill()
+                    raise TimeoutError(f"{label} did not finish in {TIMEOUT_SECONDS:.0f} s")
+                state = self.head()
+                progress.update(task, completed=state.step, status=state.status.value)
+                time.sleep(0.05)
+        return process.wait()
+
+    def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_FAULT", "RATCHET_STORE")}
+        return {**env, **(extra or {})}
+
+
+def run_demo(console: Console, *, batches: int = 40, keep: bool = False) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="ratchet-demo-"))
+    demo = _Demo(console, workdir, batches)
+    try:
+        return _tell(demo)
+    finally:
+        if keep:
+            console.print(f"\nThe demo's store is kept at {demo.store}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tell(demo: _Demo) -> int:
+    say = demo.console.print
+    started = time.monotonic()
+    say("[bold]Ratchet demo[/bold]: a migration agent that survives SIGKILL and waits for a person")
+    say(f"Store: {demo.store} (fresh)\n")
+
+    created = demo.ratchet(
+        "start",
+        "--scenario",
+        "migration",
+        "--run-id",
+        RUN_ID,
+        "--model",
+        "scripted",
+        "--batches",
+        str(demo.batches),
+    )
+    if created.returncode != 0:
+        say(f"[red]could not start the run:[/red] {created.stderr.strip()}")
+        return 1
+    say(
+        f"1. Started run [cyan]{RUN_ID}[/cyan]: copy {demo.batches * 1000:,} rows of "
+        f"legacy_orders in {demo.batches} batches, ask before dropping it, email a report."
+    )
+
+    say(
+        f"2. Worker A starts. It will be killed with SIGKILL during step {KILL_STEP}, after its "
+        "tool copied the batch and before the checkpoint."
+    )
+    worker_a = demo.spawn_worker("worker-A", {"RATCHET_FAULT": f"kill:after_tool@{KILL_STEP}"})
+    code = demo.watch(worker_a, "worker A")
+    state = demo.head()
+    say(
+        f"   Worker A died (exit {code}). Last checkpoint: step {state.step}, version "
+        f"{state.version}; attempts at step {state.next_step}: {state.attempts}."
+    )
+
+    say(
+        "3. Worker B, a fresh process, waits for A's lease to lapse and resumes from the "
+        "checkpoint."
+    )
+    worker_b = demo.spawn_worker("worker-B")
+    code = demo.watch(worker_b, "worker B")
+    state = demo.head()
+    if state.status is not RunStatus.WAITING or state.waiting is None:
+        say(f"[red]expected the run to wait for approval, it is {state.status.value}[/red]")
+        return 1
+    say(
+        f"   The run parked at step {state.step}, waiting for a person: "
+        f"[italic]{state.waiting.request.prompt}[/italic]"
+    )
+    say(f"   Worker B exited (exit {code}): a waiting run holds no process and costs nothing.")
+
+    say(f"4. A person approves: ratchet approve {RUN_ID} --comment 'Backups verified'")
+    approved = demo.ratchet("approve", RUN_ID, "--comment", "Backups verified", "--by", "dana")
+    if approved.returncode != 0:
+        say(f"[red]approve failed:[/red] {approved.stderr.strip()}")
+        return 1
+
+    say("5. Worker C picks the run up and finishes it.")
+    demo.watch(demo.spawn_worker("worker-C"), "worker C")
+    state = demo.head()
+    say(f"   Run {state.status.value} at step {state.step}: {state.summary}\n")
+    return _verify(demo, state, time.monotonic() - started)
+
+
+def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
+    say = demo.console.print
+    checked = demo.ratchet("verify", RUN_ID, "--json")
+    report = json.loads(checked.stdout) if checked.stdout.strip() else {"ok": False}
+    resumed_from = _resumed_from(demo)
+    model_calls = _model_calls(demo)
+    paid_twice = sum(1 for count in model_calls.values() if count > 1)
+    key = idempotency_key(RUN_ID, KILL_STEP)
+    checks = [
+        ("run finished", state.status is RunStatus.DONE, state.status.value),
+        (
+            f"worker B resumed at step {KILL_STEP} from checkpoint {KILL_STEP - 1}",
+            resumed_from == KILL_STEP - 1,
+            f"resumed after checkpoint of step {resumed_from}",
+        ),
+        (
+            "rows copied",
+            report.get("target_rows") == report.get("source_rows"),
+            f"{report.get('target_rows', 0):,} of {report.get('source_rows', 0):,}",
+        ),
+        ("duplicate rows", report.get("duplicate_rows") == 0, str(report.get("duplicate_rows"))),
+        ("emails sent", report.get("emails_sent") == 1, str(report.get("emails_sent"))),
+        ("legacy_orders dropped", report.get("legacy_dropped") is True, "yes"),
+        (
+            "model calls paid twice",
+            paid_twice == 0,
+            f"{paid_twice} ({sum(model_calls.values())} calls for {len(model_calls)} decisions)",
+        ),
+        (
+            f"key {key}",
+            report.get("keys_delivered", 0) - report.get("keys_applied", 0) == 1,
+            "delivered twice, applied once",
+        ),
+        ("verify", bool(report.get("ok")), "ok" if report.get("ok") else str(report)),
+    ]
+    say("[bold]Verification[/bold]")
+    for label, ok, detail in checks:
+        mark = "[green]ok[/green]  " if ok else "[red]FAIL[/red]"
+        say(f"  {mark} {label}: {detail}")
+    failed = [label for label, ok, _ in checks if not ok]
+    if failed:
+        say(f"\n[red]{len(failed)} invariant(s) failed.[/red] Logs: {demo.workdir}")
+        return 1
+    say(f"\nAll invariants hold. The demo took {elapsed:.1f} s.")
+    return 0
+
+
+def _log_records(demo: _Demo) -> list[dict[str, object]]:
+    records = []
+    for log in sorted(demo.workdir.glob("worker-*.log")):
+        for line in log.read_text().splitlines():
+            if line.startswith("{"):
+                records.append(json.loads(line))
+    return records
+
+
+def _model_calls(demo: _Demo) -> Counter[int]:
+    return Counter(
+        int(str(r["step"])) for r in _log_records(demo) if r.get("message") == "model called"
+    )
+
+
+def _resumed_from(demo: _Demo) -> int | None:
+    """The step of the last checkpoint worker A wrote: where worker B had to start from."""
+    steps = [
+        int(str(r["step"]))
+        for r in _log_records(demo)
+        if r.get("message") == "checkpoint written"
+        and r.get("worker_id") == "worker-A"
+        and r.get("event") == "step"
+    ]
+    return max(steps, default=None)

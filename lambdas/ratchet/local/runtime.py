@@ -1,0 +1,141 @@
+"""The local runtime: the engine wired to a SQLite store, a blob folder and per-run agent data.
+
+`sqlite:///.ratchet/ratchet.db` keeps everything beside that file: the database, blobs in
+`ratchet.blobs/`, and each run's agent data (the app database of the migration demo, say) in
+`ratchet.data/<run_id>/`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.scripted import ScriptedModel
+from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.engine.core import Binding, Engine
+from ratchet.errors import AgentNotFound, InvalidInput, StoreUnavailable
+from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.local.leases import Leases
+from ratchet.ports import Model
+from ratchet.scenarios import load_agent
+from ratchet.state import RunOptions, RunState
+from ratchet.tools import Agent, RunContext
+
+DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
+SCRIPTED = "scripted"
+
+
+class LocalSettings(BaseModel):
+    """Configuration of the local entry points, read from the environment once, at start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store: str = DEFAULT_STORE
+    anthropic_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    fault: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LocalSettings:
+        env = os.environ if environ is None else environ
+        return cls(
+            store=env.get("RATCHET_STORE") or DEFAULT_STORE,
+            anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
+            anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
+            fault=env.get("RATCHET_FAULT") or None,
+        )
+
+
+def sqlite_path(url: str) -> Path:
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise StoreUnavailable(
+            f"unsupported store URL {url!r}: locally use sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db"
+        )
+    return Path(url[len(prefix) :])
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class LocalRuntime:
+    db: SqliteDatabase
+    settings: LocalSettings
+    _bindings: dict[str, Binding] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, settings: LocalSettings, *, create: bool = True) -> LocalRuntime:
+        return cls(SqliteDatabase(sqlite_path(settings.store), create=create), settings)
+
+    @property
+    def store(self) -> SqliteCheckpointStore:
+        return SqliteCheckpointStore(self.db)
+
+    @property
+    def ledger(self) -> SqliteLedger:
+        return SqliteLedger(self.db)
+
+    @property
+    def leases(self) -> Leases:
+        return Leases(self.db)
+
+    @property
+    def root(self) -> Path:
+        return self.db.path.parent / self.db.path.stem
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext:
+        return RunContext(
+            run_id=run_id, options=options, workdir=Path(f"{self.root}.data") / run_id
+        )
+
+    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
+        return Engine(
+            store=self.store,
+            ledger=self.ledger,
+            blobs=FileBlobStore(Path(f"{self.root}.blobs")),
+            bind=self.bind,
+            worker_id=worker_id,
+            logger=logger,
+            faults=faults,
+        )
+
+    def bind(self, state: RunState) -> Binding:
+        """The run's agent, model and opened resources, built once per process and run."""
+        binding = self._bindings.get(state.run_id)
+        if binding is None:
+            agent = load_agent(state.agent)
+            context = self.context(state.run_id, state.options)
+            resources = agent.resources(context) if agent.resources else None
+            model = build_model(agent, state.options.model, self.settings)
+            binding = self._bindings[state.run_id] = Binding(agent, model, resources)
+        return binding
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def build_model(agent: Agent, model: str, settings: LocalSettings) -> Model:
+    """The model a run asked for: its agent's scripted policy, or Claude."""
+    if model == SCRIPTED:
+        if agent.policy is None:
+            raise AgentNotFound(
+                f"agent {agent.name!r} has no scripted policy; run it with --model "
+                "<claude model> and ANTHROPIC_API_KEY set"
+            )
+        return ScriptedModel(agent.policy)
+    key = settings.anthropic_api_key
+    if key is None:
+        raise InvalidInput(f"--model {model} needs ANTHROPIC_API_KEY in the environment")
+    from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
+
+    client = anthropic_client(key.get_secret_value(), base_url=settings.anthropic_base_url)
+    return AnthropicModel(client, model)

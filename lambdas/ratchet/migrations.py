@@ -1,0 +1,45 @@
+"""Code drift: states written by an older Ratchet are upgraded on load, one version at a time.
+
+Each entry of `UPGRADES` turns a state dict of version N into version N + 1. A state newer than
+this code is refused, never guessed at: a worker on old code must not advance a run that a
+newer deploy has already touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ratchet.errors import UnsupportedSchema
+from ratchet.state import SCHEMA_VERSION
+
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+
+UPGRADES: Mapping[int, Upgrade] = {}
+"""`UPGRADES[n]` upgrades a version-n state to n + 1. Empty while version 1 is the only one."""
+
+
+def upgrade_state(
+    raw: Mapping[str, Any],
+    *,
+    current: int = SCHEMA_VERSION,
+    upgrades: Mapping[int, Upgrade] = UPGRADES,
+) -> dict[str, Any]:
+    """Return `raw` upgraded to schema version `current`, or raise `UnsupportedSchema`."""
+    state = dict(raw)
+    version = state.get("schema_version", 1)
+    if not isinstance(version, int) or version < 1:
+        raise UnsupportedSchema(f"state has an invalid schema_version: {version!r}")
+    if version > current:
+        raise UnsupportedSchema(
+            f"run {state.get('run_id', '?')!r} was written with state schema {version}, but this "
+            f"Ratchet reads schema {current} at most; upgrade Ratchet before resuming it"
+        )
+    while version < current:
+        step = upgrades.get(version)
+        if step is None:
+            raise UnsupportedSchema(f"no upgrade from state schema {version} to {version + 1}")
+        state = step(state)
+        version += 1
+        state["schema_version"] = version
+    return state

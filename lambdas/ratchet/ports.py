@@ -1,0 +1,165 @@
+"""The small interfaces the engine talks to. Adapters implement them; the engine never sees how.
+
+Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformance suite
+(`tests/conformance`), so the contracts documented here are tested, not just described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.state import BlobRef, Checkpoint, Decision, Message, RunState, ToolDigest, ToolOutput
+
+MAX_ITEM_BYTES = 350 * 1024
+"""No record Ratchet writes may exceed this (DynamoDB's item limit is 400 KB)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One atomic write: the new head and its checkpoint record, if the head is still at
+    `expected_version`. `completes` names a ledger key to mark completed in the same write."""
+
+    head: RunState
+    checkpoint: Checkpoint
+    expected_version: int
+    completes: LedgerCompletion | None = None
+
+
+@dataclass(frozen=True)
+class LedgerCompletion:
+    key: str
+    result: str
+
+
+@dataclass(frozen=True)
+class CommitReceipt:
+    bytes_written: int
+    milliseconds: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    status: str
+    step: int
+    version: int
+    updated_at: datetime
+
+
+class CheckpointStore(Protocol):
+    """Durable, versioned checkpoints: one head per run plus an immutable record per commit.
+
+    Contract:
+    - `create_run` writes the head and its `created` checkpoint; it returns False and changes
+      nothing if the run id exists.
+    - `load_head` is strongly consistent: it sees every committed write.
+    - `begin_attempt` and `commit` succeed only if the head is still at the version the caller
+      read; otherwise they raise `StaleVersion` and change nothing. The head's version after a
+      successful write is `expected_version + 1`.
+    - `commit` writes the head, the checkpoint record and the ledger completion in one
+      transaction, and refuses any record over `MAX_ITEM_BYTES` before writing.
+    - Checkpoints are never rewritten; every one can be read back until retention removes it.
+    """
+
+    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool: ...
+
+    def load_head(self, run_id: str) -> RunState | None: ...
+
+    def begin_attempt(self, run_id: str, expected_version: int) -> int:
+        """Count one more attempt at the run's next step; returns the new version."""
+        ...
+
+    def commit(self, commit: Commit) -> CommitReceipt: ...
+
+    def list_checkpoints(self, run_id: str) -> list[Checkpoint]: ...
+
+    def list_runs(self) -> list[RunSummary]: ...
+
+
+class LedgerStatus(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class LedgerEntry(BaseModel):
+    """The idempotency record of one step: its decision, recorded before anything is done."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    run_id: str
+    step: int
+    args_hash: str
+    decision: dict[str, Any]
+    status: LedgerStatus = LedgerStatus.IN_PROGRESS
+    result: str | None = None
+    expires_at: datetime | None = None
+
+
+class IdempotencyLedger(Protocol):
+    """One record per idempotency key, in its own table.
+
+    Contract:
+    - `begin` inserts the entry if the key is new and returns it. If the key exists with the
+      same `args_hash` it returns the stored entry unchanged (so a retry reuses the recorded
+      decision); with another hash it raises `IdempotencyConflict`.
+    - `complete` marks the key completed with its result (idempotent for the same result).
+    """
+
+    def begin(self, entry: LedgerEntry) -> LedgerEntry: ...
+
+    def get(self, key: str) -> LedgerEntry | None: ...
+
+    def complete(self, key: str, result: str) -> None: ...
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class StepView(BaseModel):
+    """The bounded view of a run that a model decides from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    goal: str
+    step: int
+    """The step being decided."""
+    messages: list[Message] = Field(default_factory=list)
+    tool_results: list[ToolOutput] = Field(default_factory=list)
+    digest: dict[str, ToolDigest] = Field(default_factory=dict)
+    last_result: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    tools: list[ToolSpec]
+    view: StepView
+
+
+class Model(Protocol):
+    """Decides one step. Raises `ModelUnavailable` or `ModelOutputInvalid`; never retries
+    on its own beyond a transport-level minimum (the engine owns retries)."""
+
+    def decide(self, request: ModelRequest) -> Decision: ...
+
+
+class BlobStore(Protocol):
+    """Large tool outputs, stored by content hash so the state only holds a reference."""
+
+    def put(self, data: bytes) -> BlobRef: ...
+
+    def get(self, ref: BlobRef) -> bytes: ...

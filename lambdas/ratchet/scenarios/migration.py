@@ -1,0 +1,207 @@
+"""Demo scenario `migration`: copy a legacy table in batches, ask before dropping it, report.
+
+Run it offline with the scripted policy below, or let Claude drive the same tools with
+`--model <claude model>` and `ANTHROPIC_API_KEY` set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ratchet.scenarios.migration_data import (
+    BATCH_SIZE,
+    SOURCE_TABLE,
+    TARGET_TABLE,
+    MigrationData,
+    SqliteMigrationData,
+)
+from ratchet.state import RunState, RunStatus
+from ratchet.tools import (
+    Agent,
+    Decision,
+    Done,
+    RunContext,
+    StepView,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    ask_person,
+    tool,
+)
+
+REPORT_TO = "data-team@example.com"
+DEFAULT_BATCHES = 40
+
+
+class InspectTable(BaseModel):
+    table: Literal["legacy_orders", "orders"]
+
+
+class CopyBatch(BaseModel):
+    batch: int = Field(ge=1, description="1-based batch number; batch b holds ids of batch b.")
+
+
+class RequestApproval(BaseModel):
+    action: str = Field(min_length=1, max_length=500, description="What you want to do.")
+    reason: str = Field(min_length=1, max_length=2000, description="Why it is safe now.")
+
+
+class DropTable(BaseModel):
+    table: Literal["legacy_orders"]
+
+
+class SendEmail(BaseModel):
+    to: str = Field(pattern=r"^[^@\s]+@[^@\s]+$")
+    subject: str = Field(min_length=1, max_length=200)
+    body: str = Field(min_length=1, max_length=10_000)
+
+
+def _data(ctx: ToolContext) -> MigrationData:
+    data: MigrationData = ctx.resources
+    return data
+
+
+@tool()
+def inspect_table(args: InspectTable, ctx: ToolContext) -> str:
+    """Count the rows of a table (legacy_orders or orders) and the batches they make."""
+    return _data(ctx).inspect(args.table)
+
+
+@tool(side_effect=True)
+def copy_batch(args: CopyBatch, ctx: ToolContext) -> str:
+    """Copy one batch of 1,000 rows from legacy_orders into orders, in one transaction.
+    Safe to retry: a batch applied under this step's key is not applied again."""
+    return _data(ctx).copy_batch(args.batch, ctx.idempotency_key)
+
+
+@tool()
+def request_approval(args: RequestApproval, ctx: ToolContext) -> ToolResult:
+    """Ask a person to approve a risky action. The run pauses until they decide; their
+    answer becomes this step's result."""
+    return ask_person(f"{args.action}. {args.reason}", action=args.action, reason=args.reason)
+
+
+@tool(side_effect=True)
+def drop_table(args: DropTable, ctx: ToolContext) -> str:
+    """Drop legacy_orders. Irreversible: only after every batch is copied and a person
+    approved it."""
+    return _data(ctx).drop_source(ctx.idempotency_key)
+
+
+@tool(side_effect=True)
+def send_email(args: SendEmail, ctx: ToolContext) -> str:
+    """Send an email (queued in the outbox). Sent at most once per step."""
+    return _data(ctx).send_email(args.to, args.subject, args.body, ctx.idempotency_key)
+
+
+def migration_policy(view: StepView) -> Decision:
+    """The scripted model: a pure function of the bounded view, so it resumes from any
+    checkpoint exactly as a model reading the step prompt would."""
+    batches = int(view.params.get("batches", DEFAULT_BATCHES))
+    if not view.messages:
+        return ToolCall(name="inspect_table", arguments={"table": SOURCE_TABLE})
+    last = view.messages[-1]
+    match last.tool:
+        case "inspect_table":
+            return ToolCall(name="copy_batch", arguments={"batch": 1})
+        case "copy_batch" if int(last.arguments["batch"]) < batches:
+            return ToolCall(
+                name="copy_batch", arguments={"batch": int(last.arguments["batch"]) + 1}
+            )
+        case "copy_batch":
+            rows = batches * BATCH_SIZE
+            return ToolCall(
+                name="request_approval",
+                arguments={
+                    "action": f"Drop {SOURCE_TABLE}",
+                    "reason": f"All {batches} batches ({rows:,} rows) are copied into "
+                    f"{TARGET_TABLE}",
+                },
+            )
+        case "request_approval" if (view.last_result or "").startswith("Approved"):
+            return ToolCall(name="drop_table", arguments={"table": SOURCE_TABLE})
+        case "request_approval" | "drop_table":
+            dropped = last.tool == "drop_table"
+            return ToolCall(name="send_email", arguments=_report(batches, dropped))
+        case _:
+            dropped = "drop_table" in view.digest or any(
+                m.tool == "drop_table" for m in view.messages
+            )
+            outcome = "dropped" if dropped else "kept, since the drop was not approved"
+            return Done(
+                summary=f"Copied {batches * BATCH_SIZE:,} rows of {SOURCE_TABLE} into "
+                f"{TARGET_TABLE} in {batches} batches; {SOURCE_TABLE} was {outcome}; "
+                f"{REPORT_TO} has the report."
+            )
+
+
+def _report(batches: int, dropped: bool) -> dict[str, Any]:
+    fate = "has been dropped" if dropped else "was kept (the drop was not approved)"
+    return {
+        "to": REPORT_TO,
+        "subject": f"Migration of {SOURCE_TABLE} complete",
+        "body": f"{batches * BATCH_SIZE:,} rows were copied into {TARGET_TABLE} in {batches} "
+        f"batches. {SOURCE_TABLE} {fate}.",
+    }
+
+
+def open_data(ctx: RunContext) -> MigrationData:
+    return SqliteMigrationData(ctx.workdir / "app.db")
+
+
+def prepare(ctx: RunContext) -> None:
+    data = SqliteMigrationData(ctx.workdir / "app.db")
+    try:
+        data.seed(int(ctx.options.params.get("batches", DEFAULT_BATCHES)))
+    finally:
+        data.close()
+
+
+def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
+    data = SqliteMigrationData(ctx.workdir / "app.db")
+    try:
+        counts = data.counts()
+    finally:
+        data.close()
+    problems = []
+    if counts.duplicate_rows:
+        problems.append(f"{counts.duplicate_rows} rows were copied twice")
+    if counts.emails_sent > 1:
+        problems.append(f"{counts.emails_sent} report emails were sent")
+    if state.status is RunStatus.DONE:
+        if counts.missing_rows:
+            problems.append(f"{counts.missing_rows} rows were never copied")
+        if counts.emails_sent != 1:
+            problems.append("the report email was not sent")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "status": state.status.value,
+        "source_rows": counts.source_rows,
+        "target_rows": counts.target_rows,
+        "duplicate_rows": counts.duplicate_rows,
+        "missing_rows": counts.missing_rows,
+        "emails_sent": counts.emails_sent,
+        "legacy_dropped": counts.legacy_dropped,
+        "keys_delivered": counts.keys_delivered,
+        "keys_applied": counts.keys_applied,
+    }
+
+
+agent = Agent(
+    name="migration",
+    goal=(
+        "Migrate every row of legacy_orders ({batches} batches of 1,000 rows) into orders, one "
+        "batch per step, never copying a batch twice. When all batches are copied, ask a person "
+        "to approve dropping legacy_orders and drop it only if they approve. Finally email "
+        f"{REPORT_TO} a short report of what was done."
+    ),
+    tools=[inspect_table, copy_batch, request_approval, drop_table, send_email],
+    policy=migration_policy,
+    default_params={"batches": DEFAULT_BATCHES},
+    resources=open_data,
+    prepare=prepare,
+    verify=verify,
+)

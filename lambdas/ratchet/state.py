@@ -1,0 +1,222 @@
+"""The run state: one serializable object per run, and the events that move it forward.
+
+This module is the ground floor: it imports nothing from Ratchet. Everything a worker needs to
+resume a run is in `RunState`; everything a checkpoint records is a `CheckpointEvent`. The head
+of a run is always the fold of its checkpoint events (see `ratchet.engine.transitions`), which
+is what lets `ratchet show --step N` rebuild the state as of any earlier checkpoint.
+
+What a step writes must not grow with the run's length, so the state keeps a bounded view: the
+last `RECENT_STEPS` steps in full and a per-tool digest of the older ones. The full history is
+in the immutable checkpoint records.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+"""Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning."""
+
+RECENT_STEPS = 5
+"""How many completed steps the state (and so the model) sees in full."""
+
+MAX_ATTEMPTS = 3
+"""The third failed attempt at a step marks the run failed."""
+
+DEFAULT_MAX_STEPS = 60
+MAX_GOAL_BYTES = 64 * 1024
+PREVIEW_CHARS = 400
+"""Tool output kept inline in the state; the full output is in the step record or a blob."""
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN.pattern)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def idempotency_key(run_id: str, step: int) -> str:
+    """The key every side-effecting call of a step carries: `<run_id>/step-<n>`."""
+    return f"{run_id}/step-{step}"
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunOptions(_Model):
+    model: str = "scripted"
+    max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100_000)
+    tool_latency_ms: int = Field(default=0, ge=0, le=600_000)
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Agent-specific options, e.g. `{"batches": 40}` for the migration scenario."""
+
+
+class ToolCall(_Model):
+    """The model's decision at one step: the single tool it asked for."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Done(_Model):
+    """The model reported the goal complete."""
+
+    summary: str
+
+
+Decision = ToolCall | Done
+
+
+class BlobRef(_Model):
+    sha256: str
+    size: int
+
+
+class Message(_Model):
+    """What the assistant decided at a step."""
+
+    step: int
+    role: Literal["assistant"] = "assistant"
+    tool: str
+    arguments: dict[str, Any]
+
+
+class ToolOutput(_Model):
+    """A tool's result at a step. `text` is a preview when the full output lives in a blob."""
+
+    step: int
+    tool: str
+    text: str
+    blob: BlobRef | None = None
+
+
+class ApprovalRequest(_Model):
+    """What a tool asks a person before the run may go on."""
+
+    prompt: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Waiting(_Model):
+    step: int
+    request: ApprovalRequest
+    since: datetime
+
+
+class ToolDigest(_Model):
+    """Older calls of one tool, summarised so the state stays bounded."""
+
+    calls: int
+    first_step: int
+    last_step: int
+    last_arguments: dict[str, Any]
+
+
+class RunState(_Model):
+    """Everything needed to resume a run, and nothing that cannot be serialized."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: RunId
+    agent: str
+    goal: str
+    options: RunOptions = RunOptions()
+    status: RunStatus = RunStatus.RUNNING
+    step: int = 0
+    """Completed steps. The next step to run is `step + 1`."""
+    version: int = 1
+    """Bumped by every write to the head; a write must name the version it read."""
+    attempts: int = 0
+    """Attempts started at step `step + 1`; counted before the work starts."""
+    messages: list[Message] = Field(default_factory=list)
+    tool_results: list[ToolOutput] = Field(default_factory=list)
+    digest: dict[str, ToolDigest] = Field(default_factory=dict)
+    last_result: str | None = None
+    waiting: Waiting | None = None
+    summary: str | None = None
+    error: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def next_step(self) -> int:
+        return self.step + 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RunStatus.DONE, RunStatus.FAILED)
+
+
+# --- checkpoint events: what each checkpoint records ------------------------------------------
+
+
+class Created(_Model):
+    kind: Literal["created"] = "created"
+    state: RunState
+
+
+class StepCompleted(_Model):
+    """One immutable step record: the decision, its key, and what the tool returned."""
+
+    kind: Literal["step"] = "step"
+    step: int
+    key: str
+    call: ToolCall
+    output: ToolOutput
+    wait: ApprovalRequest | None = None
+    attempt: int
+    duration_ms: float
+
+
+class PersonDecided(_Model):
+    kind: Literal["decided"] = "decided"
+    approved: bool
+    by: str
+    comment: str = ""
+
+
+class AttemptFailed(_Model):
+    kind: Literal["attempt_failed"] = "attempt_failed"
+    step: int
+    attempt: int
+    error: str
+
+
+class Finished(_Model):
+    kind: Literal["finished"] = "finished"
+    status: Literal[RunStatus.DONE, RunStatus.FAILED]
+    summary: str | None = None
+    error: str | None = None
+
+
+CheckpointEvent = Annotated[
+    Created | StepCompleted | PersonDecided | AttemptFailed | Finished,
+    Field(discriminator="kind"),
+]
+
+
+class Checkpoint(_Model):
+    """One row of a run's history. The head is the fold of these, in version order."""
+
+    run_id: str
+    version: int
+    step: int
+    status: RunStatus
+    worker_id: str
+    size: int = 0
+    """Bytes the commit wrote (head, record and ledger rows), filled in by the store."""
+    created_at: datetime = Field(default_factory=utcnow)
+    event: CheckpointEvent

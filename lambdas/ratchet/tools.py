@@ -1,0 +1,178 @@
+"""The public API for defining an agent: tools, their context, and an optional scripted policy.
+
+A tool is a plain function with a pydantic argument model::
+
+    class CopyBatch(BaseModel):
+        batch: int = Field(ge=1)
+
+    @tool(side_effect=True)
+    def copy_batch(args: CopyBatch, ctx: ToolContext) -> str:
+        \"\"\"Copy one batch of rows into the new table.\"\"\"
+        return db.copy(args.batch, key=ctx.idempotency_key)
+
+A side-effecting tool must apply each `ctx.idempotency_key` at most once: a step that crashed
+after its tool call is retried with the same key and the same arguments. An agent bundles the
+tools with a goal, an optional scripted policy (for offline runs) and optional hooks that open
+per-run resources, seed data and check invariants.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast, get_type_hints
+
+from pydantic import BaseModel
+
+from ratchet.ports import StepView, ToolSpec
+from ratchet.state import ApprovalRequest, Decision, Done, RunOptions, RunState, ToolCall
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+__all__ = [
+    "Agent",
+    "ApprovalRequest",
+    "Decision",
+    "Done",
+    "Policy",
+    "RunContext",
+    "StepView",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolResult",
+    "ask_person",
+    "tool",
+]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a run's agent keeps its own data, and the options the run was started with."""
+
+    run_id: str
+    options: RunOptions
+    workdir: Path
+    """A directory private to this store (locally, next to the SQLite file)."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool handler knows about the call it is serving."""
+
+    run_id: str
+    step: int
+    idempotency_key: str
+    """`<run_id>/step-<n>`: the same on every attempt of the step."""
+    attempt: int
+    resources: Any
+    """Whatever the agent's `resources` hook returned for this run (e.g. a DB handle)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer. `wait_for` parks the run until a person approves or rejects."""
+
+    output: str
+    wait_for: ApprovalRequest | None = None
+
+
+def ask_person(prompt: str, **details: Any) -> ToolResult:
+    """Return this from a tool to park the run until a person decides."""
+    return ToolResult(
+        output=f"Waiting for a person: {prompt}",
+        wait_for=ApprovalRequest(prompt=prompt, details=details),
+    )
+
+
+Handler = Callable[[ArgsT, ToolContext], "ToolResult | str"]
+
+
+@dataclass(frozen=True)
+class Tool(Generic[ArgsT]):
+    name: str
+    description: str
+    args: type[ArgsT]
+    handler: Handler[ArgsT]
+    side_effect: bool = False
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            input_schema=self.args.model_json_schema(),
+        )
+
+    def parse(self, arguments: Mapping[str, Any]) -> ArgsT:
+        return self.args.model_validate(dict(arguments))
+
+    def __call__(self, args: ArgsT, ctx: ToolContext) -> ToolResult:
+        result = self.handler(args, ctx)
+        return result if isinstance(result, ToolResult) else ToolResult(output=str(result))
+
+
+def tool(
+    *, name: str | None = None, side_effect: bool = False
+) -> Callable[[Handler[ArgsT]], Tool[ArgsT]]:
+    """Make a `Tool` from a function `(args: SomeModel, ctx: ToolContext) -> str | ToolResult`.
+
+    The name defaults to the function's, the description to its docstring, and the argument
+    model is read from the first parameter's annotation.
+    """
+
+    def wrap(fn: Handler[ArgsT]) -> Tool[ArgsT]:
+        params = list(inspect.signature(fn).parameters)
+        hints = get_type_hints(fn)
+        args_model = hints.get(params[0]) if params else None
+        if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
+            raise TypeError(f"{fn.__name__}: the first parameter must be a pydantic model")
+        description = inspect.getdoc(fn)
+        if not description:
+            raise TypeError(f"{fn.__name__}: a tool needs a docstring; the model reads it")
+        return Tool(
+            name=name or fn.__name__,
+            description=description,
+            args=cast("type[ArgsT]", args_model),
+            handler=fn,
+            side_effect=side_effect,
+        )
+
+    return wrap
+
+
+Policy = Callable[[StepView], Decision]
+"""A scripted model: decides the next step from the same bounded view Claude gets."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """Everything Ratchet needs to run one kind of agent.
+
+    `goal` is the default goal, formatted with the run's `params` (`--goal` overrides it).
+    `resources(ctx)` opens what the tools need once per process and run; `prepare(ctx)` runs
+    once when the run is started (it must be idempotent); `verify(ctx)` returns the agent's
+    invariants for the run as a dict with at least `ok`.
+    """
+
+    name: str
+    tools: Sequence[Tool[Any]]
+    goal: str = ""
+    policy: Policy | None = None
+    default_params: Mapping[str, Any] = field(default_factory=dict)
+    resources: Callable[[RunContext], Any] | None = None
+    prepare: Callable[[RunContext], None] | None = None
+    verify: Callable[[RunContext, RunState], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tools]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"agent {self.name!r} has duplicate tool names: {sorted(duplicates)}")
+
+    def tool_named(self, name: str) -> Tool[Any] | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def goal_for(self, params: Mapping[str, Any]) -> str:
+        return self.goal.format(**{**self.default_params, **params})
