@@ -200,6 +200,8 @@ class Finished(_Model):
     status: Literal[RunStatus.DONE, RunStatus.FAILED]
     summary: str | None = None
     error: str | None = None
+    attempts: int = 0
+    """Attempts started at the step that did not complete (the DONE decision counts as one)."""
 
 
 CheckpointEvent = Annotated[

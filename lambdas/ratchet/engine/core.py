@@ -186,26 +186,32 @@ class Engine:
         try:
             binding = self._bind(state)
             decision = self._decide(state, binding)
-            if isinstance(decision, Done):
-                return self._finish(
-                    state, Finished(status=RunStatus.DONE, summary=decision.summary)
-                )
-            output, wait = self._act(state, binding, decision)
+            if isinstance(decision, ToolCall):
+                output, wait = self._act(state, binding, decision)
         except StepAttemptFailed as error:
             return self._record_failure(state, error)
-        event = StepCompleted(
-            step=step,
-            key=idempotency_key(run_id, step),
-            call=decision,
-            output=output,
-            wait=wait,
-            attempt=state.attempts,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
+        key = idempotency_key(run_id, step)
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
-        head = self._commit(
-            state, event, step=step, completes=LedgerCompletion(event.key, output.text)
-        )
+        if isinstance(decision, Done):
+            finished = Finished(
+                status=RunStatus.DONE, summary=decision.summary, attempts=state.attempts
+            )
+            head = self._commit(
+                state, finished, step=state.step, completes=LedgerCompletion(key, "DONE")
+            )
+        else:
+            event = StepCompleted(
+                step=step,
+                key=key,
+                call=decision,
+                output=output,
+                wait=wait,
+                attempt=state.attempts,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
+            head = self._commit(
+                state, event, step=step, completes=LedgerCompletion(key, output.text)
+            )
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head)
 
@@ -318,6 +324,7 @@ class Engine:
         raise error
 
     def _finish(self, state: RunState, event: Finished) -> StepOutcome:
+        event = event.model_copy(update={"attempts": state.attempts})
         return StepOutcome.of(self._commit(state, event, step=state.step))
 
     def _commit(

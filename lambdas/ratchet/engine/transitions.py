@@ -46,6 +46,7 @@ def apply_event(
                 "status": event.status,
                 "summary": event.summary,
                 "error": event.error,
+                "attempts": event.attempts,
                 "waiting": None,
             }
     return state.model_copy(update=update)

@@ -197,7 +197,8 @@ def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
     say = demo.console.print
     checked = demo.ratchet("verify", RUN_ID, "--json")
     report = json.loads(checked.stdout) if checked.stdout.strip() else {"ok": False}
-    resumed_from = _resumed_from(demo)
+    resumed_from = _last_step_by(demo, "worker-A", last=True)
+    resumed_at = _last_step_by(demo, "worker-B", last=False)
     model_calls = _model_calls(demo)
     paid_twice = sum(1 for count in model_calls.values() if count > 1)
     key = idempotency_key(RUN_ID, KILL_STEP)
@@ -205,8 +206,8 @@ def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
         ("run finished", state.status is RunStatus.DONE, state.status.value),
         (
             f"worker B resumed at step {KILL_STEP} from checkpoint {KILL_STEP - 1}",
-            resumed_from == KILL_STEP - 1,
-            f"resumed after checkpoint of step {resumed_from}",
+            (resumed_from, resumed_at) == (KILL_STEP - 1, KILL_STEP),
+            f"A's last checkpoint: step {resumed_from}; B's first: step {resumed_at}",
         ),
         (
             "rows copied",
@@ -255,13 +256,15 @@ def _model_calls(demo: _Demo) -> Counter[int]:
     )
 
 
-def _resumed_from(demo: _Demo) -> int | None:
-    """The step of the last checkpoint worker A wrote: where worker B had to start from."""
+def _last_step_by(demo: _Demo, worker: str, *, last: bool) -> int | None:
+    """The last (or first) step a worker checkpointed, from its own log lines."""
     steps = [
         int(str(r["step"]))
         for r in _log_records(demo)
         if r.get("message") == "checkpoint written"
-        and r.get("worker_id") == "worker-A"
+        and r.get("worker_id") == worker
         and r.get("event") == "step"
     ]
-    return max(steps, default=None)
+    if not steps:
+        return None
+    return max(steps) if last else min(steps)

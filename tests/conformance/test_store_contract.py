@@ -1,0 +1,228 @@
+"""The contract every CheckpointStore and IdempotencyLedger backend must honour.
+
+One suite, parametrised over backends (`backend` fixture in conftest.py): add a backend there
+and it must pass all of this unchanged.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from ratchet.engine.transitions import apply_event
+from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
+from ratchet.ports import MAX_ITEM_BYTES, Commit, LedgerCompletion, LedgerEntry, LedgerStatus
+from ratchet.state import (
+    Checkpoint,
+    Created,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    ToolCall,
+    ToolOutput,
+    utcnow,
+)
+
+
+def new_run(run_id: str = "r1", goal: str = "copy the rows") -> tuple[RunState, Checkpoint]:
+    state = RunState(run_id=run_id, agent="fake", goal=goal)
+    return state, Checkpoint(
+        run_id=run_id,
+        version=1,
+        step=0,
+        status=state.status,
+        worker_id="w",
+        event=Created(state=state),
+    )
+
+
+def step_commit(head: RunState, step: int, *, text: str = "ok") -> Commit:
+    event = StepCompleted(
+        step=step,
+        key=f"{head.run_id}/step-{step}",
+        call=ToolCall(name="write_row", arguments={"n": step}),
+        output=ToolOutput(step=step, tool="write_row", text=text),
+        attempt=1,
+        duration_ms=1.0,
+    )
+    at = utcnow()
+    new_head = apply_event(head, event, version=head.version + 1, at=at)
+    checkpoint = Checkpoint(
+        run_id=head.run_id,
+        version=new_head.version,
+        step=step,
+        status=new_head.status,
+        worker_id="w",
+        created_at=at,
+        event=event,
+    )
+    return Commit(
+        head=new_head,
+        checkpoint=checkpoint,
+        expected_version=head.version,
+        completes=LedgerCompletion(f"{head.run_id}/step-{step}", text),
+    )
+
+
+def entry(key: str = "r1/step-1", args_hash: str = "h1") -> LedgerEntry:
+    return LedgerEntry(
+        key=key, run_id="r1", step=1, args_hash=args_hash, decision={"name": "write_row"}
+    )
+
+
+# --- CheckpointStore ---------------------------------------------------------------------------
+
+
+def test_create_then_load_returns_the_same_state(backend):
+    state, checkpoint = new_run()
+
+    assert backend.store.create_run(state, checkpoint) is True
+
+    assert backend.store.load_head("r1") == state
+    assert backend.store.load_head("nope") is None
+
+
+def test_creating_an_existing_run_changes_nothing(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    other, other_checkpoint = new_run(goal="something else")
+
+    assert backend.store.create_run(other, other_checkpoint) is False
+
+    assert backend.store.load_head("r1") == state
+    assert len(backend.store.list_checkpoints("r1")) == 1
+
+
+def test_commit_moves_the_head_and_appends_one_checkpoint(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    backend.ledger.begin(entry())
+    commit = step_commit(state, 1)
+
+    receipt = backend.store.commit(commit)
+
+    assert backend.store.load_head("r1") == commit.head
+    checkpoints = backend.store.list_checkpoints("r1")
+    assert [c.version for c in checkpoints] == [1, 2]
+    assert checkpoints[1].event == commit.checkpoint.event
+    assert checkpoints[1].size == receipt.bytes_written > 0
+    completed = backend.ledger.get("r1/step-1")
+    assert completed is not None
+    assert (completed.status, completed.result) == (LedgerStatus.COMPLETED, "ok")
+
+
+def test_a_commit_on_a_stale_version_is_rejected_and_changes_nothing(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    winner, loser = step_commit(state, 1, text="winner"), step_commit(state, 1, text="loser")
+
+    backend.store.commit(winner)
+    with pytest.raises(StaleVersion):
+        backend.store.commit(loser)
+
+    assert backend.store.load_head("r1") == winner.head
+    assert len(backend.store.list_checkpoints("r1")) == 2
+
+
+def test_begin_attempt_counts_and_bumps_the_version_only_on_the_version_read(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+
+    assert backend.store.begin_attempt("r1", 1) == 2
+    with pytest.raises(StaleVersion):
+        backend.store.begin_attempt("r1", 1)
+    with pytest.raises(RunNotFound):
+        backend.store.begin_attempt("missing", 1)
+
+    head = backend.store.load_head("r1")
+    assert head is not None
+    assert (head.version, head.attempts) == (2, 1)
+    assert len(backend.store.list_checkpoints("r1")) == 1, "an attempt is not a checkpoint"
+
+
+def test_a_commit_after_begin_attempt_must_name_the_bumped_version(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    backend.store.begin_attempt("r1", 1)
+
+    with pytest.raises(StaleVersion):
+        backend.store.commit(step_commit(state, 1))
+    bumped = state.model_copy(update={"version": 2, "attempts": 1})
+    backend.store.commit(step_commit(bumped, 1))
+
+    head = backend.store.load_head("r1")
+    assert head is not None
+    assert (head.version, head.attempts, head.step) == (3, 0, 1)
+
+
+def test_every_checkpoint_stays_readable(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    head = state
+    for step in range(1, 8):
+        commit = step_commit(head, step)
+        backend.store.commit(commit)
+        head = commit.head
+
+    checkpoints = backend.store.list_checkpoints("r1")
+
+    assert [c.step for c in checkpoints] == list(range(8))
+    assert all(c.worker_id == "w" for c in checkpoints)
+
+
+def test_an_oversized_record_is_refused_before_anything_is_written(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+
+    with pytest.raises(CheckpointTooLarge, match="bytes, over the"):
+        backend.store.commit(step_commit(state, 1, text="x" * (MAX_ITEM_BYTES + 1)))
+
+    assert backend.store.load_head("r1") == state
+    assert len(backend.store.list_checkpoints("r1")) == 1
+
+
+def test_list_runs_reports_each_run_once(backend):
+    for run_id in ("a", "b"):
+        backend.store.create_run(*new_run(run_id))
+
+    runs = {r.run_id: r for r in backend.store.list_runs()}
+
+    assert set(runs) == {"a", "b"}
+    assert runs["a"].status == RunStatus.RUNNING
+
+
+# --- IdempotencyLedger -------------------------------------------------------------------------
+
+
+def test_begin_records_the_decision_once_and_returns_it_on_retry(backend):
+    first = backend.ledger.begin(entry())
+    again = backend.ledger.begin(entry())
+
+    assert first == again
+    assert first.status is LedgerStatus.IN_PROGRESS
+    assert first.decision == {"name": "write_row"}
+    assert first.expires_at is not None
+    assert first.expires_at > utcnow() + timedelta(days=1)
+
+
+def test_the_same_key_with_other_arguments_is_refused(backend):
+    backend.ledger.begin(entry())
+
+    with pytest.raises(IdempotencyConflict):
+        backend.ledger.begin(entry(args_hash="h2"))
+
+    stored = backend.ledger.get("r1/step-1")
+    assert stored is not None
+    assert stored.args_hash == "h1"
+
+
+def test_complete_records_the_result(backend):
+    backend.ledger.begin(entry())
+
+    backend.ledger.complete("r1/step-1", "copied 1000 rows")
+
+    stored = backend.ledger.get("r1/step-1")
+    assert stored is not None
+    assert (stored.status, stored.result) == (LedgerStatus.COMPLETED, "copied 1000 rows")
+    assert backend.ledger.get("r1/step-2") is None

@@ -1,0 +1,344 @@
+"""The engine's guarantees, each checked at the exact point that protects it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from ratchet.engine.core import Binding, Engine, Outcome, StepOutcome
+from ratchet.engine.transitions import replay
+from ratchet.errors import (
+    InjectedFault,
+    ModelOutputInvalid,
+    ModelUnavailable,
+    NotWaiting,
+    StaleVersion,
+    ToolFailed,
+)
+from ratchet.faults import FaultPlan
+from ratchet.ports import ModelRequest
+from ratchet.state import MAX_ATTEMPTS, RECENT_STEPS, Decision, RunStatus, ToolCall
+from tests.support import LOG, Harness, StubModel, fake_agent
+
+
+def test_a_clean_run_commits_one_checkpoint_per_step_and_replays_to_its_head(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=12))
+    harness.start()
+
+    final = harness.run_until_stopped()
+
+    assert final.status is RunStatus.DONE
+    assert final.step == 12
+    checkpoints = harness.store.list_checkpoints("run")
+    assert [c.event.kind for c in checkpoints] == ["created"] + ["step"] * 12 + ["finished"]
+    assert replay(checkpoints) == final
+    assert all(c.worker_id == "worker-1" and c.size > 0 for c in checkpoints)
+
+
+def test_the_state_stays_bounded_while_the_history_keeps_every_step(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=40))
+    harness.start()
+
+    final = harness.run_until_stopped()
+
+    assert [m.step for m in final.messages] == list(range(36, 41))
+    assert len(final.tool_results) == RECENT_STEPS
+    digest = final.digest["write_row"]
+    assert (digest.calls, digest.first_step, digest.last_step) == (35, 1, 35)
+    assert digest.last_arguments == {"n": 35}
+    steps = [c.step for c in harness.store.list_checkpoints("run") if c.event.kind == "step"]
+    assert steps == list(range(1, 41))
+
+
+def test_the_attempt_is_counted_durably_before_the_model_is_called(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=3), faults=FaultPlan.parse("raise:before_model@1"))
+    harness.start()
+
+    with pytest.raises(InjectedFault):
+        harness.engine.advance("run")
+
+    head = harness.restart().engine.load("run")
+    assert (head.step, head.attempts) == (0, 1)
+
+
+def test_a_step_that_keeps_killing_its_process_fails_the_run_on_the_third_strike(tmp_path):
+    model = StubModel(total=5)
+    harness = Harness(tmp_path, model, faults=FaultPlan.parse("raise:after_tool@2"))
+    harness.start()
+    harness.engine.advance("run")
+    for _ in range(MAX_ATTEMPTS):
+        with pytest.raises(InjectedFault):
+            harness.engine.advance("run")
+
+    # A fresh worker does not try a fourth time: it marks the run failed.
+    outcome = harness.restart().engine.advance("run")
+
+    assert outcome.outcome is Outcome.FAILED
+    head = harness.engine.load("run")
+    assert head.status is RunStatus.FAILED
+    assert head.step == 1, "the run keeps its last checkpoint"
+    assert head.error == "step 2 failed 3 times; last error: the worker died during the step"
+    assert harness.table.received.count("run/step-2") == 3
+    assert harness.table.row_count == 2
+    assert harness.engine.advance("run").outcome is Outcome.FAILED
+
+
+@dataclass
+class ScriptedFailures:
+    """A model that answers with the given decisions or exceptions, in order."""
+
+    answers: list[Decision | Exception]
+    calls: int = 0
+
+    def decide(self, request: ModelRequest) -> Decision:
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _engine_with(harness: Harness, model: object) -> Engine:
+    binding = Binding(fake_agent(harness.table), model)  # type: ignore[arg-type]
+    return Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.engine._blobs,
+        bind=lambda state: binding,
+        worker_id="worker-1",
+        logger=LOG,
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "error_type", "message"),
+    [
+        (ToolCall(name="rm_rf", arguments={}), ModelOutputInvalid, "unknown tool 'rm_rf'"),
+        (ToolCall(name="write_row", arguments={"n": "x"}), ModelOutputInvalid, "invalid arguments"),
+        (ToolCall(name="write_row", arguments={}), ModelOutputInvalid, "n: Field required"),
+        (ModelOutputInvalid("neither a tool call nor DONE"), ModelOutputInvalid, "neither"),
+        (ModelUnavailable("rate limited (429)"), ModelUnavailable, "429"),
+    ],
+)
+def test_bad_model_answers_are_failed_attempts_and_the_third_fails_the_run(
+    tmp_path, answer, error_type, message
+):
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    engine = _engine_with(harness, ScriptedFailures([answer]))
+
+    for attempt in (1, 2):
+        with pytest.raises(error_type, match=message):
+            engine.advance("run")
+        head = engine.load("run")
+        assert (head.status, head.attempts, head.step) == (RunStatus.RUNNING, attempt, 0)
+        assert message in (head.error or "")
+    outcome = engine.advance("run")
+
+    assert outcome.outcome is Outcome.FAILED
+    head = engine.load("run")
+    assert head.error is not None
+    assert head.error.startswith("step 1 failed 3 times; last error:")
+    assert message in head.error
+    assert harness.table.row_count == 0
+    assert harness.ledger.get("run/step-1") is None, "an invalid decision is never recorded"
+
+
+def test_a_failed_attempt_is_retried_and_the_run_recovers(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    good = ToolCall(name="write_row", arguments={"n": 1})
+    model = ScriptedFailures([ModelUnavailable("overloaded"), good, ModelOutputInvalid("x")])
+    engine = _engine_with(harness, model)
+
+    with pytest.raises(ModelUnavailable):
+        engine.advance("run")
+    assert engine.advance("run").outcome is Outcome.CONTINUE
+
+    head = engine.load("run")
+    assert (head.step, head.attempts, head.error) == (1, 0, None)
+
+
+def test_a_tool_that_raises_is_a_failed_attempt(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=2))
+    harness.start()
+    harness.table.db.execute("DROP TABLE rows")
+
+    with pytest.raises(ToolFailed, match="write_row raised OperationalError"):
+        harness.engine.advance("run")
+    assert harness.engine.load("run").attempts == 1
+
+
+def test_a_retried_step_reuses_the_recorded_decision(tmp_path):
+    model = StubModel(total=3)
+    harness = Harness(tmp_path, model, faults=FaultPlan.parse("raise:after_decision@1"))
+    harness.start()
+    with pytest.raises(InjectedFault):
+        harness.engine.advance("run")
+    assert harness.ledger.get("run/step-1") is not None
+
+    harness.restart().run_until_stopped()
+
+    assert model.calls == [1, 2, 3, 4]
+
+
+def test_waiting_survives_restarts_and_resumes_only_on_a_decision(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=4, ask_at=2))
+    harness.start()
+    waiting = harness.run_until_stopped()
+    assert waiting.status is RunStatus.WAITING
+    assert waiting.waiting is not None
+    assert waiting.waiting.request.prompt == "ok 2?"
+
+    for worker in ("worker-2", "worker-3"):
+        outcome = harness.restart(worker_id=worker).engine.advance("run")
+        assert outcome.outcome is Outcome.WAITING
+        assert harness.engine.load("run").version == waiting.version, "a waiting run is left alone"
+
+    resumed = harness.engine.decide_waiting("run", approved=True, by="dana", comment="go")
+    assert resumed.status is RunStatus.RUNNING
+    assert resumed.last_result == "Approved by dana: go"
+    assert resumed.tool_results[-1].text == "Approved by dana: go"
+    final = harness.run_until_stopped()
+    assert final.status is RunStatus.DONE
+    assert harness.table.keys() == ["run/step-1", "run/step-3", "run/step-4"]
+    with pytest.raises(NotWaiting):
+        harness.engine.decide_waiting("run", approved=True, by="dana")
+
+
+def test_a_rejection_becomes_the_step_result(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=3, ask_at=1))
+    harness.start()
+    harness.run_until_stopped()
+
+    state = harness.engine.decide_waiting("run", approved=False, by="sam", comment="not today")
+
+    assert state.last_result == "Rejected by sam: not today"
+    assert replay(harness.store.list_checkpoints("run")) == state
+
+
+def test_the_step_cap_ends_the_run_with_a_reason(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=100))
+    harness.start(max_steps=3)
+
+    final = harness.run_until_stopped()
+
+    assert (final.status, final.step) == (RunStatus.DONE, 3)
+    assert final.summary is not None
+    assert "step cap of 3" in final.summary
+
+
+def test_large_tool_output_goes_to_a_blob_and_the_state_keeps_a_preview(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    big = "x" * 50_000
+    harness.table.apply = lambda args, ctx: big  # type: ignore[method-assign]
+    harness.engine = harness._engine()
+
+    harness.engine.advance("run")
+
+    head = harness.engine.load("run")
+    output = head.tool_results[-1]
+    assert output.blob is not None
+    assert len(output.text) < 1000
+    assert harness.engine._blobs.get(output.blob).decode() == big
+    assert max(c.size for c in harness.store.list_checkpoints("run")) < 4096
+
+
+def test_a_slow_worker_that_lost_the_run_is_rejected_and_applies_nothing(tmp_path):
+    # Given worker B, which reads the run and counts its attempt, then stalls in the model call
+    # while worker A (whose view is fresh) takes the same step and commits it
+    harness = Harness(tmp_path, StubModel(total=2))
+    harness.start()
+    fast = harness.engine
+    from ratchet.adapters.sqlite import SqliteDatabase
+
+    slow_db = SqliteDatabase(tmp_path / "ratchet.db")
+    raced: list[StepOutcome] = []
+
+    @dataclass
+    class StallingModel:
+        inner: StubModel = field(default_factory=lambda: StubModel(total=2))
+
+        def decide(self, request: ModelRequest) -> Decision:
+            if not raced:
+                raced.append(fast.advance("run"))
+            return self.inner.decide(request)
+
+    from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteLedger
+
+    binding = Binding(fake_agent(harness.table), StallingModel())
+    slow = Engine(
+        store=SqliteCheckpointStore(slow_db),
+        ledger=SqliteLedger(slow_db),
+        blobs=fast._blobs,
+        bind=lambda state: binding,
+        worker_id="slow",
+        logger=LOG,
+    )
+
+    # When B comes back and tries to go on
+    with pytest.raises(StaleVersion):
+        slow.advance("run")
+
+    # Then A's step stands, B wrote nothing, and step 1 was applied once
+    head = fast.load("run")
+    assert raced[0].outcome is Outcome.CONTINUE
+    assert head.step == 1
+    assert {c.worker_id for c in harness.store.list_checkpoints("run")[1:]} == {"worker-1"}
+    assert harness.table.row_count == 1
+
+
+def test_a_worker_that_read_an_old_version_cannot_even_start_an_attempt(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=3))
+    harness.start()
+    stale_view = harness.engine.load("run")
+    harness.engine.advance("run")
+
+    with pytest.raises(StaleVersion):
+        harness.store.begin_attempt("run", stale_view.version)
+    assert harness.engine.load("run").attempts == 0
+
+
+def test_four_workers_on_one_store_apply_every_step_exactly_once(tmp_path):
+    from ratchet.adapters.sqlite import SqliteDatabase
+    from ratchet.local.leases import Leases
+    from ratchet.local.worker import Worker
+
+    total = 30
+    harness = Harness(tmp_path, StubModel(total=total))
+    for n in range(3):
+        harness.start(f"run-{n}")
+    errors: list[BaseException] = []
+
+    def work(name: str) -> None:
+        db = SqliteDatabase(tmp_path / "ratchet.db")
+        replica = Harness.__new__(Harness)
+        replica.root, replica.model, replica.faults, replica.worker_id = (
+            tmp_path,
+            StubModel(total=total),
+            FaultPlan(),
+            name,
+        )
+        replica.table, replica.db = harness.table.__class__(tmp_path / "app.db"), db
+        try:
+            Worker(replica._engine(), Leases(db), LOG, lease_seconds=60).run(until_idle=True)
+        except BaseException as error:  # pragma: no cover - surfaced by the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert not errors
+    expected = sorted(f"run-{n}/step-{s}" for n in range(3) for s in range(1, total + 1))
+    assert sorted(harness.table.keys()) == expected
+    for n in range(3):
+        assert harness.engine.load(f"run-{n}").status is RunStatus.DONE
+        checkpoints = harness.store.list_checkpoints(f"run-{n}")
+        steps = [c.step for c in checkpoints if c.event.kind == "step"]
+        assert steps == list(range(1, total + 1)), "exactly one commit per step"

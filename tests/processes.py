@@ -1,0 +1,100 @@
+"""Drive the real `ratchet` command in subprocesses, each test on its own store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.scenarios import load_agent
+from ratchet.state import RunState, RunStatus
+
+RATCHET = [sys.executable, "-m", "ratchet.cli"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    drop = {"RATCHET_FAULT", "RATCHET_STORE", "ANTHROPIC_API_KEY"}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+@dataclass
+class Cli:
+    root: Path
+
+    @property
+    def store(self) -> str:
+        return f"sqlite:///{self.root / 'ratchet.db'}"
+
+    def argv(self, *args: str) -> list[str]:
+        return [*RATCHET, "--store", self.store, *args]
+
+    def run(self, *args: str, fault: str | None = None, timeout: float = 120) -> Any:
+        env = clean_env(RATCHET_FAULT=fault) if fault else clean_env()
+        return subprocess.run(
+            self.argv(*args), capture_output=True, text=True, env=env, timeout=timeout, check=False
+        )
+
+    def ok(self, *args: str) -> str:
+        done = self.run(*args)
+        assert done.returncode == 0, f"ratchet {' '.join(args)} failed: {done.stderr}"
+        return str(done.stdout)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "--json"))
+
+    def spawn_worker(
+        self, name: str, *, fault: str | None = None, lease: float = 0.5, until_idle: bool = True
+    ) -> subprocess.Popen[str]:
+        env = clean_env(RATCHET_FAULT=fault) if fault else clean_env()
+        log = (self.root / f"{name}.log").open("a")
+        flags = ["--until-idle"] if until_idle else []
+        return subprocess.Popen(
+            self.argv("worker", *flags, "--worker-id", name, "--lease-seconds", str(lease)),
+            stdout=log,
+            stderr=log,
+            text=True,
+            env=env,
+        )
+
+    def work_until_idle(self, name: str = "finisher", lease: float = 0.5) -> None:
+        code = self.spawn_worker(name, lease=lease).wait(timeout=120)
+        assert code == 0, (self.root / f"{name}.log").read_text()
+
+    # Reads go through the library in this process: the processes under test are the workers,
+    # and a CLI start-up per poll would only slow the tests down.
+
+    def head(self, run_id: str) -> RunState:
+        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        try:
+            state = runtime.store.load_head(run_id)
+        finally:
+            runtime.close()
+        assert state is not None, f"no run {run_id}"
+        return state
+
+    def verify(self, run_id: str) -> dict[str, Any]:
+        state = self.head(run_id)
+        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        try:
+            agent = load_agent(state.agent)
+            assert agent.verify is not None
+            return agent.verify(runtime.context(run_id, state.options), state)
+        finally:
+            runtime.close()
+
+    def finish_migration(self, run_id: str) -> dict[str, Any]:
+        """Work the run to its end, approving the drop when it asks; return `verify`."""
+        for _ in range(5):
+            self.work_until_idle()
+            if self.head(run_id).status is RunStatus.WAITING:
+                self.ok("approve", run_id, "--comment", "ok", "--by", "tester")
+                continue
+            break
+        state = self.head(run_id)
+        assert state.status is RunStatus.DONE, state
+        return self.verify(run_id)
