@@ -15,6 +15,7 @@ from ratchet.errors import (
     ModelUnavailable,
     NotWaiting,
     StaleVersion,
+    StepAttemptFailed,
     ToolFailed,
 )
 from ratchet.faults import FaultPlan
@@ -342,3 +343,28 @@ def test_four_workers_on_one_store_apply_every_step_exactly_once(tmp_path):
         checkpoints = harness.store.list_checkpoints(f"run-{n}")
         steps = [c.step for c in checkpoints if c.event.kind == "step"]
         assert steps == list(range(1, total + 1)), "exactly one commit per step"
+
+
+def test_an_agent_that_cannot_be_set_up_fails_attempts_with_the_reason(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+
+    def broken(state: object) -> Binding:
+        raise ConnectionError("app database unreachable")
+
+    engine = Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.engine._blobs,
+        bind=broken,
+        worker_id="w",
+        logger=LOG,
+    )
+    for _ in range(2):
+        with pytest.raises(StepAttemptFailed, match="app database unreachable"):
+            engine.advance("run")
+
+    assert engine.advance("run").outcome is Outcome.FAILED
+    error = engine.load("run").error
+    assert error is not None
+    assert "ConnectionError: app database unreachable" in error

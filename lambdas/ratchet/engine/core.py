@@ -184,7 +184,7 @@ class Engine:
         state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
         try:
-            binding = self._bind(state)
+            binding = self._bound(state)
             decision = self._decide(state, binding)
             if isinstance(decision, ToolCall):
                 output, wait = self._act(state, binding, decision)
@@ -226,6 +226,14 @@ class Engine:
         return self._commit(state, event, step=state.step)
 
     # --- one step --------------------------------------------------------------------------
+
+    def _bound(self, state: RunState) -> Binding:
+        try:
+            return self._bind(state)
+        except Exception as error:  # the agent's own hooks run here: any failure is this attempt's
+            raise StepAttemptFailed(
+                f"cannot set up agent {state.agent!r} for the step: {type(error).__name__}: {error}"
+            ) from error
 
     def _decide(self, state: RunState, binding: Binding) -> Decision:
         step = state.next_step
