@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import AgentNotFound, InvalidInput, RatchetError, RunNotFound
 from ratchet.state import MAX_GOAL_BYTES, RUN_ID_PATTERN, RunOptions, RunState, RunStatus
 
 app = typer.Typer(
@@ -52,6 +52,11 @@ class _Globals:
 @app.callback()
 def _global_options(store: StoreOption = None) -> None:
     _Globals.store = store
+    # A run started with `--agent my_module:agent` is later worked and verified by other
+    # `ratchet` processes; the console script does not put the current directory on the path.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _settings(store: str | None = None) -> Any:
@@ -115,10 +120,17 @@ def _new_run(
             raise InvalidInput("the goal is empty")
         if len(goal.encode("utf-8")) > MAX_GOAL_BYTES:
             raise InvalidInput(f"the goal is over {MAX_GOAL_BYTES // 1024} KB")
-    if agent_ref:
-        sys.path.insert(0, str(Path.cwd()))  # let `--agent my_module:agent` find the user's code
     reference = agent_ref or scenario or "notebook"
-    agent = load_agent(reference)
+    try:
+        agent = load_agent(reference)
+    except RatchetError:
+        raise
+    except Exception as error:
+        # Importing the user's module ran their code, which can fail in any way: that is a
+        # bad --agent, reported in one line like the others.
+        raise AgentNotFound(
+            f"cannot load agent {reference!r}: {type(error).__name__}: {error}"
+        ) from None
     settings = _settings()
     chosen_model = model or (
         "claude-sonnet-4-5" if settings.anthropic_api_key is not None else SCRIPTED
@@ -140,7 +152,7 @@ def _new_run(
     if goal is None and not agent.goal:
         raise InvalidInput(f"agent {agent.name!r} has no default goal: give --goal TEXT")
     return RunState(
-        run_id=_check_run_id(run_id) if run_id else f"run-{uuid.uuid4().hex[:12]}",
+        run_id=_check_run_id(run_id) if run_id is not None else f"run-{uuid.uuid4().hex[:12]}",
         agent=reference,
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,

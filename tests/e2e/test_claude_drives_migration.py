@@ -39,7 +39,9 @@ def test_claude_drives_the_migration_through_a_crash_and_an_approval(tmp_path):
         )
 
         # Worker A dies right after step 3's tool call; worker B picks the step up.
-        killed = ratchet("worker", "--until-idle", "--lease-seconds", "0.3", fault="kill:after_tool@3")
+        killed = ratchet(
+            "worker", "--until-idle", "--lease-seconds", "0.3", fault="kill:after_tool@3"
+        )
         assert killed.returncode == -signal.SIGKILL
         resumed = ratchet("worker", "--until-idle", "--lease-seconds", "0.3")
         assert resumed.returncode == 0, resumed.stderr
