@@ -28,7 +28,7 @@ $(UV):
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 $(VENV)/.synced: $(UV) pyproject.toml uv.lock
-	$(UV) sync --frozen --extra dev
+	$(UV) sync --frozen --extra dev --compile-bytecode
 	touch $@
 
 clean:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ratchet.errors import AgentNotFound, InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.state import MAX_GOAL_BYTES, RUN_ID_PATTERN, RunOptions, RunState, RunStatus
 
 app = typer.Typer(
@@ -121,16 +121,7 @@ def _new_run(
         if len(goal.encode("utf-8")) > MAX_GOAL_BYTES:
             raise InvalidInput(f"the goal is over {MAX_GOAL_BYTES // 1024} KB")
     reference = agent_ref or scenario or "notebook"
-    try:
-        agent = load_agent(reference)
-    except RatchetError:
-        raise
-    except Exception as error:
-        # Importing the user's module ran their code, which can fail in any way: that is a
-        # bad --agent, reported in one line like the others.
-        raise AgentNotFound(
-            f"cannot load agent {reference!r}: {type(error).__name__}: {error}"
-        ) from None
+    agent = load_agent(reference)
     settings = _settings()
     chosen_model = model or (
         "claude-sonnet-4-5" if settings.anthropic_api_key is not None else SCRIPTED

@@ -177,6 +177,8 @@ class StepCompleted(_Model):
     call: ToolCall
     output: ToolOutput
     wait: ApprovalRequest | None = None
+    next_attempt_counted: bool = False
+    """The commit also counted the next step's first attempt (a worker going straight on)."""
     attempt: int
     duration_ms: float
 

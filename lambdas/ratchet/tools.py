@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
 
@@ -98,12 +99,17 @@ class Tool(Generic[ArgsT]):
     handler: Handler[ArgsT]
     side_effect: bool = False
 
-    def spec(self) -> ToolSpec:
+    @cached_property
+    def _spec(self) -> ToolSpec:
+        # Building a JSON schema costs about a millisecond; a tool's schema never changes.
         return ToolSpec(
             name=self.name,
             description=self.description,
             input_schema=self.args.model_json_schema(),
         )
+
+    def spec(self) -> ToolSpec:
+        return self._spec
 
     def parse(self, arguments: Mapping[str, Any]) -> ArgsT:
         return self.args.model_validate(dict(arguments))

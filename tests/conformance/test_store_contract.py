@@ -226,3 +226,19 @@ def test_complete_records_the_result(backend):
     assert stored is not None
     assert (stored.status, stored.result) == (LedgerStatus.COMPLETED, "copied 1000 rows")
     assert backend.ledger.get("r1/step-2") is None
+
+
+def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    backend.store.begin_attempt("r1", 1)
+
+    with pytest.raises(StaleVersion):
+        backend.store.release_attempt("r1", 1)
+    assert backend.store.release_attempt("r1", 2) == 3
+
+    head = backend.store.load_head("r1")
+    assert head is not None
+    assert (head.version, head.attempts) == (3, 0)
+    with pytest.raises(StaleVersion):
+        backend.store.release_attempt("r1", 3)  # nothing left to take back

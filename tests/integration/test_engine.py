@@ -368,3 +368,86 @@ def test_an_agent_that_cannot_be_set_up_fails_attempts_with_the_reason(tmp_path)
     error = engine.load("run").error
     assert error is not None
     assert "ConnectionError: app database unreachable" in error
+
+
+def test_a_worker_going_straight_on_counts_the_next_attempt_in_the_same_commit(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=5))
+    harness.start()
+
+    harness.engine.advance("run", count_next_attempt=True)
+    after_one = harness.engine.load("run")
+    harness.engine.advance("run", count_next_attempt=True)
+    after_two = harness.engine.load("run")
+
+    assert (after_one.step, after_one.attempts) == (1, 1)
+    # Step 2 needed no separate attempt write: one version for its commit, none for the count.
+    assert after_two.version == after_one.version + 1
+    assert replay(harness.store.list_checkpoints("run")) == after_two
+
+
+def test_an_attempt_counted_ahead_by_a_worker_that_died_is_a_strike(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=5))
+    harness.start()
+    harness.engine.advance("run", count_next_attempt=True)
+
+    # The worker is gone (its in-memory note with it); a fresh one must count its own attempt.
+    harness.restart().engine.advance("run")
+
+    checkpoints = harness.store.list_checkpoints("run")
+    step_two = checkpoints[-1].event
+    assert step_two.kind == "step"
+    assert step_two.attempt == 2
+
+
+def test_a_worker_that_stops_releases_the_attempt_it_counted_ahead(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=5))
+    harness.start()
+    harness.engine.advance("run", count_next_attempt=True)
+    counted = harness.engine.load("run")
+
+    harness.engine.release("run")
+    harness.engine.release("run")  # a second release is a no-op
+
+    head = harness.engine.load("run")
+    assert (counted.attempts, head.attempts, head.version) == (1, 0, counted.version + 1)
+    harness.restart().engine.advance("run")
+    assert harness.store.list_checkpoints("run")[-1].event.attempt == 1  # type: ignore[union-attr]
+
+
+def test_a_release_after_another_worker_moved_the_run_changes_nothing(tmp_path):
+    from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+
+    harness = Harness(tmp_path, StubModel(total=5))
+    harness.start()
+    first_db = SqliteDatabase(tmp_path / "ratchet.db")
+    binding = Binding(fake_agent(harness.table), StubModel(total=5))
+    first = Engine(
+        store=SqliteCheckpointStore(first_db),
+        ledger=SqliteLedger(first_db),
+        blobs=harness.engine._blobs,
+        bind=lambda state: binding,
+        worker_id="first",
+        logger=LOG,
+    )
+    first.advance("run", count_next_attempt=True)
+    harness.engine.advance("run")
+    moved = harness.engine.load("run")
+
+    first.release("run")
+
+    assert harness.engine.load("run") == moved
+
+
+def test_a_worker_still_fails_a_run_on_the_third_strike(tmp_path):
+    from ratchet.local.leases import Leases
+    from ratchet.local.worker import Worker
+
+    harness = Harness(tmp_path, StubModel(total=5), faults=FaultPlan.parse("raise:after_tool@3"))
+    harness.start()
+
+    Worker(harness.engine, Leases(harness.db), LOG, sleep=lambda _: None).run(until_idle=True)
+
+    head = harness.engine.load("run")
+    assert (head.status, head.step) == (RunStatus.FAILED, 2)
+    assert head.error == "step 3 failed 3 times; last error: the worker died during the step"
+    assert harness.table.received.count("run/step-3") == 3

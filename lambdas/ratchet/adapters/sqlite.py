@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS runs (
     state      TEXT NOT NULL,
     updated_at TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id     TEXT NOT NULL,
     version    INTEGER NOT NULL,
@@ -91,15 +91,23 @@ class SqliteDatabase:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.connection = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+            self.connection.execute("PRAGMA busy_timeout=30000")
+            if not create and not self._is_ratchet_store():
+                self.connection.close()
+                raise StoreUnavailable(f"{path} is not a Ratchet store")
+            # Only now, knowing the file is ours: switching to WAL rewrites the file header.
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=FULL")
-            self.connection.execute("PRAGMA busy_timeout=30000")
             if create:
                 self.connection.executescript(_SCHEMA)
-            else:
-                self.connection.execute("SELECT 1 FROM runs LIMIT 1")
         except sqlite3.DatabaseError as error:
             raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None
+
+    def _is_ratchet_store(self) -> bool:
+        row = self.connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'"
+        ).fetchone()
+        return row is not None
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -170,6 +178,17 @@ class SqliteCheckpointStore:
             changed = tx.execute(
                 "UPDATE runs SET attempts = attempts + 1, version = version + 1 "
                 "WHERE run_id = ? AND version = ?",
+                (run_id, expected_version),
+            ).rowcount
+            if not changed:
+                self._raise_stale(tx, run_id, expected_version)
+        return expected_version + 1
+
+    def release_attempt(self, run_id: str, expected_version: int) -> int:
+        with self._db.write() as tx:
+            changed = tx.execute(
+                "UPDATE runs SET attempts = attempts - 1, version = version + 1 "
+                "WHERE run_id = ? AND version = ? AND attempts > 0",
                 (run_id, expected_version),
             ).rowcount
             if not changed:
@@ -287,7 +306,7 @@ class SqliteLedger:
         with self._db.write() as tx:
             # Insert-if-absent under the write lock: of two workers deciding the same step,
             # the first record stands and the second reads it back below.
-            tx.execute(
+            inserted = tx.execute(
                 "INSERT INTO idempotency (key, run_id, step, status, args_hash, decision, "
                 "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (key) DO NOTHING",
@@ -301,7 +320,11 @@ class SqliteLedger:
                     now.isoformat(),
                     expires_at.isoformat(),
                 ),
-            )
+            ).rowcount
+            if inserted:
+                return entry.model_copy(
+                    update={"status": LedgerStatus.IN_PROGRESS, "expires_at": expires_at}
+                )
             stored = self._read(tx, entry.key)
         assert stored is not None
         if stored.args_hash != entry.args_hash:

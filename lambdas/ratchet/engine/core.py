@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -133,6 +134,7 @@ class Engine:
         self._log = logger
         self._faults = faults
         self._sleep = sleep
+        self._counted_ahead: dict[str, int] = {}
 
     @property
     def worker_id(self) -> str:
@@ -159,11 +161,16 @@ class Engine:
             raise RunNotFound(run_id)
         return state
 
-    def advance(self, run_id: str) -> StepOutcome:
+    def advance(self, run_id: str, *, count_next_attempt: bool = False) -> StepOutcome:
         """Take exactly one step of the run (or apply a stop rule) and commit it.
 
         Raises `StaleVersion` if another worker moved the run meanwhile (nothing was written),
         and `StepAttemptFailed` after recording a failed attempt that may be retried.
+
+        With `count_next_attempt`, a caller that goes straight on to the next step (a worker's
+        loop) has the step's commit count the next step's first attempt too, which saves the
+        next step a durable write. The caller must `release` the run if it stops before that
+        step, or the count would stand for an attempt that never started.
         """
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
@@ -175,13 +182,15 @@ class Engine:
                 "was reported done."
             )
             return self._finish(state, Finished(status=RunStatus.DONE, summary=summary))
-        if state.attempts >= MAX_ATTEMPTS:
-            last = state.error or "the worker died during the step"
-            error = f"step {step} failed {state.attempts} times; last error: {last}"
-            return self._finish(state, Finished(status=RunStatus.FAILED, error=error))
-
-        version = self._store.begin_attempt(run_id, state.version)
-        state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
+        # Only this engine can have written the version it counted ahead for: if the head is
+        # still at it, the attempt is already on record, and nobody else has touched the run.
+        if self._counted_ahead.pop(run_id, None) != state.version:
+            if state.attempts >= MAX_ATTEMPTS:
+                last = state.error or "the worker died during the step"
+                error = f"step {step} failed {state.attempts} times; last error: {last}"
+                return self._finish(state, Finished(status=RunStatus.FAILED, error=error))
+            version = self._store.begin_attempt(run_id, state.version)
+            state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
         try:
             binding = self._bound(state)
@@ -206,14 +215,29 @@ class Engine:
                 call=decision,
                 output=output,
                 wait=wait,
+                next_attempt_counted=count_next_attempt
+                and wait is None
+                and step < state.options.max_steps,
                 attempt=state.attempts,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
             head = self._commit(
                 state, event, step=step, completes=LedgerCompletion(key, output.text)
             )
+        if isinstance(decision, ToolCall) and event.next_attempt_counted:
+            self._counted_ahead[run_id] = head.version
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head)
+
+    def release(self, run_id: str) -> None:
+        """Take back the next attempt counted ahead by `advance`, if the run is still as this
+        engine left it. Call it when a worker stops working on a run."""
+        version = self._counted_ahead.pop(run_id, None)
+        if version is None:
+            return
+        # If another worker has moved the run on since, the count is theirs to keep.
+        with suppress(StaleVersion):
+            self._store.release_attempt(run_id, version)
 
     def decide_waiting(
         self, run_id: str, *, approved: bool, by: str, comment: str = ""
@@ -241,12 +265,13 @@ class Engine:
         recorded = self._ledger.get(key)
         if recorded is None:
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
+            view = view_of(state)
             request = ModelRequest(
-                prompt=render_step_prompt(view_of(state)),
+                prompt=render_step_prompt(view),
                 tools=[t.spec() for t in binding.agent.tools],
-                view=view_of(state),
+                view=view,
             )
-            self._log.info(
+            self._log.debug(
                 "model called",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
@@ -267,7 +292,7 @@ class Engine:
                 # decision stands, and our version is stale. Stop without acting.
                 raise StaleVersion(state.run_id, state.version) from conflict
         else:
-            self._log.info(
+            self._log.debug(
                 "decision reused",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )

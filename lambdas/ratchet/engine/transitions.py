@@ -86,7 +86,7 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
     )
     return {
         "step": event.step,
-        "attempts": 0,
+        "attempts": 1 if event.next_attempt_counted else 0,
         "error": None,
         "messages": messages,
         "tool_results": [r for r in [*state.tool_results, preview] if r.step in kept_steps],

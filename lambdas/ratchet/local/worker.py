@@ -61,12 +61,13 @@ class Worker:
                 if not self._step(run_id):
                     return
         finally:
+            self.engine.release(run_id)
             self.leases.release(run_id, self.worker_id)
 
     def _step(self, run_id: str) -> bool:
         """One step; True if the worker should go on with this run."""
         try:
-            outcome = self.engine.advance(run_id)
+            outcome = self.engine.advance(run_id, count_next_attempt=True)
         except StaleVersion as stale:
             # Another worker advanced the run under us (our lease had lapsed): it owns the run
             # now and our write changed nothing. Let go.

@@ -24,9 +24,12 @@ def load_agent(reference: str) -> Agent:
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except Exception as error:
+        # Importing the user's module runs their code, which can fail in any way (ImportError,
+        # SyntaxError, anything it raises): each is a bad agent reference, said in one line.
         raise AgentNotFound(
-            f"cannot import {module_name!r} for agent {reference!r}: {error}"
+            f"cannot import {module_name!r} for agent {reference!r}: "
+            f"{type(error).__name__}: {error}"
         ) from None
     found = getattr(module, attribute, None)
     if not isinstance(found, Agent):

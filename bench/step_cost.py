@@ -1,0 +1,641 @@
+"""What one Ratchet step costs: bytes written, engine time per step, and resume time.
+
+`make bench` (`python -m bench.step_cost`) runs the migration scenario with 1,000 batches, the
+scripted model and no tool latency through the real local runtime and engine, in this process,
+on the store's own durable settings (WAL, synchronous=FULL). It prints each figure beside its
+target from issue 2. The machine is shared and noisy, so the unit the figures compare against
+is one durable SQLite commit, measured in the same run on the same disk.
+
+Bytes written by a step are logical bytes, the values handed to SQLite:
+
+- the engine's commit receipt, which the store also keeps in the `bytes` column of
+  `checkpoints`: the new head (the run state as JSON), the step record (event JSON, run id,
+  worker id, status) and the ledger result, as UTF-8;
+- the ledger's decision row, written before the tool runs: every column but `result` (the
+  receipt has it), text as UTF-8 and integers as 8 bytes;
+- the attempt bump before any work: `runs.attempts` and `runs.version`, two integers, unless
+  the step before counted this step's attempt in its own commit, as a worker going straight on
+  does (`count_next_attempt`): then the count is inside that receipt and the bump is 0.
+
+SQLite writes whole pages to its WAL; that physical figure is printed for reference.
+
+The engine's overhead is a step's wall time minus the time inside the agent's tool handler,
+which is the app's own work (copying 1,000 rows), timed by wrapping the tools; it is split into
+this process's CPU time and the rest (waiting on the disk, or for a CPU).
+
+Resume is timed in a new process, from after its imports until its step is durable. The
+resume processes take steps 11-15 and 997-1,001 of the same run, so that they start from the
+run at steps 10-14 and 996-1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+# Imported up front, as a worker does at start-up, so a resume's timer does not pay for it.
+import aws_lambda_powertools  # noqa: F401
+
+from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.engine.core import Binder, Binding, Engine, Outcome
+from ratchet.local.runtime import SCRIPTED, LocalRuntime, LocalSettings
+from ratchet.observability import json_logger
+from ratchet.scenarios import migration
+from ratchet.state import RunOptions, RunState, idempotency_key
+from ratchet.tools import ToolContext, ToolResult
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RUN_ID = "bench-migration"
+WORKER_ID = "bench"
+"""The same id in this process and in the resume processes, so their records weigh the same."""
+
+BATCHES = 1000
+MAX_STEPS = 1100
+BYTES_AT_STEPS = (10, 100, 1000)
+START_WINDOW = (1, 50)
+END_WINDOW = (950, 1000)
+RESUME_SAMPLES = 5
+"""Fresh processes per resume figure, one after the other: each takes the run's next step."""
+START_RESUMES_FROM = 10
+END_RESUMES_FROM = END_WINDOW[1] - RESUME_SAMPLES + 1
+"""So that the last resume process starts from step 1,000 and copies the last batch."""
+BASELINE_ROW_BYTES = 1536
+ENGINE_COMMITS_PER_STEP = 2
+"""The ledger decision and the step commit; the attempt is counted by the step before."""
+
+ATTEMPT_BUMP_BYTES = 16
+INTEGER_BYTES = 8
+
+MAX_STEP_BYTES = 3000
+MAX_GROWTH = 1.10
+"""Step 1,000 over step 10. Numbers get wider (ids 8,001 become 998,001); nothing else may."""
+MAX_ENGINE_MS = 2.0
+MAX_RESUME_MS = 20.0
+MAX_RESUME_RATIO = 2.0
+
+
+class _Discard(io.StringIO):
+    """The checkpoint log is formatted as a worker formats it, then dropped."""
+
+    def write(self, text: str, /) -> int:
+        return len(text)
+
+
+DISCARD = _Discard()
+
+
+def bytes_written_by_process() -> int:
+    """Bytes this process has handed to write(2) so far (Linux), or 0 where unknown."""
+    try:
+        with open("/proc/self/io", "rb") as counters:
+            for line in counters:
+                if line.startswith(b"wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+WRITES_KNOWN = Path("/proc/self/io").exists()
+
+
+@dataclass(frozen=True)
+class Cost:
+    wall_ms: float = 0.0
+    cpu_ms: float = 0.0
+    """This process's CPU time: the part of `wall_ms` not spent waiting on the disk or others."""
+    written: int = 0
+    """Bytes handed to write(2): SQLite's WAL pages and checkpoints, for the store."""
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(
+            self.wall_ms + other.wall_ms, self.cpu_ms + other.cpu_ms, self.written + other.written
+        )
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(
+            self.wall_ms - other.wall_ms, self.cpu_ms - other.cpu_ms, self.written - other.written
+        )
+
+
+# --- timing the app's tool apart from the engine ---------------------------------------------
+
+
+class ToolClock:
+    """Wraps an agent's tool handlers to meter them, so that what the engine costs is a step's
+    cost minus the tool's (the app's own work, here copying 1,000 rows)."""
+
+    def __init__(self) -> None:
+        self.spent = Cost()
+        self._bound: dict[str, Binding] = {}
+
+    def binder(self, bind: Binder) -> Binder:
+        def metered_bind(state: RunState) -> Binding:
+            binding = self._bound.get(state.run_id)
+            if binding is None:
+                binding = bind(state)
+                tools = [replace(t, handler=self._metered(t.handler)) for t in binding.agent.tools]
+                binding = replace(binding, agent=replace(binding.agent, tools=tools))
+                self._bound[state.run_id] = binding
+            return binding
+
+        return metered_bind
+
+    def close(self) -> None:
+        for binding in self._bound.values():
+            close = getattr(binding.resources, "close", None)
+            if close is not None:
+                close()
+
+    def _metered(
+        self, handler: Callable[[Any, ToolContext], ToolResult | str]
+    ) -> Callable[[Any, ToolContext], ToolResult | str]:
+        def metered(args: Any, ctx: ToolContext) -> ToolResult | str:
+            # Reading the counters happens inside the tool's span, so it is not the engine's.
+            wall, cpu, written = (
+                time.perf_counter(),
+                time.process_time(),
+                bytes_written_by_process(),
+            )
+            try:
+                return handler(args, ctx)
+            finally:
+                written = bytes_written_by_process() - written
+                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                self.spent += Cost(wall * 1000, cpu * 1000, written)
+
+        return metered
+
+
+def bench_engine(runtime: LocalRuntime, clock: ToolClock) -> Engine:
+    """The engine `LocalRuntime.engine` builds, with the agent's tools metered by `clock`."""
+    return Engine(
+        store=runtime.store,
+        ledger=runtime.ledger,
+        blobs=FileBlobStore(Path(f"{runtime.root}.blobs")),
+        bind=clock.binder(runtime.bind),
+        worker_id=WORKER_ID,
+        logger=json_logger(DISCARD),
+    )
+
+
+# --- one run, stepped in this process --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    step: int
+    whole: Cost
+    tool: Cost
+
+    @property
+    def engine(self) -> Cost:
+        return self.whole - self.tool
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """What the commit of one step wrote, as counted in the module docstring."""
+
+    step: int
+    receipt: int
+    ledger_decision: int
+    attempt_bump: int = ATTEMPT_BUMP_BYTES
+
+    @property
+    def total(self) -> int:
+        return self.receipt + self.ledger_decision + self.attempt_bump
+
+
+class BenchRun:
+    """A migration run in a fresh store under `directory`, advanced by the real engine."""
+
+    def __init__(self, directory: Path, *, batches: int, max_steps: int) -> None:
+        self.url = f"sqlite:///{directory / 'ratchet.db'}"
+        self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
+        self.clock = ToolClock()
+        self.engine = bench_engine(self.runtime, self.clock)
+        params = {**migration.agent.default_params, "batches": batches}
+        state = RunState(
+            run_id=RUN_ID,
+            agent="migration",
+            goal=migration.agent.goal_for(params),
+            options=RunOptions(model=SCRIPTED, max_steps=max_steps, params=params),
+        )
+        # What `ratchet start --scenario migration --batches N --max-steps M` does.
+        if migration.agent.prepare is not None:
+            migration.agent.prepare(self.runtime.context(RUN_ID, state.options))
+        if not self.engine.start(state):
+            raise RuntimeError(f"run {RUN_ID} already exists in {self.url}")
+
+    def __enter__(self) -> BenchRun:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def step(self) -> int:
+        return self.engine.load(RUN_ID).step
+
+    def advance_to(
+        self, step: int, *, between: Callable[[int], None] | None = None
+    ) -> list[StepTiming]:
+        """Take steps until the run has completed `step`; each must complete and leave the
+        run running. `between` is called after each, outside the timing."""
+        timings = []
+        for expected in range(self.step + 1, step + 1):
+            timings.append(self._advance(expected))
+            if between is not None:
+                between(expected)
+        return timings
+
+    def _advance(self, expected: int) -> StepTiming:
+        self.clock.spent = Cost()
+        written, cpu, wall = bytes_written_by_process(), time.process_time(), time.perf_counter()
+        # As `ratchet worker` does: each commit also counts the next step's first attempt.
+        outcome = self.engine.advance(RUN_ID, count_next_attempt=True)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        written = bytes_written_by_process() - written
+        if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
+            raise RuntimeError(f"expected step {expected} to complete, got {outcome}")
+        return StepTiming(expected, Cost(wall * 1000, cpu * 1000, written), self.clock.spent)
+
+    def step_bytes(self, step: int) -> StepBytes:
+        connection = self.runtime.db.connection
+        records = {
+            record_step: (size, json.loads(event))
+            for record_step, size, event in connection.execute(
+                "SELECT step, bytes, event FROM checkpoints WHERE run_id = ? AND step IN (?, ?)",
+                (RUN_ID, step - 1, step),
+            )
+            if json.loads(event)["kind"] == "step"
+        }
+        receipts = [records[step][0]] if step in records else []
+        counted_ahead = records.get(step - 1, (0, {}))[1].get("next_attempt_counted", False)
+        decision = connection.execute(
+            "SELECT key, run_id, step, status, args_hash, decision, created_at, expires_at "
+            "FROM idempotency WHERE key = ?",
+            (idempotency_key(RUN_ID, step),),
+        ).fetchone()
+        if len(receipts) != 1 or decision is None:
+            raise LookupError(f"step {step} of {RUN_ID} has no single step record")
+        bump = 0 if counted_ahead else ATTEMPT_BUMP_BYTES
+        return StepBytes(step, receipts[0], _row_bytes(decision), bump)
+
+    def close(self) -> None:
+        self.clock.close()
+        self.runtime.close()
+
+
+def _row_bytes(row: Iterable[object]) -> int:
+    return sum(
+        INTEGER_BYTES if isinstance(value, int) else len(str(value).encode("utf-8"))
+        for value in row
+        if value is not None
+    )
+
+
+# --- the baseline: one durable SQLite commit -------------------------------------------------
+
+
+class DurableCommitProbe:
+    """Commits a ~1.5 KB row to its own SQLite file (WAL, synchronous=FULL) and times it."""
+
+    def __init__(self, path: Path, *, warm_up: int = 5) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE probe (id INTEGER PRIMARY KEY, body TEXT)")
+        # A long-lived database rewrites its WAL in place; a new one grows it on every commit,
+        # and syncing a growing file costs more. Grow it past one auto-checkpoint first, so the
+        # unit is the steady-state commit the store makes by step 1,000.
+        self._db.execute("INSERT INTO probe (body) VALUES (zeroblob(4500 * 1024))")
+        self._db.execute("DELETE FROM probe")
+        self._db.execute("PRAGMA wal_checkpoint(RESTART)")
+        for _ in range(warm_up):
+            self.commit_ms()
+
+    def commit_ms(self) -> float:
+        body = os.urandom(BASELINE_ROW_BYTES // 2).hex()
+        started = time.perf_counter()
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("INSERT INTO probe (body) VALUES (?)", (body,))
+        self._db.execute("COMMIT")
+        return (time.perf_counter() - started) * 1000
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# --- resume in a fresh process ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumeSample:
+    from_step: int
+    total_ms: float
+    cpu_ms: float
+    tool_ms: float
+
+
+def resume_in_fresh_process(url: str) -> ResumeSample:
+    """Resume the run in a new Python process, timed there from after its imports until the
+    next step is durable: open the store, load the head, take and commit one step."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.step_cost", "--resume-one", url],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"the resume process failed:\n{completed.stderr}")
+    return ResumeSample(**json.loads(completed.stdout.splitlines()[-1]))
+
+
+def _resume_one(url: str) -> None:
+    wall, cpu = time.perf_counter(), time.process_time()
+    runtime = LocalRuntime.open(LocalSettings(store=url), create=False)
+    clock = ToolClock()
+    outcome = bench_engine(runtime, clock).advance(RUN_ID)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    clock.close()
+    runtime.close()
+    if outcome.outcome is not Outcome.CONTINUE:
+        raise RuntimeError(f"the resumed step did not complete: {outcome}")
+    sample = ResumeSample(outcome.step - 1, wall * 1000, cpu * 1000, clock.spent.wall_ms)
+    print(json.dumps(asdict(sample)))
+
+
+# --- the bench -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    bytes_at: list[StepBytes]
+    timings: list[StepTiming]
+    baseline: dict[int, float]
+    """One durable commit, timed right after each step of the two windows, by step."""
+    start_resumes: list[ResumeSample]
+    end_resumes: list[ResumeSample]
+    seconds: float
+
+
+def measure(directory: Path) -> Figures:
+    started = time.perf_counter()
+    probe = DurableCommitProbe(directory / "baseline.db")
+    baseline: dict[int, float] = {}
+
+    def commit_baseline(step: int) -> None:
+        baseline[step] = probe.commit_ms()
+
+    try:
+        with BenchRun(directory / "store", batches=BATCHES, max_steps=MAX_STEPS) as run:
+            timings = run.advance_to(START_RESUMES_FROM, between=commit_baseline)
+            start_resumes = [resume_in_fresh_process(run.url) for _ in range(RESUME_SAMPLES)]
+            timings += run.advance_to(START_WINDOW[1], between=commit_baseline)
+            timings += run.advance_to(END_WINDOW[0] - 1)
+            timings += run.advance_to(END_RESUMES_FROM, between=commit_baseline)
+            end_resumes = [resume_in_fresh_process(run.url) for _ in range(RESUME_SAMPLES)]
+            bytes_at = [run.step_bytes(step) for step in BYTES_AT_STEPS]
+    finally:
+        probe.close()
+    return Figures(
+        bytes_at=bytes_at,
+        timings=timings,
+        baseline=baseline,
+        start_resumes=start_resumes,
+        end_resumes=end_resumes,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(values)
+
+
+def _p90(values: Iterable[float]) -> float:
+    return statistics.quantiles(values, n=10)[-1]
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _table(rows: Sequence[Sequence[str]], align: str) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(align))]
+    return [
+        "  ".join(
+            cell.ljust(width) if how == "<" else cell.rjust(width)
+            for cell, width, how in zip(cells, widths, align, strict=True)
+        ).rstrip()
+        for cells in rows
+    ]
+
+
+Row = tuple[str, str, str, str]
+
+
+def _bytes_rows(written: list[StepBytes]) -> list[Row]:
+    rows: list[Row] = [
+        (
+            f"bytes written by step {b.step:,}",
+            f"{b.total:,} B",
+            f"<= {MAX_STEP_BYTES:,} B",
+            _verdict(b.total <= MAX_STEP_BYTES),
+        )
+        for b in written
+    ]
+    first, last = written[0], written[-1]
+    growth = last.total / first.total
+    rows.append(
+        (
+            f"growth, step {last.step:,} / step {first.step:,}",
+            f"{growth:.3f}x ({last.total - first.total:+,} B)",
+            f"flat: <= {MAX_GROWTH:.2f}x",
+            _verdict(growth <= MAX_GROWTH),
+        )
+    )
+    return rows
+
+
+def _window_rows(figures: Figures, window: tuple[int, int], *, target: bool) -> list[Row]:
+    low, high = window
+    timed = [t for t in figures.timings if low <= t.step <= high]
+    commit = _median(ms for step, ms in figures.baseline.items() if low <= step <= high)
+    engine = _median(t.engine.wall_ms for t in timed)
+    engine_cpu = _median(t.engine.cpu_ms for t in timed)
+    engine_waiting = _median(t.engine.wall_ms - t.engine.cpu_ms for t in timed)
+    rows: list[Row] = [
+        (
+            f"step wall time, steps {timed[0].step:,}-{timed[-1].step:,} (n={len(timed)})",
+            f"{_median(t.whole.wall_ms for t in timed):.2f} ms "
+            f"(p90 {_p90(t.whole.wall_ms for t in timed):.2f})",
+            "",
+            "",
+        ),
+        ("  the app's tool handler", f"{_median(t.tool.wall_ms for t in timed):.2f} ms", "", ""),
+        (
+            "  engine overhead (step - tool)",
+            f"{engine:.2f} ms (p90 {_p90(t.engine.wall_ms for t in timed):.2f})",
+            f"<= {MAX_ENGINE_MS:g} ms" if target else "",
+            _verdict(engine <= MAX_ENGINE_MS) if target else "",
+        ),
+        (
+            "    CPU / waiting (disk, scheduler)",
+            f"{engine_cpu:.2f} / {engine_waiting:.2f} ms",
+            "",
+            "",
+        ),
+        (
+            "    in durable commits (baseline)",
+            f"{engine / commit:.1f} x {commit:.3f} ms",
+            "",
+            "",
+        ),
+    ]
+    if WRITES_KNOWN:
+        rows.append(
+            (
+                "    SQLite's physical writes",
+                f"{statistics.mean(t.engine.written for t in timed):,.0f} B (mean)",
+                "",
+                "",
+            )
+        )
+    return rows
+
+
+def _resume_rows(samples: list[ResumeSample]) -> list[Row]:
+    total = _median(s.total_ms for s in samples)
+    cpu = _median(s.cpu_ms for s in samples)
+    waiting = _median(s.total_ms - s.cpu_ms for s in samples)
+    return [
+        (
+            f"resume in a fresh process, run at step {samples[0].from_step:,}-"
+            f"{samples[-1].from_step:,}",
+            f"{total:.1f} ms (median)",
+            f"<= {MAX_RESUME_MS:g} ms",
+            _verdict(total <= MAX_RESUME_MS),
+        ),
+        ("  samples", " / ".join(f"{s.total_ms:.1f}" for s in samples) + " ms", "", ""),
+        (
+            "  CPU / waiting; the app's tool handler",
+            f"{cpu:.1f} / {waiting:.1f} ms; {_median(s.tool_ms for s in samples):.1f} ms",
+            "",
+            "",
+        ),
+    ]
+
+
+def report(figures: Figures) -> str:
+    written = figures.bytes_at
+    lines = [
+        f"Ratchet step cost: migration, {BATCHES:,} batches, step cap {MAX_STEPS:,}, scripted "
+        "model, no tool latency",
+        f"SQLite {sqlite3.sqlite_version} (WAL, synchronous=FULL) in {tempfile.gettempdir()}, "
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs",
+        "",
+        *_table(
+            [
+                ("what a step writes (logical bytes)", *(f"step {b.step:,}" for b in written)),
+                ("commit receipt (checkpoints.bytes)", *(f"{b.receipt:,}" for b in written)),
+                ("ledger decision row", *(f"{b.ledger_decision:,}" for b in written)),
+                ("attempt bump", *(f"{b.attempt_bump:,}" for b in written)),
+                ("total", *(f"{b.total:,}" for b in written)),
+            ],
+            "<" + ">" * len(written),
+        ),
+        "",
+    ]
+
+    start_engine = _median(
+        t.engine.wall_ms for t in figures.timings if START_WINDOW[0] <= t.step <= START_WINDOW[1]
+    )
+    end_engine = _median(
+        t.engine.wall_ms for t in figures.timings if END_WINDOW[0] <= t.step <= END_WINDOW[1]
+    )
+    start_resume = _median(s.total_ms for s in figures.start_resumes)
+    end_resume = _median(s.total_ms for s in figures.end_resumes)
+    resume_ratio = end_resume / start_resume
+    baseline = list(figures.baseline.values())
+    rows: list[Row] = [
+        ("figure", "measured", "target", "result"),
+        *_bytes_rows(written),
+        *_window_rows(figures, START_WINDOW, target=False),
+        *_window_rows(figures, END_WINDOW, target=True),
+        ("engine overhead, end / start", f"{end_engine / start_engine:.2f}x", "", ""),
+        *_resume_rows(figures.start_resumes),
+        *_resume_rows(figures.end_resumes),
+        (
+            "resume, end / start",
+            f"{resume_ratio:.2f}x",
+            f"<= {MAX_RESUME_RATIO:g}x",
+            _verdict(resume_ratio <= MAX_RESUME_RATIO),
+        ),
+        (
+            f"baseline: one durable commit, {BASELINE_ROW_BYTES:,} B row",
+            f"{_median(baseline):.3f} ms (p90 {_p90(baseline):.3f}, n={len(baseline)})",
+            "",
+            "",
+        ),
+    ]
+    lines += _table(rows, "<<<<")
+    lines += [
+        "",
+        "Receipt: the new head (run state JSON), the step record and the ledger result, as the "
+        "store counts them.",
+        "Ledger decision row: written before the tool runs, all columns but the result. Attempt "
+        "bump: 2 integers, 0 when the step before counted the attempt in its commit.",
+        f"The engine makes {ENGINE_COMMITS_PER_STEP} durable commits a step (decision, step; a "
+        "worker's commit counts the next attempt); the tool makes the app's own.",
+        "Baseline: timed right after each windowed step, on the same disk, WAL at steady size. "
+        "Physical writes: /proc/self/io, tool's out.",
+        "Resume: timed in the new process from after its imports until the next step is "
+        f"durable; {RESUME_SAMPLES} processes in a row.",
+        f"Steps {START_RESUMES_FROM + 1}-{START_RESUMES_FROM + RESUME_SAMPLES} and "
+        f"{END_RESUMES_FROM + 1:,}-{END_RESUMES_FROM + RESUME_SAMPLES:,} were taken by the "
+        "resume processes, so the windows leave them out.",
+        f"bench took {figures.seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="What one Ratchet step costs.")
+    parser.add_argument(
+        "--resume-one",
+        metavar="STORE_URL",
+        help="used by the bench: take one step of its run in this fresh process",
+    )
+    args = parser.parse_args(argv)
+    if args.resume_one:
+        _resume_one(args.resume_one)
+        return
+    with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
+        figures = measure(Path(directory))
+    print(report(figures))
+
+
+if __name__ == "__main__":
+    main()

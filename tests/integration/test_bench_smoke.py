@@ -1,0 +1,68 @@
+"""The step-cost bench's measuring code at a small scale, and the guarantee it reports: what a
+step writes does not grow with the run's length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.step_cost import (
+    MAX_STEP_BYTES,
+    RUN_ID,
+    BenchRun,
+    StepTiming,
+    resume_in_fresh_process,
+)
+
+GROWTH_MARGIN_BYTES = 64
+"""Step 50 writes wider numbers than step 10 (ids 48,001 against 8,001): 43 bytes' worth here.
+A state that kept every message would add about 7 KB by step 50."""
+
+
+@pytest.fixture(scope="module")
+def fifty_steps(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[BenchRun, list[StepTiming]]]:
+    with BenchRun(tmp_path_factory.mktemp("bench"), batches=60, max_steps=70) as run:
+        yield run, run.advance_to(50)
+
+
+def test_what_a_step_writes_does_not_grow_with_the_run(
+    fifty_steps: tuple[BenchRun, list[StepTiming]],
+) -> None:
+    run, _ = fifty_steps
+
+    early, late = run.step_bytes(10), run.step_bytes(50)
+
+    assert early.total <= MAX_STEP_BYTES
+    assert late.total <= MAX_STEP_BYTES
+    assert abs(late.total - early.total) <= GROWTH_MARGIN_BYTES, (early, late)
+    # The figure counts the whole head that step 50 rewrote, not just its step record.
+    head = run.engine.load(RUN_ID)
+    assert head.step == 50
+    assert late.receipt > len(head.model_dump_json().encode("utf-8"))
+    assert late.ledger_decision > 0
+
+
+def test_the_bench_times_the_tool_apart_from_the_engine(
+    fifty_steps: tuple[BenchRun, list[StepTiming]],
+) -> None:
+    _, timings = fifty_steps
+
+    assert [t.step for t in timings] == list(range(1, 51))
+    for timing in timings:
+        assert 0 < timing.tool.wall_ms < timing.whole.wall_ms
+        assert timing.engine.wall_ms > 0
+
+
+def test_a_fresh_process_resumes_the_run_and_takes_exactly_one_step(tmp_path: Path) -> None:
+    with BenchRun(tmp_path, batches=5, max_steps=10) as run:
+        run.advance_to(2)
+
+        sample = resume_in_fresh_process(run.url)
+
+        assert sample.from_step == 2
+        assert run.step == 3
+        assert sample.total_ms > sample.tool_ms > 0
