@@ -169,7 +169,7 @@ def _start(state: RunState) -> bool:
 def _logger() -> Any:
     from ratchet.observability import json_logger
 
-    return json_logger(sys.stderr)
+    return json_logger(sys.stderr, level=_settings().log_level)
 
 
 def _cli_worker_id() -> str:

@@ -25,6 +25,6 @@ def test_the_demo_survives_sigkill_and_approval_with_every_invariant_intact(tmp_
     assert "rows copied: 40,000 of 40,000" in out
     assert "duplicate rows: 0" in out
     assert "emails sent: 1" in out
-    assert "model calls paid twice: 0" in out
+    assert "model calls paid twice: 0 (45 calls for 45 decisions)" in out
     assert "All invariants hold." in out
     assert not (tmp_path / ".ratchet").exists(), "the demo works in a temporary store"

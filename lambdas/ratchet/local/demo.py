@@ -112,7 +112,8 @@ class _Demo:
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_FAULT", "RATCHET_STORE")}
-        return {**env, **(extra or {})}
+        # DEBUG adds a line per model call, which is how the demo counts what was paid for.
+        return {**env, "RATCHET_LOG_LEVEL": "DEBUG", **(extra or {})}
 
 
 def run_demo(console: Console, *, batches: int = 40, keep: bool = False) -> int:
@@ -219,7 +220,7 @@ def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
         ("legacy_orders dropped", report.get("legacy_dropped") is True, "yes"),
         (
             "model calls paid twice",
-            paid_twice == 0,
+            paid_twice == 0 and len(model_calls) == demo.total_steps,
             f"{paid_twice} ({sum(model_calls.values())} calls for {len(model_calls)} decisions)",
         ),
         (

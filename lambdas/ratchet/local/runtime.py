@@ -40,6 +40,7 @@ class LocalSettings(BaseModel):
     anthropic_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None
     fault: str | None = None
+    log_level: str = "INFO"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> LocalSettings:
@@ -49,6 +50,7 @@ class LocalSettings(BaseModel):
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
             fault=env.get("RATCHET_FAULT") or None,
+            log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
         )
 
 
