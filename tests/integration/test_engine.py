@@ -451,3 +451,17 @@ def test_a_worker_still_fails_a_run_on_the_third_strike(tmp_path):
     assert (head.status, head.step) == (RunStatus.FAILED, 2)
     assert head.error == "step 3 failed 3 times; last error: the worker died during the step"
     assert harness.table.received.count("run/step-3") == 3
+
+
+def test_a_supervisor_can_fail_a_run_which_keeps_its_last_checkpoint(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=5))
+    harness.start()
+    harness.engine.advance("run")
+
+    failed = harness.engine.fail("run", "Step Functions gave up: Lambda.ServiceException")
+    again = harness.engine.fail("run", "a second supervisor")
+
+    assert (failed.status, failed.step) == (RunStatus.FAILED, 1)
+    assert failed.error == "Step Functions gave up: Lambda.ServiceException"
+    assert again == failed
+    assert harness.engine.advance("run").outcome is Outcome.FAILED

@@ -239,6 +239,18 @@ class Engine:
         with suppress(StaleVersion):
             self._store.release_attempt(run_id, version)
 
+    def fail(self, run_id: str, reason: str) -> RunState:
+        """Mark the run failed, keeping its last checkpoint (a supervisor gave up on it).
+        A run that has already finished is left as it is."""
+        state = self.load(run_id)
+        if state.is_finished:
+            return state
+        return self._commit(
+            state,
+            Finished(status=RunStatus.FAILED, error=reason, attempts=state.attempts),
+            step=state.step,
+        )
+
     def decide_waiting(
         self, run_id: str, *, approved: bool, by: str, comment: str = ""
     ) -> RunState:
