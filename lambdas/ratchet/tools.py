@@ -57,6 +57,9 @@ class RunContext:
     options: RunOptions
     workdir: Path
     """A directory private to this store (locally, next to the SQLite file)."""
+    services: Mapping[str, Any] = field(default_factory=dict)
+    """What the runtime offers the agent beyond the disk: on AWS, e.g. `dynamodb` (a client)
+    and `app_table` (the table the stack made for agent data). Empty locally."""
 
 
 @dataclass(frozen=True)
