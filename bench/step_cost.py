@@ -51,8 +51,9 @@ import aws_lambda_powertools  # noqa: F401
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.engine.core import Binder, Binding, Engine, Outcome
-from ratchet.local.runtime import SCRIPTED, LocalRuntime, LocalSettings
+from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.observability import json_logger
+from ratchet.runs import SCRIPTED
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState, idempotency_key
 from ratchet.tools import ToolContext, ToolResult

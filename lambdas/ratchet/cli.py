@@ -2,24 +2,33 @@
 
 Bad input never ends in a traceback or a changed store: it is one line on stderr and exit
 code 2. Read commands print one JSON object with `--json`.
+
+The store is a local SQLite file (`sqlite:///path.db`, the default) or, for the read commands
+(`status`, `history`, `show`, `verify`), the tables of a deployed stack:
+`dynamodb://<checkpoints table>?ledger=<idempotency table>&app=<app table>&region=<region>`,
+plus `&endpoint=<url>` for DynamoDB Local or moto. Runs on AWS start and are decided through
+the stack's API, so the commands that write refuse a `dynamodb://` store.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import re
 import sqlite3
 import sys
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
-from ratchet.state import MAX_GOAL_BYTES, RUN_ID_PATTERN, RunOptions, RunState, RunStatus
+from ratchet.runs import check_run_id
+from ratchet.state import RunState, RunStatus
 
 app = typer.Typer(
     name="ratchet",
@@ -37,7 +46,8 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         envvar="RATCHET_STORE",
-        help="Store URL. Default: sqlite:///.ratchet/ratchet.db",
+        help="Store URL. Default: sqlite:///.ratchet/ratchet.db. Read commands also take "
+        "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL].",
         show_default=False,
     ),
 ]
@@ -70,20 +80,116 @@ def _settings(store: str | None = None) -> Any:
 def _runtime(*, create: bool, store: str | None = None) -> Any:
     from ratchet.local.runtime import LocalRuntime
 
-    return LocalRuntime.open(_settings(store), create=create)
+    settings = _settings(store)
+    if settings.store.startswith(DYNAMODB_SCHEME):
+        return _aws_runtime(DynamoDbStore.parse(settings.store))
+    return LocalRuntime.open(settings, create=create)
 
 
-def _check_run_id(run_id: str) -> str:
-    if not RUN_ID_PATTERN.fullmatch(run_id):
-        raise InvalidInput(
-            f"malformed run id {run_id!r}: use 1-128 letters, digits, '.', '_', ':' or '-', "
-            "starting with a letter or digit"
+# --- the tables of a deployed stack ------------------------------------------------------------
+
+DYNAMODB_SCHEME = "dynamodb://"
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_DYNAMODB_PARAMETERS = {"ledger", "app", "region", "endpoint"}
+_DYNAMODB_FORM = "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]"
+
+
+@dataclass(frozen=True)
+class DynamoDbStore:
+    """A `dynamodb://` store URL, parsed and checked before any client is made."""
+
+    checkpoints: str
+    ledger: str
+    app: str
+    region: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> DynamoDbStore:
+        parts = urlsplit(url)
+        try:
+            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            raise InvalidInput(f"malformed store URL {url!r}: use {_DYNAMODB_FORM}") from None
+        unknown = sorted(set(query) - _DYNAMODB_PARAMETERS)
+        if unknown:
+            raise InvalidInput(
+                f"unknown parameter {unknown[0]!r} in store URL {url!r}: use {_DYNAMODB_FORM}"
+            )
+        repeated = sorted(name for name, values in query.items() if len(values) > 1)
+        if repeated:
+            raise InvalidInput(f"parameter {repeated[0]!r} is given twice in store URL {url!r}")
+        values = {name: found[0] for name, found in query.items()}
+        tables = {
+            "checkpoints table (dynamodb://TABLE)": parts.netloc,
+            "ledger table (ledger=TABLE)": values.get("ledger", ""),
+            "app table (app=TABLE)": values.get("app", ""),
+        }
+        for name, table in tables.items():
+            if not _TABLE_NAME.fullmatch(table):
+                raise InvalidInput(
+                    f"store URL {url!r} needs a valid {name} (3-255 letters, digits, '_', '-' "
+                    f"or '.'): use {_DYNAMODB_FORM}"
+                )
+        region = values.get("region") or None
+        if region is not None and not _REGION.fullmatch(region):
+            raise InvalidInput(f"malformed region {region!r} in store URL {url!r}")
+        endpoint = values.get("endpoint") or None
+        if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+            raise InvalidInput(f"the endpoint in store URL {url!r} must be an http(s) URL")
+        if parts.path not in ("", "/") or parts.fragment:
+            raise InvalidInput(f"malformed store URL {url!r}: use {_DYNAMODB_FORM}")
+        return cls(parts.netloc, values["ledger"], values["app"], region, endpoint)
+
+
+def _aws_runtime(store: DynamoDbStore) -> Any:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import NoRegionError
+
+    from ratchet.aws.runtime import AwsRuntime
+    from ratchet.aws.settings import AwsSettings
+
+    # A person is waiting on the command: a few quick retries, then a clear error.
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=20
+    )
+    try:
+        client = boto3.client(
+            "dynamodb", region_name=store.region, endpoint_url=store.endpoint, config=config
         )
-    return run_id
+    except NoRegionError:
+        raise InvalidInput(
+            "the dynamodb:// store needs a region: add &region=REGION to the URL or set AWS_REGION"
+        ) from None
+    settings = AwsSettings(
+        checkpoints_table=store.checkpoints, idempotency_table=store.ledger, app_table=store.app
+    )
+    return AwsRuntime(settings, client)
+
+
+_ON_AWS = {
+    "start": "runs on AWS start through the stack's API",
+    "run": "runs on AWS start through the stack's API, and the state machine works them",
+    "worker": "on AWS the state machine works runs; there is no worker to start",
+    "approve": "on AWS a person decides through the approval link, which resumes the execution",
+    "reject": "on AWS a person decides through the approval link, which resumes the execution",
+    "demo": "the demo runs on a local store of its own",
+}
+
+
+def _require_local_store(command: str) -> None:
+    """The commands that write work on a local store only; refuse before touching anything."""
+    if _settings().store.startswith(DYNAMODB_SCHEME):
+        raise InvalidInput(
+            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: "
+            f"{_ON_AWS[command]}"
+        )
 
 
 def _head(runtime: Any, run_id: str) -> RunState:
-    state: RunState | None = runtime.store.load_head(_check_run_id(run_id))
+    state: RunState | None = runtime.store.load_head(check_run_id(run_id))
     if state is None:
         raise RunNotFound(run_id)
     return state
@@ -108,46 +214,19 @@ def _new_run(
     tool_latency_ms: int | None,
 ) -> RunState:
     """Validate everything about a new run before anything touches the store."""
-    from ratchet.local.runtime import SCRIPTED, build_model
-    from ratchet.scenarios import load_agent
+    from ratchet.runs import RunRequest, new_run
 
-    if scenario and agent_ref:
-        raise InvalidInput("give --scenario or --agent, not both")
-    if goal is None and scenario is None and agent_ref is None:
-        raise InvalidInput("give --goal TEXT or --scenario NAME (or --agent module:attr)")
-    if goal is not None:
-        if not goal.strip():
-            raise InvalidInput("the goal is empty")
-        if len(goal.encode("utf-8")) > MAX_GOAL_BYTES:
-            raise InvalidInput(f"the goal is over {MAX_GOAL_BYTES // 1024} KB")
-    reference = agent_ref or scenario or "notebook"
-    agent = load_agent(reference)
-    settings = _settings()
-    chosen_model = model or (
-        "claude-sonnet-4-5" if settings.anthropic_api_key is not None else SCRIPTED
+    request = RunRequest(
+        run_id=run_id,
+        scenario=scenario,
+        agent=agent_ref,
+        goal=goal,
+        model=model,
+        max_steps=max_steps,
+        batches=batches,
+        tool_latency_ms=tool_latency_ms,
     )
-    params: dict[str, Any] = dict(agent.default_params)
-    if batches is not None:
-        params["batches"] = batches
-    try:
-        options = RunOptions(
-            model=chosen_model,
-            max_steps=max_steps if max_steps is not None else RunOptions().max_steps,
-            tool_latency_ms=tool_latency_ms or 0,
-            params=params,
-        )
-    except ValueError as error:
-        raise InvalidInput(f"bad option: {error}") from None
-    # Fails now, not in a worker later, if the model cannot be built (no key, no policy).
-    build_model(agent, chosen_model, settings)
-    if goal is None and not agent.goal:
-        raise InvalidInput(f"agent {agent.name!r} has no default goal: give --goal TEXT")
-    return RunState(
-        run_id=_check_run_id(run_id) if run_id is not None else f"run-{uuid.uuid4().hex[:12]}",
-        agent=reference,
-        goal=goal if goal is not None else agent.goal_for(params),
-        options=options,
-    )
+    return new_run(request, has_anthropic_key=_settings().anthropic_api_key is not None)
 
 
 def _start(state: RunState) -> bool:
@@ -215,6 +294,7 @@ def start(
     tool_latency_ms: LatencyOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
+    _require_local_store("start")
     state = _new_run(
         goal=goal,
         scenario=scenario,
@@ -246,6 +326,7 @@ def run(
     from ratchet.faults import FaultPlan
     from ratchet.local.worker import Worker
 
+    _require_local_store("run")
     state = _new_run(
         goal=goal,
         scenario=scenario,
@@ -296,6 +377,7 @@ def worker(
     from ratchet.faults import FaultPlan
     from ratchet.local.worker import Worker
 
+    _require_local_store("worker")
     runtime = _runtime(create=True)
     logger = _logger()
     engine = runtime.engine(
@@ -438,6 +520,7 @@ def approve(
     by: ByOption = None,
 ) -> None:
     """Approve what a waiting run asked for; the next free worker resumes it."""
+    _require_local_store("approve")
     state = _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment)
     out.print(f"{state.run_id}: approved; it resumes on the next free worker")
 
@@ -449,6 +532,7 @@ def reject(
     by: ByOption = None,
 ) -> None:
     """Reject what a waiting run asked for; the run goes on knowing the answer was no."""
+    _require_local_store("reject")
     state = _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
     out.print(f"{state.run_id}: rejected; it resumes on the next free worker")
 
@@ -488,6 +572,7 @@ def demo(
     """The offline demo: a migration agent survives SIGKILL mid-step and waits for approval."""
     from ratchet.local.demo import run_demo
 
+    _require_local_store("demo")
     raise typer.Exit(run_demo(out, batches=batches, keep=keep))
 
 
@@ -501,6 +586,21 @@ def main() -> None:
     except sqlite3.DatabaseError as error:
         err.print(f"ratchet: the store cannot be read: {error}", markup=False)
         sys.exit(2)
+    except Exception as error:
+        if not _is_aws_error(error):
+            raise
+        reason = " ".join(str(error).split())
+        err.print(f"ratchet: the store cannot be read: {reason}", markup=False)
+        sys.exit(2)
+
+
+def _is_aws_error(error: Exception) -> bool:
+    """A failure talking to AWS (missing table, no credentials, no connection). botocore is
+    looked up, not imported: if no command imported it, the error cannot be one of its."""
+    exceptions = sys.modules.get("botocore.exceptions")
+    return exceptions is not None and isinstance(
+        error, exceptions.BotoCoreError | exceptions.ClientError
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
+from ratchet.adapters.dynamodb import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.ports import CheckpointStore, IdempotencyLedger
 
@@ -22,7 +25,17 @@ def _sqlite(tmp_path: Any) -> Iterator[Backend]:
     db.close()
 
 
-BACKENDS = {"sqlite": _sqlite}
+def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        create_tables(client, checkpoints="checkpoints", idempotency="idempotency", app="app")
+        yield Backend(
+            DynamoDbCheckpointStore(client, table="checkpoints", ledger_table="idempotency"),
+            DynamoDbLedger(client, table="idempotency"),
+        )
+
+
+BACKENDS = {"sqlite": _sqlite, "dynamodb": _dynamodb}
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -95,10 +95,18 @@ class StepOutcome:
     run_id: str
     step: int
     version: int
+    bytes_written: int = 0
+    """What the step's checkpoint commit wrote (head, record, ledger); 0 if nothing was."""
 
     @classmethod
-    def of(cls, state: RunState) -> StepOutcome:
-        return cls(_OUTCOME_OF_STATUS[state.status], state.run_id, state.step, state.version)
+    def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:
+        return cls(
+            _OUTCOME_OF_STATUS[state.status],
+            state.run_id,
+            state.step,
+            state.version,
+            bytes_written,
+        )
 
 
 @dataclass(frozen=True)
@@ -205,7 +213,7 @@ class Engine:
             finished = Finished(
                 status=RunStatus.DONE, summary=decision.summary, attempts=state.attempts
             )
-            head = self._commit(
+            head, written = self._commit(
                 state, finished, step=state.step, completes=LedgerCompletion(key, "DONE")
             )
         else:
@@ -221,13 +229,13 @@ class Engine:
                 attempt=state.attempts,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
-            head = self._commit(
+            head, written = self._commit(
                 state, event, step=step, completes=LedgerCompletion(key, output.text)
             )
         if isinstance(decision, ToolCall) and event.next_attempt_counted:
             self._counted_ahead[run_id] = head.version
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
-        return StepOutcome.of(head)
+        return StepOutcome.of(head, bytes_written=written)
 
     def release(self, run_id: str) -> None:
         """Take back the next attempt counted ahead by `advance`, if the run is still as this
@@ -245,11 +253,12 @@ class Engine:
         state = self.load(run_id)
         if state.is_finished:
             return state
-        return self._commit(
+        head, _ = self._commit(
             state,
             Finished(status=RunStatus.FAILED, error=reason, attempts=state.attempts),
             step=state.step,
         )
+        return head
 
     def decide_waiting(
         self, run_id: str, *, approved: bool, by: str, comment: str = ""
@@ -259,7 +268,8 @@ class Engine:
         if state.status is not RunStatus.WAITING:
             raise NotWaiting(run_id, state.status)
         event = PersonDecided(approved=approved, by=by, comment=comment)
-        return self._commit(state, event, step=state.step)
+        head, _ = self._commit(state, event, step=state.step)
+        return head
 
     # --- one step --------------------------------------------------------------------------
 
@@ -370,7 +380,8 @@ class Engine:
 
     def _finish(self, state: RunState, event: Finished) -> StepOutcome:
         event = event.model_copy(update={"attempts": state.attempts})
-        return StepOutcome.of(self._commit(state, event, step=state.step))
+        head, written = self._commit(state, event, step=state.step)
+        return StepOutcome.of(head, bytes_written=written)
 
     def _commit(
         self,
@@ -379,7 +390,8 @@ class Engine:
         *,
         step: int,
         completes: LedgerCompletion | None = None,
-    ) -> RunState:
+    ) -> tuple[RunState, int]:
+        """Write the event's checkpoint and the new head; returns the head and bytes written."""
         checkpoint_at = utcnow()
         head = apply_event(state, event, version=state.version + 1, at=checkpoint_at)
         checkpoint = Checkpoint(
@@ -412,7 +424,7 @@ class Engine:
                 "ms": round(receipt.milliseconds, 3),
             },
         )
-        return head
+        return head, receipt.bytes_written
 
 
 def view_of(state: RunState) -> StepView:

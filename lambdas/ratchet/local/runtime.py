@@ -19,16 +19,16 @@ from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.core import Binding, Engine
-from ratchet.errors import AgentNotFound, InvalidInput, StoreUnavailable
+from ratchet.errors import StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.leases import Leases
 from ratchet.ports import Model
+from ratchet.runs import SCRIPTED, check_model
 from ratchet.scenarios import load_agent
 from ratchet.state import RunOptions, RunState
 from ratchet.tools import Agent, RunContext
 
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
-SCRIPTED = "scripted"
 
 
 class LocalSettings(BaseModel):
@@ -127,16 +127,12 @@ class LocalRuntime:
 
 def build_model(agent: Agent, model: str, settings: LocalSettings) -> Model:
     """The model a run asked for: its agent's scripted policy, or Claude."""
-    if model == SCRIPTED:
-        if agent.policy is None:
-            raise AgentNotFound(
-                f"agent {agent.name!r} has no scripted policy; run it with --model "
-                "<claude model> and ANTHROPIC_API_KEY set"
-            )
-        return ScriptedModel(agent.policy)
     key = settings.anthropic_api_key
-    if key is None:
-        raise InvalidInput(f"--model {model} needs ANTHROPIC_API_KEY in the environment")
+    check_model(agent, model, has_anthropic_key=key is not None)
+    if model == SCRIPTED:
+        assert agent.policy is not None
+        return ScriptedModel(agent.policy)
+    assert key is not None
     from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
 
     client = anthropic_client(key.get_secret_value(), base_url=settings.anthropic_base_url)

@@ -6,6 +6,8 @@ Run it offline with the scripted policy below, or let Claude drive the same tool
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -148,23 +150,35 @@ def _report(batches: int, dropped: bool) -> dict[str, Any]:
 
 
 def open_data(ctx: RunContext) -> MigrationData:
+    """The run's app data: in the runtime's DynamoDB table when it offers one (on AWS, where
+    a function's disk does not outlive it), else in a SQLite file beside the store."""
+    services = ctx.services
+    if "dynamodb" in services and "app_table" in services:
+        from ratchet.scenarios.migration_dynamodb import DynamoDbMigrationData
+
+        return DynamoDbMigrationData(services["dynamodb"], services["app_table"], ctx.run_id)
     return SqliteMigrationData(ctx.workdir / "app.db")
 
 
-def prepare(ctx: RunContext) -> None:
-    data = SqliteMigrationData(ctx.workdir / "app.db")
+@contextmanager
+def _opened(ctx: RunContext) -> Iterator[MigrationData]:
+    data = open_data(ctx)
     try:
-        data.seed(int(ctx.options.params.get("batches", DEFAULT_BATCHES)))
+        yield data
     finally:
-        data.close()
+        close = getattr(data, "close", None)
+        if close is not None:
+            close()
+
+
+def prepare(ctx: RunContext) -> None:
+    with _opened(ctx) as data:
+        data.seed(int(ctx.options.params.get("batches", DEFAULT_BATCHES)))
 
 
 def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
-    data = SqliteMigrationData(ctx.workdir / "app.db")
-    try:
+    with _opened(ctx) as data:
         counts = data.counts()
-    finally:
-        data.close()
     problems = []
     if counts.duplicate_rows:
         problems.append(f"{counts.duplicate_rows} rows were copied twice")

@@ -1,0 +1,60 @@
+"""Large tool outputs in S3, by content hash: the AWS twin of `adapters/file_blobs.py`."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ratchet.errors import StoreUnavailable, ToolFailed
+from ratchet.state import BlobRef
+
+PREFIX = "blobs/"
+
+
+class S3BlobStore:
+    """`BlobStore` on one bucket, at `blobs/<sha256>`.
+
+    A key names its content, so a put is safe to repeat (a retried step stores the same bytes
+    under the same key) and an object is never rewritten with anything else.
+    """
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        # `client` is a boto3 S3 client; typed loosely because the S3 stubs are not a
+        # dependency of this project.
+        self._client = client
+        self._bucket = bucket
+
+    def put(self, data: bytes) -> BlobRef:
+        digest = hashlib.sha256(data).hexdigest()
+        self._client.put_object(
+            Bucket=self._bucket,
+            Key=f"{PREFIX}{digest}",
+            Body=data,
+            ContentType="application/octet-stream",
+        )
+        return BlobRef(sha256=digest, size=len(data))
+
+    def get(self, ref: BlobRef) -> bytes:
+        response = self._client.get_object(Bucket=self._bucket, Key=f"{PREFIX}{ref.sha256}")
+        data: bytes = response["Body"].read()
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ValueError(f"blob {ref.sha256} is corrupt in s3://{self._bucket}")
+        return data
+
+
+class NoBlobStore:
+    """Stands in where no bucket is configured: fine until an output is large enough to need
+    one, and then a clear error instead of a silently truncated result."""
+
+    def put(self, data: bytes) -> BlobRef:
+        # A failed attempt, so the engine records why on the run (and fails it on the third).
+        raise ToolFailed(
+            f"a tool output of {len(data):,} bytes needs a blob store, and none is configured: "
+            "set RATCHET_BLOB_BUCKET to an S3 bucket"
+        )
+
+    def get(self, ref: BlobRef) -> bytes:
+        raise StoreUnavailable(
+            f"blob {ref.sha256} cannot be read: no blob store is configured "
+            "(set RATCHET_BLOB_BUCKET to an S3 bucket)"
+        )

@@ -1,0 +1,48 @@
+"""The `Step` task: advance the run by exactly one step and say where the loop goes next.
+
+Errors are the state machine's business and keep their class names, which its Retry and Catch
+clauses match: `StepAttemptFailed` and its subclasses (the attempt is already recorded and
+counted; retry), `StaleVersion` (another execution owns the run; stop without touching it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from ratchet.aws.payloads import StepRequest, StepResult
+from ratchet.errors import StaleVersion, StepAttemptFailed
+from ratchet.handlers._wiring import engine, logger, metrics, settings, tracer
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler(capture_response=False)
+@metrics.log_metrics(capture_cold_start_metric=True)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = StepRequest.model_validate(event)
+    return take_step(request, context).model_dump(mode="json")
+
+
+def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
+    logger.append_keys(run_id=request.run_id, generation=request.generation)
+    started = time.perf_counter()
+    try:
+        taken = engine(context).advance(request.run_id)
+    except StaleVersion:
+        metrics.add_metric(name="StaleCommits", unit=MetricUnit.Count, value=1)
+        logger.warning("stale version: another execution advanced the run; stopping")
+        raise
+    except StepAttemptFailed:
+        metrics.add_metric(name="FailedAttempts", unit=MetricUnit.Count, value=1)
+        raise
+    metrics.add_metric(
+        name="StepDuration",
+        unit=MetricUnit.Milliseconds,
+        value=(time.perf_counter() - started) * 1000,
+    )
+    if taken.bytes_written:
+        metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
+    return StepResult.after(request, taken, rollover_after=settings().rollover_after)

@@ -1,0 +1,102 @@
+"""Agents for the state machine tests, started through the API as `--agent
+tests.integration.aws.agents:<name>`.
+
+Their side effects land in `WORLD`, an in-memory table that applies each idempotency key at
+most once and counts every delivery: the handlers run in the test process (moto dispatches the
+Lambda invocations to them), so the test reads what the tools did directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from ratchet.tools import Agent, Decision, Done, StepView, Tool, ToolCall, ToolContext
+
+ROWS = 3
+
+
+class WriteRow(BaseModel):
+    n: int
+
+
+@dataclass
+class Rows:
+    """The app data of every run: rows by idempotency key, and every key a tool received."""
+
+    applied: dict[str, int] = field(default_factory=dict)
+    delivered: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, args: WriteRow, ctx: ToolContext) -> str:
+        with self.lock:
+            self.delivered[ctx.idempotency_key] += 1
+            if ctx.idempotency_key in self.applied:
+                return f"row {args.n} already written"
+            self.applied[ctx.idempotency_key] = args.n
+            return f"row {args.n} written"
+
+    def rows_of(self, run_id: str) -> dict[str, int]:
+        with self.lock:
+            return {k: n for k, n in self.applied.items() if k.startswith(f"{run_id}/")}
+
+    def deliveries_of(self, run_id: str) -> dict[str, int]:
+        with self.lock:
+            return {k: c for k, c in self.delivered.items() if k.startswith(f"{run_id}/")}
+
+
+WORLD = Rows()
+
+
+@dataclass
+class Gate:
+    """Holds the first delivery of a step inside its tool until the test lets it go."""
+
+    step: int
+    entered: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def hold(self, ctx: ToolContext) -> None:
+        if ctx.step == self.step and not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(timeout=60), "the test never released the gate"
+
+
+GATE = Gate(step=1)
+
+
+def write_rows_policy(view: StepView) -> Decision:
+    rows = int(view.params.get("batches", ROWS))
+    if view.step > rows:
+        return Done(summary=f"wrote {rows} rows")
+    return ToolCall(name="write_row", arguments={"n": view.step})
+
+
+def _always_fails_at_3(args: WriteRow, ctx: ToolContext) -> str:
+    if ctx.step == 3:
+        raise RuntimeError("the disk is full")
+    return WORLD.write(args, ctx)
+
+
+def _gated(args: WriteRow, ctx: ToolContext) -> str:
+    GATE.hold(ctx)
+    return WORLD.write(args, ctx)
+
+
+def _agent(name: str, handler: Callable[[WriteRow, ToolContext], str]) -> Agent:
+    return Agent(
+        name=name,
+        tools=[Tool("write_row", "Write row n.", WriteRow, handler, side_effect=True)],
+        goal="Write {batches} rows, one per step.",
+        policy=write_rows_policy,
+        default_params={"batches": ROWS},
+    )
+
+
+rows = _agent("rows", WORLD.write)
+failing = _agent("failing", _always_fails_at_3)
+gated = _agent("gated", _gated)

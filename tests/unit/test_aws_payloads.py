@@ -1,0 +1,54 @@
+"""The loop's decisions that the step Lambda makes for the state machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ratchet.aws.naming import execution_name
+from ratchet.aws.payloads import MAX_REASON_CHARS, StepRequest, StepResult, TaskFailure
+from ratchet.engine.core import Outcome, StepOutcome
+
+
+def _after(outcome: Outcome, *, iteration: int, rollover_after: int = 3) -> StepResult:
+    request = StepRequest(run_id="run-1", generation=4, iteration=iteration)
+    taken = StepOutcome(outcome, "run-1", step=17, version=40)
+    return StepResult.after(request, taken, rollover_after=rollover_after)
+
+
+def test_a_step_below_the_limit_continues_in_this_execution():
+    result = _after(Outcome.CONTINUE, iteration=1)
+
+    assert (result.outcome, result.iteration, result.next_execution) == ("continue", 2, None)
+    assert (result.step, result.version, result.generation) == (17, 40, 4)
+
+
+def test_the_step_that_reaches_the_limit_hands_the_run_to_the_next_generation():
+    result = _after(Outcome.CONTINUE, iteration=2)
+
+    assert (result.outcome, result.iteration) == ("rollover", 3)
+    assert result.next_execution == execution_name("run-1", 5)
+
+
+@pytest.mark.parametrize("outcome", [Outcome.WAITING, Outcome.DONE, Outcome.FAILED])
+def test_only_a_continuing_run_rolls_over(outcome: Outcome):
+    result = _after(outcome, iteration=10)
+
+    assert (result.outcome, result.next_execution) == (outcome.value, None)
+
+
+def test_a_lambda_failure_reads_as_its_error_and_message():
+    cause = json.dumps(
+        {"errorType": "KeyError", "errorMessage": "'batch'", "stackTrace": ["  File ..."]}
+    )
+
+    assert _caught("KeyError", cause).reason() == "KeyError: 'batch'"
+    assert _caught("States.Timeout").reason() == "States.Timeout"
+    assert _caught("X", "plain words").reason() == "X: plain words"
+    assert len(_caught("X", "y" * 10_000).reason()) == MAX_REASON_CHARS
+
+
+def _caught(error: str, cause: str | None = None) -> TaskFailure:
+    """As a Catch puts it at its ResultPath."""
+    return TaskFailure.model_validate({"Error": error, **({"Cause": cause} if cause else {})})

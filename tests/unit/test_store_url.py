@@ -1,0 +1,74 @@
+"""`--store dynamodb://...`: the URL parser and the commands that refuse such a store, with no
+I/O (no client is made for a refused command or a malformed URL)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ratchet.cli import DynamoDbStore, app
+from ratchet.errors import InvalidInput
+
+GOOD = "dynamodb://ratchet-checkpoints?ledger=ratchet-idempotency&app=ratchet-app"
+
+
+def test_a_full_url_is_parsed_into_its_tables_region_and_endpoint():
+    store = DynamoDbStore.parse(f"{GOOD}&region=eu-west-1&endpoint=http://127.0.0.1:8000")
+
+    assert store == DynamoDbStore(
+        checkpoints="ratchet-checkpoints",
+        ledger="ratchet-idempotency",
+        app="ratchet-app",
+        region="eu-west-1",
+        endpoint="http://127.0.0.1:8000",
+    )
+
+
+def test_region_and_endpoint_are_optional_and_may_be_percent_encoded():
+    assert DynamoDbStore.parse(GOOD).region is None
+    encoded = DynamoDbStore.parse(f"{GOOD}&endpoint=http%3A%2F%2Flocalhost%3A8000")
+    assert encoded.endpoint == "http://localhost:8000"
+
+
+@pytest.mark.parametrize(
+    ("url", "mention"),
+    [
+        ("dynamodb://ratchet-checkpoints?app=a-app", "ledger"),
+        ("dynamodb://ratchet-checkpoints?ledger=l-ledger", "app"),
+        ("dynamodb://ratchet-checkpoints", "ledger"),
+        ("dynamodb://?ledger=l-ledger&app=a-app", "checkpoints table"),
+        ("dynamodb://xy?ledger=l-ledger&app=a-app", "checkpoints table"),
+        ("dynamodb://bad/table?ledger=l-ledger&app=a-app", "malformed"),
+        ("dynamodb://user@host?ledger=l-ledger&app=a-app", "checkpoints table"),
+        (f"{GOOD}&legder=x", "legder"),
+        (f"{GOOD}&app=again", "twice"),
+        (f"{GOOD}&region=Mars", "region"),
+        (f"{GOOD}&endpoint=file:///tmp/db", "endpoint"),
+        (f"{GOOD}&endpoint=localhost:8000", "endpoint"),
+        ("dynamodb://ratchet-checkpoints?ledger", "malformed"),
+    ],
+)
+def test_a_malformed_url_is_refused_with_what_is_wrong(url, mention):
+    with pytest.raises(InvalidInput, match=mention):
+        DynamoDbStore.parse(url)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("start", "--scenario", "migration", "--run-id", "r1"),
+        ("run", "--scenario", "migration", "--run-id", "r1"),
+        ("worker", "--until-idle"),
+        ("approve", "r1"),
+        ("reject", "r1"),
+        ("demo",),
+    ],
+    ids=lambda args: args[0],
+)
+def test_commands_that_write_refuse_a_dynamodb_store(args, monkeypatch):
+    monkeypatch.delenv("RATCHET_STORE", raising=False)
+
+    result = CliRunner().invoke(app, ["--store", GOOD, *args])
+
+    assert isinstance(result.exception, InvalidInput)
+    assert f"ratchet {args[0]} needs a local sqlite:// store" in str(result.exception)
