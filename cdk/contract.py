@@ -1,0 +1,29 @@
+"""The names the stack shares with the Lambda code and the ASL file.
+
+`cdk/` does not import `ratchet` (the Lambda code is only an asset), so the environment variable
+names are repeated here; tests/infra compares them with `ratchet.aws.settings.ENVIRONMENT`, so a
+rename on either side fails a test instead of a deployed function.
+"""
+
+from __future__ import annotations
+
+CHECKPOINTS_TABLE = "RATCHET_CHECKPOINTS_TABLE"
+IDEMPOTENCY_TABLE = "RATCHET_IDEMPOTENCY_TABLE"
+APP_TABLE = "RATCHET_APP_TABLE"
+BLOB_BUCKET = "RATCHET_BLOB_BUCKET"
+STATE_MACHINE_ARN = "RATCHET_STATE_MACHINE_ARN"
+ROLLOVER_AFTER = "RATCHET_ROLLOVER_AFTER"
+APPROVAL_TIMEOUT_SECONDS = "RATCHET_APPROVAL_TIMEOUT_SECONDS"
+CHECKPOINT_RETENTION_DAYS = "RATCHET_CHECKPOINT_RETENTION_DAYS"
+
+ANTHROPIC_SECRET_ARN = "RATCHET_ANTHROPIC_SECRET_ARN"
+"""The ARN of the Secrets Manager secret holding the Anthropic API key. Set (on the step and api
+functions) only when the deployer configured one: without it, runs use scripted policies."""
+
+POWERTOOLS_SERVICE_NAME = "ratchet"
+POWERTOOLS_METRICS_NAMESPACE = "Ratchet"
+
+HANDLER_MODULE = "ratchet.handlers"
+
+BLOB_PREFIX = "blobs/"
+"""Where the S3 blob store keeps its objects (`ratchet.adapters.s3_blobs.PREFIX`)."""

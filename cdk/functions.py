@@ -1,0 +1,147 @@
+"""The Lambda functions: one shared code asset, one role and log group per function.
+
+Each function gets its own role with no managed policy: it may write to its own log group and
+touch the tables its job needs, nothing else. The names of what it reads from its environment
+come from `contract.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from cdk import contract
+from cdk.bundling import ARCHITECTURE, RUNTIME, lambda_code
+from cdk.nag import acknowledge
+
+LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A function of the stack: its handler module and its size."""
+
+    name: str
+    description: str
+    timeout: Duration
+    memory_mb: int = 256
+
+    @property
+    def handler(self) -> str:
+        return f"{contract.HANDLER_MODULE}.{self.name}.handler"
+
+
+STEP = FunctionSpec(
+    "step",
+    "Advances one run by exactly one step.",
+    # One model call (the client's timeout is 60 s, with one SDK retry) plus the tool and the
+    # commit; the state machine's Retry covers a step that runs out of time.
+    timeout=Duration.seconds(180),
+    memory_mb=512,
+)
+NOTIFY = FunctionSpec(
+    "notify", "Stores the approval task token of a waiting run.", timeout=Duration.seconds(30)
+)
+DECIDE = FunctionSpec(
+    "decide", "Applies a person's decision to a waiting run.", timeout=Duration.seconds(30)
+)
+MARK_FAILED = FunctionSpec(
+    "mark_failed", "Marks a run failed, keeping its last checkpoint.", timeout=Duration.seconds(30)
+)
+API = FunctionSpec(
+    "api",
+    "POST /runs: starts a run, once per run id.",
+    timeout=Duration.seconds(29),  # API Gateway gives up on an integration after 29 s
+)
+ROLLOVER = FunctionSpec(
+    "rollover",
+    "Starts the next execution of a long run (continue-as-new).",
+    timeout=Duration.seconds(30),
+)
+
+
+def _powertools_environment() -> dict[str, str]:
+    return {
+        "POWERTOOLS_SERVICE_NAME": contract.POWERTOOLS_SERVICE_NAME,
+        "POWERTOOLS_METRICS_NAMESPACE": contract.POWERTOOLS_METRICS_NAMESPACE,
+        "POWERTOOLS_LOG_LEVEL": "INFO",
+    }
+
+
+class Functions(Construct):
+    """Creates the functions; the state machine and the API are wired to them afterwards."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        repo_root: Path,
+        specs: list[FunctionSpec],
+        environment: Mapping[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        code = lambda_code(repo_root)
+        self.by_name: dict[str, lambda_.Function] = {}
+        self.roles: dict[str, iam.Role] = {}
+        for spec in specs:
+            self.by_name[spec.name] = self._function(spec, code, environment)
+
+    def __getitem__(self, name: str) -> lambda_.Function:
+        return self.by_name[name]
+
+    def _function(
+        self, spec: FunctionSpec, code: lambda_.Code, environment: Mapping[str, str]
+    ) -> lambda_.Function:
+        construct_id = "".join(part.title() for part in spec.name.split("_"))
+        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=LOG_RETENTION)
+        role = iam.Role(
+            self,
+            f"{construct_id}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Ratchet's {spec.name} function",
+        )
+        log_group.grant_write(role)
+        self.roles[spec.name] = role
+        function = lambda_.Function(
+            self,
+            construct_id,
+            description=spec.description,
+            code=code,
+            handler=spec.handler,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            memory_size=spec.memory_mb,
+            timeout=spec.timeout,
+            role=role,
+            log_group=log_group,
+            tracing=lambda_.Tracing.ACTIVE,
+            environment={**environment, **_powertools_environment()},
+        )
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            (
+                "Active tracing lets the function send segments to X-Ray "
+                "(xray:PutTraceSegments, xray:PutTelemetryRecords); X-Ray supports no "
+                "resource-level permissions for these actions."
+            ),
+        )
+        acknowledge(
+            function,
+            "AwsSolutions-L1",
+            (
+                f"{RUNTIME.name} is the Python that synthesizes the stack, so the bundle ships "
+                "bytecode compiled for it: the step handler imports in 0.7-0.9 s on a cold "
+                "start instead of 3.2-3.9 s when every module is compiled at start (Lambda's "
+                "code folder is read-only)."
+            ),
+        )
+        return function

@@ -1,0 +1,153 @@
+"""The Ratchet stack: storage, functions, the agent-run state machine and the API, wired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+from aws_cdk import CfnElement, CfnOutput, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from cdk import contract, functions
+from cdk.api import RunsApi
+from cdk.config import DeployConfig
+from cdk.functions import Functions
+from cdk.nag import acknowledge
+from cdk.storage import Storage
+from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASL_PATH = REPO_ROOT / "statemachine" / "agent_run.asl.json"
+
+TABLES_USED = {
+    "step": ("checkpoints", "idempotency", "app"),
+    # Reads the run's head, then stores the task token in the run's partition.
+    "notify": ("checkpoints",),
+    "decide": ("checkpoints", "idempotency"),
+    "mark_failed": ("checkpoints", "idempotency"),
+    # Creates the run; a scenario's `prepare` seeds its data in the app table.
+    "api": ("checkpoints", "idempotency", "app"),
+    "rollover": ("checkpoints",),
+}
+"""The tables each function reads and writes (conditional writes need both)."""
+
+READS_ANTHROPIC_KEY = ("step", "api")
+"""The step calls Claude; the API refuses a Claude run when no key is configured."""
+
+
+class RatchetStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        asl_path: Path = ASL_PATH,
+        repo_root: Path = REPO_ROOT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        definition = AslDefinition.load(asl_path)
+        config = DeployConfig.from_context(self)
+        storage = Storage(self, "Storage")
+
+        state_machine_name = f"{self.stack_name}-agent-run"
+        specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
+        specs.append(functions.API)
+        if "rollover" in definition.functions:
+            specs.append(functions.ROLLOVER)
+        lambdas = Functions(
+            self,
+            "Functions",
+            repo_root=repo_root,
+            specs=specs,
+            environment={
+                contract.CHECKPOINTS_TABLE: storage.checkpoints.table_name,
+                contract.IDEMPOTENCY_TABLE: storage.idempotency.table_name,
+                contract.APP_TABLE: storage.app.table_name,
+                contract.BLOB_BUCKET: storage.blobs.bucket_name,
+                contract.ROLLOVER_AFTER: str(config.rollover_after),
+                contract.APPROVAL_TIMEOUT_SECONDS: str(config.approval_timeout_seconds),
+                contract.CHECKPOINT_RETENTION_DAYS: str(config.checkpoint_retention_days),
+            },
+        )
+
+        tables: dict[str, dynamodb.Table] = {
+            "checkpoints": storage.checkpoints,
+            "idempotency": storage.idempotency,
+            "app": storage.app,
+        }
+        for name, function in lambdas.by_name.items():
+            for table in TABLES_USED[name]:
+                tables[table].grant_read_write_data(function)
+
+        self._grant_blobs(lambdas, storage)
+        if config.anthropic_secret_arn:
+            secret = secretsmanager.Secret.from_secret_complete_arn(
+                self, "AnthropicApiKey", config.anthropic_secret_arn
+            )
+            for name in READS_ANTHROPIC_KEY:
+                lambdas[name].add_environment(contract.ANTHROPIC_SECRET_ARN, secret.secret_arn)
+                secret.grant_read(lambdas[name])
+
+        workflow = AgentRunStateMachine(
+            self,
+            "AgentRun",
+            definition=definition,
+            functions=lambdas.by_name,
+            state_machine_name=state_machine_name,
+        )
+        state_machine = workflow.state_machine
+        api_function = lambdas["api"]
+        api_function.add_environment(contract.STATE_MACHINE_ARN, state_machine.state_machine_arn)
+        state_machine.grant_start_execution(api_function)
+        if "rollover" in lambdas.by_name:
+            own_arn = state_machine_arn(self, state_machine_name)
+            rollover = lambdas["rollover"]
+            rollover.add_environment(contract.STATE_MACHINE_ARN, own_arn)
+            rollover.add_to_role_policy(
+                iam.PolicyStatement(actions=["states:StartExecution"], resources=[own_arn])
+            )
+
+        api = RunsApi(self, "Runs", handler=api_function)
+
+        CfnOutput(self, "RunsUrl", value=api.rest_api.url_for_path("/runs"))
+        CfnOutput(
+            self,
+            "RunsInvokeArn",
+            description="Grant callers execute-api:Invoke on this ARN",
+            value=api.rest_api.arn_for_execute_api(
+                "POST", "/runs", api.rest_api.deployment_stage.stage_name
+            ),
+        )
+        CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
+        CfnOutput(
+            self,
+            "StoreUrl",
+            description="The --store of the ratchet CLI's read commands",
+            value=(
+                f"dynamodb://{storage.checkpoints.table_name}"
+                f"?ledger={storage.idempotency.table_name}&app={storage.app.table_name}"
+                f"&region={self.region}"
+            ),
+        )
+        CfnOutput(self, "BlobBucket", value=storage.blobs.bucket_name)
+
+    def _grant_blobs(self, lambdas: Functions, storage: Storage) -> None:
+        """The step stores and reads large tool outputs: objects under the blob prefix only,
+        get and put only (blobs are never listed, overwritten with other bytes or deleted)."""
+        lambdas["step"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject"],
+                resources=[storage.blobs.arn_for_objects(f"{contract.BLOB_PREFIX}*")],
+            )
+        )
+        bucket = self.get_logical_id(cast(CfnElement, storage.blobs.node.default_child))
+        acknowledge(
+            lambdas.roles["step"],
+            f"AwsSolutions-IAM5[Resource::<{bucket}.Arn>/{contract.BLOB_PREFIX}*]",
+            "Blob keys are content hashes (blobs/<sha256>), unknown at deploy time; the "
+            "statement allows only GetObject and PutObject under that prefix.",
+        )

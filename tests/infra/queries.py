@@ -1,0 +1,71 @@
+"""Finding things in a synthesized template: functions by handler, a function's policy, ..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.infra.synth import Synthesized
+
+HANDLERS = {
+    "step": "ratchet.handlers.step.handler",
+    "notify": "ratchet.handlers.notify.handler",
+    "decide": "ratchet.handlers.decide.handler",
+    "mark_failed": "ratchet.handlers.mark_failed.handler",
+    "api": "ratchet.handlers.api.handler",
+    "rollover": "ratchet.handlers.rollover.handler",
+}
+
+
+def function_id(synth: Synthesized, name: str) -> str:
+    """The logical id of the function whose handler is `ratchet.handlers.<name>.handler`."""
+    found = [
+        logical_id
+        for logical_id, resource in synth.of_type("AWS::Lambda::Function").items()
+        if resource["Properties"]["Handler"] == HANDLERS[name]
+    ]
+    assert len(found) == 1, f"{len(found)} functions with handler {HANDLERS[name]}"
+    return found[0]
+
+
+def function_names(synth: Synthesized) -> set[str]:
+    by_handler = {handler: name for name, handler in HANDLERS.items()}
+    return {
+        by_handler[resource["Properties"]["Handler"]]
+        for resource in synth.of_type("AWS::Lambda::Function").values()
+    }
+
+
+def statements_of_role(synth: Synthesized, role_id: str) -> list[dict[str, Any]]:
+    statements: list[dict[str, Any]] = []
+    for policy in synth.of_type("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            statements.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return statements
+
+
+def statements_of_function(synth: Synthesized, name: str) -> list[dict[str, Any]]:
+    function = synth.resources[function_id(synth, name)]
+    role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    return statements_of_role(synth, role_id)
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def table_id(synth: Synthesized, partition_key: str) -> str:
+    found = [
+        logical_id
+        for logical_id, table in synth.of_type("AWS::DynamoDB::Table").items()
+        if table["Properties"]["KeySchema"][0]["AttributeName"] == partition_key
+    ]
+    assert len(found) == 1, f"{len(found)} tables with partition key {partition_key}"
+    return found[0]
+
+
+TABLE_PARTITION_KEYS = {"checkpoints": "run_id", "idempotency": "key", "app": "pk"}
+
+
+def tables_by_role(synth: Synthesized) -> dict[str, str]:
+    """Table role (`checkpoints`, `idempotency`, `app`) -> logical id."""
+    return {role: table_id(synth, key) for role, key in TABLE_PARTITION_KEYS.items()}

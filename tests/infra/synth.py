@@ -1,0 +1,54 @@
+"""Synthesizing the stack for tests, the way `cdk synth` does but without bundling.
+
+Template-only tests skip Lambda bundling (CDK's `aws:cdk:bundling-stacks` context): the code
+asset then points at `lambdas/` as it is. `test_cli_synth.py` bundles for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# jsii starts its Node process on the first CDK import and warns about Node 20 on stderr.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+
+from aws_cdk import App
+from aws_cdk.assertions import Template
+
+from cdk.stack import RatchetStack
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ASL = REPO_ROOT / "statemachine" / "agent_run.asl.json"
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """The feature flags and settings `cdk synth` would use: the tests synthesize the same
+    template the CLI does."""
+    context: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    return context
+
+
+def template_only_context(**extra: Any) -> dict[str, Any]:
+    return {**cdk_json_context(), "aws:cdk:bundling-stacks": [], **extra}
+
+
+@dataclass(frozen=True)
+class Synthesized:
+    stack: RatchetStack
+    template: Template
+    resources: Mapping[str, Any]
+
+    def of_type(self, resource_type: str) -> dict[str, Any]:
+        return {k: v for k, v in self.resources.items() if v["Type"] == resource_type}
+
+
+def synthesize(asl_path: Path = ASL, context: Mapping[str, Any] | None = None) -> Synthesized:
+    app = App(context=template_only_context(**(context or {})))
+    stack = RatchetStack(app, "Ratchet", asl_path=asl_path)
+    template = Template.from_stack(stack)
+    return Synthesized(stack, template, template.to_json()["Resources"])

@@ -1,0 +1,54 @@
+"""The code asset's hash: it changes exactly when what goes into the bundle changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdk.bundling import BundlingFailed, LockedWheelsBundling, asset_hash
+from tests.infra.synth import REPO_ROOT
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    package = tmp_path / "lambdas" / "ratchet"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('"""ratchet"""\n')
+    (package / "handlers.py").write_text("def handler(event, context):\n    return event\n")
+    (tmp_path / "uv.lock").write_text("version = 1\n")
+    return tmp_path
+
+
+def test_hash_changes_with_the_code(repo: Path) -> None:
+    before = asset_hash(repo)
+    (repo / "lambdas" / "ratchet" / "handlers.py").write_text("def handler(e, c):\n    return 1\n")
+    assert asset_hash(repo) != before
+
+
+def test_hash_changes_with_the_lock(repo: Path) -> None:
+    before = asset_hash(repo)
+    (repo / "uv.lock").write_text("version = 2\n")
+    assert asset_hash(repo) != before
+
+
+def test_hash_changes_when_a_module_is_renamed(repo: Path) -> None:
+    before = asset_hash(repo)
+    package = repo / "lambdas" / "ratchet"
+    (package / "handlers.py").rename(package / "handler.py")
+    assert asset_hash(repo) != before
+
+
+def test_hash_ignores_bytecode(repo: Path) -> None:
+    before = asset_hash(repo)
+    cache = repo / "lambdas" / "ratchet" / "__pycache__"
+    cache.mkdir()
+    (cache / "handlers.cpython-311.pyc").write_bytes(b"\x00compiled")
+    assert asset_hash(repo) == before
+
+
+def test_a_failed_bundle_says_which_command_failed(repo: Path, tmp_path: Path) -> None:
+    # The pinned uv, but a "repository" with no pyproject.toml: the export fails.
+    (repo / ".tools").symlink_to(REPO_ROOT / ".tools")
+    with pytest.raises(BundlingFailed, match="uv export"):
+        LockedWheelsBundling(repo).try_bundle(str(tmp_path / "out"), image=None)  # type: ignore[arg-type]

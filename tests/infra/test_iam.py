@@ -1,0 +1,124 @@
+"""Least privilege: each function touches only its tables, nothing gets `*` but the actions that
+have no resource-level permissions, and no role carries a managed policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdk.stack import TABLES_USED
+from tests.infra.queries import (
+    as_list,
+    function_id,
+    function_names,
+    statements_of_function,
+    tables_by_role,
+)
+from tests.infra.synth import Synthesized
+
+NO_RESOURCE_LEVEL = {
+    # X-Ray: tracing from Lambda and Step Functions.
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
+    # CloudWatch Logs vended delivery, which Step Functions logging uses.
+    "logs:CreateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:DescribeLogGroups",
+    "logs:DescribeResourcePolicies",
+    "logs:GetLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:UpdateLogDelivery",
+}
+"""Actions that IAM can only grant on `*`; each grant is acknowledged in cdk-nag with why."""
+
+
+def _all_statements(synth: Synthesized) -> list[dict[str, Any]]:
+    return [
+        statement
+        for policy in synth.of_type("AWS::IAM::Policy").values()
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_only_actions_without_resource_level_permissions_get_a_wildcard_resource(
+    synthesized: Synthesized,
+) -> None:
+    for statement in _all_statements(synthesized):
+        if "*" in as_list(statement["Resource"]):
+            assert set(as_list(statement["Action"])) <= NO_RESOURCE_LEVEL, statement
+
+
+def test_no_action_is_a_wildcard(synthesized: Synthesized) -> None:
+    for statement in _all_statements(synthesized):
+        assert not [a for a in as_list(statement["Action"]) if "*" in a], statement
+
+
+def test_every_statement_allows(synthesized: Synthesized) -> None:
+    assert {s["Effect"] for s in _all_statements(synthesized)} == {"Allow"}
+
+
+def test_no_role_has_a_managed_policy(synthesized: Synthesized) -> None:
+    for role in synthesized.of_type("AWS::IAM::Role").values():
+        assert "ManagedPolicyArns" not in role["Properties"]
+
+
+def _dynamodb_tables(statements: list[dict[str, Any]]) -> set[str]:
+    tables: set[str] = set()
+    for statement in statements:
+        if any(a.startswith("dynamodb:") for a in as_list(statement["Action"])):
+            tables |= {r["Fn::GetAtt"][0] for r in as_list(statement["Resource"])}
+    return tables
+
+
+def test_each_function_reaches_only_its_tables(synthesized: Synthesized) -> None:
+    ids = tables_by_role(synthesized)
+    for name in function_names(synthesized):
+        statements = statements_of_function(synthesized, name)
+        assert _dynamodb_tables(statements) == {ids[role] for role in TABLES_USED[name]}, name
+
+
+def test_only_the_step_reaches_the_blobs_and_only_under_the_prefix(
+    synthesized: Synthesized,
+) -> None:
+    for name in function_names(synthesized):
+        s3 = [
+            s
+            for s in statements_of_function(synthesized, name)
+            if any(a.startswith("s3:") for a in as_list(s["Action"]))
+        ]
+        if name != "step":
+            assert s3 == []
+            continue
+        (statement,) = s3
+        assert sorted(as_list(statement["Action"])) == ["s3:GetObject", "s3:PutObject"]
+        bucket_arn, suffix = statement["Resource"]["Fn::Join"][1]
+        assert suffix == "/blobs/*"
+        assert synthesized.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
+
+
+def test_only_the_api_starts_executions_of_this_state_machine(synthesized: Synthesized) -> None:
+    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
+    for name in function_names(synthesized) - {"rollover"}:
+        starts = [
+            s
+            for s in statements_of_function(synthesized, name)
+            if "states:StartExecution" in as_list(s["Action"])
+        ]
+        if name == "api":
+            assert [s["Resource"] for s in starts] == [{"Ref": machine}]
+        else:
+            assert starts == []
+
+
+def test_functions_may_write_only_their_own_log_group(synthesized: Synthesized) -> None:
+    for name in function_names(synthesized):
+        function = synthesized.resources[function_id(synthesized, name)]["Properties"]
+        own_group = function["LoggingConfig"]["LogGroup"]["Ref"]
+        logs = [
+            s
+            for s in statements_of_function(synthesized, name)
+            if any(a.startswith("logs:") for a in as_list(s["Action"]))
+        ]
+        assert [s["Resource"] for s in logs] == [{"Fn::GetAtt": [own_group, "Arn"]}]
