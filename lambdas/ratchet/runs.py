@@ -7,14 +7,18 @@ changes nothing wherever it arrives, and both entry points refuse it with the sa
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from ratchet.adapters.scripted import ScriptedModel
+from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
+from ratchet.ports import Model
 from ratchet.scenarios import load_agent
 from ratchet.state import MAX_GOAL_BYTES, RUN_ID_PATTERN, RunOptions, RunState
-from ratchet.tools import Agent
+from ratchet.tools import Agent, RunContext
 
 SCRIPTED = "scripted"
 """The model name of an agent's own scripted policy (offline, no API key)."""
@@ -102,3 +106,61 @@ def new_run(request: RunRequest, *, has_anthropic_key: bool) -> RunState:
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
     )
+
+
+def build_model(
+    agent: Agent,
+    model: str,
+    *,
+    anthropic_api_key: SecretStr | None,
+    anthropic_base_url: str | None = None,
+) -> Model:
+    """The model a run asked for: its agent's scripted policy, or Claude."""
+    check_model(agent, model, has_anthropic_key=anthropic_api_key is not None)
+    if model == SCRIPTED:
+        assert agent.policy is not None
+        return ScriptedModel(agent.policy)
+    assert anthropic_api_key is not None
+    from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
+
+    client = anthropic_client(anthropic_api_key.get_secret_value(), base_url=anthropic_base_url)
+    return AnthropicModel(client, model)
+
+
+class Bindings:
+    """Each run's agent, model and opened resources, built once per process and run.
+
+    A runtime hands this to the engine as its binder. At most `limit` runs are kept: a Lambda
+    container serves many runs over its life, and each binding may hold open resources.
+    """
+
+    def __init__(
+        self,
+        context: Callable[[str, RunOptions], RunContext],
+        *,
+        anthropic_api_key: SecretStr | None,
+        anthropic_base_url: str | None = None,
+        limit: int = 64,
+    ) -> None:
+        self._context = context
+        self._api_key = anthropic_api_key
+        self._base_url = anthropic_base_url
+        self._limit = limit
+        self._bound: dict[str, Binding] = {}
+
+    def __call__(self, state: RunState) -> Binding:
+        binding = self._bound.get(state.run_id)
+        if binding is None:
+            agent = load_agent(state.agent)
+            context = self._context(state.run_id, state.options)
+            resources = agent.resources(context) if agent.resources else None
+            model = build_model(
+                agent,
+                state.options.model,
+                anthropic_api_key=self._api_key,
+                anthropic_base_url=self._base_url,
+            )
+            if len(self._bound) >= self._limit:
+                self._bound.pop(next(iter(self._bound)))
+            binding = self._bound[state.run_id] = Binding(agent, model, resources)
+        return binding

@@ -18,9 +18,8 @@ from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.aws.settings import AwsSettings
 from ratchet.engine.core import Binding, Engine
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.local.runtime import LocalSettings, build_model
 from ratchet.ports import BlobStore
-from ratchet.scenarios import load_agent
+from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState
 from ratchet.tools import RunContext
 
@@ -65,8 +64,9 @@ class AwsRuntime:
 
                 s3 = boto3.client("s3")
             self.blobs = S3BlobStore(s3, settings.blob_bucket)
-        self._model_settings = LocalSettings(anthropic_api_key=anthropic_api_key)
-        self._bindings: dict[str, Binding] = {}
+        self._bindings = Bindings(
+            self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
+        )
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         """The agent's data lives in the app table (`services`), never on the function's disk:
@@ -80,16 +80,7 @@ class AwsRuntime:
 
     def bind(self, state: RunState) -> Binding:
         """The run's agent, model and opened resources, built once per container and run."""
-        binding = self._bindings.get(state.run_id)
-        if binding is None:
-            agent = load_agent(state.agent)
-            context = self.context(state.run_id, state.options)
-            resources = agent.resources(context) if agent.resources else None
-            model = build_model(agent, state.options.model, self._model_settings)
-            if len(self._bindings) >= MAX_BINDINGS:
-                self._bindings.pop(next(iter(self._bindings)))
-            binding = self._bindings[state.run_id] = Binding(agent, model, resources)
-        return binding
+        return self._bindings(state)
 
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
         return Engine(

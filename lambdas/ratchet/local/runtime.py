@@ -16,17 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.adapters.scripted import ScriptedModel
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.leases import Leases
-from ratchet.ports import Model
-from ratchet.runs import SCRIPTED, check_model
-from ratchet.scenarios import load_agent
+from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState
-from ratchet.tools import Agent, RunContext
+from ratchet.tools import RunContext
 
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
@@ -72,7 +69,14 @@ def default_worker_id() -> str:
 class LocalRuntime:
     db: SqliteDatabase
     settings: LocalSettings
-    _bindings: dict[str, Binding] = field(default_factory=dict)
+    _bindings: Bindings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._bindings = Bindings(
+            self.context,
+            anthropic_api_key=self.settings.anthropic_api_key,
+            anthropic_base_url=self.settings.anthropic_base_url,
+        )
 
     @classmethod
     def open(cls, settings: LocalSettings, *, create: bool = True) -> LocalRuntime:
@@ -112,28 +116,7 @@ class LocalRuntime:
 
     def bind(self, state: RunState) -> Binding:
         """The run's agent, model and opened resources, built once per process and run."""
-        binding = self._bindings.get(state.run_id)
-        if binding is None:
-            agent = load_agent(state.agent)
-            context = self.context(state.run_id, state.options)
-            resources = agent.resources(context) if agent.resources else None
-            model = build_model(agent, state.options.model, self.settings)
-            binding = self._bindings[state.run_id] = Binding(agent, model, resources)
-        return binding
+        return self._bindings(state)
 
     def close(self) -> None:
         self.db.close()
-
-
-def build_model(agent: Agent, model: str, settings: LocalSettings) -> Model:
-    """The model a run asked for: its agent's scripted policy, or Claude."""
-    key = settings.anthropic_api_key
-    check_model(agent, model, has_anthropic_key=key is not None)
-    if model == SCRIPTED:
-        assert agent.policy is not None
-        return ScriptedModel(agent.policy)
-    assert key is not None
-    from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
-
-    client = anthropic_client(key.get_secret_value(), base_url=settings.anthropic_base_url)
-    return AnthropicModel(client, model)
