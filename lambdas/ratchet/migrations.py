@@ -7,11 +7,14 @@ newer deploy has already touched.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from ratchet.errors import UnsupportedSchema
-from ratchet.state import SCHEMA_VERSION
+from ratchet.state import SCHEMA_VERSION, RunState
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -43,3 +46,23 @@ def upgrade_state(
         version += 1
         state["schema_version"] = version
     return state
+
+
+def load_state(text: str, *, version: int, attempts: int) -> RunState:
+    """Parse a stored head, upgrading it first if an older Ratchet wrote it.
+
+    `version` and `attempts` come from the store's own columns, which `begin_attempt` bumps
+    without rewriting the JSON, so they win over what the JSON says. A state of the current
+    schema is parsed in one pass (this runs on every step); anything else goes through
+    `upgrade_state`, which refuses a newer schema.
+    """
+    columns = {"version": version, "attempts": attempts}
+    try:
+        state = RunState.model_validate_json(text)
+    except ValidationError:
+        state = None
+    if state is not None and state.schema_version == SCHEMA_VERSION:
+        return state.model_copy(update=columns)
+    raw = upgrade_state(json.loads(text))
+    raw.update(columns)
+    return RunState.model_validate(raw)

@@ -70,3 +70,24 @@ def test_old_states_are_upgraded_one_version_at_a_time():
 def test_a_missing_upgrade_step_is_refused():
     with pytest.raises(UnsupportedSchema, match="no upgrade from state schema 1 to 2"):
         upgrade_state(_stored(schema_version=1), current=2, upgrades={})
+
+
+def test_a_stored_head_takes_version_and_attempts_from_the_store_columns():
+    from ratchet.migrations import load_state
+
+    text = RunState(run_id="r", agent="a", goal="g", version=3, attempts=0).model_dump_json()
+
+    state = load_state(text, version=5, attempts=2)
+
+    assert (state.version, state.attempts, state.goal) == (5, 2, "g")
+
+
+def test_a_stored_head_of_a_newer_schema_is_refused():
+    import json
+
+    from ratchet.migrations import load_state
+
+    newer = json.dumps(_stored(schema_version=SCHEMA_VERSION + 1))
+
+    with pytest.raises(UnsupportedSchema, match="upgrade Ratchet"):
+        load_state(newer, version=1, attempts=0)

@@ -33,7 +33,7 @@ from botocore.exceptions import ClientError
 from pydantic import TypeAdapter
 
 from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
-from ratchet.migrations import upgrade_state
+from ratchet.migrations import load_state
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -237,10 +237,11 @@ class DynamoDbCheckpointStore:
         ).get("Item")
         if found is None:
             return None
-        # `begin_attempt` bumps only the attributes, so they are authoritative over the JSON.
-        raw = upgrade_state(json.loads(found["state"]["S"]))
-        raw.update(version=int(found["version"]["N"]), attempts=int(found["attempts"]["N"]))
-        return RunState.model_validate(raw)
+        return load_state(
+            found["state"]["S"],
+            version=int(found["version"]["N"]),
+            attempts=int(found["attempts"]["N"]),
+        )
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         # Conditional on the version read: of two workers counting an attempt at the same

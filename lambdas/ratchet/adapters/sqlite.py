@@ -25,7 +25,7 @@ from ratchet.errors import (
     StaleVersion,
     StoreUnavailable,
 )
-from ratchet.migrations import upgrade_state
+from ratchet.migrations import load_state
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -168,10 +168,7 @@ class SqliteCheckpointStore:
         if row is None:
             return None
         version, attempts, state_json = row
-        # `begin_attempt` bumps only the columns, so they are authoritative over the JSON.
-        raw = upgrade_state(json.loads(state_json))
-        raw.update(version=version, attempts=attempts)
-        return RunState.model_validate(raw)
+        return load_state(state_json, version=version, attempts=attempts)
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         with self._db.write() as tx:
