@@ -66,6 +66,12 @@ class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
 
 
+class StoreBusy(RatchetError):
+    """The store turned a request away for now (throttling, a transaction conflict, a
+    transient service error) after the SDK's own retries. Retrying the step is safe: nothing
+    partial was written, and an attempt already counted stands."""
+
+
 class IdempotencyConflict(RatchetError):
     """The same idempotency key was used with different arguments: never applied silently."""
 

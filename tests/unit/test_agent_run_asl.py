@@ -156,3 +156,10 @@ def test_an_approval_answer_carries_what_the_decision_reads():
     assert {p.removeprefix("$.") for k, p in selected.items() if k.endswith(".$")} == set(
         ApprovalAnswer.model_fields
     )
+
+
+def test_a_busy_store_is_retried_and_never_reaches_the_catch_all():
+    busy = [r for r in STATES["Step"]["Retry"] if "StoreBusy" in r["ErrorEquals"]]
+
+    assert len(busy) == 1
+    assert busy[0]["MaxAttempts"] >= MAX_ATTEMPTS

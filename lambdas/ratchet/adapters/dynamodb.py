@@ -169,6 +169,32 @@ def _code(error: ClientError) -> str:
     return error.response.get("Error", {}).get("Code", "")
 
 
+_TRANSIENT_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TransactionConflictException",
+        "TransactionInProgressException",
+        "InternalServerError",
+        "ServiceUnavailable",
+    }
+)
+_TRANSIENT_REASONS = frozenset({"TransactionConflict", "ThrottlingError"})
+
+
+def is_transient(error: ClientError) -> bool:
+    """Whether DynamoDB turned the request away for now rather than for good.
+
+    A transaction cancelled only because another one touched the same items (or throttling)
+    counts; one cancelled by a failed condition does not: that is a stale version, an answer.
+    """
+    if _code(error) in _TRANSIENT_CODES:
+        return True
+    reasons = {r.get("Code") for r in _cancellation_reasons(error)} - {"None", None}
+    return bool(reasons) and reasons <= _TRANSIENT_REASONS
+
+
 def _cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
     """Per-item reasons of a cancelled transaction, in the order the items were sent."""
     if _code(error) != "TransactionCanceledException":

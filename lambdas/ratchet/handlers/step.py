@@ -12,9 +12,11 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
 
+from ratchet.adapters.dynamodb import is_transient
 from ratchet.aws.payloads import StepRequest, StepResult
-from ratchet.errors import StaleVersion, StepAttemptFailed
+from ratchet.errors import StaleVersion, StepAttemptFailed, StoreBusy
 from ratchet.handlers._wiring import engine, logger, metrics, settings, tracer
 
 
@@ -38,6 +40,13 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     except StepAttemptFailed:
         metrics.add_metric(name="FailedAttempts", unit=MetricUnit.Count, value=1)
         raise
+    except ClientError as error:
+        # Under the state machine's name for "try again": a throttle that outlasted the SDK's
+        # retries must not reach the catch-all that fails the run.
+        if not is_transient(error):
+            raise
+        metrics.add_metric(name="StoreBusy", unit=MetricUnit.Count, value=1)
+        raise StoreBusy(f"DynamoDB is busy: {error}") from error
     metrics.add_metric(
         name="StepDuration",
         unit=MetricUnit.Milliseconds,
