@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -15,10 +13,8 @@ from moto import mock_aws
 from ratchet.adapters.dynamodb import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
 from ratchet.adapters.s3_blobs import NoBlobStore
 from ratchet.aws.settings import AwsSettings
-from ratchet.engine.core import Binding, Engine, Outcome
-from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.state import RunOptions, RunState
-from tests.support import LOG, FakeTable, StubModel, fake_agent
+from ratchet.ports import BlobStore
+from tests.support import Harness
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -74,33 +70,15 @@ def scan(client: DynamoDBClient, table: str) -> list[dict[str, Any]]:
     return sorted(items, key=repr)
 
 
-@dataclass
-class DynamoHarness:
-    """`tests.support.Harness` on DynamoDB (moto must be active). `restart()` is a fresh
-    process's view: a new client, a new engine, nothing carried over but the stub's call log
-    and the fake tool's table."""
+class DynamoHarness(Harness):
+    """`tests.support.Harness` on DynamoDB (moto must be active). A restart makes a new
+    client, as a fresh process or Lambda container would."""
 
-    root: Path
-    model: StubModel
-    faults: FaultPlan = NO_FAULTS
-    worker_id: str = "worker-1"
-
-    def __post_init__(self) -> None:
-        self.table = FakeTable(self.root / "app.db")
+    def _connect(self) -> None:
         self.client = new_client()
-        self.engine = self._engine()
 
-    def _engine(self) -> Engine:
-        binding = Binding(fake_agent(self.table), self.model)
-        return Engine(
-            store=self.store,
-            ledger=self.ledger,
-            blobs=NoBlobStore(),
-            bind=lambda state: binding,
-            worker_id=self.worker_id,
-            logger=LOG,
-            faults=self.faults,
-        )
+    def _disconnect(self) -> None:
+        pass
 
     @property
     def store(self) -> DynamoDbCheckpointStore:
@@ -110,23 +88,6 @@ class DynamoHarness:
     def ledger(self) -> DynamoDbLedger:
         return ledger_of(self.client)
 
-    def start(self, run_id: str = "run", **options: int) -> RunState:
-        state = RunState(
-            run_id=run_id, agent="fake", goal="write the rows", options=RunOptions(**options)
-        )
-        assert self.engine.start(state)
-        return self.engine.load(run_id)
-
-    def restart(
-        self, *, faults: FaultPlan = NO_FAULTS, worker_id: str = "worker-2"
-    ) -> DynamoHarness:
-        self.faults, self.worker_id = faults, worker_id
-        self.client = new_client()
-        self.engine = self._engine()
-        return self
-
-    def run_until_stopped(self, run_id: str = "run", limit: int = 500) -> RunState:
-        for _ in range(limit):
-            if self.engine.advance(run_id).outcome is not Outcome.CONTINUE:
-                return self.engine.load(run_id)
-        raise AssertionError(f"run {run_id} did not stop within {limit} advances")
+    @property
+    def blobs(self) -> BlobStore:
+        return NoBlobStore()

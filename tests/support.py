@@ -7,6 +7,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from pydantic import BaseModel
 
@@ -14,7 +15,7 @@ from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.core import Binding, Engine
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.ports import ModelRequest
+from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, ModelRequest
 from ratchet.state import Decision, Done, RunOptions, RunState, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext, ask_person
 
@@ -81,7 +82,10 @@ def fake_agent(table: FakeTable) -> Agent:
 @dataclass
 class Harness:
     """An engine on a real SQLite file. `restart()` is a fresh process's view: new
-    connections, new engine, nothing carried over in memory but the stub's call log."""
+    connections, new engine, nothing carried over in memory but the stub's call log.
+
+    Subclasses put the same engine on another backend by overriding `_connect`,
+    `_disconnect`, `store`, `ledger` and `blobs`."""
 
     root: Path
     model: StubModel
@@ -90,15 +94,21 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.table = FakeTable(self.root / "app.db")
-        self.db = SqliteDatabase(self.root / "ratchet.db")
+        self._connect()
         self.engine = self._engine()
+
+    def _connect(self) -> None:
+        self.db = SqliteDatabase(self.root / "ratchet.db")
+
+    def _disconnect(self) -> None:
+        self.db.close()
 
     def _engine(self) -> Engine:
         binding = Binding(fake_agent(self.table), self.model)
         return Engine(
-            store=SqliteCheckpointStore(self.db),
-            ledger=SqliteLedger(self.db),
-            blobs=FileBlobStore(self.root / "blobs"),
+            store=self.store,
+            ledger=self.ledger,
+            blobs=self.blobs,
             bind=lambda state: binding,
             worker_id=self.worker_id,
             logger=LOG,
@@ -106,12 +116,16 @@ class Harness:
         )
 
     @property
-    def store(self) -> SqliteCheckpointStore:
+    def store(self) -> CheckpointStore:
         return SqliteCheckpointStore(self.db)
 
     @property
-    def ledger(self) -> SqliteLedger:
+    def ledger(self) -> IdempotencyLedger:
         return SqliteLedger(self.db)
+
+    @property
+    def blobs(self) -> BlobStore:
+        return FileBlobStore(self.root / "blobs")
 
     def start(self, run_id: str = "run", **options: int) -> RunState:
         state = RunState(
@@ -120,10 +134,10 @@ class Harness:
         assert self.engine.start(state)
         return self.engine.load(run_id)
 
-    def restart(self, *, faults: FaultPlan = NO_FAULTS, worker_id: str = "worker-2") -> Harness:
-        self.db.close()
+    def restart(self, *, faults: FaultPlan = NO_FAULTS, worker_id: str = "worker-2") -> Self:
+        self._disconnect()
         self.faults, self.worker_id = faults, worker_id
-        self.db = SqliteDatabase(self.root / "ratchet.db")
+        self._connect()
         self.engine = self._engine()
         return self
 

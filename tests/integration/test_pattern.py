@@ -1,19 +1,38 @@
-"""PATTERN.md's two required tests, literally: a stub LLM, a fake tool, a crash, a restart."""
+"""PATTERN.md's two required tests, literally: a stub LLM, a fake tool, a crash, a restart.
+
+They run on every store and ledger backend: SQLite, and DynamoDB on moto.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from ratchet.errors import InjectedFault
 from ratchet.faults import FaultPlan
+from ratchet.ports import LedgerStatus
 from ratchet.state import RunStatus
+from tests.dynamodb_support import DynamoHarness, moto_tables
 from tests.support import Harness, StubModel
 
+MakeHarness = Callable[[StubModel, FaultPlan], Harness]
 
-def test_raise_after_step_2_checkpoint_resumes_from_step_3(tmp_path):
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def make_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeHarness]:
+    if request.param == "sqlite":
+        yield lambda model, faults: Harness(tmp_path, model, faults=faults)
+        return
+    with moto_tables():
+        yield lambda model, faults: DynamoHarness(tmp_path, model, faults=faults)
+
+
+def test_raise_after_step_2_checkpoint_resumes_from_step_3(make_harness):
     # Given a run whose process raises right after step 2's checkpoint
     model = StubModel(total=5)
-    harness = Harness(tmp_path, model, faults=FaultPlan.parse("raise:after_commit@2"))
+    harness = make_harness(model, FaultPlan.parse("raise:after_commit@2"))
     harness.start("run")
     harness.engine.advance("run")
     with pytest.raises(InjectedFault):
@@ -34,10 +53,10 @@ def test_raise_after_step_2_checkpoint_resumes_from_step_3(tmp_path):
     assert resumed[0].step == 3
 
 
-def test_raise_after_step_3_tool_before_checkpoint_applies_once(tmp_path):
+def test_raise_after_step_3_tool_before_checkpoint_applies_once(make_harness):
     # Given a run whose process raises after step 3's tool call, before its checkpoint
     model = StubModel(total=5)
-    harness = Harness(tmp_path, model, faults=FaultPlan.parse("raise:after_tool@3"))
+    harness = make_harness(model, FaultPlan.parse("raise:after_tool@3"))
     harness.start("run")
     harness.engine.advance("run")
     harness.engine.advance("run")
@@ -45,6 +64,9 @@ def test_raise_after_step_3_tool_before_checkpoint_applies_once(tmp_path):
         harness.engine.advance("run")
     rows_after_crash = harness.table.row_count
     assert harness.engine.load("run").step == 2
+    in_flight = harness.ledger.get("run/step-3")
+    assert in_flight is not None
+    assert in_flight.status is LedgerStatus.IN_PROGRESS
 
     # When it restarts with the same run id
     final = harness.restart().run_until_stopped("run")
@@ -56,3 +78,6 @@ def test_raise_after_step_3_tool_before_checkpoint_applies_once(tmp_path):
     assert final.status is RunStatus.DONE
     # The retried step reused the recorded decision: the model was not paid twice for it.
     assert model.calls.count(3) == 1
+    completed = harness.ledger.get("run/step-3")
+    assert completed is not None
+    assert (completed.status, completed.result) == (LedgerStatus.COMPLETED, "row 3 already written")
