@@ -176,6 +176,8 @@ _ON_AWS = {
     "approve": "on AWS a person decides through the approval link, which resumes the execution",
     "reject": "on AWS a person decides through the approval link, which resumes the execution",
     "demo": "the demo runs on a local store of its own",
+    "link": "on AWS approval links are sent by email or Slack when a run parks",
+    "serve": "on AWS the stack's API serves the approval pages",
 }
 
 
@@ -348,6 +350,7 @@ def run(
         )
         Worker(engine, runtime.leases, _logger()).run(until_idle=True, run_id=state.run_id)
         final = _head(runtime, state.run_id)
+        link = _approval_link(runtime, final.run_id) if final.status is RunStatus.WAITING else None
     finally:
         runtime.close()
     out.print(f"{final.run_id}: {final.status.value} at step {final.step}")
@@ -355,7 +358,10 @@ def run(
         out.print(final.summary)
     if final.status is RunStatus.WAITING and final.waiting:
         out.print(f"Waiting for a person: {final.waiting.request.prompt}")
-        out.print(f"Decide with: ratchet approve {final.run_id}  or  ratchet reject {final.run_id}")
+        out.print(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
+        out.print(
+            f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}"
+        )
     if final.status is RunStatus.FAILED:
         err.print(f"run failed: {final.error}")
         raise typer.Exit(1)
@@ -385,7 +391,13 @@ def worker(
         logger=logger,
         faults=FaultPlan.parse(runtime.settings.fault),
     )
-    work = Worker(engine, runtime.leases, logger, lease_seconds=lease_seconds)
+
+    def announce(run_id: str) -> None:
+        out.print(
+            f"{run_id} waits for a person; approve or reject at: {_approval_link(runtime, run_id)}"
+        )
+
+    work = Worker(engine, runtime.leases, logger, lease_seconds=lease_seconds, on_park=announce)
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     logger.info("worker started", extra={"worker_id": work.worker_id})
     try:
@@ -498,14 +510,55 @@ def show(
 
 
 def _decide(run_id: str, *, approved: bool, by: str, comment: str) -> RunState:
+    """Decide through the run's open approval request, so its links and page show the
+    decision; a run parked by a worker that died before opening one is decided directly."""
+    from ratchet.approvals.model import Verdict
+    from ratchet.errors import ApprovalNotFound
+
     runtime = _runtime(create=False)
     try:
         _head(runtime, run_id)
-        engine = runtime.engine(worker_id=_cli_worker_id(), logger=_logger())
-        state: RunState = engine.decide_waiting(run_id, approved=approved, by=by, comment=comment)
-        return state
+        try:
+            verdict = Verdict(approved=approved, by=by, comment=comment)
+        except ValueError as error:
+            raise InvalidInput(f"bad decision: {_first_problem(error)}") from None
+        desk = runtime.approval_desk(worker_id=_cli_worker_id(), logger=_logger())
+        try:
+            desk.decide_run(run_id, verdict, channel="cli")
+        except ApprovalNotFound:
+            engine = runtime.engine(worker_id=_cli_worker_id(), logger=_logger())
+            engine.decide_waiting(run_id, approved=approved, by=by, comment=comment)
+        return _head(runtime, run_id)
     finally:
         runtime.close()
+
+
+def _first_problem(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return str(error)
+
+
+def _approval_link(runtime: Any, run_id: str) -> str:
+    """The operator's own link to the run's approval page (opening the request, and writing
+    its messages to the outbox, if no one has yet)."""
+    desk = runtime.approval_desk(worker_id=_cli_worker_id(), logger=_logger())
+    opened = desk.open(
+        run_id,
+        timeout_seconds=runtime.settings.approval_timeout_seconds,
+        operator=_operator(),
+    )
+    return str(desk.link(opened.approval, _operator()))
+
+
+def _operator() -> str:
+    """Who runs this command, as the local approval links name them."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "local operator"
 
 
 ByOption = Annotated[
@@ -535,6 +588,56 @@ def reject(
     _require_local_store("reject")
     state = _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
     out.print(f"{state.run_id}: rejected; it resumes on the next free worker")
+
+
+@app.command()
+def link(run_id: RunArgument) -> None:
+    """Print your approval link for a waiting run (open it with `ratchet serve` running)."""
+    _require_local_store("link")
+    runtime = _runtime(create=False)
+    try:
+        _head(runtime, run_id)
+        out.print(_approval_link(runtime, run_id))
+    finally:
+        runtime.close()
+
+
+@app.command()
+def serve(
+    port: Annotated[
+        int, typer.Option("--port", help="Port on 127.0.0.1.", min=1, max=65535)
+    ] = 8765,
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+) -> None:
+    """Serve the approval pages and the runs API locally (as the deployed API does)."""
+    from ratchet.handlers.approvals import ApprovalServices, build_app
+    from ratchet.local.serve import server
+
+    _require_local_store("serve")
+    runtime = _runtime(create=True)
+    logger = _logger()
+    services = ApprovalServices(
+        desk=runtime.approval_desk(worker_id=f"serve:{_cli_worker_id()}", logger=logger),
+        logger=logger,
+    )
+    routes = [("/approvals/", build_app(lambda: services))]
+    try:
+        httpd = server(routes, host=host, port=port)
+    except OSError as error:
+        raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    out.print(
+        f"Serving approvals on http://{host}:{httpd.server_port}  (links use {runtime.settings.public_url})"
+    )
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        runtime.close()
 
 
 @app.command()

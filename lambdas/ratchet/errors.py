@@ -87,6 +87,48 @@ class AgentNotFound(RatchetError):
     """An --agent or --scenario reference did not resolve to an Agent."""
 
 
+class Superseded(RatchetError):
+    """Another execution already parks this run for a person: this one stops, changing
+    nothing. The state machine catches this name."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} is already waiting under another execution")
+        self.run_id = run_id
+
+
+class ApprovalError(RatchetError):
+    """A decision that cannot be taken; `http_status` is what a page or API answers."""
+
+    http_status = 400
+
+
+class LinkInvalid(ApprovalError):
+    """An approval link that was forged, changed or cut short."""
+
+    http_status = 403
+
+
+class ApprovalExpired(ApprovalError):
+    http_status = 410
+
+
+class ApprovalNotFound(ApprovalError):
+    http_status = 404
+
+
+class ApprovalDecided(ApprovalError):
+    """The approval was decided already; nothing changed."""
+
+    http_status = 409
+
+
+class ApprovalClosed(ApprovalError):
+    """The run cannot take this answer any more (it stopped waiting, or its parked task
+    timed out or was closed); nothing changed."""
+
+    http_status = 409
+
+
 class StepAttemptFailed(RatchetError):
     """One attempt at a step failed in an expected way; the step may be retried.
 

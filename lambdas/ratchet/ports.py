@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.state import BlobRef, Checkpoint, Decision, Message, RunState, ToolDigest, ToolOutput
 
 MAX_ITEM_BYTES = 350 * 1024
@@ -167,3 +168,48 @@ class BlobStore(Protocol):
     def put(self, data: bytes) -> BlobRef: ...
 
     def get(self, ref: BlobRef) -> bytes: ...
+
+
+class ApprovalBook(Protocol):
+    """Where approvals are kept (SQLite locally; the run's partition of the checkpoints table
+    on AWS, beside the parked execution's task token).
+
+    Contract:
+    - `open` stores a new pending approval. Locally it is idempotent per run and step: if a
+      pending one exists for that step, that one is returned and nothing is written.
+    - `settle` moves an approval from `pending` to a decided status, once: if it is no longer
+      pending it raises `ApprovalDecided` and changes nothing. An expired one raises
+      `ApprovalExpired`. Conditional on the stored status, so two deciders cannot both win.
+    - `reopen` moves a settled approval back to `pending` when its answer could not be
+      delivered for now; `close` marks every pending approval of a run's step with `status`
+      (the run was decided some other way, or the request timed out).
+    """
+
+    def open(self, approval: Approval, *, task_token: str | None = None) -> Approval: ...
+
+    def get(self, run_id: str, approval_id: str) -> Approval | None: ...
+
+    def of_run(self, run_id: str) -> list[Approval]: ...
+
+    def settle(
+        self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
+    ) -> Approval: ...
+
+    def reopen(self, approval: Approval) -> None: ...
+
+    def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None: ...
+
+
+class Resumer(Protocol):
+    """Delivers a settled decision to the waiting run: locally the engine records it; on AWS
+    the parked execution is answered with its task token. Raises `ApprovalClosed` when the run
+    can no longer take it (not waiting; the task timed out or was closed)."""
+
+    def resume(self, approval: Approval, verdict: Verdict) -> None: ...
+
+
+class Notifier(Protocol):
+    """Tells people that a run waits for them (email, Slack, a local outbox). A notifier
+    sends to the recipients of its own channel in the notice and ignores the rest."""
+
+    def send(self, notice: ApprovalNotice) -> None: ...

@@ -57,12 +57,32 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+EMAIL_PATTERN = r"^[^@\s<>\"',;]{1,64}@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"
+SLACK_CHANNEL_PATTERN = r"^#?[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
+MAX_NOTIFY_EMAILS = 10
+
+
+class NotifyTargets(_Model):
+    """Who is asked when the run waits for a person: email addresses and/or a Slack channel.
+    Empty: the deployment's defaults (locally, the outbox and the worker's printed link)."""
+
+    email: list[Annotated[str, StringConstraints(pattern=EMAIL_PATTERN, max_length=254)]] = Field(
+        default_factory=list, max_length=MAX_NOTIFY_EMAILS
+    )
+    slack_channel: Annotated[str, StringConstraints(pattern=SLACK_CHANNEL_PATTERN)] | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.email and self.slack_channel is None
+
+
 class RunOptions(_Model):
     model: str = "scripted"
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100_000)
     tool_latency_ms: int = Field(default=0, ge=0, le=600_000)
     params: dict[str, Any] = Field(default_factory=dict)
     """Agent-specific options, e.g. `{"batches": 40}` for the migration scenario."""
+    notify: NotifyTargets = NotifyTargets()
 
 
 class ToolCall(_Model):

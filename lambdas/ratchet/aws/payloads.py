@@ -98,10 +98,14 @@ class NotifyResult(_Payload):
 
 
 class DecideRequest(_Payload):
+    """The `RecordDecision` task's payload: what the parked task ended with, as it arrived
+    (read by `ratchet.aws.approvals.verdict_from_answer`, which owns its shape)."""
+
     run_id: str
-    approved: bool
-    by: str = Field(min_length=1, max_length=200)
-    comment: str = Field(default="", max_length=10_000)
+    verdict: Literal["approved", "rejected", "expired"]
+    answer: Any = None
+    """SendTaskSuccess's output, or the `{Error, Cause}` the task failed with."""
+    approval_timeout_seconds: int | None = Field(default=None, ge=1)
 
 
 class DecideResult(_Payload):

@@ -21,6 +21,15 @@ ENVIRONMENT = {
     "rollover_after": "RATCHET_ROLLOVER_AFTER",
     "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "checkpoint_retention_days": "RATCHET_CHECKPOINT_RETENTION_DAYS",
+    "public_url": "RATCHET_PUBLIC_URL",
+    "link_key_secret_arn": "RATCHET_LINK_KEY_SECRET_ARN",
+    "email_sender": "RATCHET_EMAIL_SENDER",
+    "notify_emails": "RATCHET_NOTIFY_EMAILS",
+    "notify_slack_channel": "RATCHET_NOTIFY_SLACK_CHANNEL",
+    "slack_bot_token_secret_arn": "RATCHET_SLACK_BOT_TOKEN_SECRET_ARN",
+    "slack_signing_secret_arn": "RATCHET_SLACK_SIGNING_SECRET_ARN",
+    "slack_api_url": "RATCHET_SLACK_API_URL",
+    "agents": "RATCHET_AGENTS",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -40,10 +49,30 @@ class AwsSettings(BaseModel):
     rollover_after: int = Field(default=DEFAULT_ROLLOVER_AFTER, ge=1, le=3000)
     approval_timeout_seconds: int = Field(default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600)
     checkpoint_retention_days: int = Field(default=30, ge=1, le=3650)
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s?#]+$")
+    """The API's base URL (stage included): where approval links point."""
+    link_key_secret_arn: str | None = None
+    """The Secrets Manager secret whose value signs approval links (the stack creates it)."""
+    email_sender: str | None = None
+    """The SES identity approval emails are sent from; none: no email."""
+    notify_emails: list[str] = Field(default_factory=list)
+    """Who is asked when a run names nobody (comma-separated in the environment)."""
+    notify_slack_channel: str | None = None
+    slack_bot_token_secret_arn: str | None = None
+    slack_signing_secret_arn: str | None = None
+    slack_api_url: str = Field(default="https://slack.com/api", pattern=r"^https?://[^\s?#]+$")
+    agents: str | None = None
+    """The agents the API may start, besides the built-in scenarios: a JSON object of
+    `{"name": "package.module:attr"}` (the deployment registers them; callers name them)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AwsSettings:
         """Read the settings; a missing required variable fails here, at cold start."""
         env = os.environ if environ is None else environ
-        values = {field: env[name] for field, name in ENVIRONMENT.items() if env.get(name)}
+        values: dict[str, object] = {
+            field: env[name] for field, name in ENVIRONMENT.items() if env.get(name)
+        }
+        if "notify_emails" in values:
+            listed = str(values["notify_emails"]).split(",")
+            values["notify_emails"] = [e.strip() for e in listed if e.strip()]
         return cls.model_validate(values)

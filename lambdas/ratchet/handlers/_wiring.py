@@ -19,14 +19,22 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from botocore.config import Config
 from pydantic import SecretStr
 
-from ratchet.aws.approvals import ApprovalTokens
+from ratchet.adapters.ses import SesNotifier
+from ratchet.adapters.slack import SlackNotifier, SlackResponder
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkSigner
+from ratchet.aws.approvals import AwsApprovals
 from ratchet.aws.runtime import AwsRuntime
-from ratchet.aws.settings import AwsSettings
+from ratchet.aws.settings import ENVIRONMENT, AwsSettings
 from ratchet.engine.core import Engine
+from ratchet.ports import Notifier
+from ratchet.state import NotifyTargets
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
     from mypy_boto3_stepfunctions import SFNClient
+
+    from ratchet.handlers.approvals import ApprovalServices
 
 SERVICE = "ratchet"
 METRICS_NAMESPACE = "Ratchet"
@@ -80,8 +88,68 @@ def stepfunctions() -> SFNClient:
     return boto3.client("stepfunctions", config=_CLIENT_CONFIG)
 
 
-def approvals() -> ApprovalTokens:
-    return ApprovalTokens(runtime().dynamodb, settings().checkpoints_table)
+def approvals() -> AwsApprovals:
+    return AwsApprovals(
+        runtime().dynamodb,
+        settings().checkpoints_table,
+        stepfunctions=stepfunctions(),
+        retention_days=settings().checkpoint_retention_days,
+    )
+
+
+@cache
+def _secret(arn: str) -> SecretStr:
+    """A Secrets Manager secret's value, read once per container; never logged."""
+    secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
+    return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
+
+
+def _setting(name: str) -> str:
+    value = getattr(settings(), name)
+    if not value:
+        raise RuntimeError(f"{ENVIRONMENT[name]} is not set: approvals need it (the stack sets it)")
+    return str(value)
+
+
+@cache
+def approval_desk() -> ApprovalDesk:
+    """The desk that opens approval requests and takes decisions, with the notifiers the
+    deployment configured (SES, Slack; none is an error only for who expected a message)."""
+    config = settings()
+    notifiers: list[Notifier] = []
+    if config.email_sender:
+        notifiers.append(
+            SesNotifier(boto3.client("sesv2", config=_CLIENT_CONFIG), sender=config.email_sender)
+        )
+    if config.slack_bot_token_secret_arn:
+        notifiers.append(
+            SlackNotifier(_secret(config.slack_bot_token_secret_arn), api_url=config.slack_api_url)
+        )
+    key = _secret(_setting("link_key_secret_arn")).get_secret_value()
+    return ApprovalDesk(
+        book=approvals(),
+        resumer=approvals(),
+        store=runtime().store,
+        signer=LinkSigner(key.encode("utf-8")),
+        public_url=_setting("public_url"),
+        notifiers=notifiers,
+        default_targets=NotifyTargets(
+            email=config.notify_emails, slack_channel=config.notify_slack_channel
+        ),
+    )
+
+
+def approval_services() -> ApprovalServices:
+    from ratchet.handlers.approvals import ApprovalServices
+
+    config = settings()
+    signing = config.slack_signing_secret_arn
+    return ApprovalServices(
+        desk=approval_desk(),
+        slack_signing_secret=_secret(signing) if signing else None,
+        slack_responder=SlackResponder() if signing else None,
+        logger=logger,
+    )
 
 
 def engine(context: LambdaContext) -> Engine:

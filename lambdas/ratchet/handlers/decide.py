@@ -1,9 +1,12 @@
-"""The `RecordDecision` task: record a person's answer (or its absence) as the waiting step's
-result, so the run moves on knowing it.
+"""The `RecordDecision` task: record the answer the parked execution got (or its absence) as
+the waiting step's result, so the run moves on knowing it.
 
 The state machine calls this after SendTaskSuccess (approved), after SendTaskFailure with the
-error `Rejected`, and after the approval timed out (rejected by "nobody"). A run that is no
-longer waiting was decided already (a retried task, a second execution): nothing changes.
+error `Rejected`, and after the approval timed out (rejected by "nobody"). The answer arrives as
+it was sent and is read leniently (`verdict_from_answer`): its token is spent, so whatever its
+shape it becomes a decision rather than a stranded run. A run that is no longer waiting was
+decided already (a retried task, a second execution): nothing changes. Either way the step's
+approval requests are closed and their tokens dropped.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from ratchet.approvals.model import ApprovalStatus
+from ratchet.aws.approvals import verdict_from_answer
 from ratchet.aws.payloads import DecideRequest, DecideResult
 from ratchet.errors import NotWaiting
-from ratchet.handlers._wiring import engine, logger, metrics, tracer
+from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
+from ratchet.state import utcnow
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -27,11 +33,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 
 def record_decision(request: DecideRequest, context: LambdaContext) -> DecideResult:
+    timeout = request.approval_timeout_seconds or settings().approval_timeout_seconds
+    verdict = verdict_from_answer(request.verdict, request.answer, timeout_seconds=timeout)
     ratchet = engine(context)
+    waiting_at = ratchet.load(request.run_id).step
     try:
         state = ratchet.decide_waiting(
-            request.run_id, approved=request.approved, by=request.by, comment=request.comment
+            request.run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
         )
+        recorded = True
     except NotWaiting as already:
         metrics.add_metric(name="DecisionsIgnored", unit=MetricUnit.Count, value=1)
         logger.info(
@@ -39,14 +49,14 @@ def record_decision(request: DecideRequest, context: LambdaContext) -> DecideRes
             extra={"run_id": request.run_id, "status": already.status},
         )
         state = ratchet.load(request.run_id)
-        return DecideResult(
-            run_id=state.run_id, status=state.status.value, step=state.step, recorded=False
+        recorded = False
+    closed = ApprovalStatus.EXPIRED if request.verdict == "expired" else ApprovalStatus.CLOSED
+    approvals().close(request.run_id, waiting_at, closed, at=utcnow())
+    if recorded:
+        metric = {"approved": "ApprovalsGranted", "rejected": "ApprovalsDenied"}.get(
+            request.verdict, "ApprovalsExpired"
         )
-    metrics.add_metric(
-        name="ApprovalsGranted" if request.approved else "ApprovalsDenied",
-        unit=MetricUnit.Count,
-        value=1,
-    )
+        metrics.add_metric(name=metric, unit=MetricUnit.Count, value=1)
     return DecideResult(
-        run_id=state.run_id, status=state.status.value, step=state.step, recorded=True
+        run_id=state.run_id, status=state.status.value, step=state.step, recorded=recorded
     )

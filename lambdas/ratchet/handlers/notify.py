@@ -1,8 +1,8 @@
-"""The `AwaitApproval` task: keep the parked execution's task token under a new approval id.
+"""The `AwaitApproval` task: open an approval request for the parked run and send it out.
 
-The token is a bearer credential for the execution, so it goes to the table and nowhere else:
-not to the log, not to the result. Sending the person the approval link is the next step of
-the approval flow; until then the id is logged for an operator to act on.
+The task token is a bearer credential for the execution, so it goes to the table and nowhere
+else: not to the log, not to a message, not to the result. People get signed links to the
+approval page (email) or buttons (Slack), which name the approval id only.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from ratchet.aws.payloads import NotifyRequest, NotifyResult
-from ratchet.errors import RunNotFound
-from ratchet.handlers._wiring import approvals, logger, metrics, runtime, settings, tracer
+from ratchet.handlers._wiring import approval_desk, logger, metrics, settings, tracer
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -22,23 +21,30 @@ from ratchet.handlers._wiring import approvals, logger, metrics, runtime, settin
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = NotifyRequest.model_validate(event)
-    return keep_token(request).model_dump(mode="json")
+    return open_request(request).model_dump(mode="json")
 
 
-def keep_token(request: NotifyRequest) -> NotifyResult:
-    head = runtime().store.load_head(request.run_id)
-    if head is None:
-        raise RunNotFound(request.run_id)
-    step = head.step
-    approval_id = approvals().keep(
-        run_id=request.run_id,
-        step=step,
-        task_token=request.task_token,
+def open_request(request: NotifyRequest) -> NotifyResult:
+    opened = approval_desk().open(
+        request.run_id,
         timeout_seconds=request.timeout_seconds or settings().approval_timeout_seconds,
+        task_token=request.task_token,
     )
+    approval = opened.approval
     metrics.add_metric(name="ApprovalsRequested", unit=MetricUnit.Count, value=1)
+    for failure in opened.failures:
+        metrics.add_metric(name="NotificationsFailed", unit=MetricUnit.Count, value=1)
+        logger.error(
+            "approval notification failed", extra={"run_id": approval.run_id, "error": failure}
+        )
     logger.info(
         "approval requested",
-        extra={"run_id": request.run_id, "step": step, "approval_id": approval_id},
+        extra={
+            "run_id": approval.run_id,
+            "step": approval.step,
+            "approval_id": approval.approval_id,
+            "emails": len(opened.notice.emails),
+            "slack": opened.notice.slack_channel is not None,
+        },
     )
-    return NotifyResult(approval_id=approval_id)
+    return NotifyResult(approval_id=approval.approval_id)

@@ -15,9 +15,12 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb import is_transient
+from ratchet.approvals.model import ApprovalStatus
 from ratchet.aws.payloads import StepRequest, StepResult
-from ratchet.errors import StaleVersion, StepAttemptFailed, StoreBusy
-from ratchet.handlers._wiring import engine, logger, metrics, settings, tracer
+from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.errors import StaleVersion, StepAttemptFailed, StoreBusy, Superseded
+from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
+from ratchet.state import utcnow
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -54,4 +57,21 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     )
     if taken.bytes_written:
         metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
+    _stop_if_parked_elsewhere(taken)
     return StepResult.after(request, taken, rollover_after=settings().rollover_after)
+
+
+def _stop_if_parked_elsewhere(taken: StepOutcome) -> None:
+    """A run found waiting (this invocation wrote nothing) with an open request is parked by
+    another execution already: a second one must not park it again with a second request.
+    Found waiting with none, this execution parked it and died before asking (a retry)."""
+    if taken.outcome is not Outcome.WAITING or taken.bytes_written:
+        return
+    now = utcnow()
+    if any(
+        a.step == taken.step and a.status is ApprovalStatus.PENDING and not a.is_expired(now)
+        for a in approvals().of_run(taken.run_id)
+    ):
+        metrics.add_metric(name="SupersededExecutions", unit=MetricUnit.Count, value=1)
+        logger.warning("the run is already parked under another execution; stopping")
+        raise Superseded(taken.run_id)

@@ -13,19 +13,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkSigner, key_file
+from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.local.approvals import LocalResumer
 from ratchet.local.leases import Leases
 from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState
 from ratchet.tools import RunContext
 
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
+DEFAULT_PORT = 8765
+DEFAULT_PUBLIC_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+MAX_APPROVAL_SECONDS = 365 * 24 * 3600
 
 
 class LocalSettings(BaseModel):
@@ -38,6 +47,11 @@ class LocalSettings(BaseModel):
     anthropic_base_url: str | None = None
     fault: str | None = None
     log_level: str = "INFO"
+    public_url: str = DEFAULT_PUBLIC_URL
+    """Where `ratchet serve` is reached: the base of every approval link."""
+    approval_timeout_seconds: int = Field(
+        default=DEFAULT_APPROVAL_SECONDS, ge=60, le=MAX_APPROVAL_SECONDS
+    )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> LocalSettings:
@@ -48,6 +62,7 @@ class LocalSettings(BaseModel):
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
             fault=env.get("RATCHET_FAULT") or None,
             log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
+            public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
         )
 
 
@@ -117,6 +132,23 @@ class LocalRuntime:
     def bind(self, state: RunState) -> Binding:
         """The run's agent, model and opened resources, built once per process and run."""
         return self._bindings(state)
+
+    @property
+    def outbox(self) -> OutboxNotifier:
+        """Every approval request's messages, as files beside the store."""
+        return OutboxNotifier(Path(f"{self.root}.outbox"))
+
+    def approval_desk(self, *, worker_id: str, logger: Any) -> ApprovalDesk:
+        """Approvals decided through signed links to `ratchet serve`, signed with a key kept
+        beside the store (`<store>.approval-key`, made on first use, owner-only)."""
+        return ApprovalDesk(
+            book=SqliteApprovalBook(self.db),
+            resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
+            store=self.store,
+            signer=LinkSigner(key_file(Path(f"{self.root}.approval-key"))),
+            public_url=self.settings.public_url,
+            notifiers=[self.outbox],
+        )
 
     def close(self) -> None:
         self.db.close()

@@ -30,6 +30,8 @@ class Worker:
     poll_seconds: float = POLL_SECONDS
     stop: threading.Event = field(default_factory=threading.Event)
     sleep: Callable[[float], None] = time.sleep
+    on_park: Callable[[str], None] | None = None
+    """Called with the run id when a step of this worker parks a run for a person."""
 
     @property
     def worker_id(self) -> str:
@@ -89,6 +91,8 @@ class Worker:
             )
             self.sleep(min(self.poll_seconds, 0.05))
             return True
+        if outcome.outcome is Outcome.WAITING and outcome.bytes_written and self.on_park:
+            self.on_park(run_id)
         if outcome.outcome is not Outcome.CONTINUE:
             self.logger.info(
                 "run left",

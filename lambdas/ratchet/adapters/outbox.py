@@ -1,0 +1,64 @@
+"""The local notifier: every message a deployment would send, written to a folder instead.
+
+`<store>.outbox/` beside the SQLite file holds one JSON file per message (an email per
+recipient with its own signed link, or the Slack message with its buttons), so a person, a
+test or a browser can open exactly what would have been sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ratchet.approvals.messages import email_html, email_text, slack_blocks
+from ratchet.approvals.model import ApprovalNotice
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class OutboxNotifier:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def send(self, notice: ApprovalNotice) -> None:
+        stem = f"{notice.run_id}-step-{notice.step}-{notice.approval_id[:8]}"
+        for invitation in notice.emails:
+            self._write(
+                f"{stem}-email-{invitation.recipient}",
+                {
+                    "channel": "email",
+                    "to": invitation.recipient,
+                    "subject": notice.subject,
+                    "link": invitation.url,
+                    "text": email_text(notice, invitation),
+                    "html": email_html(notice, invitation),
+                },
+            )
+        if notice.slack_channel:
+            self._write(
+                f"{stem}-slack-{notice.slack_channel}",
+                {
+                    "channel": "slack",
+                    "to": notice.slack_channel,
+                    "text": notice.subject,
+                    "blocks": slack_blocks(notice),
+                },
+            )
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message in the outbox, oldest first."""
+        if not self.folder.exists():
+            return []
+        files = sorted(self.folder.glob("*.json"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+        return [json.loads(p.read_text(encoding="utf-8")) for p in files]
+
+    def _write(self, name: str, message: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{_UNSAFE.sub('_', name)[:200]}.json"
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        draft.write_text(json.dumps(message, indent=2, ensure_ascii=False), encoding="utf-8")
+        draft.chmod(0o600)  # the links in it decide in their recipient's name
+        os.replace(draft, path)

@@ -1,0 +1,251 @@
+"""The approval desk: opens a request when a run parks, and takes each decision exactly once.
+
+Every channel goes through here: the page behind a signed link, Slack's buttons, the runs
+API, and locally the CLI's worker. The desk checks who may decide (the link's recipient, the
+verified Slack user, the API caller), settles the approval with one conditional write, and only
+then delivers the answer to the run. If delivery fails for now, the approval is reopened; if
+the run can no longer take it (the task timed out), it is marked expired. The same code runs
+on both runtimes; the ports differ.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from ratchet.approvals.links import LinkClaims, LinkSigner
+from ratchet.approvals.model import (
+    Approval,
+    ApprovalNotice,
+    ApprovalStatus,
+    Invitation,
+    RecentStep,
+    Verdict,
+)
+from ratchet.errors import (
+    ApprovalClosed,
+    ApprovalDecided,
+    ApprovalExpired,
+    ApprovalNotFound,
+    RunNotFound,
+)
+from ratchet.ports import ApprovalBook, CheckpointStore, Notifier, Resumer
+from ratchet.state import NotifyTargets, RunState, RunStatus, utcnow
+
+RECENT_STEPS_SHOWN = 3
+RESULT_PREVIEW_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Opened:
+    approval: Approval
+    notice: ApprovalNotice
+    created: bool
+    """False when a pending approval for the step existed: nobody was notified again."""
+    failures: tuple[str, ...] = ()
+    """Notifiers that could not send (`SlackNotifier: SlackError: channel_not_found`). The
+    request is open all the same: other channels, the API and the CLI can still decide it."""
+
+
+@dataclass(frozen=True)
+class ApprovalView:
+    """What a page shows: the approval, the run as it stands, and who the link speaks for."""
+
+    approval: Approval
+    run: RunState | None
+    recipient: str | None = None
+
+    @property
+    def run_waits_for_it(self) -> bool:
+        run = self.run
+        return (
+            run is not None
+            and run.status is RunStatus.WAITING
+            and run.waiting is not None
+            and run.step == self.approval.step
+        )
+
+
+@dataclass
+class ApprovalDesk:
+    book: ApprovalBook
+    resumer: Resumer
+    store: CheckpointStore
+    signer: LinkSigner
+    public_url: str
+    notifiers: Sequence[Notifier] = ()
+    default_targets: NotifyTargets = field(default_factory=NotifyTargets)
+    clock: Callable[[], datetime] = utcnow
+
+    # --- opening ---------------------------------------------------------------------------
+
+    def open(
+        self,
+        run_id: str,
+        *,
+        timeout_seconds: int,
+        task_token: str | None = None,
+        operator: str | None = None,
+    ) -> Opened:
+        """Open an approval for the step the run waits at and notify who the run names (or
+        the defaults). `operator` is asked too (locally: whoever runs the worker, who gets
+        the link printed and in the outbox)."""
+        run = self.store.load_head(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        if run.status is not RunStatus.WAITING or run.waiting is None:
+            raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
+        now = self.clock()
+        candidate = Approval(
+            approval_id=secrets.token_urlsafe(16),
+            run_id=run_id,
+            step=run.step,
+            created_at=now,
+            expires_at=now + timedelta(seconds=timeout_seconds),
+        )
+        approval = self.book.open(candidate, task_token=task_token)
+        created = approval.approval_id == candidate.approval_id
+        targets = run.options.notify if not run.options.notify.is_empty else self.default_targets
+        recipients = [*targets.email, *([operator] if operator else [])]
+        notice = self._notice(run, approval, list(dict.fromkeys(recipients)), targets.slack_channel)
+        failures: list[str] = []
+        if created:
+            for notifier in self.notifiers:
+                try:
+                    notifier.send(notice)
+                except Exception as failed:  # one channel down must not lose the request
+                    failures.append(f"{type(notifier).__name__}: {type(failed).__name__}: {failed}")
+        return Opened(approval, notice, created, tuple(failures))
+
+    def link(self, approval: Approval, recipient: str) -> str:
+        return self._invitation(approval, recipient).url
+
+    def _invitation(self, approval: Approval, recipient: str) -> Invitation:
+        claims = LinkClaims(approval.approval_id, approval.run_id, recipient, approval.expires_at)
+        return Invitation(recipient=recipient, url=self.signer.url(self.public_url, claims))
+
+    def _notice(
+        self, run: RunState, approval: Approval, emails: list[str], slack: str | None
+    ) -> ApprovalNotice:
+        assert run.waiting is not None
+        calls = {m.step: m for m in run.messages}
+        recent = [
+            RecentStep(
+                step=r.step,
+                tool=r.tool,
+                result=_clip(r.text, RESULT_PREVIEW_CHARS),
+            )
+            for r in run.tool_results[-RECENT_STEPS_SHOWN:]
+            if r.step in calls
+        ]
+        return ApprovalNotice(
+            approval_id=approval.approval_id,
+            run_id=run.run_id,
+            step=approval.step,
+            agent=run.agent,
+            goal=run.goal,
+            prompt=run.waiting.request.prompt,
+            details=run.waiting.request.details,
+            recent=recent,
+            expires_at=approval.expires_at,
+            emails=[self._invitation(approval, to) for to in emails],
+            slack_channel=slack,
+        )
+
+    # --- looking (GET: never changes anything) ---------------------------------------------
+
+    def view(self, approval_id: str, query: Mapping[str, str]) -> ApprovalView:
+        """What the link shows. Raises `LinkInvalid`, `ApprovalExpired` or `ApprovalNotFound`."""
+        claims = self.signer.verify(approval_id, query, now=self.clock())
+        approval = self._find(claims.run_id, approval_id)
+        return ApprovalView(approval, self.store.load_head(approval.run_id), claims.recipient)
+
+    # --- deciding (POST) -------------------------------------------------------------------
+
+    def decide_by_link(
+        self, approval_id: str, query: Mapping[str, str], *, approved: bool, comment: str
+    ) -> ApprovalView:
+        """The person the link was signed for decides."""
+        claims = self.signer.verify(approval_id, query, now=self.clock())
+        approval = self._find(claims.run_id, approval_id)
+        verdict = Verdict(approved=approved, by=claims.recipient, comment=comment)
+        return self._decide(approval, verdict, channel="link", recipient=claims.recipient)
+
+    def decide_by_id(
+        self, run_id: str, approval_id: str, verdict: Verdict, *, channel: str
+    ) -> ApprovalView:
+        """A verified caller decides a known approval (a Slack button names its id)."""
+        return self._decide(self._find(run_id, approval_id), verdict, channel=channel)
+
+    def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
+        """A verified caller decides whatever the run waits for (the runs API, the CLI)."""
+        run = self.store.load_head(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        pending = [
+            a
+            for a in self.book.of_run(run_id)
+            if a.step == run.step and a.status is ApprovalStatus.PENDING
+        ]
+        if not pending:
+            if run.status is not RunStatus.WAITING:
+                raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
+            raise ApprovalNotFound(f"run {run_id!r} has no open approval request yet")
+        return self._decide(pending[-1], verdict, channel=channel)
+
+    def _decide(
+        self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
+    ) -> ApprovalView:
+        now = self.clock()
+        if approval.status.is_decided:
+            raise ApprovalDecided(decided_text(approval))
+        if approval.is_expired(now):
+            raise ApprovalExpired("this request has expired; the run went on without a decision")
+        run = self.store.load_head(approval.run_id)
+        if run is None or run.status is not RunStatus.WAITING or run.step != approval.step:
+            status = run.status.value if run else "gone"
+            raise ApprovalClosed(f"run {approval.run_id!r} is {status}, no longer waiting")
+        # One conditional write decides: a second click, a replayed POST or another channel
+        # finds the approval no longer pending and changes nothing.
+        settled = self.book.settle(approval, verdict, channel=channel, at=now)
+        try:
+            self.resumer.resume(settled, verdict)
+        except (ApprovalClosed, ApprovalExpired) as over:
+            # For good: the run stopped waiting, or its parked task timed out or was closed.
+            # The request is over, and the page says so.
+            self.book.reopen(settled)
+            status = (
+                ApprovalStatus.EXPIRED
+                if isinstance(over, ApprovalExpired)
+                else ApprovalStatus.CLOSED
+            )
+            self.book.close(approval.run_id, approval.step, status, at=now)
+            raise
+        except Exception:
+            # Not delivered, and not for good (a throttle, a lost connection): undo, so the
+            # person can try again.
+            self.book.reopen(settled)
+            raise
+        return ApprovalView(settled, self.store.load_head(approval.run_id), recipient)
+
+    def _find(self, run_id: str, approval_id: str) -> Approval:
+        approval = self.book.get(run_id, approval_id)
+        if approval is None:
+            raise ApprovalNotFound("no such approval request (it may have been cleaned up)")
+        return approval
+
+
+def decided_text(approval: Approval) -> str:
+    """`approved by dana at 2026-12-01 10:42 UTC`, `expired before anyone decided`, ..."""
+    if approval.status is ApprovalStatus.EXPIRED:
+        return "expired before anyone decided"
+    if approval.status is ApprovalStatus.CLOSED:
+        return "closed: the run was decided another way or stopped waiting"
+    when = approval.decided_at.strftime(" at %Y-%m-%d %H:%M UTC") if approval.decided_at else ""
+    return f"{approval.status.value} by {approval.decided_by}{when}"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,116 @@
+"""Signed approval links: safe to put in an email, useless once changed.
+
+A link names the approval, its run, the one recipient it was sent to, and when it expires,
+and carries an HMAC-SHA256 over exactly those. Nothing else in it is trusted: the person who
+decides is the recipient the link was signed for, never a form field. A link never carries
+the execution's task token; the token stays server-side under the approval id.
+
+    <public url>/approvals/<approval id>?run=<run id>&to=<recipient>&exp=<epoch s>&sig=<hex>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from ratchet.errors import ApprovalExpired, LinkInvalid
+
+KEY_BYTES = 32
+_VERSION = b"ratchet-approval-v1"
+_FIELDS = ("run", "to", "exp", "sig")
+_MAX_FIELD_CHARS = 320
+
+
+@dataclass(frozen=True)
+class LinkClaims:
+    """What a verified link says."""
+
+    approval_id: str
+    run_id: str
+    recipient: str
+    expires_at: datetime
+
+
+class LinkSigner:
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("an approval link key needs at least 16 bytes")
+        self._key = key
+
+    def url(self, public_url: str, claims: LinkClaims) -> str:
+        query = urlencode(
+            {
+                "run": claims.run_id,
+                "to": claims.recipient,
+                "exp": str(_epoch(claims.expires_at)),
+                "sig": self._signature(claims),
+            },
+            quote_via=quote,
+        )
+        return f"{public_url.rstrip('/')}/approvals/{quote(claims.approval_id)}?{query}"
+
+    def verify(self, approval_id: str, query: Mapping[str, str], *, now: datetime) -> LinkClaims:
+        """The link's claims, or `LinkInvalid` (forged, tampered, malformed) or `ApprovalExpired`.
+        The signature is checked before the expiry, so an expired link is known to be real."""
+        if set(query) != set(_FIELDS) or any(len(v) > _MAX_FIELD_CHARS for v in query.values()):
+            raise LinkInvalid("the link is incomplete or has been changed")
+        try:
+            expires = datetime.fromtimestamp(int(query["exp"]), UTC)
+        except (ValueError, OverflowError, OSError):
+            raise LinkInvalid("the link is incomplete or has been changed") from None
+        claims = LinkClaims(approval_id, query["run"], query["to"], expires)
+        if not hmac.compare_digest(self._signature(claims), query["sig"]):
+            raise LinkInvalid("the link's signature does not match: it was forged or changed")
+        if now >= expires:
+            raise ApprovalExpired(f"this link expired at {expires.isoformat(timespec='minutes')}")
+        return claims
+
+    def _signature(self, claims: LinkClaims) -> str:
+        # Length-prefixed fields: no two different claims can serialize to the same bytes.
+        message = _VERSION
+        for part in (
+            claims.approval_id,
+            claims.run_id,
+            claims.recipient,
+            str(_epoch(claims.expires_at)),
+        ):
+            data = part.encode("utf-8", "surrogatepass")
+            message += len(data).to_bytes(4, "big") + data
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+
+def _epoch(moment: datetime) -> int:
+    return int(moment.timestamp())
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def key_file(path: Path) -> bytes:
+    """The local signing key, made on first use and readable by its owner only."""
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = new_key()
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    draft.write_text(key.hex(), encoding="ascii")
+    draft.chmod(0o600)
+    # link() publishes the whole file at once and refuses to replace one: two processes
+    # making the key together both end up with the one that was published first.
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        key = bytes.fromhex(path.read_text().strip())
+    finally:
+        draft.unlink()
+    return key

@@ -1,0 +1,103 @@
+"""Approvals: a person's decision on a waiting run, how it is recorded, and what is sent.
+
+An approval is opened when a run parks at a step; each link, Slack button or API call that
+decides it goes through one conditional transition, `pending` -> `approved` | `rejected`, so
+a decision happens exactly once however many channels (and mail scanners) reach it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_BY_CHARS = 320
+MAX_COMMENT_CHARS = 10_000
+DEFAULT_APPROVAL_SECONDS = 7 * 24 * 3600
+"""How long a request stays open when the deployment says nothing else."""
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    """Nobody decided in time (or the parked task timed out first)."""
+    CLOSED = "closed"
+    """Decided some other way (the CLI, a hand-sent task answer) or superseded."""
+
+    @property
+    def is_decided(self) -> bool:
+        return self is not ApprovalStatus.PENDING
+
+
+class Approval(BaseModel):
+    """One request for a person's decision on one waiting step of a run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    approval_id: str = Field(pattern=r"^[A-Za-z0-9_-]{16,64}$")
+    run_id: str
+    step: int = Field(ge=0)
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    created_at: datetime
+    expires_at: datetime
+    decided_by: str | None = None
+    comment: str = ""
+    decided_at: datetime | None = None
+    channel: str | None = None
+    """How it was decided: `link`, `slack`, `api` or `cli`."""
+
+    def is_expired(self, now: datetime) -> bool:
+        return now >= self.expires_at
+
+
+class Verdict(BaseModel):
+    """A person's answer, checked: who, yes or no, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    approved: bool
+    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
+    comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+class RecentStep(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    tool: str
+    result: str
+
+
+class Invitation(BaseModel):
+    """One recipient's own signed link: the link names them, so it decides in their name."""
+
+    model_config = ConfigDict(frozen=True)
+
+    recipient: str
+    url: str
+
+
+class ApprovalNotice(BaseModel):
+    """Everything a message asking for a decision says, whatever carries it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    approval_id: str
+    run_id: str
+    step: int
+    agent: str
+    goal: str
+    prompt: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    recent: list[RecentStep] = Field(default_factory=list)
+    expires_at: datetime
+    emails: list[Invitation] = Field(default_factory=list)
+    slack_channel: str | None = None
+
+    @property
+    def subject(self) -> str:
+        return f"Approval needed: {self.prompt}"[:200]

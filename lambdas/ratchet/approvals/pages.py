@@ -1,0 +1,129 @@
+"""The approval page: HTML that works with no script, shows what the agent asks, and decides
+only through its form's POST. Everything from the run is escaped."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from ratchet.approvals.desk import RECENT_STEPS_SHOWN, ApprovalView, decided_text
+from ratchet.approvals.model import MAX_COMMENT_CHARS, ApprovalStatus
+
+HEADERS = {
+    "Content-Type": "text/html; charset=utf-8",
+    # The link is a credential: keep it out of caches, referrers and frames.
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "X-Robots-Tag": "noindex, nofollow",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+}
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;background:#f4f5f7;margin:0;color:#1d2330}
+main{max-width:680px;margin:40px auto;background:#fff;border-radius:8px;padding:28px 32px;
+box-shadow:0 1px 3px rgba(0,0,0,.12)}
+h1{font-size:22px;margin:0 0 8px}.meta{color:#5b6475;font-size:14px;margin:0 0 20px}
+table{border-collapse:collapse;margin:12px 0;width:100%}th,td{text-align:left;padding:6px 8px;
+border-bottom:1px solid #e6e8ec;vertical-align:top;font-size:14px}th{width:30%;color:#5b6475}
+code{white-space:pre-wrap;word-break:break-word}ol{padding-left:20px;font-size:14px;color:#394150}
+textarea{width:100%;box-sizing:border-box;min-height:80px;font:inherit;padding:8px}
+.buttons{display:flex;gap:12px;margin-top:14px}button{font:inherit;font-size:16px;
+padding:10px 22px;border:0;border-radius:6px;cursor:pointer;color:#fff}
+.approve{background:#1e7e34}.reject{background:#b3261e}.note{color:#5b6475;font-size:13px}
+.banner{padding:12px 14px;border-radius:6px;margin:12px 0;font-size:15px}
+.ok{background:#e6f4ea}.bad{background:#fce8e6}.info{background:#e8f0fe}
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<meta name='robots' content='noindex'><title>{html.escape(title)} · Ratchet</title>"
+        f"<style>{_STYLE}</style></head><body><main>{body}</main></body></html>"
+    )
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return html.escape(text)
+
+
+def _request_summary(view: ApprovalView) -> str:
+    e = html.escape
+    approval, run = view.approval, view.run
+    parts = [f"<p class='meta'>Run <b>{e(approval.run_id)}</b>, step {approval.step}"]
+    if run is not None:
+        parts.append(f" · agent {e(run.agent)}")
+    parts.append(f" · expires {e(approval.expires_at.strftime('%Y-%m-%d %H:%M UTC'))}</p>")
+    if run is not None and run.waiting is not None and run.step == approval.step:
+        request = run.waiting.request
+        parts.append(f"<h1>{e(request.prompt)}</h1>")
+        if request.details:
+            rows = "".join(
+                f"<tr><th>{e(str(k))}</th><td><code>{_value(v)}</code></td></tr>"
+                for k, v in request.details.items()
+            )
+            parts.append(f"<table>{rows}</table>")
+    else:
+        parts.append("<h1>Approval request</h1>")
+    if run is not None:
+        recent = run.tool_results[-RECENT_STEPS_SHOWN:]
+        if recent:
+            items = "".join(
+                f"<li value='{r.step}'><b>{e(r.tool)}</b>: {e(r.text[:300])}</li>" for r in recent
+            )
+            parts.append(f"<p class='note'>Last completed steps:</p><ol>{items}</ol>")
+        parts.append(f"<p class='note'>Goal: {e(run.goal[:500])}</p>")
+    return "".join(parts)
+
+
+def request_page(view: ApprovalView, action: str) -> str:
+    """The pending request with its form. `action` is the link itself: the POST carries the
+    same signed query, and nothing else in the form is trusted but the choice and comment."""
+    e = html.escape
+    who = e(view.recipient or "")
+    form = (
+        f"<form method='post' action='{e(action)}'>"
+        f"<label for='comment'>Comment (optional)</label>"
+        f"<textarea id='comment' name='comment' maxlength='{MAX_COMMENT_CHARS}'></textarea>"
+        "<div class='buttons'>"
+        "<button class='approve' type='submit' name='decision' value='approve'>Approve</button>"
+        "<button class='reject' type='submit' name='decision' value='reject'>Reject</button>"
+        "</div></form>"
+        f"<p class='note'>You decide as <b>{who}</b>. Nothing happens until you press a "
+        "button; each request can be decided once.</p>"
+    )
+    return _page("Approval needed", _request_summary(view) + form)
+
+
+def outcome_page(view: ApprovalView, *, just_now: bool) -> str:
+    approval = view.approval
+    approved = approval.status is ApprovalStatus.APPROVED
+    if just_now:
+        verb = "Approved" if approved else "Rejected"
+        banner = (
+            f"<div class='banner {'ok' if approved else 'bad'}'>{verb} by "
+            f"{html.escape(approval.decided_by or '')}. The run resumes with your answer.</div>"
+        )
+        title = verb
+    else:
+        banner = f"<div class='banner info'>This request was {html.escape(decided_text(approval))}.</div>"
+        title = "Already decided"
+    if approval.comment:
+        banner += f"<p class='note'>Comment: {html.escape(approval.comment)}</p>"
+    return _page(title, _request_summary(view) + banner)
+
+
+def problem_page(title: str, message: str) -> str:
+    return _page(
+        title,
+        f"<h1>{html.escape(title)}</h1><div class='banner bad'>{html.escape(message)}</div>"
+        "<p class='note'>Nothing was changed.</p>",
+    )
