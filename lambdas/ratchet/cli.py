@@ -605,7 +605,7 @@ def link(run_id: RunArgument) -> None:
 @app.command()
 def serve(
     port: Annotated[
-        int, typer.Option("--port", help="Port on 127.0.0.1.", min=1, max=65535)
+        int, typer.Option("--port", help="Port (0: any free one).", min=0, max=65535)
     ] = 8765,
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
 ) -> None:
@@ -625,9 +625,8 @@ def serve(
         httpd = server(routes, host=host, port=port)
     except OSError as error:
         raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-    out.print(
-        f"Serving approvals on http://{host}:{httpd.server_port}  (links use {runtime.settings.public_url})"
-    )
+    out.print(f"Serving approvals on http://{host}:{httpd.server_port}")
+    out.print(f"Approval links point at {runtime.settings.public_url} (RATCHET_PUBLIC_URL)")
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

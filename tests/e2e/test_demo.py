@@ -26,5 +26,9 @@ def test_the_demo_survives_sigkill_and_approval_with_every_invariant_intact(tmp_
     assert "duplicate rows: 0" in out
     assert "emails sent: 1" in out
     assert "model calls paid twice: 0 (45 calls for 45 decisions)" in out
+    assert "`ratchet serve` shows the request (HTTP 200)" in out
+    assert "the run is still waiting" in out
+    assert "The same link now answers HTTP 409" in out
+    assert "approval requests: 1, decided on the page by" in out
     assert "All invariants hold." in out
     assert not (tmp_path / ".ratchet").exists(), "the demo works in a temporary store"

@@ -37,7 +37,7 @@ def _post_json(
         url, data=json.dumps(payload).encode("utf-8"), headers=headers, method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as error:
         return int(error.code), error.read()

@@ -25,7 +25,8 @@ HEADERS = {
 }
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;background:#f4f5f7;margin:0;color:#1d2330}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;background:#f4f5f7;margin:0;
+color:#1d2330}
 main{max-width:680px;margin:40px auto;background:#fff;border-radius:8px;padding:28px 32px;
 box-shadow:0 1px 3px rgba(0,0,0,.12)}
 h1{font-size:22px;margin:0 0 8px}.meta{color:#5b6475;font-size:14px;margin:0 0 20px}
@@ -114,7 +115,8 @@ def outcome_page(view: ApprovalView, *, just_now: bool) -> str:
         )
         title = verb
     else:
-        banner = f"<div class='banner info'>This request was {html.escape(decided_text(approval))}.</div>"
+        said = html.escape(decided_text(approval))
+        banner = f"<div class='banner info'>This request was {said}.</div>"
         title = "Already decided"
     if approval.comment:
         banner += f"<p class='note'>Comment: {html.escape(approval.comment)}</p>"

@@ -3,8 +3,9 @@
 Worker A (a real process) runs the migration agent and is SIGKILLed during step 23, after its
 tool copied the batch and before the checkpoint. Worker B, a fresh process, waits for A's lease
 to lapse, resumes at step 23 from checkpoint 22 (the redelivered key changes nothing), and runs
-until the agent asks for approval: the run parks and B exits. The demo approves as a person
-would, with `ratchet approve`; worker C finishes the run. Then it checks the invariants and
+until the agent asks for approval: the run parks, B prints the approval link and exits. A
+person opens the link on `ratchet serve` (the page changes nothing) and presses Approve, as
+they would from the email; worker C finishes the run. Then the demo checks the invariants and
 exits non-zero if any fails.
 """
 
@@ -12,11 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
+from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.state import RunState, RunStatus, idempotency_key
 
@@ -79,6 +86,43 @@ class _Demo:
             text=True,
             env=self._env(env),
         )
+
+    def serve(self) -> tuple[subprocess.Popen[str], str]:
+        """`ratchet serve` on a free port; returns the process and its base URL."""
+        log_path = self.workdir / "serve.log"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ratchet.cli", "--store", self.store, "serve", "--port", "0"],
+            stdout=log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self._env(None),
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            found = re.search(r"Serving approvals on (http://\S+)", log_path.read_text())
+            if found:
+                return process, found.group(1)
+            time.sleep(0.05)
+        process.kill()
+        raise RuntimeError(f"ratchet serve did not start: {log_path.read_text()[-500:]}")
+
+    def outbox_link(self) -> str:
+        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        try:
+            messages = runtime.outbox.messages()
+        finally:
+            runtime.close()
+        links = [str(m["link"]) for m in messages if m.get("channel") == "email"]
+        if not links:
+            raise RuntimeError("the outbox holds no approval email")
+        return links[-1]
+
+    def approvals(self) -> list[Approval]:
+        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        try:
+            return SqliteApprovalBook(runtime.db).of_run(RUN_ID)
+        finally:
+            runtime.close()
 
     def head(self) -> RunState:
         runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
@@ -165,11 +209,21 @@ def _tell(demo: _Demo) -> int:
         f"{state.version}; attempts at step {state.next_step}: {state.attempts}."
     )
 
+    server, base_url = demo.serve()
+    try:
+        return _resume_and_approve(demo, base_url, started)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _resume_and_approve(demo: _Demo, base_url: str, started: float) -> int:
+    say = demo.console.print
     say(
         "3. Worker B, a fresh process, waits for A's lease to lapse and resumes from the "
         "checkpoint."
     )
-    worker_b = demo.spawn_worker("worker-B")
+    worker_b = demo.spawn_worker("worker-B", {"RATCHET_PUBLIC_URL": base_url})
     code = demo.watch(worker_b, "worker B")
     state = demo.head()
     if state.status is not RunStatus.WAITING or state.waiting is None:
@@ -181,17 +235,36 @@ def _tell(demo: _Demo) -> int:
     )
     say(f"   Worker B exited (exit {code}): a waiting run holds no process and costs nothing.")
 
-    say(f"4. A person approves: ratchet approve {RUN_ID} --comment 'Backups verified'")
-    approved = demo.ratchet("approve", RUN_ID, "--comment", "Backups verified", "--by", "dana")
-    if approved.returncode != 0:
-        say(f"[red]approve failed:[/red] {approved.stderr.strip()}")
+    link = demo.outbox_link()
+    say("4. A person opens the approval link from their email (the outbox beside the store):")
+    say(f"   {link}", soft_wrap=True)
+    shown = _http(link)
+    state = demo.head()
+    say(
+        f"   `ratchet serve` shows the request (HTTP {shown}); opening it decided nothing: the "
+        f"run is still {state.status.value}. They press Approve."
+    )
+    decided = _http(link, form={"decision": "approve", "comment": "Backups verified"})
+    if decided != 200 or demo.head().status is not RunStatus.RUNNING:
+        say(f"[red]approving from the page failed (HTTP {decided})[/red]")
         return 1
+    again = _http(link, form={"decision": "approve", "comment": "again"})
+    say(f"   Approved. The same link now answers HTTP {again}: each request is decided once.")
 
     say("5. Worker C picks the run up and finishes it.")
     demo.watch(demo.spawn_worker("worker-C"), "worker C")
     state = demo.head()
     say(f"   Run {state.status.value} at step {state.step}: {state.summary}\n")
     return _verify(demo, state, time.monotonic() - started)
+
+
+def _http(url: str, *, form: dict[str, str] | None = None) -> int:
+    data = urllib.parse.urlencode(form).encode() if form is not None else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30) as page:
+            return int(page.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
 
 
 def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
@@ -203,6 +276,8 @@ def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
     model_calls = _model_calls(demo)
     paid_twice = sum(1 for count in model_calls.values() if count > 1)
     key = idempotency_key(RUN_ID, KILL_STEP)
+    approvals = demo.approvals()
+    decided = [(a.status, a.channel, a.decided_by) for a in approvals]
     checks = [
         ("run finished", state.status is RunStatus.DONE, state.status.value),
         (
@@ -227,6 +302,15 @@ def _verify(demo: _Demo, state: RunState, elapsed: float) -> int:
             f"key {key}",
             report.get("keys_delivered", 0) - report.get("keys_applied", 0) == 1,
             "delivered twice, applied once",
+        ),
+        (
+            "approval requests",
+            len(approvals) == 1
+            and approvals[0].status is ApprovalStatus.APPROVED
+            and approvals[0].channel == "link",
+            f"{len(approvals)}, decided on the page by {approvals[0].decided_by}"
+            if len(approvals) == 1
+            else str(decided),
         ),
         ("verify", bool(report.get("ok")), "ok" if report.get("ok") else str(report)),
     ]

@@ -13,9 +13,10 @@ import base64
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
+from aws_lambda_powertools.utilities.typing import LambdaContext
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
@@ -45,7 +46,7 @@ def proxy_event(request: Request) -> dict[str, Any]:
         "application/x-www-form-urlencoded",
     )
     multi_query = {k: request.args.getlist(k) for k in request.args}
-    headers = {k: v for k, v in request.headers.items()}
+    headers = dict(request.headers.items())
     return {
         "resource": request.path,
         "path": request.path,
@@ -84,9 +85,8 @@ def wsgi_app(routes: Sequence[Route]) -> Callable[[dict[str, Any], Any], Iterabl
         except UnicodeDecodeError:
             response = Response("the body is not UTF-8\n", status=400, content_type="text/plain")
             return response(environ, start_response)
-        answer = app.resolve(
-            event, LocalContext(aws_request_id=event["requestContext"]["requestId"])
-        )
+        context = LocalContext(aws_request_id=event["requestContext"]["requestId"])
+        answer = app.resolve(event, cast(LambdaContext, context))
         body = answer.get("body") or ""
         data = base64.b64decode(body) if answer.get("isBase64Encoded") else body.encode("utf-8")
         response = Response(data, status=int(answer["statusCode"]))
