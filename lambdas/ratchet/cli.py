@@ -173,8 +173,10 @@ _ON_AWS = {
     "start": "runs on AWS start through the stack's API",
     "run": "runs on AWS start through the stack's API, and the state machine works them",
     "worker": "on AWS the state machine works runs; there is no worker to start",
-    "approve": "on AWS a person decides through the approval link, which resumes the execution",
-    "reject": "on AWS a person decides through the approval link, which resumes the execution",
+    "approve": "on AWS a person decides through the emailed link or Slack, and a program "
+    "through POST /runs/RUN/approve on the stack's API",
+    "reject": "on AWS a person decides through the emailed link or Slack, and a program "
+    "through POST /runs/RUN/reject on the stack's API",
     "demo": "the demo runs on a local store of its own",
     "link": "on AWS approval links are sent by email or Slack when a run parks",
     "serve": "on AWS the stack's API serves the approval pages",

@@ -325,6 +325,51 @@ def test_worker_until_idle_leaves_a_waiting_run_alone(tmp_path):
     assert snapshot(cli.db.parent) == before
 
 
+def test_a_parked_run_prints_its_link_and_the_outbox_holds_the_same_one(tmp_path):
+    cli = fresh(tmp_path)
+    cli.env["RATCHET_PUBLIC_URL"] = "http://127.0.0.1:9911"
+
+    out = cli.ok("run", "--scenario", "migration", "--batches", BATCHES, "--run-id", "r1")
+
+    found = re.search(r"Approve or reject at: (\S+)", out)
+    assert found, out
+    link = found.group(1)
+    assert link.startswith("http://127.0.0.1:9911/approvals/")
+    assert re.search(r"[?&]run=r1&", link)
+    assert re.search(r"[?&]sig=[0-9a-f]{64}$", link)
+    (message,) = [
+        json.loads(p.read_text()) for p in (cli.db.parent / "ratchet.outbox").glob("*.json")
+    ]
+    assert (message["channel"], message["link"]) == ("email", link)
+    assert "Drop legacy_orders" in message["subject"]
+    assert link in message["text"]
+    assert "step 4" in message["text"]
+    assert cli.ok("link", "r1").strip() == link, "the same request, the same recipient"
+
+
+def test_a_worker_prints_the_link_of_the_run_it_parks(tmp_path):
+    cli = fresh(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--batches", BATCHES, "--run-id", "r2")
+
+    out = cli.ok("worker", "--until-idle")
+
+    assert re.search(r"^r2 waits for a person; approve or reject at: http://\S+/approvals/", out)
+    assert cli.json("status", "r2")["status"] == "waiting"
+
+
+def test_link_and_serve_refuse_what_they_cannot_serve(tmp_path):
+    cli = fresh(tmp_path)
+    _run_until_waiting(cli, "r1")
+    cli.ok("approve", "r1")
+    before = snapshot(cli.db.parent)
+
+    assert_rejected(cli("link", "nope"), "nope")
+    assert_rejected(cli("link", "r1"), "r1", "not waiting")
+    aws = "dynamodb://t1?ledger=t2&app=t3&region=eu-west-1"
+    assert_rejected(cli("--store", aws, "serve", store=False), "serve", "sqlite")
+    assert snapshot(cli.db.parent) == before
+
+
 # --- bad input against a store with runs in it: exit 2 and not a row of it changed ------------
 
 

@@ -76,6 +76,19 @@ CREATE TABLE IF NOT EXISTS leases (
 ) WITHOUT ROWID;
 """
 
+APPROVALS_SCHEMA = """
+-- ratchet.adapters.sqlite_approvals keeps the approval requests here.
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    run_id      TEXT NOT NULL,
+    step        INTEGER NOT NULL,
+    status      TEXT NOT NULL,
+    expires_at  TEXT NOT NULL,
+    record      TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS approvals_by_run ON approvals (run_id, step);
+"""
+
 _EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 LEDGER_RETENTION = timedelta(days=30)
 
@@ -99,7 +112,7 @@ class SqliteDatabase:
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=FULL")
             if create:
-                self.connection.executescript(_SCHEMA)
+                self.connection.executescript(_SCHEMA + APPROVALS_SCHEMA)
         except sqlite3.DatabaseError as error:
             raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None
 

@@ -4,27 +4,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ratchet.adapters.sqlite import SqliteDatabase
+from ratchet.adapters.sqlite import APPROVALS_SCHEMA, SqliteDatabase
 from ratchet.approvals.model import Approval, ApprovalStatus, Verdict
 from ratchet.errors import ApprovalDecided, ApprovalExpired
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS approvals (
-    approval_id TEXT PRIMARY KEY,
-    run_id      TEXT NOT NULL,
-    step        INTEGER NOT NULL,
-    status      TEXT NOT NULL,
-    expires_at  TEXT NOT NULL,
-    record      TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS approvals_by_run ON approvals (run_id, step);
-"""
 
 
 class SqliteApprovalBook:
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
-        db.connection.executescript(_SCHEMA)
+        # A store made before approvals existed gets the table on first use.
+        exists = db.connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approvals'"
+        ).fetchone()
+        if not exists:
+            db.connection.executescript(APPROVALS_SCHEMA)
 
     def open(self, approval: Approval, *, task_token: str | None = None) -> Approval:
         with self._db.write() as tx:

@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,10 +39,21 @@ class LinkClaims:
 
 
 class LinkSigner:
-    def __init__(self, key: bytes) -> None:
-        if len(key) < 16:
-            raise ValueError("an approval link key needs at least 16 bytes")
-        self._key = key
+    def __init__(self, key: bytes | Callable[[], bytes]) -> None:
+        """`key` is the secret, or a function that gets it when a link is first signed or
+        checked (so that deciding without a link never needs, or makes, a key)."""
+        self._key_source = key
+        self._loaded: bytes | None = None
+
+    @property
+    def _key(self) -> bytes:
+        if self._loaded is None:
+            source = self._key_source
+            key = source() if callable(source) else source
+            if len(key) < 16:
+                raise ValueError("an approval link key needs at least 16 bytes")
+            self._loaded = key
+        return self._loaded
 
     def url(self, public_url: str, claims: LinkClaims) -> str:
         query = urlencode(

@@ -145,7 +145,7 @@ class LocalRuntime:
             book=SqliteApprovalBook(self.db),
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
-            signer=LinkSigner(key_file(Path(f"{self.root}.approval-key"))),
+            signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
             public_url=self.settings.public_url,
             notifiers=[self.outbox],
         )

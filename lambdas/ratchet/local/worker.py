@@ -92,7 +92,14 @@ class Worker:
             self.sleep(min(self.poll_seconds, 0.05))
             return True
         if outcome.outcome is Outcome.WAITING and outcome.bytes_written and self.on_park:
-            self.on_park(run_id)
+            try:
+                self.on_park(run_id)
+            except Exception:
+                # The run is parked and durable; `ratchet link RUN` can ask again later.
+                self.logger.exception(
+                    "could not open the approval request",
+                    extra={"run_id": run_id, "worker_id": self.worker_id},
+                )
         if outcome.outcome is not Outcome.CONTINUE:
             self.logger.info(
                 "run left",
