@@ -7,9 +7,11 @@ test or a browser can open exactly what would have been sent.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ class OutboxNotifier:
         stem = f"{notice.run_id}-step-{notice.step}-{notice.approval_id[:8]}"
         for invitation in notice.emails:
             self._write(
-                f"{stem}-email-{invitation.recipient}",
+                # The digest keeps recipients apart whom the safe-name rule would merge.
+                f"{stem}-email-{_UNSAFE.sub('_', invitation.recipient)[:80]}-"
+                f"{hashlib.sha256(invitation.recipient.encode()).hexdigest()[:12]}",
                 {
                     "channel": "email",
                     "to": invitation.recipient,
@@ -58,7 +62,9 @@ class OutboxNotifier:
     def _write(self, name: str, message: dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{_UNSAFE.sub('_', name)[:200]}.json"
-        draft = path.with_name(f".{path.name}.{os.getpid()}")
-        draft.write_text(json.dumps(message, indent=2, ensure_ascii=False), encoding="utf-8")
-        draft.chmod(0o600)  # the links in it decide in their recipient's name
+        # mkstemp: owner-only from the start (the links in it decide in their recipient's
+        # name), and a draft of this call's own.
+        handle, draft = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(json.dumps(message, indent=2, ensure_ascii=False))
         os.replace(draft, path)

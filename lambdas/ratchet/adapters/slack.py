@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from ratchet.approvals.messages import slack_blocks, slack_outcome_blocks
+from ratchet.approvals.messages import slack_blocks, slack_outcome_blocks, slack_text
 from ratchet.approvals.model import ApprovalNotice
 
 SLACK_API_URL = "https://slack.com/api"
@@ -52,7 +52,7 @@ class SlackNotifier:
 
     def send(self, notice: ApprovalNotice) -> None:
         if notice.slack_channel:
-            self.post_message(notice.slack_channel, notice.subject, slack_blocks(notice))
+            self.post_message(notice.slack_channel, slack_text(notice), slack_blocks(notice))
 
     def post_message(self, channel: str, text: str, blocks: list[dict[str, Any]]) -> str:
         """Post and return the message's `ts`. Slack answers 200 with `ok: false` on errors."""

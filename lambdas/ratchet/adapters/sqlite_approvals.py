@@ -6,7 +6,7 @@ from datetime import datetime
 
 from ratchet.adapters.sqlite import APPROVALS_SCHEMA, SqliteDatabase
 from ratchet.approvals.model import Approval, ApprovalStatus, Verdict
-from ratchet.errors import ApprovalDecided, ApprovalExpired
+from ratchet.errors import ApprovalDecided, ApprovalExpired, ApprovalNotFound
 
 
 class SqliteApprovalBook:
@@ -64,7 +64,9 @@ class SqliteApprovalBook:
                 "SELECT record FROM approvals WHERE approval_id = ? AND run_id = ?",
                 (approval.approval_id, approval.run_id),
             ).fetchone()
-            stored = Approval.model_validate_json(current[0]) if current else approval
+            if current is None:
+                raise ApprovalNotFound("no such approval request")
+            stored = Approval.model_validate_json(current[0])
             if stored.status.is_decided:
                 raise ApprovalDecided(f"already {stored.status.value} by {stored.decided_by}")
             if stored.is_expired(at):
@@ -83,7 +85,13 @@ class SqliteApprovalBook:
             }
         )
         with self._db.write() as tx:
-            self._put(tx, reopened)
+            # Only the decision being undone: a request closed meanwhile stays closed.
+            current = tx.execute(
+                "SELECT status FROM approvals WHERE approval_id = ? AND run_id = ?",
+                (approval.approval_id, approval.run_id),
+            ).fetchone()
+            if current is not None and current[0] == approval.status.value:
+                self._put(tx, reopened)
 
     def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None:
         with self._db.write() as tx:

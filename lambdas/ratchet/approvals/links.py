@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +28,7 @@ KEY_BYTES = 32
 _VERSION = b"ratchet-approval-v1"
 _FIELDS = ("run", "to", "exp", "sig")
 _MAX_FIELD_CHARS = 320
+_EXP = re.compile(r"[1-9][0-9]{0,11}")
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,20 @@ class LinkSigner:
     def verify(self, approval_id: str, query: Mapping[str, str], *, now: datetime) -> LinkClaims:
         """The link's claims, or `LinkInvalid` (forged, tampered, malformed) or `ApprovalExpired`.
         The signature is checked before the expiry, so an expired link is known to be real."""
-        if set(query) != set(_FIELDS) or any(len(v) > _MAX_FIELD_CHARS for v in query.values()):
+        if (
+            set(query) != set(_FIELDS)
+            or any(len(v) > _MAX_FIELD_CHARS for v in query.values())
+            or not _EXP.fullmatch(query["exp"])
+        ):
             raise LinkInvalid("the link is incomplete or has been changed")
         try:
             expires = datetime.fromtimestamp(int(query["exp"]), UTC)
         except (ValueError, OverflowError, OSError):
             raise LinkInvalid("the link is incomplete or has been changed") from None
         claims = LinkClaims(approval_id, query["run"], query["to"], expires)
-        if not hmac.compare_digest(self._signature(claims), query["sig"]):
+        # Bytes, not str: compare_digest raises TypeError on non-ASCII text.
+        given = query["sig"].encode("utf-8", "surrogatepass")
+        if not hmac.compare_digest(self._signature(claims).encode(), given):
             raise LinkInvalid("the link's signature does not match: it was forged or changed")
         if now >= expires:
             raise ApprovalExpired(f"this link expired at {expires.isoformat(timespec='minutes')}")
@@ -113,15 +122,19 @@ def key_file(path: Path) -> bytes:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     key = new_key()
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    draft.write_text(key.hex(), encoding="ascii")
-    draft.chmod(0o600)
-    # link() publishes the whole file at once and refuses to replace one: two processes
-    # making the key together both end up with the one that was published first.
+    # A draft of this call's own (unique per process and thread), created owner-only: the
+    # key is never on disk readable by others, not even for a moment.
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    draft = Path(name)
     try:
-        os.link(draft, path)
-    except FileExistsError:
-        key = bytes.fromhex(path.read_text().strip())
+        with os.fdopen(handle, "w", encoding="ascii") as out:
+            out.write(key.hex())
+        # link() publishes the whole file at once and refuses to replace one: two creators
+        # making the key together both end up with the one that was published first.
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            key = bytes.fromhex(path.read_text().strip())
     finally:
         draft.unlink()
     return key

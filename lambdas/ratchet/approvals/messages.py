@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any
 
 from ratchet.approvals.model import ApprovalNotice, Invitation
@@ -85,6 +86,21 @@ def _slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_PARTIAL_ESCAPE = re.compile(r"&[a-z]{0,3}$")
+
+
+def _slack_clip(text: str, limit: int = _SLACK_TEXT_CHARS) -> str:
+    """At most `limit` characters of escaped mrkdwn, never cut inside an escape."""
+    if len(text) <= limit:
+        return text
+    return _PARTIAL_ESCAPE.sub("", text[: limit - 1]) + "…"
+
+
+def slack_text(notice: ApprovalNotice) -> str:
+    """The message's `text`: Slack shows it in notifications, and parses mentions in it."""
+    return _slack_escape(notice.subject)
+
+
 def slack_button_value(notice: ApprovalNotice) -> str:
     return json.dumps({"run_id": notice.run_id, "approval_id": notice.approval_id})
 
@@ -97,16 +113,14 @@ def slack_blocks(notice: ApprovalNotice) -> list[dict[str, Any]]:
             f"• {s(str(k))}: `{s(_detail(v))}`" for k, v in notice.details.items()
         )
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": body[:_SLACK_TEXT_CHARS]}}
+        {"type": "section", "text": {"type": "mrkdwn", "text": _slack_clip(body)}}
     ]
     if notice.recent:
         recent = "\n".join(f"{r.step}. {s(r.tool)}: {s(r.result)}" for r in notice.recent)
         blocks.append(
             {
                 "type": "context",
-                "elements": [
-                    {"type": "mrkdwn", "text": f"Last steps:\n{recent}"[:_SLACK_TEXT_CHARS]}
-                ],
+                "elements": [{"type": "mrkdwn", "text": _slack_clip(f"Last steps:\n{recent}")}],
             }
         )
     value = slack_button_value(notice)
@@ -144,6 +158,6 @@ def slack_outcome_blocks(text: str) -> list[dict[str, Any]]:
     return [
         {
             "type": "section",
-            "text": {"type": "mrkdwn", "text": _slack_escape(text)[:_SLACK_TEXT_CHARS]},
+            "text": {"type": "mrkdwn", "text": _slack_clip(_slack_escape(text))},
         }
     ]

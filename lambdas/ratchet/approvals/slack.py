@@ -48,7 +48,7 @@ def verify_request(
         raise SlackRequestRefused("stale Slack request (over 5 minutes old)")
     base = b"v0:" + timestamp.encode() + b":" + body
     expected = "v0=" + hmac.new(signing_secret.encode(), base, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, signature):
+    if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "surrogatepass")):
         raise SlackRequestRefused("bad Slack signature")
 
 
@@ -87,5 +87,5 @@ def parse_action(body: str) -> SlackAction:
             user_name=name[:100],
             response_url=str(response_url) if response_url else None,
         )
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, AttributeError):
         raise SlackPayloadInvalid("not a Ratchet approval button press") from None

@@ -12,7 +12,6 @@ is no route that lists anything. The same app serves `ratchet serve` locally.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -39,7 +38,8 @@ from ratchet.errors import (
 )
 from ratchet.handlers import _wiring
 
-MAX_FORM_BYTES = 64 * 1024
+MAX_FORM_BYTES = 128 * 1024
+"""A 10,000-character comment, each character up to 4 bytes of UTF-8 sent as %XX."""
 
 _TITLES: dict[type[ApprovalError], str] = {
     LinkInvalid: "This link is not valid",
@@ -117,7 +117,7 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
                 signature=event.headers.get("X-Slack-Signature")
                 or event.headers.get("x-slack-signature"),
                 body=body.encode("utf-8"),
-                now=time.time(),
+                now=wired.desk.clock().timestamp(),
             )
             action = parse_action(body)
         except ApprovalError as refused:

@@ -37,6 +37,13 @@ def open_request(request: NotifyRequest) -> NotifyResult:
         logger.error(
             "approval notification failed", extra={"run_id": approval.run_id, "error": failure}
         )
+    if opened.created and not opened.notice.emails and not opened.notice.slack_channel:
+        metrics.add_metric(name="ApprovalsUnaddressed", unit=MetricUnit.Count, value=1)
+        logger.warning(
+            "approval request sent to nobody: name `notify` on the run, or set the stack's "
+            "notifyEmails / notifySlackChannel; a program can still decide it through the API",
+            extra={"run_id": approval.run_id, "approval_id": approval.approval_id},
+        )
     logger.info(
         "approval requested",
         extra={

@@ -15,7 +15,11 @@ class LocalResumer:
     def resume(self, approval: Approval, verdict: Verdict) -> None:
         try:
             self._engine.decide_waiting(
-                approval.run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+                approval.run_id,
+                approved=verdict.approved,
+                by=verdict.by,
+                comment=verdict.comment,
+                step=approval.step,
             )
         except NotWaiting as stopped:
             raise ApprovalClosed(str(stopped)) from None

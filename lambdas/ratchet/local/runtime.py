@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.outbox import OutboxNotifier
@@ -23,7 +24,7 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS
 from ratchet.engine.core import Binding, Engine
-from ratchet.errors import StoreUnavailable
+from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.leases import Leases
@@ -47,15 +48,26 @@ class LocalSettings(BaseModel):
     anthropic_base_url: str | None = None
     fault: str | None = None
     log_level: str = "INFO"
-    public_url: str = DEFAULT_PUBLIC_URL
+    public_url: str = Field(default=DEFAULT_PUBLIC_URL, pattern=r"^https?://[^\s?#]+$")
     """Where `ratchet serve` is reached: the base of every approval link."""
+    slack_signing_secret: SecretStr | None = None
+    """Lets `ratchet serve` take Slack's button presses (a tunnel to it as the Request URL)."""
     approval_timeout_seconds: int = Field(
         default=DEFAULT_APPROVAL_SECONDS, ge=60, le=MAX_APPROVAL_SECONDS
     )
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> LocalSettings:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LocalSettings:
         env = os.environ if environ is None else environ
+        try:
+            return cls._from(env)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            name = _ENV_NAMES.get(str(first["loc"][0]), str(first["loc"][0]))
+            raise InvalidInput(f"{name} is not valid: {first['msg']}") from None
+
+    @classmethod
+    def _from(cls, env: Mapping[str, str]) -> LocalSettings:
         return cls(
             store=env.get("RATCHET_STORE") or DEFAULT_STORE,
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
@@ -63,7 +75,11 @@ class LocalSettings(BaseModel):
             fault=env.get("RATCHET_FAULT") or None,
             log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
             public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
+            slack_signing_secret=env.get("RATCHET_SLACK_SIGNING_SECRET") or None,
         )
+
+
+_ENV_NAMES = {"public_url": "RATCHET_PUBLIC_URL", "store": "RATCHET_STORE"}
 
 
 def sqlite_path(url: str) -> Path:

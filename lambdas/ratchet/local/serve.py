@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
@@ -89,12 +90,15 @@ def wsgi_app(routes: Sequence[Route]) -> Callable[[dict[str, Any], Any], Iterabl
         answer = app.resolve(event, cast(LambdaContext, context))
         body = answer.get("body") or ""
         data = base64.b64decode(body) if answer.get("isBase64Encoded") else body.encode("utf-8")
-        response = Response(data, status=int(answer["statusCode"]))
+        headers = Headers()
         for name, value in (answer.get("headers") or {}).items():
-            response.headers[name] = str(value)
+            headers[name] = str(value)
         for name, values in (answer.get("multiValueHeaders") or {}).items():
             for value in values:
-                response.headers.add(name, str(value))
+                headers.add(name, str(value))
+        # Given up front, the handler's headers stand alone: werkzeug adds its default
+        # Content-Type only to a response that has none.
+        response = Response(data, status=int(answer["statusCode"]), headers=headers)
         return response(environ, start_response)
 
     return application

@@ -1,0 +1,62 @@
+"""The runs API on the local runtime, for `ratchet serve`: the same routes as the deployed API
+(`ratchet.handlers.api`), over the SQLite store. Starting a run creates it; the next free
+worker works it (there is no execution to start). Deciding goes through the local approval
+desk, so the run's links and pages show the decision too."""
+
+from __future__ import annotations
+
+import getpass
+from functools import cache
+from typing import Any
+
+from ratchet.handlers.api import RunsServices, RunStarted, create_run
+from ratchet.local.runtime import LocalRuntime
+from ratchet.runs import RunRequest, new_run
+from ratchet.scenarios import AgentRegistry
+
+
+def local_runs_services(
+    runtime: LocalRuntime,
+    worker_id: str,
+    logger: Any,
+    *,
+    agents: AgentRegistry | None = None,
+    operator: str | None = None,
+) -> RunsServices:
+    """`agents`: which agents the API may start, by name (default: the built-in scenarios
+    only; an HTTP request never imports a module it names). `operator`: who decides through
+    the API, which locally is unsigned (default: the user running `ratchet serve`)."""
+    registry = agents or AgentRegistry()
+    has_key = runtime.settings.anthropic_api_key is not None
+
+    def start(request: RunRequest, *, request_id: str) -> RunStarted:
+        state = new_run(request, has_anthropic_key=has_key, agents=registry)
+        created = create_run(runtime, state, agents=registry, worker_id=worker_id, logger=logger)
+        head = runtime.store.load_head(state.run_id)
+        assert head is not None, "the run exists: it was just created or found"
+        logger.info(
+            "run created" if created else "run exists; start is a no-op",
+            extra={"run_id": head.run_id, "request_id": request_id},
+        )
+        return RunStarted(
+            run_id=head.run_id,
+            status=head.status,
+            step=head.step,
+            execution_name=None,
+            created=created,
+        )
+
+    return RunsServices(
+        store=runtime.store,
+        desk=cache(lambda: runtime.approval_desk(worker_id=worker_id, logger=logger)),
+        start=start,
+        logger=logger,
+        anonymous_caller=operator or _user(),
+    )
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "local"

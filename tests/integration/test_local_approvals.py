@@ -1,0 +1,702 @@
+"""The approval page and Slack's buttons on the local runtime, through the WSGI app that
+`ratchet serve` runs: a real SQLite store, a run parked by a real worker, and every way a
+request can be refused. Each refusal must change nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import html
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit
+
+import pytest
+from pydantic import BaseModel, SecretStr
+from werkzeug.test import Client, TestResponse
+
+from ratchet.adapters.slack import SlackResponder
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkClaims
+from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
+from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
+from ratchet.engine.core import Engine
+from ratchet.errors import ApprovalClosed
+from ratchet.handlers.approvals import ApprovalServices, build_app
+from ratchet.local.approvals import LocalResumer
+from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.local.serve import wsgi_app
+from ratchet.local.worker import Worker
+from ratchet.state import RunOptions, RunState, RunStatus, utcnow
+from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
+from tests.integration.test_notifiers import RecordingServer
+
+LOG = logging.getLogger("ratchet.tests.approvals")
+OPERATOR = "alice"
+SLACK_SECRET = "slack-signing-secret-for-tests"
+
+# --- an agent that asks a person, in words that would be markup if not escaped -----------------
+
+PROMPT = "Drop <script>alert('prompt')</script> legacy_orders & co?"
+DETAILS = {"<b>table</b>": "legacy_orders <img src=x onerror=alert(1)>", "rows": 2000}
+
+
+class Note(BaseModel):
+    text: str
+
+
+def note(args: Note, ctx: ToolContext) -> str:
+    return f"noted: {args.text}"
+
+
+def ask(args: Note, ctx: ToolContext) -> ToolResult:
+    return ask_person(PROMPT, **DETAILS)
+
+
+def asks_then_finishes(view: StepView) -> ToolCall | Done:
+    """Note something, then ask a person (`params.asks` times), then finish."""
+    if not view.messages:
+        return ToolCall(name="note", arguments={"text": "counted <i>2000</i> rows"})
+    asked = sum(m.tool == "ask" for m in view.messages)
+    if asked < int(view.params.get("asks", 1)):
+        return ToolCall(name="ask", arguments={"text": "may I?"})
+    return Done(summary=f"finished after: {view.last_result}")
+
+
+agent = Agent(
+    name="asks",
+    tools=[Tool("note", "Note a fact.", Note, note), Tool("ask", "Ask a person.", Note, ask)],
+    goal="Ask before dropping <u>anything</u>",
+    policy=asks_then_finishes,
+)
+AGENT = f"{__name__}:agent"
+
+
+# --- the local runtime behind `ratchet serve` --------------------------------------------------
+
+
+@dataclass
+class Clock:
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@dataclass
+class Parked:
+    run_id: str
+    approval: Approval
+    notice: ApprovalNotice
+    link: str
+    """The operator's link, as path and query (what a browser sends)."""
+
+
+class Local:
+    def __init__(self, root: Path) -> None:
+        self.runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{root}/s.db"))
+        self.clock = Clock(utcnow())
+        self.desk: ApprovalDesk = dataclasses.replace(
+            self.runtime.approval_desk(worker_id="serve", logger=LOG), clock=self.clock
+        )
+        self.services = ApprovalServices(desk=self.desk)
+        app = build_app(lambda: self.services)
+        self.client = Client(wsgi_app([("/approvals/", app), ("/slack/", app)]))
+
+    def park(self, run_id: str = "run-1", *, asks: int = 1) -> Parked:
+        """Start a run, work it until it waits for a person, and open its request."""
+        options = RunOptions(model="scripted", params={"asks": asks})
+        state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=options)
+        assert self.engine.start(state)
+        self.work(run_id)
+        assert self.head(run_id).status is RunStatus.WAITING
+        opened = self.desk.open(run_id, timeout_seconds=3600, operator=OPERATOR)
+        return Parked(run_id, opened.approval, opened.notice, self.path(opened.approval))
+
+    def path(self, approval: Approval, recipient: str = OPERATOR) -> str:
+        url = urlsplit(self.desk.link(approval, recipient))
+        return f"{url.path}?{url.query}"
+
+    @property
+    def engine(self) -> Engine:
+        return self.runtime.engine(worker_id="worker", logger=LOG)
+
+    def work(self, run_id: str) -> None:
+        Worker(self.engine, self.runtime.leases, LOG).run(until_idle=True, run_id=run_id)
+
+    def head(self, run_id: str) -> RunState:
+        state = self.runtime.store.load_head(run_id)
+        assert state is not None
+        return state
+
+    def approval(self, parked: Parked) -> Approval:
+        found = self.desk.book.get(parked.run_id, parked.approval.approval_id)
+        assert found is not None
+        return found
+
+    def tables(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table of the store, to compare before and after."""
+        db = self.runtime.db.connection
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {n: sorted(db.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Local]:
+    served = Local(tmp_path)
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def parked(local: Local) -> Parked:
+    return local.park()
+
+
+def title(response: TestResponse) -> str:
+    found = re.search(r"<title>(.*?) · Ratchet</title>", response.get_data(as_text=True))
+    return html.unescape(found.group(1)) if found else ""
+
+
+def with_query(link: str, **changes: str) -> str:
+    path, _, query = link.partition("?")
+    fields = dict(parse_qsl(query, keep_blank_values=True))
+    return f"{path}?{urlencode({**fields, **changes}, quote_via=quote)}"
+
+
+def post(local: Local, link: str, body: str | bytes) -> TestResponse:
+    return local.client.post(
+        link, data=body, content_type="application/x-www-form-urlencoded; charset=utf-8"
+    )
+
+
+# --- looking changes nothing -------------------------------------------------------------------
+
+
+def test_opening_the_link_shows_the_request_and_changes_nothing(local, parked):
+    before = local.tables()
+
+    first = local.client.get(parked.link)
+    again = local.client.get(parked.link)  # a mail scanner, then the person
+
+    assert (first.status_code, title(first)) == (200, "Approval needed")
+    assert again.get_data() == first.get_data()
+    page = first.get_data(as_text=True)
+    assert html.escape(PROMPT) in page
+    for key, value in DETAILS.items():
+        assert html.escape(key) in page
+        assert html.escape(str(value)) in page
+    assert "noted: counted &lt;i&gt;2000&lt;/i&gt; rows" in page, "the last completed steps"
+    assert parked.run_id in page
+    assert f"You decide as <b>{OPERATOR}</b>" in page
+    assert local.tables() == before
+    assert local.approval(parked).status is ApprovalStatus.PENDING
+
+
+def test_the_page_builds_no_element_from_the_agents_text(local, parked):
+    page = local.client.get(parked.link).get_data(as_text=True)
+
+    assert "<script" not in page
+    assert "<img" not in page
+    assert "<i>" not in page
+    assert "<u>" not in page
+    assert html.escape("<script>alert('prompt')</script>") in page
+
+
+def test_every_page_is_kept_out_of_caches_referrers_and_frames(local, parked):
+    pages = [
+        local.client.get(parked.link),
+        local.client.get(with_query(parked.link, sig="0" * 64)),
+        post(local, parked.link, "decision=maybe"),
+        post(local, parked.link, "decision=approve"),
+        local.client.get(parked.link),
+    ]
+
+    assert [p.status_code for p in pages] == [200, 403, 400, 200, 409]
+    for page in pages:
+        assert page.headers["Cache-Control"] == "no-store"
+        assert page.headers["Referrer-Policy"] == "no-referrer"
+        assert page.headers["X-Frame-Options"] == "DENY"
+        csp = page.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp
+        assert "form-action 'self'" in csp
+        assert "frame-ancestors 'none'" in csp
+
+
+def test_a_page_is_sent_as_html_once(local, parked):
+    response = local.client.get(parked.link)
+
+    assert response.headers.getlist("Content-Type") == ["text/html; charset=utf-8"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/approvals/"),
+        ("GET", "/approvals"),
+        ("POST", "/approvals/"),
+        ("GET", "/approvals/?run=run-1"),
+        ("GET", "/slack/interactions"),
+    ],
+)
+def test_nothing_is_listed(local, parked, method, path):
+    before = local.tables()
+
+    response = local.client.open(path, method=method)
+
+    assert response.status_code in (404, 405)
+    assert parked.approval.approval_id not in response.get_data(as_text=True)
+    assert local.tables() == before
+
+
+# --- deciding ----------------------------------------------------------------------------------
+
+
+def test_the_pages_own_form_approves_in_the_name_of_the_links_recipient(local, parked):
+    page = local.client.get(parked.link).get_data(as_text=True)
+    (action,) = re.findall(r"<form method='post' action='([^']*)'>", page)
+
+    response = post(local, urljoin(parked.link, html.unescape(action)), "decision=approve")
+
+    assert (response.status_code, title(response)) == (200, "Approved")
+    assert f"Approved by {OPERATOR}" in response.get_data(as_text=True)
+    decided = local.approval(parked)
+    assert (decided.status, decided.decided_by, decided.channel) == (
+        ApprovalStatus.APPROVED,
+        OPERATOR,
+        "link",
+    )
+    assert local.head(parked.run_id).status is RunStatus.RUNNING
+
+
+def test_a_by_field_in_the_form_is_ignored(local, parked):
+    response = post(local, parked.link, "by=mallory&decided_by=mallory&decision=approve")
+
+    assert response.status_code == 200
+    assert local.approval(parked).decided_by == OPERATOR
+    assert local.head(parked.run_id).last_result == f"Approved by {OPERATOR}."
+
+
+def test_a_rejection_carries_its_comment_to_the_run(local, parked):
+    response = post(local, parked.link, urlencode({"decision": "reject", "comment": " not now "}))
+
+    assert (response.status_code, title(response)) == (200, "Rejected")
+    decided = local.approval(parked)
+    assert (decided.status, decided.comment) == (ApprovalStatus.REJECTED, "not now")
+    assert local.head(parked.run_id).last_result == f"Rejected by {OPERATOR}: not now"
+
+
+def test_an_approved_run_is_picked_up_by_the_next_worker_and_finishes(local, parked):
+    post(local, parked.link, "decision=approve&comment=go")
+
+    local.work(parked.run_id)
+
+    final = local.head(parked.run_id)
+    assert final.status is RunStatus.DONE
+    assert final.summary == f"finished after: Approved by {OPERATOR}: go"
+
+
+def test_a_comment_of_exactly_ten_thousand_characters_is_taken(local, parked):
+    response = post(local, parked.link, urlencode({"decision": "approve", "comment": "c" * 10_000}))
+
+    assert response.status_code == 200
+    assert local.approval(parked).comment == "c" * 10_000
+
+
+def test_a_comment_of_ten_thousand_characters_in_any_script_is_taken(local, parked):
+    response = post(local, parked.link, urlencode({"decision": "reject", "comment": "€" * 10_000}))
+
+    assert response.status_code == 200
+    assert local.approval(parked).comment == "€" * 10_000
+
+
+# --- each refusal, and that it changes nothing -------------------------------------------------
+
+
+def refused(
+    local: Local, response: TestResponse, before: dict[str, Any], status: int, page_title: str
+) -> None:
+    assert (response.status_code, title(response)) == (status, page_title)
+    assert "Nothing was changed." in response.get_data(as_text=True)
+    assert local.tables() == before
+
+
+def test_a_replayed_post_is_refused_as_already_decided(local, parked):
+    post(local, parked.link, "decision=approve")
+    after_first = local.tables()
+
+    replay = post(local, parked.link, "decision=approve")
+    other_choice = post(local, parked.link, "decision=reject")
+
+    for response in (replay, other_choice):
+        assert (response.status_code, title(response)) == (409, "Already decided")
+        assert f"approved by {OPERATOR}" in response.get_data(as_text=True)
+    assert local.tables() == after_first
+
+
+def test_opening_a_decided_link_says_who_decided(local, parked):
+    post(local, parked.link, "decision=reject&comment=no")
+    before = local.tables()
+
+    response = local.client.get(parked.link)
+
+    assert (response.status_code, title(response)) == (409, "Already decided")
+    page = response.get_data(as_text=True)
+    assert f"rejected by {OPERATOR}" in page
+    assert "Comment: no" in page
+    assert "<form" not in page
+    assert local.tables() == before
+
+
+def each_method(local: Local, link: str) -> list[TestResponse]:
+    """The link opened (GET) and its form sent (POST), as a scanner and a forger would."""
+    return [
+        local.client.get(link),
+        post(local, link, "decision=approve"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "sig", ["0" * 64, "", "f" * 63, "x" * 64], ids=["zeros", "empty", "short", "not-hex"]
+)
+def test_a_forged_signature_is_refused(local, parked, sig):
+    before = local.tables()
+
+    for response in each_method(local, with_query(parked.link, sig=sig)):
+        refused(local, response, before, 403, "This link is not valid")
+
+
+def test_a_signature_with_non_ascii_characters_is_refused(local, parked):
+    before = local.tables()
+
+    response = post(local, with_query(parked.link, sig="é" * 64), "decision=approve")
+
+    refused(local, response, before, 403, "This link is not valid")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"to": "mallory"},
+        {"to": "Alice"},
+        {"run": "run-2"},
+        {"exp": "9999999999"},
+        {"exp": "not-a-time"},
+    ],
+    ids=["recipient", "recipient-case", "run", "expiry", "expiry-garbage"],
+)
+def test_a_tampered_link_is_refused(local, parked, change):
+    before = local.tables()
+
+    for response in each_method(local, with_query(parked.link, **change)):
+        refused(local, response, before, 403, "This link is not valid")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        lambda q: q + "&to=mallory",
+        lambda q: q + "&to=alice",
+        lambda q: "to=mallory&" + q,
+        lambda q: q + "&sig=" + "0" * 64,
+        lambda q: q + "&utm_source=mail",
+        lambda q: "",
+        lambda q: "&".join(p for p in q.split("&") if not p.startswith("exp=")),
+    ],
+    ids=[
+        "second-recipient-after",
+        "same-recipient-twice",
+        "second-recipient-before",
+        "second-signature",
+        "extra-field",
+        "no-query",
+        "no-expiry",
+    ],
+)
+def test_a_link_with_repeated_missing_or_extra_fields_is_refused(local, parked, query):
+    path, _, original = parked.link.partition("?")
+    before = local.tables()
+
+    response = post(local, f"{path}?{query(original)}", "decision=approve")
+
+    refused(local, response, before, 403, "This link is not valid")
+
+
+def test_an_expired_link_is_refused(local, parked):
+    local.clock.now = parked.approval.expires_at
+    before = local.tables()
+
+    for response in each_method(local, parked.link):
+        refused(local, response, before, 410, "This request has expired")
+    assert local.head(parked.run_id).status is RunStatus.WAITING
+
+
+def test_a_link_is_good_until_the_second_it_expires(local, parked):
+    link_expiry = datetime.fromtimestamp(int(parked.approval.expires_at.timestamp()), UTC)
+
+    local.clock.now = link_expiry - timedelta(microseconds=1)
+    assert local.client.get(parked.link).status_code == 200
+    local.clock.now = link_expiry
+    assert local.client.get(parked.link).status_code == 410
+
+
+def test_the_path_of_another_runs_approval_is_refused(local, parked):
+    other = local.park("run-2")
+    path, _, query = parked.link.partition("?")
+    before = local.tables()
+
+    response = post(
+        local, f"{path.rsplit('/', 1)[0]}/{other.approval.approval_id}?{query}", "decision=approve"
+    )
+
+    refused(local, response, before, 403, "This link is not valid")
+
+
+def test_a_genuine_signature_over_another_runs_approval_finds_nothing(local, parked):
+    # Even a link signed for one run and another run's approval id (which only the key's
+    # holder could make) decides nothing: the approval is looked up under the signed run.
+    other = local.park("run-2")
+    claims = LinkClaims(
+        other.approval.approval_id, parked.run_id, OPERATOR, other.approval.expires_at
+    )
+    url = urlsplit(local.desk.signer.url(local.desk.public_url, claims))
+    before = local.tables()
+
+    for response in each_method(local, f"{url.path}?{url.query}"):
+        refused(local, response, before, 404, "No such request")
+
+
+def test_a_run_decided_from_the_cli_first_is_already_decided_on_the_page(local, parked):
+    local.desk.decide_run(
+        parked.run_id, Verdict(approved=True, by="bob", comment="from the CLI"), channel="cli"
+    )
+    before = local.tables()
+
+    page = local.client.get(parked.link)
+    response = post(local, parked.link, "decision=reject")
+
+    for answer in (page, response):
+        assert (answer.status_code, title(answer)) == (409, "Already decided")
+        assert "approved by bob" in answer.get_data(as_text=True)
+    assert local.tables() == before
+
+
+def test_a_run_that_stopped_waiting_another_way_is_no_longer_waiting(local, parked):
+    # A run decided straight through the engine (a worker that parked it died before opening
+    # a request, and `ratchet approve` found none) leaves the request pending.
+    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    before = local.tables()
+
+    page = local.client.get(parked.link)
+    response = post(local, parked.link, "decision=approve")
+
+    assert (page.status_code, title(page)) == (409, "The run is no longer waiting")
+    refused(local, response, before, 409, "The run is no longer waiting")
+
+
+def test_a_request_for_a_step_the_run_has_left_is_no_longer_waiting(local):
+    parked = local.park(asks=2)
+    post(local, parked.link, "decision=approve")
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).status is RunStatus.WAITING
+    before = local.tables()
+
+    response = post(local, parked.link, "decision=approve")
+
+    assert (response.status_code, title(response)) == (409, "Already decided")
+    assert local.tables() == before
+
+
+def test_the_local_resumer_never_answers_another_steps_request(local):
+    parked = local.park(asks=2)
+    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).step > parked.approval.step
+
+    with pytest.raises(ApprovalClosed):
+        LocalResumer(local.engine).resume(
+            parked.approval, Verdict(approved=False, by="mallory", comment="late")
+        )
+
+    assert local.head(parked.run_id).status is RunStatus.WAITING
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "",
+        "comment=hello",
+        "decision=maybe",
+        "decision=APPROVE",
+        "decision=",
+        "decision=approve&decision=reject",
+        "decision=approve&decision=approve",
+        "decision=approve&comment=a&comment=b",
+        urlencode({"decision": "approve", "comment": "c" * 10_001}),
+        "decision=approve&" + "&".join(f"f{i}=x" for i in range(10)),
+        "decision=approve&comment=" + "c" * 70_000,
+    ],
+    ids=[
+        "empty",
+        "no-decision",
+        "maybe",
+        "capitals",
+        "blank",
+        "two-decisions",
+        "same-decision-twice",
+        "two-comments",
+        "comment-too-long",
+        "too-many-fields",
+        "form-too-large",
+    ],
+)
+def test_a_malformed_form_is_refused(local, parked, body):
+    before = local.tables()
+
+    response = post(local, parked.link, body)
+
+    refused(local, response, before, 400, "This request cannot be decided")
+
+
+def test_a_form_that_is_not_utf8_is_refused(local, parked):
+    before = local.tables()
+
+    response = post(local, parked.link, b"decision=approve&comment=\xff\xfe")
+
+    assert response.status_code == 400
+    assert local.tables() == before
+
+
+# --- Slack -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slack_server() -> Iterator[RecordingServer]:
+    server = RecordingServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def with_slack(local: Local) -> Local:
+    local.services = ApprovalServices(
+        desk=local.desk,
+        slack_signing_secret=SecretStr(SLACK_SECRET),
+        slack_responder=SlackResponder(allow_http=True),
+    )
+    return local
+
+
+def slack_press(
+    parked: Parked,
+    action_id: str,
+    response_url: str,
+    *,
+    secret: str = SLACK_SECRET,
+    sent: int | None = None,
+) -> tuple[str, dict[str, str]]:
+    """The request Slack sends when dana presses a button of the posted message."""
+    payload = {
+        "type": "block_actions",
+        "user": {"id": "U024BE7LH", "username": "dana", "name": "dana"},
+        "response_url": response_url,
+        "actions": [{"action_id": action_id, "value": slack_button_value(parked.notice)}],
+    }
+    body = urlencode({"payload": json.dumps(payload)})
+    timestamp = str(int(time.time()) if sent is None else sent)
+    digest = hmac.new(secret.encode(), f"v0:{timestamp}:{body}".encode(), hashlib.sha256)
+    return body, {
+        "X-Slack-Request-Timestamp": timestamp,
+        "X-Slack-Signature": f"v0={digest.hexdigest()}",
+    }
+
+
+def slack_post(local: Local, body: str, headers: dict[str, str]) -> TestResponse:
+    return local.client.post(
+        "/slack/interactions",
+        data=body,
+        headers=headers,
+        content_type="application/x-www-form-urlencoded",
+    )
+
+
+@pytest.mark.parametrize(
+    ("action_id", "status", "verb"),
+    [
+        (SLACK_APPROVE, ApprovalStatus.APPROVED, "Approved"),
+        (SLACK_REJECT, ApprovalStatus.REJECTED, "Rejected"),
+    ],
+)
+def test_a_slack_button_decides_as_the_verified_user_and_replaces_the_message(
+    with_slack, parked, slack_server, action_id, status, verb
+):
+    body, headers = slack_press(parked, action_id, slack_server.url + "/actions/T0/1/abc")
+
+    response = slack_post(with_slack, body, headers)
+
+    assert response.status_code == 200
+    decided = with_slack.approval(parked)
+    assert (decided.status, decided.decided_by, decided.channel) == (status, "@dana", "slack")
+    assert with_slack.head(parked.run_id).status is RunStatus.RUNNING
+    (replaced,) = slack_server.requests
+    assert replaced.path == "/actions/T0/1/abc"
+    assert replaced.json["replace_original"] is True
+    assert replaced.json["text"].startswith(f"{verb} by @dana")
+
+
+def test_a_second_press_changes_nothing_and_says_it_was_decided(with_slack, parked, slack_server):
+    response_url = slack_server.url + "/actions/T0/1/abc"
+    slack_post(with_slack, *slack_press(parked, SLACK_APPROVE, response_url))
+    before = with_slack.tables()
+
+    response = slack_post(with_slack, *slack_press(parked, SLACK_REJECT, response_url))
+
+    assert response.status_code == 200
+    assert with_slack.tables() == before
+    assert slack_server.requests[-1].json["text"].startswith("Already decided")
+
+
+@pytest.mark.parametrize(
+    "press",
+    [
+        lambda p, url: slack_press(p, SLACK_APPROVE, url, secret="not the app's secret"),
+        lambda p, url: slack_press(p, SLACK_APPROVE, url, sent=int(time.time()) - 301 - 60),
+        lambda p, url: slack_press(p, SLACK_APPROVE, url, sent=int(time.time()) + 301 + 60),
+        lambda p, url: (slack_press(p, SLACK_APPROVE, url)[0], {}),
+        lambda p, url: (
+            slack_press(p, SLACK_APPROVE, url)[0] + "&x=1",
+            slack_press(p, SLACK_APPROVE, url)[1],
+        ),
+    ],
+    ids=["bad-signature", "stale", "future", "unsigned", "body-changed"],
+)
+def test_a_slack_request_that_slack_did_not_just_sign_is_refused(
+    with_slack, parked, slack_server, press
+):
+    before = with_slack.tables()
+
+    response = slack_post(with_slack, *press(parked, slack_server.url + "/actions/x"))
+
+    assert response.status_code == 401
+    assert with_slack.tables() == before
+    assert slack_server.requests == []
+
+
+def test_slack_is_not_served_where_it_is_not_configured(local, parked, slack_server):
+    before = local.tables()
+
+    response = slack_post(local, *slack_press(parked, SLACK_APPROVE, slack_server.url))
+
+    assert response.status_code == 404
+    assert local.tables() == before
