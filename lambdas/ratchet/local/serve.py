@@ -10,6 +10,7 @@ worker). Werkzeug does the HTTP; nothing here parses it by hand.
 from __future__ import annotations
 
 import base64
+import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
+
+from ratchet.errors import InvalidInput
 
 MAX_BODY_BYTES = 1024 * 1024
 STAGE = "local"
@@ -106,5 +109,14 @@ def wsgi_app(routes: Sequence[Route]) -> Callable[[dict[str, Any], Any], Iterabl
 
 def server(routes: Sequence[Route], *, host: str, port: int) -> BaseWSGIServer:
     """One request at a time: the local store is one SQLite connection, and a person
-    clicking a link needs no more."""
+    clicking a link needs no more. Raises `InvalidInput` if the address cannot be used."""
+    # werkzeug prints and exits the process on a taken port; find out first, with its words.
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except (OSError, OverflowError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise InvalidInput(f"cannot listen on {host}:{port}: {reason}") from None
     return make_server(host, port, wsgi_app(routes), threaded=False)

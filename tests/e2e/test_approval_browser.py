@@ -1,0 +1,296 @@
+"""A person decides in a real browser (issue 6, "A real browser").
+
+Debian's Chromium, driven by Playwright, against a real `ratchet serve` process: the link
+comes from the outbox as it would from an email, a plain GET of it (what a mail scanner or a
+link unfurler does) changes nothing, the page shows the request, the buttons decide once,
+and the next worker finishes the run with the answer.
+
+`RATCHET_SCREENSHOT=docs/approval-page.png` (see `make screenshot`) also writes the pending
+page to that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
+
+pytestmark = pytest.mark.slow
+
+RATCHET = Path(sys.executable).with_name("ratchet")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    # Without these Chromium calls Google's hosts at start, which CI cannot reach.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+OPERATOR = "ada"  # local links are addressed to the user who runs `ratchet`: the tests say who
+PROMPT = "Drop legacy_orders. All 2 batches (2,000 rows) are copied into orders"
+WAITING_STEP = 4  # 1 inspect, 2-3 copy, 4 ask; then 5 drop (if approved), 6 email, done
+SCRUBBED = {"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "RATCHET_FAULT", "RATCHET_STORE"}
+COMMAND_TIMEOUT = 60
+SERVER_START_SECONDS = 20
+UI_TIMEOUT_MS = 15_000
+
+
+@dataclass
+class Local:
+    """A store of its own and a `ratchet serve` for it; the links point at that server."""
+
+    db: Path
+    public_url: str
+    env: dict[str, str]
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(RATCHET), *args],
+            env=self.env,
+            cwd=self.db.parent,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+
+    def ok(self, *args: str) -> str:
+        done = self(*args)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    def json(self, *args: str) -> dict[str, Any]:
+        payload = json.loads(self.ok(*args, "--json"))
+        assert isinstance(payload, dict)
+        return payload
+
+    def park_migration(self, run_id: str) -> str:
+        """Run the migration until it waits for a person; return the link the email carries."""
+        out = self.ok("run", "--scenario", "migration", "--batches", "2", "--run-id", run_id)
+        assert f"{run_id}: waiting at step {WAITING_STEP}" in out
+        assert f"Approve or reject at: {self.public_url}/approvals/" in out
+        emails = [
+            json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted(self.db.with_suffix(".outbox").glob(f"{run_id}-step-*.json"))
+        ]
+        assert [(m["channel"], m["to"]) for m in emails] == [("email", OPERATOR)]
+        link = emails[0]["link"]
+        assert isinstance(link, str)
+        assert link.startswith(f"{self.public_url}/approvals/")
+        return link
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        return self.json("status", run_id)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[str], str] | None:
+    """Start `ratchet serve` on a free port and wait until it listens; None if it could not
+    have the port (another process took it between the probe and the bind)."""
+    port = _free_port()
+    public_url = f"http://127.0.0.1:{port}"
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [str(RATCHET), "serve", "--port", str(port)],
+            env=env | {"RATCHET_PUBLIC_URL": public_url, "PYTHONUNBUFFERED": "1"},
+            cwd=log.parent,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    # Its banner is printed once it holds the port, so the connection is to this server.
+    banner = f"Serving approvals on {public_url}"
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    while server.poll() is None:
+        if banner in log.read_text() and _accepts_connections(port):
+            return server, public_url
+        assert time.monotonic() < deadline, f"ratchet serve did not listen: {log.read_text()}"
+        time.sleep(0.05)
+    return None
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Local]:
+    db = tmp_path / "ratchet.db"
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env |= {"RATCHET_STORE": f"sqlite:///{db}", "LOGNAME": OPERATOR, "USER": OPERATOR}
+    log = tmp_path / "serve.log"
+    started = _serve(env, log) or _serve(env, log) or _serve(env, log)
+    assert started is not None, log.read_text()
+    server, public_url = started
+    try:
+        yield Local(db, public_url, env | {"RATCHET_PUBLIC_URL": public_url})
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make unit` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tmp_path / "chromium-profile",  # a fresh profile for every test
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            # Narrow and short: the screenshot is as tall as the page, and no taller.
+            viewport={"width": 820, "height": 480},
+        )
+        context.set_default_timeout(UI_TIMEOUT_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def _scan(link: str) -> str:
+    """What a mail scanner does with every link: fetch it, follow nothing, submit nothing."""
+    with urllib.request.urlopen(link, timeout=COMMAND_TIMEOUT) as response:
+        assert response.status == 200
+        body: str = response.read().decode("utf-8")
+        return body
+
+
+def _detail(page: Page, name: str) -> Locator:
+    return page.locator("tr").filter(has=page.locator("th", has_text=name)).locator("td")
+
+
+def _open_pending_request(page: Page, link: str) -> None:
+    response = page.goto(link)
+    assert response is not None
+    assert response.status == 200
+    expect(page).to_have_title("Approval needed · Ratchet")
+    expect(page.get_by_role("heading", level=1)).to_have_text(PROMPT)
+    expect(_detail(page, "action")).to_have_text("Drop legacy_orders")
+    expect(_detail(page, "reason")).to_have_text(
+        "All 2 batches (2,000 rows) are copied into orders"
+    )
+    expect(page.get_by_text("Last completed steps:")).to_be_visible()
+    expect(page.get_by_text(f"You decide as {OPERATOR}.")).to_be_visible()
+    expect(page.get_by_role("button", name="Approve")).to_be_visible()
+    expect(page.get_by_role("button", name="Reject")).to_be_visible()
+
+
+def _screenshot_if_asked(page: Page) -> None:
+    target = os.environ.get("RATCHET_SCREENSHOT")
+    shot = page.screenshot(full_page=True, animations="disabled")
+    assert shot.startswith(b"\x89PNG")
+    if target:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_bytes(shot)
+
+
+def _scanner_changes_nothing(local: Local, run_id: str, link: str) -> None:
+    before = local.status(run_id)
+    body = _scan(link)
+    assert PROMPT in body
+    after = local.status(run_id)
+    assert after["status"] == "waiting"
+    assert after["step"] == WAITING_STEP
+    assert after["version"] == before["version"], "a GET wrote a checkpoint"
+
+
+def _step_result(local: Local, run_id: str, step: int) -> str:
+    results = local.json("show", run_id)["tool_results"]
+    (text,) = [r["text"] for r in results if r["step"] == step]
+    assert isinstance(text, str)
+    return text
+
+
+def _already_decided(page: Page, link: str, verb: str) -> None:
+    response = page.goto(link)
+    assert response is not None
+    assert response.status == 409
+    expect(page).to_have_title("Already decided · Ratchet")
+    expect(page.get_by_text(f"This request was {verb} by {OPERATOR}")).to_be_visible()
+    expect(page.get_by_role("button")).to_have_count(0)
+
+
+def test_approving_from_the_link_resumes_the_run_and_drops_the_table(local, browser):
+    # Given a migration run waiting for a person, and the link its email carries
+    run_id = "migrate-orders"
+    link = local.park_migration(run_id)
+    _scanner_changes_nothing(local, run_id, link)
+    page = browser.new_page()
+
+    # When the person opens the link, reads the request and approves with a comment
+    _open_pending_request(page, link)
+    _screenshot_if_asked(page)
+    page.get_by_label("Comment (optional)").fill("Copy checked against the nightly export.")
+    page.get_by_role("button", name="Approve").click()
+
+    # Then the page confirms, the next worker finishes the run, and legacy_orders is gone
+    expect(page).to_have_title("Approved · Ratchet")
+    expect(page.get_by_text(f"Approved by {OPERATOR}. The run resumes")).to_be_visible()
+    expect(page.get_by_text("Comment: Copy checked against the nightly export.")).to_be_visible()
+    assert local.status(run_id)["status"] != "waiting"
+    local.ok("worker", "--until-idle")
+    assert local.status(run_id)["status"] == "done"
+    report = local.json("verify", run_id)
+    assert report["ok"], report
+    assert report["legacy_dropped"] is True
+    assert report["emails_sent"] == 1
+    approval = _step_result(local, run_id, WAITING_STEP)
+    assert re.match(rf"Approved by {OPERATOR}\b", approval)
+    assert "Copy checked against the nightly export." in approval
+    _already_decided(page, link, "approved")
+
+
+def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, browser):
+    # Given a migration run waiting for a person, and the link its email carries
+    run_id = "migrate-orders-kept"
+    link = local.park_migration(run_id)
+    _scanner_changes_nothing(local, run_id, link)
+    page = browser.new_page()
+
+    # When the person opens the link and rejects, giving a reason
+    _open_pending_request(page, link)
+    page.get_by_label("Comment (optional)").fill("Finance still reads legacy_orders.")
+    page.get_by_role("button", name="Reject").click()
+
+    # Then the page confirms, and the run records the rejection and goes on without the drop
+    expect(page).to_have_title("Rejected · Ratchet")
+    expect(page.get_by_text(f"Rejected by {OPERATOR}. The run resumes")).to_be_visible()
+    local.ok("worker", "--until-idle")
+    status = local.status(run_id)
+    assert status["status"] == "done"
+    assert "legacy_orders was kept" in status["summary"]
+    report = local.json("verify", run_id)
+    assert report["ok"], report
+    assert report["legacy_dropped"] is False
+    assert report["source_rows"] == 2_000
+    rejection = _step_result(local, run_id, WAITING_STEP)
+    assert rejection.startswith("Rejected")
+    assert "Finance still reads legacy_orders." in rejection
+    _already_decided(page, link, "rejected")
