@@ -1,14 +1,42 @@
-"""What a deployer may choose, from CDK context (`cdk deploy -c ratchet:<key>=<value>`)."""
+"""What a deployer may choose, from CDK context (`cdk deploy -c ratchet:<key>=<value>`).
+
+Every key is optional: the stack synthesizes with none of them. A value that the functions
+would refuse at cold start (a malformed ARN, an address, a list over its bound) fails the
+synth instead, naming its key.
+"""
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from constructs import Construct
 
 _SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[^\s]+$")
+_SES_IDENTITY_ARN = re.compile(r"^arn:aws[a-z-]*:ses:[a-z0-9-]+:\d{12}:identity/[^\s,*]+$")
+EMAIL_PATTERN = r"^[^@\s<>\"',;]{1,64}@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"
+"""`ratchet.state.EMAIL_PATTERN` (tests/infra keeps them equal): what a run's `notify` accepts."""
+SLACK_CHANNEL_PATTERN = r"^#?[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
+"""`ratchet.state.SLACK_CHANNEL_PATTERN`."""
+MAX_NOTIFY_EMAILS = 10
+"""`ratchet.state.MAX_NOTIFY_EMAILS`: the defaults become a `NotifyTargets`, which holds 10."""
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""`ratchet.scenarios.AGENT_NAME`: a name the API may start."""
+IMPORT_PATH_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+"""`ratchet.scenarios.IMPORT_PATH`: `module:attr`."""
+BUILT_IN_AGENTS = ("migration", "notebook")
+"""`ratchet.scenarios.SCENARIOS`: names a deployment cannot take over."""
+_PUBLIC_URL = re.compile(r"^https://[^\s?#]+$")
+
+INTEGER_BOUNDS = {
+    "rollover_after": (1, 3000),
+    "approval_timeout_seconds": (1, 365 * 24 * 3600),
+    "checkpoint_retention_days": (1, 3650),
+}
+"""The bounds `ratchet.aws.settings.AwsSettings` puts on these settings (tests compare)."""
 
 
 @dataclass(frozen=True)
@@ -19,28 +47,154 @@ class DeployConfig:
     checkpoint_retention_days: int = 30
     anthropic_secret_arn: str | None = None
     """A Secrets Manager secret whose value is an Anthropic API key; none: no Claude runs."""
+    public_url: str | None = None
+    """Where approval links point (a custom domain mapped to the API's stage); none: the
+    API's own execute-api URL."""
+    email_sender: str | None = None
+    """A verified SES identity's address that approval emails come from; none: no email."""
+    ses_identity_arn: tuple[str, ...] = ()
+    """The SES identities the notify function may send as; none: those of `email_sender`
+    (its address and its domain)."""
+    notify_emails: tuple[str, ...] = ()
+    """Who is asked when a run names nobody."""
+    notify_slack_channel: str | None = None
+    slack_bot_token_secret_arn: str | None = None
+    """A secret holding the Slack app's bot token (`xoxb-...`), read by notify only."""
+    slack_signing_secret_arn: str | None = None
+    """A secret holding the Slack app's signing secret, read by the approvals function only."""
+    agents: Mapping[str, str] = field(default_factory=dict)
+    """Agents the API may start by name: `{"billing": "my_pkg.agents:billing"}`."""
 
     @classmethod
     def from_context(cls, scope: Construct) -> DeployConfig:
         values: dict[str, Any] = {}
-        for field in fields(cls):
-            key = "ratchet:" + _camel(field.name)
+        for item in fields(cls):
+            key = "ratchet:" + _camel(item.name)
             raw = scope.node.try_get_context(key)
             if raw is None or raw == "":
                 continue
-            if field.name == "anthropic_secret_arn":
-                if not isinstance(raw, str) or not _SECRET_ARN.match(raw):
-                    raise ValueError(f"context {key} must be a Secrets Manager secret ARN: {raw!r}")
-                values[field.name] = raw
-                continue
-            try:
-                number = int(raw)
-            except (TypeError, ValueError):
-                raise ValueError(f"context {key} must be an integer: {raw!r}") from None
-            if number < 1:
-                raise ValueError(f"context {key} must be at least 1: {raw!r}")
-            values[field.name] = number
-        return cls(**values)
+            values[item.name] = _PARSERS[item.name](key, raw)
+        config = cls(**values)
+        config._check_combinations()
+        return config
+
+    @property
+    def agents_json(self) -> str | None:
+        """`RATCHET_AGENTS`: the registered agents as one compact JSON object."""
+        if not self.agents:
+            return None
+        return json.dumps(dict(sorted(self.agents.items())), separators=(",", ":"))
+
+    @property
+    def slack_enabled(self) -> bool:
+        return self.slack_bot_token_secret_arn is not None
+
+    def _check_combinations(self) -> None:
+        # Half a configuration deploys cleanly and then fails a person: buttons nobody can
+        # press, defaults nobody sends to.
+        if (self.slack_bot_token_secret_arn is None) != (self.slack_signing_secret_arn is None):
+            raise ValueError(
+                "context ratchet:slackBotTokenSecretArn and ratchet:slackSigningSecretArn go "
+                "together: the bot token posts the buttons, the signing secret verifies a press"
+            )
+        if self.ses_identity_arn and not self.email_sender:
+            raise ValueError("context ratchet:sesIdentityArn needs ratchet:emailSender")
+        if self.notify_emails and not self.email_sender:
+            raise ValueError("context ratchet:notifyEmails needs ratchet:emailSender to send from")
+        if self.notify_slack_channel and not self.slack_enabled:
+            raise ValueError(
+                "context ratchet:notifySlackChannel needs ratchet:slackBotTokenSecretArn "
+                "and ratchet:slackSigningSecretArn"
+            )
+
+
+def _integer(name: str) -> Callable[[str, Any], int]:
+    low, high = INTEGER_BOUNDS[name]
+
+    def parse(key: str, raw: Any) -> int:
+        try:
+            number = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"context {key} must be an integer: {raw!r}") from None
+        if not low <= number <= high:
+            raise ValueError(f"context {key} must be between {low} and {high}: {raw!r}")
+        return number
+
+    return parse
+
+
+def _matching(pattern: re.Pattern[str], what: str) -> Callable[[str, Any], str]:
+    def parse(key: str, raw: Any) -> str:
+        if not isinstance(raw, str) or not pattern.fullmatch(raw.strip()):
+            raise ValueError(f"context {key} must be {what}: {raw!r}")
+        return raw.strip()
+
+    return parse
+
+
+def _listed(raw: Any) -> list[Any]:
+    """A list from the CLI (`a,b`) or from cdk.json (`["a", "b"]`)."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple):
+        return [raw]
+    return [i.strip() if isinstance(i, str) else i for i in items if i != ""]
+
+
+def _identity_arns(key: str, raw: Any) -> tuple[str, ...]:
+    arns = _listed(raw)
+    for arn in arns:
+        if not isinstance(arn, str) or not _SES_IDENTITY_ARN.fullmatch(arn):
+            raise ValueError(f"context {key} must be SES identity ARNs: {arn!r}")
+    return tuple(dict.fromkeys(arns))
+
+
+def _emails(key: str, raw: Any) -> tuple[str, ...]:
+    emails = _listed(raw)
+    for email in emails:
+        if not isinstance(email, str) or not re.fullmatch(EMAIL_PATTERN, email):
+            raise ValueError(f"context {key} must be email addresses: {email!r}")
+    unique = tuple(dict.fromkeys(emails))
+    if len(unique) > MAX_NOTIFY_EMAILS:
+        raise ValueError(
+            f"context {key} names {len(unique)} addresses; at most {MAX_NOTIFY_EMAILS}"
+        )
+    return unique
+
+
+def _agents(key: str, raw: Any) -> dict[str, str]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise ValueError(f"context {key} must be a JSON object: {raw!r}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f'context {key} must be an object like {{"name": "module:attr"}}')
+    for name, target in raw.items():
+        if not isinstance(name, str) or not re.fullmatch(AGENT_NAME_PATTERN, name):
+            raise ValueError(f"context {key}: {name!r} is not an agent name (letters, digits, ._-)")
+        if name in BUILT_IN_AGENTS:
+            raise ValueError(f"context {key}: {name!r} is a built-in scenario's name")
+        if not isinstance(target, str) or not re.fullmatch(IMPORT_PATH_PATTERN, target):
+            raise ValueError(f"context {key}: {name!r} must map to 'module:attr', not {target!r}")
+    return dict(raw)
+
+
+_SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")
+
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "rollover_after": _integer("rollover_after"),
+    "approval_timeout_seconds": _integer("approval_timeout_seconds"),
+    "checkpoint_retention_days": _integer("checkpoint_retention_days"),
+    "anthropic_secret_arn": _SECRET,
+    "public_url": lambda key, raw: _matching(_PUBLIC_URL, "an https URL")(key, raw).rstrip("/"),
+    "email_sender": _matching(re.compile(EMAIL_PATTERN), "an email address"),
+    "ses_identity_arn": _identity_arns,
+    "notify_emails": _emails,
+    "notify_slack_channel": _matching(re.compile(SLACK_CHANNEL_PATTERN), "a Slack channel"),
+    "slack_bot_token_secret_arn": _SECRET,
+    "slack_signing_secret_arn": _SECRET,
+    "agents": _agents,
+}
 
 
 def _camel(name: str) -> str:

@@ -47,7 +47,9 @@ STEP = FunctionSpec(
     memory_mb=512,
 )
 NOTIFY = FunctionSpec(
-    "notify", "Stores the approval task token of a waiting run.", timeout=Duration.seconds(30)
+    "notify",
+    "Opens the approval request of a waiting run and sends it by email and Slack.",
+    timeout=Duration.seconds(30),
 )
 DECIDE = FunctionSpec(
     "decide", "Applies a person's decision to a waiting run.", timeout=Duration.seconds(30)
@@ -57,8 +59,17 @@ MARK_FAILED = FunctionSpec(
 )
 API = FunctionSpec(
     "api",
-    "POST /runs: starts a run, once per run id.",
+    "The runs API: starts runs (once per run id), lists and shows them, approves and rejects.",
     timeout=Duration.seconds(29),  # API Gateway gives up on an integration after 29 s
+)
+APPROVALS = FunctionSpec(
+    "approvals",
+    "The public approval page behind signed links, and Slack's Approve/Reject buttons.",
+    # Slack wants an answer within 3 s, cold start included, and gives up after that; a
+    # decision takes a few DynamoDB and Step Functions calls. Memory buys CPU, which is most
+    # of a cold start (imports), for a function that runs once per decision.
+    timeout=Duration.seconds(10),
+    memory_mb=1024,
 )
 ROLLOVER = FunctionSpec(
     "rollover",

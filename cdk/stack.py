@@ -1,4 +1,5 @@
-"""The Ratchet stack: storage, functions, the agent-run state machine and the API, wired."""
+"""The Ratchet stack: storage, functions, the agent-run state machine, the API and the approval
+channels, wired."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from cdk import contract, functions
-from cdk.api import RunsApi
+from cdk.api import STAGE, RunsApi
+from cdk.approvals import ApprovalChannels
 from cdk.config import DeployConfig
 from cdk.functions import Functions
 from cdk.nag import acknowledge
@@ -28,14 +30,26 @@ TABLES_USED = {
     "notify": ("checkpoints",),
     "decide": ("checkpoints", "idempotency"),
     "mark_failed": ("checkpoints", "idempotency"),
-    # Creates the run; a scenario's `prepare` seeds its data in the app table.
+    # Creates the run; a scenario's `prepare` seeds its data in the app table. Reads runs and
+    # decides their approvals (the approval items live in the checkpoints table).
     "api": ("checkpoints", "idempotency", "app"),
     "rollover": ("checkpoints",),
+    # Reads the approval item and the run's head, settles the item, drops its token.
+    "approvals": ("checkpoints",),
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
 READS_ANTHROPIC_KEY = ("step", "api")
 """The step calls Claude; the API refuses a Claude run when no key is configured."""
+
+ANSWERS_EXECUTIONS = ("approvals", "api")
+"""SendTaskSuccess/SendTaskFailure with a parked execution's token: the approval page and Slack
+(the approvals function), POST /runs/{id}/approve and /reject (the api function). Notify only
+stores the token; decide runs after the answer."""
+
+READS_AGENTS = ("api", "step")
+"""The API starts only agents the deployment registered, by name (`RATCHET_AGENTS`); the step
+loads run agents, so it is given the same registry."""
 
 
 class RatchetStack(Stack):
@@ -55,7 +69,7 @@ class RatchetStack(Stack):
 
         state_machine_name = f"{self.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
-        specs.append(functions.API)
+        specs += [functions.API, functions.APPROVALS]
         if "rollover" in definition.functions:
             specs.append(functions.ROLLOVER)
         lambdas = Functions(
@@ -111,16 +125,42 @@ class RatchetStack(Stack):
                 iam.PolicyStatement(actions=["states:StartExecution"], resources=[own_arn])
             )
 
-        api = RunsApi(self, "Runs", handler=api_function)
+        for name in ANSWERS_EXECUTIONS:
+            state_machine.grant_task_response(lambdas[name])
+        if config.agents_json:
+            for name in READS_AGENTS:
+                lambdas[name].add_environment(contract.AGENTS, config.agents_json)
+
+        api = RunsApi(self, "Runs", handlers=lambdas.by_name)
+        public_url = config.public_url or api.default_url
+        channels = ApprovalChannels(
+            self, "Approvals", config=config, functions=lambdas, public_url=public_url
+        )
 
         CfnOutput(self, "RunsUrl", value=api.rest_api.url_for_path("/runs"))
         CfnOutput(
             self,
             "RunsInvokeArn",
-            description="Grant callers execute-api:Invoke on this ARN",
-            value=api.rest_api.arn_for_execute_api(
-                "POST", "/runs", api.rest_api.deployment_stage.stage_name
-            ),
+            description="Grant callers execute-api:Invoke on this ARN (every /runs route)",
+            value=api.rest_api.arn_for_execute_api("*", "/runs*", STAGE),
+        )
+        CfnOutput(
+            self,
+            "ApprovalsUrl",
+            description="Approval links start with this URL (RATCHET_PUBLIC_URL + /approvals/)",
+            value=f"{public_url}/approvals/",
+        )
+        CfnOutput(
+            self,
+            "SlackInteractivityUrl",
+            description="The Request URL of the Slack app's Interactivity settings",
+            value=f"{public_url}/slack/interactions",
+        )
+        CfnOutput(
+            self,
+            "LinkKeySecretArn",
+            description="The secret that signs approval links (rotate by hand: docs/deploy.md)",
+            value=channels.link_key.secret_arn,
         )
         CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
         CfnOutput(

@@ -13,6 +13,7 @@ HANDLERS = {
     "mark_failed": "ratchet.handlers.mark_failed.handler",
     "api": "ratchet.handlers.api.handler",
     "rollover": "ratchet.handlers.rollover.handler",
+    "approvals": "ratchet.handlers.approvals.handler",
 }
 
 
@@ -47,6 +48,13 @@ def statements_of_function(synth: Synthesized, name: str) -> list[dict[str, Any]
     function = synth.resources[function_id(synth, name)]
     role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
     return statements_of_role(synth, role_id)
+
+
+def environment(synth: Synthesized, name: str) -> dict[str, Any]:
+    """The environment variables of the function `name`."""
+    function = synth.resources[function_id(synth, name)]
+    variables: dict[str, Any] = function["Properties"]["Environment"]["Variables"]
+    return variables
 
 
 def as_list(value: Any) -> list[Any]:

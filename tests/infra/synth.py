@@ -25,6 +25,22 @@ from cdk.stack import RatchetStack
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASL = REPO_ROOT / "statemachine" / "agent_run.asl.json"
 
+ANTHROPIC_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/anthropic-AbCdEf"
+SLACK_BOT_TOKEN_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:slack-bot-GhIjKl"
+SLACK_SIGNING_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:slack-sig-MnOpQr"
+EMAIL_SENDER = "approvals@example.com"
+CONFIGURED = {
+    "ratchet:anthropicSecretArn": ANTHROPIC_SECRET,
+    "ratchet:slackBotTokenSecretArn": SLACK_BOT_TOKEN_SECRET,
+    "ratchet:slackSigningSecretArn": SLACK_SIGNING_SECRET,
+    "ratchet:emailSender": EMAIL_SENDER,
+    "ratchet:notifyEmails": "ops@example.com, lead@example.com",
+    "ratchet:notifySlackChannel": "#approvals",
+    "ratchet:agents": '{"billing": "my_pkg.agents:billing"}',
+    "ratchet:publicUrl": "https://approvals.example.com/",
+}
+"""Every optional context key a deployer may give, as `cdk deploy -c` passes them (strings)."""
+
 
 def cdk_json_context() -> dict[str, Any]:
     """The feature flags and settings `cdk synth` would use: the tests synthesize the same
@@ -34,7 +50,10 @@ def cdk_json_context() -> dict[str, Any]:
 
 
 def template_only_context(**extra: Any) -> dict[str, Any]:
-    return {**cdk_json_context(), "aws:cdk:bundling-stacks": [], **extra}
+    """cdk.json's flags without a deployer's own `ratchet:` choices (which may live there for
+    CI): each test says which configuration it synthesizes."""
+    flags = {k: v for k, v in cdk_json_context().items() if not k.startswith("ratchet:")}
+    return {**flags, "aws:cdk:bundling-stacks": [], **extra}
 
 
 @dataclass(frozen=True)

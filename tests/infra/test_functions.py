@@ -1,31 +1,56 @@
 """The functions: the handlers they name exist, they share one asset, and their environment is
-exactly what `ratchet.aws.settings` reads."""
+exactly what `ratchet.aws.settings` reads, with and without the optional configuration."""
 
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
-from aws_cdk import App
 
 from cdk import contract
 from cdk.bundling import ARCHITECTURE, RUNTIME
 from cdk.config import DeployConfig
 from cdk.workflow import AslDefinition
 from ratchet.aws.settings import ENVIRONMENT, AwsSettings
-from tests.infra.queries import HANDLERS, function_id, function_names, statements_of_function
-from tests.infra.synth import ASL, REPO_ROOT, Synthesized, synthesize
+from tests.infra.queries import HANDLERS, environment, function_id, function_names
+from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
 
-CORE_FUNCTIONS = {"step", "notify", "decide", "mark_failed", "api"}
+CORE_FUNCTIONS = {"step", "notify", "decide", "mark_failed", "api", "approvals"}
 POWERTOOLS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
-SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/anthropic-AbCdEf"
 
-
-def _environment(synth: Synthesized, name: str) -> dict[str, object]:
-    function = synth.resources[function_id(synth, name)]
-    variables: dict[str, object] = function["Properties"]["Environment"]["Variables"]
-    return variables
+EVERY_FUNCTION = {
+    "checkpoints_table",
+    "idempotency_table",
+    "app_table",
+    "blob_bucket",
+    "rollover_after",
+    "approval_timeout_seconds",
+    "checkpoint_retention_days",
+}
+"""Every handler builds `AwsSettings`, whose table names are required."""
+UNCONFIGURED = {
+    # Starts executions; decides approvals through the desk, which builds links.
+    "api": {"state_machine_arn", "public_url", "link_key_secret_arn"},
+    # Signs links into the messages it sends.
+    "notify": {"public_url", "link_key_secret_arn"},
+    # Checks links, and builds the page's form on the same URL.
+    "approvals": {"public_url", "link_key_secret_arn"},
+}
+"""Beyond `EVERY_FUNCTION`, with none of the optional context."""
+CONFIGURED_ONLY = {
+    "api": {"agents"},
+    "step": {"agents"},
+    "notify": {
+        "email_sender",
+        "notify_emails",
+        "notify_slack_channel",
+        "slack_bot_token_secret_arn",
+    },
+    "approvals": {"slack_signing_secret_arn"},
+}
+"""Beyond those, with every optional key. `slack_api_url` is never set: Slack's own."""
 
 
 def test_the_stack_has_the_core_functions_and_those_the_definition_calls(
@@ -69,26 +94,68 @@ def test_every_function_logs_to_its_own_group_with_a_retention(synthesized: Synt
         assert synthesized.resources[group]["Properties"]["RetentionInDays"] == 30
 
 
+def test_the_approvals_function_answers_within_slacks_three_seconds(
+    synthesized: Synthesized,
+) -> None:
+    props = synthesized.resources[function_id(synthesized, "approvals")]["Properties"]
+    # Slack gives up after 3 s; anything still running after 10 s helps nobody.
+    assert props["Timeout"] <= 10
+    assert props["MemorySize"] >= 256
+
+
+def _names(settings: set[str]) -> set[str]:
+    return {ENVIRONMENT[setting] for setting in settings}
+
+
 @pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
 def test_each_function_gets_exactly_the_settings_it_reads(
     synthesized: Synthesized, name: str
 ) -> None:
-    # Every handler builds `AwsSettings` (the tables are required); only the API starts
-    # executions, so only it gets the state machine's ARN.
-    expected = set(ENVIRONMENT.values()) - {ENVIRONMENT["state_machine_arn"]}
-    if name == "api":
-        expected.add(ENVIRONMENT["state_machine_arn"])
-
-    assert set(_environment(synthesized, name)) == expected | POWERTOOLS
+    expected = _names(EVERY_FUNCTION | UNCONFIGURED.get(name, set()))
+    assert set(environment(synthesized, name)) == expected | POWERTOOLS
 
 
-def test_the_settings_the_stack_passes_are_valid_settings(synthesized: Synthesized) -> None:
-    environment = {
+@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+def test_configured_each_function_gets_exactly_the_settings_it_reads(
+    configured: Synthesized, name: str
+) -> None:
+    settings = EVERY_FUNCTION | UNCONFIGURED.get(name, set()) | CONFIGURED_ONLY.get(name, set())
+    expected = _names(settings)
+    if name in {"step", "api"}:
+        expected.add(contract.ANTHROPIC_SECRET_ARN)
+    assert set(environment(configured, name)) == expected | POWERTOOLS
+
+
+def test_every_setting_but_slacks_own_api_url_reaches_some_function(
+    configured: Synthesized,
+) -> None:
+    given = {key for name in CORE_FUNCTIONS for key in environment(configured, name)}
+    assert set(ENVIRONMENT.values()) - given == {ENVIRONMENT["slack_api_url"]}
+
+
+@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+def test_the_settings_the_stack_passes_are_valid_settings(
+    configured: Synthesized, name: str
+) -> None:
+    # Values known only at deploy time (table names, ARNs) are tokens; every literal the
+    # configuration produced must be a value the handler accepts.
+    variables = {
         key: value if isinstance(value, str) else "resolved-at-deploy"
-        for key, value in _environment(synthesized, "api").items()
+        for key, value in environment(configured, name).items()
+        if key not in POWERTOOLS and key != contract.ANTHROPIC_SECRET_ARN
     }
-    settings = AwsSettings.from_env(environment)
+    settings = AwsSettings.from_env(variables)
+
     assert settings.rollover_after == DeployConfig().rollover_after
+    if name == "notify":
+        assert settings.notify_emails == ["ops@example.com", "lead@example.com"]
+        assert settings.notify_slack_channel == "#approvals"
+        assert settings.email_sender == CONFIGURED["ratchet:emailSender"]
+    if name in {"notify", "approvals", "api"}:
+        assert settings.public_url == "https://approvals.example.com"
+    if name in {"api", "step"}:
+        assert settings.agents is not None
+        assert json.loads(settings.agents) == {"billing": "my_pkg.agents:billing"}
 
 
 def test_deploy_defaults_are_the_runtime_defaults() -> None:
@@ -99,62 +166,24 @@ def test_deploy_defaults_are_the_runtime_defaults() -> None:
     assert config.checkpoint_retention_days == defaults.checkpoint_retention_days
 
 
-def test_context_overrides_the_runtime_settings() -> None:
-    app = App(context={"ratchet:rolloverAfter": "50", "ratchet:approvalTimeoutSeconds": 600})
-    config = DeployConfig.from_context(app)
-    assert (config.rollover_after, config.approval_timeout_seconds) == (50, 600)
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("ratchet:rolloverAfter", "many"),
-        ("ratchet:checkpointRetentionDays", "0"),
-        ("ratchet:anthropicSecretArn", "ratchet/anthropic"),
-    ],
-)
-def test_bad_context_fails_the_synth_with_its_key(key: str, value: str) -> None:
-    with pytest.raises(ValueError, match=key):
-        DeployConfig.from_context(App(context={key: value}))
-
-
-def test_without_a_secret_no_function_can_read_one(synthesized: Synthesized) -> None:
-    for name in function_names(synthesized):
-        assert contract.ANTHROPIC_SECRET_ARN not in _environment(synthesized, name)
-        actions = {
-            action
-            for statement in statements_of_function(synthesized, name)
-            for action in statement["Action"]
-        }
-        assert not any(action.startswith("secretsmanager:") for action in actions)
-
-
-def test_the_names_outside_the_settings_are_the_ones_the_handlers_use() -> None:
+def test_the_environment_names_are_the_settings_names() -> None:
     from ratchet.handlers import _wiring
 
+    shared = {
+        value
+        for name, value in vars(contract).items()
+        if name.isupper() and isinstance(value, str) and value.startswith("RATCHET_")
+    }
+    assert shared - {contract.ANTHROPIC_SECRET_ARN} <= set(ENVIRONMENT.values())
+    assert set(ENVIRONMENT.values()) - shared == {ENVIRONMENT["slack_api_url"]}
     assert contract.ANTHROPIC_SECRET_ARN == _wiring.ANTHROPIC_SECRET_ARN
     assert contract.POWERTOOLS_SERVICE_NAME == _wiring.SERVICE
     assert contract.POWERTOOLS_METRICS_NAMESPACE == _wiring.METRICS_NAMESPACE
 
 
-@pytest.fixture(scope="module")
-def with_secret() -> Synthesized:
-    return synthesize(context={"ratchet:anthropicSecretArn": SECRET_ARN})
-
-
-@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
-def test_a_configured_secret_reaches_the_step_and_the_api_only(
-    with_secret: Synthesized, name: str
+def test_a_configured_anthropic_key_reaches_the_step_and_the_api_only(
+    configured: Synthesized,
 ) -> None:
-    environment = _environment(with_secret, name)
-    reads = [
-        statement
-        for statement in statements_of_function(with_secret, name)
-        if "secretsmanager:GetSecretValue" in statement["Action"]
-    ]
-    if name in {"step", "api"}:
-        assert environment[contract.ANTHROPIC_SECRET_ARN] == SECRET_ARN
-        assert [statement["Resource"] for statement in reads] == [SECRET_ARN]
-    else:
-        assert contract.ANTHROPIC_SECRET_ARN not in environment
-        assert reads == []
+    for name in function_names(configured):
+        given = environment(configured, name).get(contract.ANTHROPIC_SECRET_ARN)
+        assert given == (ANTHROPIC_SECRET if name in {"step", "api"} else None), name

@@ -1,0 +1,139 @@
+"""What a deployer may choose: the context keys, their checks, and their agreement with what the
+functions accept at cold start (a value the stack lets through must not fail every invocation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from annotated_types import Ge, Le
+from aws_cdk import App
+
+from cdk import config as deploy_config
+from cdk.config import DeployConfig
+from ratchet import scenarios, state
+from ratchet.aws.settings import AwsSettings
+
+BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"
+SIGNING = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-sig-MnOpQr"
+SES = "arn:aws:ses:eu-west-1:123456789012:identity/example.com"
+
+
+def _config(**context: Any) -> DeployConfig:
+    return DeployConfig.from_context(App(context=context))
+
+
+def test_nothing_is_required() -> None:
+    assert _config() == DeployConfig()
+
+
+def test_context_overrides_the_runtime_settings() -> None:
+    config = _config(**{"ratchet:rolloverAfter": "50", "ratchet:approvalTimeoutSeconds": 600})
+    assert (config.rollover_after, config.approval_timeout_seconds) == (50, 600)
+
+
+def test_lists_come_from_the_cli_as_text_or_from_cdk_json_as_lists() -> None:
+    from_cli = _config(
+        **{
+            "ratchet:emailSender": "approvals@example.com",
+            "ratchet:notifyEmails": "a@example.com, b@example.com,a@example.com",
+            "ratchet:sesIdentityArn": SES,
+        }
+    )
+    from_json = _config(
+        **{
+            "ratchet:emailSender": "approvals@example.com",
+            "ratchet:notifyEmails": ["a@example.com", "b@example.com"],
+            "ratchet:sesIdentityArn": [SES],
+        }
+    )
+    assert from_cli.notify_emails == from_json.notify_emails == ("a@example.com", "b@example.com")
+    assert from_cli.ses_identity_arn == from_json.ses_identity_arn == (SES,)
+
+
+def test_agents_come_as_json_text_or_an_object_and_reach_the_functions_as_json() -> None:
+    text = _config(**{"ratchet:agents": '{"billing": "acme.agents:billing", "a": "m:x"}'})
+    obj = _config(**{"ratchet:agents": {"a": "m:x", "billing": "acme.agents:billing"}})
+    assert text.agents_json == obj.agents_json == '{"a":"m:x","billing":"acme.agents:billing"}'
+
+
+def test_a_custom_public_url_loses_its_trailing_slash() -> None:
+    config = _config(**{"ratchet:publicUrl": "https://approvals.example.com/ratchet/"})
+    assert config.public_url == "https://approvals.example.com/ratchet"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("ratchet:rolloverAfter", "many"),
+        ("ratchet:rolloverAfter", "3001"),
+        ("ratchet:checkpointRetentionDays", "0"),
+        ("ratchet:approvalTimeoutSeconds", str(366 * 24 * 3600)),
+        ("ratchet:anthropicSecretArn", "ratchet/anthropic"),
+        ("ratchet:slackBotTokenSecretArn", "xoxb-a-token-pasted-by-mistake"),
+        ("ratchet:emailSender", "Approvals <approvals@example.com>"),
+        ("ratchet:emailSender", "approvals@localhost"),
+        ("ratchet:sesIdentityArn", "arn:aws:ses:eu-west-1:123456789012:identity/*"),
+        ("ratchet:notifyEmails", "ops@example.com;lead@example.com"),
+        ("ratchet:notifyEmails", ",".join(f"p{i}@example.com" for i in range(11))),
+        ("ratchet:notifySlackChannel", "#not a channel"),
+        ("ratchet:agents", "billing=acme.agents:billing"),
+        ("ratchet:agents", '{"billing": "acme/agents.py"}'),
+        ("ratchet:agents", '{"bad name": "acme.agents:billing"}'),
+        ("ratchet:agents", '{"migration": "acme.agents:migration"}'),
+        ("ratchet:publicUrl", "http://approvals.example.com"),
+        ("ratchet:publicUrl", "https://approvals.example.com/?x=1"),
+    ],
+)
+def test_bad_context_fails_the_synth_with_its_key(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        _config(**{key: value})
+
+
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        ({"ratchet:slackBotTokenSecretArn": BOT}, "go together"),
+        ({"ratchet:slackSigningSecretArn": SIGNING}, "go together"),
+        ({"ratchet:sesIdentityArn": SES}, "needs ratchet:emailSender"),
+        ({"ratchet:notifyEmails": "ops@example.com"}, "needs ratchet:emailSender"),
+        ({"ratchet:notifySlackChannel": "#approvals"}, "needs ratchet:slackBotTokenSecretArn"),
+    ],
+)
+def test_half_a_channel_fails_the_synth(context: dict[str, str], message: str) -> None:
+    # It would deploy, then post buttons nobody can press or defaults nobody sends to.
+    with pytest.raises(ValueError, match=message):
+        _config(**context)
+
+
+@pytest.mark.parametrize("name", sorted(deploy_config.INTEGER_BOUNDS))
+def test_integer_bounds_are_the_settings_bounds(name: str) -> None:
+    metadata = AwsSettings.model_fields[name].metadata
+    low = next(m.ge for m in metadata if isinstance(m, Ge))
+    high = next(m.le for m in metadata if isinstance(m, Le))
+    assert deploy_config.INTEGER_BOUNDS[name] == (low, high)
+
+
+def test_addresses_channels_and_agents_follow_the_functions_rules() -> None:
+    assert deploy_config.EMAIL_PATTERN == state.EMAIL_PATTERN
+    assert deploy_config.SLACK_CHANNEL_PATTERN == state.SLACK_CHANNEL_PATTERN
+    assert deploy_config.MAX_NOTIFY_EMAILS == state.MAX_NOTIFY_EMAILS
+    assert scenarios.AGENT_NAME.pattern == deploy_config.AGENT_NAME_PATTERN
+    assert scenarios.IMPORT_PATH.pattern == deploy_config.IMPORT_PATH_PATTERN
+    assert set(deploy_config.BUILT_IN_AGENTS) == set(scenarios.SCENARIOS)
+
+
+def test_defaults_the_stack_accepts_are_defaults_the_functions_accept() -> None:
+    config = _config(
+        **{
+            "ratchet:emailSender": "approvals@example.com",
+            "ratchet:notifyEmails": ",".join(f"p{i}@example.com" for i in range(10)),
+            "ratchet:slackBotTokenSecretArn": BOT,
+            "ratchet:slackSigningSecretArn": SIGNING,
+            "ratchet:notifySlackChannel": "approvals.ops",
+            "ratchet:agents": '{"billing": "acme.agents:billing"}',
+        }
+    )
+    # What the desk builds at cold start from RATCHET_NOTIFY_EMAILS / _SLACK_CHANNEL.
+    state.NotifyTargets(email=list(config.notify_emails), slack_channel=config.notify_slack_channel)
+    assert scenarios.AgentRegistry.deployment(config.agents_json).resolve("billing")
