@@ -216,21 +216,46 @@ def _new_run(
     max_steps: int | None,
     batches: int | None,
     tool_latency_ms: int | None,
+    notify: list[str] | None = None,
+    notify_slack: str | None = None,
 ) -> RunState:
-    """Validate everything about a new run before anything touches the store."""
-    from ratchet.runs import RunRequest, new_run
+    """Validate everything about a new run before anything touches the store. Refusals
+    name the CLI's flags (the API names the same fields as JSON fields)."""
+    from pydantic import ValidationError
 
-    request = RunRequest(
-        run_id=run_id,
-        scenario=scenario,
-        agent=agent_ref,
-        goal=goal,
-        model=model,
-        max_steps=max_steps,
-        batches=batches,
-        tool_latency_ms=tool_latency_ms,
+    from ratchet.runs import (
+        CLI_FLAGS,
+        RunRequest,
+        RunRequestInvalid,
+        check_run_id,
+        new_run,
+        request_problems,
     )
-    return new_run(request, has_anthropic_key=_settings().anthropic_api_key is not None)
+
+    if run_id is not None:
+        check_run_id(run_id)
+    try:
+        request = RunRequest(
+            run_id=run_id,
+            scenario=scenario,
+            agent=agent_ref,
+            goal=goal,
+            model=model,
+            max_steps=max_steps,
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify={"email": notify or [], "slack_channel": notify_slack}
+            if notify or notify_slack
+            else None,
+        )
+    except ValidationError as error:
+        field, message = request_problems(error)[0]
+        flag = CLI_FLAGS.get(field) or CLI_FLAGS.get(field.rsplit(".", 1)[0], field)
+        raise InvalidInput(f"{flag}: {message}") from None
+    try:
+        return new_run(request, has_anthropic_key=_settings().anthropic_api_key is not None)
+    except RunRequestInvalid as refused:
+        raise InvalidInput(refused.for_cli()) from None
 
 
 def _start(state: RunState) -> bool:
@@ -281,6 +306,19 @@ MaxStepsOption = Annotated[
 BatchesOption = Annotated[
     int | None, typer.Option("--batches", help="Migration: number of 1,000-row batches.", min=1)
 ]
+NotifyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--notify",
+        metavar="EMAIL",
+        help="Who is asked when the run waits for a person (repeatable). Locally the message "
+        "goes to the outbox beside the store.",
+    ),
+]
+NotifySlackOption = Annotated[
+    str | None,
+    typer.Option("--notify-slack", metavar="CHANNEL", help="A Slack channel to ask instead."),
+]
 LatencyOption = Annotated[
     int | None, typer.Option("--tool-latency-ms", help="Slow every tool call down.", min=0)
 ]
@@ -296,6 +334,8 @@ def start(
     max_steps: MaxStepsOption = None,
     batches: BatchesOption = None,
     tool_latency_ms: LatencyOption = None,
+    notify: NotifyOption = None,
+    notify_slack: NotifySlackOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     _require_local_store("start")
@@ -308,6 +348,8 @@ def start(
         max_steps=max_steps,
         batches=batches,
         tool_latency_ms=tool_latency_ms,
+        notify=notify,
+        notify_slack=notify_slack,
     )
     created = _start(state)
     out.print(state.run_id)
@@ -325,6 +367,8 @@ def run(
     max_steps: MaxStepsOption = None,
     batches: BatchesOption = None,
     tool_latency_ms: LatencyOption = None,
+    notify: NotifyOption = None,
+    notify_slack: NotifySlackOption = None,
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed."""
     from ratchet.faults import FaultPlan
@@ -340,6 +384,8 @@ def run(
         max_steps=max_steps,
         batches=batches,
         tool_latency_ms=tool_latency_ms,
+        notify=notify,
+        notify_slack=notify_slack,
     )
     if not _start(state):
         err.print(f"run {state.run_id} already exists; resuming it")
@@ -612,21 +658,30 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
 ) -> None:
     """Serve the approval pages and the runs API locally (as the deployed API does)."""
+    from ratchet.adapters.slack import SlackResponder
+    from ratchet.handlers.api import build_app as build_runs_app
     from ratchet.handlers.approvals import ApprovalServices, build_app
+    from ratchet.local.runs_api import local_runs_services
     from ratchet.local.serve import server
 
     _require_local_store("serve")
     runtime = _runtime(create=True)
     logger = _logger()
+    secret = runtime.settings.slack_signing_secret
     services = ApprovalServices(
         desk=runtime.approval_desk(worker_id=f"serve:{_cli_worker_id()}", logger=logger),
+        slack_signing_secret=secret,
+        slack_responder=SlackResponder() if secret else None,
         logger=logger,
     )
-    routes = [("/approvals/", build_app(lambda: services))]
-    try:
-        httpd = server(routes, host=host, port=port)
-    except OSError as error:
-        raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    approvals = build_app(lambda: services)
+    runs = local_runs_services(runtime, worker_id=f"serve:{_cli_worker_id()}", logger=logger)
+    routes = [
+        ("/approvals/", approvals),
+        ("/slack/", approvals),
+        ("/runs", build_runs_app(lambda: runs)),
+    ]
+    httpd = server(routes, host=host, port=port)
     out.print(f"Serving approvals on http://{host}:{httpd.server_port}")
     out.print(f"Approval links point at {runtime.settings.public_url} (RATCHET_PUBLIC_URL)")
     import signal

@@ -1,23 +1,31 @@
 """What it takes to start a run, checked once for every entry point (the CLI and the API).
 
 `new_run` validates a request completely before anything touches a store, so a bad request
-changes nothing wherever it arrives, and both entry points refuse it with the same words.
+changes nothing wherever it arrives. Its refusals (`RunRequestInvalid`) name the request's
+fields, and each entry point says them in its own words: the API names JSON fields, the CLI
+its flags.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError
 
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.ports import Model
-from ratchet.scenarios import load_agent
-from ratchet.state import MAX_GOAL_BYTES, RUN_ID_PATTERN, RunOptions, RunState
+from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.state import (
+    MAX_GOAL_BYTES,
+    RUN_ID_PATTERN,
+    NotifyTargets,
+    RunOptions,
+    RunState,
+)
 from ratchet.tools import Agent, RunContext
 
 SCRIPTED = "scripted"
@@ -27,21 +35,124 @@ DEFAULT_CLAUDE_MODEL = "claude-sonnet-4-5"
 DEFAULT_AGENT = "notebook"
 """The agent of a run started with a goal only."""
 
+# --- what each number may be: the most the runtimes can honour ------------------------------
+
+MAX_STEPS = 10_000
+"""A run's step cap. Steps are cheap to store (one record each) and the AWS runtime rolls a
+long run over into fresh executions, so this bounds cost, not capacity: a run that needs more
+than 10,000 model calls is a runaway agent, not a workload."""
+
+MAX_BATCHES = 500
+"""The migration demo's batch count. `prepare` seeds every batch (one 27 KB item of 1,000 rows
+each) inside the API's own request, which API Gateway cuts off at 29 s. On DynamoDB (moto, in
+process) seeding takes ~4 ms a batch: 500 batches take ~2 s; on a real on-demand table they
+are 13,500 write units, ~3.4 s at a new table's 4,000 units/s, so even throttled and retried
+they fit well inside the function's 29 s. (1,000,000 batches, 27 GB, ran the function out of
+time: a 502 and no run.)"""
+
+MAX_TOOL_LATENCY_MS = 30_000
+"""The artificial slowdown per tool call. A step on AWS must finish in the step function's
+180 s: the model call may take up to 2 x 60 s (the Anthropic client's timeout, one retry),
+and 30 s more leaves 30 s for a cold start, the tool itself and the commit."""
+
+MAX_NAME_CHARS = 200
+
+NameText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
+ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,99}$")]
+
 
 class RunRequest(BaseModel):
     """A request to start a run. Field names are the API's JSON body; the CLI's options map
-    one to one (`--agent` is `agent`, `--run-id` is `run_id`)."""
+    one to one (`--agent` is `agent`, `--run-id` is `run_id`; `notify` is the API's only)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run_id: str | None = None
-    scenario: str | None = None
-    agent: str | None = None
-    goal: str | None = None
-    model: str | None = None
-    max_steps: int | None = Field(default=None, ge=1)
-    batches: int | None = Field(default=None, ge=1)
-    tool_latency_ms: int | None = Field(default=None, ge=0)
+    run_id: Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN.pattern)] | None = Field(
+        default=None,
+        description="A stable id: 1-128 letters, digits, '.', '_', ':' or '-'. Starting the "
+        "same id again changes nothing.",
+    )
+    scenario: NameText | None = Field(
+        default=None, description="A built-in agent: migration, notebook."
+    )
+    agent: NameText | None = Field(
+        default=None,
+        description="An agent the deployment registered, by name (locally, the CLI also "
+        "takes module:attr).",
+    )
+    goal: str | None = Field(
+        default=None,
+        description="What the agent should do: at most 64 KB of UTF-8.",
+        # Documented for schemas (so at most 64 Ki characters); `new_run` checks the bytes.
+        json_schema_extra={"maxLength": MAX_GOAL_BYTES},
+    )
+    model: ModelName | None = Field(
+        default=None,
+        description="'scripted' (the agent's own policy, offline) or a Claude model.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
+    )
+    batches: int | None = Field(
+        default=None, ge=1, le=MAX_BATCHES, description="Migration: 1,000-row batches to copy."
+    )
+    tool_latency_ms: int | None = Field(
+        default=None, ge=0, le=MAX_TOOL_LATENCY_MS, description="Slow every tool call down."
+    )
+    notify: NotifyTargets | None = Field(
+        default=None,
+        description="Who is asked when the run waits for a person; none: the deployment's "
+        "default recipients.",
+    )
+
+
+CLI_FLAGS: Mapping[str, str] = {
+    "run_id": "--run-id",
+    "scenario": "--scenario",
+    "agent": "--agent",
+    "goal": "--goal",
+    "model": "--model",
+    "max_steps": "--max-steps",
+    "batches": "--batches",
+    "tool_latency_ms": "--tool-latency-ms",
+    "notify": "--notify/--notify-slack",
+    "notify.email": "--notify",
+    "notify.slack_channel": "--notify-slack",
+}
+"""How the CLI spells each field of `RunRequest`."""
+
+
+class RunRequestInvalid(InvalidInput):
+    """A request to start a run, refused before anything was written.
+
+    `message` says what is wrong without quoting what was sent and without naming any entry
+    point's spelling; `fields` are the `RunRequest` fields at fault. `str()` is the API's
+    wording; `for_cli()` the CLI's (flags, and its own text where the two differ)."""
+
+    def __init__(self, message: str, *fields: str, cli: str | None = None) -> None:
+        self.message = message
+        self.fields = fields
+        self._cli = cli
+        noun = "field" if len(fields) == 1 else "fields"
+        super().__init__(f"{message} ({noun} {', '.join(fields)})" if fields else message)
+
+    def for_cli(self) -> str:
+        if self._cli is not None:
+            return self._cli
+        flags = ", ".join(CLI_FLAGS.get(f, f) for f in self.fields)
+        return f"{self.message} ({flags})" if flags else self.message
+
+
+class NoAnthropicKey(RunRequestInvalid):
+    """A Claude model was asked for where no Anthropic API key is configured."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            "this deployment has no Anthropic API key configured: use model 'scripted' "
+            "(the agent's own policy), or ask its operator to configure a key",
+            "model",
+            cli=f"--model {model} needs ANTHROPIC_API_KEY in the environment",
+        )
 
 
 def check_run_id(run_id: str) -> str:
@@ -54,34 +165,74 @@ def check_run_id(run_id: str) -> str:
 
 
 def check_model(agent: Agent, model: str, *, has_anthropic_key: bool) -> None:
-    """Refuse now, not in a step later, a model the run could never use."""
+    """Refuse a model the run could never use (when its step binds the agent: a run
+    created before its deployment lost the key)."""
     if model == SCRIPTED:
         if agent.policy is None:
             raise AgentNotFound(
-                f"agent {agent.name!r} has no scripted policy; run it with --model "
-                "<claude model> and ANTHROPIC_API_KEY set"
+                f"agent {agent.name!r} has no scripted policy; run it with a Claude model and "
+                "an Anthropic API key"
             )
     elif not has_anthropic_key:
-        raise InvalidInput(f"--model {model} needs ANTHROPIC_API_KEY in the environment")
+        raise InvalidInput(
+            f"model {model!r} needs an Anthropic API key: ANTHROPIC_API_KEY locally, the "
+            "stack's Anthropic secret on AWS"
+        )
 
 
-def new_run(request: RunRequest, *, has_anthropic_key: bool) -> RunState:
-    """The initial state of the run `request` asks for, or `InvalidInput`/`AgentNotFound`
-    saying what is wrong with it. Loads the agent (importing an `--agent` module) but writes
-    nothing."""
+def request_problems(error: ValidationError) -> list[tuple[str, str]]:
+    """(field, message) for each problem pydantic found, never the input it found it in."""
+    return [
+        (".".join(str(p) for p in e["loc"]) or "(body)", e["msg"].removeprefix("Value error, "))
+        for e in error.errors(include_url=False, include_input=False)
+    ]
+
+
+def new_run(
+    request: RunRequest, *, has_anthropic_key: bool, agents: AgentRegistry = LOCAL
+) -> RunState:
+    """The initial state of the run `request` asks for, or `RunRequestInvalid` saying what is
+    wrong with it. `agents` says which agents may be named; nothing is imported unless it
+    allows the reference. Loads the agent, but writes nothing."""
     if request.scenario and request.agent:
-        raise InvalidInput("give --scenario or --agent, not both")
+        raise RunRequestInvalid("give a scenario or an agent, not both", "scenario", "agent")
     goal = request.goal
     if goal is None and request.scenario is None and request.agent is None:
-        raise InvalidInput("give --goal TEXT or --scenario NAME (or --agent module:attr)")
+        raise RunRequestInvalid(
+            "give a goal, a scenario or an agent",
+            "goal",
+            "scenario",
+            "agent",
+            cli="give --goal TEXT or --scenario NAME (or --agent module:attr)",
+        )
     if goal is not None:
         if not goal.strip():
-            raise InvalidInput("the goal is empty")
+            raise RunRequestInvalid("the goal is empty", "goal")
         if len(goal.encode("utf-8")) > MAX_GOAL_BYTES:
-            raise InvalidInput(f"the goal is over {MAX_GOAL_BYTES // 1024} KB")
+            raise RunRequestInvalid(f"the goal is over {MAX_GOAL_BYTES // 1024} KB", "goal")
+    field = "agent" if request.agent else "scenario"
     reference = request.agent or request.scenario or DEFAULT_AGENT
-    agent = load_agent(reference)
+    # A scenario is a built-in agent; the CLI has always taken either field for either.
+    if field == "scenario" and not agents.import_paths:
+        agents = AgentRegistry()
+    try:
+        stored = agents.stored_reference(reference)
+    except AgentNotFound as unknown:
+        known = ", ".join(agents.names)
+        raise RunRequestInvalid(
+            f"unknown {field}: use one of {known}", field, cli=str(unknown)
+        ) from None
+    agent = agents.load(stored)
     model = request.model or (DEFAULT_CLAUDE_MODEL if has_anthropic_key else SCRIPTED)
+    if model == SCRIPTED and agent.policy is None:
+        raise RunRequestInvalid(
+            "the agent has no scripted policy: name a Claude model",
+            "model",
+            cli=f"agent {agent.name!r} has no scripted policy; run it with --model "
+            "<claude model> and ANTHROPIC_API_KEY set",
+        )
+    if model != SCRIPTED and not has_anthropic_key:
+        raise NoAnthropicKey(model)
     params: dict[str, Any] = dict(agent.default_params)
     if request.batches is not None:
         params["batches"] = request.batches
@@ -93,16 +244,17 @@ def new_run(request: RunRequest, *, has_anthropic_key: bool) -> RunState:
             else RunOptions().max_steps,
             tool_latency_ms=request.tool_latency_ms or 0,
             params=params,
+            notify=request.notify or NotifyTargets(),
         )
-    except ValueError as error:
-        raise InvalidInput(f"bad option: {error}") from None
-    check_model(agent, model, has_anthropic_key=has_anthropic_key)
+    except ValidationError as error:
+        (where, what), *_ = request_problems(error)
+        raise RunRequestInvalid(f"bad option {where}: {what}") from None
     if goal is None and not agent.goal:
-        raise InvalidInput(f"agent {agent.name!r} has no default goal: give --goal TEXT")
+        raise RunRequestInvalid("the agent has no default goal: give one", "goal")
     run_id = request.run_id
     return RunState(
         run_id=check_run_id(run_id) if run_id is not None else f"run-{uuid.uuid4().hex[:12]}",
-        agent=reference,
+        agent=stored,
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
     )
@@ -141,8 +293,12 @@ class Bindings:
         anthropic_api_key: SecretStr | None,
         anthropic_base_url: str | None = None,
         limit: int = 64,
+        agents: AgentRegistry = LOCAL,
     ) -> None:
+        """`agents` resolves each run's stored agent: a built-in name, or the `module:attr`
+        its start resolved (see `AgentRegistry.stored_reference`)."""
         self._context = context
+        self._agents = agents
         self._api_key = anthropic_api_key
         self._base_url = anthropic_base_url
         self._limit = limit
@@ -151,7 +307,7 @@ class Bindings:
     def __call__(self, state: RunState) -> Binding:
         binding = self._bound.get(state.run_id)
         if binding is None:
-            agent = load_agent(state.agent)
+            agent = self._agents.load(state.agent)
             context = self._context(state.run_id, state.options)
             resources = agent.resources(context) if agent.resources else None
             model = build_model(

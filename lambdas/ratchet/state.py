@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 SCHEMA_VERSION = 1
 """Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning."""
@@ -66,10 +66,23 @@ class NotifyTargets(_Model):
     """Who is asked when the run waits for a person: email addresses and/or a Slack channel.
     Empty: the deployment's defaults (locally, the outbox and the worker's printed link)."""
 
-    email: list[Annotated[str, StringConstraints(pattern=EMAIL_PATTERN, max_length=254)]] = Field(
-        default_factory=list, max_length=MAX_NOTIFY_EMAILS
-    )
-    slack_channel: Annotated[str, StringConstraints(pattern=SLACK_CHANNEL_PATTERN)] | None = None
+    email: list[str] = Field(default_factory=list, max_length=MAX_NOTIFY_EMAILS)
+    slack_channel: str | None = None
+
+    @field_validator("email")
+    @classmethod
+    def _addresses(cls, addresses: list[str]) -> list[str]:
+        for address in addresses:
+            if len(address) > 254 or not re.fullmatch(EMAIL_PATTERN, address):
+                raise ValueError("not an email address (name@example.com)")
+        return addresses
+
+    @field_validator("slack_channel")
+    @classmethod
+    def _channel(cls, channel: str | None) -> str | None:
+        if channel is not None and not re.fullmatch(SLACK_CHANNEL_PATTERN, channel):
+            raise ValueError("not a Slack channel (an id such as C0123ABCD, or #name)")
+        return channel
 
     @property
     def is_empty(self) -> bool:

@@ -1,19 +1,65 @@
-"""`POST /runs`: validation like the CLI's, idempotent by run id, never a stack trace."""
+"""The runs API on the deployed shape (moto, the state machine executing): starting is
+idempotent, reading answers the documented shapes, deciding resumes the execution, and every
+refusal is a JSON 4xx that names the field, quotes nothing and changes nothing."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ratchet.aws.naming import execution_name
-from tests.integration.aws.harness import Stack
+from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
+from ratchet.state import PersonDecided, RunStatus
+from tests.integration.aws import agents
+from tests.integration.aws.harness import AGENTS, FakeContext, Stack, api_event
 
-ROWS = "tests.integration.aws.agents:rows"
+ROWS = "rows"
+"""Registered by the deployment (`RATCHET_AGENTS`) as `tests.integration.aws.agents:rows`."""
+MIGRATION = {"scenario": "migration", "batches": 3}
+CALLER = "arn:aws:sts::123456789012:assumed-role/release-bot/build-42"
+"""Who signs the requests: API Gateway's IAM authorizer puts it in the request context."""
+
+
+def call(
+    method: str,
+    path: str,
+    body: dict[str, Any] | str | None = None,
+    *,
+    query: dict[str, str] | None = None,
+    caller: str | None = CALLER,
+) -> tuple[int, dict[str, Any]]:
+    from ratchet.handlers import api
+
+    event = api_event(method, path, body, query={k: [v] for k, v in (query or {}).items()} or None)
+    if caller is not None:
+        event["requestContext"]["identity"].update(userArn=caller, caller="AROAEXAMPLE:build-42")
+    response = api.handler(event, FakeContext("ratchet-api", "arn:ratchet-api"))
+    headers = {**response.get("headers", {}), **response.get("multiValueHeaders", {})}
+    assert headers["Content-Type"] in ("application/json", ["application/json"])
+    return response["statusCode"], json.loads(response["body"])
+
+
+def _runs(stack: Stack) -> list[str]:
+    return [summary.run_id for summary in _store(stack).list_runs()]
+
+
+def _store(stack: Stack) -> Any:
+    from ratchet.handlers import _wiring
+
+    return _wiring.runtime().store
+
+
+# --- starting ------------------------------------------------------------------------------------
 
 
 def test_a_duplicate_start_answers_with_the_existing_run_and_starts_nothing(stack: Stack):
     status, first = stack.post_run({"agent": ROWS, "run_id": "dup"})
     assert (status, first["created"]) == (201, True)
-    stack.finished(first["execution_name"])
+    assert stack.finished(first["execution_name"])["status"] == "SUCCEEDED"
 
     status, again = stack.post_run({"agent": ROWS, "run_id": "dup", "goal": "something else"})
 
@@ -29,7 +75,15 @@ def test_a_duplicate_start_answers_with_the_existing_run_and_starts_nothing(stac
     assert stack.head("dup").goal == "Write 3 rows, one per step."
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")  # it failed
+def test_a_registered_name_is_stored_as_what_every_step_can_load(stack: Stack):
+    _, started = stack.post_run({"agent": ROWS, "run_id": "named", "batches": 2})
+
+    assert stack.finished(started["execution_name"])["status"] == "SUCCEEDED"
+    # The step function loaded it from the state alone, in every step.
+    assert stack.head("named").agent == AGENTS[ROWS]
+    assert agents.WORLD.rows_of("named") == {"named/step-1": 1, "named/step-2": 2}
+
+
 def test_a_run_whose_execution_never_started_gets_it_on_the_next_request(stack: Stack):
     # Given a run created by a request that died before it started the execution
     stack.monkeypatch.setenv("RATCHET_STATE_MACHINE_ARN", "")
@@ -46,42 +100,343 @@ def test_a_run_whose_execution_never_started_gets_it_on_the_next_request(stack: 
     assert stack.head("half").status.value == "done"
 
 
-@pytest.mark.parametrize(
-    ("body", "error"),
-    [
-        ("{not json", "invalid request body"),
-        ({"scenario": "migration", "batchez": 3}, "invalid request body"),
-        ({"scenario": "migration", "max_steps": 0}, "invalid request body"),
-        ({}, "give --goal TEXT or --scenario NAME"),
-        ({"scenario": "migration", "agent": ROWS}, "give --scenario or --agent, not both"),
-        ({"scenario": "nope"}, "unknown scenario or agent 'nope'"),
-        ({"scenario": "migration", "run_id": "../etc"}, "malformed run id '../etc'"),
-        ({"scenario": "migration", "model": "claude-x"}, "needs ANTHROPIC_API_KEY"),
-        ({"goal": "  "}, "the goal is empty"),
-    ],
-)
-def test_a_bad_request_is_a_400_with_a_json_error_and_changes_nothing(
-    stack: Stack, body: dict[str, object] | str, error: str
+BAD_STARTS: list[tuple[dict[str, Any] | str, str, list[str]]] = [
+    ("{not json", "invalid request body", ["(body)"]),
+    ("[1, 2]", "invalid request body", ["(body)"]),
+    ({"scenario": "migration", "batchez": 3}, "invalid request body", ["batchez"]),
+    ({"scenario": "migration", "max_steps": "many"}, "invalid request body", ["max_steps"]),
+    ({}, "give a goal, a scenario or an agent", ["goal", "scenario", "agent"]),
+    ({"scenario": "migration", "agent": ROWS}, "not both", ["scenario", "agent"]),
+    ({"scenario": "nope-nope"}, "unknown scenario: use one of", ["scenario"]),
+    ({"scenario": "migration", "run_id": "../etc"}, "invalid request body", ["run_id"]),
+    ({"goal": "  "}, "the goal is empty", ["goal"]),
+    ({"goal": "\N{EURO SIGN}" * 21846}, "the goal is over 64 KB", ["goal"]),
+    ({"scenario": "migration", "model": "claude-x"}, "no Anthropic API key configured", ["model"]),
+    (
+        {"scenario": "migration", "notify": {"email": ["not-an-address"]}},
+        "invalid",
+        ["notify.email.0"],
+    ),
+    (
+        {"scenario": "migration", "notify": {"email": ["a@b.example"] * 11}},
+        "invalid",
+        ["notify.email"],
+    ),
+    ({"scenario": "migration", "notify": {"sms": "+1555"}}, "invalid", ["notify.sms"]),
+]
+
+
+@pytest.mark.parametrize(("body", "error", "fields"), BAD_STARTS)
+def test_a_bad_start_is_a_400_naming_the_field_that_quotes_nothing_and_changes_nothing(
+    stack: Stack, body: dict[str, Any] | str, error: str, fields: list[str]
 ):
+    before = stack.items()
+
     status, answer = stack.post_run(body)
 
     assert status == 400
     assert error in answer["error"]
-    assert "Traceback" not in str(answer)
+    assert [p["field"] for p in answer["problems"]] == fields
+    said = json.dumps(answer)
+    for quoted in ("../etc", "not-an-address", "claude-x", "nope-nope", "+1555", "Traceback"):
+        assert quoted not in said
+    assert "--" not in said, "the API names fields, not the CLI's flags"
     assert stack.executions() == []
-    assert _wiring_runs() == []
+    assert stack.items() == before
 
 
-def test_a_bad_field_is_named_in_the_error(stack: Stack):
-    status, answer = stack.post_run({"scenario": "migration", "max_steps": 0})
+def test_the_api_never_sends_callers_to_an_environment_variable(stack: Stack):
+    _, answer = stack.post_run({"scenario": "migration", "model": "claude-sonnet-4-5"})
 
-    assert status == 400
+    assert "ANTHROPIC_API_KEY" not in json.dumps(answer)
     assert answer["problems"] == [
-        {"field": "max_steps", "message": "Input should be greater than or equal to 1"}
+        {
+            "field": "model",
+            "message": "this deployment has no Anthropic API key configured: use model "
+            "'scripted' (the agent's own policy), or ask its operator to configure a key",
+        }
     ]
 
 
-def _wiring_runs() -> list[str]:
-    from ratchet.handlers import _wiring
+NUMBER_BOUNDS = [
+    ("max_steps", 0, "greater than or equal to 1"),
+    ("max_steps", MAX_STEPS + 1, f"less than or equal to {MAX_STEPS}"),
+    ("batches", 0, "greater than or equal to 1"),
+    ("batches", MAX_BATCHES + 1, f"less than or equal to {MAX_BATCHES}"),
+    ("batches", 1_000_000, f"less than or equal to {MAX_BATCHES}"),
+    ("tool_latency_ms", -1, "greater than or equal to 0"),
+    ("tool_latency_ms", MAX_TOOL_LATENCY_MS + 1, f"less than or equal to {MAX_TOOL_LATENCY_MS}"),
+]
 
-    return [summary.run_id for summary in _wiring.runtime().store.list_runs()]
+
+@pytest.mark.parametrize(("field", "value", "message"), NUMBER_BOUNDS)
+def test_every_number_is_bounded_by_what_the_runtime_can_honour(
+    stack: Stack, field: str, value: int, message: str
+):
+    status, answer = stack.post_run({"scenario": "migration", field: value})
+
+    assert status == 400
+    assert answer["problems"] == [{"field": field, "message": f"Input should be {message}"}]
+    assert _runs(stack) == []
+
+
+def test_the_largest_migration_allowed_is_prepared_well_inside_the_api_timeout(stack: Stack):
+    # API Gateway gives up at 29 s; preparing MAX_BATCHES batches must leave most of it.
+    import time
+
+    began = time.monotonic()
+    status, started = stack.post_run(
+        {"scenario": "migration", "run_id": "big", "batches": MAX_BATCHES, "max_steps": 1}
+    )
+    took = time.monotonic() - began
+
+    assert (status, started["created"]) == (201, True)
+    assert took < 10, f"starting a {MAX_BATCHES}-batch migration took {took:.1f} s"
+    assert stack.finished(started["execution_name"])["status"] == "SUCCEEDED"
+
+
+# --- registered agents only --------------------------------------------------------------------
+
+
+@pytest.fixture
+def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An importable module whose import leaves a file behind: the proof of an import."""
+    marker = tmp_path / "imported"
+    (tmp_path / "ratchet_tripwire.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\nagent = None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"agent": "ratchet_tripwire:agent"},
+        {"scenario": "ratchet_tripwire:agent"},
+        {"agent": "ratchet_tripwire:agent", "goal": "anything"},
+    ],
+)
+def test_an_unregistered_agent_is_refused_without_importing_anything(
+    stack: Stack, tripwire: Path, body: dict[str, str]
+):
+    modules = set(sys.modules)
+
+    status, answer = stack.post_run(body)
+
+    assert status == 400
+    (field,) = body.keys() - {"goal"}
+    assert answer["problems"][0]["field"] == field
+    known = (
+        "failing, gated, migration, notebook, rows" if field == "agent" else "migration, notebook"
+    )
+    assert f"unknown {field}: use one of {known}" in answer["error"]
+    assert "ratchet_tripwire" not in json.dumps(answer)
+    assert not tripwire.exists(), "the module was imported"
+    assert "ratchet_tripwire" not in sys.modules
+    assert {m for m in set(sys.modules) - modules if "tripwire" in m or m == "this"} == set()
+    assert _runs(stack) == []
+
+
+def test_the_zen_of_python_is_not_an_agent(stack: Stack, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+
+    status, answer = stack.post_run({"agent": "this:s"})
+
+    assert (status, answer["problems"][0]["field"]) == (400, "agent")
+    assert "this" not in sys.modules, "the module ran (it prints the Zen of Python)"
+
+
+def test_a_registered_agent_that_cannot_be_loaded_is_the_deployments_fault(stack: Stack):
+    stack.configure(agents=json.dumps({**AGENTS, "broken": "ratchet_not_deployed:agent"}))
+
+    status, answer = stack.post_run({"agent": "broken"})
+
+    assert status == 500
+    assert answer == {
+        "error": "the agent is registered but cannot be loaded; the deployment must be fixed",
+        "problems": [],
+    }
+    assert _runs(stack) == []
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def test_reading_runs_answers_the_documented_shapes(stack: Stack):
+    _, done = stack.post_run({"agent": ROWS, "run_id": "read-1"})
+    stack.finished(done["execution_name"])
+    stack.post_run({**MIGRATION, "run_id": "read-2"})
+    stack.parked("read-2")
+
+    status, listed = call("GET", "/runs")
+    assert status == 200
+    assert [r["run_id"] for r in listed["runs"]] == ["read-2", "read-1"], "recent first"
+    assert set(listed["runs"][0]) == {"run_id", "status", "step", "version", "updated_at"}
+    assert call("GET", "/runs", query={"status": "done"})[1]["runs"][0]["run_id"] == "read-1"
+    assert len(call("GET", "/runs", query={"limit": "1"})[1]["runs"]) == 1
+
+    status, run = call("GET", "/runs/read-2")
+    assert status == 200
+    assert (run["status"], run["step"], run["agent"], run["model"]) == (
+        "waiting",
+        5,
+        "migration",
+        "scripted",
+    )
+    assert run["waiting"]["step"] == 5
+    assert run["waiting"]["prompt"].startswith("Drop legacy_orders")
+    assert run["waiting"]["details"]["reason"].startswith("All 3 batches")
+
+    status, history = call("GET", "/runs/read-1/history")
+    assert status == 200
+    rows = history["checkpoints"]
+    assert [r["event"] for r in rows] == ["created", "step", "step", "step", "finished"]
+    assert [r["version"] for r in rows] == sorted(r["version"] for r in rows)
+    assert set(rows[0]) == {"version", "step", "status", "event", "worker", "bytes", "time"}
+    assert rows[0]["worker"].startswith("lambda:")
+
+    status, at_two = call("GET", "/runs/read-1/checkpoints/2")
+    assert status == 200
+    assert (at_two["step"], at_two["status"]) == (2, "running")
+    assert [r["text"] for r in at_two["tool_results"]] == ["row 1 written", "row 2 written"]
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "status", "field"),
+    [
+        ("/runs/ghost", None, 404, "run_id"),
+        ("/runs/ghost/history", None, 404, "run_id"),
+        ("/runs/ghost/checkpoints/1", None, 404, "run_id"),
+        ("/runs/known/checkpoints/99", None, 404, "step"),
+        ("/runs/known/checkpoints/-1", None, 400, "step"),
+        ("/runs/known/checkpoints/one", None, 400, "step"),
+        ("/runs/not..ok%2Fid", None, 400, "run_id"),
+        ("/runs", {"limit": "0"}, 400, "limit"),
+        ("/runs", {"limit": "101"}, 400, "limit"),
+        ("/runs", {"status": "sleeping"}, 400, "status"),
+    ],
+)
+def test_reading_what_is_not_there_is_a_json_error_naming_the_field(
+    stack: Stack, path: str, query: dict[str, str] | None, status: int, field: str
+):
+    stack.post_run({"agent": ROWS, "run_id": "known"})
+
+    answered, answer = call("GET", path, query=query)
+
+    assert answered == status
+    assert [p["field"] for p in answer["problems"]] == [field]
+    assert "sleeping" not in json.dumps(answer)
+
+
+# --- deciding ----------------------------------------------------------------------------------
+
+
+def _decisions(stack: Stack, run_id: str) -> list[PersonDecided]:
+    checkpoints = _store(stack).list_checkpoints(run_id)
+    return [c.event for c in checkpoints if isinstance(c.event, PersonDecided)]
+
+
+def test_an_approval_through_the_api_resumes_the_execution(stack: Stack):
+    _, started = stack.post_run({**MIGRATION, "run_id": "api-yes"})
+    approval = stack.parked("api-yes")
+
+    status, decided = call("POST", "/runs/api-yes/approve", {"comment": "go ahead"})
+
+    assert status == 200
+    assert decided == {
+        "run_id": "api-yes",
+        "step": approval.step,
+        "decision": "approved",
+        "by": CALLER,
+        "comment": "go ahead",
+        "run_status": "waiting",
+    }
+    assert stack.finished(started["execution_name"])["status"] == "SUCCEEDED"
+    final = stack.head("api-yes")
+    assert final.status is RunStatus.DONE
+    assert "legacy_orders was dropped" in (final.summary or "")
+    assert [(d.approved, d.by, d.comment) for d in _decisions(stack, "api-yes")] == [
+        (True, CALLER, "go ahead")
+    ]
+    (settled,) = stack.approvals("api-yes")
+    assert (settled.status.value, settled.channel) == ("approved", "api")
+    assert all("task_token" not in item for item in stack.approval_items("api-yes"))
+
+
+def test_a_rejection_through_the_api_resumes_the_run_which_keeps_the_table(stack: Stack):
+    _, started = stack.post_run({**MIGRATION, "run_id": "api-no"})
+    stack.parked("api-no")
+
+    status, decided = call("POST", "/runs/api-no/reject", {"reason": "not before the audit"})
+
+    assert (status, decided["decision"]) == (200, "rejected")
+    assert stack.finished(started["execution_name"])["status"] == "SUCCEEDED"
+    assert [(d.approved, d.by, d.comment) for d in _decisions(stack, "api-no")] == [
+        (False, CALLER, "not before the audit")
+    ]
+    assert "legacy_orders was kept" in (stack.head("api-no").summary or "")
+
+
+def test_a_body_is_optional_and_a_second_decision_changes_nothing(stack: Stack):
+    _, started = stack.post_run({**MIGRATION, "run_id": "api-twice"})
+    stack.parked("api-twice")
+    assert call("POST", "/runs/api-twice/approve")[0] == 200
+    stack.finished(started["execution_name"])
+    before = stack.items()
+
+    for route, body in (("approve", {"comment": "again"}), ("reject", {"reason": "too late"})):
+        status, answer = call("POST", f"/runs/api-twice/{route}", body)
+        assert status == 409
+        assert answer["problems"] == [
+            {"field": "run_id", "message": "the run is not waiting for a decision"}
+        ]
+    assert stack.items() == before
+
+
+def test_the_notify_field_chooses_who_is_asked(stack: Stack):
+    who = "carol@example.test"
+    stack.post_run({**MIGRATION, "run_id": "api-carol", "notify": {"email": [who]}})
+
+    stack.parked("api-carol")
+
+    assert stack.head("api-carol").options.notify.email == [who]
+    assert [e.to for e in stack.emails_about("api-carol")] == [[who]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/runs/ghost/approve", {}, 404, "run_id"),
+        ("/runs/ghost/reject", {}, 404, "run_id"),
+        ("/runs/settled/approve", {"comment": "x" * 10_001}, 400, "comment"),
+        ("/runs/settled/reject", {"because": "no"}, 400, "because"),
+        ("/runs/settled/approve", {"by": "mallory"}, 400, "by"),
+        ("/runs/settled/approve", {}, 409, "run_id"),
+    ],
+)
+def test_a_decision_that_cannot_be_taken_is_refused_and_changes_nothing(
+    stack: Stack, path: str, body: dict[str, str], status: int, field: str
+):
+    _, started = stack.post_run({"agent": ROWS, "run_id": "settled"})
+    stack.finished(started["execution_name"])
+    before = stack.items()
+
+    answered, answer = call("POST", path, body)
+
+    assert answered == status
+    assert [p["field"] for p in answer["problems"]] == [field]
+    assert "mallory" not in json.dumps(answer)
+    assert stack.items() == before
+
+
+def test_an_unsigned_decision_is_refused(stack: Stack):
+    stack.post_run({**MIGRATION, "run_id": "api-anon"})
+    stack.parked("api-anon")
+
+    status, answer = call("POST", "/runs/api-anon/approve", {}, caller=None)
+
+    assert status == 403
+    assert answer["problems"][0]["field"] == "Authorization"
+    assert stack.head("api-anon").status is RunStatus.WAITING
+    assert [a.status.value for a in stack.approvals("api-anon")] == ["pending"]

@@ -1,0 +1,238 @@
+"""The runs API on the local runtime, mounted as `ratchet serve` mounts it: HTTP requests (a
+WSGI test client, no socket) become API Gateway events for the same app the Lambda function
+serves, over SQLite, with a worker doing the steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug.test import Client
+
+from ratchet.handlers.api import build_app
+from ratchet.local.runs_api import local_runs_services
+from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.local.serve import wsgi_app
+from ratchet.local.worker import Worker
+from ratchet.runs import MAX_BATCHES
+from ratchet.scenarios import AgentRegistry
+from ratchet.state import PersonDecided, RunStatus
+
+OPERATOR = "dana"
+LOG = logging.getLogger("ratchet.tests.runs_api")
+ROWS_AGENT = "tests.integration.aws.agents:rows"
+
+
+@dataclass
+class Served:
+    runtime: LocalRuntime
+    http: Client
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | str | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> tuple[int, dict[str, Any]]:
+        data = body if isinstance(body, str) or body is None else json.dumps(body)
+        response = self.http.open(path, method=method, data=data, content_type=content_type)
+        assert response.mimetype == "application/json"
+        return response.status_code, json.loads(response.get_data(as_text=True))
+
+    def work(self) -> None:
+        """One worker, until no run is runnable; it opens the approval of a run it parks,
+        as `ratchet worker` does."""
+        desk = self.runtime.approval_desk(worker_id="w1", logger=LOG)
+        engine = self.runtime.engine(worker_id="w1", logger=LOG)
+
+        def ask(run_id: str) -> None:
+            desk.open(run_id, timeout_seconds=3600, operator=OPERATOR)
+
+        Worker(engine, self.runtime.leases, LOG, poll_seconds=0, on_park=ask).run(until_idle=True)
+
+    def rows(self) -> dict[str, list[Any]]:
+        """Every row of the store, to show that a refusal changed nothing."""
+        connection = self.runtime.db.connection
+        tables = [
+            name
+            for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        return {t: connection.execute(f"SELECT * FROM {t}").fetchall() for t in tables}
+
+
+@contextmanager
+def _served(tmp_path: Path, agents: AgentRegistry | None = None) -> Iterator[Served]:
+    settings = LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db")
+    runtime = LocalRuntime.open(settings)
+    services = local_runs_services(
+        runtime, worker_id="serve:test", logger=LOG, agents=agents, operator=OPERATOR
+    )
+    # The line `ratchet serve` has for it:
+    routes = [("/runs", build_app(lambda: services))]
+    try:
+        yield Served(runtime, Client(wsgi_app(routes)))
+    finally:
+        runtime.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    with _served(tmp_path) as serving:
+        yield serving
+
+
+def test_a_run_started_through_the_api_is_worked_and_decided_through_it(served: Served):
+    status, started = served.call(
+        "POST", "/runs", {"scenario": "migration", "batches": 2, "run_id": "m1"}
+    )
+    assert (status, started) == (
+        201,
+        {"run_id": "m1", "status": "running", "step": 0, "execution_name": None, "created": True},
+    )
+    assert served.call("POST", "/runs", {"scenario": "migration", "run_id": "m1"})[0] == 200
+
+    served.work()
+    status, run = served.call("GET", "/runs/m1")
+    assert (status, run["status"], run["waiting"]["prompt"]) == (
+        200,
+        "waiting",
+        "Drop legacy_orders. All 2 batches (2,000 rows) are copied into orders",
+    )
+
+    status, decided = served.call("POST", "/runs/m1/approve", {"comment": "fine"})
+    assert (status, decided["by"], decided["decision"]) == (200, OPERATOR, "approved")
+    served.work()
+
+    status, run = served.call("GET", "/runs/m1")
+    assert (run["status"], run["waiting"]) == ("done", None)
+    assert "legacy_orders was dropped" in run["summary"]
+    _, history = served.call("GET", "/runs/m1/history")
+    assert "decided" in [row["event"] for row in history["checkpoints"]]
+    decisions = [
+        c.event
+        for c in served.runtime.store.list_checkpoints("m1")
+        if isinstance(c.event, PersonDecided)
+    ]
+    assert [(d.approved, d.by, d.comment) for d in decisions] == [(True, OPERATOR, "fine")]
+    # The step's last checkpoint is the decision: the run as the next step found it.
+    _, then = served.call("GET", f"/runs/m1/checkpoints/{decided['step']}")
+    assert (then["step"], then["status"], then["waiting"]) == (decided["step"], "running", None)
+    assert then["last_result"].startswith("Approved by dana")
+
+
+def test_a_rejection_through_the_api_lets_the_run_go_on_without_the_drop(served: Served):
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 1, "run_id": "m2"})
+    served.work()
+
+    status, decided = served.call("POST", "/runs/m2/reject", {"reason": "audit first"})
+    served.work()
+
+    assert (status, decided["decision"]) == (200, "rejected")
+    assert served.runtime.store.load_head("m2").status is RunStatus.DONE  # type: ignore[union-attr]
+    assert "kept" in (served.runtime.store.load_head("m2").summary or "")  # type: ignore[union-attr]
+    assert served.call("POST", "/runs/m2/reject", {})[0] == 409
+
+
+def test_the_runs_are_listed_recent_first_and_by_status(served: Served):
+    for run_id in ("a", "b", "c"):
+        served.call("POST", "/runs", {"goal": "take notes", "run_id": run_id})
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 1, "run_id": "d"})
+    served.work()
+
+    _, listed = served.call("GET", "/runs")
+    _, waiting = served.call("GET", "/runs?status=waiting")
+    _, two = served.call("GET", "/runs?limit=2")
+
+    assert len(listed["runs"]) == 4
+    stamps = [r["updated_at"] for r in listed["runs"]]
+    assert stamps == sorted(stamps, reverse=True)
+    assert [r["run_id"] for r in waiting["runs"]] == ["d"]
+    assert two["runs"] == listed["runs"][:2]
+
+
+@pytest.fixture
+def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    marker = tmp_path / "imported"
+    (tmp_path / "ratchet_local_tripwire.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\nagent = None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"agent": "ratchet_local_tripwire:agent"}, 400, "agent"),
+        ({"scenario": "ratchet_local_tripwire:agent"}, 400, "scenario"),
+        ({"scenario": "migration", "batches": MAX_BATCHES + 1}, 400, "batches"),
+        ({"scenario": "migration", "model": "claude-sonnet-4-5"}, 400, "model"),
+        (
+            {"scenario": "migration", "notify": {"slack_channel": "#no spaces"}},
+            400,
+            "notify.slack_channel",
+        ),
+        ("{", 400, "(body)"),
+    ],
+)
+def test_a_refused_start_changes_nothing_and_imports_nothing(
+    served: Served, tripwire: Path, body: dict[str, Any] | str, status: int, field: str
+):
+    before = served.rows()
+
+    answered, answer = served.call("POST", "/runs", body)
+
+    assert answered == status
+    assert [p["field"] for p in answer["problems"]] == [field]
+    assert "ANTHROPIC_API_KEY" not in json.dumps(answer)
+    assert not tripwire.exists()
+    assert "ratchet_local_tripwire" not in sys.modules
+    assert served.rows() == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type"),
+    [
+        ("/runs", "scenario=migration&run_id=page", "application/x-www-form-urlencoded"),
+        ("/runs/m3/approve", "", "application/x-www-form-urlencoded"),
+        ("/runs/m3/approve", "comment=sure", "application/x-www-form-urlencoded"),
+        ("/runs/m3/approve", None, "text/plain"),
+        ("/runs/m3/reject", None, ""),
+    ],
+)
+def test_no_web_page_can_start_or_decide_a_run_on_localhost(
+    served: Served, path: str, body: str | None, content_type: str
+):
+    # A page in the user's browser may send a form, a text/plain body or a bodiless POST to
+    # 127.0.0.1 without CORS asking first; none of them claims to be JSON, so none is read.
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 1, "run_id": "m3"})
+    served.work()
+    before = served.rows()
+
+    response = served.http.open(path, method="POST", data=body, content_type=content_type)
+
+    assert response.status_code in (400, 415)
+    assert served.rows() == before
+
+
+def test_agents_registered_for_serve_can_be_started_by_name(tmp_path: Path):
+    registry = AgentRegistry.deployment(json.dumps({"rows": ROWS_AGENT}))
+    with _served(tmp_path, agents=registry) as served:
+        status, _ = served.call("POST", "/runs", {"agent": "rows", "run_id": "r1"})
+        served.work()
+        head = served.runtime.store.load_head("r1")
+
+    assert status == 201
+    assert head is not None
+    assert (head.agent, head.status) == (ROWS_AGENT, RunStatus.DONE)

@@ -1,0 +1,65 @@
+"""The committed OpenAPI document is the one the routes generate, and says what they do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ratchet.handlers.api import openapi_document, openapi_text
+from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS, RunRequest
+
+DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+REGENERATE = ".venv/bin/python -m ratchet.handlers.api --openapi > docs/openapi.json"
+
+
+def test_the_committed_document_is_what_the_routes_generate():
+    assert DOCUMENT.read_text(encoding="utf-8") == openapi_text(), (
+        f"docs/openapi.json is out of date with the routes; regenerate it: {REGENERATE}"
+    )
+
+
+def test_every_route_is_documented_with_its_refusals():
+    paths = openapi_document()["paths"]
+
+    assert {(p, m) for p, ops in paths.items() for m in ops} == {
+        ("/runs", "post"),
+        ("/runs", "get"),
+        ("/runs/{run_id}", "get"),
+        ("/runs/{run_id}/history", "get"),
+        ("/runs/{run_id}/checkpoints/{step}", "get"),
+        ("/runs/{run_id}/approve", "post"),
+        ("/runs/{run_id}/reject", "post"),
+    }
+    for operations in paths.values():
+        for operation in operations.values():
+            responses = operation["responses"]
+            assert "422" not in responses, "validation errors are answered as 400"
+            refused = {"$ref": "#/components/schemas/RequestRefused"}
+            for code, response in responses.items():
+                if int(code) >= 400:
+                    assert response["content"]["application/json"]["schema"] == refused
+
+
+def test_the_start_body_carries_every_field_and_bound():
+    schema = openapi_document()["components"]["schemas"]["RunRequest"]
+
+    assert set(schema["properties"]) == set(RunRequest.model_fields)
+    assert schema["additionalProperties"] is False
+    bounds = {
+        name: next(s for s in schema["properties"][name]["anyOf"] if s["type"] == "integer")
+        for name in ("max_steps", "batches", "tool_latency_ms")
+    }
+    assert {name: (b["minimum"], b["maximum"]) for name, b in bounds.items()} == {
+        "max_steps": (1, MAX_STEPS),
+        "batches": (1, MAX_BATCHES),
+        "tool_latency_ms": (0, MAX_TOOL_LATENCY_MS),
+    }
+
+
+def test_the_document_names_the_iam_signature_it_needs():
+    document = json.loads(openapi_text())
+
+    assert document["security"] == [{"sigv4": []}]
+    assert document["components"]["securitySchemes"]["sigv4"]["x-amazon-apigateway-authtype"] == (
+        "awsSigv4"
+    )
