@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 SCHEMA_VERSION = 1
 """Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning."""
@@ -62,27 +62,26 @@ SLACK_CHANNEL_PATTERN = r"^#?[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
 MAX_NOTIFY_EMAILS = 10
 
 
+def _email_address(address: str) -> str:
+    if len(address) > 254 or not re.fullmatch(EMAIL_PATTERN, address):
+        raise ValueError("not an email address (name@example.com)")
+    return address
+
+
+def _slack_channel(channel: str) -> str:
+    if not re.fullmatch(SLACK_CHANNEL_PATTERN, channel):
+        raise ValueError("not a Slack channel (an id such as C0123ABCD, or #name)")
+    return channel
+
+
 class NotifyTargets(_Model):
     """Who is asked when the run waits for a person: email addresses and/or a Slack channel.
     Empty: the deployment's defaults (locally, the outbox and the worker's printed link)."""
 
-    email: list[str] = Field(default_factory=list, max_length=MAX_NOTIFY_EMAILS)
-    slack_channel: str | None = None
-
-    @field_validator("email")
-    @classmethod
-    def _addresses(cls, addresses: list[str]) -> list[str]:
-        for address in addresses:
-            if len(address) > 254 or not re.fullmatch(EMAIL_PATTERN, address):
-                raise ValueError("not an email address (name@example.com)")
-        return addresses
-
-    @field_validator("slack_channel")
-    @classmethod
-    def _channel(cls, channel: str | None) -> str | None:
-        if channel is not None and not re.fullmatch(SLACK_CHANNEL_PATTERN, channel):
-            raise ValueError("not a Slack channel (an id such as C0123ABCD, or #name)")
-        return channel
+    email: list[Annotated[str, AfterValidator(_email_address)]] = Field(
+        default_factory=list, max_length=MAX_NOTIFY_EMAILS
+    )
+    slack_channel: Annotated[str, AfterValidator(_slack_channel)] | None = None
 
     @property
     def is_empty(self) -> bool:

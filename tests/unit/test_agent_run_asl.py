@@ -14,9 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet import errors
-from ratchet.aws.approvals import REJECTED_ERROR, ApprovalAnswer
+from ratchet.aws.approvals import REJECTED_ERROR, VerdictKind
 from ratchet.aws.payloads import (
     DecideRequest,
+    DecideResult,
     ExecutionInput,
     LoopOutcome,
     MarkFailedRequest,
@@ -151,11 +152,100 @@ def test_the_loop_reads_only_fields_the_step_returns_and_rolls_over_with_a_full_
     assert outcomes == set(get_args(LoopOutcome))
 
 
-def test_an_approval_answer_carries_what_the_decision_reads():
-    selected = STATES["AwaitApproval"]["ResultSelector"]
-    assert {p.removeprefix("$.") for k, p in selected.items() if k.endswith(".$")} == set(
-        ApprovalAnswer.model_fields
+VERDICT_STATES = {
+    "Approved": "approved",
+    "ApprovalRejected": "rejected",
+    "ApprovalExpired": "expired",
+}
+"""How the parked task ended -> the verdict its Pass state names for RecordDecision."""
+
+
+def _catcher(state: str, error: str) -> dict[str, Any]:
+    catchers: list[dict[str, Any]] = STATES[state]["Catch"]
+    (catcher,) = [c for c in catchers if error in c["ErrorEquals"]]
+    return catcher
+
+
+def test_every_way_the_parked_task_ends_reaches_record_decision_with_its_verdict():
+    await_approval = STATES["AwaitApproval"]
+    ends = {
+        "answered": await_approval["Next"],
+        "timed out": _catcher("AwaitApproval", "States.Timeout")["Next"],
+        "rejected": _catcher("AwaitApproval", REJECTED_ERROR)["Next"],
+    }
+
+    assert ends == {
+        "answered": "Approved",
+        "timed out": "ApprovalExpired",
+        "rejected": "ApprovalRejected",
+    }
+    for name, verdict in VERDICT_STATES.items():
+        state = STATES[name]
+        assert (state["Type"], state["Result"], state["Next"]) == (
+            "Pass",
+            verdict,
+            "RecordDecision",
+        )
+        assert state["ResultPath"] == "$.verdict"
+    assert set(VERDICT_STATES.values()) == set(get_args(VerdictKind))
+    assert set(get_args(VerdictKind)) == set(
+        get_args(DecideRequest.model_fields["verdict"].annotation)
     )
+
+
+def test_the_answer_reaches_record_decision_as_it_arrived():
+    """Whatever a person's channel sent (or the timeout's error) lands at $.decision whole: no
+    ResultSelector or OutputPath may pick fields out of it, or an answer lacking them would
+    fail the state instead of becoming a decision."""
+    await_approval = STATES["AwaitApproval"]
+    assert "ResultSelector" not in await_approval
+    assert "OutputPath" not in await_approval
+    assert await_approval["ResultPath"] == "$.decision"
+    for error in ("States.Timeout", REJECTED_ERROR):
+        assert _catcher("AwaitApproval", error)["ResultPath"] == "$.decision"
+    for name in VERDICT_STATES:
+        assert not {"Parameters", "InputPath"} & set(STATES[name]), name
+    payload = _payload("RecordDecision")
+    assert (payload["verdict.$"], payload["answer.$"]) == ("$.verdict", "$.decision")
+
+
+def test_only_an_unexpected_failure_of_the_parked_task_fails_the_run():
+    catchers = STATES["AwaitApproval"]["Catch"]
+
+    assert catchers[-1] == {
+        "ErrorEquals": ["States.ALL"],
+        "ResultPath": "$.error",
+        "Next": "MarkFailed",
+    }
+    retried = {e for r in STATES["AwaitApproval"].get("Retry", []) for e in r["ErrorEquals"]}
+    # A timeout or a rejection is an answer, not a failure to try again.
+    assert not retried & {"States.ALL", "States.Timeout", "States.TaskFailed", REJECTED_ERROR}
+
+
+def test_the_stored_request_expires_with_the_parked_task():
+    await_approval = STATES["AwaitApproval"]
+
+    assert await_approval["TimeoutSecondsPath"] == "$.approval_timeout_seconds"
+    assert _payload("AwaitApproval")["timeout_seconds.$"] == await_approval["TimeoutSecondsPath"]
+    assert _payload("AwaitApproval")["task_token.$"] == "$$.Task.Token"
+    assert _payload("RecordDecision")["approval_timeout_seconds.$"] == "$.approval_timeout_seconds"
+
+
+def test_record_decision_hands_only_its_small_result_to_the_next_step():
+    record = STATES["RecordDecision"]
+
+    assert record["ResultPath"] == "$.decision"
+    assert {p.removeprefix("$.Payload.") for p in record["ResultSelector"].values()} <= set(
+        DecideResult.model_fields
+    )
+    assert record["Next"] == "Step"
+
+
+def test_a_second_execution_for_a_parked_run_ends_as_superseded():
+    superseded = _catcher("Step", "Superseded")
+
+    assert STATES[superseded["Next"]]["Type"] == "Succeed"
+    assert "Superseded" not in {e for r in STATES["Step"]["Retry"] for e in r["ErrorEquals"]}
 
 
 def test_a_busy_store_is_retried_and_never_reaches_the_catch_all():

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from ratchet.aws.naming import execution_name
-from ratchet.aws.payloads import MAX_REASON_CHARS, StepRequest, StepResult, TaskFailure
+from ratchet.aws.payloads import (
+    MAX_REASON_CHARS,
+    DecideRequest,
+    NotifyRequest,
+    NotifyResult,
+    StepRequest,
+    StepResult,
+    TaskFailure,
+)
 from ratchet.engine.core import Outcome, StepOutcome
 
 
@@ -52,3 +60,29 @@ def test_a_lambda_failure_reads_as_its_error_and_message():
 def _caught(error: str, cause: str | None = None) -> TaskFailure:
     """As a Catch puts it at its ResultPath."""
     return TaskFailure.model_validate({"Error": error, **({"Cause": cause} if cause else {})})
+
+
+def test_the_task_token_stays_out_of_the_notify_requests_repr():
+    request = NotifyRequest(run_id="run-1", task_token="AQCEAAAAKgAAAAMAAAAAAAAAAf-secret")
+
+    assert "secret" not in repr(request)
+    assert "secret" not in str(request)
+    assert "secret" not in str(NotifyResult(approval_id="a" * 22).model_dump())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"by": "a"}, {"Error": "Rejected", "Cause": "no"}, [], "text", 42, None, {"by": ""}],
+    ids=repr,
+)
+def test_record_decision_takes_the_answer_in_whatever_shape_it_arrived(answer: object):
+    request = DecideRequest.model_validate(
+        {"run_id": "run-1", "verdict": "approved", "answer": answer}
+    )
+
+    assert request.answer == answer
+
+
+def test_record_decision_refuses_a_verdict_the_state_machine_does_not_name():
+    with pytest.raises(ValueError, match="verdict"):
+        DecideRequest.model_validate({"run_id": "run-1", "verdict": "maybe"})

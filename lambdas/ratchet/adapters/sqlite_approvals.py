@@ -50,15 +50,7 @@ class SqliteApprovalBook:
     def settle(
         self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
     ) -> Approval:
-        settled = approval.model_copy(
-            update={
-                "status": ApprovalStatus.APPROVED if verdict.approved else ApprovalStatus.REJECTED,
-                "decided_by": verdict.by,
-                "comment": verdict.comment,
-                "decided_at": at,
-                "channel": channel,
-            }
-        )
+        settled = approval.settled(verdict, channel=channel, at=at)
         with self._db.write() as tx:
             current = tx.execute(
                 "SELECT record FROM approvals WHERE approval_id = ? AND run_id = ?",
@@ -75,15 +67,7 @@ class SqliteApprovalBook:
         return settled
 
     def reopen(self, approval: Approval) -> None:
-        reopened = approval.model_copy(
-            update={
-                "status": ApprovalStatus.PENDING,
-                "decided_by": None,
-                "comment": "",
-                "decided_at": None,
-                "channel": None,
-            }
-        )
+        reopened = approval.reopened()
         with self._db.write() as tx:
             # Only the decision being undone: a request closed meanwhile stays closed.
             current = tx.execute(

@@ -56,6 +56,30 @@ class Approval(BaseModel):
     def is_expired(self, now: datetime) -> bool:
         return now >= self.expires_at
 
+    def settled(self, verdict: Verdict, *, channel: str, at: datetime) -> Approval:
+        """This request, decided by `verdict` through `channel`."""
+        return self.model_copy(
+            update={
+                "status": ApprovalStatus.APPROVED if verdict.approved else ApprovalStatus.REJECTED,
+                "decided_by": verdict.by,
+                "comment": verdict.comment,
+                "decided_at": at,
+                "channel": channel,
+            }
+        )
+
+    def reopened(self) -> Approval:
+        """This request, pending again (its decision could not be delivered)."""
+        return self.model_copy(
+            update={
+                "status": ApprovalStatus.PENDING,
+                "decided_by": None,
+                "comment": "",
+                "decided_at": None,
+                "channel": None,
+            }
+        )
+
 
 class Verdict(BaseModel):
     """A person's answer, checked: who, yes or no, and why."""

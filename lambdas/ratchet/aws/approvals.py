@@ -35,6 +35,7 @@ from ratchet.approvals.model import (
     Verdict,
 )
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
+from ratchet.state import utcnow
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -47,6 +48,7 @@ UNNAMED = "(not named)"
 """Who decided, when a hand-sent answer did not say."""
 
 VerdictKind = Literal["approved", "rejected", "expired"]
+_TASK_CLOCK_LEAD = timedelta(seconds=30)
 
 
 class ApprovalAnswer(BaseModel):
@@ -196,15 +198,7 @@ class AwsApprovals:
     def settle(
         self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
     ) -> Approval:
-        settled = approval.model_copy(
-            update={
-                "status": ApprovalStatus.APPROVED if verdict.approved else ApprovalStatus.REJECTED,
-                "decided_by": verdict.by,
-                "comment": verdict.comment,
-                "decided_at": at,
-                "channel": channel,
-            }
-        )
+        settled = approval.settled(verdict, channel=channel, at=at)
         if approval.is_expired(at):
             raise ApprovalExpired("this request has expired")
         # Pending -> decided, once: of two clicks, two channels or a replayed POST, the
@@ -221,15 +215,7 @@ class AwsApprovals:
         return settled
 
     def reopen(self, approval: Approval) -> None:
-        reopened = approval.model_copy(
-            update={
-                "status": ApprovalStatus.PENDING,
-                "decided_by": None,
-                "comment": "",
-                "decided_at": None,
-                "channel": None,
-            }
-        )
+        reopened = approval.reopened()
         try:
             self._set(reopened, expect=approval.status)
         except ClientError as error:
@@ -267,7 +253,14 @@ class AwsApprovals:
         except ClientError as failed:
             code = _code(failed)
             if code == "TaskTimedOut":
-                raise ApprovalExpired("the run stopped waiting: the request timed out") from None
+                # Step Functions says TaskTimedOut for any task that is over: timed out,
+                # answered another way, or its execution stopped. Only the first is an
+                # expiry (the task's clock starts a moment before the request is stored).
+                if approval.is_expired(utcnow() + _TASK_CLOCK_LEAD):
+                    raise ApprovalExpired(
+                        "the run stopped waiting: the request timed out"
+                    ) from None
+                raise ApprovalClosed("the run is no longer waiting for this request") from None
             if code in ("InvalidToken", "TaskDoesNotExist"):
                 raise ApprovalClosed("the run is no longer waiting for this request") from None
             if code in ("ThrottlingException", "ServiceUnavailable", "InternalFailure"):

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import SecretStr
 
@@ -188,4 +189,9 @@ app = build_app(lambda: _wiring.approval_services())
 @_wiring.tracer.capture_lambda_handler(capture_response=False)
 @_wiring.metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return app.resolve(event, context)
+    answer = app.resolve(event, context)
+    # Refusals (forged or stale links, bad Slack signatures) are what an alarm should watch.
+    status = int(answer.get("statusCode", 500))
+    name = "ApprovalRequestsRefused" if 400 <= status < 500 else "ApprovalRequestsServed"
+    _wiring.metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+    return answer
