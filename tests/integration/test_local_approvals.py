@@ -29,7 +29,7 @@ from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.engine.core import Engine
-from ratchet.errors import ApprovalClosed
+from ratchet.errors import ApprovalClosed, StoreBusy
 from ratchet.handlers.approvals import ApprovalServices, build_app
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.runtime import LocalRuntime, LocalSettings
@@ -700,3 +700,22 @@ def test_slack_is_not_served_where_it_is_not_configured(local, parked, slack_ser
 
     assert response.status_code == 404
     assert local.tables() == before
+
+
+class BusyResumer:
+    """A resumer whose backend turns the answer away for now (Step Functions throttled)."""
+
+    def resume(self, approval: Approval, verdict: Verdict) -> None:
+        raise StoreBusy("throttled")
+
+
+def test_an_answer_that_cannot_be_delivered_for_now_leaves_the_request_open(local, parked):
+    local.services = ApprovalServices(desk=dataclasses.replace(local.desk, resumer=BusyResumer()))
+
+    busy = post(local, parked.link, "decision=approve")
+
+    assert (busy.status_code, title(busy)) == (503, "Busy, please try again")
+    assert local.approval(parked).status is ApprovalStatus.PENDING
+    assert local.head(parked.run_id).status is RunStatus.WAITING
+    local.services = ApprovalServices(desk=local.desk)
+    assert post(local, parked.link, "decision=approve").status_code == 200

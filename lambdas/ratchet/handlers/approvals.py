@@ -36,6 +36,7 @@ from ratchet.errors import (
     ApprovalNotFound,
     LinkInvalid,
     RunNotFound,
+    StoreBusy,
 )
 from ratchet.handlers import _wiring
 
@@ -101,6 +102,10 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
             return problem(error)
         except RunNotFound as gone:
             return problem(ApprovalClosed(str(gone)))
+        except StoreBusy:
+            # The decision was undone (the request is pending again): the person may retry.
+            page = pages.problem_page("Busy, please try again", "AWS is busy for the moment.")
+            return html(HTTPStatus.SERVICE_UNAVAILABLE, page)
         return html(HTTPStatus.OK, pages.outcome_page(view, just_now=True))
 
     @app.post("/slack/interactions")
