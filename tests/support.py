@@ -30,7 +30,8 @@ class FakeTable:
     """A side-effecting tool's world: a real table, applied at most once per key."""
 
     def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(path, isolation_level=None)
+        # The engine runs tools on a thread of its own (the step time limit).
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY, n INTEGER)")
         self.received: list[str] = []
 

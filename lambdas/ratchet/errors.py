@@ -6,6 +6,8 @@ here is a change to the deployed contract.
 
 from __future__ import annotations
 
+import errno
+
 
 class RatchetError(Exception):
     """Base class of every error Ratchet raises on purpose."""
@@ -60,6 +62,25 @@ class CheckpointTooLarge(RatchetError):
 
 class UnsupportedSchema(RatchetError):
     """A stored state was written by a newer Ratchet than this one."""
+
+
+class RunUnreadable(RatchetError):
+    """A run's stored head cannot be parsed (tampered or corrupted): no step can be taken and
+    nothing can be written to it, since every write is a fold of the head that was read."""
+
+    def __init__(self, run_id: str, cause: str) -> None:
+        super().__init__(f"run {run_id!r} cannot be read: {cause}")
+        self.run_id = run_id
+
+
+class BlobCorrupt(RatchetError, ValueError):
+    """A blob's bytes do not match the SHA-256 that names it: never used, never retried."""
+
+    def __init__(self, sha256: str, where: str) -> None:
+        super().__init__(
+            f"blob {sha256} is corrupt in {where}: its bytes do not match their SHA-256"
+        )
+        self.sha256 = sha256
 
 
 class StoreUnavailable(RatchetError):
@@ -130,22 +151,110 @@ class ApprovalClosed(ApprovalError):
 
 
 class StepAttemptFailed(RatchetError):
-    """One attempt at a step failed in an expected way; the step may be retried.
+    """One attempt at a step failed; the step may be retried (the third attempt fails the run).
 
-    The engine has already recorded the error and counted the attempt when this is raised.
+    The engine has counted the attempt, durably, before the work began, and has recorded the
+    error as an `attempt_failed` checkpoint when this is raised (unless the store refused that
+    write too, which the engine logs). `transient` says the cause may pass by itself (a busy
+    store, a full disk, a dropped connection, a rate limit): a worker should back off before
+    the next attempt instead of trying again at once.
     """
+
+    transient: bool = False
+
+    def __init__(self, message: str = "", *, transient: bool | None = None) -> None:
+        super().__init__(message)
+        if transient is not None:
+            self.transient = transient
 
 
 class ModelUnavailable(StepAttemptFailed):
     """The model API failed (rate limit, server error, timeout, connection)."""
+
+    transient = True
 
 
 class ModelOutputInvalid(StepAttemptFailed):
     """The model answered with neither a valid tool call nor DONE."""
 
 
+class ModelFailed(StepAttemptFailed):
+    """The model adapter (or an agent's scripted policy) raised an unexpected error."""
+
+
 class ToolFailed(StepAttemptFailed):
-    """A tool raised while handling a call."""
+    """A tool raised while handling a call, or returned something the run cannot keep."""
+
+
+class AgentSetupFailed(StepAttemptFailed):
+    """The run's agent, model or resources could not be set up for the step (the agent's
+    `resources` hook raised, or its module failed to load)."""
+
+
+class StepTimedOut(StepAttemptFailed):
+    """The step's agent code (hooks, model call, tool) did not finish within the agent's
+    `step_timeout_seconds`. The engine abandoned it: whatever it returns later is discarded
+    and can never be committed."""
+
+
+class StepErrored(StepAttemptFailed):
+    """Something other than the agent's code failed during the step: storing a blob, reading
+    the ledger, or committing the step (an I/O error, a bug). The cause is in the message."""
+
+
+TERMINAL_ERRORS: tuple[type[Exception], ...] = (
+    CheckpointTooLarge,
+    IdempotencyConflict,
+    UnsupportedSchema,
+    RunUnreadable,
+    BlobCorrupt,
+)
+"""Errors that no retry can fix; the one place that says so.
+
+During a step (raised by the agent's code, a blob read or the commit, or the cause of a
+`StepAttemptFailed`) they fail the run at once with the cause, without a second attempt.
+`UnsupportedSchema` and `RunUnreadable` are raised while loading the head, before any attempt:
+nothing can be written to such a run, so the engine raises them and the caller must not retry
+(a worker skips the run; the state machine fails the execution).
+"""
+
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.EDQUOT,
+        errno.EINTR,
+        errno.EIO,
+        errno.ENOBUFS,
+        errno.ENOMEM,
+        errno.ENOSPC,
+        errno.ETIMEDOUT,
+    }
+)
+
+
+def is_terminal(error: BaseException | None) -> bool:
+    """True if `error`, or the error that caused it, is one of `TERMINAL_ERRORS`."""
+    return error is not None and (
+        isinstance(error, TERMINAL_ERRORS) or isinstance(error.__cause__, TERMINAL_ERRORS)
+    )
+
+
+def is_transient(error: BaseException | None) -> bool:
+    """True if `error`, or its cause, may pass by itself: a busy store, a dropped connection,
+    a momentarily full or failing disk, a model rate limit."""
+    while error is not None:
+        if isinstance(error, StepAttemptFailed) and error.transient:
+            return True
+        if isinstance(error, (StoreBusy, ConnectionError, TimeoutError)):
+            return True
+        if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+            return True
+        error = error.__cause__
+    return False
 
 
 class InjectedFault(RuntimeError):

@@ -18,8 +18,16 @@ from ratchet.state import SCHEMA_VERSION, RunState
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 
-UPGRADES: Mapping[int, Upgrade] = {}
-"""`UPGRADES[n]` upgrades a version-n state to n + 1. Empty while version 1 is the only one."""
+
+def _v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    # Version 2 only adds optional `blob` references (arguments kept by reference); a version 1
+    # state has none, so it reads as it is. The bump makes an older Ratchet refuse a version 2
+    # state with a clear error instead of failing on a field it does not know.
+    return state
+
+
+UPGRADES: Mapping[int, Upgrade] = {1: _v1_to_v2}
+"""`UPGRADES[n]` upgrades a version-n state to n + 1."""
 
 
 def upgrade_state(

@@ -19,8 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-SCHEMA_VERSION = 1
-"""Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning."""
+SCHEMA_VERSION = 2
+"""Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning.
+2: tool calls, messages and their records may carry a `blob` (arguments kept by reference)."""
 
 RECENT_STEPS = 5
 """How many completed steps the state (and so the model) sees in full."""
@@ -32,6 +33,19 @@ DEFAULT_MAX_STEPS = 60
 MAX_GOAL_BYTES = 64 * 1024
 PREVIEW_CHARS = 400
 """Tool output kept inline in the state; the full output is in the step record or a blob."""
+
+INLINE_BYTES = 2048
+"""The per-item budget: tool arguments, tool output or a DONE summary up to this size (UTF-8
+JSON for arguments) are kept inline; larger ones go to the blob store and every record (head,
+step record, ledger) keeps a preview and a `BlobRef`. So what a step writes is bounded whatever
+the agent passes around."""
+
+MAX_APPROVAL_REQUEST_BYTES = 16 * 1024
+"""An `ask_person` request (prompt and details, as JSON) is shown in full to a person and kept
+in the head while the run waits; a larger one fails the attempt with the reason."""
+
+MAX_ERROR_CHARS = 2000
+"""An error kept on the run (and in its `attempt_failed` record) is cut to this length."""
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN.pattern)]
@@ -97,11 +111,21 @@ class RunOptions(_Model):
     notify: NotifyTargets = NotifyTargets()
 
 
+class BlobRef(_Model):
+    sha256: str
+    size: int
+
+
 class ToolCall(_Model):
-    """The model's decision at one step: the single tool it asked for."""
+    """The model's decision at one step: the single tool it asked for.
+
+    With `blob`, the arguments were over `INLINE_BYTES`: `arguments` is then a preview (small
+    values kept, large ones replaced by their size) and the full arguments, as UTF-8 JSON, are
+    the blob. The engine hands the tool the full ones."""
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    blob: BlobRef | None = None
 
 
 class Done(_Model):
@@ -113,18 +137,14 @@ class Done(_Model):
 Decision = ToolCall | Done
 
 
-class BlobRef(_Model):
-    sha256: str
-    size: int
-
-
 class Message(_Model):
-    """What the assistant decided at a step."""
+    """What the assistant decided at a step (`arguments` is a preview when `blob` is set)."""
 
     step: int
     role: Literal["assistant"] = "assistant"
     tool: str
     arguments: dict[str, Any]
+    blob: BlobRef | None = None
 
 
 class ToolOutput(_Model):

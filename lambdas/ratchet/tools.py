@@ -19,6 +19,7 @@ per-run resources, seed data and check invariants.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -154,6 +155,14 @@ def tool(
 Policy = Callable[[StepView], Decision]
 """A scripted model: decides the next step from the same bounded view Claude gets."""
 
+DEFAULT_STEP_TIMEOUT_SECONDS = 120.0
+"""How long one step's agent code (hooks, model call, tool) may take, unless the agent says."""
+MIN_STEP_TIMEOUT_SECONDS = 0.1
+MAX_STEP_TIMEOUT_SECONDS = 840.0
+"""The longest step time limit an agent may set: a step Lambda's timeout (900 s at most) must
+cover it plus the engine's own reads and writes, so a limit is always the engine's to enforce,
+never Lambda's."""
+
 
 @dataclass(frozen=True)
 class Agent:
@@ -163,6 +172,12 @@ class Agent:
     `resources(ctx)` opens what the tools need once per process and run; `prepare(ctx)` runs
     once when the run is started (it must be idempotent); `verify(ctx)` returns the agent's
     invariants for the run as a dict with at least `ok`.
+
+    `step_timeout_seconds` bounds each step's agent code: the engine runs the hooks, the model
+    call and the tool on a thread of its own (one per calling thread, reused step after step,
+    so open thread-bound handles such as SQLite connections in `resources`, not beforehand).
+    A step over the limit is abandoned and recorded as a failed attempt; its late result is
+    discarded. `None` runs the agent's code on the caller's thread with no limit.
     """
 
     name: str
@@ -173,12 +188,24 @@ class Agent:
     resources: Callable[[RunContext], Any] | None = None
     prepare: Callable[[RunContext], None] | None = None
     verify: Callable[[RunContext, RunState], dict[str, Any]] | None = None
+    step_timeout_seconds: float | None = DEFAULT_STEP_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
         duplicates = {n for n in names if names.count(n) > 1}
         if duplicates:
             raise ValueError(f"agent {self.name!r} has duplicate tool names: {sorted(duplicates)}")
+        limit = self.step_timeout_seconds
+        if limit is not None and not (
+            isinstance(limit, int | float)
+            and not isinstance(limit, bool)
+            and math.isfinite(limit)
+            and MIN_STEP_TIMEOUT_SECONDS <= limit <= MAX_STEP_TIMEOUT_SECONDS
+        ):
+            raise ValueError(
+                f"agent {self.name!r}: step_timeout_seconds must be a number of seconds from "
+                f"{MIN_STEP_TIMEOUT_SECONDS:g} to {MAX_STEP_TIMEOUT_SECONDS:g}, not {limit!r}"
+            )
 
     def tool_named(self, name: str) -> Tool[Any] | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import boto3
 import pytest
+from pydantic import BaseModel
 
+from ratchet.adapters.s3_blobs import S3BlobStore
+from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding, Engine, Outcome, StepOutcome
 from ratchet.engine.transitions import replay
 from ratchet.errors import (
@@ -19,8 +27,18 @@ from ratchet.errors import (
     ToolFailed,
 )
 from ratchet.faults import FaultPlan
-from ratchet.ports import ModelRequest
-from ratchet.state import MAX_ATTEMPTS, RECENT_STEPS, Decision, RunStatus, ToolCall
+from ratchet.ports import BlobStore, ModelRequest, StepView
+from ratchet.state import (
+    MAX_ATTEMPTS,
+    RECENT_STEPS,
+    Decision,
+    Done,
+    RunState,
+    RunStatus,
+    ToolCall,
+)
+from ratchet.tools import Agent, Tool, ToolContext
+from tests.dynamodb_support import REGION, DynamoHarness, moto_tables
 from tests.support import LOG, Harness, StubModel, fake_agent
 
 
@@ -251,42 +269,53 @@ def test_large_tool_output_goes_to_a_blob_and_the_state_keeps_a_preview(tmp_path
 def test_a_slow_worker_that_lost_the_run_is_rejected_and_applies_nothing(tmp_path):
     # Given worker B, which reads the run and counts its attempt, then stalls in the model call
     # while worker A (whose view is fresh) takes the same step and commits it
+    from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+
     harness = Harness(tmp_path, StubModel(total=2))
     harness.start()
     fast = harness.engine
-    from ratchet.adapters.sqlite import SqliteDatabase
-
-    slow_db = SqliteDatabase(tmp_path / "ratchet.db")
-    raced: list[StepOutcome] = []
+    in_model, proceed = threading.Event(), threading.Event()
+    slow_result: list[BaseException | StepOutcome] = []
 
     @dataclass
     class StallingModel:
         inner: StubModel = field(default_factory=lambda: StubModel(total=2))
 
         def decide(self, request: ModelRequest) -> Decision:
-            if not raced:
-                raced.append(fast.advance("run"))
+            in_model.set()
+            assert proceed.wait(timeout=30), "the test never let the slow model go on"
             return self.inner.decide(request)
 
-    from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteLedger
+    def slow_worker() -> None:
+        slow_db = SqliteDatabase(tmp_path / "ratchet.db")
+        binding = Binding(fake_agent(harness.table), StallingModel())
+        slow = Engine(
+            store=SqliteCheckpointStore(slow_db),
+            ledger=SqliteLedger(slow_db),
+            blobs=fast._blobs,
+            bind=lambda state: binding,
+            worker_id="slow",
+            logger=LOG,
+        )
+        try:
+            slow_result.append(slow.advance("run"))
+        except BaseException as error:
+            slow_result.append(error)
 
-    binding = Binding(fake_agent(harness.table), StallingModel())
-    slow = Engine(
-        store=SqliteCheckpointStore(slow_db),
-        ledger=SqliteLedger(slow_db),
-        blobs=fast._blobs,
-        bind=lambda state: binding,
-        worker_id="slow",
-        logger=LOG,
-    )
+    thread = threading.Thread(target=slow_worker)
+    thread.start()
+    assert in_model.wait(timeout=30)
+    raced = fast.advance("run")
 
     # When B comes back and tries to go on
-    with pytest.raises(StaleVersion):
-        slow.advance("run")
+    proceed.set()
+    thread.join(timeout=30)
 
-    # Then A's step stands, B wrote nothing, and step 1 was applied once
+    # Then B was rejected, A's step stands, B wrote nothing, and step 1 was applied once
+    assert len(slow_result) == 1
+    assert isinstance(slow_result[0], StaleVersion)
     head = fast.load("run")
-    assert raced[0].outcome is Outcome.CONTINUE
+    assert raced.outcome is Outcome.CONTINUE
     assert head.step == 1
     assert {c.worker_id for c in harness.store.list_checkpoints("run")[1:]} == {"worker-1"}
     assert harness.table.row_count == 1
@@ -465,3 +494,107 @@ def test_a_supervisor_can_fail_a_run_which_keeps_its_last_checkpoint(tmp_path):
     assert failed.error == "Step Functions gave up: Lambda.ServiceException"
     assert again == failed
     assert harness.engine.advance("run").outcome is Outcome.FAILED
+
+
+class Bulk(BaseModel):
+    step: int
+    payload: str
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def any_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    """The engine harness on SQLite with file blobs, or on DynamoDB with S3 blobs (moto)."""
+    if request.param == "sqlite":
+        yield Harness(tmp_path, StubModel(total=1))
+        return
+    with moto_tables():
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket="blobs")
+
+        class WithS3(DynamoHarness):
+            @property
+            def blobs(self) -> BlobStore:
+                return S3BlobStore(s3, "blobs")
+
+        yield WithS3(tmp_path, StubModel(total=1))
+
+
+def test_an_agent_passing_80_kb_of_arguments_every_step_finishes_with_a_bounded_head(
+    any_backend,
+):
+    # Given an agent whose every call carries 80 KB of arguments, over 20 steps
+    harness = any_backend
+    harness.start(max_steps=30)
+    received: list[Bulk] = []
+
+    def load(args: Bulk, ctx: ToolContext) -> str:
+        received.append(args)
+        return f"loaded {len(args.payload):,} characters"
+
+    def policy(view: StepView) -> Decision:
+        if view.step > 20:
+            return Done(summary="loaded 20 payloads")
+        return ToolCall(name="load", arguments={"step": view.step, "payload": _payload(view.step)})
+
+    agent = Agent(name="bulk", tools=[Tool("load", "Load a payload.", Bulk, load)])
+    binding = Binding(agent, ScriptedModel(policy))
+    engine = Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.blobs,
+        bind=lambda state: binding,
+        worker_id="w",
+        logger=LOG,
+    )
+
+    # When it runs to the end
+    final = _run(engine)
+
+    # Then it finishes, the tool got its full arguments every time, and nothing it wrote grew
+    # with the arguments: the head, each record and each ledger entry keep a preview by reference
+    assert (final.status, final.step, final.error) == (RunStatus.DONE, 20, None)
+    assert [(a.step, a.payload) for a in received] == [(n, _payload(n)) for n in range(1, 21)]
+    assert len(final.model_dump_json()) < 4_096
+    assert max(c.size for c in harness.store.list_checkpoints("run")) < 12_288
+    assert final.messages[-1].arguments == {"step": 20, "payload": "[80,002 bytes, by reference]"}
+    assert final.messages[-1].blob is not None
+    entry = harness.ledger.get("run/step-20")
+    assert entry is not None
+    assert len(json.dumps(entry.decision)) < 1_000
+    blob = final.messages[-1].blob
+    assert json.loads(harness.blobs.get(blob)) == {"step": 20, "payload": _payload(20)}
+    assert replay(harness.store.list_checkpoints("run")) == final
+
+
+def _payload(step: int) -> str:
+    return f"{step:03d}" + "x" * (80_000 - 3)
+
+
+def _run(engine: Engine) -> RunState:
+    for _ in range(100):
+        if engine.advance("run").outcome is not Outcome.CONTINUE:
+            return engine.load("run")
+    raise AssertionError("the run did not stop")
+
+
+def test_a_large_done_summary_is_kept_by_reference(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    summary = "s" * 50_000
+    binding = Binding(fake_agent(harness.table), ScriptedModel(lambda view: Done(summary=summary)))
+    engine = Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.blobs,
+        bind=lambda state: binding,
+        worker_id="w",
+        logger=LOG,
+    )
+
+    assert engine.advance("run").outcome is Outcome.DONE
+
+    kept = engine.load("run").summary or ""
+    assert len(kept) < 1_000
+    assert kept.endswith(
+        "… [50,000 bytes in blob " + hashlib.sha256(summary.encode()).hexdigest()[:12] + "]"
+    )

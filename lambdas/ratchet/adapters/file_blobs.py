@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ratchet.errors import BlobCorrupt
 from ratchet.state import BlobRef
 
 
@@ -29,9 +30,12 @@ class FileBlobStore:
         return BlobRef(sha256=digest, size=len(data))
 
     def get(self, ref: BlobRef) -> bytes:
-        data = self._path(ref.sha256).read_bytes()
+        path = self._path(ref.sha256)
+        data = path.read_bytes()
+        # The name is the content's hash: bytes that no longer match it were damaged or
+        # tampered with, and must not be handed to a tool as if they were what was stored.
         if hashlib.sha256(data).hexdigest() != ref.sha256:
-            raise ValueError(f"blob {ref.sha256} is corrupt on disk")
+            raise BlobCorrupt(ref.sha256, str(path))
         return data
 
     def _path(self, digest: str) -> Path:

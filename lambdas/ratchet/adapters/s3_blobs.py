@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ratchet.errors import StoreUnavailable, ToolFailed
+from ratchet.errors import BlobCorrupt, StoreUnavailable, ToolFailed
 from ratchet.state import BlobRef
 
 PREFIX = "blobs/"
@@ -38,7 +38,7 @@ class S3BlobStore:
         response = self._client.get_object(Bucket=self._bucket, Key=f"{PREFIX}{ref.sha256}")
         data: bytes = response["Body"].read()
         if hashlib.sha256(data).hexdigest() != ref.sha256:
-            raise ValueError(f"blob {ref.sha256} is corrupt in s3://{self._bucket}")
+            raise BlobCorrupt(ref.sha256, f"s3://{self._bucket}/{PREFIX}{ref.sha256}")
         return data
 
 
@@ -49,8 +49,8 @@ class NoBlobStore:
     def put(self, data: bytes) -> BlobRef:
         # A failed attempt, so the engine records why on the run (and fails it on the third).
         raise ToolFailed(
-            f"a tool output of {len(data):,} bytes needs a blob store, and none is configured: "
-            "set RATCHET_BLOB_BUCKET to an S3 bucket"
+            f"{len(data):,} bytes of tool output or arguments need a blob store, and none is "
+            "configured: set RATCHET_BLOB_BUCKET to an S3 bucket"
         )
 
     def get(self, ref: BlobRef) -> bytes:

@@ -30,6 +30,7 @@ from ratchet.errors import (
     ApprovalDecided,
     ApprovalExpired,
     ApprovalNotFound,
+    InvalidInput,
     RunNotFound,
 )
 from ratchet.ports import ApprovalBook, CheckpointStore, Notifier, Resumer
@@ -93,6 +94,10 @@ class ApprovalDesk:
         """Open an approval for the step the run waits at and notify who the run names (or
         the defaults). `operator` is asked too (locally: whoever runs the worker, who gets
         the link printed and in the outbox)."""
+        if timeout_seconds < 1:
+            raise InvalidInput(
+                f"an approval timeout must be at least 1 second, not {timeout_seconds}"
+            )
         run = self.store.load_head(run_id)
         if run is None:
             raise RunNotFound(run_id)

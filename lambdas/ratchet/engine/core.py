@@ -10,6 +10,15 @@ makes a crash at any point cost at most that step and never repeat a side effect
    it before acting;
 4. act: run the one tool with the key `<run_id>/step-<n>`;
 5. commit the step record and the new head in one write, conditional on the version read.
+
+Whatever fails in 3-5 is recorded on the run with its cause (an `attempt_failed` checkpoint)
+and raised as a `StepAttemptFailed`, except what cannot succeed on retry (`TERMINAL_ERRORS`),
+which fails the run at once, and an `InjectedFault`, which stands for the process dying and so
+is left unrecorded, as a real crash would be. The agent's own code (its hooks, the model call,
+the tool) runs on a thread of its own under the agent's step time limit; a step over it is
+abandoned, and since only the calling thread commits, whatever the abandoned code returns later
+is never written. Tool arguments, outputs and summaries over `INLINE_BYTES` are kept by
+reference to the blob store, so no record grows with what the agent passes around.
 """
 
 from __future__ import annotations
@@ -17,25 +26,36 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import queue
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from ratchet.engine.prompt import render_step_prompt
 from ratchet.engine.transitions import apply_event
 from ratchet.errors import (
+    AgentSetupFailed,
     IdempotencyConflict,
+    InjectedFault,
+    ModelFailed,
     ModelOutputInvalid,
     NotWaiting,
     RunNotFound,
+    RunUnreadable,
     StaleVersion,
     StepAttemptFailed,
+    StepErrored,
+    StepTimedOut,
     ToolFailed,
+    is_terminal,
+    is_transient,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import (
@@ -50,9 +70,14 @@ from ratchet.ports import (
     StepView,
 )
 from ratchet.state import (
+    INLINE_BYTES,
+    MAX_APPROVAL_REQUEST_BYTES,
     MAX_ATTEMPTS,
+    MAX_ERROR_CHARS,
     PREVIEW_CHARS,
+    ApprovalRequest,
     AttemptFailed,
+    BlobRef,
     Checkpoint,
     CheckpointEvent,
     Created,
@@ -68,10 +93,18 @@ from ratchet.state import (
     idempotency_key,
     utcnow,
 )
-from ratchet.tools import Agent, ToolContext, ToolResult
+from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS, Agent, ToolContext, ToolResult
 
-INLINE_OUTPUT_BYTES = 2048
+INLINE_OUTPUT_BYTES = INLINE_BYTES
 """Tool output up to this size is kept in the step record; larger output goes to a blob."""
+
+ARGUMENT_PREVIEW_VALUE_BYTES = 80
+"""In the preview of arguments kept by reference, a value whose JSON is up to this size is kept
+as it is (a batch number, a flag); a larger one is replaced by its size."""
+ARGUMENT_PREVIEW_KEYS = 12
+"""At most this many argument names are kept in a preview; the rest are counted."""
+
+T = TypeVar("T")
 
 
 class Outcome(StrEnum):
@@ -164,7 +197,12 @@ class Engine:
         return self._store.create_run(state, checkpoint)
 
     def load(self, run_id: str) -> RunState:
-        state = self._store.load_head(run_id)
+        """The run's head. Raises `RunNotFound`, `UnsupportedSchema` (a newer Ratchet wrote
+        it) or `RunUnreadable` (it does not parse): the last two are never worth a retry."""
+        try:
+            state = self._store.load_head(run_id)
+        except ValueError as error:  # a head that is not JSON, or not a RunState
+            raise RunUnreadable(run_id, _describe(error)) from error
         if state is None:
             raise RunNotFound(run_id)
         return state
@@ -173,7 +211,11 @@ class Engine:
         """Take exactly one step of the run (or apply a stop rule) and commit it.
 
         Raises `StaleVersion` if another worker moved the run meanwhile (nothing was written),
-        and `StepAttemptFailed` after recording a failed attempt that may be retried.
+        and `StepAttemptFailed` (a subclass naming what failed, with `transient` set when a
+        worker should back off) after recording a failed attempt that may be retried. A
+        failure no retry can fix (`TERMINAL_ERRORS`) and the third failed attempt are not
+        raised: the run is failed with the cause and the outcome returned. A head that cannot
+        be read raises `UnsupportedSchema` or `RunUnreadable`; retrying those is pointless.
 
         With `count_next_attempt`, a caller that goes straight on to the next step (a worker's
         loop) has the step's commit count the next step's first attempt too, which saves the
@@ -201,14 +243,45 @@ class Engine:
             state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
         try:
-            binding = self._bound(state)
-            decision = self._decide(state, binding)
-            if isinstance(decision, ToolCall):
-                output, wait = self._act(state, binding, decision)
-        except StepAttemptFailed as error:
-            return self._record_failure(state, error)
-        key = idempotency_key(run_id, step)
+            decision, output, wait = self._attempt(state)
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            return self._record_failure(state, _attempt_failure(error, f"step {step} failed"))
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
+        try:
+            head, written, event = self._commit_step(
+                state, decision, output, wait, count_next_attempt, started
+            )
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            failure = _attempt_failure(error, f"step {step} could not be committed")
+            return self._record_failure(state, failure)
+        if isinstance(event, StepCompleted) and event.next_attempt_counted:
+            self._counted_ahead[run_id] = head.version
+        self._faults.hit(FaultPoint.AFTER_COMMIT, step)
+        return StepOutcome.of(head, bytes_written=written)
+
+    def step_timeout(self, state: RunState) -> float | None:
+        """The time limit, in seconds, of one step of this run's agent (`None`: no limit).
+        Whatever drives the engine must allow a step at least this long plus the engine's own
+        reads and writes; `MAX_STEP_TIMEOUT_SECONDS` bounds it for every agent."""
+        return self._bound(
+            state, time.monotonic() + MAX_STEP_TIMEOUT_SECONDS
+        ).agent.step_timeout_seconds
+
+    def _commit_step(
+        self,
+        state: RunState,
+        decision: Decision,
+        output: ToolOutput | None,
+        wait: ApprovalRequest | None,
+        count_next_attempt: bool,
+        started: float,
+    ) -> tuple[RunState, int, CheckpointEvent]:
+        step = state.next_step
+        key = idempotency_key(state.run_id, step)
         if isinstance(decision, Done):
             finished = Finished(
                 status=RunStatus.DONE, summary=decision.summary, attempts=state.attempts
@@ -216,26 +289,24 @@ class Engine:
             head, written = self._commit(
                 state, finished, step=state.step, completes=LedgerCompletion(key, "DONE")
             )
-        else:
-            event = StepCompleted(
-                step=step,
-                key=key,
-                call=decision,
-                output=output,
-                wait=wait,
-                next_attempt_counted=count_next_attempt
-                and wait is None
-                and step < state.options.max_steps,
-                attempt=state.attempts,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-            )
-            head, written = self._commit(
-                state, event, step=step, completes=LedgerCompletion(key, output.text)
-            )
-        if isinstance(decision, ToolCall) and event.next_attempt_counted:
-            self._counted_ahead[run_id] = head.version
-        self._faults.hit(FaultPoint.AFTER_COMMIT, step)
-        return StepOutcome.of(head, bytes_written=written)
+            return head, written, finished
+        assert output is not None
+        event = StepCompleted(
+            step=step,
+            key=key,
+            call=decision,
+            output=output,
+            wait=wait,
+            next_attempt_counted=count_next_attempt
+            and wait is None
+            and step < state.options.max_steps,
+            attempt=state.attempts,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        head, written = self._commit(
+            state, event, step=step, completes=LedgerCompletion(key, output.text)
+        )
+        return head, written, event
 
     def release(self, run_id: str) -> None:
         """Take back the next attempt counted ahead by `advance`, if the run is still as this
@@ -255,7 +326,7 @@ class Engine:
             return state
         head, _ = self._commit(
             state,
-            Finished(status=RunStatus.FAILED, error=reason, attempts=state.attempts),
+            Finished(status=RunStatus.FAILED, error=_cut(reason), attempts=state.attempts),
             step=state.step,
         )
         return head
@@ -275,15 +346,34 @@ class Engine:
 
     # --- one step --------------------------------------------------------------------------
 
-    def _bound(self, state: RunState) -> Binding:
+    def _attempt(
+        self, state: RunState
+    ) -> tuple[Decision, ToolOutput | None, ApprovalRequest | None]:
+        """Decide and act: what the step's commit records. The agent's code runs under the
+        agent's time limit, counted from the start of the attempt."""
+        started = time.monotonic()
+        binding = self._bound(state, started + MAX_STEP_TIMEOUT_SECONDS)
+        limit = binding.agent.step_timeout_seconds
+        clock = _StepClock(state.next_step, limit, None if limit is None else started + limit)
+        decision = self._decide(state, binding, clock)
+        if isinstance(decision, Done):
+            return decision, None, None
+        output, wait = self._act(state, binding, decision, clock)
+        return decision, output, wait
+
+    def _bound(self, state: RunState, deadline: float) -> Binding:
+        clock = _StepClock(state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
         try:
-            return self._bind(state)
+            return clock.run(lambda: self._bind(state), f"setting up agent {state.agent!r}")
+        except StepTimedOut:
+            raise
         except Exception as error:  # the agent's own hooks run here: any failure is this attempt's
-            raise StepAttemptFailed(
-                f"cannot set up agent {state.agent!r} for the step: {type(error).__name__}: {error}"
+            raise AgentSetupFailed(
+                f"cannot set up agent {state.agent!r} for the step: {_describe(error)}",
+                transient=is_transient(error),
             ) from error
 
-    def _decide(self, state: RunState, binding: Binding) -> Decision:
+    def _decide(self, state: RunState, binding: Binding, clock: _StepClock) -> Decision:
         step = state.next_step
         key = idempotency_key(state.run_id, step)
         recorded = self._ledger.get(key)
@@ -299,15 +389,25 @@ class Engine:
                 "model called",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
-            decision = _validated(binding.model.decide(request), binding.agent)
+            try:
+                answer = clock.run(lambda: binding.model.decide(request), "in the model call")
+            except StepAttemptFailed:
+                raise
+            except Exception as error:  # a model adapter or a scripted policy: user code
+                raise ModelFailed(
+                    f"the model raised {_describe(error)}", transient=is_transient(error)
+                ) from error
+            decision = _validated(answer, binding.agent)
             self._faults.hit(FaultPoint.AFTER_MODEL, step)
-            payload = decision.model_dump(mode="json")
+            payload = _payload(decision)
             entry = LedgerEntry(
                 key=key,
                 run_id=state.run_id,
                 step=step,
+                # The hash is of the full decision, so the same key with other arguments is
+                # refused even when both are kept by reference.
                 args_hash=_hash(payload),
-                decision=payload,
+                decision=_payload(self._by_reference(decision)),
             )
             try:
                 recorded = self._ledger.begin(entry)
@@ -323,13 +423,41 @@ class Engine:
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return _decision_from(recorded.decision)
 
-    def _act(self, state: RunState, binding: Binding, call: ToolCall) -> tuple[ToolOutput, Any]:
+    def _by_reference(self, decision: Decision) -> Decision:
+        """The decision as every record keeps it: large arguments or a large summary go to the
+        blob store, and the record holds a preview and the reference."""
+        if isinstance(decision, Done):
+            data = decision.summary.encode("utf-8")
+            if len(data) <= INLINE_BYTES:
+                return decision
+            blob = self._blobs.put(data)
+            return Done(summary=_text_preview(decision.summary, blob))
+        data = _canonical(decision.arguments).encode("utf-8")
+        if len(data) <= INLINE_BYTES:
+            return decision
+        blob = self._blobs.put(data)
+        return ToolCall(
+            name=decision.name, arguments=_arguments_preview(decision.arguments), blob=blob
+        )
+
+    def _arguments_of(self, call: ToolCall) -> dict[str, Any]:
+        if call.blob is None:
+            return call.arguments
+        # The blob store checks the bytes against their SHA-256 (`BlobCorrupt` otherwise).
+        arguments = json.loads(self._blobs.get(call.blob))
+        if not isinstance(arguments, dict):
+            raise ValueError(f"the arguments blob {call.blob.sha256} does not hold an object")
+        return arguments
+
+    def _act(
+        self, state: RunState, binding: Binding, call: ToolCall, clock: _StepClock
+    ) -> tuple[ToolOutput, ApprovalRequest | None]:
         step = state.next_step
         tool = binding.agent.tool_named(call.name)
         if tool is None:
             raise ToolFailed(f"step {step} asks for tool {call.name!r}, which this agent lacks")
         try:
-            args = tool.parse(call.arguments)
+            args = tool.parse(self._arguments_of(call))
         except ValidationError as error:
             raise ToolFailed(f"recorded arguments no longer fit {tool.name}: {error}") from None
         context = ToolContext(
@@ -339,17 +467,31 @@ class Engine:
             attempt=state.attempts,
             resources=binding.resources,
         )
-        if state.options.tool_latency_ms:
-            self._sleep(state.options.tool_latency_ms / 1000)
-        try:
-            result: ToolResult = tool(args, context)
-        except Exception as error:  # user code: any failure is this attempt's failure
-            raise ToolFailed(f"{tool.name} raised {type(error).__name__}: {error}") from error
-        self._faults.hit(FaultPoint.AFTER_TOOL, step)
-        return self._output(step, tool.name, result.output), result.wait_for
 
-    def _output(self, step: int, tool: str, text: str) -> ToolOutput:
-        data = text.encode("utf-8")
+        def run_tool() -> ToolResult:
+            if state.options.tool_latency_ms:
+                self._sleep(state.options.tool_latency_ms / 1000)
+            return tool(args, context)
+
+        try:
+            result = clock.run(run_tool, f"in tool {tool.name}")
+        except StepTimedOut:
+            raise
+        except Exception as error:  # user code: any failure is this attempt's failure
+            raise ToolFailed(
+                f"{tool.name} raised {_describe(error)}", transient=is_transient(error)
+            ) from error
+        self._faults.hit(FaultPoint.AFTER_TOOL, step)
+        return self._output(step, tool.name, result), _approval_request(tool.name, result)
+
+    def _output(self, step: int, tool: str, result: object) -> ToolOutput:
+        text = result.output if isinstance(result, ToolResult) else result
+        if not isinstance(text, str):
+            raise ToolFailed(f"{tool} returned {type(text).__name__}, not text")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ToolFailed(f"{tool} returned text that is not valid Unicode: {error}") from None
         if len(data) <= INLINE_OUTPUT_BYTES:
             return ToolOutput(step=step, tool=tool, text=text)
         blob = self._blobs.put(data)
@@ -359,6 +501,8 @@ class Engine:
     # --- commits ---------------------------------------------------------------------------
 
     def _record_failure(self, state: RunState, error: StepAttemptFailed) -> StepOutcome:
+        """Record a failed attempt and raise it; or, if no retry can help (or this was the
+        third attempt), fail the run and return the outcome."""
         step = state.next_step
         self._log.warning(
             "step attempt failed",
@@ -368,16 +512,38 @@ class Engine:
                 "attempt": state.attempts,
                 "worker_id": self._worker_id,
                 "error": str(error),
+                "error_type": type(error).__name__,
+                "transient": error.transient,
             },
         )
+        if is_terminal(error):
+            cause = error if not isinstance(error, StepAttemptFailed) else error.__cause__
+            message = f"step {step} failed and cannot succeed on retry: {_describe(cause)}"
+            return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
         if state.attempts >= MAX_ATTEMPTS:
             message = f"step {step} failed {state.attempts} times; last error: {error}"
-            return self._finish(state, Finished(status=RunStatus.FAILED, error=message))
-        self._commit(
-            state,
-            AttemptFailed(step=step, attempt=state.attempts, error=str(error)),
-            step=state.step,
-        )
+            return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
+        try:
+            self._commit(
+                state,
+                AttemptFailed(step=step, attempt=state.attempts, error=_cut(str(error))),
+                step=state.step,
+            )
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as unrecorded:
+            # The attempt stays counted (that write came first); only its reason is lost.
+            self._log.warning(
+                "could not record the failed attempt",
+                extra={
+                    "run_id": state.run_id,
+                    "step": step,
+                    "worker_id": self._worker_id,
+                    "error": _describe(unrecorded),
+                },
+            )
+            if is_transient(unrecorded):
+                error.transient = True
         raise error
 
     def _finish(self, state: RunState, event: Finished) -> StepOutcome:
@@ -442,7 +608,15 @@ def view_of(state: RunState) -> StepView:
     )
 
 
-def _validated(decision: Decision, agent: Agent) -> Decision:
+def _validated(decision: object, agent: Agent) -> Decision:
+    if not isinstance(decision, ToolCall | Done):
+        raise ModelOutputInvalid(
+            f"the model returned {type(decision).__name__}, not a ToolCall or Done"
+        )
+    try:
+        _canonical(decision.model_dump(mode="json")).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ModelOutputInvalid(f"the model's answer is not valid Unicode: {error}") from None
     if isinstance(decision, Done):
         return decision
     tool = agent.tool_named(decision.name)
@@ -468,6 +642,154 @@ def _decision_from(payload: dict[str, Any]) -> Decision:
     return ToolCall.model_validate(payload)
 
 
+def _payload(decision: Decision) -> dict[str, Any]:
+    payload = decision.model_dump(mode="json")
+    # A call kept inline records exactly what it did before references existed, so its hash
+    # (and so a ledger entry written by an older Ratchet) is unchanged.
+    if payload.get("blob", False) is None:
+        del payload["blob"]
+    return payload
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _hash(payload: dict[str, Any]) -> str:
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_canonical(payload).encode("utf-8")).hexdigest()
+
+
+def _arguments_preview(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Arguments kept by reference, as records show them: small values as they are (so a
+    scripted policy can still read, say, a batch number), large ones as their size."""
+    preview: dict[str, Any] = {}
+    for index, (name, value) in enumerate(list(arguments.items())[:ARGUMENT_PREVIEW_KEYS]):
+        size = len(_canonical(value).encode("utf-8"))
+        shown = name if len(name) <= 64 else f"{name[:48]}…#{index}"
+        preview[shown] = (
+            value if size <= ARGUMENT_PREVIEW_VALUE_BYTES else f"[{size:,} bytes, by reference]"
+        )
+    if len(arguments) > ARGUMENT_PREVIEW_KEYS:
+        preview["…"] = f"{len(arguments) - ARGUMENT_PREVIEW_KEYS} more arguments"
+    return preview
+
+
+def _text_preview(text: str, blob: BlobRef) -> str:
+    return text[:PREVIEW_CHARS] + f"… [{blob.size:,} bytes in blob {blob.sha256[:12]}]"
+
+
+def _approval_request(tool: str, result: ToolResult) -> ApprovalRequest | None:
+    request = result.wait_for
+    if request is None:
+        return None
+    if not isinstance(request, ApprovalRequest):
+        raise ToolFailed(f"{tool} asked a person with a {type(request).__name__}")
+    try:
+        size = len(_canonical(request.model_dump(mode="json")).encode("utf-8"))
+    except (TypeError, ValueError) as error:  # details that are not JSON, or not Unicode
+        raise ToolFailed(
+            f"{tool} asked a person with a request that cannot be kept: {error}"
+        ) from error
+    if size > MAX_APPROVAL_REQUEST_BYTES:
+        raise ToolFailed(
+            f"{tool} asked a person with a request of {size:,} bytes, over the "
+            f"{MAX_APPROVAL_REQUEST_BYTES:,}-byte limit; keep the prompt short and put the "
+            "detail in the tool's output"
+        )
+    return request
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown error"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _attempt_failure(error: Exception, what: str) -> StepAttemptFailed:
+    if isinstance(error, StepAttemptFailed):
+        return error
+    failure = StepErrored(f"{what}: {_describe(error)}", transient=is_transient(error))
+    failure.__cause__ = error
+    return failure
+
+
+# --- the agent's own thread -----------------------------------------------------------------
+
+
+class _Overran(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    work: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while (job := jobs.get()) is not None:
+        try:
+            job.value = job.work()
+        except BaseException as error:  # handed to the caller, which decides what it means
+            job.error = error
+        finally:
+            job.done.set()
+        del job
+
+
+class _AgentThread:
+    """One daemon thread that runs the agent's code for one calling thread, step after step
+    (so a handle a `resources` hook opened stays on the thread that opened it). A job that
+    overruns its deadline is abandoned with its thread, which ends when the job does; being a
+    daemon, a job that never ends cannot keep the process alive."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        threading.Thread(
+            target=_serve, args=(self._jobs,), name="ratchet-agent", daemon=True
+        ).start()
+        # When the calling thread ends, and this object with it, let the agent thread end too.
+        self._stop = weakref.finalize(self, self._jobs.put, None)
+
+    def run(self, work: Callable[[], T], deadline: float | None) -> T:
+        job = _Job(work)
+        self._jobs.put(job)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not job.done.wait(timeout):
+            self._stop()
+            raise _Overran
+        if job.error is not None:
+            raise job.error
+        value: T = job.value
+        return value
+
+
+_agent_threads = threading.local()
+
+
+@dataclass(frozen=True)
+class _StepClock:
+    step: int
+    limit: float | None
+    deadline: float | None
+
+    def run(self, work: Callable[[], T], doing: str) -> T:
+        """Run the agent's `work` on its thread; `StepTimedOut` if it overruns the deadline."""
+        runner: _AgentThread | None = getattr(_agent_threads, "runner", None)
+        if runner is None:
+            runner = _agent_threads.runner = _AgentThread()
+        try:
+            return runner.run(work, self.deadline)
+        except _Overran:
+            _agent_threads.runner = None
+            raise StepTimedOut(
+                f"step {self.step} timed out after {self.limit:g} s ({doing}); the late result, "
+                "if any, is discarded"
+            ) from None

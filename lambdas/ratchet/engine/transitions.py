@@ -68,7 +68,9 @@ def decision_text(event: PersonDecided) -> str:
 
 
 def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str, object]:
-    message = Message(step=event.step, tool=event.call.name, arguments=event.call.arguments)
+    message = Message(
+        step=event.step, tool=event.call.name, arguments=event.call.arguments, blob=event.call.blob
+    )
     preview = ToolOutput(
         step=event.step,
         tool=event.output.tool,

@@ -82,7 +82,11 @@ CREATE TABLE IF NOT EXISTS applied (
 class SqliteMigrationData:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+        # Opened by the agent's `resources` hook on the engine's agent thread, used by its tools
+        # there, one at a time, and closed by whoever owns the runtime: never concurrently.
+        self._db = sqlite3.connect(
+            path, isolation_level=None, timeout=30.0, check_same_thread=False
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)

@@ -78,7 +78,8 @@ def notebook_policy(view: StepView) -> Decision:
 
 def open_notes(ctx: RunContext) -> sqlite3.Connection:
     ctx.workdir.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(ctx.workdir / "notes.db", timeout=30.0)
+    # Used by the tools on the engine's agent thread, one at a time; closed by whoever owns it.
+    db = sqlite3.connect(ctx.workdir / "notes.db", timeout=30.0, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute(
         "CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, title TEXT NOT NULL, "
