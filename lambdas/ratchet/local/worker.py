@@ -1,24 +1,147 @@
 """`ratchet worker`: claim runnable runs, advance them step by step, survive anything.
 
-A worker holds an expiring lease on the run it works on and renews it as it goes. If it dies
-(SIGKILL, a lost machine) the lease lapses and any other worker resumes the run from its last
-checkpoint. Waiting, done and failed runs are never claimed: a parked run costs nothing.
+A worker holds an expiring lease on the run it works on. A heartbeat thread renews it every
+third of its length for as long as the worker holds the run, through model calls and tools
+however slow, so a live worker keeps its run and a dead one (SIGKILL, a lost machine) lets it
+lapse: any other worker then resumes the run from its last checkpoint. Waiting, done and failed
+runs are never claimed: a parked run costs nothing.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.engine.core import Engine, Outcome
-from ratchet.errors import StaleVersion, StepAttemptFailed
-from ratchet.local.leases import Leases
+from ratchet.errors import (
+    InvalidInput,
+    RatchetError,
+    RunNotFound,
+    StaleVersion,
+    StepAttemptFailed,
+    StoreBusy,
+)
+from ratchet.local.leases import Leases, check_lease_seconds
 
 DEFAULT_LEASE_SECONDS = 30.0
 POLL_SECONDS = 0.1
+RETRY_PAUSE_SECONDS = 0.05
+"""The pause before retrying a step that failed in a way retrying at once may fix."""
+BACKOFF_FIRST_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 10.0
+"""Transient failures (a busy or briefly failing store) are retried after 0.5 s, 1 s, 2 s, ...
+up to this: the engine's strikes still bound how often one step is tried."""
+MAX_WORKER_ID_CHARS = 200
+
+
+def check_worker_id(worker_id: str) -> str:
+    """`worker_id` if it is printable text of a sane length; `InvalidInput` otherwise."""
+    try:
+        worker_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("worker id is not valid UTF-8 text") from None
+    if not 0 < len(worker_id) <= MAX_WORKER_ID_CHARS or not worker_id.isprintable():
+        raise InvalidInput(
+            f"worker id must be 1 to {MAX_WORKER_ID_CHARS} printable characters, not {worker_id!r}"
+        )
+    return worker_id
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether the same attempt may well succeed a little later: back off, then retry."""
+    return bool(getattr(error, "transient", False)) or isinstance(error, StoreBusy)
+
+
+@dataclass
+class _Hold:
+    run_id: str
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+class Heartbeat:
+    """Renews a worker's registration, and its lease on the run it holds, from a thread with
+    its own store connection, so no step is too slow for the lease. It never stops a step: it
+    raises flags (`displaced`, a hold's `lost`) that the worker acts on between steps."""
+
+    def __init__(
+        self,
+        leases: Leases,
+        *,
+        worker_id: str,
+        token: str,
+        lease_seconds: float,
+        interval: float,
+        logger: Any,
+    ) -> None:
+        self._leases = leases
+        self._worker_id = worker_id
+        self._token = token
+        self._lease_seconds = lease_seconds
+        self._interval = interval
+        self._log = logger
+        self._hold: _Hold | None = None
+        self._stopped = threading.Event()
+        self.displaced = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat_until_stopped, name=f"heartbeat {worker_id}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def hold(self, run_id: str) -> _Hold:
+        """Keep the lease on `run_id` from now on; the hold's `lost` is set if it goes."""
+        self._hold = _Hold(run_id)
+        return self._hold
+
+    def let_go(self) -> None:
+        self._hold = None
+
+    def _beat_until_stopped(self) -> None:
+        leases: Leases | None = None
+        try:
+            while not self._stopped.wait(self._interval):
+                try:
+                    leases = leases or self._leases.on_own_connection()
+                    self._beat(leases)
+                except RatchetError as error:
+                    # A busy or vanished store: the lease may lapse, and then the run is
+                    # another worker's; the version check keeps our late commit out.
+                    self._log.warning(
+                        "heartbeat missed",
+                        extra={"worker_id": self._worker_id, "error": str(error)},
+                    )
+        finally:
+            if leases is not None:
+                leases.close()
+
+    def _beat(self, leases: Leases) -> None:
+        hold = self._hold  # one read: the worker may let go of it meanwhile
+        beat = leases.beat(
+            self._worker_id, self._token, self._lease_seconds, hold.run_id if hold else None
+        )
+        if not beat.registered and not self.displaced.is_set():
+            self._log.error(
+                "worker id taken over by another live worker; stopping after this step",
+                extra={"worker_id": self._worker_id},
+            )
+            self.displaced.set()
+        # A worker that let go meanwhile released the lease itself: that is no loss.
+        let_go = self._hold is not hold
+        if hold is not None and not beat.holds_lease and not let_go and not hold.lost.is_set():
+            self._log.warning(
+                "lease lost", extra={"run_id": hold.run_id, "worker_id": self._worker_id}
+            )
+            hold.lost.set()
 
 
 @dataclass
@@ -29,40 +152,102 @@ class Worker:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     poll_seconds: float = POLL_SECONDS
     stop: threading.Event = field(default_factory=threading.Event)
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] | None = None
+    """How the worker pauses before a retry; by default a wait that `stop` cuts short."""
     on_park: Callable[[str], None] | None = None
     """Called with the run id when a step of this worker parks a run for a person."""
+    heartbeat_seconds: float | None = None
+    """How often the lease is renewed; by default a third of `lease_seconds`."""
+    unreadable: set[str] = field(default_factory=set, init=False)
+    """Runs this worker found it cannot read; it leaves them alone from then on."""
+    _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _beat_every: float = field(default=0.0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_worker_id(self.worker_id)
+        check_lease_seconds(self.lease_seconds)
+        beat_every = (
+            self.lease_seconds / 3 if self.heartbeat_seconds is None else self.heartbeat_seconds
+        )
+        # Two beats at least per lease: one missed beat (a busy store) must not lose the run.
+        if not (math.isfinite(beat_every) and 0 < beat_every <= self.lease_seconds / 2):
+            raise InvalidInput(
+                "heartbeat seconds must be above 0 and at most half the lease "
+                f"({self.lease_seconds:g} s), not {self.heartbeat_seconds!r}"
+            )
+        self._beat_every = beat_every
+        if not (math.isfinite(self.poll_seconds) and 0 <= self.poll_seconds <= 60):
+            raise InvalidInput(f"poll seconds must be from 0 to 60, not {self.poll_seconds!r}")
 
     @property
     def worker_id(self) -> str:
         return self.engine.worker_id
 
     def run(self, *, until_idle: bool = False, run_id: str | None = None) -> None:
-        """Work until stopped; with `until_idle`, until no run (or `run_id`) is running."""
-        while not self.stop.is_set():
-            claimed = self.leases.claim(self.worker_id, self.lease_seconds, run_id=run_id)
+        """Work until stopped; with `until_idle`, until no run (or `run_id`) is running.
+
+        Raises `WorkerIdInUse` before claiming anything if a live worker has this id."""
+        token = uuid.uuid4().hex
+        self.leases.register_worker(self.worker_id, token, self.lease_seconds)
+        self.logger.info("worker started", extra={"worker_id": self.worker_id})
+        try:
+            with Heartbeat(
+                self.leases,
+                worker_id=self.worker_id,
+                token=token,
+                lease_seconds=self.lease_seconds,
+                interval=self._beat_every,
+                logger=self.logger,
+            ) as heartbeat:
+                self._claim_and_work(heartbeat, until_idle=until_idle, run_id=run_id)
+        finally:
+            self.leases.unregister_worker(self.worker_id, token)
+
+    def _claim_and_work(
+        self, heartbeat: Heartbeat, *, until_idle: bool, run_id: str | None
+    ) -> None:
+        busy = 0
+        while not self.stop.is_set() and not heartbeat.displaced.is_set():
+            try:
+                claimed = self.leases.claim(
+                    self.worker_id, self.lease_seconds, run_id=run_id, skip=self.unreadable
+                )
+                idle = claimed is None and not self.leases.running_runs(
+                    run_id, skip=self.unreadable
+                )
+            except StoreBusy as error:  # another process holds the write lock for long
+                busy += 1
+                self.logger.warning(
+                    "store busy", extra={"worker_id": self.worker_id, "error": str(error)}
+                )
+                self._pause(_backoff(busy))
+                continue
+            busy = 0
             if claimed is None:
-                if until_idle and not self.leases.running_runs(run_id):
+                if until_idle and idle:
                     return
                 self.stop.wait(self.poll_seconds)
                 continue
-            self._work_on(claimed)
+            self._work_on(claimed, heartbeat)
 
-    def _work_on(self, run_id: str) -> None:
+    def _work_on(self, run_id: str, heartbeat: Heartbeat) -> None:
         self.logger.info("run claimed", extra={"run_id": run_id, "worker_id": self.worker_id})
-        renew_at = time.monotonic() + self.lease_seconds / 2
+        hold = heartbeat.hold(run_id)
         try:
-            while not self.stop.is_set():
-                if time.monotonic() >= renew_at:
-                    if not self.leases.renew(run_id, self.worker_id, self.lease_seconds):
-                        self.logger.warning(
-                            "lease lost", extra={"run_id": run_id, "worker_id": self.worker_id}
-                        )
-                        return
-                    renew_at = time.monotonic() + self.lease_seconds / 2
+            while not self.stop.is_set() and not heartbeat.displaced.is_set():
+                if hold.lost.is_set():
+                    # Another worker holds the run now. Whatever this worker committed was
+                    # version-checked; from here on the run is theirs.
+                    self.logger.warning(
+                        "run given up: lease lost",
+                        extra={"run_id": run_id, "worker_id": self.worker_id},
+                    )
+                    return
                 if not self._step(run_id):
                     return
         finally:
+            heartbeat.let_go()
+            self._failures.pop(run_id, None)
             self.engine.release(run_id)
             self.leases.release(run_id, self.worker_id)
 
@@ -78,19 +263,24 @@ class Worker:
                 extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(stale)},
             )
             return False
-        except StepAttemptFailed:
-            # Recorded and counted by the engine; the next attempt (or the third strike) is
+        except StepAttemptFailed as failure:
+            # Recorded and counted by the engine; the next attempt (or the last strike) is
             # the next advance.
-            self.sleep(min(self.poll_seconds, 0.05))
+            self._pause_before_retry(run_id, failure)
             return True
-        except Exception:
+        except Exception as error:
+            unreadable = self._unreadable_error(run_id)
+            if unreadable is not None:
+                self._skip(run_id, unreadable)
+                return False
             # An unexpected crash in a step (a bug, a lost disk, an injected fault) counts like
             # a killed process: the attempt is already on record, the next advance retries.
             self.logger.exception(
                 "step crashed", extra={"run_id": run_id, "worker_id": self.worker_id}
             )
-            self.sleep(min(self.poll_seconds, 0.05))
+            self._pause_before_retry(run_id, error)
             return True
+        self._failures.pop(run_id, None)
         if outcome.outcome is Outcome.WAITING and outcome.bytes_written and self.on_park:
             try:
                 self.on_park(run_id)
@@ -112,3 +302,59 @@ class Worker:
             )
             return False
         return True
+
+    def _unreadable_error(self, run_id: str) -> Exception | None:
+        """The error reading the run's head, if that is what stops its steps: a state from a
+        newer Ratchet (`UnsupportedSchema`), a damaged row or store (`StoreUnavailable`, or a
+        parse error). None if it reads, or if reading failed only for now."""
+        try:
+            self.engine.load(run_id)
+        except RunNotFound:
+            return None
+        except (RatchetError, ValueError) as error:
+            # A busy store is not a property of the run's row: that step is retried.
+            return None if is_transient(error) else error
+        return None
+
+    def _skip(self, run_id: str, error: Exception) -> None:
+        # Remembered by this process only. Nothing is written: a newer Ratchet may well read
+        # the run, and a repaired row is picked up again when the worker restarts. Not
+        # retrying it keeps it from starving the other runs and lets --until-idle end.
+        self.unreadable.add(run_id)
+        self.logger.error(
+            "run skipped: its state cannot be read",
+            extra={
+                "run_id": run_id,
+                "worker_id": self.worker_id,
+                "error": f"{type(error).__name__}: {error}",
+            },
+        )
+
+    def _pause_before_retry(self, run_id: str, error: BaseException) -> None:
+        if not is_transient(error):
+            self._pause(min(self.poll_seconds, RETRY_PAUSE_SECONDS))
+            return
+        failures = self._failures.get(run_id, 0) + 1
+        self._failures[run_id] = failures
+        delay = _backoff(failures)
+        self.logger.warning(
+            "transient failure; backing off",
+            extra={
+                "run_id": run_id,
+                "worker_id": self.worker_id,
+                "seconds": delay,
+                "error": str(error),
+            },
+        )
+        self._pause(delay)
+
+    def _pause(self, seconds: float) -> None:
+        if self.sleep is not None:
+            self.sleep(seconds)
+        else:
+            self.stop.wait(seconds)
+
+
+def _backoff(failures: int) -> float:
+    """0.5 s after the first transient failure in a row, doubling, capped."""
+    return float(min(BACKOFF_FIRST_SECONDS * 2 ** min(failures - 1, 16), BACKOFF_MAX_SECONDS))
