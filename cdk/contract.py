@@ -20,6 +20,10 @@ ANTHROPIC_SECRET_ARN = "RATCHET_ANTHROPIC_SECRET_ARN"
 """The ARN of the Secrets Manager secret holding the Anthropic API key. Set (on the step and api
 functions) only when the deployer configured one: without it, runs use scripted policies."""
 
+MAX_STEP_TIMEOUT_SECONDS = 840
+"""The longest step time limit an agent may set (`ratchet.tools.MAX_STEP_TIMEOUT_SECONDS`; the
+engine enforces each agent's own). The step function's timeout is derived from it."""
+
 POWERTOOLS_SERVICE_NAME = "ratchet"
 POWERTOOLS_METRICS_NAMESPACE = "Ratchet"
 

@@ -38,12 +38,17 @@ class FunctionSpec:
         return f"{contract.HANDLER_MODULE}.{self.name}.handler"
 
 
+STEP_MARGIN_SECONDS = 60
+"""What a step takes beyond its agent's code: a cold start (imports take about a second), and
+the engine's own DynamoDB calls around the code (load the head, count the attempt, read the
+ledger, commit), each bounded by the client's 3 s connect and 10 s read timeouts."""
 STEP = FunctionSpec(
     "step",
     "Advances one run by exactly one step.",
-    # One model call (the client's timeout is 60 s, with one SDK retry) plus the tool and the
-    # commit; the state machine's Retry covers a step that runs out of time.
-    timeout=Duration.seconds(180),
+    # Above the longest step time limit an agent may set, so that the engine always times a
+    # step out (and records why) before Lambda kills the invocation; an invocation that dies
+    # anyway (Sandbox.Timedout) is retried by the state machine like any crash.
+    timeout=Duration.seconds(contract.MAX_STEP_TIMEOUT_SECONDS + STEP_MARGIN_SECONDS),
     memory_mb=512,
 )
 NOTIFY = FunctionSpec(

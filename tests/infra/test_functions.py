@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdk import contract
+from cdk import contract, functions
 from cdk.bundling import ARCHITECTURE, RUNTIME
 from cdk.config import DeployConfig
 from cdk.workflow import AslDefinition
@@ -101,6 +101,36 @@ def test_the_approvals_function_answers_within_slacks_three_seconds(
     # Slack gives up after 3 s; anything still running after 10 s helps nobody.
     assert props["Timeout"] <= 10
     assert props["MemorySize"] >= 256
+
+
+LAMBDA_MAX_TIMEOUT_SECONDS = 900
+
+
+def test_the_step_function_outlasts_the_longest_step_time_limit(synthesized: Synthesized) -> None:
+    """The engine, not Lambda, must end a step that runs too long: it records the timeout as a
+    failed attempt, where a killed invocation leaves only a crash for the retry to find."""
+    props = synthesized.resources[function_id(synthesized, "step")]["Properties"]
+
+    assert props["Timeout"] == contract.MAX_STEP_TIMEOUT_SECONDS + functions.STEP_MARGIN_SECONDS
+    assert props["Timeout"] <= LAMBDA_MAX_TIMEOUT_SECONDS
+    assert functions.STEP_MARGIN_SECONDS >= 30, "room for a cold start and four store calls"
+
+
+def test_the_step_time_limit_the_stack_allows_for_is_the_engines() -> None:
+    from ratchet import tools
+
+    assert contract.MAX_STEP_TIMEOUT_SECONDS == tools.MAX_STEP_TIMEOUT_SECONDS
+    assert tools.DEFAULT_STEP_TIMEOUT_SECONDS <= contract.MAX_STEP_TIMEOUT_SECONDS
+
+
+def test_no_function_is_ever_given_faults_to_inject(
+    synthesized: Synthesized, configured: Synthesized
+) -> None:
+    from ratchet.handlers import _wiring
+
+    for synth in (synthesized, configured):
+        for name in function_names(synth):
+            assert _wiring.FAULT not in environment(synth, name), name
 
 
 def _names(settings: set[str]) -> set[str]:

@@ -39,7 +39,7 @@ SUBSTITUTIONS = {
 }
 """Exactly what the CDK stack fills in."""
 
-SERVICE_ERROR_PREFIXES = ("States.", "Lambda.", "StepFunctions.")
+SERVICE_ERROR_PREFIXES = ("States.", "Lambda.", "StepFunctions.", "Runtime.", "Sandbox.")
 RATCHET_ERRORS = {
     name
     for name, value in vars(errors).items()
@@ -105,19 +105,75 @@ def test_every_error_name_matched_is_one_that_can_be_raised(state: str, error: s
     ), f"{state} matches {error!r}, which nothing raises: a renamed class in ratchet.errors?"
 
 
-def test_the_step_retries_every_failed_attempt_up_to_the_engines_limit():
-    retriers = {e: r for r in STATES["Step"]["Retry"] for e in r["ErrorEquals"]}
-    attempt_errors = {
-        name
-        for name in RATCHET_ERRORS
-        if issubclass(getattr(errors, name), errors.StepAttemptFailed)
-    }
-    assert attempt_errors <= set(retriers), "a StepAttemptFailed subclass is not retried"
-    for name in [*attempt_errors, "Lambda.Unknown"]:
-        assert retriers[name]["MaxAttempts"] == MAX_ATTEMPTS - 1, name
-    assert "StaleVersion" not in retriers, "a stale step belongs to another execution"
-    stale = next(c for c in STATES["Step"]["Catch"] if "StaleVersion" in c["ErrorEquals"])
-    assert STATES[stale["Next"]]["Type"] == "Succeed", "a superseded execution fails no run"
+def _retrier(state: str, error: str) -> dict[str, Any] | None:
+    """The retrier Step Functions picks for `error`: the first whose names include it, where
+    States.ALL names every error."""
+    for retrier in STATES[state].get("Retry", []):
+        if error in retrier["ErrorEquals"] or retrier["ErrorEquals"] == ["States.ALL"]:
+            return dict(retrier)
+    return None
+
+
+CRASHES = ("Lambda.Unknown", "Runtime.ExitError", "Sandbox.Timedout")
+"""How Lambda reports an invocation that died: its own timeout or memory (Lambda.Unknown,
+Sandbox.Timedout), the runtime process killed or exited (Runtime.ExitError)."""
+TERMINAL = {"StaleVersion", "Superseded"}
+"""The Step errors that are answers, not failures: another execution owns the run."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        *sorted(RATCHET_ERRORS - TERMINAL),
+        *CRASHES,
+        "ClientError",
+        "EndpointConnectionError",
+        "KeyError",
+        "Lambda.SdkClientException",
+    ],
+)
+def test_the_step_retries_every_error_but_the_terminal_ones_long_enough_for_three_strikes(
+    error: str,
+):
+    retrier = _retrier("Step", error)
+
+    assert retrier is not None, f"{error} is not retried"
+    # The engine counts an attempt before its work and fails the run at the third, so the
+    # state machine must give it at least the two retries that take it there.
+    assert retrier["MaxAttempts"] >= MAX_ATTEMPTS - 1, error
+    assert retrier["IntervalSeconds"] >= 1
+    assert retrier["BackoffRate"] >= 1
+
+
+def test_a_step_that_keeps_failing_stops_within_a_bounded_number_of_retries():
+    for retrier in STATES["Step"]["Retry"]:
+        assert retrier["MaxAttempts"] <= 6, retrier["ErrorEquals"]
+        if retrier["MaxAttempts"]:
+            assert retrier.get("JitterStrategy") == "FULL", retrier["ErrorEquals"]
+
+
+@pytest.mark.parametrize("error", sorted(TERMINAL))
+def test_a_step_that_lost_the_run_to_another_execution_is_never_retried(error: str):
+    retrier = _retrier("Step", error)
+    assert retrier is not None, "left to States.ALL"
+    assert retrier["MaxAttempts"] == 0, "retried"
+    catcher = _catcher("Step", error)
+    assert STATES[catcher["Next"]]["Type"] == "Succeed", "a superseded execution fails no run"
+
+
+def test_states_all_is_the_last_retrier_and_alone_in_it():
+    retriers = STATES["Step"]["Retry"]
+    alls = [i for i, r in enumerate(retriers) if "States.ALL" in r["ErrorEquals"]]
+    assert alls == [len(retriers) - 1]
+    assert retriers[-1]["ErrorEquals"] == ["States.ALL"]
+
+
+def test_a_crash_three_times_over_reaches_mark_failed_with_its_name():
+    """The engine cannot record why an invocation died; after the engine's three attempts,
+    MarkFailed records the crash's name instead of a later invocation's "the worker died"."""
+    for crash in CRASHES:
+        assert _retrier("Step", crash) == _retrier("Step", "Lambda.Unknown")
+        assert _retrier("Step", crash)["MaxAttempts"] == MAX_ATTEMPTS - 1  # type: ignore[index]
     assert STATES["Step"]["Catch"][-1]["ErrorEquals"] == ["States.ALL"]
     assert STATES["Step"]["Catch"][-1]["Next"] == "MarkFailed"
     assert "TimeoutSeconds" not in STATES["Step"]
@@ -245,7 +301,7 @@ def test_a_second_execution_for_a_parked_run_ends_as_superseded():
     superseded = _catcher("Step", "Superseded")
 
     assert STATES[superseded["Next"]]["Type"] == "Succeed"
-    assert "Superseded" not in {e for r in STATES["Step"]["Retry"] for e in r["ErrorEquals"]}
+    assert (_retrier("Step", "Superseded") or {}).get("MaxAttempts") == 0
 
 
 def test_a_busy_store_is_retried_and_never_reaches_the_catch_all():

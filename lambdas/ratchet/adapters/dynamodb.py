@@ -15,24 +15,35 @@ Reads are strongly consistent. Every write that depends on something read is con
 the conditions are the whole concurrency story: there are no locks. The client is injected and
 its own retries are the orchestrator's business (Step Functions retries a step; the SDK
 should retry little), so a rejected write surfaces at once as a typed error: `StaleVersion`,
-`RunNotFound`, `IdempotencyConflict`, `CheckpointTooLarge`. Anything else (a transaction
-cancelled by a concurrent one, throttling past the SDK's retries, a missing table) is raised
-as botocore's `ClientError`, for the orchestrator to retry or fail.
+`RunNotFound`, `IdempotencyConflict`, `CheckpointTooLarge`. What DynamoDB turns away for now
+(throttling past the SDK's retries, a transaction cancelled by a concurrent one, a dropped or
+timed-out connection) is `StoreBusy`; what retrying cannot fix (a missing table, no permission,
+no credentials) is `StoreUnavailable`. Nothing above this module sees botocore's errors but
+those it cannot name (a malformed request: a bug), which stay as they are.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
 from pydantic import TypeAdapter
 
-from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
+from ratchet.errors import (
+    CheckpointTooLarge,
+    IdempotencyConflict,
+    RunNotFound,
+    StaleVersion,
+    StoreBusy,
+    StoreUnavailable,
+)
 from ratchet.migrations import load_state
 from ratchet.ports import (
     MAX_ITEM_BYTES,
@@ -202,6 +213,56 @@ def _cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
     return cast("list[dict[str, Any]]", error.response.get("CancellationReasons", []))
 
 
+_PERMANENT_CODES = frozenset(
+    {
+        "ResourceNotFoundException",
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "MissingAuthenticationTokenException",
+    }
+)
+
+
+def store_error(error: Exception, table: str) -> Exception:
+    """Ratchet's name for a DynamoDB failure, or the failure itself if it has none.
+
+    `StoreBusy` when the request may succeed if sent again: throttling and conflicts (see
+    `is_transient`), and a connection that could not be made, was dropped or timed out (the
+    write may or may not have landed; a retried step finds out from the version it reads).
+    `StoreUnavailable` when it cannot: a missing table, no permission, no credentials.
+    """
+    if isinstance(error, ClientError):
+        code = _code(error)
+        if is_transient(error):
+            return StoreBusy(f"the store is busy (DynamoDB table {table}); try again: {error}")
+        if code in _PERMANENT_CODES:
+            return StoreUnavailable(f"the store cannot be read (DynamoDB table {table}): {error}")
+    elif isinstance(error, BotocoreConnectionError | HTTPClientError):
+        return StoreBusy(f"the store is busy (DynamoDB table {table}); try again: {error}")
+    elif isinstance(error, NoCredentialsError):
+        return StoreUnavailable(f"the store cannot be read (DynamoDB table {table}): {error}")
+    return error
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _translated(method: _Method) -> _Method:
+    """Raise a backend failure that escaped `method`'s own handling under Ratchet's name."""
+
+    @functools.wraps(method)
+    def translating(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (ClientError, BotocoreConnectionError, HTTPClientError, NoCredentialsError) as error:
+            translated = store_error(error, self._table)
+            if translated is error:
+                raise
+            raise translated from error
+
+    return cast("_Method", translating)
+
+
 # --- the checkpoint store ----------------------------------------------------------------------
 
 
@@ -227,6 +288,7 @@ class DynamoDbCheckpointStore:
         self._ledger_table = ledger_table
         self._retention = timedelta(days=retention_days)
 
+    @_translated
     def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
         state_json = state.model_dump_json()
         head = self._head_item(state, state_json)
@@ -249,6 +311,7 @@ class DynamoDbCheckpointStore:
             raise
         return True
 
+    @_translated
     def load_head(self, run_id: str) -> RunState | None:
         found = self._client.get_item(
             TableName=self._table,
@@ -269,6 +332,7 @@ class DynamoDbCheckpointStore:
             attempts=int(found["attempts"]["N"]),
         )
 
+    @_translated
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         # Conditional on the version read: of two workers counting an attempt at the same
         # step, one moves the head on and the other is told its view is stale.
@@ -280,6 +344,7 @@ class DynamoDbCheckpointStore:
         )
         return expected_version + 1
 
+    @_translated
     def release_attempt(self, run_id: str, expected_version: int) -> int:
         # Only the engine that counted ahead can still find the head at the version it left;
         # if anyone moved the run since, the count is theirs and this update is refused.
@@ -292,6 +357,7 @@ class DynamoDbCheckpointStore:
         )
         return expected_version + 1
 
+    @_translated
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
@@ -352,6 +418,7 @@ class DynamoDbCheckpointStore:
         written = _text_bytes(state_json, result) + record_bytes
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
+    @_translated
     def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         pages = self._client.get_paginator("query").paginate(
             TableName=self._table,
@@ -362,6 +429,7 @@ class DynamoDbCheckpointStore:
         )
         return [_checkpoint(item) for page in pages for item in page.get("Items", [])]
 
+    @_translated
     def list_runs(self) -> list[RunSummary]:
         """Every run's head, oldest update first. A Scan: it reads the whole table."""
         pages = self._client.get_paginator("scan").paginate(
@@ -536,6 +604,7 @@ class DynamoDbLedger:
         self._table = table
         self._retention = timedelta(days=retention_days)
 
+    @_translated
     def begin(self, entry: LedgerEntry) -> LedgerEntry:
         now = utcnow()
         # Whole seconds, as the TTL attribute stores it, so a re-read compares equal.
@@ -574,12 +643,14 @@ class DynamoDbLedger:
             update={"status": LedgerStatus.IN_PROGRESS, "expires_at": expires_at}
         )
 
+    @_translated
     def get(self, key: str) -> LedgerEntry | None:
         found = self._client.get_item(
             TableName=self._table, Key={"key": _s(key)}, ConsistentRead=True
         ).get("Item")
         return None if found is None else _ledger_entry(found)
 
+    @_translated
     def complete(self, key: str, result: str) -> None:
         completion: Item = {"status": _s(LedgerStatus.COMPLETED.value), "result": _s(result)}
         _check_size(f"ledger result of {key}", completion)

@@ -27,6 +27,7 @@ from ratchet.aws.approvals import AwsApprovals
 from ratchet.aws.runtime import AwsRuntime
 from ratchet.aws.settings import ENVIRONMENT, AwsSettings
 from ratchet.engine.core import Engine
+from ratchet.faults import FaultPlan
 from ratchet.ports import Notifier
 from ratchet.state import NotifyTargets
 
@@ -71,6 +72,19 @@ def anthropic_api_key() -> SecretStr | None:
         return None
     secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
     return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
+
+
+FAULT = "RATCHET_FAULT"
+"""Crash the step function at an exact point (`ratchet.faults`), as the CLI's workers can: for
+tests only, to run the crash sweep on Lambda. Never set it in a deployment: the stack never
+does (tests/infra checks), and a function given it fails its steps on purpose."""
+
+
+@cache
+def faults() -> FaultPlan:
+    """The faults this container injects, read once: Lambda's environment is fixed for the
+    container's life. A malformed value fails the invocation, naming the variable."""
+    return FaultPlan.parse(os.environ.get(FAULT))
 
 
 @cache
@@ -154,4 +168,6 @@ def approval_services() -> ApprovalServices:
 
 def engine(context: LambdaContext) -> Engine:
     """A fresh engine per invocation, named after it so checkpoints point at its logs."""
-    return runtime().engine(worker_id=f"lambda:{context.aws_request_id}", logger=logger)
+    return runtime().engine(
+        worker_id=f"lambda:{context.aws_request_id}", logger=logger, faults=faults()
+    )

@@ -1,8 +1,9 @@
 """The `Step` task: advance the run by exactly one step and say where the loop goes next.
 
 Errors are the state machine's business and keep their class names, which its Retry and Catch
-clauses match: `StepAttemptFailed` and its subclasses (the attempt is already recorded and
-counted; retry), `StaleVersion` (another execution owns the run; stop without touching it).
+clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
+touching it) are answers; anything else is retried, the engine's count of attempts ending a
+run that keeps failing. The adapters have already named a store that is busy (`StoreBusy`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from botocore.exceptions import ClientError
 
-from ratchet.adapters.dynamodb import is_transient
 from ratchet.approvals.model import ApprovalStatus
 from ratchet.aws.payloads import StepRequest, StepResult
 from ratchet.engine.core import Outcome, StepOutcome
@@ -43,13 +42,9 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     except StepAttemptFailed:
         metrics.add_metric(name="FailedAttempts", unit=MetricUnit.Count, value=1)
         raise
-    except ClientError as error:
-        # Under the state machine's name for "try again": a throttle that outlasted the SDK's
-        # retries must not reach the catch-all that fails the run.
-        if not is_transient(error):
-            raise
+    except StoreBusy:
         metrics.add_metric(name="StoreBusy", unit=MetricUnit.Count, value=1)
-        raise StoreBusy(f"DynamoDB is busy: {error}") from error
+        raise
     metrics.add_metric(
         name="StepDuration",
         unit=MetricUnit.Milliseconds,

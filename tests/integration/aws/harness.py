@@ -14,6 +14,11 @@ time (`_one_dynamodb_call_at_a_time`), and the definition is parsed once per pro
   state machine's Retry and Catch match).
 - Time: the test copy of the definition retries after 1 s instead of the production intervals
   (moto sleeps for real, and 1 s is the least ASL allows).
+- Crashes: `RATCHET_FAULT` reaches the step function as its environment would (`Stack.fault`);
+  a `kill` fault raises `Killed` instead of killing the test run, reported as Lambda reports a
+  killed runtime (Runtime.ExitError), and a `raise` fault is reported as a function that died
+  (`Stack.report_crashes_as`: Lambda.Unknown by default, Sandbox.Timedout, ...) or as the
+  Python exception it is.
 
 The approvals side is deployed too: the link-signing key in Secrets Manager, an SES domain
 identity whose sent mail moto keeps (`Stack.emails`), and the public approval routes, called
@@ -29,8 +34,10 @@ import html
 import io
 import itertools
 import json
+import os
 import re
 import secrets
+import signal
 import threading
 import time
 import traceback
@@ -63,6 +70,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.responses import StepFunctionResponse
 
+from ratchet import faults
 from ratchet.adapters.dynamodb import create_tables
 from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.aws.approvals import AwsApprovals
@@ -108,12 +116,41 @@ class FakeContext:
     memory_limit_in_mb: int = 1024
 
 
+class Killed(BaseException):
+    """`RATCHET_FAULT=kill:...` in this process: the function's process "dies" here instead of
+    the test's. A BaseException, so that no `except Exception` in the code under test sees it,
+    as none would see a SIGKILL."""
+
+
+class _FaultsOs:
+    """`os` as `ratchet.faults` sees it under the harness: its SIGKILL of its own process
+    raises `Killed` instead of ending the test run."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def kill(pid: int, sig: int) -> None:
+        if pid == os.getpid() and sig == signal.SIGKILL:
+            raise Killed("killed by RATCHET_FAULT")
+        os.kill(pid, sig)
+
+
+CRASHES = ("Lambda.Unknown", "Runtime.ExitError", "Sandbox.Timedout")
+"""How Step Functions names a function that died: timed out or out of memory (Lambda.Unknown,
+Sandbox.Timedout), its runtime process killed or exited (Runtime.ExitError)."""
+
+
 class InProcessLambda:
     """Answers moto's Lambda `Invoke` by calling the real handler in this process."""
 
     def __init__(self, handlers: dict[str, Handler]) -> None:
         self.handlers = handlers
         self.invocations: list[tuple[str, dict[str, Any]]] = []
+        self.crash_error: str | None = "Lambda.Unknown"
+        """The name an `InjectedFault` is reported under: one of `CRASHES`, or None for the
+        Python exception it is (errorType `InjectedFault`, as the Python runtime reports an
+        exception that escapes the handler)."""
 
     def invoke(
         self,
@@ -129,12 +166,18 @@ class InProcessLambda:
         context = FakeContext(name, function_name)
         try:
             result = self.handlers[name](event, context)
+        except Killed as killed:
+            # Lambda reports a runtime process that was killed as Runtime.ExitError ("Runtime
+            # exited with error: signal: killed").
+            return _function_error(response_headers, "Runtime.ExitError", f"crashed: {killed}")
         except InjectedFault as crash:
-            # InjectedFault stands for the process dying mid-step. Step Functions reports a
-            # function that died (killed, out of memory, timed out) as Lambda.Unknown; moto
-            # takes the error name from errorType as it is, so the crash is reported under
-            # the name Step Functions would give it.
-            return _function_error(response_headers, "Lambda.Unknown", f"crashed: {crash}")
+            if self.crash_error is None:
+                return _function_error(response_headers, type(crash).__name__, str(crash))
+            # InjectedFault stands for the process dying mid-step (unless told otherwise).
+            # Step Functions reports a function that died (killed, out of memory, timed out)
+            # under a name of its own; moto takes the error name from errorType as it is, so
+            # the crash is reported under the name Step Functions would give it.
+            return _function_error(response_headers, self.crash_error, f"crashed: {crash}")
         except Exception as error:  # anything a handler raises is the function's error
             return _function_error(response_headers, type(error).__name__, str(error))
         return json.dumps(result).encode()
@@ -584,6 +627,32 @@ class Stack:
         described = self.sfn.describe_execution(executionArn=self.execution_arn(name))
         return bool(described["status"] == "RUNNING")
 
+    def report_crashes_as(self, error: str | None) -> None:
+        """Report an `InjectedFault` as Step Functions names a function that died (one of
+        `CRASHES`), or with None as the Python exception it is."""
+        assert error is None or error in CRASHES, error
+        self.lambdas.crash_error = error
+
+    def fault(self, spec: str, *, times: int = 1) -> None:
+        """Set `RATCHET_FAULT` in the step function's environment, as a test deployment would,
+        until the function has failed `times` times: then the next invocation is a container
+        without it (a fault fires every time in the process that has it)."""
+        self.monkeypatch.setenv(_wiring.FAULT, spec)
+        _wiring.faults.cache_clear()
+        original = self.lambdas.handlers["ratchet-step"]
+        failures = itertools.count(1)
+
+        def faulty(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            try:
+                return original(event, context)
+            except BaseException:
+                if next(failures) >= times:
+                    self.monkeypatch.delenv(_wiring.FAULT, raising=False)
+                    _wiring.faults.cache_clear()
+                raise
+
+        self.monkeypatch.setitem(self.lambdas.handlers, "ratchet-step", faulty)
+
     def hold(self, function: str) -> Held:
         """Hold every invocation of `function` (`ratchet-decide`, ...) until `release`."""
         held = Held()
@@ -743,6 +812,7 @@ def _clear_wiring() -> None:
         _wiring.anthropic_api_key,
         _wiring._secret,
         _wiring.approval_desk,
+        _wiring.faults,
     ):
         factory.cache_clear()
 
@@ -782,6 +852,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         _closed_task_fix(),
         _one_dynamodb_call_at_a_time(),
         _parse_once(),
+        mock.patch.object(faults, "os", _FaultsOs()),
     ):
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         create_tables(dynamodb, app=APP_TABLE, **TABLES)

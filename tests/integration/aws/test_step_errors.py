@@ -1,16 +1,21 @@
-"""The step handler speaks the state machine's error vocabulary at its boundary."""
+"""The step handler speaks the state machine's error vocabulary at its boundary, and leaves
+naming the store's failures to the adapters."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from ratchet.aws.payloads import StepRequest
-from ratchet.errors import StoreBusy
+from ratchet.errors import StaleVersion, StoreBusy, ToolFailed
 from ratchet.handlers import step
+
+PACKAGE = Path(step.__file__).resolve().parents[1]
+ABOVE_THE_ADAPTERS = sorted([*PACKAGE.glob("handlers/*.py"), *PACKAGE.glob("engine/*.py")])
 
 
 class _Refusing:
@@ -21,20 +26,45 @@ class _Refusing:
         raise self._error
 
 
-def _client_error(code: str) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": "no"}}, "TransactWriteItems")
-
-
 def _take_step(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     monkeypatch.setattr(step, "engine", lambda context: _Refusing(error))
     step.take_step(StepRequest(run_id="r"), SimpleNamespace())  # type: ignore[arg-type]
 
 
-def test_a_throttled_store_becomes_store_busy_which_the_state_machine_retries(monkeypatch):
-    with pytest.raises(StoreBusy, match="ProvisionedThroughputExceededException"):
-        _take_step(monkeypatch, _client_error("ProvisionedThroughputExceededException"))
+@pytest.mark.parametrize(
+    "error",
+    [
+        StoreBusy("DynamoDB table t is busy (ThrottlingException); try again"),
+        StaleVersion("r", 3),
+        ToolFailed("write_row raised RuntimeError: the disk is full"),
+        RuntimeError("a bug"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")
+def test_an_error_leaves_the_handler_under_its_own_name_for_the_state_machine(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+):
+    with pytest.raises(type(error)) as raised:
+        _take_step(monkeypatch, error)
+
+    assert raised.value is error
 
 
-def test_a_store_error_that_retrying_cannot_fix_is_left_as_it_is(monkeypatch):
-    with pytest.raises(ClientError, match="AccessDeniedException"):
-        _take_step(monkeypatch, _client_error("AccessDeniedException"))
+@pytest.mark.parametrize("source", ABOVE_THE_ADAPTERS, ids=lambda path: path.name)
+def test_nothing_above_the_adapters_inspects_botocore_errors(source: Path):
+    tree = ast.parse(source.read_text())
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+    assert "botocore.exceptions" not in imported
+    assert not names & {"ClientError", "BotoCoreError"}
