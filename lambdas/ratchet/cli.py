@@ -14,20 +14,25 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import re
-import sqlite3
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+# Typer vendors click; its usage errors are only importable from the vendored package.
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
-from ratchet.runs import check_run_id
+from ratchet.local.leases import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
+from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS, check_run_id
 from ratchet.state import RunState, RunStatus
 
 app = typer.Typer(
@@ -41,10 +46,22 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+_Text = TypeVar("_Text", str, list[str], None)
+
+
+def _not_empty(value: _Text) -> _Text:
+    """An option given as "" is refused, never taken for the option left out."""
+    values = value if isinstance(value, list) else [value]
+    if any(v is not None and not v.strip() for v in values):
+        raise typer.BadParameter("must not be empty")
+    return value
+
+
 StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
+        callback=_not_empty,
         envvar="RATCHET_STORE",
         help="Store URL. Default: sqlite:///.ratchet/ratchet.db. Read commands also take "
         "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL].",
@@ -265,13 +282,37 @@ def _start(state: RunState) -> bool:
     try:
         if runtime.store.load_head(state.run_id) is not None:
             return False
+        # Take the store's write lock once before prepare writes the run's data: a store that
+        # another process holds refuses the start here, with nothing written.
+        with runtime.db.write():
+            pass
         agent = load_agent(state.agent)
         if agent.prepare:
-            agent.prepare(runtime.context(state.run_id, state.options))
+            # Before the run exists: a prepare that fails leaves no run behind (whatever it
+            # wrote in the run's data folder before failing stays; prepare is idempotent).
+            context = runtime.context(state.run_id, state.options)
+            _call_hook(agent.name, "prepare", lambda: agent.prepare(context))  # type: ignore[misc]
         engine = runtime.engine(worker_id=_cli_worker_id(), logger=_logger())
         return bool(engine.start(state))
     finally:
         runtime.close()
+
+
+_Result = TypeVar("_Result")
+
+
+def _call_hook(agent: str, hook: str, call: Callable[[], _Result]) -> _Result:
+    """Run an agent's own code: whatever it raises (even `sys.exit`) is one line naming the
+    agent and the hook, not a traceback."""
+    try:
+        return call()
+    except RatchetError:
+        raise
+    except (Exception, SystemExit) as error:
+        reason = " ".join(str(error).split())
+        raise RatchetError(
+            f"agent {agent!r}: its {hook} hook failed: {type(error).__name__}: {reason}"
+        ) from None
 
 
 def _logger() -> Any:
@@ -288,39 +329,60 @@ def _cli_worker_id() -> str:
 
 GoalOption = Annotated[str | None, typer.Option("--goal", help="What the agent should do.")]
 ScenarioOption = Annotated[
-    str | None, typer.Option("--scenario", help="A built-in agent: migration, notebook.")
+    str | None,
+    typer.Option("--scenario", callback=_not_empty, help="A built-in agent: migration, notebook."),
 ]
 RunIdOption = Annotated[str | None, typer.Option("--run-id", help="A stable id for the run.")]
-AgentOption = Annotated[str | None, typer.Option("--agent", help="Your own agent, as module:attr.")]
+AgentOption = Annotated[
+    str | None,
+    typer.Option("--agent", callback=_not_empty, help="Your own agent, as module:attr."),
+]
 ModelOption = Annotated[
     str | None,
     typer.Option(
         "--model",
+        callback=_not_empty,
         help="'scripted' (offline) or a Claude model; default Claude when ANTHROPIC_API_KEY "
         "is set, else scripted.",
     ),
 ]
 MaxStepsOption = Annotated[
-    int | None, typer.Option("--max-steps", help="Step cap (default 60).", min=1)
+    int | None,
+    typer.Option("--max-steps", help="Step cap (default 60).", min=1, max=MAX_STEPS),
 ]
 BatchesOption = Annotated[
-    int | None, typer.Option("--batches", help="Migration: number of 1,000-row batches.", min=1)
+    int | None,
+    typer.Option(
+        "--batches", help="Migration: number of 1,000-row batches.", min=1, max=MAX_BATCHES
+    ),
 ]
 NotifyOption = Annotated[
     list[str] | None,
     typer.Option(
         "--notify",
         metavar="EMAIL",
+        callback=_not_empty,
         help="Who is asked when the run waits for a person (repeatable). Locally the message "
         "goes to the outbox beside the store.",
     ),
 ]
 NotifySlackOption = Annotated[
     str | None,
-    typer.Option("--notify-slack", metavar="CHANNEL", help="A Slack channel to ask instead."),
+    typer.Option(
+        "--notify-slack",
+        metavar="CHANNEL",
+        callback=_not_empty,
+        help="A Slack channel to ask instead.",
+    ),
 ]
 LatencyOption = Annotated[
-    int | None, typer.Option("--tool-latency-ms", help="Slow every tool call down.", min=0)
+    int | None,
+    typer.Option(
+        "--tool-latency-ms",
+        help="Slow every tool call down.",
+        min=0,
+        max=MAX_TOOL_LATENCY_MS,
+    ),
 ]
 
 
@@ -422,22 +484,30 @@ def worker(
     ] = False,
     worker_id: Annotated[str | None, typer.Option("--worker-id", help="Default: host:pid.")] = None,
     lease_seconds: Annotated[
-        float, typer.Option("--lease-seconds", help="Lease length.", min=0.1)
+        float,
+        typer.Option(
+            "--lease-seconds",
+            help="Lease length.",
+            min=MIN_LEASE_SECONDS,
+            max=MAX_LEASE_SECONDS,
+        ),
     ] = 30.0,
 ) -> None:
     """Claim runnable runs and advance them; SIGTERM stops after the current step."""
     import signal
 
     from ratchet.faults import FaultPlan
-    from ratchet.local.worker import Worker
+    from ratchet.local.leases import check_lease_seconds
+    from ratchet.local.worker import Worker, check_worker_id
 
     _require_local_store("worker")
+    # Before the store is opened (and made): a bad value must leave nothing behind.
+    check_lease_seconds(lease_seconds, name="--lease-seconds")
+    worker_id = check_worker_id(worker_id) if worker_id is not None else _cli_worker_id()
     runtime = _runtime(create=True)
     logger = _logger()
     engine = runtime.engine(
-        worker_id=worker_id or _cli_worker_id(),
-        logger=logger,
-        faults=FaultPlan.parse(runtime.settings.fault),
+        worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
     )
 
     def announce(run_id: str) -> None:
@@ -447,7 +517,6 @@ def worker(
 
     work = Worker(engine, runtime.leases, logger, lease_seconds=lease_seconds, on_park=announce)
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
-    logger.info("worker started", extra={"worker_id": work.worker_id})
     try:
         work.run(until_idle=until_idle)
     except KeyboardInterrupt:
@@ -527,7 +596,8 @@ def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
 def show(
     run_id: RunArgument,
     step: Annotated[
-        int | None, typer.Option("--step", help="Show the state as of this step.", min=0)
+        int | None,
+        typer.Option("--step", help="Show the state as of this step.", min=0, max=MAX_STEPS),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -610,7 +680,8 @@ def _operator() -> str:
 
 
 ByOption = Annotated[
-    str | None, typer.Option("--by", help="Who decides (default: your user name).")
+    str | None,
+    typer.Option("--by", callback=_not_empty, help="Who decides (default: your user name)."),
 ]
 
 
@@ -655,7 +726,9 @@ def serve(
     port: Annotated[
         int, typer.Option("--port", help="Port (0: any free one).", min=0, max=65535)
     ] = 8765,
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", callback=_not_empty, help="Interface to listen on.")
+    ] = "127.0.0.1",
 ) -> None:
     """Serve the approval pages and the runs API locally (as the deployed API does)."""
     from ratchet.adapters.slack import SlackResponder
@@ -708,7 +781,14 @@ def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
         if agent.verify is None:
             payload: dict[str, Any] = {"ok": True, "note": f"agent {agent.name} has no checks"}
         else:
-            payload = agent.verify(runtime.context(run_id, state.options), state)
+            context = runtime.context(run_id, state.options)
+            check = agent.verify
+            payload = _call_hook(agent.name, "verify", lambda: check(context, state))
+            if not isinstance(payload, dict):
+                raise RatchetError(
+                    f"agent {agent.name!r}: its verify hook returned "
+                    f"{type(payload).__name__}, not a dict"
+                )
     finally:
         runtime.close()
     payload = {"run_id": run_id, **payload}
@@ -723,7 +803,9 @@ def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
 
 @app.command()
 def demo(
-    batches: Annotated[int, typer.Option("--batches", min=24, help="Batches to copy.")] = 40,
+    batches: Annotated[
+        int, typer.Option("--batches", min=24, max=MAX_BATCHES, help="Batches to copy.")
+    ] = 40,
     keep: Annotated[
         bool, typer.Option("--keep", help="Keep the demo's store and print where it is.")
     ] = False,
@@ -735,22 +817,78 @@ def demo(
     raise typer.Exit(run_demo(out, batches=batches, keep=keep))
 
 
-def main() -> None:
-    """Entry point: typer handles usage errors (exit 2); Ratchet's own errors end here."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point. Bad input of any kind (a usage error, text that is not UTF-8, a value out
+    of range, a store that is not Ratchet's) is one line on stderr and exit code 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app()
+        _check_text(args)
+        code = app(args=args, prog_name="ratchet", standalone_mode=False)
+    except NoArgsIsHelpError as error:
+        error.show()
+        sys.exit(2)
+    except UsageError as error:
+        _refuse(_usage_line(error))
+    except typer.Abort:
+        _refuse("aborted", code=1)
     except RatchetError as error:
-        err.print(f"ratchet: {error}", markup=False)
-        sys.exit(2)
-    except sqlite3.DatabaseError as error:
-        err.print(f"ratchet: the store cannot be read: {error}", markup=False)
-        sys.exit(2)
+        _refuse(str(error))
     except Exception as error:
         if not _is_aws_error(error):
             raise
-        reason = " ".join(str(error).split())
-        err.print(f"ratchet: the store cannot be read: {reason}", markup=False)
-        sys.exit(2)
+        _refuse(f"the store cannot be read: {error}")
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(message: str, *, code: int = 2) -> NoReturn:
+    err.print(f"ratchet: {' '.join(message.split())}", markup=False)
+    sys.exit(code)
+
+
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(args: Sequence[str]) -> None:
+    """Refuse an argument that is not UTF-8 before any command runs. Python decodes such
+    bytes as lone surrogates, which no store, log line or terminal can take."""
+    for index, arg in enumerate(args):
+        if not _NOT_UTF8.search(arg):
+            continue
+        name, equals, value = arg.partition("=")
+        if arg.startswith("--") and equals:
+            what, arg = name, value
+        elif index > 0 and args[index - 1].startswith("-") and "=" not in args[index - 1]:
+            what = args[index - 1]
+        else:
+            what = f"argument {index + 1}"
+        raise InvalidInput(f"{what} is not valid UTF-8: {os.fsencode(arg)!r}")
+
+
+def _usage_line(error: UsageError) -> str:
+    """Click's usage error in one line: what is wrong, the range of a number out of it, and
+    where to read the usage."""
+    message = error.format_message()
+    param = getattr(error, "param", None)
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    if low is not None and high is not None:
+        kind = "a number" if isinstance(low, float) or isinstance(high, float) else "a whole number"
+        hint = "/".join(getattr(param, "opts", [])) or getattr(param, "name", "the value")
+        got = _bad_input(error)
+        message = f"{hint} must be {kind} from {low:g} to {high:g}" + (
+            f", not {got!r}" if got is not None else ""
+        )
+    command = error.ctx.command_path if error.ctx is not None else "ratchet"
+    return f"{message} (see: {command} --help)"
+
+
+def _bad_input(error: UsageError) -> Any:
+    cause = error.__cause__
+    errors = getattr(cause, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found and "input" in found[0]:
+            return found[0]["input"]
+    return None
 
 
 def _is_aws_error(error: Exception) -> bool:

@@ -15,14 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from ratchet.errors import (
     CheckpointTooLarge,
     IdempotencyConflict,
+    RatchetError,
     RunNotFound,
+    RunUnreadable,
     StaleVersion,
+    StoreBusy,
     StoreUnavailable,
 )
 from ratchet.migrations import load_state
@@ -93,34 +97,140 @@ _EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 LEDGER_RETENTION = timedelta(days=30)
 
 
-class SqliteDatabase:
-    """One connection to a Ratchet SQLite file, shared by the store, ledger and leases."""
+RATCHET_APPLICATION_ID = 0x52744368
+"""`PRAGMA application_id` of a Ratchet store ("RtCh"): written when Ratchet makes the store,
+so a SQLite file of another application is recognised and left alone."""
 
-    def __init__(self, path: Path, *, create: bool = True) -> None:
+_RATCHET_TABLES = frozenset(
+    {"runs", "checkpoints", "idempotency", "leases", "approvals", "workers"}
+)
+_RUNS_COLUMNS = ("run_id", "version", "status", "step", "attempts", "state", "updated_at")
+DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
+
+# SQLite's primary result codes that say "not now" rather than "never": the disk was full or
+# failed for a moment. Retrying later is safe: the transaction rolled back, nothing partial
+# was written.
+_TRANSIENT = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
+
+
+class _Connection(sqlite3.Connection):
+    """A connection whose errors are Ratchet's: `StoreBusy` for what may pass, otherwise
+    `StoreUnavailable`. Nothing above the adapters sees a `sqlite3` error."""
+
+    store_path: Path = Path()
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.DatabaseError as error:
+            if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                raise
+            raise _translated(error, self.store_path, self.busy_timeout) from None
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        try:
+            return super().executescript(sql_script)
+        except sqlite3.DatabaseError as error:
+            if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+                raise
+            raise _translated(error, self.store_path, self.busy_timeout) from None
+
+
+def _translated(error: sqlite3.DatabaseError, path: Path, waited: float) -> RatchetError:
+    code = getattr(error, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreBusy(
+            f"the store {path} is busy: another process has held its lock for longer than "
+            f"this command waits ({waited:g} s, RATCHET_BUSY_TIMEOUT_SECONDS); try again when "
+            "that process is done"
+        )
+    if primary in _TRANSIENT:
+        return StoreBusy(f"the store {path} failed for now: {error}")
+    return StoreUnavailable(f"the store {path} cannot be used: {error}")
+
+
+class SqliteDatabase:
+    """One connection to a Ratchet SQLite file, shared by the store, ledger and leases.
+
+    A file is used only if it is a Ratchet store: marked with Ratchet's `application_id`, or
+    made by an earlier Ratchet (Ratchet's tables only, `runs` of Ratchet's shape), which is then
+    marked when opened to write. With `create`, a missing or empty file becomes a new store.
+    Anything else is refused before a byte of it changes. A lock held longer than
+    `busy_timeout` seconds is `StoreBusy`."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        create: bool = True,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+    ) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
         if not create and not path.exists():
             raise StoreUnavailable(f"no Ratchet store at {path} (start a run first)")
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.connection = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-            self.connection.execute("PRAGMA busy_timeout=30000")
-            if not create and not self._is_ratchet_store():
-                self.connection.close()
-                raise StoreUnavailable(f"{path} is not a Ratchet store")
-            # Only now, knowing the file is ours: switching to WAL rewrites the file header.
-            self.connection.execute("PRAGMA journal_mode=WAL")
-            self.connection.execute("PRAGMA synchronous=FULL")
-            if create:
-                self.connection.executescript(_SCHEMA + APPROVALS_SCHEMA)
+            connection = sqlite3.connect(
+                path, isolation_level=None, timeout=busy_timeout, factory=_Connection
+            )
         except sqlite3.DatabaseError as error:
             raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None
+        assert isinstance(connection, _Connection)
+        connection.store_path = path
+        connection.busy_timeout = busy_timeout
+        self.connection: sqlite3.Connection = connection
+        try:
+            connection.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            marked = self._check_ownership(create=create)
+            # Only now, knowing the file is ours: switching to WAL rewrites the file header.
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=FULL")
+            if create:
+                connection.executescript(_SCHEMA + APPROVALS_SCHEMA)
+                if not marked:
+                    connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")
+        except BaseException:
+            connection.close()
+            raise
 
-    def _is_ratchet_store(self) -> bool:
-        row = self.connection.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'"
-        ).fetchone()
-        return row is not None
+    def _check_ownership(self, *, create: bool) -> bool:
+        """Whether the file carries Ratchet's marker; `StoreUnavailable` if it is not a
+        Ratchet store (nor, with `create`, an empty file that may become one)."""
+        (application_id,) = self.connection.execute("PRAGMA application_id").fetchone()
+        if application_id == RATCHET_APPLICATION_ID:
+            return True
+        if application_id != 0:
+            raise StoreUnavailable(
+                f"{self.path} is not a Ratchet store: it belongs to another application "
+                f"(SQLite application_id {application_id:#x}); nothing was changed"
+            )
+        tables = {
+            str(name)
+            for (name,) in self.connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        if not tables and create:
+            return False
+        foreign = sorted(tables - _RATCHET_TABLES)
+        if foreign:
+            raise StoreUnavailable(
+                f"{self.path} is not a Ratchet store: it has tables of another application "
+                f"({', '.join(foreign[:3])}); nothing was changed"
+            )
+        if "runs" not in tables:
+            raise StoreUnavailable(f"{self.path} is not a Ratchet store")
+        columns = tuple(str(row[1]) for row in self.connection.execute("PRAGMA table_info(runs)"))
+        if columns != _RUNS_COLUMNS:
+            raise StoreUnavailable(
+                f"{self.path} is not a Ratchet store: its runs table is not Ratchet's "
+                "(other columns); nothing was changed"
+            )
+        return False
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
@@ -129,12 +239,22 @@ class SqliteDatabase:
         try:
             yield self.connection
         except BaseException:
-            self.connection.execute("ROLLBACK")
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
             raise
         self.connection.execute("COMMIT")
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _first_line(error: Exception) -> str:
+    """What went wrong, in one line and without the stored text (pydantic quotes its input)."""
+    if isinstance(error, ValidationError):
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return " ".join(str(error).split())[:200]
 
 
 def _text_bytes(*values: str | None) -> int:
@@ -181,7 +301,12 @@ class SqliteCheckpointStore:
         if row is None:
             return None
         version, attempts, state_json = row
-        return load_state(state_json, version=version, attempts=attempts)
+        try:
+            return load_state(state_json, version=version, attempts=attempts)
+        except (ValueError, TypeError) as error:
+            raise RunUnreadable(
+                run_id, f"its stored state is damaged ({_first_line(error)})"
+            ) from None
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         with self._db.write() as tx:
@@ -249,19 +374,26 @@ class SqliteCheckpointStore:
             "FROM checkpoints WHERE run_id = ? ORDER BY version",
             (run_id,),
         ).fetchall()
-        return [
-            Checkpoint(
-                run_id=run_id,
-                version=version,
-                step=step,
-                status=RunStatus(status),
-                worker_id=worker_id,
-                size=size,
-                created_at=datetime.fromisoformat(created_at),
-                event=_EVENT.validate_json(event),
-            )
-            for version, step, status, worker_id, size, created_at, event in rows
-        ]
+        checkpoints = []
+        for version, step, status, worker_id, size, created_at, event in rows:
+            try:
+                checkpoints.append(
+                    Checkpoint(
+                        run_id=run_id,
+                        version=version,
+                        step=step,
+                        status=RunStatus(status),
+                        worker_id=worker_id,
+                        size=size,
+                        created_at=datetime.fromisoformat(created_at),
+                        event=_EVENT.validate_json(event),
+                    )
+                )
+            except (ValueError, TypeError) as error:
+                raise RunUnreadable(
+                    run_id, f"its checkpoint {version} is damaged ({_first_line(error)})"
+                ) from None
+        return checkpoints
 
     def list_runs(self) -> list[RunSummary]:
         rows = self._db.connection.execute(

@@ -8,17 +8,30 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.outbox import OutboxNotifier
-from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    SqliteCheckpointStore,
+    SqliteDatabase,
+    SqliteLedger,
+)
 from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner, key_file
@@ -36,6 +49,7 @@ DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 DEFAULT_PORT = 8765
 DEFAULT_PUBLIC_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 MAX_APPROVAL_SECONDS = 365 * 24 * 3600
+MAX_BUSY_TIMEOUT_SECONDS = 600.0
 
 
 class LocalSettings(BaseModel):
@@ -47,7 +61,8 @@ class LocalSettings(BaseModel):
     anthropic_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None
     fault: str | None = None
-    log_level: str = "INFO"
+    """A fault plan (`ratchet.faults`), parsed here so a bad one is refused before any write."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     public_url: str = Field(default=DEFAULT_PUBLIC_URL, pattern=r"^https?://[^\s?#]+$")
     """Where `ratchet serve` is reached: the base of every approval link."""
     slack_signing_secret: SecretStr | None = None
@@ -55,6 +70,31 @@ class LocalSettings(BaseModel):
     approval_timeout_seconds: int = Field(
         default=DEFAULT_APPROVAL_SECONDS, ge=60, le=MAX_APPROVAL_SECONDS
     )
+    busy_timeout_seconds: float = Field(
+        default=DEFAULT_BUSY_TIMEOUT_SECONDS, ge=0, le=MAX_BUSY_TIMEOUT_SECONDS
+    )
+    """How long a command waits on a store another process has locked before it says the
+    store is busy. Workers racing on one store need the default; a person may want less."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        # os.environ decodes bytes that are not UTF-8 as lone surrogates, which no file,
+        # log line or terminal can take.
+        if isinstance(value, str) and _NOT_UTF8.search(value):
+            raise ValueError("not UTF-8 text")
+        return value
+
+    @field_validator("fault")
+    @classmethod
+    def _valid_fault(cls, value: str | None) -> str | None:
+        FaultPlan.parse(value)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LocalSettings:
@@ -64,7 +104,8 @@ class LocalSettings(BaseModel):
         except ValidationError as error:
             first = error.errors(include_url=False)[0]
             name = _ENV_NAMES.get(str(first["loc"][0]), str(first["loc"][0]))
-            raise InvalidInput(f"{name} is not valid: {first['msg']}") from None
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise InvalidInput(f"{name} is not valid: {message}") from None
 
     @classmethod
     def _from(cls, env: Mapping[str, str]) -> LocalSettings:
@@ -76,10 +117,22 @@ class LocalSettings(BaseModel):
             log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
             public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
             slack_signing_secret=env.get("RATCHET_SLACK_SIGNING_SECRET") or None,
+            busy_timeout_seconds=env.get("RATCHET_BUSY_TIMEOUT_SECONDS")
+            or DEFAULT_BUSY_TIMEOUT_SECONDS,
         )
 
 
-_ENV_NAMES = {"public_url": "RATCHET_PUBLIC_URL", "store": "RATCHET_STORE"}
+_ENV_NAMES = {
+    "store": "RATCHET_STORE",
+    "anthropic_api_key": "ANTHROPIC_API_KEY",
+    "anthropic_base_url": "ANTHROPIC_BASE_URL",
+    "fault": "RATCHET_FAULT",
+    "log_level": "RATCHET_LOG_LEVEL",
+    "public_url": "RATCHET_PUBLIC_URL",
+    "slack_signing_secret": "RATCHET_SLACK_SIGNING_SECRET",
+    "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
+}
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
 
 
 def sqlite_path(url: str) -> Path:
@@ -111,7 +164,12 @@ class LocalRuntime:
 
     @classmethod
     def open(cls, settings: LocalSettings, *, create: bool = True) -> LocalRuntime:
-        return cls(SqliteDatabase(sqlite_path(settings.store), create=create), settings)
+        database = SqliteDatabase(
+            sqlite_path(settings.store),
+            create=create,
+            busy_timeout=settings.busy_timeout_seconds,
+        )
+        return cls(database, settings)
 
     @property
     def store(self) -> SqliteCheckpointStore:

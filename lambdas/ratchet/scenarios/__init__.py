@@ -118,12 +118,14 @@ def _import(target: str, reference: str) -> Agent:
     module_name, _, attribute = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         # Importing the user's module runs their code, which can fail in any way (ImportError,
-        # SyntaxError, anything it raises): each is a bad agent reference, said in one line.
+        # SyntaxError, anything it raises, even `sys.exit()`): each is a bad agent reference,
+        # said in one line.
+        reason = " ".join(str(error).split())
         raise AgentNotFound(
             f"cannot import {module_name!r} for agent {reference!r}: "
-            f"{type(error).__name__}: {error}"
+            f"{type(error).__name__}: {reason}"
         ) from None
     found: object = module
     for part in attribute.split("."):
