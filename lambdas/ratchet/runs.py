@@ -304,6 +304,11 @@ class Bindings:
         self._limit = limit
         self._bound: dict[str, Binding] = {}
 
+    def forget(self, run_id: str) -> None:
+        """Drop the run's binding (after a timed-out step, whose thread may still use it);
+        its resources are not closed here: the abandoned step may still hold them."""
+        self._bound.pop(run_id, None)
+
     def __call__(self, state: RunState) -> Binding:
         binding = self._bound.get(state.run_id)
         if binding is None:

@@ -267,3 +267,45 @@ def test_the_step_time_limit_defaults_and_is_exposed(tmp_path):
     state = RunState(run_id="r", agent="fake", goal="g", options=RunOptions())
 
     assert harness.engine.step_timeout(state) == DEFAULT_STEP_TIMEOUT_SECONDS
+
+
+def test_after_a_timeout_the_next_attempt_opens_its_own_resources(tmp_path, hung):
+    # Given an agent whose resources are opened once per run and process
+    opened: list[int] = []
+
+    def resources(ctx: RunContext) -> int:
+        opened.append(len(opened) + 1)
+        return len(opened)
+
+    agent = Agent(
+        name="hangs",
+        tools=[Tool("hang", "Hang.", Nothing, hung)],
+        step_timeout_seconds=LIMIT,
+        resources=resources,
+        policy=hang_then_done,
+    )
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    bindings = Bindings(
+        lambda run_id, options: RunContext(run_id, options, tmp_path / "data"),
+        anthropic_api_key=None,
+    )
+    bindings._bound["run"] = Binding(agent, ScriptedModel(hang_then_done), resources(None))  # type: ignore[arg-type]
+    engine = Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.blobs,
+        bind=bindings,
+        unbind=bindings.forget,
+        worker_id="w",
+        logger=LOG,
+    )
+
+    # When its step times out
+    with pytest.raises(StepTimedOut):
+        engine.advance("run")
+
+    # Then the abandoned step keeps what it had, and the run's binding is dropped, so the
+    # next attempt sets the agent up afresh instead of sharing resources with the hung thread
+    assert "run" not in bindings._bound
+    assert opened == [1]

@@ -88,6 +88,7 @@ class AwsRuntime:
             ledger=self.ledger,
             blobs=self.blobs,
             bind=self.bind,
+            unbind=self._bindings.forget,
             worker_id=worker_id,
             logger=logger,
             faults=faults,

@@ -162,6 +162,7 @@ class Engine:
         ledger: IdempotencyLedger,
         blobs: BlobStore,
         bind: Binder,
+        unbind: Callable[[str], None] | None = None,
         worker_id: str,
         logger: logging.Logger | Any,
         faults: FaultPlan = NO_FAULTS,
@@ -171,6 +172,7 @@ class Engine:
         self._ledger = ledger
         self._blobs = blobs
         self._bind = bind
+        self._unbind = unbind
         self._worker_id = worker_id
         self._log = logger
         self._faults = faults
@@ -504,6 +506,10 @@ class Engine:
         """Record a failed attempt and raise it; or, if no retry can help (or this was the
         third attempt), fail the run and return the outcome."""
         step = state.next_step
+        if isinstance(error, StepTimedOut) and self._unbind is not None:
+            # The abandoned step may still be using the run's resources: the next attempt
+            # gets its own.
+            self._unbind(state.run_id)
         self._log.warning(
             "step attempt failed",
             extra={

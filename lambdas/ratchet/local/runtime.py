@@ -198,6 +198,7 @@ class LocalRuntime:
             ledger=self.ledger,
             blobs=FileBlobStore(Path(f"{self.root}.blobs")),
             bind=self.bind,
+            unbind=self._bindings.forget,
             worker_id=worker_id,
             logger=logger,
             faults=faults,
