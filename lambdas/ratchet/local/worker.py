@@ -24,6 +24,7 @@ from ratchet.errors import (
     StaleVersion,
     StepAttemptFailed,
     StoreBusy,
+    is_transient,
 )
 from ratchet.local.leases import Leases, check_lease_seconds
 
@@ -49,11 +50,6 @@ def check_worker_id(worker_id: str) -> str:
             f"worker id must be 1 to {MAX_WORKER_ID_CHARS} printable characters, not {worker_id!r}"
         )
     return worker_id
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether the same attempt may well succeed a little later: back off, then retry."""
-    return bool(getattr(error, "transient", False)) or isinstance(error, StoreBusy)
 
 
 @dataclass
