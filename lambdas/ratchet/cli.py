@@ -276,24 +276,27 @@ def _new_run(
 
 
 def _start(state: RunState) -> bool:
-    from ratchet.scenarios import load_agent
+    from ratchet.runs import create_run
 
     runtime = _runtime(create=True)
-    try:
-        if runtime.store.load_head(state.run_id) is not None:
-            return False
+
+    def prepare_locked(agent: str, hook: str, call: Callable[[], None]) -> None:
         # Take the store's write lock once before prepare writes the run's data: a store that
-        # another process holds refuses the start here, with nothing written.
+        # another process holds refuses the start here, with nothing written. The run does
+        # not exist yet: a prepare that fails leaves no run behind (whatever it wrote in the
+        # run's data folder before failing stays; prepare is idempotent).
         with runtime.db.write():
             pass
-        agent = load_agent(state.agent)
-        if agent.prepare:
-            # Before the run exists: a prepare that fails leaves no run behind (whatever it
-            # wrote in the run's data folder before failing stays; prepare is idempotent).
-            context = runtime.context(state.run_id, state.options)
-            _call_hook(agent.name, "prepare", lambda: agent.prepare(context))  # type: ignore[misc]
-        engine = runtime.engine(worker_id=_cli_worker_id(), logger=_logger())
-        return bool(engine.start(state))
+        _call_hook(agent, hook, call)
+
+    try:
+        return create_run(
+            runtime,
+            state,
+            worker_id=_cli_worker_id(),
+            logger=_logger(),
+            run_hook=prepare_locked,
+        )
     finally:
         runtime.close()
 

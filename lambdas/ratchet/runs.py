@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding
+from ratchet.engine.core import Binding, Engine
 from ratchet.errors import AgentNotFound, InvalidInput
-from ratchet.ports import Model
+from ratchet.ports import CheckpointStore, Model
 from ratchet.scenarios import LOCAL, AgentRegistry
 from ratchet.state import (
     MAX_GOAL_BYTES,
@@ -325,3 +325,44 @@ class Bindings:
                 self._bound.pop(next(iter(self._bound)))
             binding = self._bound[state.run_id] = Binding(agent, model, resources)
         return binding
+
+
+class StartingRuntime(Protocol):
+    """What `create_run` uses of a runtime (`AwsRuntime`, `LocalRuntime`)."""
+
+    @property
+    def store(self) -> CheckpointStore: ...
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext: ...
+
+    def engine(self, *, worker_id: str, logger: Any) -> Engine: ...
+
+
+HookRunner = Callable[[str, str, Callable[[], None]], None]
+"""Runs an agent's hook: (agent name, hook name, the call)."""
+
+
+def _run_hook(agent: str, hook: str, call: Callable[[], None]) -> None:
+    call()
+
+
+def create_run(
+    runtime: StartingRuntime,
+    state: RunState,
+    *,
+    agents: AgentRegistry = LOCAL,
+    worker_id: str,
+    logger: Any,
+    run_hook: HookRunner = _run_hook,
+) -> bool:
+    """Create the run unless it exists: prepare its agent's data (through `run_hook`), then
+    write its first checkpoint. False: it existed (or a concurrent start created it first,
+    whose run stands); nothing changed. Every entry point starts runs through this."""
+    if runtime.store.load_head(state.run_id) is not None:
+        return False
+    agent = agents.load(state.agent)
+    prepare = agent.prepare
+    if prepare is not None:
+        context = runtime.context(state.run_id, state.options)
+        run_hook(agent.name, "prepare", lambda: prepare(context))
+    return runtime.engine(worker_id=worker_id, logger=logger).start(state)

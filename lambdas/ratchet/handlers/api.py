@@ -51,7 +51,6 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 from ratchet.aws.naming import execution_name
 from ratchet.aws.payloads import ExecutionInput
-from ratchet.engine.core import Engine
 from ratchet.engine.transitions import replay
 from ratchet.errors import (
     AgentNotFound,
@@ -66,10 +65,9 @@ from ratchet.errors import (
 )
 from ratchet.handlers import _wiring
 from ratchet.ports import CheckpointStore
-from ratchet.runs import RunRequest, RunRequestInvalid, new_run
+from ratchet.runs import RunRequest, RunRequestInvalid, create_run, new_run
 from ratchet.scenarios import AgentRegistry
-from ratchet.state import RUN_ID_PATTERN, RunOptions, RunState, RunStatus
-from ratchet.tools import RunContext
+from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
 
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
@@ -105,6 +103,16 @@ class RunStarted(_Answer):
     picks the run up."""
     created: bool
     """False when the run existed already: the request changed nothing about it."""
+
+    @classmethod
+    def of(cls, head: RunState, *, execution_name: str | None, created: bool) -> RunStarted:
+        return cls(
+            run_id=head.run_id,
+            status=head.status,
+            step=head.step,
+            execution_name=execution_name,
+            created=created,
+        )
 
 
 class RunListed(_Answer):
@@ -580,31 +588,6 @@ def _responses(*codes: int) -> dict[int, OpenAPIResponse]:
 # --- AWS -----------------------------------------------------------------------------------------
 
 
-class _Runtime(Protocol):
-    """What `create_run` uses of a runtime (`AwsRuntime`, `LocalRuntime`)."""
-
-    @property
-    def store(self) -> CheckpointStore: ...
-
-    def context(self, run_id: str, options: RunOptions) -> RunContext: ...
-
-    def engine(self, *, worker_id: str, logger: Any) -> Engine: ...
-
-
-def create_run(
-    runtime: _Runtime, state: RunState, *, agents: AgentRegistry, worker_id: str, logger: Any
-) -> bool:
-    """Create the run unless it exists: prepare its agent's data, then write its first
-    checkpoint. False: it existed (or a concurrent request created it first, whose run
-    stands); nothing changed."""
-    if runtime.store.load_head(state.run_id) is not None:
-        return False
-    agent = agents.load(state.agent)
-    if agent.prepare:
-        agent.prepare(runtime.context(state.run_id, state.options))
-    return runtime.engine(worker_id=worker_id, logger=logger).start(state)
-
-
 def start_on_aws(request: RunRequest, *, request_id: str) -> RunStarted:
     """Create the run if it is new, and start its execution if it has none."""
     config = _wiring.settings()
@@ -626,13 +609,7 @@ def start_on_aws(request: RunRequest, *, request_id: str) -> RunStarted:
         "run started" if created else "run exists; start is a no-op",
         extra={"run_id": head.run_id, "execution": name},
     )
-    return RunStarted(
-        run_id=head.run_id,
-        status=head.status,
-        step=head.step,
-        execution_name=name,
-        created=created,
-    )
+    return RunStarted.of(head, execution_name=name, created=created)
 
 
 def _start_execution(run_id: str) -> str:

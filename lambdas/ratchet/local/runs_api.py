@@ -9,9 +9,9 @@ import getpass
 from functools import cache
 from typing import Any
 
-from ratchet.handlers.api import RunsServices, RunStarted, create_run
+from ratchet.handlers.api import RunsServices, RunStarted
 from ratchet.local.runtime import LocalRuntime
-from ratchet.runs import RunRequest, new_run
+from ratchet.runs import RunRequest, create_run, new_run
 from ratchet.scenarios import AgentRegistry
 
 
@@ -38,13 +38,7 @@ def local_runs_services(
             "run created" if created else "run exists; start is a no-op",
             extra={"run_id": head.run_id, "request_id": request_id},
         )
-        return RunStarted(
-            run_id=head.run_id,
-            status=head.status,
-            step=head.step,
-            execution_name=None,
-            created=created,
-        )
+        return RunStarted.of(head, execution_name=None, created=created)
 
     return RunsServices(
         store=runtime.store,
