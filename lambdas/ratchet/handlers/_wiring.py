@@ -140,9 +140,10 @@ def approval_desk() -> ApprovalDesk:
             SlackNotifier(_secret(config.slack_bot_token_secret_arn), api_url=config.slack_api_url)
         )
     key = _secret(_setting("link_key_secret_arn")).get_secret_value()
+    book = approvals()  # the book that keeps the token is also the resumer that uses it
     return ApprovalDesk(
-        book=approvals(),
-        resumer=approvals(),
+        book=book,
+        resumer=book,
         store=runtime().store,
         signer=LinkSigner(key.encode("utf-8")),
         public_url=_setting("public_url"),
