@@ -503,6 +503,21 @@ CATALOGUE: list[Case] = [
         "this command waits (0.2 s, RATCHET_BUSY_TIMEOUT_SECONDS); try again when that "
         "process is done",
     ),
+    case(
+        "store-locked-start",
+        "start",
+        "--scenario",
+        "migration",
+        "--batches",
+        "2",
+        "--run-id",
+        "r-new",
+        store="locked",
+        env=(("RATCHET_BUSY_TIMEOUT_SECONDS", "0.2"),),
+        line="the store {store} is busy: another process has held its lock for longer than "
+        "this command waits (0.2 s, RATCHET_BUSY_TIMEOUT_SECONDS); try again when that "
+        "process is done",
+    ),
 ]
 
 # --- the stores ------------------------------------------------------------------------------
