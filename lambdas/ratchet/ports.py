@@ -213,3 +213,37 @@ class Notifier(Protocol):
     sends to the recipients of its own channel in the notice and ignores the rest."""
 
     def send(self, notice: ApprovalNotice) -> None: ...
+
+
+MAX_DATA_KEY_CHARS = 512
+"""The longest key of a run's data (a DynamoDB sort key holds 1 KB; the prefix needs room)."""
+MAX_DATA_VALUE_BYTES = 64 * 1024
+"""The largest value of a run's data, in UTF-8 bytes: far under DynamoDB's 400 KB item."""
+
+
+class RunData(Protocol):
+    """A run's own durable key-value data, kept by the runtime's store: what an agent's tools
+    keep instead of files (locally in the SQLite store, on AWS in the stack's app table). One
+    instance serves one run; no run sees another's keys.
+
+    Contract (`tests/conformance/test_run_data_contract.py`):
+    - keys are 1-`MAX_DATA_KEY_CHARS` characters, values text of at most
+      `MAX_DATA_VALUE_BYTES` UTF-8 bytes; anything else is `InvalidInput`, nothing written.
+    - `put_once(key, value)` writes the value only if the key has none: True if it wrote, False
+      (nothing changed) if the key existed, whatever its value. It is the idempotent write a
+      side-effecting tool makes under its step's key, so a retried step writes nothing twice.
+    - `put(key, value)` writes or overwrites; `get(key)` reads it back (None if absent);
+      `delete(key)` removes it if present.
+    - `items(prefix)` lists (key, value) whose key starts with `prefix`, ordered by key.
+    - every read sees every write that returned before it, from any process.
+    """
+
+    def get(self, key: str) -> str | None: ...
+
+    def put(self, key: str, value: str) -> None: ...
+
+    def put_once(self, key: str, value: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]: ...

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast, get_type_hints
 
 from pydantic import BaseModel
 
-from ratchet.ports import StepView, ToolSpec
+from ratchet.ports import RunData, StepView, ToolSpec
 from ratchet.state import ApprovalRequest, Decision, Done, RunOptions, RunState, ToolCall
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -57,10 +57,15 @@ class RunContext:
     run_id: str
     options: RunOptions
     workdir: Path
-    """A directory private to this store (locally, next to the SQLite file)."""
+    """A directory private to this run and store (locally, next to the SQLite file). On AWS it
+    is scratch space in one container's /tmp, gone with it: keep what must last in `data`, and
+    an agent that cannot (`Agent.needs_local_disk`) is refused there."""
     services: Mapping[str, Any] = field(default_factory=dict)
     """What the runtime offers the agent beyond the disk: on AWS, e.g. `dynamodb` (a client)
     and `app_table` (the table the stack made for agent data). Empty locally."""
+    data: RunData | None = None
+    """The run's durable key-value data (`RunData`), kept by the runtime's own store on every
+    runtime; None only where a caller built a context by hand."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,12 @@ class Agent:
     once when the run is started (it must be idempotent); `verify(ctx)` returns the agent's
     invariants for the run as a dict with at least `ok`.
 
+    `input` is the run's input as a pydantic model: validated when the run starts (the CLI's
+    `--input`/`--param`, the API's and the Python client's `input`), its fields become the run's
+    `params` (and fill the goal's placeholders). Without one, an agent takes no input.
+    `needs_local_disk` says the agent keeps what must last in `RunContext.workdir`: such an
+    agent runs locally only, and the AWS runtime refuses to start it.
+
     `step_timeout_seconds` bounds each step's agent code: the engine runs the hooks, the model
     call and the tool on a thread of its own (one per calling thread, reused step after step,
     so open thread-bound handles such as SQLite connections in `resources`, not beforehand).
@@ -189,6 +200,8 @@ class Agent:
     prepare: Callable[[RunContext], None] | None = None
     verify: Callable[[RunContext, RunState], dict[str, Any]] | None = None
     step_timeout_seconds: float | None = DEFAULT_STEP_TIMEOUT_SECONDS
+    input: type[BaseModel] | None = None
+    needs_local_disk: bool = False
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
