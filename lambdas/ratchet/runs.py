@@ -8,17 +8,27 @@ its flags.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+)
 
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.ports import CheckpointStore, Model
 from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import (
     MAX_GOAL_BYTES,
     RUN_ID_PATTERN,
@@ -42,13 +52,9 @@ MAX_STEPS = 10_000
 long run over into fresh executions, so this bounds cost, not capacity: a run that needs more
 than 10,000 model calls is a runaway agent, not a workload."""
 
-MAX_BATCHES = 500
-"""The migration demo's batch count. `prepare` seeds every batch (one 27 KB item of 1,000 rows
-each) inside the API's own request, which API Gateway cuts off at 29 s. On DynamoDB (moto, in
-process) seeding takes ~4 ms a batch: 500 batches take ~2 s; on a real on-demand table they
-are 13,500 write units, ~3.4 s at a new table's 4,000 units/s, so even throttled and retried
-they fit well inside the function's 29 s. (1,000,000 batches, 27 GB, ran the function out of
-time: a 502 and no run.)"""
+MAX_INPUT_BYTES = 16 * 1024
+"""A run's input, as compact JSON: it rides in every head, so it stays small; bulk data belongs
+in the agent's own store."""
 
 MAX_TOOL_LATENCY_MS = 30_000
 """The artificial slowdown per tool call. A step on AWS must finish in the step function's
@@ -93,8 +99,16 @@ class RunRequest(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
     )
+    input: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="The agent's input, checked against the input model it declares (at most "
+        "16 KB of JSON); its fields become the run's params.",
+    )
     batches: int | None = Field(
-        default=None, ge=1, le=MAX_BATCHES, description="Migration: 1,000-row batches to copy."
+        default=None,
+        ge=1,
+        le=MAX_BATCHES,
+        description="Migration: 1,000-row batches to copy (the same as input.batches).",
     )
     tool_latency_ms: int | None = Field(
         default=None, ge=0, le=MAX_TOOL_LATENCY_MS, description="Slow every tool call down."
@@ -113,6 +127,7 @@ CLI_FLAGS: Mapping[str, str] = {
     "goal": "--goal",
     "model": "--model",
     "max_steps": "--max-steps",
+    "input": "--input/--param",
     "batches": "--batches",
     "tool_latency_ms": "--tool-latency-ms",
     "notify": "--notify/--notify-slack",
@@ -139,8 +154,15 @@ class RunRequestInvalid(InvalidInput):
     def for_cli(self) -> str:
         if self._cli is not None:
             return self._cli
-        flags = ", ".join(CLI_FLAGS.get(f, f) for f in self.fields)
+        flags = ", ".join(cli_flag(f) for f in self.fields)
         return f"{self.message} ({flags})" if flags else self.message
+
+
+def cli_flag(field: str) -> str:
+    """How the CLI spells a `RunRequest` field (or a field inside it, such as `input.batches`)."""
+    if field.startswith("input."):
+        return f"--param {field.removeprefix('input.')}"
+    return CLI_FLAGS.get(field) or CLI_FLAGS.get(field.rsplit(".", 1)[0], field)
 
 
 class NoAnthropicKey(RunRequestInvalid):
@@ -233,9 +255,7 @@ def new_run(
         )
     if model != SCRIPTED and not has_anthropic_key:
         raise NoAnthropicKey(model)
-    params: dict[str, Any] = dict(agent.default_params)
-    if request.batches is not None:
-        params["batches"] = request.batches
+    params = _params(agent, request)
     try:
         options = RunOptions(
             model=model,
@@ -258,6 +278,28 @@ def new_run(
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
     )
+
+
+def _params(agent: Agent, request: RunRequest) -> dict[str, Any]:
+    """The run's params: its input, checked against the agent's input model. `batches` is the
+    older spelling of `input.batches`, still taken."""
+    given: dict[str, Any] = dict(request.input or {})
+    if request.batches is not None:
+        if given.get("batches", request.batches) != request.batches:
+            raise RunRequestInvalid("batches is given twice, differently", "batches", "input")
+        given["batches"] = request.batches
+    size = len(json.dumps(given, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_INPUT_BYTES:
+        raise RunRequestInvalid(f"the input is over {MAX_INPUT_BYTES // 1024} KB", "input")
+    legacy = request.batches is not None and not request.input
+    try:
+        return agent.params_for(given)
+    except ValidationError as error:
+        (where, what), *_ = request_problems(error)
+        field = where if legacy and where == "batches" else f"input.{where}"
+        raise RunRequestInvalid(f"bad input for agent {agent.name!r}: {what}", field) from None
+    except ValueError as error:
+        raise RunRequestInvalid(str(error), "batches" if legacy else "input") from None
 
 
 def build_model(

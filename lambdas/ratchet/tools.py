@@ -223,5 +223,24 @@ class Agent:
     def tool_named(self, name: str) -> Tool[Any] | None:
         return next((t for t in self.tools if t.name == name), None)
 
+    def params_for(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's params from the input it was started with: validated by the agent's
+        `input` model (a `pydantic.ValidationError` names the field at fault), its defaults
+        filled in. An agent without one takes its `default_params`, and no input beyond their
+        names (a `ValueError` names the first unknown one)."""
+        if self.input is not None:
+            return self.input.model_validate(dict(given)).model_dump(mode="json")
+        unknown = sorted(set(given) - set(self.default_params))
+        if unknown:
+            raise ValueError(
+                f"agent {self.name!r} takes no input {unknown[0]!r}"
+                + (
+                    f" (it takes: {', '.join(sorted(self.default_params))})"
+                    if self.default_params
+                    else ""
+                )
+            )
+        return {**self.default_params, **given}
+
     def goal_for(self, params: Mapping[str, Any]) -> str:
         return self.goal.format(**{**self.default_params, **params})

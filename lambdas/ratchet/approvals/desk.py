@@ -188,6 +188,38 @@ class ApprovalDesk:
 
     def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
         """A verified caller decides whatever the run waits for (the runs API, the CLI)."""
+        return self._decider.decide_run(run_id, verdict, channel=channel)
+
+    def _decide(
+        self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
+    ) -> ApprovalView:
+        return self._decider.decide(approval, verdict, channel=channel, recipient=recipient)
+
+    @property
+    def _decider(self) -> Decider:
+        return Decider(self.book, self.resumer, self.store, self.clock)
+
+    def _find(self, run_id: str, approval_id: str) -> Approval:
+        approval = self.book.get(run_id, approval_id)
+        if approval is None:
+            raise ApprovalNotFound("no such approval request (it may have been cleaned up)")
+        return approval
+
+
+@dataclass(frozen=True)
+class Decider:
+    """Takes one decision on one approval, exactly once: what the desk does once it knows who
+    decides. The Python client and the CLI use it directly: they need no links."""
+
+    book: ApprovalBook
+    resumer: Resumer
+    store: CheckpointStore
+    clock: Callable[[], datetime] = utcnow
+
+    def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
+        """Decide whatever the run waits for (the runs API, the CLI, the Python client):
+        `ApprovalNotFound` if it waits with no open request (its worker died before opening
+        one), `ApprovalClosed` if it does not wait."""
         run = self.store.load_head(run_id)
         if run is None:
             raise RunNotFound(run_id)
@@ -200,9 +232,9 @@ class ApprovalDesk:
             if run.status is not RunStatus.WAITING:
                 raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
             raise ApprovalNotFound(f"run {run_id!r} has no open approval request yet")
-        return self._decide(pending[-1], verdict, channel=channel)
+        return self.decide(pending[-1], verdict, channel=channel)
 
-    def _decide(
+    def decide(
         self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
     ) -> ApprovalView:
         now = self.clock()
@@ -236,12 +268,6 @@ class ApprovalDesk:
             self.book.reopen(settled)
             raise
         return ApprovalView(settled, self.store.load_head(approval.run_id), recipient)
-
-    def _find(self, run_id: str, approval_id: str) -> Approval:
-        approval = self.book.get(run_id, approval_id)
-        if approval is None:
-            raise ApprovalNotFound("no such approval request (it may have been cleaned up)")
-        return approval
 
 
 def decided_text(approval: Approval) -> str:

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.scenarios.migration_data import (
     BATCH_SIZE,
+    MAX_BATCHES,
     SOURCE_TABLE,
     TARGET_TABLE,
     MigrationData,
@@ -35,6 +36,16 @@ from ratchet.tools import (
 
 REPORT_TO = "data-team@example.com"
 DEFAULT_BATCHES = 40
+
+
+class MigrationInput(BaseModel):
+    """What a migration run takes (`--param batches=N`, the API's `input`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batches: int = Field(
+        default=DEFAULT_BATCHES, ge=1, le=MAX_BATCHES, description="1,000-row batches to copy."
+    )
 
 
 class InspectTable(BaseModel):
@@ -214,7 +225,7 @@ agent = Agent(
     ),
     tools=[inspect_table, copy_batch, request_approval, drop_table, send_email],
     policy=migration_policy,
-    default_params={"batches": DEFAULT_BATCHES},
+    input=MigrationInput,
     resources=open_data,
     prepare=prepare,
     verify=verify,

@@ -1,0 +1,421 @@
+"""The Python API: start, work, wait for, decide and read runs, on any store.
+
+    import ratchet
+
+    client = ratchet.connect("sqlite:///runs.db")  # or "dynamodb://TABLE?ledger=...&app=..."
+    run = client.run(run_id="r1", scenario="migration", input={"batches": 2})
+    assert run.status == "waiting"  # it asked a person before dropping the old table
+    client.approve("r1", by="me", comment="ok")
+    assert client.run(run_id="r1").status == "done"
+
+`run` starts the run if it is new (an existing id continues) and works it in this process until
+it is done, waiting for a person or failed; `start` only creates it, for workers (`ratchet
+worker`) or the state machine to advance, and `wait` follows it from elsewhere. Every answer is
+a pydantic model. The CLI, `ratchet serve` and the deployed runs API start and decide runs
+through this same client.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+
+from ratchet.approvals.model import Verdict
+from ratchet.engine.transitions import replay
+from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
+from ratchet.runtime import Runtime, open_runtime
+from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.state import RunState, RunStatus
+from ratchet.tools import Agent
+
+__all__ = ["Checkpoint", "Client", "Run", "RunListed", "Started", "WaitTimedOut", "connect"]
+
+SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
+"""Where `run` and `wait` stop by default: nothing more happens without someone."""
+DEFAULT_WAIT_SECONDS = 60.0
+DEFAULT_POLL_SECONDS = 0.1
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class WaitingFor(_Answer):
+    """What a waiting run asked a person."""
+
+    step: int
+    prompt: str
+    details: dict[str, Any]
+    since: datetime
+
+
+class Run(_Answer):
+    """Where a run stands: its head, read from the store."""
+
+    run_id: str
+    status: RunStatus
+    step: int
+    """Steps committed so far."""
+    version: int
+    attempts: int
+    """Attempts counted at the next step (0 when none failed)."""
+    agent: str
+    goal: str
+    model: str
+    max_steps: int
+    input: dict[str, Any]
+    """The run's params: its input, with the agent's defaults filled in."""
+    summary: str | None
+    error: str | None
+    waiting: WaitingFor | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, state: RunState) -> Run:
+        waiting = state.waiting
+        return cls(
+            run_id=state.run_id,
+            status=state.status,
+            step=state.step,
+            version=state.version,
+            attempts=state.attempts,
+            agent=state.agent,
+            goal=state.goal,
+            model=state.options.model,
+            max_steps=state.options.max_steps,
+            input=dict(state.options.params),
+            summary=state.summary,
+            error=state.error,
+            waiting=WaitingFor(
+                step=waiting.step,
+                prompt=waiting.request.prompt,
+                details=dict(waiting.request.details),
+                since=waiting.since,
+            )
+            if waiting
+            else None,
+            created_at=state.created_at,
+            updated_at=state.updated_at,
+        )
+
+
+class Started(_Answer):
+    run: Run
+    created: bool
+    """False when the run existed: the start changed nothing."""
+
+
+class Checkpoint(_Answer):
+    """One durable write of a run: what `history` lists."""
+
+    version: int
+    step: int
+    status: RunStatus
+    event: str
+    """What the write recorded: created, attempt_started, step_completed, person_decided, ..."""
+    worker: str
+    bytes: int
+    time: datetime
+
+
+class RunListed(_Answer):
+    run_id: str
+    status: RunStatus
+    step: int
+    version: int
+    updated_at: datetime
+
+
+class WaitTimedOut(RatchetError):
+    """`Client.wait` gave up: the run did not reach the statuses asked for in time."""
+
+    def __init__(self, run: Run, until: Collection[RunStatus], timeout: float) -> None:
+        wanted = " or ".join(sorted(s.value for s in until))
+        super().__init__(
+            f"run {run.run_id!r} is still {run.status.value} at step {run.step} after "
+            f"{timeout:g} s (waited for {wanted})"
+        )
+        self.run = run
+
+
+class AgentHookFailed(RatchetError):
+    """An agent's own hook (prepare, verify) raised; the message names the agent and hook."""
+
+
+_Result = TypeVar("_Result")
+
+
+def call_hook(agent: str, hook: str, call: Callable[[], _Result]) -> _Result:
+    """Run an agent's own code: whatever it raises (even `sys.exit`) becomes one line naming
+    the agent and the hook (`AgentHookFailed`), not a traceback from somewhere inside it."""
+    try:
+        return call()
+    except RatchetError:
+        raise
+    except (Exception, SystemExit) as error:
+        reason = " ".join(str(error).split())
+        raise AgentHookFailed(
+            f"agent {agent!r}: its {hook} hook failed: {type(error).__name__}: {reason}"
+        ) from None
+
+
+def _default_worker_id() -> str:
+    return f"client:{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "python client"
+
+
+class Client:
+    """Runs on one store, through its `Runtime`. Not thread-safe: one client per thread.
+
+    `agents` says which agents may be started: by default the built-in scenarios and any
+    `module:attr` (this process runs the code anyway); a service that starts runs for callers
+    passes the deployment's registry, so that a name is all they can give. `logger` takes
+    the engine's structured events (default: the standard `logging` logger "ratchet").
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        agents: AgentRegistry = LOCAL,
+        worker_id: str | None = None,
+        logger: Any = None,
+        faults: FaultPlan = NO_FAULTS,
+    ) -> None:
+        self.runtime = runtime
+        self.agents = agents
+        self.worker_id = worker_id or _default_worker_id()
+        self.logger = logger if logger is not None else logging.getLogger("ratchet")
+        self.faults = faults
+
+    # --- starting and working -------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        run_id: str | None = None,
+        scenario: str | None = None,
+        agent: str | None = None,
+        goal: str | None = None,
+        input: Mapping[str, JsonValue] | None = None,
+        model: str | None = None,
+        max_steps: int | None = None,
+        notify: Mapping[str, Any] | None = None,
+        tool_latency_ms: int | None = None,
+    ) -> Run:
+        """Create the run unless its id exists (then nothing changes); return where it
+        stands. Raises `RunRequestInvalid`, naming the argument at fault, and writes nothing
+        if the request cannot run: an unknown agent, input its model refuses, a Claude model
+        without a key, ..."""
+        fields = {
+            "run_id": run_id,
+            "scenario": scenario,
+            "agent": agent,
+            "goal": goal,
+            "input": dict(input) if input is not None else None,
+            "model": model,
+            "max_steps": max_steps,
+            "notify": dict(notify) if notify is not None else None,
+            "tool_latency_ms": tool_latency_ms,
+        }
+        try:
+            request = RunRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise RunRequestInvalid(message, field) from None
+        return self.submit(request).run
+
+    def submit(self, request: RunRequest) -> Started:
+        """`start` for a request already parsed (the CLI's flags, the API's JSON body)."""
+        state = new_run(
+            request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents
+        )
+        existing = self.runtime.store.load_head(state.run_id)
+        if existing is not None:
+            return Started(run=Run.of(existing), created=False)
+        agent = self.agents.load(state.agent)
+        self.runtime.check_agent(agent)
+        self._prepare(agent, state)
+        created = self.runtime.engine(worker_id=self.worker_id, logger=self.logger).start(state)
+        return Started(run=self.get(state.run_id), created=created)
+
+    def _prepare(self, agent: Agent, state: RunState) -> None:
+        prepare = agent.prepare
+        if prepare is None:
+            return
+        context = self.runtime.context(state.run_id, state.options)
+        self.runtime.before_prepare()
+        call_hook(agent.name, "prepare", lambda: prepare(context))
+
+    def run(self, run_id: str | None = None, **start: Any) -> Run:
+        """Start the run if it is new (with `start`'s arguments), or continue the one with
+        this id, and work it in this process until it is done, waiting or failed."""
+        if run_id is not None and not start and self.runtime.store.load_head(run_id):
+            return self.work(run_id)
+        return self.work(self.start(run_id=run_id, **start).run_id)
+
+    def work(self, run_id: str) -> Run:
+        """Work an existing run in this process until it is done, waiting or failed (or
+        another worker holds it; then where it stands)."""
+        self.get(run_id)
+        self.runtime.work(run_id, worker_id=self.worker_id, logger=self.logger, faults=self.faults)
+        return self.get(run_id)
+
+    def wait(
+        self,
+        run_id: str,
+        *,
+        until: Collection[RunStatus | str] = SETTLED,
+        timeout: float = DEFAULT_WAIT_SECONDS,
+        poll: float = DEFAULT_POLL_SECONDS,
+    ) -> Run:
+        """Wait until the run, worked elsewhere, reaches one of `until` (default: done,
+        waiting or failed); `WaitTimedOut` after `timeout` seconds."""
+        wanted = {RunStatus(s) for s in until}
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if run.status in wanted:
+                return run
+            if time.monotonic() >= deadline:
+                raise WaitTimedOut(run, wanted, timeout)
+            time.sleep(poll)
+
+    # --- deciding ---------------------------------------------------------------------------
+
+    def approve(self, run_id: str, *, by: str | None = None, comment: str = "") -> Run:
+        """Approve what the waiting run asked; a worker (or `run`) resumes it."""
+        return self._decide(run_id, approved=True, by=by, comment=comment)
+
+    def reject(self, run_id: str, *, by: str | None = None, comment: str = "") -> Run:
+        """Reject what the waiting run asked; it goes on knowing the answer was no."""
+        return self._decide(run_id, approved=False, by=by, comment=comment)
+
+    def _decide(self, run_id: str, *, approved: bool, by: str | None, comment: str) -> Run:
+        self.get(run_id)
+        try:
+            verdict = Verdict(approved=approved, by=by or _operator(), comment=comment)
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise InvalidInput(f"bad decision: {field}: {message}") from None
+        self.runtime.decide(
+            run_id, verdict, channel="python", worker_id=self.worker_id, logger=self.logger
+        )
+        return self.get(run_id)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> Run:
+        return Run.of(self.head(run_id))
+
+    def head(self, run_id: str) -> RunState:
+        """The run's full state as it stands (`get` is the short form)."""
+        state = self.runtime.store.load_head(check_run_id(run_id))
+        if state is None:
+            raise RunNotFound(run_id)
+        return state
+
+    def history(self, run_id: str) -> list[Checkpoint]:
+        """Every durable write of the run, oldest first."""
+        self.head(run_id)
+        return [
+            Checkpoint(
+                version=c.version,
+                step=c.step,
+                status=c.status,
+                event=c.event.kind,
+                worker=c.worker_id,
+                bytes=c.size,
+                time=c.created_at,
+            )
+            for c in self.runtime.store.list_checkpoints(run_id)
+        ]
+
+    def state_at(self, run_id: str, *, step: int) -> RunState:
+        """The run's state as of its last checkpoint at `step`, rebuilt from the records."""
+        self.head(run_id)
+        checkpoints = self.runtime.store.list_checkpoints(run_id)
+        last = max((c.version for c in checkpoints if c.step == step), default=None)
+        if last is None:
+            raise InvalidInput(f"run {run_id} has no checkpoint at step {step}")
+        rebuilt = replay(c for c in checkpoints if c.version <= last)
+        assert rebuilt is not None, "the records up to a checkpoint rebuild a state"
+        return rebuilt
+
+    def runs(self, *, status: RunStatus | str | None = None) -> list[RunListed]:
+        """Every run in the store, most recently updated first; only those in `status`."""
+        wanted = RunStatus(status) if status is not None else None
+        listed = [
+            RunListed(
+                run_id=r.run_id,
+                status=RunStatus(r.status),
+                step=r.step,
+                version=r.version,
+                updated_at=r.updated_at,
+            )
+            for r in self.runtime.store.list_runs()
+        ]
+        return sorted(
+            (r for r in listed if wanted is None or r.status is wanted),
+            key=lambda r: r.updated_at,
+            reverse=True,
+        )
+
+    def verify(self, run_id: str) -> dict[str, Any]:
+        """The agent's own invariants for the run (`Agent.verify`): a dict with at least
+        `ok`."""
+        state = self.head(run_id)
+        agent = self.agents.load(state.agent)
+        check = agent.verify
+        if check is None:
+            return {"ok": True, "note": f"agent {agent.name} has no checks"}
+        context = self.runtime.context(run_id, state.options)
+        result = call_hook(agent.name, "verify", lambda: check(context, state))
+        if not isinstance(result, dict):
+            raise AgentHookFailed(
+                f"agent {agent.name!r}: its verify hook returned {type(result).__name__}, "
+                "not a dict"
+            )
+        return result
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def connect(
+    url: str | None = None,
+    *,
+    create: bool = True,
+    environ: Mapping[str, str] | None = None,
+    worker_id: str | None = None,
+) -> Client:
+    """A client on the store at `url`: `sqlite:///path.db` (made if missing, unless
+    `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
+    region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
+    The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
+    return Client(open_runtime(url, create=create, environ=environ), worker_id=worker_id)
