@@ -227,7 +227,8 @@ class RunData(Protocol):
     instance serves one run; no run sees another's keys.
 
     Contract (`tests/conformance/test_run_data_contract.py`):
-    - keys are 1-`MAX_DATA_KEY_CHARS` characters, values text of at most
+    - keys are 1-`MAX_DATA_KEY_CHARS` characters and at most 1,024 UTF-8 bytes (a DynamoDB
+      sort key), values text of at most
       `MAX_DATA_VALUE_BYTES` UTF-8 bytes; anything else is `InvalidInput`, nothing written.
     - `put_once(key, value)` writes the value only if the key has none: True if it wrote, False
       (nothing changed) if the key existed, whatever its value. It is the idempotent write a

@@ -116,7 +116,7 @@ def create_tables(client: DynamoDBClient, *, checkpoints: str, idempotency: str,
                 ],
             )
         except ClientError as error:
-            if _code(error) != "ResourceInUseException":
+            if error_code(error) != "ResourceInUseException":
                 raise
         client.get_waiter("table_exists").wait(
             TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
@@ -135,7 +135,7 @@ def create_tables(client: DynamoDBClient, *, checkpoints: str, idempotency: str,
 # --- attribute values and item sizes -----------------------------------------------------------
 
 
-def _s(value: str) -> AttributeValueTypeDef:
+def text_attribute(value: str) -> AttributeValueTypeDef:
     return {"S": value}
 
 
@@ -176,7 +176,7 @@ def _text_bytes(*values: str | None) -> int:
     return sum(len(v.encode("utf-8")) for v in values if v is not None)
 
 
-def _code(error: ClientError) -> str:
+def error_code(error: ClientError) -> str:
     return error.response.get("Error", {}).get("Code", "")
 
 
@@ -200,7 +200,7 @@ def is_transient(error: ClientError) -> bool:
     A transaction cancelled only because another one touched the same items (or throttling)
     counts; one cancelled by a failed condition does not: that is a stale version, an answer.
     """
-    if _code(error) in _TRANSIENT_CODES:
+    if error_code(error) in _TRANSIENT_CODES:
         return True
     reasons = {r.get("Code") for r in _cancellation_reasons(error)} - {"None", None}
     return bool(reasons) and reasons <= _TRANSIENT_REASONS
@@ -208,7 +208,7 @@ def is_transient(error: ClientError) -> bool:
 
 def _cancellation_reasons(error: ClientError) -> list[dict[str, Any]]:
     """Per-item reasons of a cancelled transaction, in the order the items were sent."""
-    if _code(error) != "TransactionCanceledException":
+    if error_code(error) != "TransactionCanceledException":
         return []
     return cast("list[dict[str, Any]]", error.response.get("CancellationReasons", []))
 
@@ -232,7 +232,7 @@ def store_error(error: Exception, table: str) -> Exception:
     `StoreUnavailable` when it cannot: a missing table, no permission, no credentials.
     """
     if isinstance(error, ClientError):
-        code = _code(error)
+        code = error_code(error)
         if is_transient(error):
             return StoreBusy(f"the store is busy (DynamoDB table {table}); try again: {error}")
         if code in _PERMANENT_CODES:
@@ -247,7 +247,7 @@ def store_error(error: Exception, table: str) -> Exception:
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _translated(method: _Method) -> _Method:
+def translated_errors(method: _Method) -> _Method:
     """Raise a backend failure that escaped `method`'s own handling under Ratchet's name."""
 
     @functools.wraps(method)
@@ -288,7 +288,7 @@ class DynamoDbCheckpointStore:
         self._ledger_table = ledger_table
         self._retention = timedelta(days=retention_days)
 
-    @_translated
+    @translated_errors
     def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
         state_json = state.model_dump_json()
         head = self._head_item(state, state_json)
@@ -311,7 +311,7 @@ class DynamoDbCheckpointStore:
             raise
         return True
 
-    @_translated
+    @translated_errors
     def load_head(self, run_id: str) -> RunState | None:
         found = self._client.get_item(
             TableName=self._table,
@@ -332,7 +332,7 @@ class DynamoDbCheckpointStore:
             attempts=int(found["attempts"]["N"]),
         )
 
-    @_translated
+    @translated_errors
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         # Conditional on the version read: of two workers counting an attempt at the same
         # step, one moves the head on and the other is told its view is stale.
@@ -344,7 +344,7 @@ class DynamoDbCheckpointStore:
         )
         return expected_version + 1
 
-    @_translated
+    @translated_errors
     def release_attempt(self, run_id: str, expected_version: int) -> int:
         # Only the engine that counted ahead can still find the head at the version it left;
         # if anyone moved the run since, the count is theirs and this update is refused.
@@ -357,7 +357,7 @@ class DynamoDbCheckpointStore:
         )
         return expected_version + 1
 
-    @_translated
+    @translated_errors
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
@@ -407,7 +407,10 @@ class DynamoDbCheckpointStore:
         if commit.completes is not None:
             # The result joins the decision checked at `begin`; the engine keeps results small
             # (an output over 2 KB goes to a blob, and the result is its preview).
-            completion = {"status": _s(LedgerStatus.COMPLETED.value), "result": _s(result or "")}
+            completion = {
+                "status": text_attribute(LedgerStatus.COMPLETED.value),
+                "result": text_attribute(result or ""),
+            }
             _check_size(f"ledger result of {commit.completes.key}", completion)
             items.append({"Update": self._ledger_completion(commit.completes.key, completion)})
         try:
@@ -418,18 +421,21 @@ class DynamoDbCheckpointStore:
         written = _text_bytes(state_json, result) + record_bytes
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
-    @_translated
+    @translated_errors
     def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
         pages = self._client.get_paginator("query").paginate(
             TableName=self._table,
             KeyConditionExpression="#run_id = :run_id AND begins_with(#sk, :prefix)",
             ExpressionAttributeNames={"#run_id": "run_id", "#sk": "sk"},
-            ExpressionAttributeValues={":run_id": _s(run_id), ":prefix": _s(CHECKPOINT_PREFIX)},
+            ExpressionAttributeValues={
+                ":run_id": text_attribute(run_id),
+                ":prefix": text_attribute(CHECKPOINT_PREFIX),
+            },
             ConsistentRead=True,
         )
         return [_checkpoint(item) for page in pages for item in page.get("Items", [])]
 
-    @_translated
+    @translated_errors
     def list_runs(self) -> list[RunSummary]:
         """Every run's head, oldest update first. A Scan: it reads the whole table."""
         pages = self._client.get_paginator("scan").paginate(
@@ -444,7 +450,7 @@ class DynamoDbCheckpointStore:
                 "#version": "version",
                 "#updated_at": "updated_at",
             },
-            ExpressionAttributeValues={":head": _s(HEAD_SK)},
+            ExpressionAttributeValues={":head": text_attribute(HEAD_SK)},
             ConsistentRead=True,
         )
         runs = [
@@ -464,19 +470,19 @@ class DynamoDbCheckpointStore:
 
     @staticmethod
     def _head_key(run_id: str) -> Item:
-        return {"run_id": _s(run_id), "sk": _s(HEAD_SK)}
+        return {"run_id": text_attribute(run_id), "sk": text_attribute(HEAD_SK)}
 
     @staticmethod
     def _head_item(state: RunState, state_json: str) -> Item:
         return {
-            "run_id": _s(state.run_id),
-            "sk": _s(HEAD_SK),
+            "run_id": text_attribute(state.run_id),
+            "sk": text_attribute(HEAD_SK),
             "version": _n(state.version),
-            "status": _s(state.status.value),
+            "status": text_attribute(state.status.value),
             "step": _n(state.step),
             "attempts": _n(state.attempts),
-            "state": _s(state_json),
-            "updated_at": _s(state.updated_at.isoformat()),
+            "state": text_attribute(state_json),
+            "updated_at": text_attribute(state.updated_at.isoformat()),
         }
 
     def _checkpoint_item(self, checkpoint: Checkpoint, *, other_bytes: int) -> tuple[Item, int]:
@@ -486,15 +492,15 @@ class DynamoDbCheckpointStore:
             checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
         )
         item: Item = {
-            "run_id": _s(checkpoint.run_id),
-            "sk": _s(checkpoint_sk(checkpoint.version)),
+            "run_id": text_attribute(checkpoint.run_id),
+            "sk": text_attribute(checkpoint_sk(checkpoint.version)),
             "version": _n(checkpoint.version),
             "step": _n(checkpoint.step),
-            "status": _s(checkpoint.status.value),
-            "worker_id": _s(checkpoint.worker_id),
+            "status": text_attribute(checkpoint.status.value),
+            "worker_id": text_attribute(checkpoint.worker_id),
             "bytes": _n(own_bytes + other_bytes),
-            "created_at": _s(checkpoint.created_at.isoformat()),
-            "event": _s(event_json),
+            "created_at": text_attribute(checkpoint.created_at.isoformat()),
+            "event": text_attribute(event_json),
             TTL_ATTRIBUTE: _n(_epoch(checkpoint.created_at + self._retention)),
         }
         return item, own_bytes
@@ -514,7 +520,7 @@ class DynamoDbCheckpointStore:
         # own with the result, and expires like any ledger record.
         return {
             "TableName": self._ledger_table,
-            "Key": {"key": _s(key)},
+            "Key": {"key": text_attribute(key)},
             "UpdateExpression": "SET #status = :status, #result = :result, "
             "#expires_at = if_not_exists(#expires_at, :expires_at)",
             "ExpressionAttributeNames": {
@@ -556,7 +562,7 @@ class DynamoDbCheckpointStore:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
-            if _code(error) != "ConditionalCheckFailedException":
+            if error_code(error) != "ConditionalCheckFailedException":
                 raise
             # ALL_OLD returns the head as the failed check saw it: none means no such run.
             if "Item" not in cast("dict[str, Any]", error.response):
@@ -604,19 +610,19 @@ class DynamoDbLedger:
         self._table = table
         self._retention = timedelta(days=retention_days)
 
-    @_translated
+    @translated_errors
     def begin(self, entry: LedgerEntry) -> LedgerEntry:
         now = utcnow()
         # Whole seconds, as the TTL attribute stores it, so a re-read compares equal.
         expires_at = datetime.fromtimestamp(_epoch(entry.expires_at or now + self._retention), UTC)
         item: Item = {
-            "key": _s(entry.key),
-            "run_id": _s(entry.run_id),
+            "key": text_attribute(entry.key),
+            "run_id": text_attribute(entry.run_id),
             "step": _n(entry.step),
-            "status": _s(LedgerStatus.IN_PROGRESS.value),
-            "args_hash": _s(entry.args_hash),
-            "decision": _s(json.dumps(entry.decision, sort_keys=True)),
-            "created_at": _s(now.isoformat()),
+            "status": text_attribute(LedgerStatus.IN_PROGRESS.value),
+            "args_hash": text_attribute(entry.args_hash),
+            "decision": text_attribute(json.dumps(entry.decision, sort_keys=True)),
+            "created_at": text_attribute(now.isoformat()),
             TTL_ATTRIBUTE: _n(_epoch(expires_at)),
         }
         _check_size(f"ledger decision of {entry.key}", item)
@@ -631,7 +637,7 @@ class DynamoDbLedger:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
-            if _code(error) != "ConditionalCheckFailedException":
+            if error_code(error) != "ConditionalCheckFailedException":
                 raise
             old = cast("dict[str, Any]", error.response).get("Item")
             stored = _ledger_entry(old) if old is not None else self.get(entry.key)
@@ -643,23 +649,26 @@ class DynamoDbLedger:
             update={"status": LedgerStatus.IN_PROGRESS, "expires_at": expires_at}
         )
 
-    @_translated
+    @translated_errors
     def get(self, key: str) -> LedgerEntry | None:
         found = self._client.get_item(
-            TableName=self._table, Key={"key": _s(key)}, ConsistentRead=True
+            TableName=self._table, Key={"key": text_attribute(key)}, ConsistentRead=True
         ).get("Item")
         return None if found is None else _ledger_entry(found)
 
-    @_translated
+    @translated_errors
     def complete(self, key: str, result: str) -> None:
-        completion: Item = {"status": _s(LedgerStatus.COMPLETED.value), "result": _s(result)}
+        completion: Item = {
+            "status": text_attribute(LedgerStatus.COMPLETED.value),
+            "result": text_attribute(result),
+        }
         _check_size(f"ledger result of {key}", completion)
         # Conditional on the record existing, so a typo'd key fails instead of writing a
         # record of a step that never began.
         try:
             self._client.update_item(
                 TableName=self._table,
-                Key={"key": _s(key)},
+                Key={"key": text_attribute(key)},
                 UpdateExpression="SET #status = :status, #result = :result",
                 ConditionExpression="attribute_exists(#key)",
                 ExpressionAttributeNames={"#status": "status", "#result": "result", "#key": "key"},
@@ -669,7 +678,7 @@ class DynamoDbLedger:
                 },
             )
         except ClientError as error:
-            if _code(error) == "ConditionalCheckFailedException":
+            if error_code(error) == "ConditionalCheckFailedException":
                 raise KeyError(f"no idempotency record for {key!r}") from None
             raise
 

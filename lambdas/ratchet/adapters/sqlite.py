@@ -93,6 +93,16 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_by_run ON approvals (run_id, step);
 """
 
+RUN_DATA_SCHEMA = """
+-- ratchet.adapters.sqlite_data keeps each run's own key-value data here.
+CREATE TABLE IF NOT EXISTS run_data (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+) WITHOUT ROWID;
+"""
+
 _EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 LEDGER_RETENTION = timedelta(days=30)
 
@@ -102,7 +112,7 @@ RATCHET_APPLICATION_ID = 0x52744368
 so a SQLite file of another application is recognised and left alone."""
 
 _RATCHET_TABLES = frozenset(
-    {"runs", "checkpoints", "idempotency", "leases", "approvals", "workers"}
+    {"runs", "checkpoints", "idempotency", "leases", "approvals", "workers", "run_data"}
 )
 _RUNS_COLUMNS = ("run_id", "version", "status", "step", "attempts", "state", "updated_at")
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
@@ -126,7 +136,7 @@ class _Connection(sqlite3.Connection):
         except sqlite3.DatabaseError as error:
             if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
                 raise
-            raise _translated(error, self.store_path, self.busy_timeout) from None
+            raise store_error(error, self.store_path, self.busy_timeout) from None
 
     def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
         try:
@@ -134,10 +144,11 @@ class _Connection(sqlite3.Connection):
         except sqlite3.DatabaseError as error:
             if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
                 raise
-            raise _translated(error, self.store_path, self.busy_timeout) from None
+            raise store_error(error, self.store_path, self.busy_timeout) from None
 
 
-def _translated(error: sqlite3.DatabaseError, path: Path, waited: float) -> RatchetError:
+def store_error(error: sqlite3.DatabaseError, path: Path, waited: float) -> RatchetError:
+    """Ratchet's name for a SQLite failure: `StoreBusy` if it may pass, else `StoreUnavailable`."""
     code = getattr(error, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
@@ -190,7 +201,7 @@ class SqliteDatabase:
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=FULL")
             if create:
-                connection.executescript(_SCHEMA + APPROVALS_SCHEMA)
+                connection.executescript(_SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA)
                 if not marked:
                     connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")
         except BaseException:

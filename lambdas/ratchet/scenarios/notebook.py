@@ -3,15 +3,19 @@
 Its one side effect is writing notes (at most once per step key); it can ask a person before
 doing anything it considers risky. Offline, the scripted policy files the goal as a note and
 reports done; with Claude, the model works the goal with these tools.
+
+The notes are the run's data (`RunContext.data`), kept by the runtime's own store on either
+runtime: one value per note under `notes/<step, zero-padded>`, so the keys sort in step order.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from typing import Any
+import json
+from typing import Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from ratchet.ports import MAX_DATA_VALUE_BYTES, RunData
 from ratchet.state import RunState
 from ratchet.tools import (
     Agent,
@@ -26,10 +30,22 @@ from ratchet.tools import (
     tool,
 )
 
+NOTES = "notes/"
+STEP_DIGITS = 8
+"""Zero-padding of the step in a note's key: more digits than any run's step cap has."""
+
 
 class WriteNote(BaseModel):
     title: str = Field(min_length=1, max_length=200)
     body: str = Field(min_length=1, max_length=20_000)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Self:
+        if len(_stored(self).encode("utf-8")) > MAX_DATA_VALUE_BYTES:
+            raise ValueError(
+                f"the note is over {MAX_DATA_VALUE_BYTES:,} bytes of UTF-8: split it in two"
+            )
+        return self
 
 
 class ReadNotes(BaseModel):
@@ -41,27 +57,31 @@ class RequestApproval(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
 
 
-def _notes(ctx: ToolContext) -> sqlite3.Connection:
-    connection: sqlite3.Connection = ctx.resources
-    return connection
+def _stored(note: WriteNote) -> str:
+    return json.dumps({"title": note.title, "body": note.body}, ensure_ascii=False)
+
+
+def note_key(step: int) -> str:
+    """The key of the note a step writes: one per step, sorting in step order."""
+    return f"{NOTES}{step:0{STEP_DIGITS}d}"
 
 
 @tool(side_effect=True)
 def write_note(args: WriteNote, ctx: ToolContext) -> str:
     """Write a note (title and body) to the run's notebook. At most once per step."""
-    with _notes(ctx) as db:
-        inserted = db.execute(
-            "INSERT INTO notes (key, title, body) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
-            (ctx.idempotency_key, args.title, args.body),
-        ).rowcount
-    return f"Note {args.title!r} " + ("written." if inserted else "was already written.")
+    data: RunData = ctx.resources
+    # The step is the step's idempotency key within this run's data: a retried step (same
+    # key, same arguments) finds its note there and writes nothing.
+    written = data.put_once(note_key(ctx.step), _stored(args))
+    return f"Note {args.title!r} " + ("written." if written else "was already written.")
 
 
 @tool()
 def read_notes(args: ReadNotes, ctx: ToolContext) -> str:
     """List the notes written so far, oldest first."""
-    rows = _notes(ctx).execute("SELECT title, body FROM notes ORDER BY rowid").fetchall()
-    return "\n".join(f"# {title}\n{body}" for title, body in rows) or "No notes yet."
+    data: RunData = ctx.resources
+    notes = [json.loads(value) for _, value in data.items(NOTES)]
+    return "\n".join(f"# {n['title']}\n{n['body']}" for n in notes) or "No notes yet."
 
 
 @tool()
@@ -76,24 +96,16 @@ def notebook_policy(view: StepView) -> Decision:
     return Done(summary="Filed the goal in the run's notebook; the scripted policy does no more.")
 
 
-def open_notes(ctx: RunContext) -> sqlite3.Connection:
-    ctx.workdir.mkdir(parents=True, exist_ok=True)
-    # Used by the tools on the engine's agent thread, one at a time; closed by whoever owns it.
-    db = sqlite3.connect(ctx.workdir / "notes.db", timeout=30.0, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, title TEXT NOT NULL, "
-        "body TEXT NOT NULL)"
-    )
-    return db
+def open_notes(ctx: RunContext) -> RunData:
+    if ctx.data is None:
+        raise RuntimeError(
+            "the notebook keeps its notes in the run's data, and this context has none"
+        )
+    return ctx.data
 
 
 def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
-    db = open_notes(ctx)
-    try:
-        (notes,) = db.execute("SELECT count(*) FROM notes").fetchone()
-    finally:
-        db.close()
+    notes = len(open_notes(ctx).items(NOTES))
     return {"ok": True, "status": state.status.value, "notes": notes}
 
 
