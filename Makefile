@@ -13,6 +13,9 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 # `make deploy ANTHROPIC_SECRET_ARN=arn:...` (or the variable in the environment) lets runs use
 # Claude; see docs/deploy.md.
 CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn=$(ANTHROPIC_SECRET_ARN))
+# `make deploy RATCHET_PROJECT=examples/billing_agent` deploys the agents a project names in its
+# [tool.ratchet] table (docs/your-agent-on-aws.md).
+CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJECT))
 
 .PHONY: demo test lint typecheck unit screenshot bench synth deploy clean
 
@@ -24,6 +27,7 @@ test: lint typecheck unit
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 typecheck: $(VENV)/.synced
 	$(VENV)/bin/mypy

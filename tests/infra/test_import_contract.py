@@ -1,0 +1,88 @@
+"""The import contracts `make lint` checks (pyproject.toml's `[tool.importlinter]`) bite: on a
+copy of the package, one forbidden import breaks the build and the report names it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+@dataclass(frozen=True)
+class Copy:
+    root: Path
+
+    @property
+    def package(self) -> Path:
+        return self.root / "src" / "ratchet"
+
+    def lint_imports(self) -> subprocess.CompletedProcess[str]:
+        assert LINT_IMPORTS.exists(), f"{LINT_IMPORTS} is missing: run `make test`"
+        # PYTHONPATH puts the copy ahead of the editable install of the real tree.
+        env = os.environ | {"PYTHONPATH": str(self.root / "src"), "COLUMNS": "200"}
+        return subprocess.run(
+            [str(LINT_IMPORTS), str(self.root / "pyproject.toml"), "--no-cache", "--no-logo"],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Copy:
+    """The package and the very contracts `make lint` reads, copied under tmp_path."""
+    shutil.copytree(
+        REPO_ROOT / "lambdas" / "ratchet",
+        tmp_path / "src" / "ratchet",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return Copy(tmp_path)
+
+
+def test_the_unmodified_package_keeps_every_contract(copy: Copy) -> None:
+    done = copy.lint_imports()
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+FORBIDDEN = [
+    # (file in the package, the line appended to it, the contract's source, what it may not import)
+    ("engine/core.py", "import boto3", "ratchet.engine", "boto3"),
+    ("engine/transitions.py", "from botocore import exceptions", "ratchet.engine", "botocore"),
+    ("engine/core.py", "import sqlite3", "ratchet.engine", "sqlite3"),
+    ("ports.py", "import anthropic", "ratchet.ports", "anthropic"),
+    ("tools.py", "import aws_lambda_powertools", "ratchet.tools", "aws_lambda_powertools"),
+    ("adapters/sqlite.py", "import ratchet.runtime", "ratchet.adapters", "ratchet.runtime"),
+    ("scenarios/migration.py", "import ratchet.cli", "ratchet.scenarios", "ratchet.cli"),
+    ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
+]
+
+
+@pytest.mark.parametrize(("module", "statement", "importer", "imported"), FORBIDDEN)
+def test_one_forbidden_import_breaks_the_lint(
+    copy: Copy, module: str, statement: str, importer: str, imported: str
+) -> None:
+    # Given the copy with one forbidden import appended (never executed: the linter only parses)
+    source = copy.package / module
+    lines = source.read_text(encoding="utf-8").splitlines()
+    source.write_text("\n".join([*lines, statement, ""]), encoding="utf-8")
+    offending = f"ratchet.{module.removesuffix('.py').replace('/', '.')}"
+
+    done = copy.lint_imports()
+
+    assert done.returncode != 0, done.stdout
+    assert f"{importer} is not allowed to import {imported}" in done.stdout, done.stdout
+    assert f"{offending} -> {imported} (l.{len(lines) + 1})" in done.stdout, done.stdout
