@@ -49,7 +49,6 @@ from typing import Any
 # Imported up front, as a worker does at start-up, so a resume's timer does not pay for it.
 import aws_lambda_powertools  # noqa: F401
 
-from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.engine.core import Binder, Binding, Engine, Outcome
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.observability import json_logger
@@ -186,7 +185,7 @@ def bench_engine(runtime: LocalRuntime, clock: ToolClock) -> Engine:
     return Engine(
         store=runtime.store,
         ledger=runtime.ledger,
-        blobs=FileBlobStore(Path(f"{runtime.root}.blobs")),
+        blobs=runtime.blobs,
         bind=clock.binder(runtime.bind),
         worker_id=WORKER_ID,
         logger=json_logger(DISCARD),

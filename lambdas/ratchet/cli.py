@@ -17,11 +17,9 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import typer
 from rich.console import Console
@@ -32,7 +30,8 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.local.leases import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS, check_run_id
+from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS, check_run_id
+from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import RunState, RunStatus
 
 app = typer.Typer(
@@ -95,95 +94,24 @@ def _settings(store: str | None = None) -> Any:
 
 
 def _runtime(*, create: bool, store: str | None = None) -> Any:
-    from ratchet.local.runtime import LocalRuntime
+    from ratchet.runtime import runtime_for
 
-    settings = _settings(store)
-    if settings.store.startswith(DYNAMODB_SCHEME):
-        return _aws_runtime(DynamoDbStore.parse(settings.store))
-    return LocalRuntime.open(settings, create=create)
+    return runtime_for(_settings(store), create=create)
 
 
-# --- the tables of a deployed stack ------------------------------------------------------------
+def _client(*, create: bool, worker_id: str | None = None) -> Any:
+    """The Python client the commands act through, on the store the options name."""
+    from ratchet.client import Client
+    from ratchet.faults import FaultPlan
 
-DYNAMODB_SCHEME = "dynamodb://"
-_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
-_DYNAMODB_PARAMETERS = {"ledger", "app", "region", "endpoint"}
-_DYNAMODB_FORM = "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]"
-
-
-@dataclass(frozen=True)
-class DynamoDbStore:
-    """A `dynamodb://` store URL, parsed and checked before any client is made."""
-
-    checkpoints: str
-    ledger: str
-    app: str
-    region: str | None = None
-    endpoint: str | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> DynamoDbStore:
-        parts = urlsplit(url)
-        try:
-            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        except ValueError:
-            raise InvalidInput(f"malformed store URL {url!r}: use {_DYNAMODB_FORM}") from None
-        unknown = sorted(set(query) - _DYNAMODB_PARAMETERS)
-        if unknown:
-            raise InvalidInput(
-                f"unknown parameter {unknown[0]!r} in store URL {url!r}: use {_DYNAMODB_FORM}"
-            )
-        repeated = sorted(name for name, values in query.items() if len(values) > 1)
-        if repeated:
-            raise InvalidInput(f"parameter {repeated[0]!r} is given twice in store URL {url!r}")
-        values = {name: found[0] for name, found in query.items()}
-        tables = {
-            "checkpoints table (dynamodb://TABLE)": parts.netloc,
-            "ledger table (ledger=TABLE)": values.get("ledger", ""),
-            "app table (app=TABLE)": values.get("app", ""),
-        }
-        for name, table in tables.items():
-            if not _TABLE_NAME.fullmatch(table):
-                raise InvalidInput(
-                    f"store URL {url!r} needs a valid {name} (3-255 letters, digits, '_', '-' "
-                    f"or '.'): use {_DYNAMODB_FORM}"
-                )
-        region = values.get("region") or None
-        if region is not None and not _REGION.fullmatch(region):
-            raise InvalidInput(f"malformed region {region!r} in store URL {url!r}")
-        endpoint = values.get("endpoint") or None
-        if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
-            raise InvalidInput(f"the endpoint in store URL {url!r} must be an http(s) URL")
-        if parts.path not in ("", "/") or parts.fragment:
-            raise InvalidInput(f"malformed store URL {url!r}: use {_DYNAMODB_FORM}")
-        return cls(parts.netloc, values["ledger"], values["app"], region, endpoint)
-
-
-def _aws_runtime(store: DynamoDbStore) -> Any:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import NoRegionError
-
-    from ratchet.aws.runtime import AwsRuntime
-    from ratchet.aws.settings import AwsSettings
-
-    # A person is waiting on the command: a few quick retries, then a clear error.
-    config = Config(
-        retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=20
+    settings = _settings()
+    return Client(
+        _runtime(create=create),
+        worker_id=worker_id or _cli_worker_id(),
+        logger=_logger(),
+        faults=FaultPlan.parse(settings.fault),
+        channel="cli",
     )
-    try:
-        client = boto3.client(
-            "dynamodb", region_name=store.region, endpoint_url=store.endpoint, config=config
-        )
-    except NoRegionError:
-        raise InvalidInput(
-            "the dynamodb:// store needs a region: add &region=REGION to the URL or set AWS_REGION"
-        ) from None
-    settings = AwsSettings(
-        checkpoints_table=store.checkpoints, idempotency_table=store.ledger, app_table=store.app
-    )
-    return AwsRuntime(settings, client)
 
 
 _ON_AWS = {
@@ -202,6 +130,8 @@ _ON_AWS = {
 
 def _require_local_store(command: str) -> None:
     """The commands that write work on a local store only; refuse before touching anything."""
+    from ratchet.runtime import DYNAMODB_SCHEME
+
     if _settings().store.startswith(DYNAMODB_SCHEME):
         raise InvalidInput(
             f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: "
@@ -231,6 +161,8 @@ def _new_run(
     run_id: str | None,
     model: str | None,
     max_steps: int | None,
+    input_json: str | None,
+    params: list[str] | None,
     batches: int | None,
     tool_latency_ms: int | None,
     notify: list[str] | None = None,
@@ -240,14 +172,7 @@ def _new_run(
     name the CLI's flags (the API names the same fields as JSON fields)."""
     from pydantic import ValidationError
 
-    from ratchet.runs import (
-        CLI_FLAGS,
-        RunRequest,
-        RunRequestInvalid,
-        check_run_id,
-        new_run,
-        request_problems,
-    )
+    from ratchet.runs import RunRequest, RunRequestInvalid, cli_flag, new_run, request_problems
 
     if run_id is not None:
         check_run_id(run_id)
@@ -259,6 +184,7 @@ def _new_run(
             goal=goal,
             model=model,
             max_steps=max_steps,
+            input=_run_input(input_json, params),
             batches=batches,
             tool_latency_ms=tool_latency_ms,
             notify={"email": notify or [], "slack_channel": notify_slack}
@@ -267,55 +193,66 @@ def _new_run(
         )
     except ValidationError as error:
         field, message = request_problems(error)[0]
-        flag = CLI_FLAGS.get(field) or CLI_FLAGS.get(field.rsplit(".", 1)[0], field)
-        raise InvalidInput(f"{flag}: {message}") from None
+        raise InvalidInput(f"{cli_flag(field)}: {message}") from None
     try:
         return new_run(request, has_anthropic_key=_settings().anthropic_api_key is not None)
     except RunRequestInvalid as refused:
         raise InvalidInput(refused.for_cli()) from None
 
 
-def _start(state: RunState) -> bool:
-    from ratchet.runs import create_run
+_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
-    runtime = _runtime(create=True)
 
-    def prepare_locked(agent: str, hook: str, call: Callable[[], None]) -> None:
-        # Take the store's write lock once before prepare writes the run's data: a store that
-        # another process holds refuses the start here, with nothing written. The run does
-        # not exist yet: a prepare that fails leaves no run behind (whatever it wrote in the
-        # run's data folder before failing stays; prepare is idempotent).
-        with runtime.db.write():
-            pass
-        _call_hook(agent, hook, call)
+def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
+    """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
+    object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
+    as text otherwise (`--param who=dana`)."""
+    if input_json is None and not params:
+        return None
+    given: dict[str, Any] = {}
+    if input_json is not None:
+        try:
+            parsed = json.loads(input_json)
+        except ValueError as error:
+            raise InvalidInput(f"--input is not JSON: {error}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidInput(
+                f"--input must be a JSON object, like '{{\"batches\": 2}}', not "
+                f"{type(parsed).__name__}"
+            )
+        given.update(parsed)
+    for param in params or []:
+        name, equals, raw = param.partition("=")
+        if not equals or not _PARAM_NAME.fullmatch(name):
+            raise InvalidInput(f"--param {param!r}: use --param NAME=VALUE")
+        try:
+            given[name] = json.loads(raw)
+        except ValueError:
+            given[name] = raw
+    return given
 
+
+def _exists(run_id: str) -> bool:
+    """Whether the store holds this run (no store yet: it does not)."""
+    from ratchet.errors import StoreUnavailable
+
+    check_run_id(run_id)
     try:
-        return create_run(
-            runtime,
-            state,
-            worker_id=_cli_worker_id(),
-            logger=_logger(),
-            run_hook=prepare_locked,
-        )
+        runtime = _runtime(create=False)
+    except StoreUnavailable:
+        return False
+    try:
+        return runtime.store.load_head(run_id) is not None
     finally:
         runtime.close()
 
 
-_Result = TypeVar("_Result")
-
-
-def _call_hook(agent: str, hook: str, call: Callable[[], _Result]) -> _Result:
-    """Run an agent's own code: whatever it raises (even `sys.exit`) is one line naming the
-    agent and the hook, not a traceback."""
+def _start(state: RunState) -> bool:
+    client = _client(create=True)
     try:
-        return call()
-    except RatchetError:
-        raise
-    except (Exception, SystemExit) as error:
-        reason = " ".join(str(error).split())
-        raise RatchetError(
-            f"agent {agent!r}: its {hook} hook failed: {type(error).__name__}: {reason}"
-        ) from None
+        return bool(client.create(state).created)
+    finally:
+        client.close()
 
 
 def _logger() -> Any:
@@ -353,11 +290,30 @@ MaxStepsOption = Annotated[
     int | None,
     typer.Option("--max-steps", help="Step cap (default 60).", min=1, max=MAX_STEPS),
 ]
+InputOption = Annotated[
+    str | None,
+    typer.Option(
+        "--input",
+        metavar="JSON",
+        callback=_not_empty,
+        help="The agent's input, a JSON object checked against its input model.",
+    ),
+]
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param",
+        metavar="NAME=VALUE",
+        callback=_not_empty,
+        help="One input field (repeatable; wins over --input). VALUE is read as JSON if it "
+        "is JSON, else as text: --param batches=2.",
+    ),
+]
+# Older spellings, kept for the scripts that use them and hidden from --help: `--batches N` is
+# `--param batches=N` (the migration's input); `--tool-latency-ms` slows every tool call down.
 BatchesOption = Annotated[
     int | None,
-    typer.Option(
-        "--batches", help="Migration: number of 1,000-row batches.", min=1, max=MAX_BATCHES
-    ),
+    typer.Option("--batches", hidden=True, min=1, max=MAX_BATCHES),
 ]
 NotifyOption = Annotated[
     list[str] | None,
@@ -380,12 +336,7 @@ NotifySlackOption = Annotated[
 ]
 LatencyOption = Annotated[
     int | None,
-    typer.Option(
-        "--tool-latency-ms",
-        help="Slow every tool call down.",
-        min=0,
-        max=MAX_TOOL_LATENCY_MS,
-    ),
+    typer.Option("--tool-latency-ms", hidden=True, min=0, max=MAX_TOOL_LATENCY_MS),
 ]
 
 
@@ -397,6 +348,8 @@ def start(
     agent: AgentOption = None,
     model: ModelOption = None,
     max_steps: MaxStepsOption = None,
+    input_json: InputOption = None,
+    param: ParamOption = None,
     batches: BatchesOption = None,
     tool_latency_ms: LatencyOption = None,
     notify: NotifyOption = None,
@@ -411,6 +364,8 @@ def start(
         run_id=run_id,
         model=model,
         max_steps=max_steps,
+        input_json=input_json,
+        params=param,
         batches=batches,
         tool_latency_ms=tool_latency_ms,
         notify=notify,
@@ -430,42 +385,47 @@ def run(
     agent: AgentOption = None,
     model: ModelOption = None,
     max_steps: MaxStepsOption = None,
+    input_json: InputOption = None,
+    param: ParamOption = None,
     batches: BatchesOption = None,
     tool_latency_ms: LatencyOption = None,
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
 ) -> None:
-    """Start a run and work it in the foreground until it is done, waiting or failed."""
-    from ratchet.faults import FaultPlan
-    from ratchet.local.worker import Worker
-
+    """Start a run and work it in the foreground until it is done, waiting or failed. With
+    only --run-id, continue that run (after an approval, say)."""
     _require_local_store("run")
-    state = _new_run(
-        goal=goal,
-        scenario=scenario,
-        agent_ref=agent,
-        run_id=run_id,
-        model=model,
-        max_steps=max_steps,
-        batches=batches,
-        tool_latency_ms=tool_latency_ms,
-        notify=notify,
-        notify_slack=notify_slack,
-    )
-    if not _start(state):
-        err.print(f"run {state.run_id} already exists; resuming it")
-    runtime = _runtime(create=True)
-    try:
-        engine = runtime.engine(
-            worker_id=_cli_worker_id(),
-            logger=_logger(),
-            faults=FaultPlan.parse(runtime.settings.fault),
+    continuing = run_id is not None and goal is None and scenario is None and agent is None
+    if continuing and run_id is not None and _exists(run_id):
+        state = None
+    else:
+        state = _new_run(
+            goal=goal,
+            scenario=scenario,
+            agent_ref=agent,
+            run_id=run_id,
+            model=model,
+            max_steps=max_steps,
+            input_json=input_json,
+            params=param,
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify=notify,
+            notify_slack=notify_slack,
         )
-        Worker(engine, runtime.leases, _logger()).run(until_idle=True, run_id=state.run_id)
-        final = _head(runtime, state.run_id)
-        link = _approval_link(runtime, final.run_id) if final.status is RunStatus.WAITING else None
+    client = _client(create=True)
+    try:
+        if state is not None and not client.create(state).created:
+            err.print(f"run {state.run_id} already exists; resuming it")
+        worked = client.work(state.run_id if state is not None else run_id)
+        final = client.head(worked.run_id)
+        link = (
+            _approval_link(client.runtime, final.run_id)
+            if final.status is RunStatus.WAITING
+            else None
+        )
     finally:
-        runtime.close()
+        client.close()
     out.print(f"{final.run_id}: {final.status.value} at step {final.step}")
     if final.summary:
         out.print(final.summary)
@@ -552,11 +512,11 @@ def status_payload(state: RunState) -> dict[str, Any]:
 @app.command()
 def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """Where a run stands."""
-    runtime = _runtime(create=False)
+    client = _client(create=False)
     try:
-        payload = status_payload(_head(runtime, run_id))
+        payload = status_payload(client.head(run_id))
     finally:
-        runtime.close()
+        client.close()
     if as_json:
         _print_json(payload)
         return
@@ -568,21 +528,20 @@ def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
 @app.command()
 def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """One row per checkpoint: version, step, status, worker, bytes, time."""
-    runtime = _runtime(create=False)
+    client = _client(create=False)
     try:
-        _head(runtime, run_id)
-        checkpoints = runtime.store.list_checkpoints(run_id)
+        checkpoints = client.history(run_id)
     finally:
-        runtime.close()
+        client.close()
     rows = [
         {
             "version": c.version,
             "step": c.step,
             "status": c.status.value,
-            "event": c.event.kind,
-            "worker": c.worker_id,
-            "bytes": c.size,
-            "time": c.created_at.isoformat(),
+            "event": c.event,
+            "worker": c.worker,
+            "bytes": c.bytes,
+            "time": c.time.isoformat(),
         }
         for c in checkpoints
     ]
@@ -605,21 +564,11 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """The run's state, now or as of the checkpoint of an earlier step."""
-    from ratchet.engine.transitions import replay
-
-    runtime = _runtime(create=False)
+    client = _client(create=False)
     try:
-        state = _head(runtime, run_id)
-        if step is not None:
-            checkpoints = runtime.store.list_checkpoints(run_id)
-            last = max((c.version for c in checkpoints if c.step == step), default=None)
-            if last is None:
-                raise InvalidInput(f"run {run_id} has no checkpoint at step {step}")
-            rebuilt = replay(c for c in checkpoints if c.version <= last)
-            assert rebuilt is not None
-            state = rebuilt
+        state = client.head(run_id) if step is None else client.state_at(run_id, step=step)
     finally:
-        runtime.close()
+        client.close()
     payload = state.model_dump(mode="json")
     if as_json:
         _print_json(payload)
@@ -633,33 +582,16 @@ def show(
 def _decide(run_id: str, *, approved: bool, by: str, comment: str) -> RunState:
     """Decide through the run's open approval request, so its links and page show the
     decision; a run parked by a worker that died before opening one is decided directly."""
-    from ratchet.approvals.model import Verdict
-    from ratchet.errors import ApprovalNotFound
-
-    runtime = _runtime(create=False)
+    client = _client(create=False)
     try:
-        _head(runtime, run_id)
-        try:
-            verdict = Verdict(approved=approved, by=by, comment=comment)
-        except ValueError as error:
-            raise InvalidInput(f"bad decision: {_first_problem(error)}") from None
-        desk = runtime.approval_desk(worker_id=_cli_worker_id(), logger=_logger())
-        try:
-            desk.decide_run(run_id, verdict, channel="cli")
-        except ApprovalNotFound:
-            engine = runtime.engine(worker_id=_cli_worker_id(), logger=_logger())
-            engine.decide_waiting(run_id, approved=approved, by=by, comment=comment)
-        return _head(runtime, run_id)
+        if approved:
+            client.approve(run_id, by=by, comment=comment)
+        else:
+            client.reject(run_id, by=by, comment=comment)
+        state: RunState = client.head(run_id)
+        return state
     finally:
-        runtime.close()
-
-
-def _first_problem(error: ValueError) -> str:
-    errors = getattr(error, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-    return str(error)
+        client.close()
 
 
 def _approval_link(runtime: Any, run_id: str) -> str:
@@ -735,10 +667,10 @@ def serve(
 ) -> None:
     """Serve the approval pages and the runs API locally (as the deployed API does)."""
     from ratchet.adapters.slack import SlackResponder
-    from ratchet.handlers.api import build_app as build_runs_app
-    from ratchet.handlers.approvals import ApprovalServices, build_app
     from ratchet.local.runs_api import local_runs_services
     from ratchet.local.serve import server
+    from ratchet.web.approvals import ApprovalServices, build_app
+    from ratchet.web.runs import build_app as build_runs_app
 
     _require_local_store("serve")
     runtime = _runtime(create=True)
@@ -775,26 +707,11 @@ def serve(
 @app.command()
 def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """Check the run's invariants (for migration: rows, duplicates, emails). Exit 1 if not ok."""
-    from ratchet.scenarios import load_agent
-
-    runtime = _runtime(create=False)
+    client = _client(create=False)
     try:
-        state = _head(runtime, run_id)
-        agent = load_agent(state.agent)
-        if agent.verify is None:
-            payload: dict[str, Any] = {"ok": True, "note": f"agent {agent.name} has no checks"}
-        else:
-            context = runtime.context(run_id, state.options)
-            check = agent.verify
-            payload = _call_hook(agent.name, "verify", lambda: check(context, state))
-            if not isinstance(payload, dict):
-                raise RatchetError(
-                    f"agent {agent.name!r}: its verify hook returned "
-                    f"{type(payload).__name__}, not a dict"
-                )
+        payload: dict[str, Any] = {"run_id": run_id, **client.verify(run_id)}
     finally:
-        runtime.close()
-    payload = {"run_id": run_id, **payload}
+        client.close()
     if as_json:
         _print_json(payload)
     else:

@@ -123,7 +123,7 @@ class Checkpoint(_Answer):
     step: int
     status: RunStatus
     event: str
-    """What the write recorded: created, attempt_started, step_completed, person_decided, ..."""
+    """What the write recorded: created, step, decided, attempt_failed, finished, ..."""
     worker: str
     bytes: int
     time: datetime
@@ -170,6 +170,14 @@ def call_hook(agent: str, hook: str, call: Callable[[], _Result]) -> _Result:
         ) from None
 
 
+def _status(value: RunStatus | str) -> RunStatus:
+    try:
+        return RunStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise InvalidInput(f"unknown run status {value!r}: use one of {known}") from None
+
+
 def _default_worker_id() -> str:
     return f"client:{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
 
@@ -187,7 +195,8 @@ class Client:
     `agents` says which agents may be started: by default the built-in scenarios and any
     `module:attr` (this process runs the code anyway); a service that starts runs for callers
     passes the deployment's registry, so that a name is all they can give. `logger` takes
-    the engine's structured events (default: the standard `logging` logger "ratchet").
+    the engine's structured events (default: the standard `logging` logger "ratchet");
+    `channel` is what decisions record they came through.
     """
 
     def __init__(
@@ -198,8 +207,10 @@ class Client:
         worker_id: str | None = None,
         logger: Any = None,
         faults: FaultPlan = NO_FAULTS,
+        channel: str = "python",
     ) -> None:
         self.runtime = runtime
+        self.channel = channel
         self.agents = agents
         self.worker_id = worker_id or _default_worker_id()
         self.logger = logger if logger is not None else logging.getLogger("ratchet")
@@ -244,9 +255,16 @@ class Client:
 
     def submit(self, request: RunRequest) -> Started:
         """`start` for a request already parsed (the CLI's flags, the API's JSON body)."""
-        state = new_run(
-            request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents
+        return self.create(
+            new_run(
+                request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents
+            )
         )
+
+    def create(self, state: RunState) -> Started:
+        """Create the run `state` describes (from `new_run`, which checked it) unless its id
+        exists: the agent is checked against this runtime, prepares its data, and the first
+        checkpoint is written."""
         existing = self.runtime.store.load_head(state.run_id)
         if existing is not None:
             return Started(run=Run.of(existing), created=False)
@@ -288,7 +306,7 @@ class Client:
     ) -> Run:
         """Wait until the run, worked elsewhere, reaches one of `until` (default: done,
         waiting or failed); `WaitTimedOut` after `timeout` seconds."""
-        wanted = {RunStatus(s) for s in until}
+        wanted = {_status(s) for s in until}
         deadline = time.monotonic() + timeout
         while True:
             run = self.get(run_id)
@@ -316,7 +334,7 @@ class Client:
             field, message = request_problems(error)[0]
             raise InvalidInput(f"bad decision: {field}: {message}") from None
         self.runtime.decide(
-            run_id, verdict, channel="python", worker_id=self.worker_id, logger=self.logger
+            run_id, verdict, channel=self.channel, worker_id=self.worker_id, logger=self.logger
         )
         return self.get(run_id)
 
@@ -361,7 +379,7 @@ class Client:
 
     def runs(self, *, status: RunStatus | str | None = None) -> list[RunListed]:
         """Every run in the store, most recently updated first; only those in `status`."""
-        wanted = RunStatus(status) if status is not None else None
+        wanted = _status(status) if status is not None else None
         listed = [
             RunListed(
                 run_id=r.run_id,

@@ -8,27 +8,27 @@ its flags.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    JsonValue,
     SecretStr,
     StringConstraints,
     ValidationError,
 )
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding, Engine
+from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
-from ratchet.ports import CheckpointStore, Model
+from ratchet.ports import Model
 from ratchet.scenarios import LOCAL, AgentRegistry
-from ratchet.scenarios.migration_data import MAX_BATCHES
+from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
 from ratchet.state import (
     MAX_GOAL_BYTES,
     RUN_ID_PATTERN,
@@ -99,7 +99,7 @@ class RunRequest(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
     )
-    input: dict[str, JsonValue] | None = Field(
+    input: dict[str, Any] | None = Field(
         default=None,
         description="The agent's input, checked against the input model it declares (at most "
         "16 KB of JSON); its fields become the run's params.",
@@ -244,7 +244,12 @@ def new_run(
         raise RunRequestInvalid(
             f"unknown {field}: use one of {known}", field, cli=str(unknown)
         ) from None
-    agent = agents.load(stored)
+    try:
+        agent = agents.load(stored)
+    except AgentNotFound as unloadable:
+        if not agents.import_paths:
+            raise  # a registered agent that does not load: the deployment's fault, not the caller's
+        raise RunRequestInvalid(str(unloadable), field, cli=str(unloadable)) from None
     model = request.model or (DEFAULT_CLAUDE_MODEL if has_anthropic_key else SCRIPTED)
     if model == SCRIPTED and agent.policy is None:
         raise RunRequestInvalid(
@@ -255,6 +260,13 @@ def new_run(
         )
     if model != SCRIPTED and not has_anthropic_key:
         raise NoAnthropicKey(model)
+    if model != SCRIPTED and importlib.util.find_spec("anthropic") is None:
+        raise RunRequestInvalid(
+            "Claude models need the anthropic package, which this installation lacks",
+            "model",
+            cli=f"--model {model} needs the anthropic package: "
+            "pip install 'ratchet-agents[anthropic]'",
+        )
     params = _params(agent, request)
     try:
         options = RunOptions(
@@ -367,44 +379,3 @@ class Bindings:
                 self._bound.pop(next(iter(self._bound)))
             binding = self._bound[state.run_id] = Binding(agent, model, resources)
         return binding
-
-
-class StartingRuntime(Protocol):
-    """What `create_run` uses of a runtime (`AwsRuntime`, `LocalRuntime`)."""
-
-    @property
-    def store(self) -> CheckpointStore: ...
-
-    def context(self, run_id: str, options: RunOptions) -> RunContext: ...
-
-    def engine(self, *, worker_id: str, logger: Any) -> Engine: ...
-
-
-HookRunner = Callable[[str, str, Callable[[], None]], None]
-"""Runs an agent's hook: (agent name, hook name, the call)."""
-
-
-def _run_hook(agent: str, hook: str, call: Callable[[], None]) -> None:
-    call()
-
-
-def create_run(
-    runtime: StartingRuntime,
-    state: RunState,
-    *,
-    agents: AgentRegistry = LOCAL,
-    worker_id: str,
-    logger: Any,
-    run_hook: HookRunner = _run_hook,
-) -> bool:
-    """Create the run unless it exists: prepare its agent's data (through `run_hook`), then
-    write its first checkpoint. False: it existed (or a concurrent start created it first,
-    whose run stands); nothing changed. Every entry point starts runs through this."""
-    if runtime.store.load_head(state.run_id) is not None:
-        return False
-    agent = agents.load(state.agent)
-    prepare = agent.prepare
-    if prepare is not None:
-        context = runtime.context(state.run_id, state.options)
-        run_hook(agent.name, "prepare", lambda: prepare(context))
-    return runtime.engine(worker_id=worker_id, logger=logger).start(state)

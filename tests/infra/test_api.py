@@ -16,8 +16,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from cdk.api import PUBLIC_THROTTLE_BURST, PUBLIC_THROTTLE_RATE_PER_SECOND, STAGE
 from ratchet.approvals.model import MAX_COMMENT_CHARS
-from ratchet.handlers.api import RequestRefused, RunsServices
 from ratchet.runs import RunRequest
+from ratchet.web.runs import RequestRefused, RunsServices
 from tests.infra.queries import environment, function_id
 from tests.infra.synth import Synthesized
 
@@ -236,7 +236,7 @@ def test_what_the_gateway_refuses_itself_gets_the_handlers_envelope_and_status(
 
 def _refused(method: str, path: str, body: str) -> dict[str, Any]:
     """What the api function answers a request whose body its models refuse."""
-    from ratchet.handlers.api import build_app
+    from ratchet.web.runs import build_app
 
     def start(request: RunRequest, *, request_id: str) -> Any:
         raise AssertionError(f"a refused body started a run: {request!r}")

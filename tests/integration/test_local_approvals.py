@@ -30,13 +30,13 @@ from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.engine.core import Engine
 from ratchet.errors import ApprovalClosed, StoreBusy
-from ratchet.handlers.approvals import ApprovalServices, build_app
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.local.serve import wsgi_app
 from ratchet.local.worker import Worker
 from ratchet.state import RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
+from ratchet.web.approvals import ApprovalServices, build_app
 from tests.integration.test_notifiers import RecordingServer
 
 LOG = logging.getLogger("ratchet.tests.approvals")

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from ratchet.handlers.api import build_app
 from ratchet.local.runs_api import local_runs_services
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.local.serve import wsgi_app
@@ -24,6 +23,7 @@ from ratchet.local.worker import Worker
 from ratchet.runs import MAX_BATCHES
 from ratchet.scenarios import AgentRegistry
 from ratchet.state import PersonDecided, RunStatus
+from ratchet.web.runs import build_app
 
 OPERATOR = "dana"
 LOG = logging.getLogger("ratchet.tests.runs_api")

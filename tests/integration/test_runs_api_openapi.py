@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ratchet.handlers.api import openapi_document, openapi_text
 from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS, RunRequest
+from ratchet.web.runs import openapi_document, openapi_text
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
-REGENERATE = ".venv/bin/python -m ratchet.handlers.api --openapi > docs/openapi.json"
+REGENERATE = ".venv/bin/python -m ratchet.web.runs --openapi > docs/openapi.json"
 
 
 def test_the_committed_document_is_what_the_routes_generate():

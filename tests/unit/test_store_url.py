@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ratchet.cli import DynamoDbStore, app
+from ratchet.cli import app
 from ratchet.errors import InvalidInput
+from ratchet.runtime import DynamoDbStoreUrl as DynamoDbStore
 
 GOOD = "dynamodb://ratchet-checkpoints?ledger=ratchet-idempotency&app=ratchet-app"
 

@@ -8,26 +8,41 @@ from the environment.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
 from ratchet.adapters.dynamodb import DynamoDbCheckpointStore, DynamoDbLedger
+from ratchet.adapters.dynamodb_data import DynamoDbRunData
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
+from ratchet.approvals.model import Verdict
 from ratchet.aws.settings import AwsSettings
-from ratchet.engine.core import Binding, Engine
+from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.errors import (
+    AgentNotRunnable,
+    ApprovalNotFound,
+    StaleVersion,
+    StepAttemptFailed,
+    StoreBusy,
+)
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore
 from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState
-from ratchet.tools import RunContext
+from ratchet.tools import Agent, RunContext
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_stepfunctions import SFNClient
 
 SCRATCH = Path("/tmp/ratchet-scratch")
 """Lambda's only writable disk, and the container's alone: never a place for agent data."""
+RETRY_PAUSE_SECONDS = 0.05
+MAX_RETRY_PAUSE_SECONDS = 2.0
+"""In-process work (`AwsRuntime.work`) waits this long after a failed attempt, doubling."""
 MAX_BINDINGS = 64
 """Runs whose agent stays bound in a warm container; one container serves many runs in turn."""
 
@@ -40,12 +55,16 @@ class AwsRuntime:
         *,
         s3: Any = None,
         anthropic_api_key: SecretStr | None = None,
+        stepfunctions: Callable[[], SFNClient] | None = None,
     ) -> None:
         """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
         none is given, a default one is made here. Without a bucket, a tool output that needs
-        a blob fails its step with a clear error."""
+        a blob fails its step with a clear error. `stepfunctions` makes the client that
+        answers a run parked by the state machine (`decide`), when one is needed."""
         self.settings = settings
         self.dynamodb = dynamodb
+        self._stepfunctions = stepfunctions
+        self.anthropic_configured = anthropic_api_key is not None
         self.store = DynamoDbCheckpointStore(
             dynamodb,
             table=settings.checkpoints_table,
@@ -69,13 +88,15 @@ class AwsRuntime:
         )
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
-        """The agent's data lives in the app table (`services`), never on the function's disk:
-        the workdir is scratch space in /tmp, gone with the container."""
+        """The agent's data lives in the app table (`data`, and `services` for an agent with
+        its own layout there), never on the function's disk: the workdir is scratch space in
+        /tmp, gone with the container."""
         return RunContext(
             run_id=run_id,
             options=options,
             workdir=SCRATCH / run_id,
             services={"dynamodb": self.dynamodb, "app_table": self.settings.app_table},
+            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id),
         )
 
     def bind(self, state: RunState) -> Binding:
@@ -93,6 +114,61 @@ class AwsRuntime:
             logger=logger,
             faults=faults,
         )
+
+    def before_prepare(self) -> None:
+        """Nothing to take: DynamoDB has no store-wide lock."""
+
+    def check_agent(self, agent: Agent) -> None:
+        if agent.needs_local_disk:
+            raise AgentNotRunnable(
+                f"agent {agent.name!r} keeps its data on a local disk (needs_local_disk), "
+                "which a Lambda function does not keep between steps: it runs locally only. "
+                "Keep its data in RunContext.data to run it on AWS"
+            )
+
+    def work(
+        self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
+    ) -> None:
+        """Work the run in this process, where no state machine does (a script, a test):
+        step after step until it is done, waiting or failed. A failed attempt is counted by
+        the engine and retried after a pause; the third ends the run. A stale write means
+        another process advanced the run: it is read again."""
+        engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
+        pause = RETRY_PAUSE_SECONDS
+        while True:
+            try:
+                taken = engine.advance(run_id)
+            except StaleVersion:
+                continue
+            except (StepAttemptFailed, StoreBusy):
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
+                continue
+            if taken.outcome is not Outcome.CONTINUE:
+                return
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """A run parked by the state machine has an open request holding its task token: the
+        decision answers that execution, as a link would. A run worked in process has none:
+        the decision is recorded on the run directly."""
+        from ratchet.approvals.desk import Decider
+        from ratchet.aws.approvals import AwsApprovals
+
+        engine = self.engine(worker_id=worker_id, logger=logger)
+        book = AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            stepfunctions=self._stepfunctions() if self._stepfunctions else None,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+        try:
+            Decider(book, book, self.store).decide_run(run_id, verdict, channel=channel)
+        except ApprovalNotFound:
+            engine.decide_waiting(
+                run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+            )
 
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
     from mypy_boto3_stepfunctions import SFNClient
 
-    from ratchet.handlers.approvals import ApprovalServices
+    from ratchet.web.approvals import ApprovalServices
 
 SERVICE = "ratchet"
 METRICS_NAMESPACE = "Ratchet"
@@ -155,7 +155,7 @@ def approval_desk() -> ApprovalDesk:
 
 
 def approval_services() -> ApprovalServices:
-    from ratchet.handlers.approvals import ApprovalServices
+    from ratchet.web.approvals import ApprovalServices
 
     config = settings()
     signing = config.slack_signing_secret_arn

@@ -9,10 +9,11 @@ import getpass
 from functools import cache
 from typing import Any
 
-from ratchet.handlers.api import RunsServices, RunStarted
+from ratchet.client import Client
 from ratchet.local.runtime import LocalRuntime
-from ratchet.runs import RunRequest, create_run, new_run
+from ratchet.runs import RunRequest
 from ratchet.scenarios import AgentRegistry
+from ratchet.web.runs import RunsServices, RunStarted
 
 
 def local_runs_services(
@@ -26,19 +27,17 @@ def local_runs_services(
     """`agents`: which agents the API may start, by name (default: the built-in scenarios
     only; an HTTP request never imports a module it names). `operator`: who decides through
     the API, which locally is unsigned (default: the user running `ratchet serve`)."""
-    registry = agents or AgentRegistry()
-    has_key = runtime.settings.anthropic_api_key is not None
+    client = Client(
+        runtime, agents=agents or AgentRegistry(), worker_id=worker_id, logger=logger, channel="api"
+    )
 
     def start(request: RunRequest, *, request_id: str) -> RunStarted:
-        state = new_run(request, has_anthropic_key=has_key, agents=registry)
-        created = create_run(runtime, state, agents=registry, worker_id=worker_id, logger=logger)
-        head = runtime.store.load_head(state.run_id)
-        assert head is not None, "the run exists: it was just created or found"
+        started = client.submit(request)
         logger.info(
-            "run created" if created else "run exists; start is a no-op",
-            extra={"run_id": head.run_id, "request_id": request_id},
+            "run created" if started.created else "run exists; start is a no-op",
+            extra={"run_id": started.run.run_id, "request_id": request_id},
         )
-        return RunStarted.of(head, execution_name=None, created=created)
+        return RunStarted.of(started, execution_name=None)
 
     return RunsServices(
         store=runtime.store,

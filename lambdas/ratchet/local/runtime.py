@@ -1,8 +1,8 @@
 """The local runtime: the engine wired to a SQLite store, a blob folder and per-run agent data.
 
-`sqlite:///.ratchet/ratchet.db` keeps everything beside that file: the database, blobs in
-`ratchet.blobs/`, and each run's agent data (the app database of the migration demo, say) in
-`ratchet.data/<run_id>/`.
+`sqlite:///.ratchet/ratchet.db` keeps everything in and beside that file: the checkpoints, the
+ledger and each run's `RunData` in the database, blobs in `ratchet.blobs/`, and a folder per
+run for an agent that keeps files (the migration demo's app database) in `ratchet.data/<run_id>/`.
 """
 
 from __future__ import annotations
@@ -33,17 +33,18 @@ from ratchet.adapters.sqlite import (
     SqliteLedger,
 )
 from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
-from ratchet.approvals.desk import ApprovalDesk
+from ratchet.adapters.sqlite_data import SqliteRunData
+from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
-from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS
+from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS, Verdict
 from ratchet.engine.core import Binding, Engine
-from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.errors import ApprovalNotFound, InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.leases import Leases
 from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState
-from ratchet.tools import RunContext
+from ratchet.tools import Agent, RunContext
 
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 DEFAULT_PORT = 8765
@@ -189,14 +190,34 @@ class LocalRuntime:
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         return RunContext(
-            run_id=run_id, options=options, workdir=Path(f"{self.root}.data") / run_id
+            run_id=run_id,
+            options=options,
+            workdir=Path(f"{self.root}.data") / run_id,
+            data=SqliteRunData(self.db, run_id),
         )
+
+    @property
+    def blobs(self) -> FileBlobStore:
+        return FileBlobStore(Path(f"{self.root}.blobs"))
+
+    @property
+    def anthropic_configured(self) -> bool:
+        return self.settings.anthropic_api_key is not None
+
+    def before_prepare(self) -> None:
+        """Take the store's write lock once before an agent's prepare hook writes a new run's
+        data: a store another process holds refuses the start here, with nothing written."""
+        with self.db.write():
+            pass
+
+    def check_agent(self, agent: Agent) -> None:
+        """Every agent runs locally: the data folder beside the store lasts."""
 
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
         return Engine(
             store=self.store,
             ledger=self.ledger,
-            blobs=FileBlobStore(Path(f"{self.root}.blobs")),
+            blobs=self.blobs,
             bind=self.bind,
             unbind=self._bindings.forget,
             worker_id=worker_id,
@@ -224,6 +245,30 @@ class LocalRuntime:
             public_url=self.settings.public_url,
             notifiers=[self.outbox],
         )
+
+    def work(
+        self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
+    ) -> None:
+        """Work the run in this process, as a worker holding its lease: until it is done,
+        waiting or failed, or another worker holds it."""
+        from ratchet.local.worker import Worker
+
+        engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
+        Worker(engine, self.leases, logger).run(until_idle=True, run_id=run_id)
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """Through the run's open approval request, so its links and page show the decision;
+        a run parked by a worker that died before opening one is decided directly."""
+        engine = self.engine(worker_id=worker_id, logger=logger)
+        decider = Decider(SqliteApprovalBook(self.db), LocalResumer(engine), self.store)
+        try:
+            decider.decide_run(run_id, verdict, channel=channel)
+        except ApprovalNotFound:
+            engine.decide_waiting(
+                run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+            )
 
     def close(self) -> None:
         self.db.close()
