@@ -6,6 +6,7 @@ is not acknowledged, with a reason, next to the resource it concerns fails the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from cdk_nag import AwsSolutionsChecks
 from cdk.stack import ASL_PATH, RatchetStack
 
 STACK_NAME = "Ratchet"
+PROJECT_ENV = "RATCHET_PROJECT"
+"""Where the user's project is (`make deploy RATCHET_PROJECT=examples/billing_agent`), when
+no `-c ratchet:project=...` says otherwise."""
 
 
 def build_app(
@@ -36,7 +40,9 @@ def build_app(
 
 
 def main() -> None:
-    build_app().synth()
+    # Context given to the App ranks below the CLI's `-c`, so an explicit option wins.
+    project = os.environ.get(PROJECT_ENV, "").strip()
+    build_app({"ratchet:project": project} if project else None).synth()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ The bundle also carries bytecode compiled by this very interpreter: Lambda's cod
 read-only, so without it every cold start compiles everything again (3.2-3.9 s to import the
 step handler instead of 0.7-0.9 s, measured). That is why the runtime is the synthesizing
 Python's version. One asset serves every function, so it is built once per synth.
+
+A user's project (`cdk/project.py`) adds its packages and its `requirements`. The requirements
+are resolved together with Ratchet's locked set, which also constrains them (uv's
+`--constraint`): a requirement may add packages, but one that needs another version of a
+package Ratchet pins fails the synth, saying which. An override (`--override`) would instead
+install Ratchet's version under a library that declared it cannot work with it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from aws_cdk import (
 )
 from aws_cdk import aws_lambda as lambda_
 
+from cdk.project import Project
+
 PYTHON_VERSION = "3.11"
 RUNTIME = lambda_.Runtime.PYTHON_3_11
 ARCHITECTURE = lambda_.Architecture.ARM_64
@@ -36,10 +44,13 @@ WHEEL_PLATFORM = "aarch64-manylinux2014"
 """uv's name for the manylinux2014 aarch64 platform tag, matching `ARCHITECTURE`."""
 
 PACKAGE = "ratchet"
-_RECIPE = "locked-wheels-v1"
+_RECIPE = "locked-wheels-v2"
 """Part of the asset hash: bump it when the bundling steps change, so old bundles are not reused."""
 
 _IGNORED = {"__pycache__"}
+_EXTRAS = ("aws", "anthropic")
+"""The extras of Ratchet's own pyproject.toml the functions need (boto3 and Powertools, the
+Anthropic client), exported from the lock with the base dependencies."""
 
 
 class BundlingFailed(RuntimeError):
@@ -75,40 +86,78 @@ def _run(command: list[str], cwd: Path) -> None:
 class LockedWheelsBundling:
     """Builds the asset on the host (`ILocalBundling`), never in Docker."""
 
-    def __init__(self, repo_root: Path) -> None:
+    def __init__(self, repo_root: Path, project: Project | None = None) -> None:
         self._repo_root = repo_root
+        self._project = project
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_options: Any) -> bool:
         """Build the asset in `output_dir`; `image` and the other Docker options go unused."""
         out = Path(output_dir)
         with tempfile.TemporaryDirectory(prefix="ratchet-bundle-") as scratch:
-            requirements = Path(scratch) / "requirements.txt"
+            locked = Path(scratch) / "requirements.txt"
             uv = _uv(self._repo_root)
+            extras = [arg for extra in _EXTRAS for arg in ("--extra", extra)]
             _run(
                 [
-                    uv, "export", "--frozen", "--no-dev", "--no-emit-project", "--no-header",
-                    "--no-annotate", "--format", "requirements.txt",
-                    "--output-file", str(requirements),
+                    uv, "export", "--frozen", "--no-dev", *extras, "--no-emit-project",
+                    "--no-header", "--no-annotate", "--format", "requirements.txt",
+                    "--output-file", str(locked),
                 ],
                 cwd=self._repo_root,
             )  # fmt: skip
-            _run(
-                [
-                    uv, "pip", "install", "--quiet", "--target", str(out), "--no-deps",
-                    "--only-binary", ":all:", "--python-platform", WHEEL_PLATFORM,
-                    "--python-version", PYTHON_VERSION, "--requirement", str(requirements),
-                ],
-                cwd=self._repo_root,
-            )  # fmt: skip
+            install = [
+                uv, "pip", "install", "--quiet", "--target", str(out), "--only-binary", ":all:",
+                "--python-platform", WHEEL_PLATFORM, "--python-version", PYTHON_VERSION,
+                "--requirement", str(locked),
+            ]  # fmt: skip
+            if self._project is None or not self._project.requirements:
+                # The lock is the whole closure: install it exactly, resolving nothing.
+                _run([*install, "--no-deps"], cwd=self._repo_root)
+            else:
+                wanted = Path(scratch) / "project-requirements.txt"
+                wanted.write_text("\n".join(self._project.requirements) + "\n")
+                _install_project_requirements(
+                    [*install, "--requirement", str(wanted), "--constraint", str(locked)],
+                    self._project,
+                    cwd=self._repo_root,
+                )
         package_dir = self._repo_root / "lambdas" / PACKAGE
         for source in _source_files(package_dir):
             target = out / PACKAGE / source.relative_to(package_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
+        if self._project is not None:
+            _copy_project(self._project, out)
         _compile_bytecode(out)
         # Returning False would make CDK fall back to Docker, which CI does not have; a failure
         # above raises with the command's output instead.
         return True
+
+
+def _install_project_requirements(command: list[str], project: Project, cwd: Path) -> None:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BundlingFailed(
+            f"{project.config_file}: {project.key_prefix}requirements cannot be installed "
+            f"with Ratchet's locked dependencies (uv.lock) as binary wheels for Lambda "
+            f"({WHEEL_PLATFORM}, Python {PYTHON_VERSION}). A requirement may add packages but "
+            f"not change a version Ratchet pins. uv says:\n{done.stderr.strip()}"
+        )
+
+
+def _copy_project(project: Project, out: Path) -> None:
+    taken = {p.name for p in out.iterdir()} | {p.stem for p in out.glob("*.py")}
+    for name, entry in project.top_level().items():
+        if name in taken:
+            raise BundlingFailed(
+                f"{project.config_file}: {project.key_prefix}source: {entry} has the import "
+                f"name {name!r} of a package already in the bundle (Ratchet or a dependency); "
+                "rename it"
+            )
+    for shipped in project.shipped_files():
+        target = out / shipped.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(shipped.source, target)
 
 
 def _compile_bytecode(out: Path) -> None:
@@ -131,11 +180,13 @@ def _compile_bytecode(out: Path) -> None:
     )  # fmt: skip
 
 
-def asset_hash(repo_root: Path) -> str:
-    """A hash of everything that goes into the bundle: the recipe, the lock and the code.
+def asset_hash(repo_root: Path, project: Project | None = None) -> str:
+    """A hash of everything that goes into the bundle: the recipe, the lock, the code, and the
+    project's files and requirements.
 
     It lets CDK reuse a bundle already in the output folder (a second synth is fast) and makes
-    a deploy update the functions exactly when the code or a pinned dependency changed.
+    a deploy update the functions exactly when the code or a pinned dependency changed. A
+    project requirement is hashed as written: pin it (`==`) for a deploy to follow an upgrade.
     """
     digest = hashlib.sha256()
     for part in (_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM):
@@ -145,10 +196,17 @@ def asset_hash(repo_root: Path) -> str:
     for source in _source_files(package_dir):
         digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0")
         digest.update(source.read_bytes() + b"\0")
+    if project is not None:
+        digest.update(b"project\0")
+        for requirement in project.requirements:
+            digest.update(b"requires\0" + requirement.encode() + b"\0")
+        for shipped in project.shipped_files():
+            digest.update(shipped.path.encode() + b"\0")
+            digest.update(shipped.source.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def lambda_code(repo_root: Path) -> lambda_.Code:
+def lambda_code(repo_root: Path, project: Project | None = None) -> lambda_.Code:
     """The one code asset every function uses.
 
     The asset's source is `lambdas/`, so when bundling is skipped (CDK's
@@ -158,10 +216,10 @@ def lambda_code(repo_root: Path) -> lambda_.Code:
     return lambda_.Code.from_asset(
         str(repo_root / "lambdas"),
         asset_hash_type=AssetHashType.CUSTOM,
-        asset_hash=asset_hash(repo_root),
+        asset_hash=asset_hash(repo_root, project),
         exclude=["**/__pycache__", "**/*.pyc"],
         bundling=BundlingOptions(
-            local=LockedWheelsBundling(repo_root),
+            local=LockedWheelsBundling(repo_root, project),
             # Required by the API; used only if local bundling declined, which it never does.
             image=RUNTIME.bundling_image,
         ),

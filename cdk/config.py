@@ -2,7 +2,8 @@
 
 Every key is optional: the stack synthesizes with none of them. A value that the functions
 would refuse at cold start (a malformed ARN, an address, a list over its bound) fails the
-synth instead, naming its key.
+synth instead, naming its key. `ratchet:project` points at a user's project (`cdk/project.py`),
+whose agents join those of `ratchet:agents`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from constructs import Construct
+
+from cdk.project import AGENT_NAME_PATTERN as AGENT_NAME_PATTERN
+from cdk.project import BUILT_IN_AGENTS as BUILT_IN_AGENTS
+from cdk.project import IMPORT_PATH_PATTERN as IMPORT_PATH_PATTERN
+from cdk.project import Project, ProjectError, check_agent
 
 _SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[^\s]+$")
 _SES_IDENTITY_ARN = re.compile(r"^arn:aws[a-z-]*:ses:[a-z0-9-]+:\d{12}:identity/[^\s,*]+$")
@@ -23,12 +30,6 @@ SLACK_CHANNEL_PATTERN = r"^#?[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$"
 """`ratchet.state.SLACK_CHANNEL_PATTERN`."""
 MAX_NOTIFY_EMAILS = 10
 """`ratchet.state.MAX_NOTIFY_EMAILS`: the defaults become a `NotifyTargets`, which holds 10."""
-AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""`ratchet.scenarios.AGENT_NAME`: a name the API may start."""
-IMPORT_PATH_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
-"""`ratchet.scenarios.IMPORT_PATH`: `module:attr`."""
-BUILT_IN_AGENTS = ("migration", "notebook")
-"""`ratchet.scenarios.SCENARIOS`: names a deployment cannot take over."""
 _PUBLIC_URL = re.compile(r"^https://[^\s?#]+$")
 
 INTEGER_BOUNDS = {
@@ -63,7 +64,11 @@ class DeployConfig:
     slack_signing_secret_arn: str | None = None
     """A secret holding the Slack app's signing secret, read by the approvals function only."""
     agents: Mapping[str, str] = field(default_factory=dict)
-    """Agents the API may start by name: `{"billing": "my_pkg.agents:billing"}`."""
+    """Agents the API may start by name: `{"billing": "my_pkg.agents:billing"}`, from
+    `ratchet:agents` and the project's `agents` together."""
+    project: Project | None = None
+    """The user's project (`ratchet:project`, a path relative to the working directory): its
+    code and requirements go into the bundle, its agents join `agents`."""
 
     @classmethod
     def from_context(cls, scope: Construct) -> DeployConfig:
@@ -74,6 +79,9 @@ class DeployConfig:
             if raw is None or raw == "":
                 continue
             values[item.name] = _PARSERS[item.name](key, raw)
+        project = values.get("project")
+        if project is not None:
+            values["agents"] = _merged_agents(values.get("agents", {}), project)
         config = cls(**values)
         config._check_combinations()
         return config
@@ -170,13 +178,29 @@ def _agents(key: str, raw: Any) -> dict[str, str]:
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f'context {key} must be an object like {{"name": "module:attr"}}')
     for name, target in raw.items():
-        if not isinstance(name, str) or not re.fullmatch(AGENT_NAME_PATTERN, name):
-            raise ValueError(f"context {key}: {name!r} is not an agent name (letters, digits, ._-)")
-        if name in BUILT_IN_AGENTS:
-            raise ValueError(f"context {key}: {name!r} is a built-in scenario's name")
-        if not isinstance(target, str) or not re.fullmatch(IMPORT_PATH_PATTERN, target):
-            raise ValueError(f"context {key}: {name!r} must map to 'module:attr', not {target!r}")
+        problem = check_agent(name, target) if isinstance(name, str) else f"{name!r} is no name"
+        if problem:
+            raise ValueError(f"context {key}: {problem}")
     return dict(raw)
+
+
+def _project(key: str, raw: Any) -> Project:
+    if not isinstance(raw, str):
+        raise ValueError(f"context {key} must be a path to a folder or a .toml file: {raw!r}")
+    try:
+        return Project.load(Path(raw.strip()))
+    except ProjectError as error:
+        raise ValueError(f"context {key}={raw}: {error}") from None
+
+
+def _merged_agents(from_context: Mapping[str, str], project: Project) -> dict[str, str]:
+    twice = sorted(set(from_context) & set(project.agents))
+    if twice:
+        raise ValueError(
+            f"agent {twice[0]!r} is named both in context ratchet:agents and in "
+            f"{project.config_file} ({project.key_prefix}agents): name each agent once"
+        )
+    return {**from_context, **project.agents}
 
 
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")
@@ -194,6 +218,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "slack_bot_token_secret_arn": _SECRET,
     "slack_signing_secret_arn": _SECRET,
     "agents": _agents,
+    "project": _project,
 }
 
 

@@ -20,6 +20,7 @@ from constructs import Construct
 from cdk import contract
 from cdk.bundling import ARCHITECTURE, RUNTIME, lambda_code
 from cdk.nag import acknowledge
+from cdk.project import Project
 
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
@@ -102,9 +103,10 @@ class Functions(Construct):
         repo_root: Path,
         specs: list[FunctionSpec],
         environment: Mapping[str, str],
+        project: Project | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        code = lambda_code(repo_root)
+        code = lambda_code(repo_root, project)
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
         for spec in specs:

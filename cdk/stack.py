@@ -76,6 +76,7 @@ class RatchetStack(Stack):
             self,
             "Functions",
             repo_root=repo_root,
+            project=config.project,
             specs=specs,
             environment={
                 contract.CHECKPOINTS_TABLE: storage.checkpoints.table_name,

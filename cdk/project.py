@@ -1,0 +1,280 @@
+"""A user's Ratchet project: the agents a deployment registers, and the code and requirements
+the Lambda bundle ships for them.
+
+It is read from a `[tool.ratchet]` table in the project's `pyproject.toml`, or from the top
+level of a `ratchet.toml` (the same keys)::
+
+    [tool.ratchet]
+    agents = { billing = "billing_agent.agent:agent" }   # name -> module:attr
+    source = "src"                    # folder(s) holding the packages to ship; default "."
+    requirements = ["httpx==0.28.1"]  # what the agents need beyond Ratchet (PEP 508)
+
+Every mistake is reported with the file and the key it is in, before anything is built.
+
+What ships from `source`: every top-level package (a folder with an `__init__.py`) and module
+(a `.py` file) in each source folder, whole, as `pip install .` of a src layout would ship it,
+so an agent that imports a sibling package of its own (shared clients, helpers) works on
+Lambda as it does on the laptop. Tests (`tests/`, `test_*.py`, `conftest.py`), virtual
+environments, bytecode caches and dotfiles never ship. Each project agent's top-level module
+must be among what ships, which catches a wrong `source` at synth rather than at cold start.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""`ratchet.scenarios.AGENT_NAME`: a name the API may start."""
+IMPORT_PATH_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+"""`ratchet.scenarios.IMPORT_PATH`: `module:attr`."""
+BUILT_IN_AGENTS = ("migration", "notebook")
+"""`ratchet.scenarios.SCENARIOS`: names a deployment cannot take over."""
+
+RATCHET_TOML = "ratchet.toml"
+PYPROJECT_TOML = "pyproject.toml"
+RATCHET_PACKAGE = "ratchet"
+"""Always in the bundle: neither a requirement nor a package of the project may take its name."""
+
+_TEST_FOLDERS = {"tests", "test"}
+_NEVER_SHIPPED_MODULES = {"conftest.py", "setup.py", "noxfile.py"}
+"""Files at a source folder's top that belong to tooling, not to the agents."""
+
+
+class ProjectError(ValueError):
+    """The project's configuration is wrong; the message names the file and the key."""
+
+
+def check_agent(name: str, target: object) -> str | None:
+    """Why `name -> target` cannot be registered, or None: the rules of `ratchet:agents`."""
+    if not re.fullmatch(AGENT_NAME_PATTERN, name):
+        return f"{name!r} is not an agent name (letters, digits, '.', '_', '-'; at most 64)"
+    if name in BUILT_IN_AGENTS:
+        return f"{name!r} is a built-in scenario's name"
+    if not isinstance(target, str) or not re.fullmatch(IMPORT_PATH_PATTERN, target):
+        return f"{name!r} must map to 'module:attr', not {target!r}"
+    return None
+
+
+class _Table(BaseModel):
+    """The keys as written; paths are checked against the file's folder afterwards."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents: dict[str, str] = Field(default_factory=dict)
+    source: list[str] = Field(default_factory=lambda: ["."], min_length=1)
+    requirements: list[str] = Field(default_factory=list)
+
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _agents(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name, target in value.items():
+                problem = check_agent(str(name), target)
+                if problem:
+                    raise ValueError(problem)
+        return value
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("source")
+    @classmethod
+    def _relative(cls, value: list[str]) -> list[str]:
+        for folder in value:
+            if not folder.strip() or Path(folder).is_absolute():
+                raise ValueError(f"{folder!r}: give a folder relative to the file")
+        return value
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement as error:
+                raise ValueError(f"{text!r} is not a PEP 508 requirement: {error}") from None
+            if requirement.url:
+                # The bundle installs wheels from the index, hashed by what the file says: a
+                # URL's content could change under an unchanged hash.
+                raise ValueError(f"{text!r} is a direct reference; name a version from the index")
+            if canonicalize_name(requirement.name) == RATCHET_PACKAGE:
+                raise ValueError(
+                    f"{text!r}: Ratchet itself is always in the bundle, from this repository"
+                )
+        return value
+
+
+@dataclass(frozen=True)
+class ShippedFile:
+    """One file of the project in the bundle: `path` (relative, posix) <- `source`."""
+
+    path: str
+    source: Path
+
+
+@dataclass(frozen=True)
+class Project:
+    """A parsed, checked project configuration."""
+
+    config_file: Path
+    key_prefix: str
+    """How its keys are named in messages: `[tool.ratchet] ` in a pyproject.toml, else empty."""
+    agents: Mapping[str, str]
+    source: tuple[Path, ...]
+    """Absolute folders."""
+    requirements: tuple[str, ...]
+
+    @classmethod
+    def load(cls, location: Path) -> Project:
+        """Read the configuration at `location`: a `ratchet.toml` or `pyproject.toml` file, or
+        a folder holding one (`ratchet.toml` first)."""
+        config_file = _config_file(location.resolve())
+        try:
+            document = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+            raise ProjectError(f"{config_file}: cannot read it as TOML: {error}") from None
+        if config_file.name == PYPROJECT_TOML:
+            table = document.get("tool", {}).get("ratchet")
+            if not isinstance(table, dict):
+                raise ProjectError(f"{config_file}: has no [tool.ratchet] table")
+            prefix = "[tool.ratchet] "
+        else:
+            table, prefix = document, ""
+        try:
+            parsed = _Table.model_validate(table)
+        except ValidationError as error:
+            raise ProjectError(_describe(error, config_file, prefix)) from None
+        project = cls(
+            config_file=config_file,
+            key_prefix=prefix,
+            agents=dict(sorted(parsed.agents.items())),
+            source=tuple(_folders(parsed.source, config_file, prefix)),
+            requirements=tuple(parsed.requirements),
+        )
+        project._check_agents_ship()
+        return project
+
+    def error(self, key: str, message: str) -> ProjectError:
+        return ProjectError(f"{self.config_file}: {self.key_prefix}{key}: {message}")
+
+    def top_level(self) -> dict[str, Path]:
+        """The packages and modules that ship, by import name -> their path in a source folder."""
+        found: dict[str, Path] = {}
+        for folder in self.source:
+            for entry in sorted(folder.iterdir()):
+                name = _importable(entry)
+                if name is None:
+                    continue
+                if name in found:
+                    raise self.error(
+                        "source", f"{name!r} is in {found[name].parent} and in {folder}"
+                    )
+                if name == RATCHET_PACKAGE:
+                    raise self.error(
+                        "source", f"{entry} would replace Ratchet's own package in the bundle"
+                    )
+                found[name] = entry
+        return found
+
+    def shipped_files(self) -> list[ShippedFile]:
+        """Every file that goes into the bundle, in a stable order (the asset hash reads it)."""
+        files: list[ShippedFile] = []
+        for name, entry in sorted(self.top_level().items()):
+            if entry.is_file():
+                files.append(ShippedFile(f"{name}.py", entry))
+                continue
+            files.extend(
+                ShippedFile(f"{name}/{path.relative_to(entry).as_posix()}", path)
+                for path in _package_files(entry)
+            )
+        return files
+
+    def _check_agents_ship(self) -> None:
+        shipped = self.top_level()
+        folders = ", ".join(repr(str(f)) for f in self.source)
+        for name, target in self.agents.items():
+            top = target.split(":", 1)[0].split(".", 1)[0]
+            if top not in shipped:
+                raise self.error(
+                    f"agents.{name}",
+                    f"{target!r} needs the package or module {top!r}, which is in no source "
+                    f"folder ({folders})",
+                )
+
+
+def _config_file(location: Path) -> Path:
+    if location.is_dir():
+        for name in (RATCHET_TOML, PYPROJECT_TOML):
+            if (location / name).is_file():
+                return location / name
+        raise ProjectError(f"{location}: holds neither {RATCHET_TOML} nor {PYPROJECT_TOML}")
+    if location.is_file():
+        return location
+    raise ProjectError(f"{location}: no such file or folder")
+
+
+def _folders(source: list[str], config_file: Path, prefix: str) -> Iterator[Path]:
+    for folder in source:
+        path = (config_file.parent / folder).resolve()
+        if not path.is_dir():
+            raise ProjectError(
+                f"{config_file}: {prefix}source: {folder!r} is not a folder ({path})"
+            )
+        yield path
+
+
+def _describe(error: ValidationError, config_file: Path, prefix: str) -> str:
+    problems = []
+    for item in error.errors(include_url=False):
+        key = ".".join(str(part) for part in item["loc"]) or "(table)"
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (the keys are agents, source, requirements)"
+        else:
+            message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(f"{config_file}: {prefix}{key}: {message}")
+    return "\n".join(problems)
+
+
+def _importable(entry: Path) -> str | None:
+    """The import name of a top-level package or module that ships, or None."""
+    if entry.is_dir():
+        if _never_shipped(entry) or not (entry / "__init__.py").is_file():
+            return None
+        return entry.name if entry.name.isidentifier() else None
+    if entry.suffix != ".py" or entry.name in _NEVER_SHIPPED_MODULES or _is_test(entry):
+        return None
+    return entry.stem if entry.stem.isidentifier() else None
+
+
+def _package_files(package: Path) -> Iterator[Path]:
+    for path in sorted(package.iterdir()):
+        if path.is_dir():
+            if not _never_shipped(path):
+                yield from _package_files(path)
+        elif not (path.name.startswith(".") or path.suffix == ".pyc" or _is_test(path)):
+            yield path
+
+
+def _never_shipped(folder: Path) -> bool:
+    return (
+        folder.name.startswith(".")
+        or folder.name in ("__pycache__", "node_modules", *_TEST_FOLDERS)
+        or (folder / "pyvenv.cfg").exists()
+    )
+
+
+def _is_test(path: Path) -> bool:
+    return path.suffix == ".py" and (
+        path.name.startswith("test_") or path.stem.endswith("_test") or path.name == "conftest.py"
+    )
