@@ -504,6 +504,7 @@ def status_payload(state: RunState) -> dict[str, Any]:
         "agent": state.agent,
         "model": state.options.model,
         "max_steps": state.options.max_steps,
+        "input": state.options.params or None,
         "waiting": state.waiting.request.prompt if state.waiting else None,
         "updated_at": state.updated_at.isoformat(),
     }
@@ -753,10 +754,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         _refuse("aborted", code=1)
     except RatchetError as error:
         _refuse(str(error))
-    except Exception as error:
-        if not _is_aws_error(error):
-            raise
-        _refuse(f"the store cannot be read: {error}")
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -809,15 +806,6 @@ def _bad_input(error: UsageError) -> Any:
         if found and "input" in found[0]:
             return found[0]["input"]
     return None
-
-
-def _is_aws_error(error: Exception) -> bool:
-    """A failure talking to AWS (missing table, no credentials, no connection). botocore is
-    looked up, not imported: if no command imported it, the error cannot be one of its."""
-    exceptions = sys.modules.get("botocore.exceptions")
-    return exceptions is not None and isinstance(
-        error, exceptions.BotoCoreError | exceptions.ClientError
-    )
 
 
 if __name__ == "__main__":

@@ -149,6 +149,15 @@ class WaitTimedOut(RatchetError):
         self.run = run
 
 
+class NoCheckpointAtStep(InvalidInput):
+    """`state_at` was asked for a step the run has no checkpoint at."""
+
+
+class CheckpointsExpired(RatchetError):
+    """The run's first checkpoints are gone (past the store's retention): no state can be
+    rebuilt from them."""
+
+
 class AgentHookFailed(RatchetError):
     """An agent's own hook (prepare, verify) raised; the message names the agent and hook."""
 
@@ -367,12 +376,19 @@ class Client:
         ]
 
     def state_at(self, run_id: str, *, step: int) -> RunState:
-        """The run's state as of its last checkpoint at `step`, rebuilt from the records."""
+        """The run's state as of its last checkpoint at `step`, rebuilt from the records.
+        `NoCheckpointAtStep` if the run has none there; `CheckpointsExpired` if its first
+        records are past their retention (on AWS, a TTL), so the state cannot be rebuilt."""
         self.head(run_id)
         checkpoints = self.runtime.store.list_checkpoints(run_id)
         last = max((c.version for c in checkpoints if c.step == step), default=None)
         if last is None:
-            raise InvalidInput(f"run {run_id} has no checkpoint at step {step}")
+            raise NoCheckpointAtStep(f"run {run_id} has no checkpoint at step {step}")
+        if checkpoints[0].event.kind != "created":
+            raise CheckpointsExpired(
+                f"run {run_id}'s early checkpoints are past their retention: its state as of "
+                f"step {step} can no longer be rebuilt"
+            )
         rebuilt = replay(c for c in checkpoints if c.version <= last)
         assert rebuilt is not None, "the records up to a checkpoint rebuild a state"
         return rebuilt

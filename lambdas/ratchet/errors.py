@@ -108,11 +108,6 @@ class AgentNotFound(RatchetError):
     """An --agent or --scenario reference did not resolve to an Agent."""
 
 
-class AgentNotRunnable(InvalidInput):
-    """The agent cannot run on this runtime (it keeps its data on a local disk, and this is
-    AWS): refused before the run starts."""
-
-
 class Superseded(RatchetError):
     """Another execution already parks this run for a person: this one stops, changing
     nothing. The state machine catches this name."""

@@ -158,6 +158,14 @@ class RunRequestInvalid(InvalidInput):
         return f"{self.message} ({flags})" if flags else self.message
 
 
+class AgentNotRunnable(RunRequestInvalid):
+    """The agent cannot run on this runtime (it keeps its data on a local disk, and this is
+    AWS): refused before the run starts, naming the request's `agent`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "agent", cli=message)
+
+
 def cli_flag(field: str) -> str:
     """How the CLI spells a `RunRequest` field (or a field inside it, such as `input.batches`)."""
     if field.startswith("input."):

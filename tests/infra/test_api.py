@@ -242,7 +242,7 @@ def _refused(method: str, path: str, body: str) -> dict[str, Any]:
         raise AssertionError(f"a refused body started a run: {request!r}")
 
     services = RunsServices(
-        store=None,  # type: ignore[arg-type]
+        client=None,  # type: ignore[arg-type]
         desk=lambda: pytest.fail("a refused body reached the approval desk"),
         start=start,
         logger=logging.getLogger("tests.infra"),

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 import ratchet
 from ratchet.adapters.dynamodb import create_tables
 from ratchet.client import Client, Run
-from ratchet.errors import AgentNotRunnable, InvalidInput, RunNotFound
-from ratchet.runs import RunRequestInvalid
+from ratchet.errors import InvalidInput, RunNotFound
+from ratchet.runs import AgentNotRunnable, RunRequestInvalid
 from ratchet.state import RunStatus
 from ratchet.tools import Agent, Done, RunContext, StepView, ToolCall, ToolContext, tool
 from tests.dynamodb_support import REGION, scan

@@ -22,7 +22,6 @@ from ratchet.approvals.model import Verdict
 from ratchet.aws.settings import AwsSettings
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import (
-    AgentNotRunnable,
     ApprovalNotFound,
     StaleVersion,
     StepAttemptFailed,
@@ -30,7 +29,7 @@ from ratchet.errors import (
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore
-from ratchet.runs import Bindings
+from ratchet.runs import AgentNotRunnable, Bindings
 from ratchet.state import RunOptions, RunState
 from ratchet.tools import Agent, RunContext
 

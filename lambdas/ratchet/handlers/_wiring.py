@@ -26,9 +26,11 @@ from ratchet.approvals.links import LinkSigner
 from ratchet.aws.approvals import AwsApprovals
 from ratchet.aws.runtime import AwsRuntime
 from ratchet.aws.settings import ENVIRONMENT, AwsSettings
+from ratchet.client import Client
 from ratchet.engine.core import Engine
 from ratchet.faults import FaultPlan
 from ratchet.ports import Notifier
+from ratchet.scenarios import AgentRegistry
 from ratchet.state import NotifyTargets
 
 if TYPE_CHECKING:
@@ -94,6 +96,18 @@ def runtime() -> AwsRuntime:
         boto3.client("dynamodb", config=_CLIENT_CONFIG),
         s3=boto3.client("s3", config=_CLIENT_CONFIG) if settings().blob_bucket else None,
         anthropic_api_key=anthropic_api_key(),
+    )
+
+
+def client(*, worker_id: str) -> Client:
+    """The Python client on this deployment's runtime, starting only the agents it registered
+    (by name); `worker_id` names whoever writes through it (the request, for a start)."""
+    return Client(
+        runtime(),
+        agents=AgentRegistry.deployment(settings().agents),
+        worker_id=worker_id,
+        logger=logger,
+        channel="api",
     )
 
 

@@ -11,10 +11,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from ratchet.aws.naming import execution_name
 from ratchet.aws.payloads import ExecutionInput
-from ratchet.client import Client
 from ratchet.handlers import _wiring
 from ratchet.runs import RunRequest
-from ratchet.scenarios import AgentRegistry
 from ratchet.web.runs import RunsServices, RunStarted, build_app
 
 # --- AWS -----------------------------------------------------------------------------------------
@@ -22,14 +20,7 @@ from ratchet.web.runs import RunsServices, RunStarted, build_app
 
 def start_on_aws(request: RunRequest, *, request_id: str) -> RunStarted:
     """Create the run if it is new, and start its execution if it has none."""
-    client = Client(
-        _wiring.runtime(),
-        agents=AgentRegistry.deployment(_wiring.settings().agents),
-        worker_id=f"lambda:{request_id}",
-        logger=_wiring.logger,
-        channel="api",
-    )
-    started = client.submit(request)
+    started = _wiring.client(worker_id=f"lambda:{request_id}").submit(request)
     name = _start_execution(started.run.run_id)
     _wiring.metrics.add_metric(
         name="RunsStarted" if started.created else "RepeatedStarts",
@@ -71,7 +62,7 @@ def _start_execution(run_id: str) -> str:
 
 def aws_runs_services() -> RunsServices:
     return RunsServices(
-        store=_wiring.runtime().store,
+        client=_wiring.client(worker_id="lambda:api"),
         desk=_wiring.approval_desk,
         start=start_on_aws,
         logger=_wiring.logger,

@@ -40,7 +40,7 @@ def local_runs_services(
         return RunStarted.of(started, execution_name=None)
 
     return RunsServices(
-        store=runtime.store,
+        client=client,
         desk=cache(lambda: runtime.approval_desk(worker_id=worker_id, logger=logger)),
         start=start,
         logger=logger,

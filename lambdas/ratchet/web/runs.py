@@ -48,8 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
-from ratchet.client import Started
-from ratchet.engine.transitions import replay
+from ratchet.client import CheckpointsExpired, Client, NoCheckpointAtStep, Started
 from ratchet.errors import (
     AgentNotFound,
     ApprovalClosed,
@@ -61,7 +60,6 @@ from ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
-from ratchet.ports import CheckpointStore
 from ratchet.runs import RunRequest, RunRequestInvalid
 from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
 
@@ -146,6 +144,8 @@ class RunView(_Answer):
     model: str
     max_steps: int
     goal: str
+    input: dict[str, Any]
+    """The run's input, with the agent's defaults filled in."""
     waiting: WaitingFor | None
     """What the run asks a person, while it waits."""
     created_at: datetime
@@ -166,6 +166,7 @@ class RunView(_Answer):
             model=state.options.model,
             max_steps=state.options.max_steps,
             goal=state.goal,
+            input=dict(state.options.params),
             waiting=WaitingFor(
                 step=waiting.step,
                 prompt=waiting.request.prompt,
@@ -242,7 +243,8 @@ class StartRun(Protocol):
 class RunsServices:
     """What the routes use. The same app serves AWS and the local runtime; these differ."""
 
-    store: CheckpointStore
+    client: Client
+    """Reads runs (and starts them, through `start`) on the runtime's store."""
     desk: Callable[[], ApprovalDesk]
     """Built when a decision needs it, so that reading runs needs no approval settings."""
     start: StartRun
@@ -287,22 +289,8 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         status: Annotated[RunStatus | None, Query(description="Only runs in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
     ) -> RunList:
-        found = [
-            s for s in services().store.list_runs() if status is None or s.status == status.value
-        ]
-        found.sort(key=lambda s: s.updated_at, reverse=True)
-        return RunList(
-            runs=[
-                RunListed(
-                    run_id=s.run_id,
-                    status=RunStatus(s.status),
-                    step=s.step,
-                    version=s.version,
-                    updated_at=s.updated_at,
-                )
-                for s in found[:limit]
-            ]
-        )
+        found = services().client.runs(status=status)
+        return RunList(runs=[RunListed.model_validate(r.model_dump()) for r in found[:limit]])
 
     @app.get(
         "/runs/<run_id>",
@@ -311,7 +299,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="getRun",
     )
     def get_run(run_id: RunId) -> RunView:
-        return RunView.of(_head(services().store, run_id))
+        return RunView.of(services().client.head(run_id))
 
     @app.get(
         "/runs/<run_id>/history",
@@ -320,21 +308,11 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="getRunHistory",
     )
     def get_history(run_id: RunId) -> RunHistory:
-        store = services().store
-        _head(store, run_id)
         return RunHistory(
             run_id=run_id,
             checkpoints=[
-                CheckpointRow(
-                    version=c.version,
-                    step=c.step,
-                    status=c.status,
-                    event=c.event.kind,
-                    worker=c.worker_id,
-                    bytes=c.size,
-                    time=c.created_at,
-                )
-                for c in store.list_checkpoints(run_id)
+                CheckpointRow.model_validate(c.model_dump())
+                for c in services().client.history(run_id)
             ],
         )
 
@@ -345,26 +323,19 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="getRunCheckpoint",
     )
     def get_checkpoint(run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
-        store = services().store
-        _head(store, run_id)
-        checkpoints = store.list_checkpoints(run_id)
-        last = max((c.version for c in checkpoints if c.step == step), default=None)
-        if last is None:
+        try:
+            return services().client.state_at(run_id, step=step)
+        except NoCheckpointAtStep:
             raise _Refusal(
                 HTTPStatus.NOT_FOUND, "no checkpoint at this step", "step", "the run has none"
-            )
-        if not checkpoints or checkpoints[0].event.kind != "created":
-            # Checkpoints expire after the retention window (the head does not): the state
-            # can no longer be rebuilt from the start.
+            ) from None
+        except CheckpointsExpired:
             raise _Refusal(
                 HTTPStatus.GONE,
                 "the run's early checkpoints are past their retention",
                 "step",
                 "the state as of this step can no longer be rebuilt",
-            )
-        state = replay(c for c in checkpoints if c.version <= last)
-        assert state is not None, "a created checkpoint was replayed"
-        return state
+            ) from None
 
     def decide(run_id: str, *, approved: bool, comment: str) -> Decided:
         _require_json(app)
@@ -505,13 +476,6 @@ class _Refusal(Exception):
         self.status = status
         self.error = error
         self.problems = [Problem(field=field, message=message)]
-
-
-def _head(store: CheckpointStore, run_id: str) -> RunState:
-    state = store.load_head(run_id)
-    if state is None:
-        raise RunNotFound(run_id)
-    return state
 
 
 def _require_json(app: APIGatewayRestResolver) -> None:
