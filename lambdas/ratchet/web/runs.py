@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
-from ratchet.client import CheckpointsExpired, Client, NoCheckpointAtStep, Started
+from ratchet.client import CheckpointsExpired, Client, NoCheckpointAtStep, Run, Started
 from ratchet.errors import (
     AgentNotFound,
     ApprovalClosed,
@@ -153,31 +153,7 @@ class RunView(_Answer):
 
     @classmethod
     def of(cls, state: RunState) -> RunView:
-        waiting = state.waiting
-        return cls(
-            run_id=state.run_id,
-            status=state.status,
-            step=state.step,
-            version=state.version,
-            attempts=state.attempts,
-            summary=state.summary,
-            error=state.error,
-            agent=state.agent,
-            model=state.options.model,
-            max_steps=state.options.max_steps,
-            goal=state.goal,
-            input=dict(state.options.params),
-            waiting=WaitingFor(
-                step=waiting.step,
-                prompt=waiting.request.prompt,
-                details=waiting.request.details,
-                since=waiting.since,
-            )
-            if waiting
-            else None,
-            created_at=state.created_at,
-            updated_at=state.updated_at,
-        )
+        return cls.model_validate(Run.of(state).model_dump())
 
 
 class CheckpointRow(_Answer):
