@@ -14,7 +14,16 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
-from ratchet.state import BlobRef, Checkpoint, Decision, Message, RunState, ToolDigest, ToolOutput
+from ratchet.state import (
+    BlobRef,
+    Checkpoint,
+    Decision,
+    Message,
+    RunState,
+    ToolDigest,
+    ToolOutput,
+    Usage,
+)
 
 MAX_ITEM_BYTES = 350 * 1024
 """No record Ratchet writes may exceed this (DynamoDB's item limit is 400 KB)."""
@@ -148,18 +157,38 @@ class StepView(BaseModel):
 
 
 class ModelRequest(BaseModel):
+    """One step's question to a model. `prompt` is the step prompt (the user turn, byte for
+    byte); the rest are the agent's settings for its model."""
+
     model_config = ConfigDict(frozen=True)
 
     prompt: str
     tools: list[ToolSpec]
     view: StepView
+    instructions: str = ""
+    """The agent's standing instructions: the system prompt."""
+    max_tokens: int = 1024
+    temperature: float | None = None
+    retry_seconds: float = 60.0
+    """How long the adapter may spend retrying transient provider errors (429, 529, 5xx,
+    timeouts) inside this one attempt before it gives up (`ModelUnavailable`)."""
+
+
+class ModelReply(BaseModel):
+    """A model's decision and what it cost. An adapter may return a bare `Decision` (a
+    scripted policy does): then nothing is known of its usage."""
+
+    model_config = ConfigDict(frozen=True)
+
+    decision: Decision
+    usage: Usage | None = None
 
 
 class Model(Protocol):
     """Decides one step. Raises `ModelUnavailable` or `ModelOutputInvalid`; never retries
     on its own beyond a transport-level minimum (the engine owns retries)."""
 
-    def decide(self, request: ModelRequest) -> Decision: ...
+    def decide(self, request: ModelRequest) -> Decision | ModelReply: ...
 
 
 class BlobStore(Protocol):

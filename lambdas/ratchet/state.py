@@ -102,6 +102,38 @@ class NotifyTargets(_Model):
         return not self.email and self.slack_channel is None
 
 
+class Usage(_Model):
+    """Tokens a model call (or a run, summed) used, as the provider counted them."""
+
+    input_tokens: int = Field(default=0, ge=0)
+    """Input tokens billed at the full rate (not read from or written to the prompt cache)."""
+    output_tokens: int = Field(default=0, ge=0)
+    cache_read_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+    calls: int = Field(default=0, ge=0)
+    """Model calls counted (a run's total; 1 for one call)."""
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            calls=self.calls + other.calls,
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All input: full-rate, cache reads and cache writes."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    @property
+    def cached_share(self) -> float:
+        """The share of input tokens read from the prompt cache (0 when there was none)."""
+        total = self.prompt_tokens
+        return self.cache_read_tokens / total if total else 0.0
+
+
 class RunOptions(_Model):
     model: str = "scripted"
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100_000)
@@ -200,6 +232,10 @@ class RunState(_Model):
     waiting: Waiting | None = None
     summary: str | None = None
     error: str | None = None
+    usage: Usage = Usage()
+    """Tokens the run's model calls used, summed over its step records."""
+    not_before: datetime | None = None
+    """After a failed attempt: the next attempt waits until then (backing off)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -233,6 +269,8 @@ class StepCompleted(_Model):
     """The commit also counted the next step's first attempt (a worker going straight on)."""
     attempt: int
     duration_ms: float
+    usage: Usage | None = None
+    """What this attempt's model call used; None when the decision was reused (no call)."""
 
 
 class PersonDecided(_Model):
@@ -247,6 +285,9 @@ class AttemptFailed(_Model):
     step: int
     attempt: int
     error: str
+    not_before: datetime | None = None
+    """When the next attempt may start (the backoff the failed attempt earned)."""
+    usage: Usage | None = None
 
 
 class Finished(_Model):
@@ -256,6 +297,7 @@ class Finished(_Model):
     error: str | None = None
     attempts: int = 0
     """Attempts started at the step that did not complete (the DONE decision counts as one)."""
+    usage: Usage | None = None
 
 
 CheckpointEvent = Annotated[

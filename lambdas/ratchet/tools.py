@@ -202,6 +202,14 @@ class Agent:
     step_timeout_seconds: float | None = DEFAULT_STEP_TIMEOUT_SECONDS
     input: type[BaseModel] | None = None
     needs_local_disk: bool = False
+    instructions: str = ""
+    """Standing instructions for the model: sent as the system prompt (the step prompt stays
+    the user turn, byte for byte)."""
+    max_tokens: int = 1024
+    temperature: float | None = None
+    model_retry_seconds: float = 60.0
+    """How long one attempt may spend waiting out a provider's transient errors (rate limits,
+    overload, timeouts) before the attempt counts as failed."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]

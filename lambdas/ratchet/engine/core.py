@@ -66,6 +66,7 @@ from ratchet.ports import (
     LedgerCompletion,
     LedgerEntry,
     Model,
+    ModelReply,
     ModelRequest,
     StepView,
 )
@@ -90,6 +91,7 @@ from ratchet.state import (
     StepCompleted,
     ToolCall,
     ToolOutput,
+    Usage,
     idempotency_key,
     utcnow,
 )
@@ -245,7 +247,7 @@ class Engine:
             state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
         try:
-            decision, output, wait = self._attempt(state)
+            decision, output, wait, usage = self._attempt(state)
         except (StaleVersion, InjectedFault):
             raise
         except Exception as error:
@@ -253,7 +255,7 @@ class Engine:
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
         try:
             head, written, event = self._commit_step(
-                state, decision, output, wait, count_next_attempt, started
+                state, decision, output, wait, count_next_attempt, started, usage
             )
         except (StaleVersion, InjectedFault):
             raise
@@ -281,12 +283,16 @@ class Engine:
         wait: ApprovalRequest | None,
         count_next_attempt: bool,
         started: float,
+        usage: Usage | None,
     ) -> tuple[RunState, int, CheckpointEvent]:
         step = state.next_step
         key = idempotency_key(state.run_id, step)
         if isinstance(decision, Done):
             finished = Finished(
-                status=RunStatus.DONE, summary=decision.summary, attempts=state.attempts
+                status=RunStatus.DONE,
+                summary=decision.summary,
+                attempts=state.attempts,
+                usage=usage,
             )
             head, written = self._commit(
                 state, finished, step=state.step, completes=LedgerCompletion(key, "DONE")
@@ -304,6 +310,7 @@ class Engine:
             and step < state.options.max_steps,
             attempt=state.attempts,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            usage=usage,
         )
         head, written = self._commit(
             state, event, step=step, completes=LedgerCompletion(key, output.text)
@@ -350,18 +357,18 @@ class Engine:
 
     def _attempt(
         self, state: RunState
-    ) -> tuple[Decision, ToolOutput | None, ApprovalRequest | None]:
+    ) -> tuple[Decision, ToolOutput | None, ApprovalRequest | None, Usage | None]:
         """Decide and act: what the step's commit records. The agent's code runs under the
         agent's time limit, counted from the start of the attempt."""
         started = time.monotonic()
         binding = self._bound(state, started + MAX_STEP_TIMEOUT_SECONDS)
         limit = binding.agent.step_timeout_seconds
         clock = _StepClock(state.next_step, limit, None if limit is None else started + limit)
-        decision = self._decide(state, binding, clock)
+        decision, usage = self._decide(state, binding, clock)
         if isinstance(decision, Done):
-            return decision, None, None
+            return decision, None, None, usage
         output, wait = self._act(state, binding, decision, clock)
-        return decision, output, wait
+        return decision, output, wait, usage
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
         clock = _StepClock(state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
@@ -375,17 +382,27 @@ class Engine:
                 transient=is_transient(error),
             ) from error
 
-    def _decide(self, state: RunState, binding: Binding, clock: _StepClock) -> Decision:
+    def _decide(
+        self, state: RunState, binding: Binding, clock: _StepClock
+    ) -> tuple[Decision, Usage | None]:
+        """The step's decision, and what the model call cost (None: the decision recorded by
+        an earlier attempt is reused, and no model is called)."""
         step = state.next_step
         key = idempotency_key(state.run_id, step)
         recorded = self._ledger.get(key)
+        usage: Usage | None = None
         if recorded is None:
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
             view = view_of(state)
+            agent = binding.agent
             request = ModelRequest(
                 prompt=render_step_prompt(view),
-                tools=[t.spec() for t in binding.agent.tools],
+                tools=[t.spec() for t in agent.tools],
                 view=view,
+                instructions=agent.instructions,
+                max_tokens=agent.max_tokens,
+                temperature=agent.temperature,
+                retry_seconds=agent.model_retry_seconds,
             )
             self._log.debug(
                 "model called",
@@ -399,6 +416,9 @@ class Engine:
                 raise ModelFailed(
                     f"the model raised {_describe(error)}", transient=is_transient(error)
                 ) from error
+            if isinstance(answer, ModelReply):
+                usage = answer.usage
+                answer = answer.decision
             decision = _validated(answer, binding.agent)
             self._faults.hit(FaultPoint.AFTER_MODEL, step)
             payload = _payload(decision)
@@ -423,7 +443,7 @@ class Engine:
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
-        return _decision_from(recorded.decision)
+        return _decision_from(recorded.decision), usage
 
     def _by_reference(self, decision: Decision) -> Decision:
         """The decision as every record keeps it: large arguments or a large summary go to the

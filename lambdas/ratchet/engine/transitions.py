@@ -21,6 +21,7 @@ from ratchet.state import (
     StepCompleted,
     ToolDigest,
     ToolOutput,
+    Usage,
     Waiting,
 )
 
@@ -40,7 +41,12 @@ def apply_event(
         case PersonDecided():
             update |= _after_decision(state, event)
         case AttemptFailed():
-            update |= {"attempts": event.attempt, "error": event.error}
+            update |= {
+                "attempts": event.attempt,
+                "error": event.error,
+                "not_before": event.not_before,
+                "usage": _plus(state.usage, event.usage),
+            }
         case Finished():
             update |= {
                 "status": event.status,
@@ -48,6 +54,8 @@ def apply_event(
                 "error": event.error,
                 "attempts": event.attempts,
                 "waiting": None,
+                "not_before": None,
+                "usage": _plus(state.usage, event.usage),
             }
     return state.model_copy(update=update)
 
@@ -96,6 +104,8 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
         "last_result": preview.text,
         "status": RunStatus.WAITING if waiting else RunStatus.RUNNING,
         "waiting": waiting,
+        "not_before": None,
+        "usage": _plus(state.usage, event.usage),
     }
 
 
@@ -112,6 +122,10 @@ def _after_decision(state: RunState, event: PersonDecided) -> dict[str, object]:
         "last_result": text,
         "tool_results": results,
     }
+
+
+def _plus(total: Usage, used: Usage | None) -> Usage:
+    return total if used is None else total + used
 
 
 def _fold(digest: ToolDigest | None, message: Message) -> ToolDigest:
