@@ -26,7 +26,14 @@ def _v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-UPGRADES: Mapping[int, Upgrade] = {1: _v1_to_v2}
+def _v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    # Version 3 stores the head without its window and its static part, and adds pinned facts
+    # and a running summary (both empty by default). A version 2 head was stored whole, so it
+    # reads as it is; its digest's `last_arguments` stay, and are no longer written.
+    return state
+
+
+UPGRADES: Mapping[int, Upgrade] = {1: _v1_to_v2, 2: _v2_to_v3}
 """`UPGRADES[n]` upgrades a version-n state to n + 1."""
 
 
@@ -71,6 +78,11 @@ def load_state(text: str, *, version: int, attempts: int) -> RunState:
         state = None
     if state is not None and state.schema_version == SCHEMA_VERSION:
         return state.model_copy(update=columns)
-    raw = upgrade_state(json.loads(text))
-    raw.update(columns)
-    return RunState.model_validate(raw)
+    return load_state_raw(json.loads(text), version=version, attempts=attempts)
+
+
+def load_state_raw(raw: Mapping[str, Any], *, version: int, attempts: int) -> RunState:
+    """`load_state` for a head already parsed into a dict (one merged from stored parts)."""
+    upgraded = dict(raw) if raw.get("schema_version") == SCHEMA_VERSION else upgrade_state(raw)
+    upgraded.update({"version": version, "attempts": attempts})
+    return RunState.model_validate(upgraded)

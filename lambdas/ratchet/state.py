@@ -6,8 +6,10 @@ of a run is always the fold of its checkpoint events (see `ratchet.engine.transi
 is what lets `ratchet show --step N` rebuild the state as of any earlier checkpoint.
 
 What a step writes must not grow with the run's length, so the state keeps a bounded view: the
-last `RECENT_STEPS` steps in full and a per-tool digest of the older ones. The full history is
-in the immutable checkpoint records.
+last `memory_window` steps in full (the window), a per-tool digest of the older ones, a running
+summary and the facts the agent pinned. The full history is in the immutable checkpoint records,
+and the stores write no more of the head than changes (see `ratchet.stored`): the window is read
+back from the step records, the static part (goal, options) is written once.
 """
 
 from __future__ import annotations
@@ -19,12 +21,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning.
-2: tool calls, messages and their records may carry a `blob` (arguments kept by reference)."""
+2: tool calls, messages and their records may carry a `blob` (arguments kept by reference).
+3: the stored head leaves out the window (read back from step records) and the static part
+(kept apart, written once); runs keep pinned facts and a running summary."""
 
 RECENT_STEPS = 5
-"""How many completed steps the state (and so the model) sees in full."""
+"""How many completed steps the state (and so the model) sees in full, unless the agent says
+(`Agent.memory_window`)."""
+MAX_MEMORY_WINDOW = 50
+MAX_PINNED_FACTS = 20
+MAX_FACT_CHARS = 300
+"""The `remember` tool keeps at most this many facts of at most this many characters."""
+MAX_SUMMARY_CHARS = 4000
+"""A model-written running summary is cut to this length."""
 
 MAX_ATTEMPTS = 3
 """The third failed attempt at a step marks the run failed."""
@@ -141,6 +152,10 @@ class RunOptions(_Model):
     params: dict[str, Any] = Field(default_factory=dict)
     """Agent-specific options, e.g. `{"batches": 40}` for the migration scenario."""
     notify: NotifyTargets = NotifyTargets()
+    memory_window: int = Field(default=RECENT_STEPS, ge=1, le=MAX_MEMORY_WINDOW)
+    """Completed steps the model sees in full; older ones are in the summary."""
+    model_summary: bool = False
+    """Whether steps leaving the window are summarised by the model (else: a per-tool digest)."""
 
 
 class BlobRef(_Model):
@@ -207,7 +222,9 @@ class ToolDigest(_Model):
     calls: int
     first_step: int
     last_step: int
-    last_arguments: dict[str, Any]
+    last_arguments: dict[str, Any] | None = None
+    """Kept by schema 2 and earlier; no longer written (it grew the head by an argument
+    preview per tool, rewritten every step)."""
 
 
 class RunState(_Model):
@@ -234,6 +251,11 @@ class RunState(_Model):
     error: str | None = None
     usage: Usage = Usage()
     """Tokens the run's model calls used, summed over its step records."""
+    pinned: list[str] = Field(default_factory=list)
+    """Facts the agent pinned with the `remember` tool: in every prompt, never summarised."""
+    memory: str | None = None
+    """The model-written running summary of the steps that left the window (`model_summary`);
+    recorded in the step record that evicted them."""
     not_before: datetime | None = None
     """After a failed attempt: the next attempt waits until then (backing off)."""
     created_at: datetime = Field(default_factory=utcnow)
@@ -271,6 +293,9 @@ class StepCompleted(_Model):
     duration_ms: float
     usage: Usage | None = None
     """What this attempt's model call used; None when the decision was reused (no call)."""
+    memory: str | None = None
+    """The running summary after this step, when this step's commit summarised the steps it
+    pushed out of the window with the model (written once here, so a replay reads it back)."""
 
 
 class PersonDecided(_Model):

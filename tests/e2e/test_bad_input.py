@@ -654,6 +654,11 @@ def _tamper(db: Path) -> None:
                 (run_id, f'"{run_id}"'),
             )
             connection.execute(
+                "INSERT INTO run_static SELECT ?, replace(state, '\"r-run\"', ?) FROM run_static "
+                "WHERE run_id = 'r-run'",
+                (run_id, f'"{run_id}"'),
+            )
+            connection.execute(
                 "INSERT INTO checkpoints SELECT ?, version, step, status, worker_id, bytes, "
                 "created_at, event FROM checkpoints WHERE run_id = 'r-run'",
                 (run_id,),

@@ -117,15 +117,30 @@ def snapshot(root: Path) -> dict[str, Any]:
 
 
 def stored_head(db: Path, run_id: str) -> dict[str, Any]:
+    """What the store holds of a run's head: its static part, written once, and the part each
+    commit rewrites (the window is not stored: it is read back from the step records)."""
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        state, version, attempts = connection.execute(
-            "SELECT state, version, attempts FROM runs WHERE run_id = ?", (run_id,)
+        state, static, version, attempts = connection.execute(
+            "SELECT r.state, s.state, r.version, r.attempts FROM runs AS r "
+            "JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
+            (run_id,),
         ).fetchone()
     finally:
         connection.close()
-    head: dict[str, Any] = json.loads(state) | {"version": version, "attempts": attempts}
+    head: dict[str, Any] = (
+        json.loads(static) | json.loads(state) | {"version": version, "attempts": attempts}
+    )
     return head
+
+
+def _pruned(value: Any) -> Any:
+    """`value` without the fields that are None (the store leaves unset fields out)."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
 
 
 def case_id(value: object) -> str:
@@ -269,7 +284,9 @@ def test_approve_path_from_run_to_verify_history_and_show(tmp_path):
     assert (checkpoints[-1]["version"], checkpoints[-1]["step"]) == (done["version"], done["step"])
 
     head = cli.json("show", "r1")
-    assert head == stored_head(cli.db, "r1")
+    stored = stored_head(cli.db, "r1")
+    assert _pruned({name: head[name] for name in stored}) == stored
+    assert [m["step"] for m in head["messages"]] == [2, 3, 4, 5, 6]  # the window, read back
     for name in ("run_id", "status", "step", "version", "attempts", "summary"):
         assert head[name] == done[name], name
     assert cli.json("show", "r1", "--step", str(done["step"])) == head

@@ -13,8 +13,9 @@ GROWTH_MARGIN_BYTES = 64
 48,001 against 8,001). A state that kept every message would add ~7 KB by step 50."""
 
 ENGINE_REQUESTS = Counter(
-    # load the head; count the attempt; look up, then record, the decision; commit
-    {"GetItem": 2, "UpdateItem": 1, "PutItem": 1, "TransactWriteItems": 1}
+    # load the head with its window's records (one Query); count the attempt; look up, then
+    # record, the decision; commit
+    {"Query": 1, "GetItem": 1, "UpdateItem": 1, "PutItem": 1, "TransactWriteItems": 1}
 )
 COPY_REQUESTS = Counter({"GetItem": 1, "TransactWriteItems": 1})
 """copy_batch: read the legacy batch; apply it and record its key in one transaction."""
@@ -45,7 +46,7 @@ def test_a_step_counts_its_attempt_before_any_work_and_commits_last():
         (first,) = run.advance_to(1)
 
     operations = [r.operation for r in first.requests]
-    assert operations[:2] == ["GetItem", "UpdateItem"]  # load the head, count the attempt
+    assert operations[:2] == ["Query", "UpdateItem"]  # load the head, count the attempt
     assert operations[-1] == "TransactWriteItems"  # the commit
     assert first.by_operation(ENGINE) == ENGINE_REQUESTS
     assert first.by_operation(APP) == Counter({"GetItem": 1})  # inspect_table reads META

@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotocoreConnectionError
-from pydantic import TypeAdapter
 
+from ratchet import stored
 from ratchet.errors import (
     CheckpointTooLarge,
     IdempotencyConflict,
     RunNotFound,
+    RunUnreadable,
     StaleVersion,
     StoreBusy,
     StoreUnavailable,
 )
-from ratchet.migrations import load_state
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -53,7 +53,14 @@ from ratchet.ports import (
     LedgerStatus,
     RunSummary,
 )
-from ratchet.state import Checkpoint, CheckpointEvent, RunState, RunStatus, utcnow
+from ratchet.state import (
+    RECENT_STEPS,
+    Checkpoint,
+    CheckpointEvent,
+    RunState,
+    RunStatus,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -67,7 +74,6 @@ APPROVAL_PREFIX = "APPROVAL#"
 TTL_ATTRIBUTE = "expires_at"
 DEFAULT_RETENTION_DAYS = 30
 
-_EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 _CONDITION_FAILED = "ConditionalCheckFailed"
 
 
@@ -290,9 +296,14 @@ class DynamoDbCheckpointStore:
 
     @translated_errors
     def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
-        state_json = state.model_dump_json()
-        head = self._head_item(state, state_json)
-        record, _ = self._checkpoint_item(checkpoint, other_bytes=_text_bytes(state_json))
+        state_json = stored.head_json(state)
+        static_json = stored.static_json(state)
+        # The static part rides in the head item, written here only: a commit's update sets
+        # the changing attributes and leaves it as it is.
+        head = {**self._head_item(state, state_json), "static": text_attribute(static_json)}
+        record, _ = self._checkpoint_item(
+            checkpoint, other_bytes=_text_bytes(state_json, static_json)
+        )
         _check_size(f"run {state.run_id} head", head)
         _check_size(f"run {state.run_id} checkpoint", record)
         # Two starts of one run id may both have seen no head. Both puts are conditional on
@@ -313,24 +324,55 @@ class DynamoDbCheckpointStore:
 
     @translated_errors
     def load_head(self, run_id: str) -> RunState | None:
-        found = self._client.get_item(
-            TableName=self._table,
-            Key=self._head_key(run_id),
-            ConsistentRead=True,
-            ProjectionExpression="#version, #attempts, #state",
-            ExpressionAttributeNames={
-                "#version": "version",
-                "#attempts": "attempts",
-                "#state": "state",
+        """The head and the records of its window in one Query, newest first: the head item
+        sorts after every record (`HEAD` > `CP#...`), so it comes first (see `ratchet.stored`)."""
+        query: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#run_id = :run_id AND #sk BETWEEN :first AND :head",
+            "ExpressionAttributeNames": {"#run_id": "run_id", "#sk": "sk"},
+            "ExpressionAttributeValues": {
+                ":run_id": text_attribute(run_id),
+                ":first": text_attribute(CHECKPOINT_PREFIX),
+                ":head": text_attribute(HEAD_SK),
             },
-        ).get("Item")
-        if found is None:
+            "ScanIndexForward": False,
+            "ConsistentRead": True,
+            # The head and a default window's step records, with room for a decision or two;
+            # a larger window, or more records per step, reads on (below).
+            "Limit": 1 + RECENT_STEPS + 2,
+        }
+        page = self._client.query(**query)
+        items = page.get("Items", [])
+        if not items or items[0]["sk"]["S"] != HEAD_SK:
             return None
-        return load_state(
+        found, records = items[0], items[1:]
+        static = found.get("static")
+        state = stored.load_head(
             found["state"]["S"],
+            static["S"] if static else None,
             version=int(found["version"]["N"]),
             attempts=int(found["attempts"]["N"]),
         )
+        if state.step == 0:
+            return state  # no step yet: no window
+        first = state.step - state.options.memory_window + 1
+        recent: list[CheckpointEvent] = []
+        while True:
+            for item in records:
+                if int(item["step"]["N"]) < first:
+                    return stored.with_window(state, recent[::-1])
+                try:
+                    recent.append(stored.parse_event(item["event"]["S"]))
+                except ValueError as error:
+                    version, reason = item["version"]["N"], " ".join(str(error).split())[:200]
+                    raise RunUnreadable(
+                        run_id, f"its checkpoint {version} is damaged ({reason})"
+                    ) from None
+            last = page.get("LastEvaluatedKey")
+            if last is None:
+                return stored.with_window(state, recent[::-1])
+            page = self._client.query(**query, ExclusiveStartKey=last)
+            records = page.get("Items", [])
 
     @translated_errors
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
@@ -361,7 +403,7 @@ class DynamoDbCheckpointStore:
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
-        state_json = head.model_dump_json()
+        state_json = stored.head_json(head)
         result = commit.completes.result if commit.completes else None
         head_item = self._head_item(head, state_json)
         record, record_bytes = self._checkpoint_item(
@@ -487,7 +529,7 @@ class DynamoDbCheckpointStore:
 
     def _checkpoint_item(self, checkpoint: Checkpoint, *, other_bytes: int) -> tuple[Item, int]:
         """The record's item, and its own logical bytes (the SQLite row's, for the receipt)."""
-        event_json = _EVENT.dump_json(checkpoint.event).decode()
+        event_json = stored.event_json(checkpoint.event)
         own_bytes = _text_bytes(
             checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
         )
@@ -588,7 +630,7 @@ def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> Checkpoint:
         worker_id=item["worker_id"]["S"],
         size=int(item["bytes"]["N"]),
         created_at=datetime.fromisoformat(item["created_at"]["S"]),
-        event=_EVENT.validate_json(item["event"]["S"]),
+        event=stored.parse_event(item["event"]["S"]),
     )
 
 

@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
+from ratchet import stored
 from ratchet.errors import (
     CheckpointTooLarge,
     IdempotencyConflict,
@@ -29,7 +30,6 @@ from ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
-from ratchet.migrations import load_state
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -51,6 +51,12 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
+-- The part of each run's head that no step changes (goal, options), written once: see
+-- ratchet.stored. A run made before it existed keeps its whole head in runs.state.
+CREATE TABLE IF NOT EXISTS run_static (
+    run_id     TEXT PRIMARY KEY,
+    state      TEXT NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id     TEXT NOT NULL,
     version    INTEGER NOT NULL,
@@ -103,7 +109,6 @@ CREATE TABLE IF NOT EXISTS run_data (
 ) WITHOUT ROWID;
 """
 
-_EVENT: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 LEDGER_RETENTION = timedelta(days=30)
 
 
@@ -112,7 +117,16 @@ RATCHET_APPLICATION_ID = 0x52744368
 so a SQLite file of another application is recognised and left alone."""
 
 _RATCHET_TABLES = frozenset(
-    {"runs", "checkpoints", "idempotency", "leases", "approvals", "workers", "run_data"}
+    {
+        "runs",
+        "run_static",
+        "checkpoints",
+        "idempotency",
+        "leases",
+        "approvals",
+        "workers",
+        "run_data",
+    }
 )
 _RUNS_COLUMNS = ("run_id", "version", "status", "step", "attempts", "state", "updated_at")
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
@@ -255,6 +269,20 @@ class SqliteDatabase:
             raise
         self.connection.execute("COMMIT")
 
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement in it sees the same snapshot of the store (a
+        head and the records of its window, say). Inside a write, the write's own."""
+        if self.connection.in_transaction:
+            yield self.connection
+            return
+        self.connection.execute("BEGIN")
+        try:
+            yield self.connection
+        finally:
+            if self.connection.in_transaction:
+                self.connection.execute("COMMIT")
+
     def close(self) -> None:
         self.connection.close()
 
@@ -283,9 +311,11 @@ class SqliteCheckpointStore:
         self._db = db
 
     def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
-        state_json = state.model_dump_json()
-        event_json = _EVENT.dump_json(checkpoint.event).decode()
+        state_json = stored.head_json(state)
+        static_json = stored.static_json(state)
+        event_json = stored.event_json(checkpoint.event)
         _check_size(f"run {state.run_id} head", state_json)
+        _check_size(f"run {state.run_id} static state", static_json)
         _check_size(f"run {state.run_id} checkpoint", event_json)
         with self._db.write() as tx:
             inserted = tx.execute(
@@ -302,22 +332,65 @@ class SqliteCheckpointStore:
                 ),
             ).rowcount
             if inserted:
-                self._insert_checkpoint(tx, checkpoint, event_json, _text_bytes(state_json))
+                tx.execute(
+                    "INSERT INTO run_static (run_id, state) VALUES (?, ?) "
+                    "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state",
+                    (state.run_id, static_json),
+                )
+                other = _text_bytes(state_json, static_json)
+                self._insert_checkpoint(tx, checkpoint, event_json, other)
         return bool(inserted)
 
     def load_head(self, run_id: str) -> RunState | None:
-        row = self._db.connection.execute(
-            "SELECT version, attempts, state FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        version, attempts, state_json = row
-        try:
-            return load_state(state_json, version=version, attempts=attempts)
-        except (ValueError, TypeError) as error:
-            raise RunUnreadable(
-                run_id, f"its stored state is damaged ({_first_line(error)})"
-            ) from None
+        """The head, its static part and the records of its window, in one read transaction
+        (see `ratchet.stored`)."""
+        connection = self._db.connection
+        with self._db.read():
+            row = connection.execute(
+                "SELECT r.version, r.attempts, r.step, r.state, s.state FROM runs AS r "
+                "LEFT JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            version, attempts, step, state_json, static_json = row
+            try:
+                state = stored.load_head(
+                    state_json, static_json, version=version, attempts=attempts
+                )
+                return stored.with_window(state, self._window(run_id, step, state))
+            except (ValueError, TypeError) as error:
+                raise RunUnreadable(
+                    run_id, f"its stored state is damaged ({_first_line(error)})"
+                ) from None
+
+    def _window(self, run_id: str, step: int, state: RunState) -> list[CheckpointEvent]:
+        """The records of the window's steps, oldest first: read newest first, a page at a
+        time, until a record before the window (or the first record)."""
+        if step == 0:
+            return []  # no step yet: no window
+        first = step - state.options.memory_window + 1
+        page = stored.window_reads(state.options.memory_window)
+        found: list[CheckpointEvent] = []
+        below = None
+        while True:
+            rows = self._db.connection.execute(
+                "SELECT version, step, event FROM checkpoints WHERE run_id = ? AND version < ? "
+                "ORDER BY version DESC LIMIT ?",
+                (run_id, below if below is not None else state.version + 1, page),
+            ).fetchall()
+            for version, record_step, event in rows:
+                if record_step < first:
+                    return found[::-1]
+                try:
+                    found.append(stored.parse_event(event))
+                except ValueError as error:
+                    raise RunUnreadable(
+                        run_id, f"its checkpoint {version} is damaged ({_first_line(error)})"
+                    ) from None
+                below = version
+            if len(rows) < page:
+                return found[::-1]
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         with self._db.write() as tx:
@@ -344,8 +417,8 @@ class SqliteCheckpointStore:
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
-        state_json = head.model_dump_json()
-        event_json = _EVENT.dump_json(commit.checkpoint.event).decode()
+        state_json = stored.head_json(head)
+        event_json = stored.event_json(commit.checkpoint.event)
         _check_size(f"run {head.run_id} head", state_json)
         _check_size(f"run {head.run_id} step {commit.checkpoint.step} record", event_json)
         result = commit.completes.result if commit.completes else None
@@ -397,7 +470,7 @@ class SqliteCheckpointStore:
                         worker_id=worker_id,
                         size=size,
                         created_at=datetime.fromisoformat(created_at),
-                        event=_EVENT.validate_json(event),
+                        event=stored.parse_event(event),
                     )
                 )
             except (ValueError, TypeError) as error:

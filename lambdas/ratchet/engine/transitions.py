@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from ratchet.state import (
-    PREVIEW_CHARS,
-    RECENT_STEPS,
+    MAX_PINNED_FACTS,
     AttemptFailed,
     Checkpoint,
     CheckpointEvent,
@@ -20,10 +19,10 @@ from ratchet.state import (
     RunStatus,
     StepCompleted,
     ToolDigest,
-    ToolOutput,
     Usage,
     Waiting,
 )
+from ratchet.stored import decision_text, message_of, preview_of
 
 
 def apply_event(
@@ -70,23 +69,16 @@ def replay(checkpoints: Iterable[Checkpoint]) -> RunState | None:
     return state
 
 
-def decision_text(event: PersonDecided) -> str:
-    verdict = "Approved" if event.approved else "Rejected"
-    return f"{verdict} by {event.by}" + (f": {event.comment}" if event.comment else ".")
+REMEMBER = "remember"
+"""The tool the runtime offers every agent to pin a fact (see `ratchet.engine.memory`)."""
 
 
 def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str, object]:
-    message = Message(
-        step=event.step, tool=event.call.name, arguments=event.call.arguments, blob=event.call.blob
-    )
-    preview = ToolOutput(
-        step=event.step,
-        tool=event.output.tool,
-        text=_preview(event.output.text),
-        blob=event.output.blob,
-    )
+    message = message_of(event)
+    preview = preview_of(event)
+    size = state.options.memory_window
     messages = [*state.messages, message]
-    evicted, messages = messages[:-RECENT_STEPS], messages[-RECENT_STEPS:]
+    evicted, messages = messages[:-size], messages[-size:]
     kept_steps = {m.step for m in messages}
     digest = dict(state.digest)
     for old in evicted:
@@ -94,7 +86,7 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
     waiting = (
         Waiting(step=event.step, request=event.wait, since=at) if event.wait is not None else None
     )
-    return {
+    update: dict[str, object] = {
         "step": event.step,
         "attempts": 1 if event.next_attempt_counted else 0,
         "error": None,
@@ -107,6 +99,20 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
         "not_before": None,
         "usage": _plus(state.usage, event.usage),
     }
+    if event.memory is not None:
+        update["memory"] = event.memory
+    fact = pinned_fact(event)
+    if fact is not None:
+        update["pinned"] = [*state.pinned, fact][-MAX_PINNED_FACTS:]
+    return update
+
+
+def pinned_fact(event: StepCompleted) -> str | None:
+    """The fact a `remember` step pinned, if it pinned one (its output says so)."""
+    if event.call.name != REMEMBER or not event.output.text.startswith("Remembered"):
+        return None
+    fact = event.call.arguments.get("fact")
+    return fact if isinstance(fact, str) else None
 
 
 def _after_decision(state: RunState, event: PersonDecided) -> dict[str, object]:
@@ -130,21 +136,5 @@ def _plus(total: Usage, used: Usage | None) -> Usage:
 
 def _fold(digest: ToolDigest | None, message: Message) -> ToolDigest:
     if digest is None:
-        return ToolDigest(
-            calls=1,
-            first_step=message.step,
-            last_step=message.step,
-            last_arguments=message.arguments,
-        )
-    return ToolDigest(
-        calls=digest.calls + 1,
-        first_step=digest.first_step,
-        last_step=message.step,
-        last_arguments=message.arguments,
-    )
-
-
-def _preview(text: str) -> str:
-    if len(text) <= PREVIEW_CHARS:
-        return text
-    return text[: PREVIEW_CHARS - 1] + "…"
+        return ToolDigest(calls=1, first_step=message.step, last_step=message.step)
+    return ToolDigest(calls=digest.calls + 1, first_step=digest.first_step, last_step=message.step)

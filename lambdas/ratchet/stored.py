@@ -1,0 +1,147 @@
+"""How a run's head is stored: only what changes, written once per commit.
+
+A `RunState` in memory holds everything a step needs. Its stored head leaves out two parts:
+
+- the static part (`STATIC_FIELDS`: the goal, the options, the agent), written once when the
+  run is created and kept beside the head;
+- the window (`WINDOW_FIELDS`: the last steps in full and the last result), which the step
+  records already hold: the store reads the window's records back with the head, in one range
+  read, and `with_window` folds them into the state.
+
+So a commit writes the counters, the status, the digest and the references, and what a step
+writes does not grow with its arguments, its results or the goal. Every store (SQLite,
+DynamoDB) uses these functions; `tests/conformance` checks that a state read back equals the
+state written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from ratchet.migrations import load_state, load_state_raw
+from ratchet.state import (
+    PREVIEW_CHARS,
+    CheckpointEvent,
+    Message,
+    PersonDecided,
+    RunState,
+    StepCompleted,
+    ToolOutput,
+)
+
+STATIC_FIELDS = frozenset({"run_id", "agent", "goal", "options", "created_at"})
+"""Set when the run is created and never changed by a step: stored once."""
+WINDOW_FIELDS = frozenset({"messages", "tool_results", "last_result"})
+"""Read back from the step records of the window: never stored in the head."""
+RECORDS_PER_STEP = 4
+"""At most this many records share a step number: two failed attempts, the step, a decision.
+A store reading the window back reads `window_reads(size)` records, newest first."""
+
+
+def head_json(state: RunState) -> str:
+    """What a commit writes of the head: neither the static part nor the window."""
+    return state.model_dump_json(exclude=set(STATIC_FIELDS | WINDOW_FIELDS), exclude_none=True)
+
+
+def static_json(state: RunState) -> str:
+    """The static part of the head, written once with the run's first checkpoint."""
+    return state.model_dump_json(include={*STATIC_FIELDS, "schema_version"}, exclude_none=True)
+
+
+EVENTS: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
+
+
+def event_json(event: CheckpointEvent) -> str:
+    """A checkpoint record's event, without the fields it leaves unset."""
+    return EVENTS.dump_json(event, exclude_none=True).decode()
+
+
+def parse_event(text: str | bytes) -> CheckpointEvent:
+    return EVENTS.validate_json(text)
+
+
+def window_reads(size: int) -> int:
+    """How many records, newest first, hold every step of a window of `size` steps."""
+    return RECORDS_PER_STEP * (size + 1)
+
+
+def load_head(
+    head: str,
+    static: str | None,
+    *,
+    version: int,
+    attempts: int,
+    recent: Iterable[CheckpointEvent] = (),
+) -> RunState:
+    """The state from its stored parts: the head, the static part (None for a head written
+    whole, by schema 2 and earlier), and the most recent records (oldest first), whose steps
+    make the window. Raises `ValueError` for a part that is not a state."""
+    if static is None:
+        state = load_state(head, version=version, attempts=attempts)
+    else:
+        raw: dict[str, Any] = {**json.loads(static), **json.loads(head)}
+        state = load_state_raw(raw, version=version, attempts=attempts)
+    return with_window(state, recent)
+
+
+def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
+    """`state` with its window rebuilt from its most recent records (oldest first): the last
+    `memory_window` completed steps with their results, a person's answer in place of the
+    result of the step that asked, and the last result. Records of steps past the state's
+    (none, for a consistent read) and before the window are skipped."""
+    size = state.options.memory_window
+    first = state.step - size + 1
+    messages: list[Message] = []
+    results: dict[int, ToolOutput] = {}
+    last_result: str | None = None
+    asked_at: int | None = None
+    for event in recent:
+        if isinstance(event, StepCompleted) and first <= event.step <= state.step:
+            messages.append(message_of(event))
+            results[event.step] = preview_of(event)
+            last_result = results[event.step].text
+            asked_at = event.step if event.wait is not None else None
+        elif isinstance(event, PersonDecided) and asked_at is not None:
+            text = decision_text(event)
+            results[asked_at] = results[asked_at].model_copy(update={"text": text})
+            last_result = text
+            asked_at = None
+    if state.step == 0 or not messages:
+        # A state with no window (a fresh run, or one whose records are gone) keeps whatever
+        # it was stored with: a schema-2 head holds its window itself.
+        return state
+    messages = messages[-size:]
+    kept = {m.step for m in messages}
+    return state.model_copy(
+        update={
+            "messages": messages,
+            "tool_results": [results[s] for s in sorted(results) if s in kept],
+            "last_result": last_result,
+        }
+    )
+
+
+def message_of(event: StepCompleted) -> Message:
+    call = event.call
+    return Message(step=event.step, tool=call.name, arguments=call.arguments, blob=call.blob)
+
+
+def preview_of(event: StepCompleted) -> ToolOutput:
+    output = event.output
+    text = preview(output.text)
+    return ToolOutput(step=event.step, tool=output.tool, text=text, blob=output.blob)
+
+
+def decision_text(event: PersonDecided) -> str:
+    verdict = "Approved" if event.approved else "Rejected"
+    return f"{verdict} by {event.by}" + (f": {event.comment}" if event.comment else ".")
+
+
+def preview(text: str) -> str:
+    if len(text) <= PREVIEW_CHARS:
+        return text
+    return text[: PREVIEW_CHARS - 1] + "…"
