@@ -50,6 +50,7 @@ _EXPORTS = {
     "ratchet.tools": (
         "Agent",
         "Done",
+        "PermanentError",
         "RunContext",
         "StepView",
         "ToolCall",
@@ -66,6 +67,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "Done",
+    "PermanentError",
     "RatchetError",
     "Run",
     "RunContext",

@@ -7,6 +7,7 @@ here is a change to the deployed contract.
 from __future__ import annotations
 
 import errno
+from datetime import datetime
 
 
 class RatchetError(Exception):
@@ -158,9 +159,13 @@ class StepAttemptFailed(RatchetError):
     write too, which the engine logs). `transient` says the cause may pass by itself (a busy
     store, a full disk, a dropped connection, a rate limit): a worker should back off before
     the next attempt instead of trying again at once.
+
+    `not_before` is when the next attempt may start, as the engine recorded it in the run's
+    head with the failure (the backoff the attempt earned); None if it was not recorded.
     """
 
     transient: bool = False
+    not_before: datetime | None = None
 
     def __init__(self, message: str = "", *, transient: bool | None = None) -> None:
         super().__init__(message)
@@ -186,6 +191,12 @@ class ToolFailed(StepAttemptFailed):
     """A tool raised while handling a call, or returned something the run cannot keep."""
 
 
+class RecordedDecisionInvalid(ToolFailed):
+    """The decision recorded for the step no longer fits the agent: it names a tool the agent
+    lacks, or arguments the tool's argument model refuses. A retry reuses the same recorded
+    decision, so it would fail the same way: the run fails at once."""
+
+
 class AgentSetupFailed(StepAttemptFailed):
     """The run's agent, model or resources could not be set up for the step (the agent's
     `resources` hook raised, or its module failed to load)."""
@@ -195,6 +206,21 @@ class StepTimedOut(StepAttemptFailed):
     """The step's agent code (hooks, model call, tool) did not finish within the agent's
     `step_timeout_seconds`. The engine abandoned it: whatever it returns later is discarded
     and can never be committed."""
+
+
+class PermanentError(RatchetError):
+    """Raise it from a tool (or a scripted policy, or an agent hook) when retrying cannot help:
+    the order does not exist, the account is closed. The run fails at once with the message,
+    instead of trying the step twice more.
+
+        @tool()
+        def lookup_order(args: Order, ctx: ToolContext) -> str:
+            order = shop.find(args.order_id)
+            if order is None:
+                raise PermanentError(f"no order {args.order_id}")
+            return order.summary()
+
+    Any other exception from a tool is a failed attempt, retried after a pause."""
 
 
 class StepErrored(StepAttemptFailed):
@@ -208,6 +234,8 @@ TERMINAL_ERRORS: tuple[type[Exception], ...] = (
     UnsupportedSchema,
     RunUnreadable,
     BlobCorrupt,
+    PermanentError,
+    RecordedDecisionInvalid,
 )
 """Errors that no retry can fix; the one place that says so.
 

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar, cast, get_type_hints
 
 from pydantic import BaseModel
 
+from ratchet.errors import PermanentError
 from ratchet.ports import RunData, StepView, ToolSpec
 from ratchet.state import ApprovalRequest, Decision, Done, RunOptions, RunState, ToolCall
 
@@ -38,6 +39,7 @@ __all__ = [
     "ApprovalRequest",
     "Decision",
     "Done",
+    "PermanentError",
     "Policy",
     "RunContext",
     "StepView",

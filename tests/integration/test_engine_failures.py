@@ -23,6 +23,8 @@ from ratchet.errors import (
     InjectedFault,
     ModelFailed,
     ModelOutputInvalid,
+    PermanentError,
+    RecordedDecisionInvalid,
     RunUnreadable,
     StepAttemptFailed,
     StepErrored,
@@ -341,6 +343,8 @@ def test_the_terminal_errors_are_those_no_retry_can_fix():
         UnsupportedSchema,
         RunUnreadable,
         BlobCorrupt,
+        PermanentError,
+        RecordedDecisionInvalid,
     }
     wrapped = ToolFailed("act raised BlobCorrupt")
     wrapped.__cause__ = BlobCorrupt("ab" * 32, "here")

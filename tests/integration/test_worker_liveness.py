@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import re
 import signal
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,13 @@ import pytest
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import InvalidInput, ModelOutputInvalid, StepAttemptFailed, StoreBusy
 from ratchet.local.leases import Leases, WorkerIdInUse
 from ratchet.local.worker import Worker
 from ratchet.ports import ModelRequest
-from ratchet.state import Decision, RunOptions, RunState, RunStatus, ToolCall
+from ratchet.state import AttemptFailed, Decision, RunOptions, RunState, RunStatus, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext
 from tests.integration.test_leases import FakeClock
 from tests.processes import Cli
@@ -103,9 +106,10 @@ class Store:
         during_tool: Callable[[ToolContext], None] = lambda ctx: None,
         db: SqliteDatabase | None = None,
         table: FakeTable | None = None,
+        **options: Any,
     ) -> Engine:
         """An engine on `db` (a connection of this thread; the store's by default) whose one
-        tool calls `during_tool` before writing its row to `table`."""
+        tool calls `during_tool` before writing its row to `table`; `options` go to `Engine`."""
         table = table or self.table
 
         def write_row(args: WriteRow, ctx: ToolContext) -> str:
@@ -124,6 +128,7 @@ class Store:
             bind=lambda state: binding,
             worker_id=worker_id,
             logger=logging.getLogger("ratchet.tests.liveness.engine"),
+            **options,
         )
 
     def worker(
@@ -141,8 +146,14 @@ class Store:
         db = self.open() if in_thread else self.db
         table = FakeTable(self.root / "app.db") if in_thread else self.table
         engine = self.engine(worker_id, model=model, during_tool=during_tool, db=db, table=table)
+        return self.worker_on(engine, records, db=db, **options)
+
+    def worker_on(
+        self, engine: Engine, records: Records, *, db: SqliteDatabase | None = None, **options: Any
+    ) -> Worker:
+        """A worker driving `engine`, with its leases on `db` (the store's by default)."""
         options = {"lease_seconds": LEASE, "heartbeat_seconds": HEARTBEAT, **options}
-        return Worker(engine, Leases(db, clock=self.clock), _logger(records), **options)
+        return Worker(engine, Leases(db or self.db, clock=self.clock), _logger(records), **options)
 
     def events(self, run_id: str = "run") -> list[Any]:
         return [c.event for c in self.store.list_checkpoints(run_id)]
@@ -401,27 +412,39 @@ def _done_after(*failures: Decision | Exception) -> Answers:
     return Answers(*failures, Done(summary="done"))
 
 
-def test_transient_failures_are_retried_after_a_growing_pause(store):
+SEED = 7
+FROZEN = datetime(2030, 1, 1, tzinfo=UTC)
+"""The engine's and the worker's time in the backoff tests below: every pause is a whole
+recorded delay."""
+
+
+def _backing_off_worker(store: Store, model: Answers, pauses: list[float]) -> Worker:
+    engine = store.engine("w", model=model, rng=random.Random(SEED), clock=lambda: FROZEN)
+    return store.worker_on(engine, Records(), sleep=pauses.append, clock=lambda: FROZEN)
+
+
+def _delays(*attempts: int) -> list[float]:
+    """The engine's delays after these failed attempts, drawn in order from the seeded source
+    (as recorded: to the microsecond)."""
+    rng = random.Random(SEED)
+    return [round(DEFAULT_BACKOFF.delay(a, rng), 6) for a in attempts]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [BriefOutage("disk full for a moment"), ModelOutputInvalid("no tool call")],
+    ids=["transient", "other"],
+)
+def test_failed_attempts_are_retried_after_the_backoff_recorded_in_the_head(store, failure):
     store.start()
     pauses: list[float] = []
-    model = _done_after(BriefOutage("disk full for a moment"), BriefOutage("still full"))
-    worker = store.worker("w", Records(), model=model, sleep=pauses.append)
+    worker = _backing_off_worker(store, _done_after(failure, failure), pauses)
 
     worker.run(until_idle=True)
 
-    assert pauses == [0.5, 1.0]
-    assert store.head().status is RunStatus.DONE
-
-
-def test_other_failed_attempts_are_retried_after_a_short_pause(store):
-    store.start()
-    pauses: list[float] = []
-    model = _done_after(ModelOutputInvalid("no tool call"), ModelOutputInvalid("still none"))
-    worker = store.worker("w", Records(), model=model, sleep=pauses.append)
-
-    worker.run(until_idle=True)
-
-    assert pauses == [0.05, 0.05]
+    recorded = [e.not_before for e in store.events() if isinstance(e, AttemptFailed)]
+    assert pauses == [(t - FROZEN).total_seconds() for t in recorded if t is not None]
+    assert pauses == pytest.approx(_delays(1, 2), abs=1e-6)
     assert store.head().status is RunStatus.DONE
 
 
@@ -430,11 +453,11 @@ def test_the_backoff_starts_again_after_a_step_that_succeeds(store):
     pauses: list[float] = []
     write = ToolCall(name="write_row", arguments={"n": 1})
     model = _done_after(BriefOutage("one"), BriefOutage("two"), write, BriefOutage("three"))
-    worker = store.worker("w", Records(), model=model, sleep=pauses.append)
+    worker = _backing_off_worker(store, model, pauses)
 
     worker.run(until_idle=True)
 
-    assert pauses == [0.5, 1.0, 0.5]
+    assert pauses == pytest.approx(_delays(1, 2, 1), abs=1e-6)
 
 
 class BusyOnce(Leases):

@@ -27,26 +27,31 @@ import hashlib
 import json
 import logging
 import queue
+import random
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.prompt import render_step_prompt
 from ratchet.engine.transitions import apply_event
 from ratchet.errors import (
+    TERMINAL_ERRORS,
     AgentSetupFailed,
     IdempotencyConflict,
     InjectedFault,
     ModelFailed,
     ModelOutputInvalid,
     NotWaiting,
+    RecordedDecisionInvalid,
     RunNotFound,
     RunUnreadable,
     StaleVersion,
@@ -169,6 +174,9 @@ class Engine:
         logger: logging.Logger | Any,
         faults: FaultPlan = NO_FAULTS,
         sleep: Callable[[float], None] = time.sleep,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        rng: random.Random | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._store = store
         self._ledger = ledger
@@ -179,6 +187,9 @@ class Engine:
         self._log = logger
         self._faults = faults
         self._sleep = sleep
+        self._backoff = backoff
+        self._rng = rng or random.Random()
+        self._clock = clock
         self._counted_ahead: dict[str, int] = {}
 
     @property
@@ -313,7 +324,7 @@ class Engine:
             usage=usage,
         )
         head, written = self._commit(
-            state, event, step=step, completes=LedgerCompletion(key, output.text)
+            state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
         )
         return head, written, event
 
@@ -477,11 +488,15 @@ class Engine:
         step = state.next_step
         tool = binding.agent.tool_named(call.name)
         if tool is None:
-            raise ToolFailed(f"step {step} asks for tool {call.name!r}, which this agent lacks")
+            raise RecordedDecisionInvalid(
+                f"step {step} asks for tool {call.name!r}, which this agent lacks"
+            )
         try:
             args = tool.parse(self._arguments_of(call))
         except ValidationError as error:
-            raise ToolFailed(f"recorded arguments no longer fit {tool.name}: {error}") from None
+            raise RecordedDecisionInvalid(
+                f"recorded arguments no longer fit {tool.name}: {error}"
+            ) from None
         context = ToolContext(
             run_id=state.run_id,
             step=step,
@@ -543,18 +558,23 @@ class Engine:
             },
         )
         if is_terminal(error):
-            cause = error if not isinstance(error, StepAttemptFailed) else error.__cause__
+            cause = _terminal_cause(error)
             message = f"step {step} failed and cannot succeed on retry: {_describe(cause)}"
             return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
         if state.attempts >= MAX_ATTEMPTS:
             message = f"step {step} failed {state.attempts} times; last error: {error}"
             return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
+        # The head says when the next attempt may start. A local worker waits until then; on
+        # AWS the state machine's Retry (the same figures, its own draw) decides, and an
+        # attempt that comes earlier is not refused.
+        delay = self._backoff.delay(state.attempts, self._rng)
+        not_before = self._clock() + timedelta(seconds=delay)
+        failed = AttemptFailed(
+            step=step, attempt=state.attempts, error=_cut(str(error)), not_before=not_before
+        )
         try:
-            self._commit(
-                state,
-                AttemptFailed(step=step, attempt=state.attempts, error=_cut(str(error))),
-                step=state.step,
-            )
+            self._commit(state, failed, step=state.step)
+            error.not_before = not_before
         except (StaleVersion, InjectedFault):
             raise
         except Exception as unrecorded:
@@ -631,6 +651,7 @@ def view_of(state: RunState) -> StepView:
         digest=state.digest,
         last_result=state.last_result,
         params=state.options.params,
+        previous_failure=state.error,
     )
 
 
@@ -679,6 +700,12 @@ def _payload(decision: Decision) -> dict[str, Any]:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def result_digest(text: str) -> str:
+    """What the ledger keeps of a step's result: its hash. The result itself is in the step
+    record, committed in the same write; keeping it twice only made each step write more."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _hash(payload: dict[str, Any]) -> str:
@@ -742,6 +769,13 @@ def _attempt_failure(error: Exception, what: str) -> StepAttemptFailed:
     failure = StepErrored(f"{what}: {_describe(error)}", transient=is_transient(error))
     failure.__cause__ = error
     return failure
+
+
+def _terminal_cause(error: StepAttemptFailed) -> BaseException:
+    """What makes a terminal failure terminal: the error behind it (a tool's `PermanentError`,
+    a `CheckpointTooLarge` at commit), or the failure itself (`RecordedDecisionInvalid`)."""
+    cause = error.__cause__
+    return cause if isinstance(cause, TERMINAL_ERRORS) else error
 
 
 # --- the agent's own thread -----------------------------------------------------------------

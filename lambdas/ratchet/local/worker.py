@@ -5,6 +5,11 @@ third of its length for as long as the worker holds the run, through model calls
 however slow, so a live worker keeps its run and a dead one (SIGKILL, a lost machine) lets it
 lapse: any other worker then resumes the run from its last checkpoint. Waiting, done and failed
 runs are never claimed: a parked run costs nothing.
+
+After a failed attempt the engine records in the run's head when the next attempt may start
+(`not_before`, an exponential backoff with jitter). The worker waits until then, holding its
+lease, so no other worker retries the run early; a worker that claims a run whose `not_before`
+is still ahead (its last worker died while backing off) waits out the rest the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ratchet.engine.core import Engine, Outcome
@@ -27,15 +33,18 @@ from ratchet.errors import (
     is_transient,
 )
 from ratchet.local.leases import Leases, check_lease_seconds
+from ratchet.state import utcnow
 
 DEFAULT_LEASE_SECONDS = 30.0
 POLL_SECONDS = 0.1
 RETRY_PAUSE_SECONDS = 0.05
-"""The pause before retrying a step that failed in a way retrying at once may fix."""
+"""The pause before retrying a step that crashed without a recorded failure (the engine's
+backoff, `not_before`, covers the failures it recorded)."""
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 10.0
-"""Transient failures (a busy or briefly failing store) are retried after 0.5 s, 1 s, 2 s, ...
-up to this: the engine's strikes still bound how often one step is tried."""
+"""Transient failures the engine could not record (a busy or briefly failing store) are retried
+after 0.5 s, 1 s, 2 s, ... up to this: the engine's strikes still bound how often one step is
+tried."""
 MAX_WORKER_ID_CHARS = 200
 
 
@@ -150,6 +159,8 @@ class Worker:
     stop: threading.Event = field(default_factory=threading.Event)
     sleep: Callable[[float], None] | None = None
     """How the worker pauses before a retry; by default a wait that `stop` cuts short."""
+    clock: Callable[[], datetime] = utcnow
+    """What the worker compares a run's `not_before` with."""
     on_park: Callable[[str], None] | None = None
     """Called with the run id when a step of this worker parks a run for a person."""
     heartbeat_seconds: float | None = None
@@ -230,6 +241,7 @@ class Worker:
         self.logger.info("run claimed", extra={"run_id": run_id, "worker_id": self.worker_id})
         hold = heartbeat.hold(run_id)
         try:
+            self._wait_until(run_id, self._not_before(run_id))
             while not self.stop.is_set() and not heartbeat.displaced.is_set():
                 if hold.lost.is_set():
                     # Another worker holds the run now. Whatever this worker committed was
@@ -260,9 +272,13 @@ class Worker:
             )
             return False
         except StepAttemptFailed as failure:
-            # Recorded and counted by the engine; the next attempt (or the last strike) is
-            # the next advance.
-            self._pause_before_retry(run_id, failure)
+            # Counted by the engine, and recorded with the time the next attempt may start
+            # (unless the store refused that write too); the next attempt, or the last strike,
+            # is the next advance.
+            if failure.not_before is not None:
+                self._wait_until(run_id, failure.not_before)
+            else:
+                self._pause_before_retry(run_id, failure)
             return True
         except Exception as error:
             unreadable = self._unreadable_error(run_id)
@@ -325,6 +341,33 @@ class Worker:
                 "error": f"{type(error).__name__}: {error}",
             },
         )
+
+    def _not_before(self, run_id: str) -> datetime | None:
+        """The run's `not_before`; None if there is none, or if the head cannot be read now
+        (the step that follows finds out why and deals with it)."""
+        try:
+            return self.engine.load(run_id).not_before
+        except (RatchetError, ValueError):
+            return None
+
+    def _wait_until(self, run_id: str, not_before: datetime | None) -> None:
+        """Back off until `not_before`, still holding the lease (the heartbeat renews it); a
+        stop cuts the wait short."""
+        if not_before is None:
+            return
+        seconds = (not_before - self.clock()).total_seconds()
+        if seconds <= 0:
+            return
+        self.logger.info(
+            "backing off before the next attempt",
+            extra={
+                "run_id": run_id,
+                "worker_id": self.worker_id,
+                "seconds": round(seconds, 3),
+                "not_before": not_before.isoformat(),
+            },
+        )
+        self._pause(seconds)
 
     def _pause_before_retry(self, run_id: str, error: BaseException) -> None:
         if not is_transient(error):
