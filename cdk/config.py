@@ -66,6 +66,10 @@ class DeployConfig:
     agents: Mapping[str, str] = field(default_factory=dict)
     """Agents the API may start by name: `{"billing": "my_pkg.agents:billing"}`, from
     `ratchet:agents` and the project's `agents` together."""
+    bedrock_models: tuple[str, ...] = ()
+    """Bedrock model ids (or cross-region inference profile ids such as `us.anthropic...`)
+    that runs may name as `bedrock:<id>`: the step function may invoke these, and only
+    these; none: no `bedrock:InvokeModel` grant at all."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -169,6 +173,31 @@ def _emails(key: str, raw: Any) -> tuple[str, ...]:
     return unique
 
 
+BEDROCK_MODEL_ID = r"^[a-z][a-z0-9-]*\.[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+"""A Bedrock model id (`anthropic.claude-...-v1:0`) or inference profile id (`us.anthropic...`)."""
+INFERENCE_PROFILE_PREFIXES = ("us", "us-gov", "eu", "apac", "jp", "au", "ca", "global")
+"""The geography that starts a cross-region inference profile's id."""
+
+
+def _bedrock_models(key: str, raw: Any) -> tuple[str, ...]:
+    models = _listed(raw)
+    for model in models:
+        if model == "*":
+            raise ValueError(
+                f"context {key} must name the model ids to grant, not '*': the step function "
+                "may invoke exactly the models a deployer chose"
+            )
+        if not isinstance(model, str) or not re.fullmatch(BEDROCK_MODEL_ID, model):
+            raise ValueError(f"context {key} must be Bedrock model ids: {model!r}")
+    return tuple(dict.fromkeys(models))
+
+
+def inference_profile(model_id: str) -> tuple[str, str] | None:
+    """(geography, foundation model id) if `model_id` is a cross-region inference profile."""
+    geography, _, rest = model_id.partition(".")
+    return (geography, rest) if geography in INFERENCE_PROFILE_PREFIXES and "." in rest else None
+
+
 def _agents(key: str, raw: Any) -> dict[str, str]:
     if isinstance(raw, str):
         try:
@@ -218,6 +247,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "slack_bot_token_secret_arn": _SECRET,
     "slack_signing_secret_arn": _SECRET,
     "agents": _agents,
+    "bedrock_models": _bedrock_models,
     "project": _project,
 }
 

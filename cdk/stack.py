@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from aws_cdk import CfnElement, CfnOutput, Stack
+from aws_cdk import ArnFormat, CfnElement, CfnOutput, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -15,7 +15,7 @@ from constructs import Construct
 from cdk import contract, functions
 from cdk.api import STAGE, RunsApi
 from cdk.approvals import ApprovalChannels
-from cdk.config import DeployConfig
+from cdk.config import DeployConfig, inference_profile
 from cdk.functions import Functions
 from cdk.nag import acknowledge
 from cdk.storage import Storage
@@ -46,6 +46,9 @@ ANSWERS_EXECUTIONS = ("approvals", "api")
 """SendTaskSuccess/SendTaskFailure with a parked execution's token: the approval page and Slack
 (the approvals function), POST /runs/{id}/approve and /reject (the api function). Notify only
 stores the token; decide runs after the answer."""
+
+BEDROCK_ACTIONS = ("bedrock:InvokeModel",)
+"""What the step needs to call Claude on Bedrock: one synchronous call per step, no streaming."""
 
 READS_AGENTS = ("api", "step")
 """The API starts only agents the deployment registered, by name (`RATCHET_AGENTS`); the step
@@ -99,6 +102,8 @@ class RatchetStack(Stack):
                 tables[table].grant_read_write_data(function)
 
         self._grant_blobs(lambdas, storage)
+        if config.bedrock_models:
+            self._grant_bedrock(lambdas, config.bedrock_models)
         if config.anthropic_secret_arn:
             secret = secretsmanager.Secret.from_secret_complete_arn(
                 self, "AnthropicApiKey", config.anthropic_secret_arn
@@ -175,6 +180,43 @@ class RatchetStack(Stack):
             ),
         )
         CfnOutput(self, "BlobBucket", value=storage.blobs.bucket_name)
+
+    def _grant_bedrock(self, lambdas: Functions, models: tuple[str, ...]) -> None:
+        """The step calls Claude on Bedrock (`bedrock:<id>` runs): InvokeModel on exactly the
+        configured models. A cross-region inference profile needs the profile in this region
+        and its foundation model in every region the profile may route to."""
+        resources: list[str] = []
+        routed: list[str] = []
+        for model_id in models:
+            profile = inference_profile(model_id)
+            if profile is None:
+                resources.append(self._bedrock_arn("foundation-model", model_id))
+                continue
+            resources.append(self._bedrock_arn("inference-profile", model_id, account=True))
+            foundation = f"arn:{self.partition}:bedrock:*::foundation-model/{profile[1]}"
+            resources.append(foundation)
+            routed.append(profile[1])
+        lambdas["step"].add_to_role_policy(
+            iam.PolicyStatement(actions=list(BEDROCK_ACTIONS), resources=resources)
+        )
+        for model_id in routed:
+            acknowledge(
+                lambdas.roles["step"],
+                f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:bedrock:*::foundation-model/"
+                f"{model_id}]",
+                "A cross-region inference profile routes each request to its foundation model "
+                "in any region of its geography, chosen by Bedrock at request time; the "
+                "statement names the one model and allows InvokeModel only.",
+            )
+
+    def _bedrock_arn(self, kind: str, model_id: str, *, account: bool = False) -> str:
+        return self.format_arn(
+            service="bedrock",
+            account=None if account else "",
+            resource=kind,
+            resource_name=model_id,
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
 
     def _grant_blobs(self, lambdas: Functions, storage: Storage) -> None:
         """The step stores and reads large tool outputs: objects under the blob prefix only,

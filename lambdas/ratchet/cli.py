@@ -493,6 +493,9 @@ def worker(
 
 
 def status_payload(state: RunState) -> dict[str, Any]:
+    from ratchet.client import UsageTotals
+    from ratchet.pricing import estimate
+
     return {
         "run_id": state.run_id,
         "status": state.status.value,
@@ -506,13 +509,25 @@ def status_payload(state: RunState) -> dict[str, Any]:
         "max_steps": state.options.max_steps,
         "input": state.options.params or None,
         "waiting": state.waiting.request.prompt if state.waiting else None,
+        "usage": UsageTotals.of(state.usage).model_dump(),
+        "cost_usd": estimate(state.options.model, state.usage),
         "updated_at": state.updated_at.isoformat(),
     }
 
 
+def _usage_text(usage: dict[str, Any]) -> str:
+    return (
+        f"{usage['input_tokens']:,} in, {usage['output_tokens']:,} out, "
+        f"{usage['cache_read_tokens']:,} cache read, {usage['cache_write_tokens']:,} cache "
+        f"write over {usage['calls']:,} calls ({usage['cached_share']:.0%} of input cached)"
+    )
+
+
 @app.command()
 def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """Where a run stands."""
+    """Where a run stands, with its token usage and estimated cost."""
+    from ratchet.pricing import PRICES_AS_OF
+
     client = _client(create=False)
     try:
         payload = status_payload(client.head(run_id))
@@ -521,14 +536,23 @@ def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
     if as_json:
         _print_json(payload)
         return
-    for name, value in payload.items():
+    shown = {
+        **payload,
+        "usage": _usage_text(payload["usage"]) if payload["usage"]["calls"] else None,
+        "cost_usd": (
+            f"{payload['cost_usd']:.4f} (estimated, list prices of {PRICES_AS_OF})"
+            if payload["cost_usd"] is not None
+            else None
+        ),
+    }
+    for name, value in shown.items():
         if value is not None:
             out.print(f"{name:>10}  {value}")
 
 
 @app.command()
 def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """One row per checkpoint: version, step, status, worker, bytes, time."""
+    """One row per checkpoint: version, step, status, worker, bytes, time, model tokens."""
     client = _client(create=False)
     try:
         checkpoints = client.history(run_id)
@@ -543,15 +567,26 @@ def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
             "worker": c.worker,
             "bytes": c.bytes,
             "time": c.time.isoformat(),
+            "usage": c.usage.model_dump() if c.usage else None,
         }
         for c in checkpoints
     ]
     if as_json:
         _print_json({"run_id": run_id, "checkpoints": rows})
         return
-    table = Table("version", "step", "status", "event", "worker", "bytes", "time")
+    table = Table(
+        "version", "step", "status", "event", "worker", "bytes", "time", "tokens in/out", "cached"
+    )
     for row in rows:
-        table.add_row(*(str(row[k]) for k in row))
+        usage = row["usage"]
+        tokens = (
+            f"{usage['input_tokens'] + usage['cache_read_tokens'] + usage['cache_write_tokens']:,}"
+            f"/{usage['output_tokens']:,}"
+            if usage
+            else ""
+        )
+        cached = f"{usage['cached_share']:.0%}" if usage else ""
+        table.add_row(*(str(row[k]) for k in row if k != "usage"), tokens, cached)
     out.print(table)
 
 

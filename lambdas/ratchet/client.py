@@ -32,13 +32,31 @@ from ratchet.approvals.model import Verdict
 from ratchet.engine.transitions import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
 from ratchet.scenarios import LOCAL, AgentRegistry
-from ratchet.state import RunState, RunStatus
+from ratchet.state import (
+    AttemptFailed,
+    CheckpointEvent,
+    Finished,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    Usage,
+)
 from ratchet.tools import Agent
 
-__all__ = ["Checkpoint", "Client", "Run", "RunListed", "Started", "WaitTimedOut", "connect"]
+__all__ = [
+    "Checkpoint",
+    "Client",
+    "Run",
+    "RunListed",
+    "Started",
+    "UsageTotals",
+    "WaitTimedOut",
+    "connect",
+]
 
 SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
 """Where `run` and `wait` stop by default: nothing more happens without someone."""
@@ -57,6 +75,30 @@ class WaitingFor(_Answer):
     prompt: str
     details: dict[str, Any]
     since: datetime
+
+
+class UsageTotals(_Answer):
+    """Tokens model calls used, as the provider counted them."""
+
+    input_tokens: int
+    """Input billed at the full rate (not read from or written to the prompt cache)."""
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    calls: int
+    cached_share: float
+    """The share of all input tokens read from the prompt cache (0 to 1)."""
+
+    @classmethod
+    def of(cls, usage: Usage) -> UsageTotals:
+        return cls(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            calls=usage.calls,
+            cached_share=round(usage.cached_share, 4),
+        )
 
 
 class Run(_Answer):
@@ -78,6 +120,11 @@ class Run(_Answer):
     summary: str | None
     error: str | None
     waiting: WaitingFor | None
+    usage: UsageTotals
+    """What the run's model calls used, summed over its steps."""
+    cost_usd: float | None
+    """The estimated cost of `usage` in US dollars (`ratchet.pricing`); None when no price
+    is known for the model (scripted, your own)."""
     created_at: datetime
     updated_at: datetime
 
@@ -105,6 +152,8 @@ class Run(_Answer):
             )
             if waiting
             else None,
+            usage=UsageTotals.of(state.usage),
+            cost_usd=estimate(state.options.model, state.usage),
             created_at=state.created_at,
             updated_at=state.updated_at,
         )
@@ -127,6 +176,9 @@ class Checkpoint(_Answer):
     worker: str
     bytes: int
     time: datetime
+    usage: UsageTotals | None = None
+    """What the write's model call used (a step, a failed attempt, the finish); None when
+    no model was called."""
 
 
 class RunListed(_Answer):
@@ -371,6 +423,7 @@ class Client:
                 worker=c.worker_id,
                 bytes=c.size,
                 time=c.created_at,
+                usage=_usage_of(c.event),
             )
             for c in self.runtime.store.list_checkpoints(run_id)
         ]
@@ -439,6 +492,12 @@ class Client:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _usage_of(event: CheckpointEvent) -> UsageTotals | None:
+    if isinstance(event, StepCompleted | AttemptFailed | Finished) and event.usage is not None:
+        return UsageTotals.of(event.usage)
+    return None
 
 
 def connect(

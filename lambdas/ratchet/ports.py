@@ -154,11 +154,16 @@ class StepView(BaseModel):
     digest: dict[str, ToolDigest] = Field(default_factory=dict)
     last_result: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    previous_failure: str | None = None
+    """Why the previous attempt at this step failed (the error recorded on the run); None on
+    a step's first attempt, and after an attempt that died without saying why."""
 
 
 class ModelRequest(BaseModel):
     """One step's question to a model. `prompt` is the step prompt (the user turn, byte for
-    byte); the rest are the agent's settings for its model."""
+    byte: send it as it is); `tools` the agent's tools, of which the model must call exactly
+    one or reply DONE; `view` the same state as structured data (what a scripted policy
+    reads). The rest are the agent's settings for its model."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -185,8 +190,26 @@ class ModelReply(BaseModel):
 
 
 class Model(Protocol):
-    """Decides one step. Raises `ModelUnavailable` or `ModelOutputInvalid`; never retries
-    on its own beyond a transport-level minimum (the engine owns retries)."""
+    """Decides one step: Claude on the Anthropic API or Bedrock, an agent's scripted policy,
+    or your own (a run names it `module:attr`; see docs/models.md for a worked example).
+
+    Contract:
+    - `decide` returns the step's `Decision`: a `ToolCall` naming one of `request.tools`
+      with its arguments as a JSON object (the engine validates them against the tool's
+      model), or `Done(summary=...)`. Return it in a `ModelReply` with the call's `Usage`
+      (`calls=1`) so the step record, the run's totals and its estimated cost include it.
+    - The engine calls it with no lock held and no state of its own: everything the model
+      may know is in the request. Keep no memory between calls; a retried step must be
+      decided from its request alone.
+    - Failures are typed: `ModelUnavailable` when the provider cannot answer (transient by
+      default; pass `transient=False` when retrying cannot help, e.g. a rejected key),
+      `ModelOutputInvalid` when it answers with neither one known tool call nor DONE. Any
+      other exception counts as a failed attempt too (`ModelFailed`).
+    - Retry transient provider errors (rate limits, overload, timeouts) inside `decide`,
+      with backoff and the provider's `retry-after`, for at most `request.retry_seconds`
+      from the first call; then raise `ModelUnavailable`. Only then does the engine count a
+      failed attempt (the third fails the run), so every try that does count is recorded.
+    """
 
     def decide(self, request: ModelRequest) -> Decision | ModelReply: ...
 

@@ -8,11 +8,14 @@ its flags.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from pydantic import (
     BaseModel,
@@ -27,7 +30,7 @@ from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.ports import Model
-from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.scenarios import IMPORT_PATH, LOCAL, AgentRegistry
 from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
 from ratchet.state import (
     MAX_GOAL_BYTES,
@@ -37,6 +40,9 @@ from ratchet.state import (
     RunState,
 )
 from ratchet.tools import Agent, RunContext
+
+if TYPE_CHECKING:
+    from ratchet.adapters.anthropic_model import Pacing
 
 SCRIPTED = "scripted"
 """The model name of an agent's own scripted policy (offline, no API key)."""
@@ -64,7 +70,41 @@ and 30 s more leaves 30 s for a cold start, the tool itself and the commit."""
 MAX_NAME_CHARS = 200
 
 NameText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
-ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,99}$")]
+ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,199}$")]
+"""What a model name may be: `scripted`, `claude-...`, `bedrock:<model id>` or `module:attr`."""
+
+BEDROCK_PREFIX = "bedrock:"
+BEDROCK_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")
+"""A Bedrock model id or inference profile id (`anthropic.claude-...-v1:0`, `us.anthropic...`)."""
+CLAUDE_PREFIX = "claude-"
+
+
+class ModelKind(StrEnum):
+    """Where a model name sends a run's model calls."""
+
+    SCRIPTED = "scripted"
+    """The agent's own scripted policy: offline, no key."""
+    ANTHROPIC = "anthropic"
+    """`claude-...`: the Anthropic API, with an API key."""
+    BEDROCK = "bedrock"
+    """`bedrock:<model id>`: Claude on Amazon Bedrock, with IAM credentials and no key."""
+    IMPORTED = "imported"
+    """`module:attr`: your own `Model` object, or a zero-argument factory returning one."""
+
+
+def model_kind(model: str) -> ModelKind | None:
+    """What kind of model `model` names, or None if it names none."""
+    if model == SCRIPTED:
+        return ModelKind.SCRIPTED
+    if model.startswith(BEDROCK_PREFIX):
+        return (
+            ModelKind.BEDROCK if BEDROCK_MODEL_ID.fullmatch(model[len(BEDROCK_PREFIX) :]) else None
+        )
+    if model.startswith(CLAUDE_PREFIX):
+        return ModelKind.ANTHROPIC
+    if IMPORT_PATH.fullmatch(model):
+        return ModelKind.IMPORTED
+    return None
 
 
 class RunRequest(BaseModel):
@@ -94,7 +134,10 @@ class RunRequest(BaseModel):
     )
     model: ModelName | None = Field(
         default=None,
-        description="'scripted' (the agent's own policy, offline) or a Claude model.",
+        description="'scripted' (the agent's own policy, offline), a Claude model on the "
+        "Anthropic API ('claude-sonnet-4-5'), or on Amazon Bedrock ('bedrock:<model id>'); "
+        "locally also your own Model as module:attr. Default: Claude when a key is "
+        "configured, else scripted.",
     )
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
@@ -197,17 +240,26 @@ def check_run_id(run_id: str) -> str:
 def check_model(agent: Agent, model: str, *, has_anthropic_key: bool) -> None:
     """Refuse a model the run could never use (when its step binds the agent: a run
     created before its deployment lost the key)."""
-    if model == SCRIPTED:
+    kind = model_kind(model)
+    if kind is None:
+        raise InvalidInput(f"unknown model {model!r}: {MODEL_NAMES}")
+    if kind is ModelKind.SCRIPTED:
         if agent.policy is None:
             raise AgentNotFound(
                 f"agent {agent.name!r} has no scripted policy; run it with a Claude model and "
                 "an Anthropic API key"
             )
-    elif not has_anthropic_key:
+    elif kind is ModelKind.ANTHROPIC and not has_anthropic_key:
         raise InvalidInput(
             f"model {model!r} needs an Anthropic API key: ANTHROPIC_API_KEY locally, the "
             "stack's Anthropic secret on AWS"
         )
+
+
+MODEL_NAMES = (
+    "use 'scripted', 'claude-...' (the Anthropic API), 'bedrock:<model id>' (Amazon Bedrock) "
+    "or module:attr (your own Model, locally)"
+)
 
 
 def request_problems(error: ValidationError) -> list[tuple[str, str]]:
@@ -259,22 +311,7 @@ def new_run(
             raise  # a registered agent that does not load: the deployment's fault, not the caller's
         raise RunRequestInvalid(str(unloadable), field, cli=str(unloadable)) from None
     model = request.model or (DEFAULT_CLAUDE_MODEL if has_anthropic_key else SCRIPTED)
-    if model == SCRIPTED and agent.policy is None:
-        raise RunRequestInvalid(
-            "the agent has no scripted policy: name a Claude model",
-            "model",
-            cli=f"agent {agent.name!r} has no scripted policy; run it with --model "
-            "<claude model> and ANTHROPIC_API_KEY set",
-        )
-    if model != SCRIPTED and not has_anthropic_key:
-        raise NoAnthropicKey(model)
-    if model != SCRIPTED and importlib.util.find_spec("anthropic") is None:
-        raise RunRequestInvalid(
-            "Claude models need the anthropic package, which this installation lacks",
-            "model",
-            cli=f"--model {model} needs the anthropic package: "
-            "pip install 'ratchet-agents[anthropic]'",
-        )
+    _check_model_request(agent, model, has_anthropic_key=has_anthropic_key, agents=agents)
     params = _params(agent, request)
     try:
         options = RunOptions(
@@ -322,23 +359,125 @@ def _params(agent: Agent, request: RunRequest) -> dict[str, Any]:
         raise RunRequestInvalid(str(error), "batches" if legacy else "input") from None
 
 
+def _check_model_request(
+    agent: Agent, model: str, *, has_anthropic_key: bool, agents: AgentRegistry
+) -> None:
+    """`new_run`'s checks of the model, each naming the request's `model`."""
+    kind = model_kind(model)
+    if kind is None:
+        raise RunRequestInvalid(f"unknown model: {MODEL_NAMES}", "model")
+    if kind is ModelKind.SCRIPTED and agent.policy is None:
+        raise RunRequestInvalid(
+            "the agent has no scripted policy: name a Claude model",
+            "model",
+            cli=f"agent {agent.name!r} has no scripted policy; run it with --model "
+            "<claude model> and ANTHROPIC_API_KEY set",
+        )
+    if kind is ModelKind.ANTHROPIC and not has_anthropic_key:
+        raise NoAnthropicKey(model)
+    if kind in (ModelKind.ANTHROPIC, ModelKind.BEDROCK):
+        missing = [
+            package
+            for package in ("anthropic", "botocore")[: 2 if kind is ModelKind.BEDROCK else 1]
+            if importlib.util.find_spec(package) is None
+        ]
+        if missing:
+            extra = "anthropic,aws" if kind is ModelKind.BEDROCK else "anthropic"
+            raise RunRequestInvalid(
+                f"{'Bedrock' if kind is ModelKind.BEDROCK else 'Claude'} models need the "
+                f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}, which this "
+                "installation lacks",
+                "model",
+                cli=f"--model {model} needs {' and '.join(missing)}: "
+                f"pip install 'ratchet-agents[{extra}]'",
+            )
+    if kind is ModelKind.IMPORTED:
+        # Importing runs the module's code: only where the person naming it runs code anyway,
+        # as with agents. A deployment takes no model by import path (yet).
+        if not agents.import_paths:
+            raise RunRequestInvalid(
+                "this deployment takes no module:attr models: use 'scripted', 'claude-...' or "
+                "'bedrock:<model id>'",
+                "model",
+            )
+        try:
+            load_model(model)
+        except InvalidInput as error:
+            raise RunRequestInvalid(str(error), "model", cli=f"--model {model}: {error}") from None
+
+
+def load_model(reference: str) -> Model:
+    """Import `module:attr` and return the `Model` it names: an object with a `decide`
+    method, or a class or zero-argument factory that returns one. `InvalidInput` says why
+    not."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as error:
+        # The user's module runs on import and can fail in any way: each is a bad reference.
+        reason = " ".join(str(error).split())
+        raise InvalidInput(
+            f"cannot import {module_name!r} for model {reference!r}: "
+            f"{type(error).__name__}: {reason}"
+        ) from None
+    found: object = module
+    for part in attribute.split("."):
+        found = getattr(found, part, None)
+    if found is None:
+        raise InvalidInput(f"{module_name!r} has no {attribute!r} for model {reference!r}")
+    if not isinstance(found, type) and callable(getattr(found, "decide", None)):
+        return cast(Model, found)
+    if callable(found):
+        try:
+            made = found()
+        except Exception as error:
+            raise InvalidInput(
+                f"model factory {reference!r} raised {type(error).__name__}: {error}"
+            ) from None
+        if callable(getattr(made, "decide", None)):
+            return cast(Model, made)
+    raise InvalidInput(
+        f"{reference!r} is not a ratchet.ports.Model: it needs a decide(request) method (or "
+        "must be a zero-argument factory returning an object that has one)"
+    )
+
+
 def build_model(
     agent: Agent,
     model: str,
     *,
     anthropic_api_key: SecretStr | None,
     anthropic_base_url: str | None = None,
+    bedrock_base_url: str | None = None,
+    pacing: Pacing | None = None,
 ) -> Model:
-    """The model a run asked for: its agent's scripted policy, or Claude."""
+    """The model a run asked for: its agent's scripted policy, Claude on the Anthropic API
+    or on Bedrock, or the user's own `Model` (`module:attr`). `pacing` replaces the Claude
+    adapters' clock and sleep (tests)."""
     check_model(agent, model, has_anthropic_key=anthropic_api_key is not None)
-    if model == SCRIPTED:
+    kind = model_kind(model)
+    if kind is ModelKind.SCRIPTED:
         assert agent.policy is not None
         return ScriptedModel(agent.policy)
-    assert anthropic_api_key is not None
-    from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
+    if kind is ModelKind.IMPORTED:
+        return load_model(model)
+    from ratchet.adapters.anthropic_model import (
+        SYSTEM_PACING,
+        AnthropicModel,
+        anthropic_client,
+        bedrock_client,
+    )
 
+    if kind is ModelKind.BEDROCK:
+        try:
+            bedrock = bedrock_client(base_url=bedrock_base_url)
+        except ValueError as error:  # no region: the SDK says which settings it tried
+            raise InvalidInput(f"model {model!r}: {error}") from None
+        model_id = model[len(BEDROCK_PREFIX) :]
+        return AnthropicModel(bedrock, model_id, pacing=pacing or SYSTEM_PACING)
+    assert anthropic_api_key is not None
     client = anthropic_client(anthropic_api_key.get_secret_value(), base_url=anthropic_base_url)
-    return AnthropicModel(client, model)
+    return AnthropicModel(client, model, pacing=pacing or SYSTEM_PACING)
 
 
 class Bindings:

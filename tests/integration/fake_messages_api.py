@@ -1,5 +1,8 @@
 """A local stand-in for the Anthropic Messages API, for driving the real SDK in tests.
 
+It also answers Bedrock's InvokeModel route (`POST /model/<id>/invoke`), which the SDK's
+`AnthropicBedrock` client posts the same Messages body to, SigV4-signed.
+
 `FakeMessagesApi` is a real HTTP server on 127.0.0.1 that answers `POST /v1/messages` from a
 queue of scripted responses and records every request, so a test can assert on exactly what
 the SDK sent. Response bodies have the shape of the real API's, so the SDK parses them the way
@@ -16,14 +19,26 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from ratchet.adapters.anthropic_model import Pacing
+
 MESSAGES_PATH = "/v1/messages"
+BEDROCK_PATH = re.compile(r"^/model/[^/]+/invoke$")
+"""Bedrock's InvokeModel route, which the SDK's Bedrock client posts the same body to."""
+DEFAULT_USAGE = {
+    "input_tokens": 120,
+    "output_tokens": 30,
+    "cache_creation_input_tokens": 0,
+    "cache_read_input_tokens": 0,
+}
 
 HANG_LIMIT_S = 30.0
 """A hanging response gives up after this long even if nobody releases it, so a broken test
@@ -68,7 +83,9 @@ class RecordedRequest:
     """The parsed JSON body, or None if the body was not a JSON object."""
 
 
-def _message(content: list[dict[str, Any]], stop_reason: str) -> ScriptedResponse:
+def _message(
+    content: list[dict[str, Any]], stop_reason: str, usage: dict[str, int] | None = None
+) -> ScriptedResponse:
     number = next(_ids)
     return ScriptedResponse(
         payload={
@@ -79,12 +96,7 @@ def _message(content: list[dict[str, Any]], stop_reason: str) -> ScriptedRespons
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": 120,
-                "output_tokens": 30,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-            },
+            "usage": {**DEFAULT_USAGE, **(usage or {})},
         },
         headers={"request-id": f"req_fake{number:06d}"},
         echo_model=True,
@@ -92,21 +104,28 @@ def _message(content: list[dict[str, Any]], stop_reason: str) -> ScriptedRespons
 
 
 def tool_use_response(
-    name: str, arguments: dict[str, Any], *, preamble: str | None = None
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    preamble: str | None = None,
+    usage: dict[str, int] | None = None,
 ) -> ScriptedResponse:
-    """The model calls one tool, optionally after a text block, as Claude often does."""
+    """The model calls one tool, optionally after a text block, as Claude often does.
+    `usage` overrides fields of the reported usage (`DEFAULT_USAGE`)."""
     content: list[dict[str, Any]] = []
     if preamble is not None:
         content.append({"type": "text", "text": preamble})
     content.append(
         {"type": "tool_use", "id": f"toolu_fake{next(_ids):06d}", "name": name, "input": arguments}
     )
-    return _message(content, stop_reason="tool_use")
+    return _message(content, stop_reason="tool_use", usage=usage)
 
 
-def text_response(*texts: str) -> ScriptedResponse:
+def text_response(*texts: str, usage: dict[str, int] | None = None) -> ScriptedResponse:
     """The model answers in text only: one text block per argument."""
-    return _message([{"type": "text", "text": text} for text in texts], stop_reason="end_turn")
+    return _message(
+        [{"type": "text", "text": text} for text in texts], stop_reason="end_turn", usage=usage
+    )
 
 
 def error_response(
@@ -132,6 +151,12 @@ def rate_limited(*, retry_after_s: int = 1) -> ScriptedResponse:
         "Number of request tokens has exceeded your per-minute rate limit.",
         headers={"retry-after": str(retry_after_s)},
     )
+
+
+def overloaded(*, retry_after_s: int | None = None) -> ScriptedResponse:
+    """A 529: the API is overloaded for everyone, not just this key."""
+    headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
+    return error_response(529, "overloaded_error", "Overloaded", headers=headers)
 
 
 def server_error(*, retry_after_ms: int | None = None) -> ScriptedResponse:
@@ -232,7 +257,8 @@ class FakeMessagesApi:
         with self._lock:
             self._requests.append(request)
             release = self._release
-            if request.path.split("?")[0] != MESSAGES_PATH:
+            path = request.path.split("?")[0]
+            if path != MESSAGES_PATH and not BEDROCK_PATH.fullmatch(path):
                 scripted = error_response(404, "not_found_error", f"no route for {request.path}")
             elif self._queue:
                 scripted = self._queue.popleft()
@@ -284,3 +310,29 @@ class FakeMessagesApi:
                 pass
 
         return Handler
+
+
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class FakeClock:
+    """The adapter's clock and sleep, without waiting: `sleep` records the delay and moves
+    the clock on. `jitter` is the share of each backoff bound the adapter draws (1.0: the
+    whole bound, so delays are predictable)."""
+
+    seconds: float = 0.0
+    slept: list[float] = field(default_factory=list)
+    jitter: float = 1.0
+
+    def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        self.seconds += delay
+
+    def pacing(self) -> Pacing:
+        return Pacing(
+            sleep=self.sleep,
+            clock=lambda: self.seconds,
+            jitter=lambda: self.jitter,
+            now=lambda: EPOCH + timedelta(seconds=self.seconds),
+        )

@@ -48,7 +48,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
-from ratchet.client import CheckpointsExpired, Client, NoCheckpointAtStep, Run, Started
+from ratchet.client import (
+    CheckpointsExpired,
+    Client,
+    NoCheckpointAtStep,
+    Run,
+    Started,
+    UsageTotals,
+)
 from ratchet.errors import (
     AgentNotFound,
     ApprovalClosed,
@@ -148,6 +155,11 @@ class RunView(_Answer):
     """The run's input, with the agent's defaults filled in."""
     waiting: WaitingFor | None
     """What the run asks a person, while it waits."""
+    usage: UsageTotals
+    """Tokens the run's model calls used, summed over its steps."""
+    cost_usd: float | None
+    """Their estimated cost in US dollars, from the deployment's price table; null when no
+    price is known for the model (scripted, your own)."""
     created_at: datetime
     updated_at: datetime
 

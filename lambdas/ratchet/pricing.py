@@ -1,0 +1,139 @@
+"""What a run's model calls cost, estimated from their token usage and a price table.
+
+The table below is the providers' list prices on `PRICES_AS_OF`, in US dollars per million
+tokens, per model id pattern (`fnmatch` globs, first match wins). It matches Anthropic API ids
+(`claude-sonnet-4-5`, `claude-sonnet-4-5-20250929`) and Bedrock ids alike
+(`bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0`): Bedrock's on-demand prices for
+Claude are Anthropic's (regional and cross-region endpoints may add a premium).
+
+Prices change: set `RATCHET_PRICES` to a JSON object, or the path of a JSON file holding one,
+mapping patterns to prices, and its entries are matched before the built-in ones:
+
+    {"claude-sonnet-4-5*": {"input": 3, "output": 15, "cache_write": 3.75, "cache_read": 0.3},
+     "my_models:*": {"input": 0.5, "output": 1.5}}
+
+`cache_write` defaults to 1.25 x `input` and `cache_read` to 0.1 x `input` (Anthropic's
+5-minute cache). `estimate` is None for a model no pattern matches (`scripted`, your own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from fnmatch import fnmatchcase
+from functools import lru_cache
+from itertools import chain
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ratchet.errors import InvalidInput
+from ratchet.state import Usage
+
+PRICES_AS_OF = "2025-11-24"
+"""When the built-in prices were the providers' published list prices."""
+PRICES_VARIABLE = "RATCHET_PRICES"
+MILLION = 1_000_000
+
+
+class Prices(BaseModel):
+    """US dollars per million tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+    """Writing the prompt cache (5-minute entries); default 1.25 x `input`."""
+    cache_read: float | None = Field(default=None, ge=0)
+    """Reading the prompt cache; default 0.1 x `input`."""
+
+    @property
+    def cache_write_rate(self) -> float:
+        return self.input * 1.25 if self.cache_write is None else self.cache_write
+
+    @property
+    def cache_read_rate(self) -> float:
+        return self.input * 0.1 if self.cache_read is None else self.cache_read
+
+    def cost(self, usage: Usage) -> float:
+        dollars = (
+            usage.input_tokens * self.input
+            + usage.output_tokens * self.output
+            + usage.cache_write_tokens * self.cache_write_rate
+            + usage.cache_read_tokens * self.cache_read_rate
+        ) / MILLION
+        return round(dollars, 6)
+
+
+def _p(input: float, output: float) -> Prices:
+    return Prices(input=input, output=output)
+
+
+BUILT_IN: Mapping[str, Prices] = {
+    # Each family by its own id prefix, so a model this table predates matches nothing and
+    # gets no estimate, rather than an older family's price.
+    "*claude-opus-4-5*": _p(5, 25),
+    "*claude-opus-4-1*": _p(15, 75),
+    "*claude-opus-4-0*": _p(15, 75),
+    "*claude-opus-4-2025*": _p(15, 75),
+    "*claude-3-opus*": _p(15, 75),
+    "*claude-sonnet-4-5*": _p(3, 15),
+    "*claude-sonnet-4-0*": _p(3, 15),
+    "*claude-sonnet-4-2025*": _p(3, 15),
+    "*claude-3-7-sonnet*": _p(3, 15),
+    "*claude-3-5-sonnet*": _p(3, 15),
+    "*claude-haiku-4-5*": _p(1, 5),
+    "*claude-3-5-haiku*": _p(0.8, 4),
+    "*claude-3-haiku*": _p(0.25, 1.25),
+}
+"""Anthropic's list prices on `PRICES_AS_OF` (standard context; Sonnet prompts over 200K
+tokens cost more and are not modelled). Newer models need a `RATCHET_PRICES` entry."""
+
+
+def estimate(model: str, usage: Usage, environ: Mapping[str, str] | None = None) -> float | None:
+    """The estimated cost of `usage` on `model`, in US dollars; None when no price is known
+    for the model (a scripted policy, your own model without a `RATCHET_PRICES` entry).
+    Raises `InvalidInput` naming `RATCHET_PRICES` if that is set and malformed."""
+    prices = prices_for(model, environ)
+    return None if prices is None else prices.cost(usage)
+
+
+def prices_for(model: str, environ: Mapping[str, str] | None = None) -> Prices | None:
+    env = os.environ if environ is None else environ
+    name = model.removeprefix("bedrock:")
+    table = chain(_overrides(env.get(PRICES_VARIABLE) or "").items(), BUILT_IN.items())
+    return next((prices for pattern, prices in table if fnmatchcase(name, pattern)), None)
+
+
+@lru_cache(maxsize=4)
+def _overrides(raw: str) -> dict[str, Prices]:
+    if not raw.strip():
+        return {}
+    text = raw
+    if not raw.lstrip().startswith("{"):
+        try:
+            text = Path(raw).read_text(encoding="utf-8")
+        except OSError as error:
+            raise InvalidInput(
+                f"{PRICES_VARIABLE} is neither a JSON object nor a readable file: "
+                f"{error.strerror or error}"
+            ) from None
+    try:
+        parsed = json.loads(text)
+    except ValueError as error:
+        raise InvalidInput(f"{PRICES_VARIABLE} is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(f"{PRICES_VARIABLE} must be a JSON object of pattern -> prices")
+    table: dict[str, Prices] = {}
+    for pattern, prices in parsed.items():
+        try:
+            table[pattern] = Prices.model_validate(prices)
+        except ValidationError as error:
+            problem = error.errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(p) for p in problem["loc"]) or "(prices)"
+            raise InvalidInput(
+                f"{PRICES_VARIABLE}: bad prices for {pattern!r}: {where}: {problem['msg']}"
+            ) from None
+    return table
