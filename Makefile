@@ -17,7 +17,7 @@ CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn
 # [tool.ratchet] table (docs/your-agent-on-aws.md).
 CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJECT))
 
-.PHONY: demo test lint typecheck unit screenshot bench synth deploy clean
+.PHONY: demo test lint typecheck unit screenshot bench compare synth deploy clean
 
 demo: $(VENV)/.synced
 	$(VENV)/bin/ratchet demo
@@ -43,6 +43,13 @@ screenshot: $(VENV)/.synced $(CHROMIUM)
 
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
+
+# The scripted agent on Ratchet, LangGraph and DBOS (bench/compare.py), and docs/compare.png.
+# It adds the `compare` extra to .venv every time (a no-op once there): `make test`'s own sync,
+# which runs when pyproject.toml or uv.lock change, takes it out again.
+compare: $(VENV)/.synced
+	$(UV) sync --frozen --extra dev --extra compare --compile-bytecode
+	$(VENV)/bin/python -m bench.compare
 
 # Bundles the functions (no Docker) and runs cdk-nag; needs no AWS credentials.
 synth: $(VENV)/.synced $(NODE_TOOLS)

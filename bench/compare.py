@@ -1,0 +1,810 @@
+"""The same scripted agent on Ratchet, LangGraph and DBOS, each on SQLite: `make compare`.
+
+Every step of `bench.scripted_agent` is one tool call with 200 bytes of JSON arguments and a
+1,024-byte result. Each framework runs it as its users would write it, on its own durable
+defaults (printed with the figures):
+
+- Ratchet: the real local runtime and engine (`LocalRuntime`, `Engine.advance` as a worker
+  calls it), the agent's scripted policy deciding and its tool answering.
+- LangGraph: a `StateGraph` over `MessagesState` with one node that decides and calls the tool
+  (an `AIMessage` with the tool call, then the `ToolMessage`), looping through a conditional
+  edge, compiled with `SqliteSaver` on a file and run with `durability="sync"`, so each step is
+  committed before the next starts (LangGraph's default, "async", commits while the next runs).
+- DBOS: a workflow whose loop makes two steps each turn, the decision (where a model call
+  goes, so a recovery does not ask again) and the tool call, on a SQLite system database.
+
+Each run of N steps is a fresh database in a fresh process, timed from just before the run is
+created until step N is durable; then the process exits without a word to the database, as a
+killed worker would. The run of 1,000 steps is then resumed by fresh processes, each timed
+from after its imports until its first step is durable (open the database, build the app,
+load the run, take and commit the step).
+
+Bytes, per step of the run (its creation included):
+
+- row bytes: the values the framework binds to its INSERT, UPDATE and REPLACE statements
+  (text as UTF-8, blobs as they are, numbers as 8 bytes; the keys an UPDATE's WHERE binds
+  count too), counted by wrapping Python's `sqlite3` connections, which all three use (DBOS
+  through SQLAlchemy);
+- written bytes: what the process handed to write(2) (`wchar` in /proc/self/io): SQLite's WAL
+  or rollback journal, the pages it checkpoints into the database, nothing else (logs are
+  off). The same count for all three, whatever their journal mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import io
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata, util
+from pathlib import Path
+from typing import Any, NoReturn, Self
+
+from bench.scripted_agent import (
+    AGENT_REFERENCE,
+    MAX_STEPS,
+    TOOL_NAME,
+    agent,
+    arguments_for,
+    result_for,
+)
+from ratchet.engine.core import Engine, Outcome
+from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.observability import json_logger
+from ratchet.state import RunOptions, RunState
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORKS = ("ratchet", "langgraph", "dbos")
+NAMES = {"ratchet": "Ratchet", "langgraph": "LangGraph", "dbos": "DBOS"}
+MODULES = {
+    "ratchet": (),
+    "langgraph": ("langchain_core.messages", "langgraph.checkpoint.sqlite", "langgraph.graph"),
+    "dbos": ("dbos", "dbos._dbos"),
+}
+"""What each framework's code imports: imported before any timer starts, as a worker's are."""
+STEP_COUNTS = (10, 100, 1000)
+RESUME_SAMPLES = 3
+"""Fresh processes in a row on the longest run; each takes one more step."""
+RUN_ID = "compare-lookups"
+DATABASE = "compare.sqlite"
+CHILD_TIMEOUT_SECONDS = 1800
+
+
+class _Discard(io.StringIO):
+    """The engine's checkpoint log is formatted as a worker formats it, then dropped."""
+
+    def write(self, text: str, /) -> int:
+        return len(text)
+
+
+# --- what a framework hands SQLite -----------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    row_bytes: int = 0
+    commits: int = 0
+
+
+TALLY = Tally()
+_WRITE_VERBS = {"INSERT", "UPDATE", "REPLACE"}
+_COMMIT_VERBS = {"COMMIT", "END"}
+
+
+def _verb(sql: str) -> str:
+    head = sql.lstrip().split(None, 1)
+    return head[0].upper() if head else ""
+
+
+def _value_bytes(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool | int | float):
+        return 8
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    return len(str(value).encode("utf-8"))
+
+
+def _bound_bytes(parameters: object) -> int:
+    if isinstance(parameters, Mapping):
+        return sum(_value_bytes(v) for v in parameters.values())
+    if isinstance(parameters, list | tuple):
+        return sum(_value_bytes(v) for v in parameters)
+    return 0
+
+
+_DIRTY: set[int] = set()
+"""Connections whose open transaction has written: committing one that only read costs SQLite
+no write and no sync, so it is no durable commit."""
+
+
+def _counted(
+    connection: sqlite3.Connection, sql: str, rows: Sequence[Any], run: Callable[[], Any]
+) -> Any:
+    verb = _verb(sql)
+    answer = run()
+    if verb in _WRITE_VERBS:
+        TALLY.row_bytes += sum(_bound_bytes(row) for row in rows)
+        if connection.in_transaction:
+            _DIRTY.add(id(connection))
+        else:
+            TALLY.commits += 1  # autocommit: the statement was its own transaction
+    elif verb in _COMMIT_VERBS or verb == "ROLLBACK":
+        _ended(connection, committed=verb != "ROLLBACK")
+    return answer
+
+
+def _ended(connection: sqlite3.Connection, *, committed: bool) -> None:
+    if id(connection) in _DIRTY:
+        _DIRTY.discard(id(connection))
+        TALLY.commits += committed
+
+
+class _CountingCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        run = super().execute
+        _counted(self.connection, sql, [parameters], lambda: run(sql, parameters))
+        return self
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Self:
+        rows = list(seq_of_parameters)
+        run = super().executemany
+        _counted(self.connection, sql, rows, lambda: run(sql, rows))
+        return self
+
+
+class _CountingConnection(sqlite3.Connection):
+    """Mixed into whatever connection class the caller asked for (Ratchet has its own).
+    `Connection.execute` makes its cursor in C, past `cursor()`, so it is counted here."""
+
+    def cursor(self, factory: Any = _CountingCursor) -> Any:
+        return super().cursor(factory)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        run = super().execute
+        cursor: sqlite3.Cursor = _counted(self, sql, [parameters], lambda: run(sql, parameters))
+        return cursor
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        rows = list(parameters)
+        run = super().executemany
+        cursor: sqlite3.Cursor = _counted(self, sql, rows, lambda: run(sql, rows))
+        return cursor
+
+    def commit(self) -> None:
+        super().commit()
+        _ended(self, committed=True)
+
+    def rollback(self) -> None:
+        super().rollback()
+        _ended(self, committed=False)
+
+
+@contextmanager
+def counting_sqlite_writes() -> Iterator[Tally]:
+    """Count what every connection opened meanwhile writes (`Connection.execute` and
+    SQLAlchemy's pysqlite both go through `cursor()`)."""
+    original = sqlite3.connect
+    mixed: dict[type[sqlite3.Connection], type[sqlite3.Connection]] = {}
+
+    def connect(*args: Any, factory: type[sqlite3.Connection] = sqlite3.Connection, **kw: Any):
+        if factory not in mixed:
+            mixed[factory] = type(f"Counting{factory.__name__}", (_CountingConnection, factory), {})
+        return original(*args, factory=mixed[factory], **kw)
+
+    for module in (sqlite3, sqlite3.dbapi2):
+        setattr(module, "connect", connect)  # noqa: B010 (a module attribute, patched)
+    try:
+        yield TALLY
+    finally:
+        for module in (sqlite3, sqlite3.dbapi2):
+            setattr(module, "connect", original)  # noqa: B010
+
+
+def _process_io() -> dict[str, int]:
+    """This process's I/O counters (Linux), or zeros where there are none."""
+    try:
+        with open("/proc/self/io", "rb") as counters:
+            return {
+                name.decode(): int(value) for name, value in (line.split(b":") for line in counters)
+            }
+    except OSError:
+        return {}
+
+
+# --- one run, measured -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    framework: str
+    steps: int
+    wall_ms: float
+    cpu_ms: float
+    row_bytes: int
+    written_bytes: int
+    """Handed to write(2): `wchar` in /proc/self/io."""
+    commits: int
+    journal_mode: str
+    synchronous: int
+
+    def per_step(self, figure: str) -> float:
+        value: float = getattr(self, figure)
+        return value / self.steps
+
+
+@dataclass
+class Meter:
+    wall: float = field(default_factory=time.perf_counter)
+    cpu: float = field(default_factory=time.process_time)
+    io: dict[str, int] = field(default_factory=_process_io)
+    row_bytes: int = field(default_factory=lambda: TALLY.row_bytes)
+    commits: int = field(default_factory=lambda: TALLY.commits)
+
+    def figures(
+        self, framework: str, steps: int, pragmas: Callable[[], tuple[str, int]]
+    ) -> RunFigures:
+        """The counters since the meter started; then `pragmas`, outside the window."""
+        wall, cpu, io_now = time.perf_counter(), time.process_time(), _process_io()
+        row_bytes, commits = TALLY.row_bytes, TALLY.commits
+        journal_mode, synchronous = pragmas()
+        return RunFigures(
+            framework=framework,
+            steps=steps,
+            wall_ms=(wall - self.wall) * 1000,
+            cpu_ms=(cpu - self.cpu) * 1000,
+            row_bytes=row_bytes - self.row_bytes,
+            written_bytes=io_now.get("wchar", 0) - self.io.get("wchar", 0),
+            commits=commits - self.commits,
+            journal_mode=journal_mode,
+            synchronous=synchronous,
+        )
+
+
+def _sqlite_pragmas(connection: sqlite3.Connection) -> Callable[[], tuple[str, int]]:
+    """The journal mode and synchronous level of a connection the framework writes through."""
+
+    def read() -> tuple[str, int]:
+        (journal_mode,) = connection.execute("PRAGMA journal_mode").fetchone()
+        (synchronous,) = connection.execute("PRAGMA synchronous").fetchone()
+        return str(journal_mode), int(synchronous)
+
+    return read
+
+
+def _exit_with(answer: dict[str, Any]) -> NoReturn:
+    """Print the figures and die without closing anything, as a killed worker does."""
+    print(json.dumps(answer))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# --- Ratchet ---------------------------------------------------------------------------------
+
+
+def _ratchet_engine(runtime: LocalRuntime) -> Engine:
+    return runtime.engine(worker_id="compare", logger=json_logger(_Discard()))
+
+
+def run_ratchet(directory: Path, steps: int) -> RunFigures:
+    """N steps of a new run, as `ratchet worker` takes them; the run is left running."""
+    runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{directory / DATABASE}"))
+    try:
+        engine = _ratchet_engine(runtime)
+        params = agent.params_for({})
+        state = RunState(
+            run_id=RUN_ID,
+            agent=AGENT_REFERENCE,
+            goal=agent.goal_for(params),
+            options=RunOptions(max_steps=MAX_STEPS, params=params),
+        )
+        meter = Meter()
+        if not engine.start(state):
+            raise RuntimeError(f"{RUN_ID} already exists in {directory}")
+        for expected in range(1, steps + 1):
+            # As a worker does: each commit also counts the next step's first attempt.
+            outcome = engine.advance(RUN_ID, count_next_attempt=True)
+            if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
+                raise RuntimeError(f"expected step {expected} to complete, got {outcome}")
+        return meter.figures("ratchet", steps, _sqlite_pragmas(runtime.db.connection))
+    finally:
+        runtime.close()
+
+
+def resume_ratchet(directory: Path, from_step: int) -> float:
+    started = time.perf_counter()
+    runtime = LocalRuntime.open(
+        LocalSettings(store=f"sqlite:///{directory / DATABASE}"), create=False
+    )
+    outcome = _ratchet_engine(runtime).advance(RUN_ID)
+    durable = time.perf_counter()
+    runtime.close()
+    if outcome.outcome is not Outcome.CONTINUE or outcome.step != from_step + 1:
+        raise RuntimeError(f"expected step {from_step + 1} to complete, got {outcome}")
+    return (durable - started) * 1000
+
+
+# --- LangGraph -------------------------------------------------------------------------------
+
+
+def _langgraph_app(path: Path, at_step: Callable[[int], None]) -> tuple[Any, Any]:
+    """The graph, compiled with a `SqliteSaver` on `path` (as `from_conn_string` opens it)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    def act(state):
+        # Each step adds two messages: the model's tool call and the tool's answer.
+        step = len(state["messages"]) // 2 + 1
+        at_step(step)
+        arguments = arguments_for(step)
+        call_id = f"call-{step}"
+        call = {"name": TOOL_NAME, "args": arguments, "id": call_id, "type": "tool_call"}
+        return {
+            "messages": [
+                AIMessage(content="", tool_calls=[call]),
+                ToolMessage(content=result_for(arguments), tool_call_id=call_id),
+            ],
+        }
+
+    def route(state):
+        return END if len(state["messages"]) // 2 >= MAX_STEPS else "act"
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("act", act)
+    builder.add_edge(START, "act")
+    builder.add_conditional_edges("act", route, ["act", END])
+    saver = SqliteSaver(sqlite3.connect(path, check_same_thread=False))
+    saver.setup()
+    return builder.compile(checkpointer=saver), saver
+
+
+def _langgraph_config() -> dict[str, Any]:
+    return {"configurable": {"thread_id": RUN_ID}, "recursion_limit": MAX_STEPS + 10}
+
+
+def run_langgraph(directory: Path, steps: int) -> NoReturn:
+    meter: Meter | None = None
+
+    def at_step(step: int) -> None:
+        if step > steps:
+            assert meter is not None
+            _exit_with(asdict(meter.figures("langgraph", steps, _sqlite_pragmas(saver.conn))))
+
+    graph, saver = _langgraph_app(directory / DATABASE, at_step)
+    meter = Meter()
+    graph.invoke({"messages": []}, _langgraph_config(), durability="sync")
+    raise RuntimeError("the graph ended before its last step")
+
+
+def resume_langgraph(directory: Path, from_step: int) -> NoReturn:
+    started = time.perf_counter()
+    durable: list[float] = []
+
+    def at_step(step: int) -> None:
+        if step > from_step + 1:
+            _exit_with({"ms": (durable[-1] - started) * 1000, "puts": len(durable)})
+
+    graph, saver = _langgraph_app(directory / DATABASE, at_step)
+    put = saver.put
+
+    def timed_put(*args: Any, **kwargs: Any) -> Any:
+        saved = put(*args, **kwargs)
+        durable.append(time.perf_counter())
+        return saved
+
+    saver.put = timed_put
+    # What resuming a thread is in LangGraph: no input, the same thread id.
+    graph.invoke(None, _langgraph_config(), durability="sync")
+    raise RuntimeError("the graph ended before its last step")
+
+
+# --- DBOS ------------------------------------------------------------------------------------
+
+
+def _dbos_app(path: Path, at_step: Callable[[int], None]) -> Callable[[], int]:
+    """The workflow, and DBOS launched on a SQLite system database at `path` (which recovers
+    any workflow a dead process left pending)."""
+    from dbos import DBOS
+
+    def model_call(step: int) -> dict[str, Any]:
+        return {"name": TOOL_NAME, "arguments": arguments_for(step)}
+
+    def tool_call(call: dict[str, Any]) -> str:
+        return result_for(call["arguments"])
+
+    # DBOS's decorators, applied as calls: the same registration, typed for mypy.
+    decide: Callable[[int], dict[str, Any]] = DBOS.step(name="decide")(model_call)
+    call_tool: Callable[[dict[str, Any]], str] = DBOS.step(name="call_tool")(tool_call)
+
+    def lookups() -> int:
+        transcript = []
+        for step in range(1, MAX_STEPS + 1):
+            at_step(step)
+            call = decide(step)
+            transcript.append((call, call_tool(call)))
+        return len(transcript)
+
+    scripted_lookups: Callable[[], int] = DBOS.workflow(name="scripted_lookups")(lookups)
+
+    DBOS(
+        config={
+            "name": "compare",
+            "system_database_url": f"sqlite:///{path}",
+            "log_level": "ERROR",
+        }
+    )
+    DBOS.launch()
+    return scripted_lookups
+
+
+def _dbos_pragmas() -> tuple[str, int]:
+    from dbos._dbos import _get_dbos_instance
+
+    # Private, but the only way to ask DBOS's own connections what they were opened with.
+    engine = _get_dbos_instance()._sys_db.engine
+    with engine.connect() as connection:
+        journal_mode = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+        synchronous = connection.exec_driver_sql("PRAGMA synchronous").scalar()
+    return str(journal_mode), int(str(synchronous))
+
+
+def run_dbos(directory: Path, steps: int) -> NoReturn:
+    from dbos import SetWorkflowID
+
+    meter: Meter | None = None
+
+    def at_step(step: int) -> None:
+        if step > steps:
+            assert meter is not None
+            _exit_with(asdict(meter.figures("dbos", steps, _dbos_pragmas)))
+
+    workflow = _dbos_app(directory / DATABASE, at_step)
+    meter = Meter()
+    with SetWorkflowID(RUN_ID):
+        workflow()
+    raise RuntimeError("the workflow ended before its last step")
+
+
+def resume_dbos(directory: Path, from_step: int) -> NoReturn:
+    started = time.perf_counter()
+    replay_started: list[float] = []
+
+    def at_step(step: int) -> None:
+        if not replay_started:
+            replay_started.append(time.perf_counter())
+        # The step before this one returned from its tool call, recorded: it is durable.
+        if step > from_step + 1:
+            durable = time.perf_counter()
+            _exit_with(
+                {
+                    "ms": (durable - started) * 1000,
+                    "until_replay_ms": (replay_started[0] - started) * 1000,
+                }
+            )
+
+    _dbos_app(directory / DATABASE, at_step)
+    time.sleep(CHILD_TIMEOUT_SECONDS)
+    raise RuntimeError("DBOS did not recover the workflow")
+
+
+CHILD_RUNS: dict[str, Callable[[Path, int], Any]] = {
+    "ratchet": run_ratchet,
+    "langgraph": run_langgraph,
+    "dbos": run_dbos,
+}
+CHILD_RESUMES: dict[str, Callable[[Path, int], Any]] = {
+    "ratchet": resume_ratchet,
+    "langgraph": resume_langgraph,
+    "dbos": resume_dbos,
+}
+
+
+# --- the parent: fresh processes, the table, the plot ----------------------------------------
+
+
+def installed(framework: str) -> bool:
+    try:
+        return all(util.find_spec(name) is not None for name in MODULES[framework])
+    except ModuleNotFoundError:  # a submodule's parent package is missing
+        return False
+
+
+def _child(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"bench.compare {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def measure_run(framework: str, steps: int, directory: Path) -> RunFigures:
+    """N steps of a fresh run of `framework`, in a fresh process, in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return RunFigures(**_child("run", framework, str(steps), str(directory)))
+
+
+def measure_resume(framework: str, directory: Path, from_step: int) -> dict[str, float]:
+    """`ms`: from after a fresh process's imports until its first step is durable (and, for
+    DBOS, `until_replay_ms`: until its recovered workflow started running again)."""
+    return _child("resume", framework, str(from_step), str(directory))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    runs: dict[str, dict[int, RunFigures]]
+    resumes: dict[str, list[dict[str, float]]]
+    resumed_from: int
+    missing: list[str]
+    seconds: float
+    taken: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    )
+
+
+def compare(
+    root: Path, step_counts: Sequence[int] = STEP_COUNTS, frameworks: Sequence[str] = FRAMEWORKS
+) -> Comparison:
+    started = time.perf_counter()
+    present = [f for f in frameworks if installed(f)]
+    runs: dict[str, dict[int, RunFigures]] = {f: {} for f in present}
+    for steps in step_counts:
+        for framework in present:  # interleaved, so that a noisy minute hits all three
+            runs[framework][steps] = measure_run(framework, steps, root / f"{framework}-{steps}")
+    longest = max(step_counts)
+    resumes = {
+        framework: [
+            measure_resume(framework, root / f"{framework}-{longest}", longest + sample)
+            for sample in range(RESUME_SAMPLES)
+        ]
+        for framework in present
+    }
+    return Comparison(
+        runs=runs,
+        resumes=resumes,
+        resumed_from=longest,
+        missing=[f for f in frameworks if f not in present],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    for package in (
+        "ratchet-agents",
+        "langgraph",
+        "langgraph-checkpoint-sqlite",
+        "dbos",
+        "sqlalchemy",
+        "matplotlib",
+    ):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def machine() -> str:
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+
+
+DURABILITY = {
+    "ratchet": "both set by the store; the decision committed before the tool runs",
+    "langgraph": "WAL set by SqliteSaver, synchronous SQLite's default; durability='sync' "
+    "(LangGraph's default, 'async', commits while the next step runs)",
+    "dbos": "neither set by DBOS (SQLite's defaults); each step's output committed as it returns",
+}
+SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base else "-"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+FIGURES = (
+    ("ms per step", "wall_ms", "{:,.2f} ms"),
+    ("CPU ms per step (all threads)", "cpu_ms", "{:,.2f} ms"),
+    ("row bytes per step", "row_bytes", "{:,.0f} B"),
+    ("written bytes per step (write(2))", "written_bytes", "{:,.0f} B"),
+    ("durable commits per step", "commits", "{:,.2f}"),
+)
+
+
+def report(result: Comparison) -> str:
+    present = list(result.runs)
+    counts = sorted(next(iter(result.runs.values()))) if present else []
+    found = versions()
+    lines = [
+        "The scripted agent (bench/scripted_agent.py): one tool call a step, 200 B of JSON "
+        "arguments, a 1,024 B result",
+        f"{result.taken}, {machine()}, Python {found['python']}, SQLite {found['sqlite']}",
+        "ratchet-agents {ratchet-agents}, langgraph {langgraph} with langgraph-checkpoint-sqlite "
+        "{langgraph-checkpoint-sqlite}, dbos {dbos} (SQLAlchemy {sqlalchemy})".format(**found),
+        "Figures per step are means over a fresh run of that many steps, its creation included; "
+        "ratios against Ratchet (1.00x).",
+        "",
+    ]
+    header = ["figure", *(NAMES[f] for f in present)]
+    rows: list[list[str]] = [header]
+    for label, attribute, shape in FIGURES:
+        for steps in counts:
+            base = result.runs["ratchet"][steps].per_step(attribute) if "ratchet" in present else 0
+            cells = [f"{label}, {steps:,} steps"]
+            for framework in present:
+                value = result.runs[framework][steps].per_step(attribute)
+                cells.append(f"{shape.format(value)} ({_ratio(value, base)})")
+            rows.append(cells)
+    resume_ms = {f: [sample["ms"] for sample in result.resumes[f]] for f in present}
+    if present:
+        base = statistics.median(resume_ms["ratchet"]) if "ratchet" in present else 0.0
+        cells = [f"resume after {result.resumed_from:,} steps, fresh process (median)"]
+        for framework in present:
+            value = statistics.median(resume_ms[framework])
+            cells.append(f"{value:,.1f} ms ({_ratio(value, base)})")
+        rows.append(cells)
+        rows.append(
+            ["  samples (ms)", *(" / ".join(f"{ms:,.1f}" for ms in resume_ms[f]) for f in present)]
+        )
+    lines += _table(rows)
+    lines += ["", "Durability, as each ran:"]
+    for framework in present:
+        figures = result.runs[framework][counts[-1]]
+        lines.append(
+            f"  {NAMES[framework]}: journal_mode={figures.journal_mode}, synchronous="
+            f"{SYNCHRONOUS.get(figures.synchronous, figures.synchronous)}; "
+            f"{DURABILITY[framework]}"
+        )
+    lines += [
+        "Row bytes: values bound to INSERT/UPDATE/REPLACE. Written bytes: /proc/self/io wchar "
+        "(WAL or journal, and checkpoints into the database).",
+        "Resume: a fresh process, from after its imports until its first step is durable; "
+        f"{RESUME_SAMPLES} processes in a row, each taking one more step.",
+    ]
+    if "dbos" in present:
+        waited = statistics.median(s["until_replay_ms"] for s in result.resumes["dbos"])
+        lines.append(
+            f"DBOS's resume: {waited:,.0f} ms (median) until its recovered workflow ran again: "
+            "launch re-enqueues it and its internal queue is polled (1 s by default)."
+        )
+    if result.missing:
+        lines.append(
+            "Not measured (not installed: make compare installs them): "
+            + ", ".join(NAMES[f] for f in result.missing)
+        )
+    lines.append(f"compare took {result.seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def plot(result: Comparison, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = versions()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    colours = {"ratchet": "tab:blue", "langgraph": "tab:orange", "dbos": "tab:green"}
+    for framework, by_steps in result.runs.items():
+        counts = sorted(by_steps)
+        name, colour = NAMES[framework], colours[framework]
+        left.plot(
+            counts,
+            [by_steps[n].per_step("wall_ms") for n in counts],
+            marker="o",
+            color=colour,
+            label=f"{name}: wall",
+        )
+        left.plot(
+            counts,
+            [by_steps[n].per_step("cpu_ms") for n in counts],
+            marker="s",
+            linestyle=":",
+            color=colour,
+            label=f"{name}: CPU",
+        )
+        right.plot(
+            counts,
+            [by_steps[n].per_step("row_bytes") for n in counts],
+            marker="o",
+            color=colour,
+            label=f"{name}: row bytes",
+        )
+        right.plot(
+            counts,
+            [by_steps[n].per_step("written_bytes") for n in counts],
+            marker="s",
+            linestyle="--",
+            color=colour,
+            label=f"{name}: written (write(2))",
+        )
+    left.set(xscale="log", xlabel="steps in the run", ylabel="ms per step (mean)")
+    left.set_title("Time per step")
+    right.set(xscale="log", yscale="log", xlabel="steps in the run", ylabel="bytes per step (mean)")
+    right.set_title("Bytes written per step")
+    for axes in (left, right):
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(fontsize=8)
+    left.set_ylim(bottom=0)
+    figure.suptitle(
+        "One scripted agent on SQLite: a tool call a step (200 B in, 1 KB out), one run each"
+    )
+    figure.text(
+        0.01,
+        0.01,
+        f"{result.taken}, one run on a shared machine; {machine()}; "
+        f"Python {found['python']}, SQLite {found['sqlite']}; "
+        f"ratchet-agents {found['ratchet-agents']}, langgraph {found['langgraph']} + "
+        f"checkpoint-sqlite {found['langgraph-checkpoint-sqlite']}, dbos {found['dbos']}",
+        fontsize=7,
+    )
+    figure.tight_layout(rect=(0, 0.04, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _child_main(kind: str, framework: str, number: int, directory: Path) -> None:
+    for module in MODULES[framework]:
+        importlib.import_module(module)
+    with counting_sqlite_writes():
+        if kind == "run":
+            _exit_with(asdict(CHILD_RUNS[framework](directory, number)))
+        _exit_with({"ms": CHILD_RESUMES[framework](directory, number)})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The scripted agent on Ratchet, LangGraph, DBOS.")
+    parser.add_argument("--steps", default=",".join(map(str, STEP_COUNTS)))
+    parser.add_argument("--plot", type=Path, default=PROJECT_ROOT / "docs" / "compare.png")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, framework, number, directory = args.child
+        _child_main(kind, framework, int(number), Path(directory))
+        return
+    step_counts = [int(n) for n in args.steps.split(",")]
+    with tempfile.TemporaryDirectory(prefix="ratchet-compare-") as root:
+        result = compare(Path(root), step_counts)
+    print(report(result))
+    if not args.no_plot and util.find_spec("matplotlib") is not None:
+        plot(result, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
