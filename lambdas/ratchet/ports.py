@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -157,6 +157,16 @@ class StepView(BaseModel):
     previous_failure: str | None = None
     """Why the previous attempt at this step failed (the error recorded on the run); None on
     a step's first attempt, and after an attempt that died without saying why."""
+    pinned: list[str] = Field(default_factory=list)
+    """Facts the agent pinned with `remember`: shown in every prompt."""
+    summary: str | None = None
+    """The model-written summary of the steps before `messages` (`model_summary`)."""
+    summarised_through: int = 0
+    """The last step `summary` covers."""
+    task: Literal["step", "summarise"] = "step"
+    """`summarise`: the model is asked to fold the oldest steps of `messages` (those up to
+    `summarise_through`) into `summary` and answer `Done(summary=<the new summary>)`."""
+    summarise_through: int = 0
 
 
 class ModelRequest(BaseModel):

@@ -322,6 +322,8 @@ def new_run(
             tool_latency_ms=request.tool_latency_ms or 0,
             params=params,
             notify=request.notify or NotifyTargets(),
+            memory_window=agent.memory_window,
+            model_summary=agent.model_summary,
         )
     except ValidationError as error:
         (where, what), *_ = request_problems(error)

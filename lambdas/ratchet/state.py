@@ -256,6 +256,8 @@ class RunState(_Model):
     memory: str | None = None
     """The model-written running summary of the steps that left the window (`model_summary`);
     recorded in the step record that evicted them."""
+    memory_through: int = 0
+    """The last step folded into `memory` (with `model_summary`; 0: none yet)."""
     not_before: datetime | None = None
     """After a failed attempt: the next attempt waits until then (backing off)."""
     created_at: datetime = Field(default_factory=utcnow)
@@ -296,6 +298,8 @@ class StepCompleted(_Model):
     memory: str | None = None
     """The running summary after this step, when this step's commit summarised the steps it
     pushed out of the window with the model (written once here, so a replay reads it back)."""
+    memory_through: int | None = None
+    """The last step `memory` covers (set with it)."""
 
 
 class PersonDecided(_Model):

@@ -93,8 +93,7 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
     `memory_window` completed steps with their results, a person's answer in place of the
     result of the step that asked, and the last result. Records of steps past the state's
     (none, for a consistent read) and before the window are skipped."""
-    size = state.options.memory_window
-    first = state.step - size + 1
+    first = window_start(state)
     messages: list[Message] = []
     results: dict[int, ToolOutput] = {}
     last_result: str | None = None
@@ -114,7 +113,6 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
         # A state with no window (a fresh run, or one whose records are gone) keeps whatever
         # it was stored with: a schema-2 head holds its window itself.
         return state
-    messages = messages[-size:]
     kept = {m.step for m in messages}
     return state.model_copy(
         update={
@@ -123,6 +121,14 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
             "last_result": last_result,
         }
     )
+
+
+def window_start(state: RunState) -> int:
+    """The first step of the state's window: after the last step the model summarised, or the
+    last `memory_window` steps."""
+    if state.options.model_summary:
+        return state.memory_through + 1
+    return max(1, state.step - state.options.memory_window + 1)
 
 
 def message_of(event: StepCompleted) -> Message:

@@ -30,7 +30,15 @@ from pydantic import BaseModel
 
 from ratchet.errors import PermanentError
 from ratchet.ports import RunData, StepView, ToolSpec
-from ratchet.state import ApprovalRequest, Decision, Done, RunOptions, RunState, ToolCall
+from ratchet.state import (
+    RECENT_STEPS,
+    ApprovalRequest,
+    Decision,
+    Done,
+    RunOptions,
+    RunState,
+    ToolCall,
+)
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -212,6 +220,14 @@ class Agent:
     model_retry_seconds: float = 60.0
     """How long one attempt may spend waiting out a provider's transient errors (rate limits,
     overload, timeouts) before the attempt counts as failed."""
+    memory_window: int = RECENT_STEPS
+    """Completed steps the model sees in full. Older steps are folded into a per-tool digest,
+    or, with `model_summary`, into a summary the model writes (`memory_window` steps at a
+    time, so the window holds between `memory_window` and twice that)."""
+    model_summary: bool = False
+    remember: bool = True
+    """Offer the model the runtime's `remember` tool, which pins a fact (at most
+    `MAX_FACT_CHARS` characters, `MAX_PINNED_FACTS` facts) into every later prompt."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -228,6 +244,13 @@ class Agent:
             raise ValueError(
                 f"agent {self.name!r}: step_timeout_seconds must be a number of seconds from "
                 f"{MIN_STEP_TIMEOUT_SECONDS:g} to {MAX_STEP_TIMEOUT_SECONDS:g}, not {limit!r}"
+            )
+
+        window = self.memory_window
+        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 50:
+            raise ValueError(
+                f"agent {self.name!r}: memory_window must be a whole number of steps from 1 to "
+                f"50, not {window!r}"
             )
 
     def tool_named(self, name: str) -> Tool[Any] | None:

@@ -72,7 +72,8 @@ def test_claude_drives_the_migration_through_a_crash_and_an_approval(tmp_path):
     assert body is not None
     assert body["model"] == "claude-test-model"
     assert [t["name"] for t in body["tools"]] == [
-        "inspect_table", "copy_batch", "request_approval", "drop_table", "send_email"
+        "inspect_table", "copy_batch", "request_approval", "drop_table", "send_email",
+        "remember",  # the runtime's own: pins a fact into every later prompt
     ]  # fmt: skip
     prompt = body["messages"][0]["content"]
     head_of_template = step_prompt_template().split("<goal>")[0]

@@ -355,7 +355,7 @@ class DynamoDbCheckpointStore:
         )
         if state.step == 0:
             return state  # no step yet: no window
-        first = state.step - state.options.memory_window + 1
+        first = stored.window_start(state)
         recent: list[CheckpointEvent] = []
         while True:
             for item in records:

@@ -369,7 +369,7 @@ class SqliteCheckpointStore:
         time, until a record before the window (or the first record)."""
         if step == 0:
             return []  # no step yet: no window
-        first = step - state.options.memory_window + 1
+        first = stored.window_start(state)
         page = stored.window_reads(state.options.memory_window)
         found: list[CheckpointEvent] = []
         below = None

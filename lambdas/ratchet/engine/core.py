@@ -40,8 +40,9 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from ratchet.engine import memory
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
-from ratchet.engine.prompt import render_step_prompt
+from ratchet.engine.prompt import render_step_prompt, render_summary_prompt
 from ratchet.engine.transitions import apply_event
 from ratchet.errors import (
     TERMINAL_ERRORS,
@@ -80,6 +81,7 @@ from ratchet.state import (
     MAX_APPROVAL_REQUEST_BYTES,
     MAX_ATTEMPTS,
     MAX_ERROR_CHARS,
+    MAX_SUMMARY_CHARS,
     PREVIEW_CHARS,
     ApprovalRequest,
     AttemptFailed,
@@ -127,6 +129,15 @@ _OUTCOME_OF_STATUS = {
     RunStatus.DONE: Outcome.DONE,
     RunStatus.FAILED: Outcome.FAILED,
 }
+
+
+@dataclass(frozen=True)
+class Folded:
+    """The model's new running summary, covering the steps up to `through`."""
+
+    summary: str
+    through: int
+    usage: Usage | None
 
 
 @dataclass(frozen=True)
@@ -258,7 +269,7 @@ class Engine:
             state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
         try:
-            decision, output, wait, usage = self._attempt(state)
+            decision, output, wait, usage, folded = self._attempt(state)
         except (StaleVersion, InjectedFault):
             raise
         except Exception as error:
@@ -266,7 +277,7 @@ class Engine:
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
         try:
             head, written, event = self._commit_step(
-                state, decision, output, wait, count_next_attempt, started, usage
+                state, decision, output, wait, count_next_attempt, started, usage, folded
             )
         except (StaleVersion, InjectedFault):
             raise
@@ -295,6 +306,7 @@ class Engine:
         count_next_attempt: bool,
         started: float,
         usage: Usage | None,
+        folded: Folded | None = None,
     ) -> tuple[RunState, int, CheckpointEvent]:
         step = state.next_step
         key = idempotency_key(state.run_id, step)
@@ -322,6 +334,8 @@ class Engine:
             attempt=state.attempts,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
             usage=usage,
+            memory=folded.summary if folded else None,
+            memory_through=folded.through if folded else None,
         )
         head, written = self._commit(
             state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
@@ -368,7 +382,7 @@ class Engine:
 
     def _attempt(
         self, state: RunState
-    ) -> tuple[Decision, ToolOutput | None, ApprovalRequest | None, Usage | None]:
+    ) -> tuple[Decision, ToolOutput | None, ApprovalRequest | None, Usage | None, Folded | None]:
         """Decide and act: what the step's commit records. The agent's code runs under the
         agent's time limit, counted from the start of the attempt."""
         started = time.monotonic()
@@ -377,9 +391,12 @@ class Engine:
         clock = _StepClock(state.next_step, limit, None if limit is None else started + limit)
         decision, usage = self._decide(state, binding, clock)
         if isinstance(decision, Done):
-            return decision, None, None, usage
+            return decision, None, None, usage, None
         output, wait = self._act(state, binding, decision, clock)
-        return decision, output, wait, usage
+        folded = self._summarise(state, binding, clock)
+        if folded is not None and folded.usage is not None:
+            usage = folded.usage if usage is None else usage + folded.usage
+        return decision, output, wait, usage, folded
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
         clock = _StepClock(state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
@@ -408,7 +425,7 @@ class Engine:
             agent = binding.agent
             request = ModelRequest(
                 prompt=render_step_prompt(view),
-                tools=[t.spec() for t in agent.tools],
+                tools=memory.tool_specs(agent),
                 view=view,
                 instructions=agent.instructions,
                 max_tokens=agent.max_tokens,
@@ -482,11 +499,49 @@ class Engine:
             raise ValueError(f"the arguments blob {call.blob.sha256} does not hold an object")
         return arguments
 
+    def _summarise(self, state: RunState, binding: Binding, clock: _StepClock) -> Folded | None:
+        """With `model_summary`, when this step's commit would leave twice `memory_window`
+        steps in the window: the model's summary of the oldest ones, to record in the step's
+        record (so it is written once, and a replay reads it back)."""
+        through = memory.summarise_through(state)
+        if through is None:
+            return None
+        view = view_of(state).model_copy(update={"task": "summarise", "summarise_through": through})
+        request = ModelRequest(
+            prompt=render_summary_prompt(view, limit=MAX_SUMMARY_CHARS),
+            tools=[],
+            view=view,
+            instructions=binding.agent.instructions,
+            max_tokens=binding.agent.max_tokens,
+            temperature=binding.agent.temperature,
+            retry_seconds=binding.agent.model_retry_seconds,
+        )
+        try:
+            answer = clock.run(lambda: binding.model.decide(request), "summarising the window")
+        except StepAttemptFailed:
+            raise
+        except Exception as error:  # a model adapter or a scripted policy: user code
+            raise ModelFailed(
+                f"the model raised {_describe(error)} while summarising",
+                transient=is_transient(error),
+            ) from error
+        usage = answer.usage if isinstance(answer, ModelReply) else None
+        decision = answer.decision if isinstance(answer, ModelReply) else answer
+        if not isinstance(decision, Done) or not decision.summary.strip():
+            raise ModelOutputInvalid("asked for a summary of the oldest steps, the model gave none")
+        return Folded(decision.summary.strip()[:MAX_SUMMARY_CHARS], through, usage)
+
     def _act(
         self, state: RunState, binding: Binding, call: ToolCall, clock: _StepClock
     ) -> tuple[ToolOutput, ApprovalRequest | None]:
         step = state.next_step
         tool = binding.agent.tool_named(call.name)
+        if tool is None and call.name == memory.REMEMBER and memory.offers_remember(binding.agent):
+            try:
+                pinned = memory.remember(state, self._arguments_of(call))
+            except ValidationError as error:
+                raise RecordedDecisionInvalid(f"recorded fact no longer fits: {error}") from None
+            return ToolOutput(step=step, tool=memory.REMEMBER, text=pinned), None
         if tool is None:
             raise RecordedDecisionInvalid(
                 f"step {step} asks for tool {call.name!r}, which this agent lacks"
@@ -652,6 +707,9 @@ def view_of(state: RunState) -> StepView:
         last_result=state.last_result,
         params=state.options.params,
         previous_failure=state.error,
+        pinned=state.pinned,
+        summary=state.memory,
+        summarised_through=state.memory_through,
     )
 
 
@@ -666,6 +724,12 @@ def _validated(decision: object, agent: Agent) -> Decision:
         raise ModelOutputInvalid(f"the model's answer is not valid Unicode: {error}") from None
     if isinstance(decision, Done):
         return decision
+    if decision.name == memory.REMEMBER and memory.offers_remember(agent):
+        try:
+            args = memory.RememberArgs.model_validate(decision.arguments)
+        except ValidationError as error:
+            raise ModelOutputInvalid(f"invalid arguments for remember: {error}") from None
+        return ToolCall(name=memory.REMEMBER, arguments=args.model_dump(mode="json"))
     tool = agent.tool_named(decision.name)
     if tool is None:
         known = ", ".join(t.name for t in agent.tools)

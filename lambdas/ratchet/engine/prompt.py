@@ -8,6 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from ratchet.engine.memory import SUMMARY_PROMPT
 from ratchet.ports import StepView
 
 _PLACEHOLDER = re.compile(r"\{\{(goal|completed_steps|last_tool_result)\}\}")
@@ -23,16 +24,33 @@ def render_step_prompt(view: StepView) -> str:
     values = {
         "goal": view.goal,
         "completed_steps": render_completed_steps(view),
-        "last_tool_result": NOTHING_YET if view.last_result is None else view.last_result,
+        "last_tool_result": render_last_result(view),
     }
     # One pass over the template: text that arrives in a value (a goal that happens to contain
     # "{{last_tool_result}}", say) is never substituted again.
     return _PLACEHOLDER.sub(lambda match: values[match.group(1)], step_prompt_template())
 
 
+def render_last_result(view: StepView) -> str:
+    """The last result; after a failed attempt at this step, followed by why it failed, so the
+    model does not repeat the same mistake."""
+    text = NOTHING_YET if view.last_result is None else view.last_result
+    if view.previous_failure:
+        text += f"\n\nThe previous attempt at step {view.step} failed: {view.previous_failure}"
+    return text
+
+
 def render_completed_steps(view: StepView) -> str:
+    """The pinned facts, what the window no longer shows (the model's summary, or a per-tool
+    digest), then each step of the window with its result."""
     lines: list[str] = []
-    if view.digest:
+    if view.pinned:
+        lines.append("Facts to keep (pinned with remember):")
+        lines.extend(f"- {fact}" for fact in view.pinned)
+    if view.summary:
+        lines.append(f"Steps 1-{view.summarised_through}, summarised:")
+        lines.append(view.summary)
+    elif view.digest:
         summarised = max(d.last_step for d in view.digest.values())
         lines.append(f"Steps 1-{summarised}, summarised:")
         for name, digest in sorted(view.digest.items(), key=lambda item: item[1].first_step):
@@ -42,13 +60,40 @@ def render_completed_steps(view: StepView) -> str:
                 else f"steps {digest.first_step}-{digest.last_step}"
             )
             calls = "1 call" if digest.calls == 1 else f"{digest.calls} calls"
-            lines.append(f"- {name}: {calls} ({span}), last with {_compact(digest.last_arguments)}")
+            last = (
+                f", last with {_compact(digest.last_arguments)}"
+                if digest.last_arguments is not None
+                else ""
+            )
+            lines.append(f"- {name}: {calls} ({span}){last}")
+    lines.extend(_step_lines(view, after=view.summarised_through))
+    return "\n".join(lines) if lines else NOTHING_YET
+
+
+def render_summary_prompt(view: StepView, *, limit: int) -> str:
+    """What the model is asked when the oldest steps of the window are folded into its
+    summary: the summary so far and the steps up to `view.summarise_through`."""
+    steps = _step_lines(view, after=view.summarised_through, through=view.summarise_through)
+    return SUMMARY_PROMPT.format(
+        goal=view.goal,
+        summary=view.summary or NOTHING_YET,
+        steps="\n".join(steps),
+        limit=f"{limit:,}",
+    )
+
+
+def _step_lines(view: StepView, *, after: int, through: int | None = None) -> list[str]:
+    """`N. tool {arguments} -> result` for each step of the window after `after` (and up to
+    `through`)."""
     results = {result.step: result for result in view.tool_results}
+    lines = []
     for message in view.messages:
+        if message.step <= after or (through is not None and message.step > through):
+            continue
         result = results.get(message.step)
         outcome = result.text if result else "(no result recorded)"
         lines.append(f"{message.step}. {message.tool} {_compact(message.arguments)} -> {outcome}")
-    return "\n".join(lines) if lines else NOTHING_YET
+    return lines
 
 
 def _compact(value: Any) -> str:

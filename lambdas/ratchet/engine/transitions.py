@@ -76,9 +76,15 @@ REMEMBER = "remember"
 def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str, object]:
     message = message_of(event)
     preview = preview_of(event)
-    size = state.options.memory_window
     messages = [*state.messages, message]
-    evicted, messages = messages[:-size], messages[-size:]
+    if state.options.model_summary:
+        # Steps leave the window only when a step's commit summarised them (`memory_through`).
+        through = event.memory_through if event.memory_through is not None else 0
+        evicted = [m for m in messages if m.step <= through]
+        messages = [m for m in messages if m.step > through]
+    else:
+        size = state.options.memory_window
+        evicted, messages = messages[:-size], messages[-size:]
     kept_steps = {m.step for m in messages}
     digest = dict(state.digest)
     for old in evicted:
@@ -99,8 +105,9 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
         "not_before": None,
         "usage": _plus(state.usage, event.usage),
     }
-    if event.memory is not None:
+    if event.memory is not None and event.memory_through is not None:
         update["memory"] = event.memory
+        update["memory_through"] = event.memory_through
     fact = pinned_fact(event)
     if fact is not None:
         update["pinned"] = [*state.pinned, fact][-MAX_PINNED_FACTS:]
