@@ -1,10 +1,16 @@
-"""What one step costs on DynamoDB: requests by operation, and request bytes.
+"""What one step costs on DynamoDB: requests by operation, request bytes, and capacity units.
 
-`python -m bench.dynamodb_cost` runs the migration scenario (scripted model) in this process on
-moto's in-memory DynamoDB, through `AwsRuntime`, the wiring the step Lambda uses, one
-`Engine.advance` per step as one Lambda invocation takes it. A botocore `before-send` hook on
-the runtime's client sees every HTTP request the client sends, retries included, and the
-figures are printed for steps 10, 100 and 500.
+`python -m bench.dynamodb_cost` runs the scripted agent of `bench.scripted_agent` (200 B of
+arguments and a 1 KB result a step) in this process on moto's in-memory DynamoDB, through
+`AwsRuntime`, the wiring the step Lambda uses, one `Engine.advance` per step as one Lambda
+invocation takes it. A botocore `before-send` hook on the runtime's client sees every HTTP
+request the client sends, retries included, and the figures are printed for steps 10, 100 and
+500. (The tests run the migration scenario through the same code.)
+
+Write units are computed from item sizes as DynamoDB bills them: a write costs one unit per
+1 KB of the item (for an update, of the item as it ends up), twice that inside a transaction;
+a strongly consistent read one unit per 4 KB read. Item sizes count attribute names and
+values (UTF-8 strings; numbers as their digits).
 
 - requests: by operation, and by the tables they touch: the engine's (checkpoints and
   idempotency) and the agent's (the app table, where the migration copies its rows);
@@ -27,17 +33,19 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from bench.scripted_agent import AGENT_REFERENCE
 from ratchet.adapters.dynamodb import create_tables
 from ratchet.aws.runtime import AwsRuntime
 from ratchet.aws.settings import AwsSettings
 from ratchet.engine.core import Outcome
+from ratchet.runs import SCRIPTED, RunRequest, new_run
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
-RUN_ID = "bench-migration"
+RUN_ID = "bench-run"
 REGION = "us-east-1"
 SETTINGS = AwsSettings(
     checkpoints_table="ratchet-checkpoints",
@@ -60,6 +68,7 @@ class Request:
     operation: str
     tables: frozenset[str]
     bytes: int
+    payload: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 class RequestMeter:
@@ -78,7 +87,8 @@ class RequestMeter:
         if isinstance(target, bytes):
             target = target.decode()
         payload = json.loads(body) if body else {}
-        self.requests.append(Request(target.rpartition(".")[2], _tables(payload), len(body)))
+        operation = target.rpartition(".")[2]
+        self.requests.append(Request(operation, _tables(payload), len(body), payload))
 
     def take(self) -> list[Request]:
         """The requests since the last `take`."""
@@ -100,6 +110,10 @@ def _tables(payload: Mapping[str, Any]) -> frozenset[str]:
 class StepCost:
     step: int
     requests: list[Request] = field(default_factory=list)
+    items_after: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def write_units(self, role: str | None = None) -> int:
+        return sum(write_units(r, self.items_after) for r in self._of(role))
 
     def by_operation(self, role: str | None = None) -> Counter[str]:
         return Counter(r.operation for r in self._of(role))
@@ -114,6 +128,69 @@ class StepCost:
                 yield request
 
 
+# --- capacity units from item sizes ------------------------------------------------------------
+
+
+def item_size(item: Mapping[str, Any]) -> int:
+    """An item's size as DynamoDB counts it: each attribute's name and value."""
+    return sum(len(name.encode("utf-8")) + _value_size(value) for name, value in item.items())
+
+
+def _value_size(value: Mapping[str, Any]) -> int:
+    ((kind, data),) = value.items()
+    if kind == "S":
+        return len(str(data).encode("utf-8"))
+    if kind == "N":
+        return (len(str(data).lstrip("-").replace(".", "")) + 1) // 2 + 1
+    if kind == "BOOL" or kind == "NULL":
+        return 1
+    if kind == "M":
+        return 3 + item_size(data)
+    if kind == "L":
+        return 3 + sum(1 + _value_size(v) for v in data)
+    return len(json.dumps(data))
+
+
+def _units(size: int, unit: int) -> int:
+    return max(1, -(-size // unit))
+
+
+def write_units(request: Request, items_after: Mapping[tuple[str, str, str], int]) -> int:
+    """What a write request costs, in write units: an update is billed on the item as it
+    ends up (`items_after`: sizes by table and key, read after the step)."""
+    payload = request.payload
+    if request.operation == "PutItem":
+        return _units(item_size(payload["Item"]), 1024)
+    if request.operation == "UpdateItem":
+        return _units(items_after[_key(payload)], 1024)
+    if request.operation == "TransactWriteItems":
+        total = 0
+        for part in payload["TransactItems"]:
+            ((kind, body),) = part.items()
+            size = item_size(body["Item"]) if kind == "Put" else items_after[_key(body)]
+            total += 2 * _units(size, 1024)
+        return total
+    return 0
+
+
+def updated_keys(requests: list[Request]) -> set[tuple[str, str, str]]:
+    """The items a step's updates wrote, to be read back for their sizes."""
+    keys = set()
+    for request in requests:
+        if request.operation == "UpdateItem":
+            keys.add(_key(request.payload))
+        elif request.operation == "TransactWriteItems":
+            for part in request.payload["TransactItems"]:
+                ((kind, body),) = part.items()
+                if kind == "Update":
+                    keys.add(_key(body))
+    return keys
+
+
+def _key(body: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (body["TableName"], json.dumps(body["Key"], sort_keys=True), "")
+
+
 # --- a run, stepped in this process ------------------------------------------------------------
 
 
@@ -123,9 +200,14 @@ class DynamoDbBenchRun:
     Starts moto's mock on entry; everything DynamoDB in this process goes to it until exit.
     """
 
-    def __init__(self, *, batches: int, max_steps: int | None = None) -> None:
+    def __init__(
+        self, *, batches: int, max_steps: int | None = None, scripted: bool = False
+    ) -> None:
+        """A migration of `batches` batches; with `scripted`, the scripted agent of
+        `bench.scripted_agent`, for `batches` steps."""
         self.batches = batches
         self.max_steps = max_steps or batches + 10
+        self.scripted = scripted
 
     def __enter__(self) -> DynamoDbBenchRun:
         import boto3
@@ -142,15 +224,25 @@ class DynamoDbBenchRun:
         )
         self.runtime = AwsRuntime(SETTINGS, self.client)
         self.engine = self.runtime.engine(worker_id="bench", logger=LOG)
-        params = {**migration.agent.default_params, "batches": self.batches}
-        state = RunState(
-            run_id=RUN_ID,
-            agent="migration",
-            goal=migration.agent.goal_for(params),
-            options=RunOptions(max_steps=self.max_steps, params=params),
-        )
-        # What starting a run through the API does: seed the scenario's data, create the run.
-        migration.prepare(self.runtime.context(RUN_ID, state.options))
+        if self.scripted:
+            request = RunRequest(
+                run_id=RUN_ID,
+                agent=AGENT_REFERENCE,
+                model=SCRIPTED,
+                max_steps=self.max_steps,
+                input={"steps": self.batches},
+            )
+            state = new_run(request, has_anthropic_key=False)
+        else:
+            params = {**migration.agent.default_params, "batches": self.batches}
+            state = RunState(
+                run_id=RUN_ID,
+                agent="migration",
+                goal=migration.agent.goal_for(params),
+                options=RunOptions(max_steps=self.max_steps, params=params),
+            )
+            # What starting a run through the API does: seed the scenario's data.
+            migration.prepare(self.runtime.context(RUN_ID, state.options))
         if not self.engine.start(state):
             raise RuntimeError(f"run {RUN_ID} already exists")
         self.meter = RequestMeter(self.client)
@@ -172,8 +264,21 @@ class DynamoDbBenchRun:
             outcome = self.engine.advance(RUN_ID)
             if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
                 raise RuntimeError(f"expected step {expected} to complete, got {outcome}")
-            costs.append(StepCost(expected, self.meter.take()))
+            requests = self.meter.take()
+            costs.append(StepCost(expected, requests, self._sizes(updated_keys(requests))))
         return costs
+
+    def _sizes(self, keys: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], int]:
+        """The sizes of the items a step updated, as they ended up (read unmetered)."""
+        sizes = {}
+        for key in keys:
+            table, item_key, _ = key
+            found = self.client.get_item(
+                TableName=table, Key=json.loads(item_key), ConsistentRead=True
+            ).get("Item", {})
+            sizes[key] = item_size(found)
+        self.meter.take()
+        return sizes
 
 
 # --- the bench -------------------------------------------------------------------------------
@@ -183,12 +288,13 @@ def report(costs: list[StepCost], seconds: float) -> str:
     shown = [c for c in costs if c.step in STEPS_SHOWN]
     operations = sorted({op for c in shown for op in c.by_operation()})
     lines = [
-        "DynamoDB requests and request bytes per step: migration scenario, scripted model,",
+        "DynamoDB requests, request bytes and write units per step: the scripted agent (200 B",
+        "of arguments, a 1 KB result), scripted model,",
         "AwsRuntime on moto in-process, one Engine.advance per step (as one step Lambda call)",
         "",
         f"{'step':>5} {'role':>7} {'requests':>9} "
         + " ".join(f"{op:>{len(op)}}" for op in operations)
-        + f" {'bytes':>8}",
+        + f" {'bytes':>8} {'WRU':>4}",
     ]
     for cost in shown:
         for role in (ENGINE, APP, None):
@@ -196,7 +302,7 @@ def report(costs: list[StepCost], seconds: float) -> str:
             lines.append(
                 f"{cost.step:>5} {role or 'total':>7} {sum(ops.values()):>9} "
                 + " ".join(f"{ops.get(op, 0):>{len(op)}}" for op in operations)
-                + f" {cost.bytes(role):>8,}"
+                + f" {cost.bytes(role):>8,} {cost.write_units(role):>4}"
             )
     early, late = shown[0], shown[-1]
     growth = late.bytes(ENGINE) / early.bytes(ENGINE)
@@ -211,7 +317,7 @@ def report(costs: list[StepCost], seconds: float) -> str:
 
 def main() -> None:
     started = time.perf_counter()
-    with DynamoDbBenchRun(batches=BATCHES) as run:
+    with DynamoDbBenchRun(batches=BATCHES, scripted=True) as run:
         costs = run.advance_to(max(STEPS_SHOWN))
     print(report(costs, time.perf_counter() - started))
 

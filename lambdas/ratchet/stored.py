@@ -43,8 +43,14 @@ A store reading the window back reads `window_reads(size)` records, newest first
 
 
 def head_json(state: RunState) -> str:
-    """What a commit writes of the head: neither the static part nor the window."""
-    return state.model_dump_json(exclude=set(STATIC_FIELDS | WINDOW_FIELDS), exclude_none=True)
+    """What a commit writes of the head: neither the static part nor the window, nor a field
+    at its default (no usage yet, nothing pinned). So a field's default must keep its meaning
+    for good: changing one needs a schema version and a migration."""
+    head = state.model_dump(
+        mode="json", exclude=set(STATIC_FIELDS | WINDOW_FIELDS), exclude_defaults=True
+    )
+    head["schema_version"] = state.schema_version  # always stored: loading reads it first
+    return json.dumps(head, separators=(",", ":"), ensure_ascii=False)
 
 
 def static_json(state: RunState) -> str:

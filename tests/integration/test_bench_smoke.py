@@ -10,6 +10,7 @@ import pytest
 
 from bench.step_cost import (
     MAX_STEP_BYTES,
+    MAX_WAL_BYTES,
     RUN_ID,
     BenchRun,
     StepTiming,
@@ -18,15 +19,15 @@ from bench.step_cost import (
 from ratchet.stored import head_json
 
 GROWTH_MARGIN_BYTES = 64
-"""Step 50 writes wider numbers than step 10 (ids 48,001 against 8,001): 43 bytes' worth here.
-A state that kept every message would add about 7 KB by step 50."""
+"""Step 50 writes wider numbers than step 10 (versions, steps and keys): a few bytes. A state
+that kept every message would add about 7 KB by step 50."""
 
 
 @pytest.fixture(scope="module")
 def fifty_steps(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[BenchRun, list[StepTiming]]]:
-    with BenchRun(tmp_path_factory.mktemp("bench"), batches=60, max_steps=70) as run:
+    with BenchRun(tmp_path_factory.mktemp("bench"), steps=90, max_steps=90) as run:
         yield run, run.advance_to(50)
 
 
@@ -48,6 +49,14 @@ def test_what_a_step_writes_does_not_grow_with_the_run(
     assert late.ledger_decision > 0
 
 
+def test_a_step_appends_at_most_16_kib_to_the_wal(
+    fifty_steps: tuple[BenchRun, list[StepTiming]],
+) -> None:
+    run, _ = fifty_steps
+
+    assert run.wal_bytes_per_step() <= MAX_WAL_BYTES
+
+
 def test_the_bench_times_the_tool_apart_from_the_engine(
     fifty_steps: tuple[BenchRun, list[StepTiming]],
 ) -> None:
@@ -60,7 +69,7 @@ def test_the_bench_times_the_tool_apart_from_the_engine(
 
 
 def test_a_fresh_process_resumes_the_run_and_takes_exactly_one_step(tmp_path: Path) -> None:
-    with BenchRun(tmp_path, batches=5, max_steps=10) as run:
+    with BenchRun(tmp_path, steps=5, max_steps=10) as run:
         run.advance_to(2)
 
         sample = resume_in_fresh_process(run.url)

@@ -50,3 +50,19 @@ def test_a_step_counts_its_attempt_before_any_work_and_commits_last():
     assert operations[-1] == "TransactWriteItems"  # the commit
     assert first.by_operation(ENGINE) == ENGINE_REQUESTS
     assert first.by_operation(APP) == Counter({"GetItem": 1})  # inspect_table reads META
+
+
+MAX_WRITE_UNITS = 12
+"""Write units a step of the scripted agent may cost (24 before issue 9, when every commit
+rewrote a 5 KB head inside the transaction and the ledger kept the result again)."""
+
+
+def test_a_step_of_the_scripted_agent_costs_at_most_12_write_units():
+    # Given the scripted agent: 200 B of arguments and a 1 KB result a step
+    with DynamoDbBenchRun(batches=30, scripted=True) as run:
+        costs = run.advance_to(25)
+
+    # Then every step from 5 on costs the same write units, at most half of what it did
+    units = {cost.write_units(ENGINE) for cost in costs if cost.step >= 5}
+    assert len(units) == 1, units
+    assert units.pop() <= MAX_WRITE_UNITS
