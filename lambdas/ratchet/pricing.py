@@ -79,6 +79,7 @@ BUILT_IN: Mapping[str, Prices] = {
     "*claude-opus-4-0*": _p(15, 75),
     "*claude-opus-4-2025*": _p(15, 75),
     "*claude-3-opus*": _p(15, 75),
+    "*claude-sonnet-4-6*": _p(3, 15),  # the same list price as 4.5 (checked 2026-12-01)
     "*claude-sonnet-4-5*": _p(3, 15),
     "*claude-sonnet-4-0*": _p(3, 15),
     "*claude-sonnet-4-2025*": _p(3, 15),

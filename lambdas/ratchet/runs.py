@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 SCRIPTED = "scripted"
 """The model name of an agent's own scripted policy (offline, no API key)."""
 
-DEFAULT_CLAUDE_MODEL = "claude-sonnet-4-5"
+DEFAULT_CLAUDE_MODEL = "claude-sonnet-4-6"
+"""The default Claude model (claude-sonnet-4-5 reached its end of life on 2026-11-30)."""
 DEFAULT_AGENT = "notebook"
 """The agent of a run started with a goal only."""
 
@@ -135,7 +136,7 @@ class RunRequest(BaseModel):
     model: ModelName | None = Field(
         default=None,
         description="'scripted' (the agent's own policy, offline), a Claude model on the "
-        "Anthropic API ('claude-sonnet-4-5'), or on Amazon Bedrock ('bedrock:<model id>'); "
+        "Anthropic API ('claude-sonnet-4-6'), or on Amazon Bedrock ('bedrock:<model id>'); "
         "locally also your own Model as module:attr. Default: Claude when a key is "
         "configured, else scripted.",
     )
