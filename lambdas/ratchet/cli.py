@@ -282,8 +282,9 @@ ModelOption = Annotated[
     typer.Option(
         "--model",
         callback=_not_empty,
-        help="'scripted' (offline) or a Claude model; default Claude when ANTHROPIC_API_KEY "
-        "is set, else scripted.",
+        help="'scripted' (offline), claude-… (with ANTHROPIC_API_KEY), bedrock:<model id> "
+        "(AWS credentials), or your own Model as module:attr; default Claude when "
+        "ANTHROPIC_API_KEY is set, else scripted.",
     ),
 ]
 MaxStepsOption = Annotated[

@@ -14,8 +14,11 @@ from ratchet.engine.transitions import apply_event
 from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
 from ratchet.ports import MAX_ITEM_BYTES, Commit, LedgerCompletion, LedgerEntry, LedgerStatus
 from ratchet.state import (
+    ApprovalRequest,
+    AttemptFailed,
     Checkpoint,
     Created,
+    PersonDecided,
     RunState,
     RunStatus,
     StepCompleted,
@@ -242,3 +245,61 @@ def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
     assert (head.version, head.attempts) == (3, 0)
     with pytest.raises(StaleVersion):
         backend.store.release_attempt("r1", 3)  # nothing left to take back
+
+
+def _commit_event(backend, head: RunState, event, step: int) -> RunState:
+    at = utcnow()
+    new_head = apply_event(head, event, version=head.version + 1, at=at)
+    checkpoint = Checkpoint(
+        run_id=head.run_id,
+        version=new_head.version,
+        step=step,
+        status=new_head.status,
+        worker_id="w",
+        created_at=at,
+        event=event,
+    )
+    backend.store.commit(
+        Commit(head=new_head, checkpoint=checkpoint, expected_version=head.version)
+    )
+    return new_head
+
+
+@pytest.mark.parametrize("model_summary", [False, True], ids=["digest", "model-summary"])
+def test_the_head_read_back_is_the_head_written_window_and_all(backend, model_summary):
+    # The store writes only part of the head and reads its window back from the step records
+    # (ratchet.stored): whatever the run did, what comes back must be what the fold made.
+    options = RunState(run_id="w", agent="a", goal="g").options.model_copy(
+        update={"memory_window": 3, "model_summary": model_summary}
+    )
+    state = RunState(run_id="w", agent="fake", goal="g" * 500, options=options)
+    backend.store.create_run(
+        state, new_run("w")[1].model_copy(update={"event": Created(state=state)})
+    )
+    head = backend.store.load_head("w")
+    assert head == state.model_copy(update={"version": 1})
+    for step in range(1, 12):
+        wait = ApprovalRequest(prompt="ok?") if step == 7 else None
+        memory = f"summary through {step - 3}" if model_summary and step % 3 == 0 else None
+        event = StepCompleted(
+            step=step,
+            key=f"w/step-{step}",
+            call=ToolCall(name="remember" if step == 2 else "write_row", arguments={"fact": "x"}),
+            output=ToolOutput(
+                step=step, tool="write_row", text="Remembered: x" if step == 2 else f"r{step}"
+            ),
+            wait=wait,
+            attempt=1,
+            duration_ms=1.0,
+            memory=memory,
+            memory_through=step - 3 if memory else None,
+        )
+        head = _commit_event(backend, head, event, step)
+        if step == 7:
+            head = _commit_event(backend, head, PersonDecided(approved=True, by="dana"), step)
+        if step == 9:
+            failed = AttemptFailed(step=10, attempt=1, error="boom", not_before=utcnow())
+            head = _commit_event(backend, head, failed, step)
+        assert backend.store.load_head("w") == head, step
+    assert head.pinned == ["x"]
+    assert [m.step for m in head.messages][-1] == 11

@@ -152,6 +152,17 @@ def test_the_request_is_the_system_prompt_the_tools_and_the_step_prompt_as_the_u
     assert any(API_KEY in value for value in request.headers.values())
 
 
+def test_a_summary_request_sends_no_tools_and_reads_the_done_reply_as_the_summary(harness):
+    # The engine's memory asks for a summary with no tools (ratchet.engine.memory)
+    request = REQUEST.model_copy(update={"tools": []})
+
+    decision = harness.decide(text_response("DONE: order A-100 was damaged."), request=request)
+
+    assert decision == Done(summary="order A-100 was damaged.")
+    [sent] = harness.api.requests
+    assert "tools" not in sent.body
+
+
 def test_without_instructions_there_is_no_system_prompt_and_temperature_is_sent_when_set(
     harness,
 ):

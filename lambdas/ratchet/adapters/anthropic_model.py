@@ -174,8 +174,9 @@ class AnthropicModel:
             "model": self._model,
             "max_tokens": request.max_tokens,
             "messages": messages,
-            "tools": tools,
         }
+        if tools:  # none when the model is asked for a summary (`ratchet.engine.memory`)
+            body["tools"] = tools
         if request.instructions:
             system: list[TextBlockParam] = [
                 {"type": "text", "text": request.instructions, "cache_control": EPHEMERAL}

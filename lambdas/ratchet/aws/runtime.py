@@ -30,7 +30,7 @@ from ratchet.errors import (
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore
 from ratchet.runs import AgentNotRunnable, Bindings
-from ratchet.state import RunOptions, RunState
+from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 
 if TYPE_CHECKING:
@@ -139,7 +139,15 @@ class AwsRuntime:
                 taken = engine.advance(run_id)
             except StaleVersion:
                 continue
-            except (StepAttemptFailed, StoreBusy):
+            except StepAttemptFailed as failed:
+                # The engine recorded when the next attempt may start (its backoff).
+                if failed.not_before is not None:
+                    time.sleep(max(0.0, (failed.not_before - utcnow()).total_seconds()))
+                else:
+                    time.sleep(pause)
+                    pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
+                continue
+            except StoreBusy:
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue
