@@ -8,7 +8,6 @@ its flags.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import re
@@ -29,6 +28,7 @@ from pydantic import (
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
+from ratchet.imports import ImportFailed, import_object
 from ratchet.ports import Model
 from ratchet.scenarios import IMPORT_PATH, LOCAL, AgentRegistry
 from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
@@ -413,21 +413,10 @@ def load_model(reference: str) -> Model:
     """Import `module:attr` and return the `Model` it names: an object with a `decide`
     method, or a class or zero-argument factory that returns one. `InvalidInput` says why
     not."""
-    module_name, _, attribute = reference.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as error:
-        # The user's module runs on import and can fail in any way: each is a bad reference.
-        reason = " ".join(str(error).split())
-        raise InvalidInput(
-            f"cannot import {module_name!r} for model {reference!r}: "
-            f"{type(error).__name__}: {reason}"
-        ) from None
-    found: object = module
-    for part in attribute.split("."):
-        found = getattr(found, part, None)
-    if found is None:
-        raise InvalidInput(f"{module_name!r} has no {attribute!r} for model {reference!r}")
+        found = import_object(reference, what="model", reference=reference)
+    except ImportFailed as failed:
+        raise InvalidInput(str(failed)) from None
     if not isinstance(found, type) and callable(getattr(found, "decide", None)):
         return cast(Model, found)
     if callable(found):

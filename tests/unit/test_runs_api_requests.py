@@ -35,7 +35,7 @@ def no_imports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         tried.append(name)
         raise AssertionError(f"imported {name}")
 
-    monkeypatch.setattr("ratchet.scenarios.importlib.import_module", refuse)
+    monkeypatch.setattr("ratchet.imports.importlib.import_module", refuse)
     return tried
 
 

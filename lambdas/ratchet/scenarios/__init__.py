@@ -8,7 +8,6 @@ typing them runs the code anyway (the CLI, locally).
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ratchet.errors import AgentNotFound
+from ratchet.imports import ImportFailed, import_object
 from ratchet.tools import Agent
 
 SCENARIOS: Mapping[str, str] = MappingProxyType(
@@ -115,21 +115,12 @@ def load_agent(reference: str) -> Agent:
 
 
 def _import(target: str, reference: str) -> Agent:
-    module_name, _, attribute = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as error:
-        # Importing the user's module runs their code, which can fail in any way (ImportError,
-        # SyntaxError, anything it raises, even `sys.exit()`): each is a bad agent reference,
-        # said in one line.
-        reason = " ".join(str(error).split())
-        raise AgentNotFound(
-            f"cannot import {module_name!r} for agent {reference!r}: "
-            f"{type(error).__name__}: {reason}"
-        ) from None
-    found: object = module
-    for part in attribute.split("."):
-        found = getattr(found, part, None)
+        found = import_object(target, what="agent", reference=reference)
+    except ImportFailed as failed:
+        if "cannot import" in str(failed):
+            raise AgentNotFound(str(failed)) from None
+        found = None
     if not isinstance(found, Agent):
         raise AgentNotFound(f"{target!r} is not a ratchet.tools.Agent")
     return found
