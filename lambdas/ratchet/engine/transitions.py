@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from ratchet.engine.memory import REMEMBER
 from ratchet.state import (
     MAX_PINNED_FACTS,
     AttemptFailed,
@@ -67,10 +68,6 @@ def replay(checkpoints: Iterable[Checkpoint]) -> RunState | None:
             state, checkpoint.event, version=checkpoint.version, at=checkpoint.created_at
         )
     return state
-
-
-REMEMBER = "remember"
-"""The tool the runtime offers every agent to pin a fact (see `ratchet.engine.memory`)."""
 
 
 def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str, object]:
