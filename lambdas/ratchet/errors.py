@@ -37,6 +37,20 @@ class NotWaiting(RatchetError):
         self.status = status
 
 
+class NotRetryable(InvalidInput):
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status}: only a failed run can be retried")
+        self.run_id = run_id
+        self.status = status
+
+
+class NotCancellable(InvalidInput):
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is already {status}: there is nothing to cancel")
+        self.run_id = run_id
+        self.status = status
+
+
 class StaleVersion(RatchetError):
     """Another worker advanced the run since we read it: our write was rejected, nothing changed."""
 

@@ -33,7 +33,14 @@ def _v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-UPGRADES: Mapping[int, Upgrade] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    # Version 4 adds the statuses `stopped` and `cancelled` and the `retried` record; a
+    # version 3 head has none of them, so it reads as it is. The bump makes an older Ratchet
+    # refuse a run it could not read instead of failing on a status it does not know.
+    return state
+
+
+UPGRADES: Mapping[int, Upgrade] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """`UPGRADES[n]` upgrades a version-n state to n + 1."""
 
 

@@ -21,11 +21,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning.
 2: tool calls, messages and their records may carry a `blob` (arguments kept by reference).
 3: the stored head leaves out the window (read back from step records) and the static part
-(kept apart, written once); runs keep pinned facts and a running summary."""
+(kept apart, written once); runs keep pinned facts and a running summary.
+4: a run may end `stopped` (the step cap) or `cancelled`, and a failed run may be retried."""
 
 RECENT_STEPS = 5
 """How many completed steps the state (and so the model) sees in full, unless the agent says
@@ -75,7 +76,15 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     WAITING = "waiting"
     DONE = "done"
+    """The agent reported the goal done."""
     FAILED = "failed"
+    STOPPED = "stopped"
+    """The run reached its step cap before the agent reported the goal done."""
+    CANCELLED = "cancelled"
+    """Someone cancelled the run; its checkpoints stay."""
+
+
+FINISHED = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.CANCELLED})
 
 
 class _Model(BaseModel):
@@ -269,7 +278,7 @@ class RunState(_Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (RunStatus.DONE, RunStatus.FAILED)
+        return self.status in FINISHED
 
 
 # --- checkpoint events: what each checkpoint records ------------------------------------------
@@ -321,7 +330,7 @@ class AttemptFailed(_Model):
 
 class Finished(_Model):
     kind: Literal["finished"] = "finished"
-    status: Literal[RunStatus.DONE, RunStatus.FAILED]
+    status: Literal[RunStatus.DONE, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.CANCELLED]
     summary: str | None = None
     error: str | None = None
     attempts: int = 0
@@ -329,8 +338,15 @@ class Finished(_Model):
     usage: Usage | None = None
 
 
+class Retried(_Model):
+    """A failed run given a fresh set of attempts at the step that failed."""
+
+    kind: Literal["retried"] = "retried"
+    by: str
+
+
 CheckpointEvent = Annotated[
-    Created | StepCompleted | PersonDecided | AttemptFailed | Finished,
+    Created | StepCompleted | PersonDecided | AttemptFailed | Finished | Retried,
     Field(discriminator="kind"),
 ]
 

@@ -26,6 +26,7 @@ from ratchet.migrations import load_state, load_state_raw
 from ratchet.state import (
     PREVIEW_CHARS,
     CheckpointEvent,
+    Created,
     Message,
     PersonDecided,
     RunState,
@@ -105,7 +106,13 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
     last_result: str | None = None
     asked_at: int | None = None
     for event in recent:
-        if isinstance(event, StepCompleted) and first <= event.step <= state.step:
+        if isinstance(event, Created):
+            # A run forked from another starts with the window its source had.
+            seeded = event.state
+            messages = [m for m in seeded.messages if m.step >= first]
+            results = {r.step: r for r in seeded.tool_results if r.step >= first}
+            last_result = seeded.last_result
+        elif isinstance(event, StepCompleted) and first <= event.step <= state.step:
             messages.append(message_of(event))
             results[event.step] = preview_of(event)
             last_result = results[event.step].text

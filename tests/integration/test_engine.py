@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -21,6 +22,8 @@ from ratchet.errors import (
     InjectedFault,
     ModelOutputInvalid,
     ModelUnavailable,
+    NotCancellable,
+    NotRetryable,
     NotWaiting,
     StaleVersion,
     StepAttemptFailed,
@@ -238,15 +241,68 @@ def test_a_rejection_becomes_the_step_result(tmp_path):
     assert replay(harness.store.list_checkpoints("run")) == state
 
 
-def test_the_step_cap_ends_the_run_with_a_reason(tmp_path):
+def test_the_step_cap_stops_the_run_with_a_reason_not_as_done(tmp_path):
     harness = Harness(tmp_path, StubModel(total=100))
     harness.start(max_steps=3)
 
     final = harness.run_until_stopped()
 
-    assert (final.status, final.step) == (RunStatus.DONE, 3)
+    # The goal was never reported done: the run says it stopped, and why
+    assert (final.status, final.step) == (RunStatus.STOPPED, 3)
     assert final.summary is not None
     assert "step cap of 3" in final.summary
+
+
+def _until_stopped(harness: Harness) -> RunState:
+    """Advance the run until it stops, taking failed attempts as a worker does."""
+    for _ in range(50):
+        with contextlib.suppress(StepAttemptFailed):
+            if harness.engine.advance("run").outcome is not Outcome.CONTINUE:
+                return harness.engine.load("run")
+    raise AssertionError("the run did not stop")
+
+
+def test_a_failed_run_retried_finishes_without_applying_an_applied_key_again(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=3))
+    harness.start()
+    harness.engine.advance("run")  # step 1 applies its key
+    working = harness.table.apply
+
+    def broken(args, ctx):
+        raise RuntimeError("disk full")
+
+    harness.table.apply = broken  # type: ignore[method-assign]
+    harness.engine = harness._engine()  # the agent's tool binds the table's method
+    failed = _until_stopped(harness)
+    assert failed.status is RunStatus.FAILED
+    assert "step 2 failed 3 times" in (failed.error or "")
+
+    harness.table.apply = working  # type: ignore[method-assign]
+    harness.engine = harness._engine()
+    retried = harness.engine.retry("run", by="dana")
+    assert (retried.status, retried.attempts, retried.error) == (RunStatus.RUNNING, 0, None)
+    final = _until_stopped(harness)
+
+    assert final.status is RunStatus.DONE
+    assert harness.table.keys() == [f"run/step-{n}" for n in range(1, 4)]
+    with pytest.raises(NotRetryable):
+        harness.engine.retry("run", by="dana")
+
+
+def test_a_cancelled_run_keeps_its_checkpoints_and_takes_no_more_steps(tmp_path):
+    harness = Harness(tmp_path, StubModel(total=10))
+    harness.start()
+    harness.engine.advance("run")
+    before = harness.store.list_checkpoints("run")
+
+    cancelled = harness.engine.cancel("run", by="dana", reason="wrong table")
+
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.summary == "Cancelled by dana: wrong table"
+    assert harness.engine.advance("run").step == cancelled.step
+    assert harness.store.list_checkpoints("run")[: len(before)] == before
+    with pytest.raises(NotCancellable):
+        harness.engine.cancel("run", by="dana")
 
 
 def test_large_tool_output_goes_to_a_blob_and_the_state_keeps_a_preview(tmp_path):

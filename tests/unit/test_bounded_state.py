@@ -87,7 +87,7 @@ def test_a_head_of_schema_1_is_read_and_upgraded():
     state = load_state(json.dumps(stored), version=4, attempts=1)
 
     assert (state.schema_version, state.version, state.attempts) == (SCHEMA_VERSION, 4, 1)
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
 
 
 def test_an_older_ratchet_refuses_a_head_that_may_hold_references():

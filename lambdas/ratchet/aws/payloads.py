@@ -27,6 +27,10 @@ _LOOP_OUTCOME: dict[Outcome, LoopOutcome] = {
     Outcome.WAITING: "waiting",
     Outcome.DONE: "done",
     Outcome.FAILED: "failed",
+    # The run ended on its own terms (the step cap) or was cancelled: the execution ends as
+    # it does when the run is done; the run's status says which.
+    Outcome.STOPPED: "done",
+    Outcome.CANCELLED: "done",
 }
 
 

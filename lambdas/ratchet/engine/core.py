@@ -51,6 +51,8 @@ from ratchet.errors import (
     InjectedFault,
     ModelFailed,
     ModelOutputInvalid,
+    NotCancellable,
+    NotRetryable,
     NotWaiting,
     RecordedDecisionInvalid,
     RunNotFound,
@@ -93,6 +95,7 @@ from ratchet.state import (
     Done,
     Finished,
     PersonDecided,
+    Retried,
     RunState,
     RunStatus,
     StepCompleted,
@@ -121,6 +124,8 @@ class Outcome(StrEnum):
     WAITING = "waiting"
     DONE = "done"
     FAILED = "failed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
 
 
 _OUTCOME_OF_STATUS = {
@@ -128,6 +133,8 @@ _OUTCOME_OF_STATUS = {
     RunStatus.WAITING: Outcome.WAITING,
     RunStatus.DONE: Outcome.DONE,
     RunStatus.FAILED: Outcome.FAILED,
+    RunStatus.STOPPED: Outcome.STOPPED,
+    RunStatus.CANCELLED: Outcome.CANCELLED,
 }
 
 
@@ -257,7 +264,7 @@ class Engine:
                 f"Stopped at the step cap of {state.options.max_steps} steps before the goal "
                 "was reported done."
             )
-            return self._finish(state, Finished(status=RunStatus.DONE, summary=summary))
+            return self._finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
         # Only this engine can have written the version it counted ahead for: if the head is
         # still at it, the attempt is already on record, and nobody else has touched the run.
         if self._counted_ahead.pop(run_id, None) != state.version:
@@ -363,6 +370,26 @@ class Engine:
             Finished(status=RunStatus.FAILED, error=_cut(reason), attempts=state.attempts),
             step=state.step,
         )
+        return head
+
+    def retry(self, run_id: str, *, by: str) -> RunState:
+        """Give a failed run a fresh set of attempts at the step that failed, from its last
+        checkpoint: recorded decisions and applied keys are honoured as on any resume."""
+        state = self.load(run_id)
+        if state.status is not RunStatus.FAILED:
+            raise NotRetryable(run_id, state.status)
+        head, _ = self._commit(state, Retried(by=by), step=state.step)
+        return head
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "") -> RunState:
+        """End a running or waiting run as `cancelled`, keeping its checkpoints. A step that
+        is under way elsewhere finds the run cancelled when it commits (a stale version)."""
+        state = self.load(run_id)
+        if state.is_finished:
+            raise NotCancellable(run_id, state.status)
+        summary = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
+        finished = Finished(status=RunStatus.CANCELLED, summary=_cut(summary))
+        head, _ = self._commit(state, finished, step=state.step)
         return head
 
     def decide_waiting(

@@ -16,6 +16,7 @@ from ratchet.state import (
     Finished,
     Message,
     PersonDecided,
+    Retried,
     RunState,
     RunStatus,
     StepCompleted,
@@ -46,6 +47,13 @@ def apply_event(
                 "error": event.error,
                 "not_before": event.not_before,
                 "usage": _plus(state.usage, event.usage),
+            }
+        case Retried():
+            update |= {
+                "status": RunStatus.RUNNING,
+                "attempts": 0,
+                "error": None,
+                "not_before": None,
             }
         case Finished():
             update |= {
