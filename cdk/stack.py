@@ -123,6 +123,29 @@ class RatchetStack(Stack):
         api_function = lambdas["api"]
         api_function.add_environment(contract.STATE_MACHINE_ARN, state_machine.state_machine_arn)
         state_machine.grant_start_execution(api_function)
+        # Cancelling a run stops its execution, found among the machine's running ones.
+        state_machine.grant(api_function, "states:ListExecutions")
+        api_function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["states:StopExecution"],
+                resources=[
+                    self.format_arn(
+                        service="states",
+                        resource="execution",
+                        resource_name=f"{state_machine_name}:*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        acknowledge(
+            lambdas.roles["api"],
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:"
+            f"<AWS::AccountId>:execution:{state_machine_name}:*]",
+            "Execution names derive from run ids, unknown at deploy time; the statement "
+            "allows only StopExecution, on this state machine's executions only (a run's "
+            "cancel stops its execution).",
+        )
         if "rollover" in lambdas.by_name:
             own_arn = state_machine_arn(self, state_machine_name)
             rollover = lambdas["rollover"]

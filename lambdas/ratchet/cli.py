@@ -29,10 +29,24 @@ from rich.table import Table
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
-from ratchet.local.leases import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS, check_run_id
-from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import RunState, RunStatus
+
+# The bounds the options check, as the modules that own them define them (a unit test holds
+# them equal). Importing those modules here would load the SQLite adapter, the engine and the
+# scripted model before `--help` or any command could answer.
+MIN_LEASE_SECONDS = 0.1  # ratchet.local.leases
+MAX_LEASE_SECONDS = 3600.0  # ratchet.local.leases
+MAX_STEPS = 10_000  # ratchet.runs
+MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
+MAX_BATCHES = 500  # ratchet.scenarios.migration_data
+
+
+def check_run_id(run_id: str) -> str:
+    """`ratchet.runs.check_run_id`, imported when a command first needs it."""
+    from ratchet.runs import check_run_id as check
+
+    return check(run_id)
+
 
 app = typer.Typer(
     name="ratchet",
@@ -99,8 +113,9 @@ def _runtime(*, create: bool, store: str | None = None) -> Any:
     return runtime_for(_settings(store), create=create)
 
 
-def _client(*, create: bool, worker_id: str | None = None) -> Any:
-    """The Python client the commands act through, on the store the options name."""
+def _client(*, create: bool, worker_id: str | None = None, logs: bool = True) -> Any:
+    """The Python client the commands act through, on the store the options name. A read
+    command (`logs=False`) logs nothing, and so skips loading the JSON logger."""
     from ratchet.client import Client
     from ratchet.faults import FaultPlan
 
@@ -108,7 +123,7 @@ def _client(*, create: bool, worker_id: str | None = None) -> Any:
     return Client(
         _runtime(create=create),
         worker_id=worker_id or _cli_worker_id(),
-        logger=_logger(),
+        logger=_logger() if logs else None,
         faults=FaultPlan.parse(settings.fault),
         channel="cli",
     )
@@ -378,6 +393,35 @@ def start(
         err.print(f"run {state.run_id} already exists; nothing changed")
 
 
+ProgressJsonOption = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON object per step, then one for the run."),
+]
+
+
+def _progress_line(report: Any, printer: Any) -> None:
+    from ratchet.progress import line_of_state
+
+    state = report.state
+    printer.show(line_of_state(state, ms=report.ms, before=printer.before(state.run_id)))
+
+
+def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
+    """`client.work`, printing a line per committed step (the worker's `on_step`)."""
+    from ratchet.local.worker import Worker
+
+    client.head(run_id)
+    runtime = client.runtime
+    engine = runtime.engine(worker_id=client.worker_id, logger=client.logger, faults=client.faults)
+    Worker(
+        engine,
+        runtime.leases,
+        client.logger,
+        on_step=lambda report: _progress_line(report, printer),
+        on_wait=printer.say,
+    ).run(until_idle=True, run_id=run_id)
+
+
 @app.command()
 def run(
     goal: GoalOption = None,
@@ -392,9 +436,12 @@ def run(
     tool_latency_ms: LatencyOption = None,
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
+    as_json: ProgressJsonOption = False,
 ) -> None:
-    """Start a run and work it in the foreground until it is done, waiting or failed. With
-    only --run-id, continue that run (after an approval, say)."""
+    """Start a run and work it in the foreground until it is done, waiting or failed, with a
+    line per step. With only --run-id, continue that run (after an approval, say)."""
+    from ratchet.progress import ProgressPrinter
+
     _require_local_store("run")
     continuing = run_id is not None and goal is None and scenario is None and agent is None
     if continuing and run_id is not None and _exists(run_id):
@@ -418,8 +465,11 @@ def run(
     try:
         if state is not None and not client.create(state).created:
             err.print(f"run {state.run_id} already exists; resuming it")
-        worked = client.work(state.run_id if state is not None else run_id)
-        final = client.head(worked.run_id)
+        worked_id = state.run_id if state is not None else run_id
+        assert worked_id is not None
+        with ProgressPrinter(as_json=as_json) as printer:
+            _work_showing_progress(client, worked_id, printer)
+        final = client.head(worked_id)
         link = (
             _approval_link(client.runtime, final.run_id)
             if final.status is RunStatus.WAITING
@@ -427,7 +477,12 @@ def run(
         )
     finally:
         client.close()
-    out.print(f"{final.run_id}: {final.status.value} at step {final.step}")
+    if as_json:
+        _print_json({**status_payload(final), "approval_link": link})
+        if final.status is RunStatus.FAILED:
+            raise typer.Exit(1)
+        return
+    out.print(f"{final.run_id}: {_status_text(final)}")
     if final.summary:
         out.print(final.summary)
     if final.status is RunStatus.WAITING and final.waiting:
@@ -456,13 +511,18 @@ def worker(
             max=MAX_LEASE_SECONDS,
         ),
     ] = 30.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per step.")
+    ] = False,
 ) -> None:
-    """Claim runnable runs and advance them; SIGTERM stops after the current step."""
+    """Claim runnable runs and advance them, with a line per step; SIGTERM stops after the
+    current step."""
     import signal
 
     from ratchet.faults import FaultPlan
     from ratchet.local.leases import check_lease_seconds
     from ratchet.local.worker import Worker, check_worker_id
+    from ratchet.progress import ProgressPrinter
 
     _require_local_store("worker")
     # Before the store is opened (and made): a bad value must leave nothing behind.
@@ -474,15 +534,26 @@ def worker(
         worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
     )
 
+    printer = ProgressPrinter(as_json=as_json)
+
     def announce(run_id: str) -> None:
-        out.print(
+        printer.say(
             f"{run_id} waits for a person; approve or reject at: {_approval_link(runtime, run_id)}"
         )
 
-    work = Worker(engine, runtime.leases, logger, lease_seconds=lease_seconds, on_park=announce)
+    work = Worker(
+        engine,
+        runtime.leases,
+        logger,
+        lease_seconds=lease_seconds,
+        on_park=announce,
+        on_step=lambda report: _progress_line(report, printer),
+        on_wait=printer.say,
+    )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:
-        work.run(until_idle=until_idle)
+        with printer:
+            work.run(until_idle=until_idle)
     except KeyboardInterrupt:
         work.stop.set()
     finally:
@@ -491,6 +562,21 @@ def worker(
 
 
 # --- reading ---------------------------------------------------------------------------------
+
+
+def failed_step(state: RunState) -> int | None:
+    """The step a failed run failed at: the one after its last committed step."""
+    return state.next_step if state.status is RunStatus.FAILED else None
+
+
+def _status_text(state: RunState) -> str:
+    """`done at step 7`, `failed at step 3`, `stopped at step 60: Stopped at the cap...`."""
+    if state.status is RunStatus.FAILED:
+        return f"failed at step {state.next_step}"
+    said = f"{state.status.value} at step {state.step}"
+    if state.status is RunStatus.STOPPED and state.summary:
+        said += f": {state.summary}"
+    return said
 
 
 def status_payload(state: RunState) -> dict[str, Any]:
@@ -513,6 +599,7 @@ def status_payload(state: RunState) -> dict[str, Any]:
         "usage": UsageTotals.of(state.usage).model_dump(),
         "cost_usd": estimate(state.options.model, state.usage),
         "updated_at": state.updated_at.isoformat(),
+        "failed_step": failed_step(state),
     }
 
 
@@ -529,16 +616,26 @@ def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """Where a run stands, with its token usage and estimated cost."""
     from ratchet.pricing import PRICES_AS_OF
 
-    client = _client(create=False)
+    client = _client(create=False, logs=False)
     try:
-        payload = status_payload(client.head(run_id))
+        state = client.head(run_id)
     finally:
         client.close()
+    payload = status_payload(state)
     if as_json:
         _print_json(payload)
         return
+    stopped = state.status is RunStatus.STOPPED
     shown = {
         **payload,
+        "status": f"failed at step {state.next_step}"
+        if state.status is RunStatus.FAILED
+        else state.status.value,
+        # A finished run makes no more attempts; a stopped run's summary is why it stopped.
+        "attempts": None if state.is_finished else state.attempts,
+        "summary": None if stopped else state.summary,
+        "reason": state.summary if stopped else None,
+        "failed_step": None,
         "usage": _usage_text(payload["usage"]) if payload["usage"]["calls"] else None,
         "cost_usd": (
             f"{payload['cost_usd']:.4f} (estimated, list prices of {PRICES_AS_OF})"
@@ -553,10 +650,14 @@ def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
 
 @app.command()
 def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """One row per checkpoint: version, step, status, worker, bytes, time, model tokens."""
-    client = _client(create=False)
+    """One row per checkpoint: what happened (in words), the tool, its arguments and result,
+    who decided, worker, bytes, time, model tokens. Versions without a row are explained."""
+    from ratchet.progress import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
+
+    client = _client(create=False, logs=False)
     try:
         checkpoints = client.history(run_id)
+        head_version = client.head(run_id).version
     finally:
         client.close()
     rows = [
@@ -569,26 +670,154 @@ def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
             "bytes": c.bytes,
             "time": c.time.isoformat(),
             "usage": c.usage.model_dump() if c.usage else None,
+            "explanation": c.explanation,
+            "tool": c.tool,
+            "arguments": c.arguments,
+            "result": c.result,
+            "by": c.by,
+            "comment": c.comment,
+            "error": c.error,
+            "duration_ms": c.duration_ms,
         }
         for c in checkpoints
     ]
+    gaps = version_gaps([c.version for c in checkpoints], head_version)
     if as_json:
-        _print_json({"run_id": run_id, "checkpoints": rows})
+        unrecorded = [
+            {"from": first, "to": last, "explanation": UNRECORDED_VERSIONS} for first, last in gaps
+        ]
+        _print_json({"run_id": run_id, "checkpoints": rows, "unrecorded_versions": unrecorded})
         return
     table = Table(
-        "version", "step", "status", "event", "worker", "bytes", "time", "tokens in/out", "cached"
+        "version",
+        "step",
+        "status",
+        "what happened",
+        "tool call -> result",
+        "worker",
+        "bytes",
+        "time (UTC)",
+        "tokens in/out (cached)",
     )
-    for row in rows:
+    starts = dict(gaps)
+    for row in [*rows, None]:
+        following = row["version"] if row else head_version + 1
+        for first in sorted(v for v in starts if v < following):
+            last = starts.pop(first)
+            span = f"{first}" if first == last else f"{first}..{last}"
+            table.add_row(span, "", "", "attempt counted (no record)", *[""] * 5)
+        if row is None:
+            break
         usage = row["usage"]
         tokens = (
             f"{usage['input_tokens'] + usage['cache_read_tokens'] + usage['cache_write_tokens']:,}"
-            f"/{usage['output_tokens']:,}"
+            f"/{usage['output_tokens']:,} ({usage['cached_share']:.0%})"
             if usage
             else ""
         )
-        cached = f"{usage['cached_share']:.0%}" if usage else ""
-        table.add_row(*(str(row[k]) for k in row if k != "usage"), tokens, cached)
+        call = (
+            f"{row['tool']}({argument_summary(row['arguments'], 40)}) -> {row['result'] or ''}"
+            if row["tool"]
+            else ""
+        )
+        table.add_row(
+            str(row["version"]),
+            str(row["step"]),
+            row["status"],
+            shorten(row["explanation"], 100),
+            shorten(call, 90),
+            row["worker"],
+            str(row["bytes"]),
+            row["time"][11:19],
+            tokens,
+        )
+    # Piped into a file or a pager, the table need not fit 80 columns.
+    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
+    wide.print(table)
+    if gaps:
+        wide.print(f"Versions without a row: {UNRECORDED_VERSIONS}.")
+
+
+# --- following -------------------------------------------------------------------------------
+
+
+@app.command("list")
+def list_runs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            callback=_not_empty,
+            help="Only runs in this status (running, waiting, done, failed, stopped, cancelled).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every run in the store, most recently updated first."""
+    client = _client(create=False, logs=False)
+    try:
+        runs = client.runs(status=status)
+    finally:
+        client.close()
+    rows = [
+        {
+            "run_id": r.run_id,
+            "status": r.status.value,
+            "step": r.step,
+            "version": r.version,
+            "updated_at": r.updated_at.isoformat(),
+        }
+        for r in runs
+    ]
+    if as_json:
+        _print_json({"runs": rows})
+        return
+    table = Table("run", "status", "step", "version", "updated")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
     out.print(table)
+
+
+@app.command()
+def watch(
+    run_id: RunArgument,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per checkpoint.")
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", help="Seconds between reads of the store.", min=0.01, max=60),
+    ] = 0.2,
+) -> None:
+    """Follow a run: a line per checkpoint, from the first, until the run is done, stopped,
+    cancelled, failed or waiting for a person. Exit 1 if it failed, else 0."""
+    import time
+
+    from ratchet.progress import ProgressPrinter, line_of_checkpoint
+
+    client = _client(create=False, logs=False)
+    printed = 0
+    seen_version = 0
+    try:
+        with ProgressPrinter(as_json=as_json) as printer:
+            while True:
+                head = client.head(run_id)
+                if head.version != seen_version:
+                    for checkpoint in client.history(run_id):
+                        if checkpoint.version <= printed:
+                            continue
+                        before = printer.before(run_id)
+                        params = head.options.params
+                        printer.show(line_of_checkpoint(run_id, checkpoint, params, before))
+                        printed = checkpoint.version
+                    seen_version = head.version
+                if head.status is not RunStatus.RUNNING:
+                    break
+                time.sleep(interval)
+    finally:
+        client.close()
+    if head.status is RunStatus.FAILED:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -758,6 +987,122 @@ def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
         raise typer.Exit(1)
 
 
+# --- housekeeping ----------------------------------------------------------------------------
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Report what would change; change nothing.")
+]
+
+
+def _local_store(command: str, on_aws: str, *, write: bool) -> Any:
+    """The local runtime of a command that works on the store itself. A missing store is an
+    error, never made here; one an older Ratchet made gets today's tables before a write."""
+    from ratchet.runtime import DYNAMODB_SCHEME
+
+    if _settings().store.startswith(DYNAMODB_SCHEME):
+        raise InvalidInput(
+            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: {on_aws}"
+        )
+    runtime = _runtime(create=False)
+    if write:
+        runtime.close()
+        runtime = _runtime(create=True)
+    return runtime
+
+
+@app.command()
+def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
+    """Upgrade every stored head to the current state schema, each under its version check,
+    and report per schema version. Exit 1 if a run cannot be read or upgraded."""
+    from ratchet.adapters.sqlite import SqliteHousekeeping
+    from ratchet.housekeeping import migrate as migrate_heads
+
+    on_aws = "there a head is upgraded when a step loads it, and stored anew by its next commit"
+    runtime = _local_store("migrate", on_aws, write=not dry_run)
+    try:
+        report = migrate_heads(SqliteHousekeeping(runtime.db), dry_run=dry_run)
+    finally:
+        runtime.close()
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        verb = "would upgrade" if dry_run else "upgraded"
+        done = {"upgrade", "upgraded"}
+        count = sum(run.outcome in done for run in report.runs)
+        note = " (dry run: nothing changed)" if dry_run else ""
+        out.print(
+            f"{verb} {count} of {len(report.runs)} runs to schema {report.schema_version}{note}"
+        )
+        for version, outcomes in report.by_version().items():
+            counts = ", ".join(f"{n} {name}" for name, n in outcomes.items() if name != "runs")
+            out.print(f"  schema {version}: {outcomes['runs']} runs: {counts}")
+        for run in report.runs:
+            if run.outcome != "current":
+                line = f"  {run.run_id}  schema {run.from_version or '?'}  {run.outcome}"
+                out.print(line + (f"  {run.reason}" if run.reason else ""), markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def gc(
+    older_than: Annotated[
+        int | None,
+        typer.Option(
+            "--older-than",
+            min=0,
+            max=36_500,
+            metavar="DAYS",
+            help="Required. Trim finished runs whose last change is older than this many days.",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete the old step records and ledger entries of finished runs past the retention, and
+    blobs nothing references. Running and waiting runs are never touched; a finished run keeps
+    what loading it reads (its head and its window's records)."""
+    from datetime import timedelta
+
+    from ratchet.adapters.sqlite import SqliteHousekeeping
+    from ratchet.housekeeping import collect_garbage
+    from ratchet.state import utcnow
+
+    if older_than is None:
+        raise InvalidInput("ratchet gc needs --older-than DAYS (see: ratchet gc --help)")
+    on_aws = "there the tables' TTL expires old records"
+    runtime = _local_store("gc", on_aws, write=not dry_run)
+    try:
+        report = collect_garbage(
+            SqliteHousekeeping(runtime.db),
+            Path(f"{runtime.root}.blobs"),
+            older_than=timedelta(days=older_than),
+            now=utcnow(),
+            dry_run=dry_run,
+        )
+    finally:
+        runtime.close()
+    payload = report.to_json()
+    if as_json:
+        _print_json(payload)
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(
+        f"{verb} {payload['records_deleted']} records and {payload['ledger_entries_deleted']} "
+        f"ledger entries of {payload['runs_trimmed']} finished runs older than {older_than} "
+        f"days, and {payload['blobs_deleted']} blobs ({payload['blob_bytes_deleted']:,} bytes)"
+    )
+    out.print(
+        f"kept {payload['blobs_kept']} blobs; left {payload['live_runs']} running or waiting "
+        f"runs and {payload['recent_runs']} recent finished runs untouched"
+    )
+    for run_id in report.skipped:
+        out.print(f"  {run_id}  skipped: it changed while gc ran", markup=False)
+    for run_id, reason in report.unreadable.items():
+        out.print(f"  {run_id}  unreadable, left as it is: {reason}", markup=False)
+
+
 @app.command()
 def demo(
     batches: Annotated[
@@ -772,6 +1117,113 @@ def demo(
 
     _require_local_store("demo")
     raise typer.Exit(run_demo(out, batches=batches, keep=keep))
+
+
+# --- steering: retry, cancel, fork, replay -----------------------------------------------------
+
+_STEERED_ON_AWS = {
+    "retry": "POST /runs/RUN/retry on the stack's API, which also starts a new execution",
+    "cancel": "POST /runs/RUN/cancel on the stack's API, which also stops the execution",
+    "fork": "POST /runs/RUN/fork on the stack's API, which also starts the fork's execution",
+}
+
+
+def _steer_locally(command: str) -> None:
+    """On AWS a steered run needs its execution started or stopped, which only the stack's
+    API can do: refuse a dynamodb:// store before touching anything."""
+    from ratchet.runtime import DYNAMODB_SCHEME
+
+    if _settings().store.startswith(DYNAMODB_SCHEME):
+        raise InvalidInput(
+            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: on AWS use "
+            f"{_STEERED_ON_AWS[command]}"
+        )
+
+
+WhoOption = Annotated[
+    str | None,
+    typer.Option("--by", callback=_not_empty, help="Who does it (default: your user name)."),
+]
+
+
+@app.command()
+def retry(run_id: RunArgument, by: WhoOption = None) -> None:
+    """Give a failed run fresh attempts at the step that failed, from its last checkpoint."""
+    _steer_locally("retry")
+    client = _client(create=False)
+    try:
+        run = client.retry(run_id, by=by or _operator())
+    finally:
+        client.close()
+    out.print(
+        f"{run.run_id}: retried at step {run.step + 1}; the next free worker takes it "
+        f"(or: ratchet run --run-id {run.run_id})",
+        markup=False,
+    )
+
+
+@app.command()
+def cancel(
+    run_id: RunArgument,
+    reason: Annotated[str, typer.Option("--reason", help="Why, for the record.")] = "",
+    by: WhoOption = None,
+) -> None:
+    """End a running or waiting run as cancelled, keeping its checkpoints."""
+    _steer_locally("cancel")
+    client = _client(create=False)
+    try:
+        run = client.cancel(run_id, reason=reason, by=by or _operator())
+    finally:
+        client.close()
+    out.print(f"{run.run_id}: cancelled at step {run.step}", markup=False)
+
+
+@app.command()
+def fork(
+    run_id: RunArgument,
+    from_step: Annotated[
+        int,
+        typer.Option("--from-step", min=0, max=MAX_STEPS, help="The step to start from."),
+    ],
+    new_run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", callback=_not_empty, help="The new run's id (default: RUN-fork-<random>)."
+        ),
+    ] = None,
+) -> None:
+    """Start a new run from the state of RUN as of a step; RUN is untouched."""
+    _steer_locally("fork")
+    client = _client(create=True)
+    try:
+        run = client.fork(run_id, from_step=from_step, run_id=new_run_id)
+    finally:
+        client.close()
+    out.print(
+        f"{run.run_id}: forked from {run_id} at step {from_step}, {run.status.value}; the next "
+        f"free worker takes it (or: ratchet run --run-id {run.run_id})",
+        markup=False,
+    )
+
+
+@app.command()
+def replay(
+    run_id: RunArgument,
+    step: Annotated[
+        int, typer.Option("--step", min=1, max=MAX_STEPS, help="The step whose prompt to show.")
+    ],
+    as_json: JsonOption = False,
+) -> None:
+    """Print the exact prompt a step's model saw, rendered from the recorded state."""
+    client = _client(create=False)
+    try:
+        prompt = client.replay(run_id, step=step)
+    finally:
+        client.close()
+    if as_json:
+        _print_json({"run_id": run_id, "step": step, "prompt": prompt})
+    else:
+        sys.stdout.write(prompt if prompt.endswith("\n") else prompt + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

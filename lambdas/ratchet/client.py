@@ -39,12 +39,17 @@ from ratchet.scenarios import LOCAL, AgentRegistry
 from ratchet.state import (
     AttemptFailed,
     CheckpointEvent,
+    Created,
     Finished,
+    PersonDecided,
+    Retried,
     RunState,
     RunStatus,
     StepCompleted,
     Usage,
+    utcnow,
 )
+from ratchet.state import Checkpoint as StoredCheckpoint
 from ratchet.tools import Agent
 
 __all__ = [
@@ -179,6 +184,22 @@ class Checkpoint(_Answer):
     usage: UsageTotals | None = None
     """What the write's model call used (a step, a failed attempt, the finish); None when
     no model was called."""
+    tool: str | None = None
+    """The tool a step ran."""
+    arguments: dict[str, Any] | None = None
+    """Its arguments (a preview when they were kept as a blob)."""
+    result: str | None = None
+    """A preview of what the tool returned."""
+    by: str | None = None
+    """Who decided (a person's decision) or retried the run."""
+    comment: str | None = None
+    """The decider's comment."""
+    error: str | None = None
+    """Why an attempt failed, or the run."""
+    explanation: str = ""
+    """The write in words: "step committed", "person decided by dana: approved (ok)", ..."""
+    duration_ms: float | None = None
+    """How long a step took, its commit included."""
 
 
 class RunListed(_Answer):
@@ -399,6 +420,111 @@ class Client:
         )
         return self.get(run_id)
 
+    # --- steering ---------------------------------------------------------------------------
+
+    def retry(self, run_id: str, *, by: str | None = None) -> Run:
+        """Give a failed run a fresh set of attempts at the step that failed, from its last
+        checkpoint (`Engine.retry`); `NotRetryable` unless it failed. The next worker (or
+        `work`) takes it; on AWS the API also starts a new execution for it."""
+        self.get(run_id)
+        engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)
+        return Run.of(engine.retry(run_id, by=by or _operator()))
+
+    def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Run:
+        """End a running or waiting run as `cancelled`, keeping its checkpoints; its open
+        approval requests are closed and, on AWS, its execution stopped. `NotCancellable` if
+        it has already finished."""
+        self.get(run_id)
+        head = self.runtime.cancel(
+            run_id,
+            by=by or _operator(),
+            reason=reason,
+            worker_id=self.worker_id,
+            logger=self.logger,
+        )
+        return Run.of(head)
+
+    def fork(self, source: str, /, *, from_step: int, run_id: str | None = None) -> Run:
+        """A new run (`run_id`, default `<source>-fork-<random>`) whose state is the source's
+        as of step `from_step`: its last step record or decision there. The fork is running,
+        or waiting if the source still waited at that step with nobody having decided; its
+        later steps take keys under its own id, its agent prepares fresh data (`prepare`),
+        and the source is untouched. Refuses a step past the source's, and an id in use."""
+        head = self.head(source)
+        if not 0 <= from_step <= head.step:
+            raise InvalidInput(
+                f"run {source!r} has completed {head.step} steps: it cannot be forked from step "
+                f"{from_step}"
+            )
+        new_id = check_run_id(run_id) if run_id is not None else _fork_id(source)
+        if self.runtime.store.load_head(new_id) is not None:
+            raise InvalidInput(f"run {new_id!r} already exists: choose another id for the fork")
+        checkpoints = self._all_checkpoints(source)
+        # The step's own records (the step, a person's answer), not what came after at the
+        # same step number: a failed attempt, a retry, the run's end.
+        last = max(
+            c.version
+            for c in checkpoints
+            if c.step == from_step and isinstance(c.event, Created | StepCompleted | PersonDecided)
+        )
+        state = replay(c for c in checkpoints if c.version <= last)
+        assert state is not None, "the records up to a checkpoint rebuild a state"
+        now = utcnow()
+        forked = state.model_copy(
+            update={
+                "run_id": new_id,
+                "version": 1,
+                "status": RunStatus.WAITING if state.waiting else RunStatus.RUNNING,
+                "attempts": 0,
+                "error": None,
+                "summary": None,
+                "not_before": None,
+                "usage": Usage(),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        started = self.create(forked)
+        if not started.created:
+            raise InvalidInput(f"run {new_id!r} already exists: choose another id for the fork")
+        return started.run
+
+    def replay(self, run_id: str, *, step: int) -> str:
+        """The exact prompt the model saw for step `step`, rendered from the recorded state.
+
+        That state is the fold of every record before the step's own record: the last step
+        (and a person's answer to it), then any failed attempts at this step, so the prompt
+        carries the last failure as the completing attempt's did, and none after a retry. If
+        an earlier attempt recorded the decision and then failed (its tool raised), the model
+        was asked in that attempt instead, which saw one failure fewer; the records do not say
+        which attempt asked."""
+        head = self.head(run_id)
+        checkpoints = self._all_checkpoints(run_id)
+        completed = next(
+            (c for c in checkpoints if isinstance(c.event, StepCompleted) and c.event.step == step),
+            None,
+        )
+        if completed is None:
+            raise NoCheckpointAtStep(
+                f"run {run_id} has no record of step {step} (steps completed: {head.step}"
+                + (", some by the run it was forked from)" if step <= head.step else ")")
+            )
+        from ratchet.engine.core import view_of
+        from ratchet.engine.prompt import render_step_prompt
+
+        before = replay(c for c in checkpoints if c.version < completed.version)
+        assert before is not None, "a step record follows the run's creation"
+        return render_step_prompt(view_of(before))
+
+    def _all_checkpoints(self, run_id: str) -> list[StoredCheckpoint]:
+        checkpoints = self.runtime.store.list_checkpoints(run_id)
+        if not checkpoints or checkpoints[0].event.kind != "created":
+            raise CheckpointsExpired(
+                f"run {run_id}'s early checkpoints are past their retention: its earlier "
+                "states can no longer be rebuilt"
+            )
+        return checkpoints
+
     # --- reading ----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> Run:
@@ -424,6 +550,7 @@ class Client:
                 bytes=c.size,
                 time=c.created_at,
                 usage=_usage_of(c.event),
+                **_described(c.event),
             )
             for c in self.runtime.store.list_checkpoints(run_id)
         ]
@@ -498,6 +625,48 @@ def _usage_of(event: CheckpointEvent) -> UsageTotals | None:
     if isinstance(event, StepCompleted | AttemptFailed | Finished) and event.usage is not None:
         return UsageTotals.of(event.usage)
     return None
+
+
+def _described(event: CheckpointEvent) -> dict[str, Any]:
+    """The `Checkpoint` fields one event fills in: what ran, who decided, what failed, and
+    the write in words."""
+    match event:
+        case StepCompleted():
+            said = "step committed" + ("; asked a person" if event.wait is not None else "")
+            return {
+                "tool": event.call.name,
+                "arguments": dict(event.call.arguments),
+                "result": event.output.text,
+                "duration_ms": event.duration_ms,
+                "explanation": said,
+            }
+        case PersonDecided():
+            answer = "approved" if event.approved else "rejected"
+            said = f"person decided by {event.by}: {answer}"
+            return {
+                "by": event.by,
+                "comment": event.comment,
+                "explanation": f"{said}: {event.comment}" if event.comment else said,
+            }
+        case AttemptFailed():
+            return {
+                "error": event.error,
+                "explanation": f"attempt {event.attempt} at step {event.step} failed: "
+                f"{event.error}",
+            }
+        case Finished():
+            said = f"finished: {event.status.value}"
+            why = event.error or event.summary
+            return {"error": event.error, "explanation": f"{said}: {why}" if why else said}
+        case Retried():
+            return {"by": event.by, "explanation": f"retried by {event.by}"}
+        case _:
+            return {"explanation": "created"}
+
+
+def _fork_id(source: str) -> str:
+    suffix = f"-fork-{uuid.uuid4().hex[:8]}"
+    return source[: 128 - len(suffix)] + suffix
 
 
 def connect(

@@ -86,6 +86,12 @@ class Runtime(Protocol):
         has one (so the request's page and links show the decision), else directly."""
         ...
 
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
+        finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
+        and, on AWS, stop the execution working it. Returns the cancelled head."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -591,6 +591,36 @@ CATALOGUE: list[Case] = [
         "this command waits (0.2 s, RATCHET_BUSY_TIMEOUT_SECONDS); try again when that "
         "process is done",
     ),
+    # --- housekeeping: migrate and gc ---------------------------------------------------------
+    case(
+        "gc-without-retention",
+        "gc",
+        line="ratchet gc needs --older-than DAYS (see: ratchet gc --help)",
+    ),
+    case(
+        "gc-negative-retention",
+        "gc",
+        "--older-than",
+        "-1",
+        line="--older-than must be a whole number from 0 to 36500, not '-1' "
+        "(see: ratchet gc --help)",
+    ),
+    case(
+        "migrate-on-dynamodb",
+        "--store",
+        "dynamodb://runs?ledger=ledger&app=app",
+        "migrate",
+        store_flag=False,
+        line="ratchet migrate needs a local sqlite:// store, not a dynamodb:// one: there a "
+        "head is upgraded when a step loads it, and stored anew by its next commit",
+    ),
+    case(
+        "migrate-missing-store",
+        "migrate",
+        "--dry-run",
+        store="none",
+        line="no Ratchet store at {store} (start a run first)",
+    ),
 ]
 
 # --- the stores ------------------------------------------------------------------------------

@@ -153,7 +153,12 @@ def case_id(value: object) -> str:
 
 def _run_until_waiting(cli: Cli, run_id: str) -> None:
     output = cli.ok("run", "--scenario", "migration", "--batches", BATCHES, "--run-id", run_id)
-    assert output.splitlines()[0] == f"{run_id}: waiting at step {WAITING_STEP}"
+    # A line per step first (issue 10), then where the run stands.
+    lines = output.splitlines()
+    assert [line.split("  ")[:2] for line in lines[:WAITING_STEP]] == [
+        [run_id, f"step {step}"] for step in range(1, WAITING_STEP + 1)
+    ]
+    assert lines[WAITING_STEP] == f"{run_id}: waiting at step {WAITING_STEP}"
 
 
 # --- start -----------------------------------------------------------------------------------
@@ -369,7 +374,9 @@ def test_a_worker_prints_the_link_of_the_run_it_parks(tmp_path):
 
     out = cli.ok("worker", "--until-idle")
 
-    assert re.search(r"^r2 waits for a person; approve or reject at: http://\S+/approvals/", out)
+    assert re.search(
+        r"^r2 waits for a person; approve or reject at: http://\S+/approvals/", out, re.MULTILINE
+    )
     assert cli.json("status", "r2")["status"] == "waiting"
 
 

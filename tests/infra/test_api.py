@@ -29,6 +29,10 @@ SIGNED = {
     ("GET", "/runs/{run_id}/checkpoints/{step}"),
     ("POST", "/runs/{run_id}/approve"),
     ("POST", "/runs/{run_id}/reject"),
+    ("POST", "/runs/{run_id}/retry"),
+    ("POST", "/runs/{run_id}/cancel"),
+    ("POST", "/runs/{run_id}/fork"),
+    ("GET", "/runs/{run_id}/steps/{step}/prompt"),
 }
 PUBLIC = {
     ("GET", "/approvals/{approval_id}"),

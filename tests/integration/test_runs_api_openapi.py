@@ -29,6 +29,10 @@ def test_every_route_is_documented_with_its_refusals():
         ("/runs/{run_id}/checkpoints/{step}", "get"),
         ("/runs/{run_id}/approve", "post"),
         ("/runs/{run_id}/reject", "post"),
+        ("/runs/{run_id}/retry", "post"),
+        ("/runs/{run_id}/cancel", "post"),
+        ("/runs/{run_id}/fork", "post"),
+        ("/runs/{run_id}/steps/{step}/prompt", "get"),
     }
     for operations in paths.values():
         for operation in operations.values():

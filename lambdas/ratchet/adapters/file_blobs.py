@@ -18,7 +18,11 @@ class FileBlobStore:
     def put(self, data: bytes) -> BlobRef:
         digest = hashlib.sha256(data).hexdigest()
         path = self._path(digest)
-        if not path.exists():
+        try:
+            # The same content again: it is in use anew, so `ratchet gc`'s grace period for
+            # unreferenced blobs starts over.
+            os.utime(path)
+        except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Write aside, fsync, then rename: a crash leaves either no blob or a whole one.
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

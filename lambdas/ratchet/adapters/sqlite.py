@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ratchet.errors import (
     StoreBusy,
     StoreUnavailable,
 )
+from ratchet.housekeeping import StoredHead, StoredRecord, Trimmed, blob_digests
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -602,3 +603,114 @@ class SqliteLedger:
             result=result,
             expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
         )
+
+
+class SqliteHousekeeping:
+    """The rows `ratchet.housekeeping` reads and writes in a SQLite store (`migrate`, `gc`)."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    def heads(self) -> list[StoredHead]:
+        # A store made before schema 3 has no run_static table until a write command adds it.
+        static_state = (
+            "(SELECT state FROM run_static AS s WHERE s.run_id = r.run_id)"
+            if "run_static" in self._tables()
+            else "NULL"
+        )
+        rows = self._db.connection.execute(
+            "SELECT r.run_id, r.version, r.attempts, r.status, r.updated_at, r.state, "
+            f"{static_state} FROM runs AS r ORDER BY r.run_id"
+        ).fetchall()
+        return [
+            StoredHead(run_id, version, attempts, status, datetime.fromisoformat(at), head, static)
+            for run_id, version, attempts, status, at, head, static in rows
+        ]
+
+    def records(self, run_id: str) -> list[StoredRecord]:
+        rows = self._db.connection.execute(
+            "SELECT version, step, event FROM checkpoints WHERE run_id = ? ORDER BY version",
+            (run_id,),
+        ).fetchall()
+        return [StoredRecord(version, step, event) for version, step, event in rows]
+
+    def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
+        _check_size(f"run {head.run_id} head", text)
+        with self._db.write() as tx:
+            # Conditional on the version read, as a commit is, but without bumping it: the
+            # rewritten head is the same state in another form, so a worker that read this
+            # version may still commit over it; a head that moved is left to a later run.
+            changed = tx.execute(
+                "UPDATE runs SET state = ? WHERE run_id = ? AND version = ?",
+                (text, head.run_id, head.version),
+            ).rowcount
+            if changed and static is not None:
+                tx.execute(
+                    "INSERT INTO run_static (run_id, state) VALUES (?, ?) "
+                    "ON CONFLICT (run_id) DO NOTHING",
+                    (head.run_id, static),
+                )
+        return bool(changed)
+
+    def trim_run(self, head: StoredHead, keep_from_step: int, *, dry_run: bool) -> Trimmed | None:
+        # One transaction: the version check and the deletes. A run retried meanwhile (its
+        # version moved) keeps everything; one retried after reads the window gc kept.
+        records_where = (
+            "FROM checkpoints WHERE run_id = ? AND step < ? AND version > "
+            "(SELECT min(version) FROM checkpoints WHERE run_id = ?)"
+        )
+        ledger_where = "FROM idempotency WHERE run_id = ? AND step < ?"
+        run_id = head.run_id
+        with self._db.read() if dry_run else self._db.write() as tx:
+            still = tx.execute(
+                "SELECT 1 FROM runs WHERE run_id = ? AND version = ?", (run_id, head.version)
+            ).fetchone()
+            if still is None:
+                return None
+            if dry_run:
+                (records,) = tx.execute(
+                    f"SELECT count(*) {records_where}", (run_id, keep_from_step, run_id)
+                ).fetchone()
+                (ledger,) = tx.execute(
+                    f"SELECT count(*) {ledger_where}", (run_id, keep_from_step)
+                ).fetchone()
+            else:
+                records = tx.execute(
+                    f"DELETE {records_where}", (run_id, keep_from_step, run_id)
+                ).rowcount
+                ledger = tx.execute(f"DELETE {ledger_where}", (run_id, keep_from_step)).rowcount
+        return Trimmed(records, ledger)
+
+    def blob_references(self, trims: Mapping[str, int]) -> set[str]:
+        connection = self._db.connection
+        tables = self._tables()
+        queries = [
+            "SELECT state FROM runs",
+            "SELECT state FROM run_static",
+            "SELECT decision FROM idempotency",
+            "SELECT result FROM idempotency WHERE result IS NOT NULL",
+        ]
+        if "approvals" in tables:
+            queries.append("SELECT record FROM approvals")
+        found: set[str] = set()
+        for query in queries:
+            for (text,) in connection.execute(query):
+                found |= blob_digests(text)
+        firsts = dict(
+            connection.execute("SELECT run_id, min(version) FROM checkpoints GROUP BY run_id")
+        )
+        for run_id, version, step, event in connection.execute(
+            "SELECT run_id, version, step, event FROM checkpoints WHERE instr(event, 'sha256')"
+        ):
+            keep_from = trims.get(run_id)
+            if keep_from is not None and step < keep_from and version > firsts[run_id]:
+                continue  # a record gc deletes (counted for a dry run)
+            found |= blob_digests(event)
+        return found
+
+    def locked(self) -> AbstractContextManager[object]:
+        return self._db.write()
+
+    def _tables(self) -> set[str]:
+        rows = self._db.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {str(name) for (name,) in rows}

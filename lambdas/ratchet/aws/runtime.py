@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,42 @@ class AwsRuntime:
             engine.decide_waiting(
                 run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
             )
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """Cancel the run, close its pending approval requests (dropping the parked task's
+        token, so no link can answer it), then stop its running execution, if this runtime
+        knows the state machine and has a Step Functions client. If the stop fails, the run
+        is cancelled all the same: the execution's next step finds it so and ends."""
+        from ratchet.approvals.model import ApprovalStatus
+        from ratchet.aws.approvals import AwsApprovals
+
+        head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
+        AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            retention_days=self.settings.checkpoint_retention_days,
+        ).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        machine = self.settings.state_machine_arn
+        if machine and self._stepfunctions is not None:
+            self._stop_executions(self._stepfunctions(), machine, run_id, head.summary or "")
+        return head
+
+    @staticmethod
+    def _stop_executions(sfn: SFNClient, machine: str, run_id: str, cause: str) -> None:
+        from ratchet.aws.naming import is_execution_of
+
+        pages = sfn.get_paginator("list_executions").paginate(
+            stateMachineArn=machine, statusFilter="RUNNING"
+        )
+        for page in pages:
+            for execution in page["executions"]:
+                if not is_execution_of(execution["name"], run_id):
+                    continue
+                # Closed meanwhile (it found the run cancelled and ended): nothing to stop.
+                with suppress(sfn.exceptions.ExecutionDoesNotExist):
+                    sfn.stop_execution(
+                        executionArn=execution["executionArn"], error="Cancelled", cause=cause
+                    )
 
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both

@@ -222,7 +222,8 @@ class Engine:
         checkpoint = Checkpoint(
             run_id=state.run_id,
             version=1,
-            step=0,
+            # A fork starts at its source's step: its window's reads find the record there.
+            step=state.step,
             status=state.status,
             worker_id=self._worker_id,
             event=Created(state=state),

@@ -96,6 +96,7 @@ def runtime() -> AwsRuntime:
         boto3.client("dynamodb", config=_CLIENT_CONFIG),
         s3=boto3.client("s3", config=_CLIENT_CONFIG) if settings().blob_bucket else None,
         anthropic_api_key=anthropic_api_key(),
+        stepfunctions=stepfunctions,
     )
 
 

@@ -9,10 +9,11 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.aws.naming import execution_name
+from ratchet.aws.naming import execution_name, first_generation
 from ratchet.aws.payloads import ExecutionInput
 from ratchet.handlers import _wiring
 from ratchet.runs import RunRequest
+from ratchet.state import Retried
 from ratchet.web.runs import RunsServices, RunStarted, build_app
 
 # --- AWS -----------------------------------------------------------------------------------------
@@ -60,11 +61,53 @@ def _start_execution(run_id: str) -> str:
     return name
 
 
+MAX_NAME_PROBES = 100
+"""Retry slots tried past the counted one when a name is taken (see `launch_on_aws`)."""
+
+
+def launch_on_aws(run_id: str) -> str:
+    """Start the execution of a run the API just forked (generation 0, as a start) or retried.
+
+    A retried run's executions take the generations set aside for its retry
+    (`first_generation`), the retry counted from its `Retried` records, so no name repeats
+    one of its earlier executions. Those records expire with the checkpoints while names stay
+    taken for 90 days: a name found taken by a closed execution moves on to the next slot."""
+    store = _wiring.runtime().store
+    retries = sum(isinstance(c.event, Retried) for c in store.list_checkpoints(run_id))
+    if retries == 0:
+        return _start_execution(run_id)
+    config = _wiring.settings()
+    if not config.state_machine_arn:
+        raise RuntimeError("RATCHET_STATE_MACHINE_ARN is not set: the API cannot start runs")
+    client = _wiring.stepfunctions()
+    for retry in range(retries, retries + MAX_NAME_PROBES):
+        generation = first_generation(retry)
+        name = execution_name(run_id, generation)
+        execution = ExecutionInput(
+            run_id=run_id,
+            generation=generation,
+            iteration=0,
+            approval_timeout_seconds=config.approval_timeout_seconds,
+        )
+        try:
+            client.start_execution(
+                stateMachineArn=config.state_machine_arn,
+                name=name,
+                input=execution.model_dump_json(),
+            )
+        except client.exceptions.ExecutionAlreadyExists:
+            continue
+        _wiring.logger.info("retry execution started", extra={"run_id": run_id, "execution": name})
+        return name
+    raise RuntimeError(f"no free execution name for run {run_id!r} after {MAX_NAME_PROBES} tries")
+
+
 def aws_runs_services() -> RunsServices:
     return RunsServices(
         client=_wiring.client(worker_id="lambda:api"),
         desk=_wiring.approval_desk,
         start=start_on_aws,
+        launch=launch_on_aws,
         logger=_wiring.logger,
         metrics=_wiring.metrics,
     )

@@ -147,6 +147,28 @@ class Leases:
         ).fetchone()
         return (str(row[0]), float(row[1])) if row else None
 
+    def held_by_others(
+        self, owner: str, run_id: str | None = None, *, skip: Collection[str] = ()
+    ) -> list[tuple[str, str, float]]:
+        """Running runs (or `run_id`) that another worker's unexpired lease keeps from
+        `owner`, as (run id, holder, expires_at): what a worker finding nothing to claim waits
+        for."""
+        rows = self._db.connection.execute(
+            "SELECT r.run_id, l.owner, l.expires_at FROM runs r JOIN leases l "
+            "ON l.run_id = r.run_id WHERE r.status = ? AND (? IS NULL OR r.run_id = ?) "
+            "AND r.run_id NOT IN (SELECT value FROM json_each(?)) "
+            "AND l.owner != ? AND l.expires_at > ? ORDER BY r.run_id",
+            (
+                RunStatus.RUNNING.value,
+                run_id,
+                run_id,
+                json.dumps(list(skip)),
+                owner,
+                self._clock(),
+            ),
+        ).fetchall()
+        return [(str(r[0]), str(r[1]), float(r[2])) for r in rows]
+
     def running_runs(self, run_id: str | None = None, *, skip: Collection[str] = ()) -> int:
         """Runs a worker could still advance (leased or not), leaving out the runs in `skip`.
         Waiting runs do not count."""

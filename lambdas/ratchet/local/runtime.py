@@ -36,14 +36,14 @@ from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite_data import SqliteRunData
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
-from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS, Verdict
+from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import ApprovalNotFound, InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.leases import Leases
 from ratchet.runs import Bindings
-from ratchet.state import RunOptions, RunState
+from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
@@ -269,6 +269,13 @@ class LocalRuntime:
             engine.decide_waiting(
                 run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
             )
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """Cancel the run, then close its pending approval requests: a worker holding it
+        finds it cancelled at its next commit (a stale version) and leaves it."""
+        head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
+        SqliteApprovalBook(self.db).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        return head
 
     def close(self) -> None:
         self.db.close()

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from ratchet.engine.core import Engine, Outcome
+from ratchet.engine.core import Engine, Outcome, StepOutcome
 from ratchet.errors import (
     InvalidInput,
     RatchetError,
@@ -33,7 +34,7 @@ from ratchet.errors import (
     is_transient,
 )
 from ratchet.local.leases import Leases, check_lease_seconds
-from ratchet.state import utcnow
+from ratchet.state import RunState, utcnow
 
 DEFAULT_LEASE_SECONDS = 30.0
 POLL_SECONDS = 0.1
@@ -59,6 +60,17 @@ def check_worker_id(worker_id: str) -> str:
             f"worker id must be 1 to {MAX_WORKER_ID_CHARS} printable characters, not {worker_id!r}"
         )
     return worker_id
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What `Worker.on_step` gets after each step this worker committed (or a run's end)."""
+
+    outcome: StepOutcome
+    state: RunState
+    """The run's head right after the commit."""
+    ms: float
+    """How long the step took in this worker, the commit included."""
 
 
 @dataclass
@@ -163,11 +175,16 @@ class Worker:
     """What the worker compares a run's `not_before` with."""
     on_park: Callable[[str], None] | None = None
     """Called with the run id when a step of this worker parks a run for a person."""
+    on_step: Callable[[StepReport], None] | None = None
+    """Called after each step this worker committed, and when a run it works ends."""
+    on_wait: Callable[[str], None] | None = None
+    """Called with a sentence when the worker starts waiting for another worker's lease."""
     heartbeat_seconds: float | None = None
     """How often the lease is renewed; by default a third of `lease_seconds`."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _waited_for: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _beat_every: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -233,9 +250,39 @@ class Worker:
             if claimed is None:
                 if until_idle and idle:
                     return
+                if not idle:
+                    self._say_whose_lease(run_id)
                 self.stop.wait(self.poll_seconds)
                 continue
             self._work_on(claimed, heartbeat)
+
+    def _say_whose_lease(self, run_id: str | None) -> None:
+        """Once per run and holder: which live worker's lease this worker waits out, and
+        until when (a dead worker's lease lapses on its own; until then nothing shows)."""
+        try:
+            held = self.leases.held_by_others(self.worker_id, run_id, skip=self.unreadable)
+        except RatchetError:
+            return
+        for held_run, holder, expires_at in held:
+            if (held_run, holder) in self._waited_for:
+                continue
+            self._waited_for.add((held_run, holder))
+            until = datetime.fromtimestamp(expires_at, UTC).astimezone()
+            message = (
+                f"waiting for worker {holder}'s lease on {held_run} until "
+                f"{until:%H:%M:%S} (it is renewed while that worker lives)"
+            )
+            self.logger.info(
+                message,
+                extra={
+                    "run_id": held_run,
+                    "worker_id": self.worker_id,
+                    "holder": holder,
+                    "lease_expires_at": until.isoformat(),
+                },
+            )
+            if self.on_wait is not None:
+                self.on_wait(message)
 
     def _work_on(self, run_id: str, heartbeat: Heartbeat) -> None:
         self.logger.info("run claimed", extra={"run_id": run_id, "worker_id": self.worker_id})
@@ -261,6 +308,7 @@ class Worker:
 
     def _step(self, run_id: str) -> bool:
         """One step; True if the worker should go on with this run."""
+        started = time.perf_counter()
         try:
             outcome = self.engine.advance(run_id, count_next_attempt=True)
         except StaleVersion as stale:
@@ -293,6 +341,8 @@ class Worker:
             self._pause_before_retry(run_id, error)
             return True
         self._failures.pop(run_id, None)
+        if outcome.bytes_written and self.on_step is not None:
+            self._report(outcome, (time.perf_counter() - started) * 1000)
         if outcome.outcome is Outcome.WAITING and outcome.bytes_written and self.on_park:
             try:
                 self.on_park(run_id)
@@ -314,6 +364,20 @@ class Worker:
             )
             return False
         return True
+
+    def _report(self, outcome: StepOutcome, ms: float) -> None:
+        assert self.on_step is not None
+        try:
+            # The head carries the step's tool, arguments and result preview; one read, and
+            # only when someone shows progress.
+            state = self.engine.load(outcome.run_id)
+            self.on_step(StepReport(outcome=outcome, state=state, ms=ms))
+        except Exception:
+            # Progress output is a courtesy: the step is committed whatever happens to it.
+            self.logger.exception(
+                "could not report progress",
+                extra={"run_id": outcome.run_id, "worker_id": self.worker_id},
+            )
 
     def _unreadable_error(self, run_id: str) -> Exception | None:
         """The error reading the run's head, if that is what stops its steps: a state from a

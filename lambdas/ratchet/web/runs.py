@@ -7,6 +7,10 @@
     GET  /runs/{run_id}/checkpoints/{step}   the run's state as of that step's last checkpoint
     POST /runs/{run_id}/approve              {"comment"?}: decide what the run waits for
     POST /runs/{run_id}/reject               {"reason"?}
+    POST /runs/{run_id}/retry                a failed run: fresh attempts at the failed step
+    POST /runs/{run_id}/cancel               {"reason"?}: a running or waiting run ends cancelled
+    POST /runs/{run_id}/fork                 {"from_step", "run_id"?}: a new run from a step
+    GET  /runs/{run_id}/steps/{step}/prompt  the prompt the step's model saw, from the records
 
 Starting is idempotent by run id, end to end: the run is created only if it does not exist, and
 on AWS the execution's name derives from the run id, so a retried request (say, after a
@@ -63,11 +67,13 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     InvalidInput,
+    NotCancellable,
+    NotRetryable,
     RunNotFound,
     StoreBusy,
     StoreUnavailable,
 )
-from ratchet.runs import RunRequest, RunRequestInvalid
+from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
 
 OPENAPI_TITLE = "Ratchet runs API"
@@ -209,6 +215,39 @@ class Decided(_Answer):
     the execution goes on; locally the next free worker takes it)."""
 
 
+class Cancel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+class Fork(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    from_step: int = Field(ge=0, le=MAX_STEPS)
+    """The source's step whose state the fork starts from."""
+    run_id: str | None = Field(default=None, pattern=RUN_ID_PATTERN.pattern)
+    """The fork's id (default: `<source>-fork-<random>`)."""
+
+
+class RunSetGoing(_Answer):
+    """A run retried or forked: where it stands, and what works it now."""
+
+    run_id: str
+    status: RunStatus
+    step: int
+    execution_name: str | None
+    """The Step Functions execution started for it (AWS); none locally, where the next
+    free worker takes it."""
+
+
+class StepPrompt(_Answer):
+    run_id: str
+    step: int
+    prompt: str
+    """Byte for byte what the step's model was asked, rendered from the recorded state."""
+
+
 RunId = Annotated[
     str,
     Path(
@@ -242,6 +281,9 @@ class RunsServices:
     anonymous_caller: str | None = None
     """Who decides when a request carries no IAM identity: locally, whoever runs `ratchet
     serve` (it listens on localhost, unsigned). None: such a request is refused (403)."""
+    launch: Callable[[str], str | None] = lambda run_id: None
+    """Sets a run just retried or forked going: on AWS starts its execution and returns its
+    name; locally nothing (None): the next free worker takes it."""
 
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
@@ -363,6 +405,102 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     def reject(run_id: RunId, body: Annotated[Reject | None, Body()] = None) -> Decided:
         return decide(run_id, approved=False, comment=body.reason if body else "")
 
+    @app.post(
+        "/runs/<run_id>/retry",
+        responses=_responses(200, 400, 403, 404, 409, 415),
+        summary="Retry a failed run",
+        operation_id="retryRun",
+    )
+    def retry(run_id: RunId) -> RunSetGoing:
+        _require_json(app)
+        wired = services()
+        run = wired.client.retry(run_id, by=_caller(app, wired))
+        execution = wired.launch(run_id)
+        count("RunsRetried")
+        wired.logger.info("run retried", extra={"run_id": run_id, "execution": execution})
+        return RunSetGoing(
+            run_id=run_id, status=run.status, step=run.step, execution_name=execution
+        )
+
+    @app.post(
+        "/runs/<run_id>/cancel",
+        responses=_responses(200, 400, 403, 404, 409, 415),
+        summary="Cancel a running or waiting run",
+        operation_id="cancelRun",
+    )
+    def cancel(run_id: RunId, body: Annotated[Cancel | None, Body()] = None) -> RunView:
+        _require_json(app)
+        wired = services()
+        reason = body.reason if body else ""
+        wired.client.cancel(run_id, reason=reason, by=_caller(app, wired))
+        count("RunsCancelled")
+        wired.logger.info("run cancelled", extra={"run_id": run_id})
+        return RunView.of(wired.client.head(run_id))
+
+    @app.post(
+        "/runs/<run_id>/fork",
+        responses=_responses(201, 400, 403, 404, 409, 410, 415),
+        summary="Fork a run from one of its steps",
+        operation_id="forkRun",
+    )
+    def fork(run_id: RunId, body: Annotated[Fork, Body()]) -> Response[RunSetGoing]:
+        _require_json(app)
+        wired = services()
+        source = wired.client.get(run_id)
+        if body.from_step > source.step:
+            raise _Refusal(
+                HTTPStatus.BAD_REQUEST,
+                "the run has not reached this step",
+                "from_step",
+                "at most the source's completed steps",
+            )
+        if body.run_id is not None and wired.client.runtime.store.load_head(body.run_id):
+            raise _Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
+        try:
+            run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
+        except CheckpointsExpired:
+            raise _Refusal(
+                HTTPStatus.GONE,
+                "the run's early checkpoints are past their retention",
+                "from_step",
+                "the state as of this step can no longer be rebuilt",
+            ) from None
+        execution = wired.launch(run.run_id)
+        count("RunsForked")
+        wired.logger.info(
+            "run forked",
+            extra={"run_id": run.run_id, "source": run_id, "from_step": body.from_step},
+        )
+        return Response(
+            status_code=HTTPStatus.CREATED,
+            content_type=content_types.APPLICATION_JSON,
+            body=RunSetGoing(
+                run_id=run.run_id, status=run.status, step=run.step, execution_name=execution
+            ),
+        )
+
+    @app.get(
+        "/runs/<run_id>/steps/<step>/prompt",
+        responses=_responses(200, 400, 404, 410),
+        summary="The prompt a step's model saw",
+        operation_id="getStepPrompt",
+    )
+    def get_step_prompt(run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
+        try:
+            prompt = services().client.replay(run_id, step=step)
+        except NoCheckpointAtStep:
+            raise _Refusal(
+                HTTPStatus.NOT_FOUND, "no record of this step", "step", "the run has none"
+            ) from None
+        except CheckpointsExpired:
+            raise _Refusal(
+                HTTPStatus.GONE,
+                "the run's early checkpoints are past their retention",
+                "step",
+                "the prompt can no longer be rebuilt",
+            ) from None
+        return StepPrompt(run_id=run_id, step=step, prompt=prompt)
+
     # --- refusals: JSON naming the field, never quoting the input ---------------------------
 
     def refuse(status: int, error: str, problems: Sequence[Problem]) -> Response[str]:
@@ -421,6 +559,15 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             "the agent is registered but cannot be loaded; the deployment must be fixed",
             [],
         )
+
+    @app.exception_handler([NotRetryable, NotCancellable])  # type: ignore[untyped-decorator]
+    def wrong_status(error: NotRetryable | NotCancellable) -> Response[str]:
+        message = (
+            "only a failed run can be retried"
+            if isinstance(error, NotRetryable)
+            else "the run has already finished"
+        )
+        return refuse(HTTPStatus.CONFLICT, message, [Problem(field="run_id", message=message)])
 
     @app.exception_handler(RunNotFound)  # type: ignore[untyped-decorator]
     def no_run(error: RunNotFound) -> Response[str]:

@@ -1,0 +1,249 @@
+"""What `ratchet run`, `ratchet worker` and `ratchet watch` print as a run moves: one line per
+step (run, step, tool, an argument summary, a result preview, milliseconds).
+
+The functions here are pure: a run's head after a committed step, or a history row, becomes a
+`StepLine`; a `StepLine` becomes a plain line (`plain_line`) or a JSON object (`json_object`).
+`ProgressPrinter` picks the form: a rich live display on a terminal, plain lines when stdout is
+piped, JSON lines with `--json`.
+
+Where a run's length is known, the line carries `done/total`, and a terminal shows a bar. The
+rule, the same for every agent:
+
+- params with `steps` (an int): the total is `steps`, the position the step number;
+- params with `batches` (an int): the total is `batches`, the position the highest `batch`
+  argument a step has passed so far (the migration's `copy_batch(batch=N)`), among the steps
+  shown and the run's recent steps (its memory window).
+
+Otherwise there is no bar, only the lines.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from ratchet.client import Checkpoint
+    from ratchet.state import RunState
+
+ARGUMENTS_CHARS = 60
+RESULT_CHARS = 80
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One step of a run (or its end), as progress output shows it."""
+
+    run_id: str
+    step: int
+    status: str
+    tool: str | None
+    arguments: str
+    """`name=value` pairs, cut to `ARGUMENTS_CHARS`."""
+    result: str
+    """The tool's result (or the run's summary or error when it ended), one line, cut."""
+    ms: float | None
+    done: int | None = None
+    total: int | None = None
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
+
+
+def argument_summary(arguments: Mapping[str, Any] | None, limit: int = ARGUMENTS_CHARS) -> str:
+    """`batch=2, table="orders"`: each value as compact JSON, the whole cut to `limit`."""
+    if not arguments:
+        return ""
+    pairs = (
+        f"{name}={json.dumps(value, ensure_ascii=False, default=str, separators=(',', ':'))}"
+        for name, value in arguments.items()
+    )
+    return shorten(", ".join(pairs), limit)
+
+
+def known_total(params: Mapping[str, Any]) -> tuple[str, int] | None:
+    """Which param gives the run's length (`steps` or `batches`) and its value, if any."""
+    for name in ("steps", "batches"):
+        value = params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return name, value
+    return None
+
+
+def position(
+    params: Mapping[str, Any], step: int, arguments: Mapping[str, Any] | None, before: int
+) -> tuple[int, int] | None:
+    """`(done, total)` after a step with `arguments`, `before` being the position so far."""
+    known = known_total(params)
+    if known is None:
+        return None
+    name, total = known
+    if name == "steps":
+        return min(step, total), total
+    batch = (arguments or {}).get("batch")
+    done = max(before, batch if isinstance(batch, int) and not isinstance(batch, bool) else 0)
+    return min(done, total), total
+
+
+def line_of_state(state: RunState, *, ms: float | None, before: int = 0) -> StepLine:
+    """The line for the step a head just committed (or for the run's end)."""
+    message = state.messages[-1] if state.messages else None
+    output = state.tool_results[-1] if state.tool_results else None
+    own = message is not None and message.step == state.step
+    arguments = message.arguments if own and message is not None else None
+    if state.is_finished:
+        result = state.summary or state.error or ""
+        tool = None
+    else:
+        tool = message.tool if own and message is not None else None
+        result = output.text if output is not None and output.step == state.step else ""
+        if state.waiting is not None:
+            result = f"waiting for a person: {state.waiting.request.prompt}"
+    # The recent steps' arguments too: a worker that takes over a run mid-way starts from 0.
+    params = state.options.params
+    for recent in state.messages:
+        seen = position(params, recent.step, recent.arguments, before)
+        before = seen[0] if seen else before
+    where = position(params, state.step, arguments, before)
+    return StepLine(
+        run_id=state.run_id,
+        step=state.step,
+        status=state.status.value,
+        tool=tool,
+        arguments=argument_summary(arguments) if tool else "",
+        result=shorten(result, RESULT_CHARS),
+        ms=ms,
+        done=where[0] if where else None,
+        total=where[1] if where else None,
+    )
+
+
+def line_of_checkpoint(
+    run_id: str, checkpoint: Checkpoint, params: Mapping[str, Any], before: int = 0
+) -> StepLine:
+    """The line `ratchet watch` prints for one checkpoint of the run's history."""
+    where = position(params, checkpoint.step, checkpoint.arguments, before)
+    result = checkpoint.result if checkpoint.event == "step" else checkpoint.explanation
+    return StepLine(
+        run_id=run_id,
+        step=checkpoint.step,
+        status=checkpoint.status.value,
+        tool=checkpoint.tool,
+        arguments=argument_summary(checkpoint.arguments) if checkpoint.tool else "",
+        result=shorten(result or "", RESULT_CHARS),
+        ms=checkpoint.duration_ms,
+        done=where[0] if where else None,
+        total=where[1] if where else None,
+    )
+
+
+def plain_line(line: StepLine) -> str:
+    """`r1  step 3  copy_batch(batch=2) -> Copied batch 2 ...  12 ms  [2/40]`."""
+    what = f"{line.tool}({line.arguments})" if line.tool else line.status
+    parts = [line.run_id, f"step {line.step}", what]
+    if line.result:
+        parts[-1] += f" -> {line.result}"
+    if line.ms is not None:
+        parts.append(f"{line.ms:.0f} ms")
+    if line.total is not None:
+        parts.append(f"[{line.done}/{line.total}]")
+    return "  ".join(parts)
+
+
+def json_object(line: StepLine) -> dict[str, Any]:
+    """The `--json` form: every field of the line, `ms` rounded to a tenth."""
+    payload = asdict(line)
+    if line.ms is not None:
+        payload["ms"] = round(line.ms, 1)
+    return payload
+
+
+class ProgressPrinter:
+    """Prints step lines to stdout: JSON lines (`as_json`), plain lines when stdout is not a
+    terminal, else a rich live display with a bar where the run's length is known. Use it as
+    a context manager around the work."""
+
+    def __init__(self, *, as_json: bool = False, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.as_json = as_json
+        self.live = not as_json and self.stream.isatty()
+        self.positions: dict[str, int] = {}
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> ProgressPrinter:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=Console(file=self.stream, highlight=False, soft_wrap=True),
+                transient=True,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def before(self, run_id: str) -> int:
+        return self.positions.get(run_id, 0)
+
+    def show(self, line: StepLine) -> None:
+        if line.done is not None:
+            self.positions[line.run_id] = line.done
+        if self.as_json:
+            self.stream.write(json.dumps(json_object(line), ensure_ascii=False) + "\n")
+            self.stream.flush()
+            return
+        if self._progress is None:
+            self.stream.write(plain_line(line) + "\n")
+            self.stream.flush()
+            return
+        self._progress.console.print(plain_line(line), markup=False)
+        if line.total is not None:
+            task = self._tasks.get(line.run_id)
+            if task is None:
+                task = self._progress.add_task(line.run_id, total=line.total)
+                self._tasks[line.run_id] = task
+            self._progress.update(task, completed=line.done)
+
+    def say(self, text: str) -> None:
+        """A line that is not a step (a lease waited for), in the same output."""
+        if self.as_json:
+            self.stream.write(json.dumps({"note": text}, ensure_ascii=False) + "\n")
+        elif self._progress is not None:
+            self._progress.console.print(text, markup=False)
+            return
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def version_gaps(versions: list[int], head_version: int) -> list[tuple[int, int]]:
+    """The version ranges no checkpoint records, as (first, last): each was an attempt
+    counted at the next step (or a counted attempt given back) before its work started,
+    a write to the head alone. `versions` is the history's, oldest first."""
+    gaps = []
+    expected = versions[0] if versions else 1
+    for version in [*versions, head_version + 1]:
+        if version > expected:
+            gaps.append((expected, version - 1))
+        expected = max(expected, version + 1)
+    return gaps
+
+
+UNRECORDED_VERSIONS = (
+    "attempts counted (or given back) at the next step: a write to the head alone, with no "
+    "checkpoint record"
+)

@@ -1,0 +1,376 @@
+"""`ratchet migrate` and `ratchet gc` on local stores, through the real command.
+
+`migrate` runs over `tests/fixtures/stores/schema_versions.db`, a store holding heads as every
+state schema stored them (made by `tests/fixtures/stores/make_schema_versions.py`). `gc` runs
+over a store made here: finished runs past the retention, live runs made to look just as old,
+and blobs referenced from kept records, from deleted records only, and from nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.client import Client, connect
+from ratchet.state import SCHEMA_VERSION, RunState, RunStatus, StepCompleted, utcnow
+from ratchet.stored import parse_event, window_start
+from tests.fixtures.stores.make_schema_versions import FIXTURE, RUNS
+from tests.processes import Cli
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fixture_store(tmp_path: Path) -> Cli:
+    shutil.copyfile(FIXTURE, tmp_path / "ratchet.db")
+    return Cli(tmp_path)
+
+
+def _rows(cli: Cli, sql: str, *args: object) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(cli.root / "ratchet.db")
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def _write(cli: Cli, sql: str, *args: object) -> None:
+    db = sqlite3.connect(cli.root / "ratchet.db", isolation_level=None)
+    try:
+        db.execute(sql, args)
+    finally:
+        db.close()
+
+
+# --- migrate -----------------------------------------------------------------------------------
+
+
+def test_the_fixture_holds_every_past_schema_in_the_form_it_was_stored():
+    db = sqlite3.connect(FIXTURE)
+    try:
+        heads = dict(db.execute("SELECT run_id, state FROM runs"))
+        static = {run_id for (run_id,) in db.execute("SELECT run_id FROM run_static")}
+    finally:
+        db.close()
+    assert set(heads) == set(RUNS)
+    for run_id, run in RUNS.items():
+        head = json.loads(heads[run_id])
+        assert head["schema_version"] == run.schema
+        # Schema 2 and earlier stored the whole state; schema 3 on, a lean head beside its
+        # static part.
+        assert ("goal" in head) == (run.schema <= 2)
+        assert (run_id in static) == (run.schema >= 3)
+    assert {run.schema for run in RUNS.values()} == set(range(1, SCHEMA_VERSION + 1))
+
+
+def test_migrate_dry_run_reports_each_schema_version_and_changes_no_byte(fixture_store):
+    store = fixture_store.root / "ratchet.db"
+    before = _sha256(store)
+
+    report = fixture_store.json("migrate", "--dry-run")
+    text = fixture_store.ok("migrate", "--dry-run")
+
+    assert _sha256(store) == before
+    assert report["dry_run"] is True
+    assert report["ok"] is True
+    assert report["versions"] == {
+        "1": {"runs": 2, "upgrade": 2},
+        "2": {"runs": 2, "upgrade": 2},
+        "3": {"runs": 2, "upgrade": 2},
+        "4": {"runs": 2, "current": 2},
+    }
+    assert {run["run_id"]: run["from_version"] for run in report["runs"]} == {
+        run_id: run.schema for run_id, run in RUNS.items()
+    }
+    assert "would upgrade 6 of 8 runs to schema 4 (dry run: nothing changed)" in text
+    for version in ("1", "2", "3", "4"):
+        assert f"schema {version}: 2 runs" in text
+
+
+def test_migrate_reports_what_it_cannot_read_and_leaves_it_alone(fixture_store):
+    # Given a head from a newer Ratchet and a head whose JSON is damaged
+    _write(fixture_store, "UPDATE runs SET state = 'not json' WHERE run_id = 'v1-done'")
+    newer = json.dumps({"schema_version": SCHEMA_VERSION + 1})
+    _write(fixture_store, "UPDATE runs SET state = ? WHERE run_id = 'v3-done'", newer)
+    store = fixture_store.root / "ratchet.db"
+    before = _sha256(store)
+
+    dry = fixture_store.run("migrate", "--dry-run", "--json")
+    assert _sha256(store) == before
+    done = fixture_store.run("migrate", "--json")
+
+    for result in (dry, done):
+        assert result.returncode == 1, result.stderr
+        report = json.loads(result.stdout)
+        runs = {run["run_id"]: run for run in report["runs"]}
+        assert runs["v1-done"]["outcome"] == "unreadable"
+        assert runs["v1-done"]["from_version"] is None
+        assert runs["v3-done"]["outcome"] == "unreadable"
+        assert "upgrade Ratchet" in runs["v3-done"]["reason"]
+        assert report["versions"]["unknown"] == {"runs": 1, "unreadable": 1}
+        assert report["versions"][str(SCHEMA_VERSION + 1)] == {"runs": 1, "unreadable": 1}
+    assert _rows(fixture_store, "SELECT state FROM runs WHERE run_id = 'v1-done'") == [
+        ("not json",)
+    ]
+    upgraded = [
+        run["run_id"] for run in json.loads(done.stdout)["runs"] if run["outcome"] == "upgraded"
+    ]
+    assert sorted(upgraded) == ["v1-running", "v2-done", "v2-waiting", "v3-running"]
+
+
+def test_migrate_upgrades_every_head_and_every_run_then_resumes(fixture_store):
+    heads_before = {run_id: fixture_store.head(run_id) for run_id in RUNS}
+
+    report = fixture_store.json("migrate")
+
+    outcomes = {run["run_id"]: run["outcome"] for run in report["runs"]}
+    assert outcomes == {
+        run_id: "current" if run.schema == SCHEMA_VERSION else "upgraded"
+        for run_id, run in RUNS.items()
+    }
+    # Every head is now stored as today's Ratchet stores it, and loads as it did before.
+    static = {run_id for (run_id,) in _rows(fixture_store, "SELECT run_id FROM run_static")}
+    assert static == set(RUNS)
+    for run_id, head in _rows(fixture_store, "SELECT run_id, state FROM runs"):
+        stored = json.loads(str(head))
+        assert stored["schema_version"] == SCHEMA_VERSION
+        assert "goal" not in stored
+        assert "messages" not in stored
+        assert fixture_store.head(str(run_id)) == heads_before[str(run_id)]
+    assert fixture_store.json("migrate", "--dry-run")["versions"] == {
+        str(SCHEMA_VERSION): {"runs": len(RUNS), "current": len(RUNS)}
+    }
+
+    # A worker takes the running runs' next steps and, once approved, finishes the waiting one.
+    fixture_store.ok("approve", "v2-waiting")
+    fixture_store.work_until_idle()
+    for run_id in ("v1-running", "v3-running", "v4-running"):
+        after = fixture_store.head(run_id)
+        assert after.step > heads_before[run_id].step
+        assert after.status is RunStatus.WAITING  # at the migration's question, as usual
+    assert fixture_store.head("v2-waiting").status is RunStatus.DONE
+    assert fixture_store.verify("v2-waiting")["ok"] is True
+
+
+def test_migrate_keeps_a_whole_head_whose_window_is_not_in_its_records(fixture_store):
+    # Given a schema-2 head stored whole, whose step records are gone: only its head holds
+    # the window, which the lean form would read back from the records
+    _write(fixture_store, "DELETE FROM checkpoints WHERE run_id = 'v2-waiting' AND step > 0")
+    before = _rows(fixture_store, "SELECT state FROM runs WHERE run_id = 'v2-waiting'")
+
+    result = fixture_store.run("migrate", "--json")
+
+    assert result.returncode == 1
+    (run,) = [r for r in json.loads(result.stdout)["runs"] if r["run_id"] == "v2-waiting"]
+    assert run["outcome"] == "kept"
+    assert "window" in run["reason"]
+    assert _rows(fixture_store, "SELECT state FROM runs WHERE run_id = 'v2-waiting'") == before
+    assert fixture_store.head("v2-waiting").messages
+
+
+def test_migrate_reads_a_store_made_before_run_static_and_adds_it(fixture_store):
+    # Given a store as schema 2 left it: whole heads, and no run_static table
+    _write(fixture_store, "DELETE FROM runs WHERE run_id LIKE 'v3-%' OR run_id LIKE 'v4-%'")
+    _write(fixture_store, "DROP TABLE run_static")
+    _write(fixture_store, "PRAGMA wal_checkpoint(TRUNCATE)")
+    store = fixture_store.root / "ratchet.db"
+    before = _sha256(store)
+
+    dry = fixture_store.json("migrate", "--dry-run")
+    assert _sha256(store) == before
+    report = fixture_store.json("migrate")
+
+    assert dry["versions"] == {"1": {"runs": 2, "upgrade": 2}, "2": {"runs": 2, "upgrade": 2}}
+    assert report["versions"] == {
+        "1": {"runs": 2, "upgraded": 2},
+        "2": {"runs": 2, "upgraded": 2},
+    }
+    static = {run_id for (run_id,) in _rows(fixture_store, "SELECT run_id FROM run_static")}
+    assert static == {"v1-done", "v1-running", "v2-done", "v2-waiting"}
+
+
+def test_migrate_refuses_a_dynamodb_store_in_one_line(fixture_store):
+    result = fixture_store.run("--store", "dynamodb://runs?ledger=ledger&app=app", "migrate")
+    # (the second --store wins)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "needs a local sqlite:// store" in result.stderr
+
+
+# --- gc ----------------------------------------------------------------------------------------
+
+LONG_AGO = (utcnow() - timedelta(days=100)).isoformat()
+
+
+def _age(paths: list[Path], hours: float) -> None:
+    then = time.time() - hours * 3600
+    for path in paths:
+        os.utime(path, (then, then))
+
+
+def _blob_paths(cli: Cli) -> set[str]:
+    root = cli.root / "ratchet.blobs"
+    return {path.name for path in root.glob("*/*")} if root.exists() else set()
+
+
+def _finish_migration(client: Client, run_id: str) -> None:
+    client.work(run_id)
+    client.approve(run_id, by="ops@example.com")
+    client.work(run_id)
+
+
+@pytest.fixture
+def aged_store(tmp_path: Path) -> dict[str, object]:
+    """Finished runs past the retention, live runs as old, one recent run, and blobs."""
+    cli = Cli(tmp_path)
+    client = connect(cli.store, environ={})
+    try:
+        client.start(run_id="old-done", scenario="migration", input={"batches": 8})
+        _finish_migration(client, "old-done")
+        # Its goal is over the inline budget: the note's arguments go to a blob, which the
+        # run's only step (inside its window) references.
+        client.run("old-note", scenario="notebook", goal="Keep this. " * 300)
+        client.run("recent-note", scenario="notebook", goal="Recent.")
+        client.start(run_id="live-running", scenario="migration", input={"batches": 8})
+        engine = client.runtime.engine(worker_id="test", logger=client.logger)
+        for _ in range(8):
+            engine.advance("live-running")
+        client.start(run_id="live-waiting", scenario="migration", input={"batches": 1})
+        client.work("live-waiting")
+        blobs = FileBlobStore(tmp_path / "ratchet.blobs")
+        orphan = blobs.put(b"referenced by nothing")
+        old_only = blobs.put(b"referenced by an old record only")
+    finally:
+        client.close()
+    # Given a record before old-done's window that references a blob nothing else does
+    (version, event) = _rows(
+        cli,
+        "SELECT version, event FROM checkpoints WHERE run_id = 'old-done' AND step = 2 "
+        'AND event LIKE \'{"kind":"step"%\'',
+    )[0]
+    record = json.loads(str(event))
+    record["output"]["blob"] = {"sha256": old_only.sha256, "size": old_only.size}
+    _write(
+        cli,
+        "UPDATE checkpoints SET event = ? WHERE run_id = 'old-done' AND version = ?",
+        json.dumps(record),
+        version,
+    )
+    _write(cli, "UPDATE runs SET updated_at = ? WHERE run_id <> 'recent-note'", LONG_AGO)
+    _age(list((tmp_path / "ratchet.blobs").glob("*/*")), hours=2)
+    fresh = FileBlobStore(tmp_path / "ratchet.blobs").put(b"written a moment ago")
+    return {"cli": cli, "orphan": orphan, "old_only": old_only, "fresh": fresh}
+
+
+def test_gc_trims_old_finished_runs_and_keeps_every_live_run_resumable(aged_store):
+    cli = aged_store["cli"]
+    assert isinstance(cli, Cli)
+    records = "SELECT version, step, event FROM checkpoints WHERE run_id = ? ORDER BY version"
+    ledger = "SELECT key, step, status, result FROM idempotency WHERE run_id = ? ORDER BY key"
+    runs = ("old-done", "old-note", "recent-note", "live-running", "live-waiting")
+    heads: dict[str, RunState] = {run_id: cli.head(run_id) for run_id in runs}
+    rows_before = {run_id: _rows(cli, records, run_id) for run_id in runs}
+    ledger_before = {run_id: _rows(cli, ledger, run_id) for run_id in runs}
+    blobs_before = _blob_paths(cli)
+    note_blob = heads["old-note"].messages[0].blob
+    assert note_blob is not None
+    assert note_blob.sha256 in blobs_before
+    store = cli.root / "ratchet.db"
+    start = window_start(heads["old-done"])
+    old_records = [r for r in rows_before["old-done"][1:] if int(str(r[1])) < start]
+    old_keys = [r for r in ledger_before["old-done"] if int(str(r[1])) < start]
+    assert old_records
+    assert old_keys
+
+    # A dry run counts what gc deletes and changes nothing
+    _write(cli, "PRAGMA wal_checkpoint(TRUNCATE)")  # so the file alone holds the store
+    before = _sha256(store)
+    dry = cli.json("gc", "--older-than", "30", "--dry-run")
+    assert _sha256(store) == before
+    assert _blob_paths(cli) == blobs_before
+
+    report = cli.json("gc", "--older-than", "30")
+
+    for counted in (dry, report):
+        assert counted["runs_trimmed"] == 1
+        assert counted["records_deleted"] == len(old_records)
+        assert counted["ledger_entries_deleted"] == len(old_keys)
+        assert counted["blobs_deleted"] == 2
+        assert counted["live_runs"] == 2
+        assert counted["recent_runs"] == 1
+    # The finished run keeps its first record and its window: it loads as before.
+    kept = _rows(cli, records, "old-done")
+    assert kept == [rows_before["old-done"][0]] + [
+        r for r in rows_before["old-done"][1:] if int(str(r[1])) >= start
+    ]
+    assert cli.head("old-done") == heads["old-done"]
+    assert [r for r in _rows(cli, ledger, "old-done") if int(str(r[1])) < start] == []
+    # Live and recent runs are untouched, whatever their age.
+    for run_id in ("old-note", "recent-note", "live-running", "live-waiting"):
+        assert _rows(cli, records, run_id) == rows_before[run_id]
+        assert _rows(cli, ledger, run_id) == ledger_before[run_id]
+        assert cli.head(run_id) == heads[run_id]
+    # Blobs: the referenced and the fresh kept, the unreferenced deleted.
+    orphan, old_only, fresh = (aged_store[k] for k in ("orphan", "old_only", "fresh"))
+    left = _blob_paths(cli)
+    assert left == blobs_before - {orphan.sha256, old_only.sha256}
+    assert {note_blob.sha256, fresh.sha256} <= left
+
+    # Every live run resumes: the running one takes its next steps, the waiting one finishes.
+    cli.ok("approve", "live-waiting")
+    cli.work_until_idle()
+    assert cli.head("live-running").step > heads["live-running"].step
+    assert cli.head("live-waiting").status is RunStatus.DONE
+    assert cli.verify("live-waiting")["ok"] is True
+    assert cli.json("gc", "--older-than", "30")["records_deleted"] == 0
+
+
+def test_gc_keeps_a_failed_runs_window_so_it_can_be_retried(tmp_path):
+    cli = Cli(tmp_path)
+    client = connect(cli.store, environ={})
+    try:
+        client.start(run_id="failing", scenario="migration", input={"batches": 8})
+        engine = client.runtime.engine(worker_id="test", logger=client.logger)
+        for _ in range(8):
+            engine.advance("failing")
+        engine.fail("failing", "the legacy database went away")
+    finally:
+        client.close()
+    _write(cli, "UPDATE runs SET updated_at = ?", LONG_AGO)
+    before = cli.head("failing")
+
+    assert cli.json("gc", "--older-than", "30")["records_deleted"] > 0
+
+    assert cli.head("failing") == before
+    events = [
+        parse_event(str(text))
+        for (text,) in _rows(cli, "SELECT event FROM checkpoints WHERE run_id = 'failing'")
+    ]
+    steps = [e.step for e in events if isinstance(e, StepCompleted)]
+    assert steps == list(range(window_start(before), before.step + 1))
+    cli.ok("retry", "failing")
+    cli.work_until_idle()
+    assert cli.head("failing").step > before.step
+
+
+def test_gc_refuses_a_dynamodb_store_and_needs_its_retention(tmp_path):
+    cli = Cli(tmp_path)
+    aws = cli.run("--store", "dynamodb://runs?ledger=ledger&app=app", "gc", "--older-than", "1")
+    missing = cli.run("gc")
+    for result in (aws, missing):
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1
+        assert "Traceback" not in result.stderr
+    assert "needs a local sqlite:// store" in aws.stderr
+    assert "needs --older-than DAYS" in missing.stderr

@@ -1,0 +1,208 @@
+"""Steering a run (issue 10): a failed run retried, a run forked from a step, and the prompt a
+step's model saw replayed from the records; on SQLite, through the Python client."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+
+import ratchet
+from ratchet.client import Client, NoCheckpointAtStep
+from ratchet.errors import InvalidInput, NotRetryable, RunNotFound, StepAttemptFailed
+from ratchet.ports import ModelRequest
+from ratchet.state import Done, RunStatus, ToolCall
+from ratchet.tools import Agent, StepView, ToolContext, tool
+
+STEPS = 6
+APPLIED: list[str] = []
+"""Every key the `apply` tool applied, in order, across attempts."""
+BROKEN: set[int] = set()
+"""Steps whose `apply` raises (a full disk) until the test mends them."""
+
+
+class Apply(BaseModel):
+    n: int = Field(ge=1)
+
+
+@tool()
+def apply(args: Apply, ctx: ToolContext) -> str:
+    """Apply change n."""
+    if ctx.step in BROKEN:
+        raise RuntimeError("disk full")
+    APPLIED.append(ctx.idempotency_key)
+    return f"change {args.n} applied"
+
+
+def _policy(view: StepView) -> ToolCall | Done:
+    if view.step <= STEPS:
+        return ToolCall(name="apply", arguments={"n": view.step})
+    return Done(summary="every change applied")
+
+
+class Recorder:
+    """A `Model` that decides with the policy and keeps the prompt of every answered call. At
+    the steps in `fail_once` its first call raises, so the next attempt's prompt carries the
+    failure."""
+
+    def __init__(self) -> None:
+        self.prompts: dict[int, str] = {}
+        self.fail_once: set[int] = set()
+
+    def decide(self, request: ModelRequest) -> ToolCall | Done:
+        step = request.view.step
+        if step in self.fail_once:
+            self.fail_once.discard(step)
+            raise RuntimeError("the model is overloaded")
+        self.prompts[step] = request.prompt
+        return _policy(request.view)
+
+
+recorder = Recorder()
+MODEL = f"{__name__}:recorder"
+changes = Agent(
+    name="changes", goal="Apply every change once.", tools=[apply], policy=_policy, memory_window=3
+)
+AGENT = f"{__name__}:changes"
+
+
+@pytest.fixture
+def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    for name in ("ANTHROPIC_API_KEY", "RATCHET_STORE", "RATCHET_FAULT"):
+        monkeypatch.delenv(name, raising=False)
+    APPLIED.clear()
+    BROKEN.clear()
+    recorder.prompts.clear()
+    recorder.fail_once.clear()
+    with ratchet.connect(f"sqlite:///{tmp_path}/runs.db") as connected:
+        yield connected
+
+
+def _drive(client: Client, run_id: str) -> ratchet.Run:
+    """Advance the run until it stops, taking each failed attempt at once (a worker would
+    back off first, for seconds)."""
+    engine = client.runtime.engine(worker_id="test", logger=client.logger)
+    for _ in range(50):
+        with contextlib.suppress(StepAttemptFailed):
+            if engine.advance(run_id).outcome.value != "continue":
+                return client.get(run_id)
+    raise AssertionError("the run did not stop")
+
+
+# --- retry ------------------------------------------------------------------------------------
+
+
+def test_retry_after_three_strikes_finishes_without_applying_an_applied_key_again(client):
+    client.start(run_id="r", agent=AGENT, max_steps=STEPS + 2)
+    BROKEN.add(3)
+    failed = _drive(client, "r")
+    assert failed.status is RunStatus.FAILED
+    assert "step 3 failed 3 times" in (failed.error or "")
+    assert APPLIED == ["r/step-1", "r/step-2"]
+
+    BROKEN.clear()
+    retried = client.retry("r", by="dana")
+
+    assert (retried.status, retried.attempts, retried.error) == (RunStatus.RUNNING, 0, None)
+    assert [c.event for c in client.history("r")][-1] == "retried"
+    done = client.work("r")
+    assert done.status is RunStatus.DONE
+    assert [f"r/step-{n}" for n in range(1, STEPS + 1)] == APPLIED
+    with pytest.raises(NotRetryable):
+        client.retry("r")
+
+
+# --- cancel -----------------------------------------------------------------------------------
+
+
+def test_a_cancelled_run_keeps_its_checkpoints_and_no_worker_takes_it(client):
+    client.start(run_id="c", agent=AGENT, max_steps=STEPS + 2)
+    engine = client.runtime.engine(worker_id="test", logger=client.logger)
+    engine.advance("c")
+    before = client.history("c")
+
+    cancelled = client.cancel("c", reason="wrong table", by="dana")
+
+    assert cancelled.status is RunStatus.CANCELLED
+    assert cancelled.summary == "Cancelled by dana: wrong table"
+    assert client.work("c").step == 1
+    assert client.history("c")[: len(before)] == before
+    assert APPLIED == ["c/step-1"]
+
+
+# --- fork -------------------------------------------------------------------------------------
+
+
+def _finished_migration(client: Client, run_id: str) -> ratchet.Run:
+    waiting = client.run(run_id=run_id, scenario="migration", input={"batches": 3})
+    assert waiting.status is RunStatus.WAITING
+    client.approve(run_id, by="dana")
+    done = client.work(run_id)
+    assert done.status is RunStatus.DONE
+    return done
+
+
+def test_a_fork_of_a_finished_migration_copies_nothing_twice_and_leaves_the_source(client):
+    source = _finished_migration(client, "m")
+    verified = client.verify("m")
+    assert verified["ok"], verified
+    records = client.history("m")
+    at = 2  # inspected the table, copied the first batch
+
+    fork = client.fork("m", from_step=at, run_id="m-2")
+
+    assert (fork.run_id, fork.status, fork.step, fork.version) == ("m-2", "running", at, 1)
+    assert client.head("m-2").messages == client.state_at("m", step=at).messages
+    waiting = client.work("m-2")
+    assert waiting.status is RunStatus.WAITING
+    client.approve("m-2", by="dana")
+    forked = client.work("m-2")
+    assert forked.status is RunStatus.DONE
+    assert forked.step == source.step
+    checks = client.verify("m-2")
+    # The fork's own data: the batches after step 2, each copied once; the first batch was
+    # copied by the source before the fork point, in the source's data.
+    assert checks["duplicate_rows"] == 0
+    assert checks["target_rows"] == 2_000
+    assert checks["missing_rows"] == 1_000
+    # Keys under the fork's id, from the step after the fork point only.
+    ledger = client.runtime.ledger
+    assert ledger.get("m-2/step-2") is None
+    assert ledger.get("m-2/step-3") is not None
+    # The source is untouched.
+    assert client.verify("m") == verified
+    assert client.history("m") == records
+
+
+def test_a_fork_is_refused_past_the_source_step_for_an_unknown_run_or_a_taken_id(client):
+    client.start(run_id="s", agent=AGENT, max_steps=STEPS + 2)
+    _drive(client, "s")
+    with pytest.raises(InvalidInput, match="cannot be forked from step 99"):
+        client.fork("s", from_step=99)
+    with pytest.raises(RunNotFound):
+        client.fork("nope", from_step=1)
+    client.start(run_id="taken", agent=AGENT)
+    with pytest.raises(InvalidInput, match="'taken' already exists"):
+        client.fork("s", from_step=1, run_id="taken")
+    default = client.fork("s", from_step=3)
+    assert default.run_id.startswith("s-fork-")
+    assert client.get("s").status is RunStatus.DONE
+
+
+# --- replay -----------------------------------------------------------------------------------
+
+
+def test_replay_renders_each_step_prompt_byte_for_byte(client):
+    recorder.fail_once.add(4)  # step 4's second attempt is told why the first failed
+    client.start(run_id="p", agent=AGENT, model=MODEL, max_steps=STEPS + 2)
+    assert _drive(client, "p").status is RunStatus.DONE
+
+    assert sorted(recorder.prompts) == list(range(1, STEPS + 2))
+    assert "The previous attempt at step 4 failed" in recorder.prompts[4]
+    for step in range(1, STEPS + 1):
+        assert client.replay("p", step=step) == recorder.prompts[step], step
+    with pytest.raises(NoCheckpointAtStep):
+        client.replay("p", step=STEPS + 1)

@@ -1,0 +1,109 @@
+"""The pure parts of progress output (`ratchet.progress`) and the option bounds the CLI keeps
+beside the modules that own them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ratchet import cli
+from ratchet.local import leases
+from ratchet.progress import (
+    StepLine,
+    argument_summary,
+    json_object,
+    line_of_state,
+    plain_line,
+    position,
+    shorten,
+    version_gaps,
+)
+from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
+from ratchet.scenarios.migration_data import MAX_BATCHES
+from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
+
+
+def test_the_cli_bounds_are_those_of_the_modules_that_own_them():
+    assert (cli.MIN_LEASE_SECONDS, cli.MAX_LEASE_SECONDS) == (
+        leases.MIN_LEASE_SECONDS,
+        leases.MAX_LEASE_SECONDS,
+    )
+    assert (cli.MAX_STEPS, cli.MAX_TOOL_LATENCY_MS, cli.MAX_BATCHES) == (
+        MAX_STEPS,
+        MAX_TOOL_LATENCY_MS,
+        MAX_BATCHES,
+    )
+
+
+def test_arguments_are_summarised_as_compact_json_pairs_and_cut():
+    assert argument_summary({"batch": 2, "table": "orders"}) == 'batch=2, table="orders"'
+    assert argument_summary({}) == ""
+    long = argument_summary({"text": "x" * 200}, limit=20)
+    assert len(long) == 20
+    assert long.endswith("…")
+    assert shorten("a\n  b\tc", 10) == "a b c"
+
+
+@pytest.mark.parametrize(
+    ("params", "step", "arguments", "before", "expected"),
+    [
+        ({}, 3, {"batch": 2}, 0, None),
+        ({"steps": 10}, 3, None, 0, (3, 10)),
+        ({"steps": 2}, 5, None, 0, (2, 2)),
+        ({"batches": 40}, 3, {"batch": 2}, 0, (2, 40)),
+        ({"batches": 40}, 9, {"table": "orders"}, 7, (7, 40)),
+        ({"batches": 40}, 9, {"batch": True}, 7, (7, 40)),
+        ({"batches": "40"}, 3, {"batch": 2}, 0, None),
+    ],
+)
+def test_the_position_is_known_only_from_steps_or_batches(
+    params, step, arguments, before, expected
+):
+    assert position(params, step, arguments, before) == expected
+
+
+def test_a_committed_step_becomes_a_line_with_its_tool_arguments_and_result():
+    state = RunState(
+        run_id="r1",
+        agent="migration",
+        goal="copy",
+        options=RunOptions(params={"batches": 4}),
+        step=3,
+        messages=[
+            Message(step=2, tool="copy_batch", arguments={"batch": 1}),
+            Message(step=3, tool="copy_batch", arguments={"batch": 2}),
+        ],
+        tool_results=[ToolOutput(step=3, tool="copy_batch", text="Copied\n1,000 rows.")],
+    )
+
+    line = line_of_state(state, ms=12.34)
+
+    assert line == StepLine(
+        run_id="r1",
+        step=3,
+        status="running",
+        tool="copy_batch",
+        arguments="batch=2",
+        result="Copied 1,000 rows.",
+        ms=12.34,
+        done=2,
+        total=4,
+    )
+    assert plain_line(line) == "r1  step 3  copy_batch(batch=2) -> Copied 1,000 rows.  12 ms  [2/4]"
+    assert json.loads(json.dumps(json_object(line)))["ms"] == 12.3
+
+
+def test_a_finished_run_shows_its_summary_or_error():
+    state = RunState(
+        run_id="r1", agent="a", goal="g", status=RunStatus.FAILED, step=1, error="boom"
+    )
+    line = line_of_state(state, ms=None)
+    assert (line.tool, line.result, line.done) == (None, "boom", None)
+    assert plain_line(line) == "r1  step 1  failed -> boom"
+
+
+def test_versions_no_record_holds_are_given_as_ranges():
+    assert version_gaps([1, 2, 4, 5, 8], head_version=9) == [(3, 3), (6, 7), (9, 9)]
+    assert version_gaps([1, 2, 3], head_version=3) == []
+    assert version_gaps([], head_version=2) == [(1, 2)]
