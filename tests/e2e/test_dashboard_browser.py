@@ -1,0 +1,208 @@
+"""The runs dashboard in a real browser (issue 10, "A runs dashboard").
+
+Debian's Chromium, driven by Playwright, against a real `ratchet serve` process and runs made
+by real `ratchet` processes: one done, one failed, one cancelled, and one whose worker was
+SIGKILLed mid-step and which another worker resumed until it waits for a person. The run list
+counts and filters them; the resumed run's timeline shows the failed attempt and the step
+committed on the retry, its charts, and the link to its pending approval, which opens the
+approval page; reading the dashboard writes nothing.
+
+`RATCHET_SCREENSHOT_DIR=docs` (see `make screenshot`) also writes the run list and the resumed
+run's page to docs/dashboard-runs.png and docs/dashboard-run.png.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+
+from tests.e2e.test_approval_browser import (
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    COMMAND_TIMEOUT,
+    OPERATOR,
+    PROMPT,
+    RATCHET,
+    SCRUBBED,
+    UI_TIMEOUT_MS,
+    WAITING_STEP,
+    Local,
+    _serve,
+)
+
+pytestmark = pytest.mark.slow
+
+RESUMED = "copy-resumed"
+CRASH_STEP = 2  # 1 inspect, 2 copy batch 1 (the doomed worker dies here), 3 copy, 4 ask
+RUNS = {
+    "notes-done": "done",
+    "copy-failed": "failed",
+    "copy-cancelled": "cancelled",
+    RESUMED: "waiting",
+}
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Local]:
+    db = tmp_path / "ratchet.db"
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env |= {"RATCHET_STORE": f"sqlite:///{db}", "LOGNAME": OPERATOR, "USER": OPERATOR}
+    log = tmp_path / "serve.log"
+    started = _serve(env, log) or _serve(env, log) or _serve(env, log)
+    assert started is not None, log.read_text()
+    server, public_url = started
+    try:
+        yield Local(db, public_url, env | {"RATCHET_PUBLIC_URL": public_url})
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make unit` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tmp_path / "chromium-profile",
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            # The timeline is a wide table; the screenshots are as tall as the page.
+            viewport={"width": 1180, "height": 600},
+        )
+        context.set_default_timeout(UI_TIMEOUT_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def _ratchet(local: Local, *args: str, fault: str | None = None) -> int:
+    """A `ratchet` command with a fault of its own: only this process crashes."""
+    done = subprocess.run(
+        [str(RATCHET), *args],
+        env=local.env | ({"RATCHET_FAULT": fault} if fault else {}),
+        cwd=local.db.parent,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+    return done.returncode
+
+
+def _worker(local: Local, name: str, *, fault: str | None = None) -> int:
+    flags = ["--until-idle", "--worker-id", name, "--lease-seconds", "0.3"]
+    return _ratchet(local, "worker", *flags, fault=fault)
+
+
+def _make_runs(local: Local) -> None:
+    local.ok("run", "--scenario", "notebook", "--run-id", "notes-done")
+    migrate = ["run", "--scenario", "migration", "--batches", "2", "--run-id", "copy-failed"]
+    assert _ratchet(local, *migrate, fault="raise:after_tool@2") == 1
+    # A worker dies in the middle of step 2 (after its tool ran, before the commit); the
+    # next worker takes the run over, does step 2 again and goes on until it asks a person.
+    local.ok("start", "--scenario", "migration", "--batches", "2", "--run-id", RESUMED)
+    assert _worker(local, "doomed", fault=f"kill:after_tool@{CRASH_STEP}") == -signal.SIGKILL
+    assert local.status(RESUMED)["step"] == CRASH_STEP - 1
+    assert _worker(local, "finisher") == 0
+    local.ok("start", "--scenario", "migration", "--batches", "2", "--run-id", "copy-cancelled")
+    local.ok("cancel", "copy-cancelled", "--reason", "wrong table")
+    for run_id, status in RUNS.items():
+        assert local.status(run_id)["status"] == status, run_id
+
+
+def _screenshot_if_asked(page: Page, name: str) -> None:
+    shot = page.screenshot(full_page=True, animations="disabled")
+    assert shot.startswith(b"\x89PNG")
+    folder = os.environ.get("RATCHET_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / name).write_bytes(shot)
+
+
+def test_the_dashboard_lists_runs_and_shows_a_resumed_runs_timeline(local, browser):
+    # Given runs of several statuses, one of them resumed after its worker was killed
+    _make_runs(local)
+    before = {run_id: local.status(run_id)["version"] for run_id in RUNS}
+    page = browser.new_page()
+
+    # When the operator opens the dashboard
+    response = page.goto(f"{local.public_url}/dashboard")
+    assert response is not None
+    assert response.status == 200
+
+    # Then every run is listed with its agent and status, and each status is counted
+    expect(page).to_have_title("Runs · Ratchet")
+    for run_id, status in RUNS.items():
+        row = page.locator("tbody tr").filter(has=page.get_by_role("link", name=run_id))
+        expect(row).to_have_count(1)
+        expect(row.locator("td").nth(2)).to_have_text(status)
+    expect(page.locator("tbody tr").filter(has_text="notes-done")).to_contain_text("notebook")
+    for status in ("done", "failed", "cancelled", "waiting"):
+        expect(page.get_by_role("link", name=f"{status} 1", exact=True)).to_be_visible()
+    expect(page.get_by_role("link", name="all 4", exact=True)).to_be_visible()
+    _screenshot_if_asked(page, "dashboard-runs.png")
+
+    # And a status filters the list
+    page.get_by_role("link", name="failed 1", exact=True).click()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator("tbody tr")).to_contain_text("copy-failed")
+    page.get_by_role("link", name="all 4", exact=True).click()
+
+    # When they open the resumed run
+    page.get_by_role("link", name=RESUMED, exact=True).click()
+    expect(page).to_have_title(f"Run {RESUMED} · Ratchet")
+
+    # Then its timeline shows step 2's failed attempt and the step committed on the retry
+    expect(page.locator("#retried")).to_have_text(f"Retried steps: {CRASH_STEP}.")
+    steps = page.locator("#timeline tbody tr").filter(has_text="step committed")
+    expect(steps).to_have_count(WAITING_STEP)
+    retried = page.locator(f"#timeline tbody tr.retried[data-step='{CRASH_STEP}']")
+    expect(retried).to_have_count(1)
+    expect(retried).to_contain_text("retried after 1 failed attempt")
+    expect(retried).to_contain_text("copy_batch")
+    expect(retried).to_contain_text("finisher")
+    first = page.locator("#timeline tbody tr[data-step='1']").filter(has_text="step committed")
+    expect(first).to_contain_text("doomed")
+    expect(page.locator("#timeline tbody tr.gap")).not_to_have_count(0)
+
+    # And the charts of step duration and bytes written are drawn, one mark per step/write
+    charts = page.locator("svg.chart")
+    expect(charts).to_have_count(2)
+    expect(page.locator("svg[aria-label='Step duration'] rect.bar")).to_have_count(WAITING_STEP)
+    checkpoints = page.locator("#timeline tbody tr[data-version]").count()
+    expect(page.locator("svg[aria-label='Bytes written'] circle.dot")).to_have_count(checkpoints)
+    expect(page.locator("svg[aria-label='Step duration']")).to_contain_text("ms")
+    _screenshot_if_asked(page, "dashboard-run.png")
+
+    # And the state at a step is one click away, with the prompt its model saw
+    page.locator(f"#timeline tbody tr[data-step='{CRASH_STEP}'] td").nth(1).get_by_role(
+        "link"
+    ).first.click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"{RESUMED} as of step {CRASH_STEP}")
+    expect(page.locator("pre")).to_contain_text('"run_id": "copy-resumed"')
+    page.get_by_role("link", name=f"The prompt step {CRASH_STEP}'s model saw").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"The prompt of step {CRASH_STEP}")
+    expect(page.locator("pre")).not_to_be_empty()
+
+    # And the pending approval's link, signed for the operator, opens the approval page
+    page.goto(f"{local.public_url}/dashboard/runs/{RESUMED}")
+    approval = page.get_by_role("link", name="Open the approval page")
+    href = approval.get_attribute("href")
+    assert href is not None
+    assert href.startswith(f"{local.public_url}/approvals/")
+    assert f"to={OPERATOR}" in href
+    approval.click()
+    expect(page).to_have_title("Approval needed · Ratchet")
+    expect(page.get_by_role("heading", level=1)).to_have_text(PROMPT)
+    expect(page.get_by_role("button", name="Approve")).to_be_visible()
+
+    # And nothing the dashboard showed changed any run
+    assert {run_id: local.status(run_id)["version"] for run_id in RUNS} == before

@@ -1,0 +1,170 @@
+"""The dashboard's HTML: what a run carries is escaped everywhere, and the charts draw 0, 1
+and many steps."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from xml.etree import ElementTree
+
+import pytest
+
+from ratchet.client import Checkpoint, Run
+from ratchet.state import RunState, RunStatus
+from ratchet.web.dashboard import (
+    PendingApproval,
+    Point,
+    RunRow,
+    Timeline,
+    chart,
+    prompt_page,
+    run_page,
+    runs_page,
+    state_page,
+)
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+EVIL = "<script>alert('x')</script>"
+EVIL_ID = "r1'><img src=x onerror=alert(1)>"
+
+
+def _run(run_id: str = "r1", **fields: object) -> Run:
+    state = RunState(run_id="r1", agent=f"agent{EVIL}", goal=f"goal{EVIL}")
+    return Run.of(state).model_copy(update={"run_id": run_id, **fields})
+
+
+def _step(version: int, step: int, *, result: str = "ok", worker: str = "w1") -> Checkpoint:
+    return Checkpoint(
+        version=version,
+        step=step,
+        status=RunStatus.RUNNING,
+        event="step",
+        worker=worker,
+        bytes=400 + version,
+        time=NOW,
+        tool=f"tool{EVIL}",
+        arguments={"sql": EVIL},
+        result=result,
+        explanation="step committed",
+        duration_ms=float(step),
+    )
+
+
+def _no_markup_from_the_run(page: str) -> None:
+    assert "<script" not in page
+    assert "<img" not in page
+    assert "onerror=alert(1)>" not in page
+
+
+def test_a_malicious_run_id_result_and_decision_are_escaped_on_the_run_page():
+    decided = Checkpoint(
+        version=4,
+        step=2,
+        status=RunStatus.RUNNING,
+        event="decided",
+        worker="w2",
+        bytes=10,
+        time=NOW,
+        by=f"mallory{EVIL}",
+        comment=EVIL,
+        explanation=f"person decided by mallory{EVIL}: approved",
+    )
+    timeline = Timeline(
+        run=_run(EVIL_ID, status=RunStatus.WAITING, error=EVIL, summary=EVIL),
+        checkpoints=[_step(1, 1, result=EVIL), _step(3, 2, worker=EVIL), decided],
+        attempts={1: 1, 3: 2},
+        gaps=[(2, 2)],
+        approvals=[],
+        pending=PendingApproval(
+            step=2,
+            prompt=EVIL,
+            expires_at=NOW,
+            link="http://127.0.0.1:8765/approvals/a?run=x&to=ada&sig=1'><b>",
+        ),
+    )
+
+    page = run_page(timeline)
+
+    _no_markup_from_the_run(page)
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "/dashboard/runs/r1%27%3E%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E/steps/1" in page
+    assert "sig=1&#x27;&gt;&lt;b&gt;" in page
+    assert "retried after 1 failed attempt" in page
+    assert "Retried steps: 2." in page
+
+
+def test_the_run_list_escapes_ids_and_agents_and_links_each_run():
+    rows = [RunRow(EVIL_ID, f"agent{EVIL}", RunStatus.FAILED, 3, NOW)]
+
+    page = runs_page(rows, {RunStatus.FAILED: 1}, status=None)
+
+    _no_markup_from_the_run(page)
+    assert "href='/dashboard/runs/r1%27%3E%3Cimg" in page
+    assert "failed 1" in page
+    assert "all 1" in page
+
+
+def test_the_state_and_prompt_pages_escape_what_the_run_recorded():
+    state = RunState(run_id="r1", agent="a", goal=EVIL, last_result=EVIL)
+
+    _no_markup_from_the_run(state_page(state, 0, replayable=False))
+    _no_markup_from_the_run(prompt_page(EVIL_ID, 1, EVIL))
+    assert "/dashboard/runs/r1/steps/3/prompt" in state_page(state, 3, replayable=True)
+
+
+def _parsed(svg: str) -> ElementTree.Element:
+    return ElementTree.fromstring(svg)
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 60])
+def test_a_bar_chart_has_one_bar_per_step_inside_its_axes(count):
+    points = [Point(step, float(step * 7 % 13)) for step in range(1, count + 1)]
+
+    svg = _parsed(chart("Step duration", points, x_label="step", y_label="ms", kind="bar"))
+
+    bars = svg.findall(f"{SVG}rect")
+    assert len(bars) == count
+    labels = [t.text for t in svg.iter(f"{SVG}text")]
+    assert "step" in labels
+    assert "ms" in labels
+    if count == 0:
+        assert "no data yet" in labels
+    width, height = float(svg.get("width", 0)), float(svg.get("height", 0))
+    for bar in bars:
+        x, y = float(bar.get("x", -1)), float(bar.get("y", -1))
+        assert x >= 0
+        assert x + float(bar.get("width", 0)) <= width
+        assert 0 <= y <= y + float(bar.get("height", -1)) <= height
+    if count:
+        tallest = max(bars, key=lambda b: float(b.get("height", 0)))
+        assert float(tallest.get("height", 0)) > 0
+
+
+@pytest.mark.parametrize("count", [0, 1, 40])
+def test_a_line_chart_has_one_dot_per_write(count):
+    points = [Point(version, 400.0 + version) for version in range(1, count + 1)]
+
+    svg = _parsed(chart("Bytes written", points, x_label="version", y_label="bytes", kind="line"))
+
+    assert len(svg.findall(f"{SVG}circle")) == count
+    lines = svg.findall(f"{SVG}polyline")
+    assert len(lines) == (1 if count else 0)
+    if count:
+        pairs = re.findall(r"[\d.]+,[\d.]+", lines[0].get("points", ""))
+        assert len(pairs) == count
+
+
+def test_a_chart_of_all_zero_values_stays_on_its_axis():
+    svg = _parsed(chart("d", [Point(1, 0.0), Point(2, 0.0)], x_label="s", y_label="ms", kind="bar"))
+
+    assert [float(b.get("height", -1)) for b in svg.findall(f"{SVG}rect")] == [0.0, 0.0]
+
+
+def test_chart_titles_and_labels_are_escaped():
+    svg = chart(EVIL, [Point(1, 1.0)], x_label=EVIL, y_label=EVIL, kind="line")
+
+    assert "<script" not in svg
+    _parsed(svg)  # still well-formed
