@@ -354,6 +354,23 @@ LatencyOption = Annotated[
     int | None,
     typer.Option("--tool-latency-ms", hidden=True, min=0, max=MAX_TOOL_LATENCY_MS),
 ]
+ApprovalTimeoutOption = Annotated[
+    int | None,
+    typer.Option(
+        "--approval-timeout",
+        help="Seconds a person has to answer this run's requests; then a worker records "
+        "the expiry and the run goes on (default: RATCHET_APPROVAL_TIMEOUT_SECONDS, 7 days).",
+        min=1,
+        max=365 * 24 * 3600,
+    ),
+]
+
+
+def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
+    if seconds is None:
+        return state
+    options = state.options.model_copy(update={"approval_timeout_seconds": seconds})
+    return state.model_copy(update={"options": options})
 
 
 @app.command()
@@ -370,6 +387,7 @@ def start(
     tool_latency_ms: LatencyOption = None,
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
+    approval_timeout: ApprovalTimeoutOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     _require_local_store("start")
@@ -387,7 +405,7 @@ def start(
         notify=notify,
         notify_slack=notify_slack,
     )
-    created = _start(state)
+    created = _start(_with_approval_timeout(state, approval_timeout))
     out.print(state.run_id)
     if not created:
         err.print(f"run {state.run_id} already exists; nothing changed")
@@ -419,6 +437,7 @@ def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
         client.logger,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
+        expire_approvals=runtime.approval_expiry(engine),
     ).run(until_idle=True, run_id=run_id)
 
 
@@ -436,6 +455,7 @@ def run(
     tool_latency_ms: LatencyOption = None,
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
+    approval_timeout: ApprovalTimeoutOption = None,
     as_json: ProgressJsonOption = False,
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
@@ -463,6 +483,8 @@ def run(
         )
     client = _client(create=True)
     try:
+        if state is not None:
+            state = _with_approval_timeout(state, approval_timeout)
         if state is not None and not client.create(state).created:
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
@@ -549,6 +571,7 @@ def worker(
         on_park=announce,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
+        expire_approvals=runtime.approval_expiry(engine),
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:
@@ -845,13 +868,18 @@ def show(
 # --- deciding --------------------------------------------------------------------------------
 
 
-def _decide(run_id: str, *, approved: bool, by: str, comment: str) -> RunState:
+def _decide(
+    run_id: str, *, approved: bool, by: str, comment: str, answer: str | None = None
+) -> RunState:
     """Decide through the run's open approval request, so its links and page show the
     decision; a run parked by a worker that died before opening one is decided directly."""
+    from ratchet.approvals.answers import parse_answer_json
+
     client = _client(create=False)
     try:
         if approved:
-            client.approve(run_id, by=by, comment=comment)
+            given = parse_answer_json(answer) if answer is not None else None
+            client.approve(run_id, by=by, comment=comment, answer=given)
         else:
             client.reject(run_id, by=by, comment=comment)
         state: RunState = client.head(run_id)
@@ -891,10 +919,19 @@ def approve(
     run_id: RunArgument,
     comment: Annotated[str, typer.Option("--comment", help="A note for the record.")] = "",
     by: ByOption = None,
+    answer: Annotated[
+        str | None,
+        typer.Option(
+            "--answer",
+            help='The answer, as a JSON object, when the run asks for one ({"amount": 120}).',
+        ),
+    ] = None,
 ) -> None:
     """Approve what a waiting run asked for; the next free worker resumes it."""
     _require_local_store("approve")
-    state = _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment)
+    state = _decide(
+        run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer
+    )
     out.print(f"{state.run_id}: approved; it resumes on the next free worker")
 
 
@@ -931,11 +968,13 @@ def serve(
         str, typer.Option("--host", callback=_not_empty, help="Interface to listen on.")
     ] = "127.0.0.1",
 ) -> None:
-    """Serve the approval pages and the runs API locally (as the deployed API does)."""
+    """Serve the approval pages and the runs API locally (as the deployed API does), and the
+    runs dashboard at /dashboard."""
     from ratchet.adapters.slack import SlackResponder
     from ratchet.local.runs_api import local_runs_services
     from ratchet.local.serve import server
     from ratchet.web.approvals import ApprovalServices, build_app
+    from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.runs import build_app as build_runs_app
 
     _require_local_store("serve")
@@ -954,9 +993,11 @@ def serve(
         ("/approvals/", approvals),
         ("/slack/", approvals),
         ("/runs", build_runs_app(lambda: runs)),
+        ("/dashboard", dashboard_app(runs.client, services.desk, operator=_operator())),
     ]
     httpd = server(routes, host=host, port=port)
     out.print(f"Serving approvals on http://{host}:{httpd.server_port}")
+    out.print(f"The runs dashboard: http://{host}:{httpd.server_port}/dashboard")
     out.print(f"Approval links point at {runtime.settings.public_url} (RATCHET_PUBLIC_URL)")
     import signal
 

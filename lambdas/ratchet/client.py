@@ -400,18 +400,40 @@ class Client:
 
     # --- deciding ---------------------------------------------------------------------------
 
-    def approve(self, run_id: str, *, by: str | None = None, comment: str = "") -> Run:
-        """Approve what the waiting run asked; a worker (or `run`) resumes it."""
-        return self._decide(run_id, approved=True, by=by, comment=comment)
+    def approve(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        comment: str = "",
+        answer: Mapping[str, JsonValue] | None = None,
+    ) -> Run:
+        """Approve what the waiting run asked; a worker (or `run`) resumes it. A request
+        that asks for a structured answer needs `answer`, which its schema must accept
+        (`AnswerInvalid` names the field at fault; nothing changes)."""
+        return self._decide(run_id, approved=True, by=by, comment=comment, answer=answer)
 
     def reject(self, run_id: str, *, by: str | None = None, comment: str = "") -> Run:
         """Reject what the waiting run asked; it goes on knowing the answer was no."""
         return self._decide(run_id, approved=False, by=by, comment=comment)
 
-    def _decide(self, run_id: str, *, approved: bool, by: str | None, comment: str) -> Run:
+    def _decide(
+        self,
+        run_id: str,
+        *,
+        approved: bool,
+        by: str | None,
+        comment: str,
+        answer: Mapping[str, JsonValue] | None = None,
+    ) -> Run:
         self.get(run_id)
         try:
-            verdict = Verdict(approved=approved, by=by or _operator(), comment=comment)
+            verdict = Verdict(
+                approved=approved,
+                by=by or _operator(),
+                comment=comment,
+                answer=dict(answer) if answer is not None else None,
+            )
         except ValidationError as error:
             field, message = request_problems(error)[0]
             raise InvalidInput(f"bad decision: {field}: {message}") from None

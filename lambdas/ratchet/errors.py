@@ -165,6 +165,13 @@ class ApprovalClosed(ApprovalError):
     http_status = 409
 
 
+class AnswerInvalid(ApprovalError):
+    """An answer the request's schema refuses (the message names the field), or an answer
+    missing where the request asks for one; nothing changed."""
+
+    http_status = 400
+
+
 class StepAttemptFailed(RatchetError):
     """One attempt at a step failed; the step may be retried (the third attempt fails the run).
 

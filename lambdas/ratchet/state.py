@@ -165,6 +165,9 @@ class RunOptions(_Model):
     """Completed steps the model sees in full; older ones are in the summary."""
     model_summary: bool = False
     """Whether steps leaving the window are summarised by the model (else: a per-tool digest)."""
+    approval_timeout_seconds: int | None = Field(default=None, ge=1, le=365 * 24 * 3600)
+    """Locally, how long a person has to answer this run's requests (None: the runtime's
+    setting). On AWS the deployment's setting times out the parked task."""
 
 
 class BlobRef(_Model):
@@ -217,6 +220,9 @@ class ApprovalRequest(_Model):
 
     prompt: str
     details: dict[str, Any] = Field(default_factory=dict)
+    answer_schema: dict[str, Any] | None = None
+    """The JSON schema of the answer the person gives when approving (`ask_person(...,
+    answer=Model)`), or None: a plain yes or no."""
 
 
 class Waiting(_Model):
@@ -316,6 +322,8 @@ class PersonDecided(_Model):
     approved: bool
     by: str
     comment: str = ""
+    answer: dict[str, Any] | None = None
+    """The person's answer, checked against the request's `answer_schema`."""
 
 
 class AttemptFailed(_Model):

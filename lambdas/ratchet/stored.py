@@ -156,8 +156,14 @@ def preview_of(event: StepCompleted) -> ToolOutput:
 
 
 def decision_text(event: PersonDecided) -> str:
+    """What the model reads as the asking step's result: `Rejected by dana: too risky`, or
+    with a structured answer `Approved by dana: {"amount": 120}` (and `Comment: ...`)."""
     verdict = "Approved" if event.approved else "Rejected"
-    return f"{verdict} by {event.by}" + (f": {event.comment}" if event.comment else ".")
+    text = f"{verdict} by {event.by}"
+    if event.answer is None:
+        return text + (f": {event.comment}" if event.comment else ".")
+    text += ": " + json.dumps(event.answer, ensure_ascii=False)
+    return text + (f". Comment: {event.comment}" if event.comment else "")
 
 
 def preview(text: str) -> str:

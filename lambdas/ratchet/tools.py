@@ -99,11 +99,30 @@ class ToolResult:
     wait_for: ApprovalRequest | None = None
 
 
-def ask_person(prompt: str, **details: Any) -> ToolResult:
-    """Return this from a tool to park the run until a person decides."""
+def ask_person(
+    prompt: str,
+    *,
+    answer: type[BaseModel] | None = None,
+    details: Mapping[str, Any] | None = None,
+    **more_details: Any,
+) -> ToolResult:
+    """Return this from a tool to park the run until a person decides.
+
+    `details` (and any other keyword argument) are shown beside the question. With `answer`,
+    a pydantic model of flat fields (text; whole numbers and numbers, with bounds; booleans;
+    choices as `Literal` or `Enum`; any other field is given as JSON), approving means giving
+    an answer that model's schema accepts: the page shows a form for it, and the answer, as
+    JSON, becomes the step's result (`Approved by dana: {"amount": 120}`). Only the schema
+    is kept, so the answer reaches the model as JSON, not as an instance of the class."""
+    from ratchet.approvals.answers import answer_schema
+
     return ToolResult(
         output=f"Waiting for a person: {prompt}",
-        wait_for=ApprovalRequest(prompt=prompt, details=details),
+        wait_for=ApprovalRequest(
+            prompt=prompt,
+            details={**(details or {}), **more_details},
+            answer_schema=answer_schema(answer) if answer is not None else None,
+        ),
     )
 
 

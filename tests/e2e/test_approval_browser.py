@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
+
+from tests.fixtures import refund_agent
 
 pytestmark = pytest.mark.slow
 
@@ -294,3 +297,49 @@ def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, brow
     assert rejection.startswith("Rejected")
     assert "Finance still reads legacy_orders." in rejection
     _already_decided(page, link, "rejected")
+
+
+def test_answering_a_structured_question_through_the_form(local, browser):
+    # Given an agent whose tool asks how much to refund, with an answer model
+    shutil.copy(refund_agent.__file__, local.db.parent / "refunds.py")
+    run_id = "refund-a1042"
+    out = local.ok("run", "--agent", "refunds:agent", "--run-id", run_id)
+    assert f"{run_id}: waiting at step 1" in out
+    (outbox,) = sorted(local.db.with_suffix(".outbox").glob(f"{run_id}-step-*.json"))
+    link = json.loads(outbox.read_text(encoding="utf-8"))["link"]
+    page = browser.new_page()
+
+    # When the person opens the link, the page shows the question, its details and a form
+    response = page.goto(link)
+    assert response is not None
+    assert response.status == 200
+    expect(page.get_by_role("heading", level=1)).to_have_text(refund_agent.QUESTION)
+    expect(_detail(page, "order")).to_have_text("A-1042")
+    amount = page.get_by_label("Amount")
+    expect(amount).to_have_attribute("type", "number")
+    expect(page.get_by_label("Reason")).to_have_value('"damaged"')
+    version = local.status(run_id)["version"]
+
+    # And asks for too much: the server refuses, naming the field, and nothing changes
+    amount.fill("600")
+    page.get_by_label("Reason").select_option(label="late")
+    page.get_by_role("button", name="Approve").click()
+    expect(page).to_have_title("Approval needed · Ratchet")
+    expect(page.get_by_role("alert")).to_contain_text("amount: must be at most 500, not 600")
+    expect(page.get_by_label("Reason")).to_have_value('"late"')
+    assert local.status(run_id)["status"] == "waiting"
+    assert local.status(run_id)["version"] == version
+
+    # When they give a good amount
+    page.get_by_label("Amount").fill("120")
+    page.get_by_role("button", name="Approve").click()
+
+    # Then the run resumes, and its next step reads the answer as the result
+    expect(page).to_have_title("Approved · Ratchet")
+    expect(page.locator("table.answer")).to_contain_text("120")
+    local.ok("worker", "--until-idle")
+    status = local.status(run_id)
+    assert status["status"] == "done"
+    answer = f'Approved by {OPERATOR}: {{"amount": 120, "reason": "late"}}'
+    assert status["summary"] == f"refund decided: {answer}"
+    assert _step_result(local, run_id, 1) == answer

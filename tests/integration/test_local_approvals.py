@@ -28,15 +28,18 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
+from ratchet.aws.approvals import verdict_from_answer
+from ratchet.client import Client as RatchetClient
 from ratchet.engine.core import Engine
-from ratchet.errors import ApprovalClosed, StoreBusy
+from ratchet.errors import AnswerInvalid, ApprovalClosed, StoreBusy
 from ratchet.local.approvals import LocalResumer
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.local.serve import wsgi_app
 from ratchet.local.worker import Worker
-from ratchet.state import RunOptions, RunState, RunStatus, utcnow
+from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
 from ratchet.web.approvals import ApprovalServices, build_app
+from tests.fixtures import refund_agent
 from tests.integration.test_notifiers import RecordingServer
 
 LOG = logging.getLogger("ratchet.tests.approvals")
@@ -58,7 +61,7 @@ def note(args: Note, ctx: ToolContext) -> str:
 
 
 def ask(args: Note, ctx: ToolContext) -> ToolResult:
-    return ask_person(PROMPT, **DETAILS)
+    return ask_person(PROMPT, details=DETAILS)
 
 
 def asks_then_finishes(view: StepView) -> ToolCall | Done:
@@ -719,3 +722,149 @@ def test_an_answer_that_cannot_be_delivered_for_now_leaves_the_request_open(loca
     assert local.head(parked.run_id).status is RunStatus.WAITING
     local.services = ApprovalServices(desk=local.desk)
     assert post(local, parked.link, "decision=approve").status_code == 200
+
+
+# --- structured answers and expiry (issue 10, "Richer answers") -------------------------------
+
+REFUNDS = f"{refund_agent.__name__}:agent"
+
+
+def park_refund(local: Local, run_id: str = "refund-1", *, timeout: int | None = None) -> Parked:
+    """Start the refund agent, work it until it asks how much, and open its request."""
+    options = RunOptions(model="scripted", approval_timeout_seconds=timeout)
+    state = RunState(run_id=run_id, agent=REFUNDS, goal="Refund", options=options)
+    assert local.engine.start(state)
+    local.work(run_id)
+    opened = local.desk.open(run_id, timeout_seconds=3600, operator=OPERATOR)
+    return Parked(run_id, opened.approval, opened.notice, local.path(opened.approval))
+
+
+def answer_form(decision: str = "approve", **fields: str) -> str:
+    return urlencode({"decision": decision, **{f"answer.{k}": v for k, v in fields.items()}})
+
+
+def test_a_structured_answer_given_on_the_page_becomes_the_steps_result(local):
+    # Given a run asking how much to refund, with a form for the answer
+    parked = park_refund(local)
+    page = local.client.get(parked.link).get_data(as_text=True)
+    assert "name='answer.amount'" in page
+    assert "name='answer.reason'" in page
+    before = local.tables()
+
+    # When the person asks for too much, the form comes back naming the field, nothing changed
+    bad = post(local, parked.link, answer_form(amount="600", reason='"late"'))
+    assert (bad.status_code, title(bad)) == (400, "Approval needed")
+    assert "amount: must be at most 500, not 600" in bad.get_data(as_text=True)
+    assert local.tables() == before
+
+    # When they give a good answer
+    good = post(local, parked.link, answer_form(amount="120", reason='"late"'))
+
+    # Then it is recorded with the approval, and the next step reads it as the result
+    assert (good.status_code, title(good)) == (200, "Approved")
+    assert local.approval(parked).answer == {"amount": 120, "reason": "late"}
+    local.work(parked.run_id)
+    head = local.head(parked.run_id)
+    assert head.status is RunStatus.DONE
+    assert head.summary == 'refund decided: Approved by alice: {"amount": 120, "reason": "late"}'
+
+
+def test_a_structured_question_is_not_approved_without_an_answer_but_may_be_rejected(local):
+    parked = park_refund(local)
+    before = local.tables()
+
+    bare = post(local, parked.link, "decision=approve")
+
+    assert bare.status_code == 400
+    assert "amount: required (a whole number from 1 to 500)" in bare.get_data(as_text=True)
+    assert local.tables() == before
+    rejected = post(local, parked.link, "decision=reject&comment=not+ours")
+    assert title(rejected) == "Rejected"
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).summary == "refund decided: Rejected by alice: not ours"
+
+
+def test_the_python_client_checks_an_answer_as_the_page_does(local):
+    parked = park_refund(local)
+    client = RatchetClient(local.runtime, worker_id="client", logger=LOG)
+    before = local.tables()
+
+    with pytest.raises(AnswerInvalid, match="reason: must be one of"):
+        client.approve(parked.run_id, by="dana", answer={"amount": 10, "reason": "lost"})
+    assert local.tables() == before
+    client.approve(parked.run_id, by="dana", answer={"amount": 10, "reason": "damaged"})
+
+    assert local.approval(parked).answer == {"amount": 10, "reason": "damaged"}
+    assert local.head(parked.run_id).last_result == (
+        'Approved by dana: {"amount": 10, "reason": "damaged"}'
+    )
+
+
+def expiring_worker(local: Local, now: datetime) -> Worker:
+    """A worker whose clock says `now`, expiring overdue requests as `ratchet worker` does."""
+    engine = local.engine
+    return Worker(
+        engine,
+        local.runtime.leases,
+        LOG,
+        clock=Clock(now),
+        expire_approvals=local.runtime.approval_expiry(engine),
+    )
+
+
+def test_a_request_nobody_answers_in_time_expires_and_the_run_goes_on(local, parked):
+    # Given a run waiting on a request open for an hour
+    deadline = parked.approval.expires_at
+    waiting = local.head(parked.run_id)
+
+    # When a worker looks a second before the deadline, nothing changes
+    expiring_worker(local, deadline - timedelta(seconds=1)).run(until_idle=True)
+    assert local.head(parked.run_id).version == waiting.version
+    assert local.approval(parked).status is ApprovalStatus.PENDING
+
+    # When a worker looks at the deadline
+    expiring_worker(local, deadline).run(until_idle=True)
+
+    # Then the request is expired, the run records what RecordDecision records on AWS, and
+    # the agent goes on knowing nobody said yes
+    assert local.approval(parked).status is ApprovalStatus.EXPIRED
+    on_aws = verdict_from_answer("expired", None, timeout_seconds=3600)
+    decided = [
+        c.event
+        for c in local.runtime.store.list_checkpoints(parked.run_id)
+        if isinstance(c.event, PersonDecided)
+    ]
+    assert decided == [
+        PersonDecided(approved=on_aws.approved, by=on_aws.by, comment=on_aws.comment)
+    ]
+    head = local.head(parked.run_id)
+    assert head.status is RunStatus.DONE
+    assert head.summary == "finished after: Rejected by nobody: approval expired after 3600 s"
+    # And the link says so; nobody can decide it any more
+    page = local.client.get(parked.link)
+    assert page.status_code == 409
+    assert "expired before anyone decided" in page.get_data(as_text=True)
+
+
+def test_a_request_decided_in_time_does_not_expire(local, parked):
+    local.desk.decide_by_link(
+        parked.approval.approval_id,
+        dict(parse_qsl(urlsplit(parked.link).query)),
+        approved=True,
+        comment="",
+    )
+
+    expiring_worker(local, parked.approval.expires_at + timedelta(days=1)).run(until_idle=True)
+
+    assert local.approval(parked).status is ApprovalStatus.APPROVED
+    assert local.head(parked.run_id).summary == f"finished after: Approved by {OPERATOR}."
+
+
+def test_a_run_started_with_its_own_approval_timeout_keeps_to_it(local):
+    parked = park_refund(local, timeout=120)
+
+    assert parked.approval.expires_at - parked.approval.created_at == timedelta(seconds=120)
+    expiring_worker(local, parked.approval.expires_at).run(until_idle=True)
+    assert local.head(parked.run_id).summary == (
+        "refund decided: Rejected by nobody: approval expired after 120 s"
+    )

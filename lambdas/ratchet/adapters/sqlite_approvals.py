@@ -47,6 +47,15 @@ class SqliteApprovalBook:
             (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
         )
 
+    def pending(self) -> list[Approval]:
+        """Every request still waiting for a decision, in every run, oldest first."""
+        rows = self._db.connection.execute(
+            "SELECT record FROM approvals WHERE status = ?", (ApprovalStatus.PENDING.value,)
+        ).fetchall()
+        return sorted(
+            (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
+        )
+
     def settle(
         self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
     ) -> Approval:

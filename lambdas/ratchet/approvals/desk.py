@@ -14,7 +14,9 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
+from ratchet.approvals.answers import checked_verdict
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.model import (
     PROMPT_KEPT_CHARS,
@@ -104,6 +106,8 @@ class ApprovalDesk:
         if run.status is not RunStatus.WAITING or run.waiting is None:
             raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
         now = self.clock()
+        # A run started with its own timeout (locally, `--approval-timeout`) keeps to it.
+        timeout_seconds = run.options.approval_timeout_seconds or timeout_seconds
         candidate = Approval(
             prompt=_clip(run.waiting.request.prompt, PROMPT_KEPT_CHARS),
             approval_id=secrets.token_urlsafe(16),
@@ -159,6 +163,12 @@ class ApprovalDesk:
             expires_at=approval.expires_at,
             emails=[self._invitation(approval, to) for to in emails],
             slack_channel=slack,
+            answer_schema=run.waiting.request.answer_schema,
+            # Slack's buttons carry no answer: the channel gets a link to the page, signed
+            # for the channel, so whoever reads it answers in the channel's name.
+            slack_invitation=self._invitation(approval, slack)
+            if slack and run.waiting.request.answer_schema is not None
+            else None,
         )
 
     # --- looking (GET: never changes anything) ---------------------------------------------
@@ -172,12 +182,19 @@ class ApprovalDesk:
     # --- deciding (POST) -------------------------------------------------------------------
 
     def decide_by_link(
-        self, approval_id: str, query: Mapping[str, str], *, approved: bool, comment: str
+        self,
+        approval_id: str,
+        query: Mapping[str, str],
+        *,
+        approved: bool,
+        comment: str,
+        answer: dict[str, Any] | None = None,
     ) -> ApprovalView:
-        """The person the link was signed for decides."""
+        """The person the link was signed for decides (with `answer`, for a request that
+        asks for one)."""
         claims = self.signer.verify(approval_id, query, now=self.clock())
         approval = self._find(claims.run_id, approval_id)
-        verdict = Verdict(approved=approved, by=claims.recipient, comment=comment)
+        verdict = Verdict(approved=approved, by=claims.recipient, comment=comment, answer=answer)
         return self._decide(approval, verdict, channel="link", recipient=claims.recipient)
 
     def decide_by_id(
@@ -246,6 +263,8 @@ class Decider:
         if run is None or run.status is not RunStatus.WAITING or run.step != approval.step:
             status = run.status.value if run else "gone"
             raise ApprovalClosed(f"run {approval.run_id!r} is {status}, no longer waiting")
+        if run.waiting is not None:
+            verdict = checked_verdict(run.waiting.request, verdict)
         # One conditional write decides: a second click, a replayed POST or another channel
         # finds the approval no longer pending and changes nothing.
         settled = self.book.settle(approval, verdict, channel=channel, at=now)

@@ -12,11 +12,15 @@ import json
 import re
 from typing import Any
 
+from ratchet.approvals.answers import answer_fields
 from ratchet.approvals.model import ApprovalNotice, Invitation
 
 SLACK_APPROVE = "ratchet_approve"
 SLACK_REJECT = "ratchet_reject"
 """The `action_id`s of the two buttons; the interactivity endpoint acts on these only."""
+SLACK_ANSWER = "ratchet_answer"
+"""A link button to the page, for a request that asks for a structured answer; Slack still
+posts its press, which the endpoint ignores."""
 
 _DETAIL_CHARS = 500
 _SLACK_TEXT_CHARS = 2900  # a section block's text is capped at 3,000 characters
@@ -31,6 +35,13 @@ def _detail(value: Any) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
 
 
+def _wanted(notice: ApprovalNotice) -> list[str]:
+    """`amount: a whole number from 1 to 500`, a line per field of the answer asked for."""
+    if notice.answer_schema is None:
+        return []
+    return [f"{f.name}: {f.hint}" for f in answer_fields(notice.answer_schema)]
+
+
 def email_text(notice: ApprovalNotice, invitation: Invitation) -> str:
     lines = [
         f"Run {notice.run_id} ({notice.agent}) is waiting for your decision at step {notice.step}.",
@@ -40,6 +51,9 @@ def email_text(notice: ApprovalNotice, invitation: Invitation) -> str:
     ]
     if notice.details:
         lines += ["Details:", *(f"  {k}: {_detail(v)}" for k, v in notice.details.items()), ""]
+    wanted = _wanted(notice)
+    if wanted:
+        lines += ["To approve, answer on the page:", *(f"  {w}" for w in wanted), ""]
     if notice.recent:
         lines += ["Last steps:"]
         lines += [f"  {r.step}. {r.tool}: {r.result}" for r in notice.recent]
@@ -70,6 +84,13 @@ def email_html(notice: ApprovalNotice, invitation: Invitation) -> str:
         f"at step {notice.step}.</p>"
         f"<h2 style='font-size:18px'>{e(notice.prompt)}</h2>"
         + (f"<table>{details}</table>" if details else "")
+        + (
+            "<p>To approve, answer on the page:</p><ul>"
+            + "".join(f"<li>{e(w)}</li>" for w in _wanted(notice))
+            + "</ul>"
+            if notice.answer_schema is not None
+            else ""
+        )
         + (f"<p>Last steps:</p><ul>{recent}</ul>" if recent else "")
         + f"<p style='color:#555'>Goal: {e(notice.goal[:500])}</p>"
         f"<p><a href='{e(invitation.url)}' style='display:inline-block;padding:10px 18px;"
@@ -112,6 +133,9 @@ def slack_blocks(notice: ApprovalNotice) -> list[dict[str, Any]]:
         body += "\n" + "\n".join(
             f"• {s(str(k))}: `{s(_detail(v))}`" for k, v in notice.details.items()
         )
+    wanted = _wanted(notice)
+    if wanted:
+        body += "\nTo approve, answer on the page:\n" + "\n".join(f"• {s(w)}" for w in wanted)
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": _slack_clip(body)}}
     ]
@@ -124,18 +148,31 @@ def slack_blocks(notice: ApprovalNotice) -> list[dict[str, Any]]:
             }
         )
     value = slack_button_value(notice)
+    # A button carries no answer (a modal could; none is built): a request that asks for one
+    # links to its page instead, and only Reject stays a button.
+    approve: dict[str, Any] = (
+        {
+            "type": "button",
+            "action_id": SLACK_ANSWER,
+            "style": "primary",
+            "text": {"type": "plain_text", "text": "Answer on the page"},
+            "url": notice.slack_invitation.url,
+        }
+        if notice.slack_invitation is not None
+        else {
+            "type": "button",
+            "action_id": SLACK_APPROVE,
+            "style": "primary",
+            "text": {"type": "plain_text", "text": "Approve"},
+            "value": value,
+        }
+    )
     blocks += [
         {
             "type": "actions",
             "block_id": "ratchet_decision",
             "elements": [
-                {
-                    "type": "button",
-                    "action_id": SLACK_APPROVE,
-                    "style": "primary",
-                    "text": {"type": "plain_text", "text": "Approve"},
-                    "value": value,
-                },
+                approve,
                 {
                     "type": "button",
                     "action_id": SLACK_REJECT,

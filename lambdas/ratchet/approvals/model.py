@@ -52,6 +52,8 @@ class Approval(BaseModel):
     """How it was decided: `link`, `slack`, `api` or `cli`."""
     prompt: str = Field(default="", max_length=PROMPT_KEPT_CHARS)
     """What the agent asked (its start), so a decided request still says what it was."""
+    answer: dict[str, Any] | None = None
+    """The answer given with the approval, for a request that asked for one."""
 
     def is_expired(self, now: datetime) -> bool:
         return now >= self.expires_at
@@ -63,6 +65,7 @@ class Approval(BaseModel):
                 "status": ApprovalStatus.APPROVED if verdict.approved else ApprovalStatus.REJECTED,
                 "decided_by": verdict.by,
                 "comment": verdict.comment,
+                "answer": verdict.answer,
                 "decided_at": at,
                 "channel": channel,
             }
@@ -75,6 +78,7 @@ class Approval(BaseModel):
                 "status": ApprovalStatus.PENDING,
                 "decided_by": None,
                 "comment": "",
+                "answer": None,
                 "decided_at": None,
                 "channel": None,
             }
@@ -82,13 +86,27 @@ class Approval(BaseModel):
 
 
 class Verdict(BaseModel):
-    """A person's answer, checked: who, yes or no, and why."""
+    """A person's answer, checked: who, yes or no, why, and for a request that asks for a
+    structured answer (`ApprovalRequest.answer_schema`), the answer itself."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     approved: bool
     by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
     comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+    answer: dict[str, Any] | None = None
+
+
+EXPIRED_BY = "nobody"
+"""Who decided a request nobody answered in time, on either runtime."""
+
+
+def expired_verdict(timeout_seconds: int) -> Verdict:
+    """What a run records when its request expired unanswered: a rejection by nobody, so the
+    agent goes on knowing that no one said yes."""
+    return Verdict(
+        approved=False, by=EXPIRED_BY, comment=f"approval expired after {timeout_seconds} s"
+    )
 
 
 class RecentStep(BaseModel):
@@ -120,10 +138,15 @@ class ApprovalNotice(BaseModel):
     goal: str
     prompt: str
     details: dict[str, Any] = Field(default_factory=dict)
+    answer_schema: dict[str, Any] | None = None
+    """Set when the request asks for a structured answer: it is given on the page."""
     recent: list[RecentStep] = Field(default_factory=list)
     expires_at: datetime
     emails: list[Invitation] = Field(default_factory=list)
     slack_channel: str | None = None
+    slack_invitation: Invitation | None = None
+    """For a Slack channel asked a structured question: a link to the page, signed for the
+    channel (Slack's buttons cannot carry an answer; a modal would, and is not built)."""
 
     @property
     def subject(self) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ratchet.approvals.answers import FORM_PREFIX, AnswerField, answer_fields
 from ratchet.approvals.desk import RECENT_STEPS_SHOWN, ApprovalView, decided_text
 from ratchet.approvals.model import MAX_COMMENT_CHARS, ApprovalStatus
 
@@ -40,6 +42,9 @@ padding:10px 22px;border:0;border-radius:6px;cursor:pointer;color:#fff}
 .approve{background:#1e7e34}.reject{background:#b3261e}.note{color:#5b6475;font-size:13px}
 .banner{padding:12px 14px;border-radius:6px;margin:12px 0;font-size:15px}
 .ok{background:#e6f4ea}.bad{background:#fce8e6}.info{background:#e8f0fe}
+fieldset{border:1px solid #e6e8ec;border-radius:6px;margin:0 0 14px;padding:10px 14px}
+legend{font-weight:600;font-size:15px}.field{margin:8px 0}.field label{display:block}
+.field input,.field select{font:inherit;padding:6px 8px;margin-top:4px;min-width:12em}
 """
 
 
@@ -88,15 +93,99 @@ def _request_summary(view: ApprovalView) -> str:
     return "".join(parts)
 
 
-def request_page(view: ApprovalView, action: str) -> str:
+def answer_schema_of(view: ApprovalView) -> dict[str, Any] | None:
+    """The schema of the answer the waiting request asks for, if it asks for one."""
+    run = view.run
+    if run is None or run.waiting is None or run.step != view.approval.step:
+        return None
+    return run.waiting.request.answer_schema
+
+
+def _answer_fieldset(schema: dict[str, Any], given: Mapping[str, Sequence[str]]) -> str:
+    """A form field per answer field. The browser's own checks are off (the form is
+    `novalidate`): the server checks every answer, and its refusal names the field."""
+    rows = "".join(_answer_input(f, given.get(FORM_PREFIX + f.name)) for f in answer_fields(schema))
+    return f"<fieldset><legend>Your answer (needed to approve)</legend>{rows}</fieldset>"
+
+
+def _answer_input(field: AnswerField, given: Sequence[str] | None) -> str:
+    e = html.escape
+    name = FORM_PREFIX + field.name
+    ident = e("answer-" + field.name)
+    label = e(field.title) + ("" if field.required else " (optional)")
+    if given:
+        value = given[0]
+    elif field.has_default and field.default is not None:
+        value = field.default if isinstance(field.default, str) else json.dumps(field.default)
+    else:
+        value = ""
+    s = field.schema
+    if field.kind == "choice":
+        # Nothing chosen is a choice only where the field may be left out with no default.
+        settled = field.required or (field.has_default and field.default is not None)
+        options = "" if settled else "<option value=''>—</option>"
+        for choice in field.choices:
+            encoded = json.dumps(choice, ensure_ascii=False)
+            chosen = " selected" if encoded == value or choice == value else ""
+            shown = choice if isinstance(choice, str) else encoded
+            options += f"<option value='{e(encoded)}'{chosen}>{e(shown)}</option>"
+        control = f"<select id='{ident}' name='{e(name)}'>{options}</select>"
+    elif field.kind == "boolean":
+        ticked = (
+            " checked"
+            if (given and given[-1] in ("true", "on")) or (not given and field.default is True)
+            else ""
+        )
+        control = f"<input type='checkbox' id='{ident}' name='{e(name)}' value='true'{ticked}>"
+    elif field.kind in ("integer", "number"):
+        bounds = "".join(
+            f" {attr}='{e(str(s[key]))}'"
+            for attr, key in (("min", "minimum"), ("max", "maximum"))
+            if key in s
+        )
+        step = "1" if field.kind == "integer" else "any"
+        control = (
+            f"<input type='number' id='{ident}' name='{e(name)}' step='{step}'{bounds} "
+            f"value='{e(value)}'>"
+        )
+    elif field.kind == "string":
+        control = f"<input type='text' id='{ident}' name='{e(name)}' value='{e(value)}'>"
+    else:
+        control = f"<textarea id='{ident}' name='{e(name)}'>{e(value)}</textarea>"
+    note = f"<span class='note'> {e(field.hint)}</span>"
+    about = f"<div class='note'>{e(field.description)}</div>" if field.description else ""
+    return f"<div class='field'><label for='{ident}'>{label}{note}</label>{control}{about}</div>"
+
+
+def request_page(
+    view: ApprovalView,
+    action: str,
+    *,
+    refused: str | None = None,
+    given: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """The pending request with its form. `action` is the link itself: the POST carries the
-    same signed query, and nothing else in the form is trusted but the choice and comment."""
+    same signed query, and nothing else in the form is trusted but the choice, the comment
+    and the answer (checked against the request's schema). `refused` shows why the last
+    answer was not taken, with the form as it was (`given`)."""
     e = html.escape
     who = e(view.recipient or "")
+    given = given or {}
+    schema = answer_schema_of(view)
+    comment = (given.get("comment") or [""])[0]
+    banner = (
+        f"<div class='banner bad' role='alert'><b>Not decided:</b> {e(refused)}. "
+        "Nothing was changed.</div>"
+        if refused
+        else ""
+    )
     form = (
-        f"<form method='post' action='{e(action)}'>"
-        f"<label for='comment'>Comment (optional)</label>"
-        f"<textarea id='comment' name='comment' maxlength='{MAX_COMMENT_CHARS}'></textarea>"
+        banner
+        + f"<form method='post' action='{e(action)}'"
+        + (" novalidate>" + _answer_fieldset(schema, given) if schema is not None else ">")
+        + f"<label for='comment'>Comment (optional)</label>"
+        f"<textarea id='comment' name='comment' maxlength='{MAX_COMMENT_CHARS}'>"
+        f"{e(comment)}</textarea>"
         "<div class='buttons'>"
         "<button class='approve' type='submit' name='decision' value='approve'>Approve</button>"
         "<button class='reject' type='submit' name='decision' value='reject'>Reject</button>"
@@ -121,6 +210,12 @@ def outcome_page(view: ApprovalView, *, just_now: bool) -> str:
         said = html.escape(decided_text(approval))
         banner = f"<div class='banner info'><b>Already decided.</b> This request was {said}.</div>"
         title = "Already decided"
+    if approval.answer is not None:
+        rows = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td><code>{_value(v)}</code></td></tr>"
+            for k, v in approval.answer.items()
+        )
+        banner += f"<p class='note'>Answer:</p><table class='answer'>{rows}</table>"
     if approval.comment:
         banner += f"<p class='note'>Comment: {html.escape(approval.comment)}</p>"
     return _page(title, _request_summary(view) + banner)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
+from ratchet.approvals.messages import SLACK_ANSWER, SLACK_APPROVE, SLACK_REJECT
 from ratchet.errors import ApprovalError
 
 MAX_AGE_SECONDS = 5 * 60
@@ -28,6 +28,13 @@ class SlackRequestRefused(ApprovalError):
 
 class SlackPayloadInvalid(ApprovalError):
     http_status = 400
+
+
+class SlackLinkPressed(ApprovalError):
+    """The "Answer on the page" link button: Slack opened the page and tells us; nothing to
+    decide here, and Slack wants a 200."""
+
+    http_status = 200
 
 
 def verify_request(
@@ -71,6 +78,8 @@ def parse_action(body: str) -> SlackAction:
     try:
         (raw,) = parse_qs(body, strict_parsing=True)["payload"]
         payload = json.loads(raw)
+        if any(a.get("action_id") == SLACK_ANSWER for a in payload["actions"]):
+            raise SlackLinkPressed("the page takes the answer")
         (action,) = [
             a for a in payload["actions"] if a.get("action_id") in (SLACK_APPROVE, SLACK_REJECT)
         ]

@@ -33,6 +33,7 @@ from ratchet.approvals.model import (
     Approval,
     ApprovalStatus,
     Verdict,
+    expired_verdict,
 )
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
 from ratchet.state import utcnow
@@ -58,6 +59,8 @@ class ApprovalAnswer(BaseModel):
 
     by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
     comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+    answer: dict[str, Any] | None = None
+    """The structured answer, checked by the desk before it was sent."""
 
 
 class Rejection(BaseModel):
@@ -70,7 +73,8 @@ class Rejection(BaseModel):
 
 
 def task_success_output(verdict: Verdict) -> str:
-    return ApprovalAnswer(by=verdict.by, comment=verdict.comment).model_dump_json()
+    answer = ApprovalAnswer(by=verdict.by, comment=verdict.comment, answer=verdict.answer)
+    return answer.model_dump_json(exclude_none=True)
 
 
 def task_failure(verdict: Verdict) -> tuple[str, str]:
@@ -84,9 +88,7 @@ def verdict_from_answer(kind: VerdictKind, answer: Any, *, timeout_seconds: int)
     `answer` is SendTaskSuccess's output (approved), the `{Error, Cause}` of a SendTaskFailure
     with error `Rejected` (rejected), or the timeout's (expired)."""
     if kind == "expired":
-        return Verdict(
-            approved=False, by="nobody", comment=f"approval expired after {timeout_seconds} s"
-        )
+        return expired_verdict(timeout_seconds)
     if kind == "rejected":
         cause = answer.get("Cause") if isinstance(answer, dict) else None
         fields = _json_object(cause)
@@ -100,7 +102,13 @@ def verdict_from_answer(kind: VerdictKind, answer: Any, *, timeout_seconds: int)
     fields = _json_object(answer) if isinstance(answer, str) else answer
     if not isinstance(fields, dict):
         return Verdict(approved=True, by=UNNAMED, comment=_text(answer))
-    return Verdict(approved=True, by=_name(fields.get("by")), comment=_text(fields.get("comment")))
+    given = fields.get("answer")
+    return Verdict(
+        approved=True,
+        by=_name(fields.get("by")),
+        comment=_text(fields.get("comment")),
+        answer=given if isinstance(given, dict) else None,
+    )
 
 
 def _json_object(value: Any) -> dict[str, Any] | None:

@@ -161,6 +161,7 @@ class AwsRuntime:
         """A run parked by the state machine has an open request holding its task token: the
         decision answers that execution, as a link would. A run worked in process has none:
         the decision is recorded on the run directly."""
+        from ratchet.approvals.answers import checked_for_run
         from ratchet.approvals.desk import Decider
         from ratchet.aws.approvals import AwsApprovals
 
@@ -174,8 +175,15 @@ class AwsRuntime:
         try:
             Decider(book, book, self.store).decide_run(run_id, verdict, channel=channel)
         except ApprovalNotFound:
+            # The same check as through a request: an answer its schema accepts, or none.
+            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
             engine.decide_waiting(
-                run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+                run_id,
+                approved=checked.approved,
+                by=checked.by,
+                comment=checked.comment,
+                answer=checked.answer,
+                step=step,
             )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:

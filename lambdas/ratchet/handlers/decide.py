@@ -39,7 +39,11 @@ def record_decision(request: DecideRequest, context: LambdaContext) -> DecideRes
     waiting_at = ratchet.load(request.run_id).step
     try:
         state = ratchet.decide_waiting(
-            request.run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+            request.run_id,
+            approved=verdict.approved,
+            by=verdict.by,
+            comment=verdict.comment,
+            answer=verdict.answer,
         )
         recorded = True
     except NotWaiting as already:

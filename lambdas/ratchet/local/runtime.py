@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,13 +35,14 @@ from ratchet.adapters.sqlite import (
 )
 from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite_data import SqliteRunData
+from ratchet.approvals.answers import checked_for_run
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import ApprovalNotFound, InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.local.approvals import LocalResumer
+from ratchet.local.approvals import LocalResumer, expire_overdue
 from ratchet.local.leases import Leases
 from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
@@ -71,6 +73,8 @@ class LocalSettings(BaseModel):
     approval_timeout_seconds: int = Field(
         default=DEFAULT_APPROVAL_SECONDS, ge=60, le=MAX_APPROVAL_SECONDS
     )
+    """How long a person has to answer a request (`RATCHET_APPROVAL_TIMEOUT_SECONDS`), unless
+    the run was started with its own (`--approval-timeout`); a worker expires it after."""
     busy_timeout_seconds: float = Field(
         default=DEFAULT_BUSY_TIMEOUT_SECONDS, ge=0, le=MAX_BUSY_TIMEOUT_SECONDS
     )
@@ -118,6 +122,8 @@ class LocalSettings(BaseModel):
             log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
             public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
             slack_signing_secret=env.get("RATCHET_SLACK_SIGNING_SECRET") or None,
+            approval_timeout_seconds=env.get("RATCHET_APPROVAL_TIMEOUT_SECONDS")
+            or DEFAULT_APPROVAL_SECONDS,
             busy_timeout_seconds=env.get("RATCHET_BUSY_TIMEOUT_SECONDS")
             or DEFAULT_BUSY_TIMEOUT_SECONDS,
         )
@@ -131,6 +137,7 @@ _ENV_NAMES = {
     "log_level": "RATCHET_LOG_LEVEL",
     "public_url": "RATCHET_PUBLIC_URL",
     "slack_signing_secret": "RATCHET_SLACK_SIGNING_SECRET",
+    "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
 }
 _NOT_UTF8 = re.compile("[\ud800-\udfff]")
@@ -254,7 +261,16 @@ class LocalRuntime:
         from ratchet.local.worker import Worker
 
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
-        Worker(engine, self.leases, logger).run(until_idle=True, run_id=run_id)
+        expiry = self.approval_expiry(engine)
+        Worker(engine, self.leases, logger, expire_approvals=expiry).run(
+            until_idle=True, run_id=run_id
+        )
+
+    def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
+        """What a worker calls to expire the requests nobody answered in time (its
+        `expire_approvals`), recording each expiry with `engine`."""
+        book = SqliteApprovalBook(self.db)
+        return lambda now: expire_overdue(book, engine, now)
 
     def decide(
         self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
@@ -266,8 +282,15 @@ class LocalRuntime:
         try:
             decider.decide_run(run_id, verdict, channel=channel)
         except ApprovalNotFound:
+            # The same check as through a request: an answer its schema accepts, or none.
+            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
             engine.decide_waiting(
-                run_id, approved=verdict.approved, by=verdict.by, comment=verdict.comment
+                run_id,
+                approved=checked.approved,
+                by=checked.by,
+                comment=checked.comment,
+                answer=checked.answer,
+                step=step,
             )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:

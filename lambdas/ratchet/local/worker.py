@@ -18,7 +18,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +47,8 @@ BACKOFF_MAX_SECONDS = 10.0
 after 0.5 s, 1 s, 2 s, ... up to this: the engine's strikes still bound how often one step is
 tried."""
 MAX_WORKER_ID_CHARS = 200
+EXPIRY_CHECK_SECONDS = 5.0
+"""How often, by the worker's clock, it looks for approval requests past their deadline."""
 
 
 def check_worker_id(worker_id: str) -> str:
@@ -181,11 +183,15 @@ class Worker:
     """Called with a sentence when the worker starts waiting for another worker's lease."""
     heartbeat_seconds: float | None = None
     """How often the lease is renewed; by default a third of `lease_seconds`."""
+    expire_approvals: Callable[[datetime], Sequence[str]] | None = None
+    """Called with the time (by `clock`) every `EXPIRY_CHECK_SECONDS` between claims: records
+    the expiry of requests nobody answered in time, and returns the runs that go on."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _waited_for: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _beat_every: float = field(default=0.0, init=False, repr=False)
+    _expiry_checked: datetime | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -232,6 +238,7 @@ class Worker:
     ) -> None:
         busy = 0
         while not self.stop.is_set() and not heartbeat.displaced.is_set():
+            self._expire_overdue_approvals()
             try:
                 claimed = self.leases.claim(
                     self.worker_id, self.lease_seconds, run_id=run_id, skip=self.unreadable
@@ -255,6 +262,29 @@ class Worker:
                 self.stop.wait(self.poll_seconds)
                 continue
             self._work_on(claimed, heartbeat)
+
+    def _expire_overdue_approvals(self) -> None:
+        if self.expire_approvals is None:
+            return
+        now = self.clock()
+        last = self._expiry_checked
+        if last is not None and (now - last).total_seconds() < EXPIRY_CHECK_SECONDS:
+            return
+        self._expiry_checked = now
+        try:
+            resumed = self.expire_approvals(now)
+        except RatchetError as error:
+            # A busy store, or a run moved on meanwhile: the next check tries again.
+            self.logger.warning(
+                "approval expiry not checked",
+                extra={"worker_id": self.worker_id, "error": str(error)},
+            )
+            return
+        for run_id in resumed:
+            self.logger.info(
+                "approval expired; the run goes on without a decision",
+                extra={"run_id": run_id, "worker_id": self.worker_id},
+            )
 
     def _say_whose_lease(self, run_id: str | None) -> None:
         """Once per run and holder: which live worker's lease this worker waits out, and

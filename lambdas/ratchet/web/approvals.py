@@ -2,7 +2,10 @@
 
     GET  /approvals/{id}?run=&to=&exp=&sig=   show the request; changes nothing (mail scanners
                                               and link unfurlers fetch every link they see)
-    POST /approvals/{id}?...                  decide, once: form fields `decision`, `comment`
+    POST /approvals/{id}?...                  decide, once: form fields `decision`, `comment`,
+                                              and `answer.<field>` for a request that asks
+                                              for a structured answer (checked here; a
+                                              refusal shows the form again, naming the field)
     POST /slack/interactions                  a verified Slack user pressed Approve or Reject
 
 These routes carry no AWS credentials (a person clicking a link has none): the link's
@@ -24,10 +27,12 @@ from pydantic import SecretStr
 
 from ratchet.adapters.slack import SlackResponder
 from ratchet.approvals import pages
+from ratchet.approvals.answers import FORM_PREFIX, MAX_ANSWER_FIELDS, answer_from_form
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_COMMENT_CHARS, Verdict
 from ratchet.approvals.slack import parse_action, verify_request
 from ratchet.errors import (
+    AnswerInvalid,
     ApprovalClosed,
     ApprovalDecided,
     ApprovalError,
@@ -92,9 +97,22 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
     def decide(approval_id: str) -> Response[str]:
         try:
             query = link_query()
-            approved, comment = _read_form(app.current_event.decoded_body or "")
-            view = services().desk.decide_by_link(
-                approval_id, query, approved=approved, comment=comment
+            approved, comment, form = _read_form(app.current_event.decoded_body or "")
+            desk = services().desk
+            answer = None
+            if approved:
+                asked = desk.view(approval_id, query)
+                schema = pages.answer_schema_of(asked)
+                if schema is not None:
+                    try:
+                        answer = answer_from_form(schema, form)
+                    except AnswerInvalid as refused:
+                        page = pages.request_page(
+                            asked, action=_self_url(app), refused=str(refused), given=form
+                        )
+                        return html(HTTPStatus.BAD_REQUEST, page)
+            view = desk.decide_by_link(
+                approval_id, query, approved=approved, comment=comment, answer=answer
             )
         except ApprovalError as error:
             return problem(error)
@@ -153,13 +171,18 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
     return app
 
 
-def _read_form(body: str) -> tuple[bool, str]:
+def _read_form(body: str) -> tuple[bool, str, dict[str, list[str]]]:
+    """The decision, the comment, and every field (the answer's are typed by its schema)."""
     if len(body.encode("utf-8")) > MAX_FORM_BYTES:
         raise _BadForm("the form is too large")
     try:
-        fields = parse_qs(body, keep_blank_values=True, max_num_fields=8)
+        fields = parse_qs(body, keep_blank_values=True, max_num_fields=8 + MAX_ANSWER_FIELDS)
     except ValueError:
         raise _BadForm("the form could not be read") from None
+    # Other fields are ignored (who decides comes from the link, never the form), but only a
+    # few: the answer's own fields are bounded by its schema.
+    if sum(len(v) for k, v in fields.items() if not k.startswith(FORM_PREFIX)) > 8:
+        raise _BadForm("the form has too many fields")
     decisions = fields.get("decision", [])
     comments = fields.get("comment", [""])
     if len(decisions) != 1 or decisions[0] not in ("approve", "reject") or len(comments) != 1:
@@ -167,7 +190,7 @@ def _read_form(body: str) -> tuple[bool, str]:
     comment = comments[0].strip()
     if len(comment) > MAX_COMMENT_CHARS:
         raise _BadForm(f"the comment is over {MAX_COMMENT_CHARS:,} characters")
-    return decisions[0] == "approve", comment
+    return decisions[0] == "approve", comment, fields
 
 
 class _BadForm(ApprovalError):
