@@ -619,6 +619,7 @@ def status_payload(state: RunState) -> dict[str, Any]:
         "max_steps": state.options.max_steps,
         "input": state.options.params or None,
         "waiting": state.waiting.request.prompt if state.waiting else None,
+        "waiting_details": dict(state.waiting.request.details) if state.waiting else None,
         "usage": UsageTotals.of(state.usage).model_dump(),
         "cost_usd": estimate(state.options.model, state.usage),
         "updated_at": state.updated_at.isoformat(),

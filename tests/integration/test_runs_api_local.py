@@ -236,3 +236,34 @@ def test_agents_registered_for_serve_can_be_started_by_name(tmp_path: Path):
     assert status == 201
     assert head is not None
     assert (head.agent, head.status) == (ROWS_AGENT, RunStatus.DONE)
+
+
+def test_a_structured_question_is_answered_through_the_api(tmp_path: Path):
+    registry = AgentRegistry.deployment(
+        json.dumps({"refunds": "tests.fixtures.refund_agent:agent"})
+    )
+    with _served(tmp_path, agents=registry) as served:
+        served.call("POST", "/runs", {"agent": "refunds", "run_id": "q1"})
+        served.work()
+        before = served.rows()
+        # An approval without the answer the question asks for, or with one its schema
+        # refuses, is a 400 naming the field, and changes nothing
+        missing, refused = served.call("POST", "/runs/q1/approve", {"comment": "ok"})
+        bad, too_much = served.call(
+            "POST", "/runs/q1/approve", {"answer": {"amount": 600, "reason": "late"}}
+        )
+        after_refusals = served.rows()
+        status, decided = served.call(
+            "POST", "/runs/q1/approve", {"answer": {"amount": 120, "reason": "late"}}
+        )
+        served.work()
+        head = served.runtime.store.load_head("q1")
+
+    assert (missing, bad) == (400, 400)
+    assert "amount" in refused["error"]
+    assert "amount" in too_much["error"]
+    assert after_refusals == before
+    assert (status, decided["decision"]) == (200, "approved")
+    assert head is not None
+    assert head.status is RunStatus.DONE
+    assert '{"amount": 120, "reason": "late"}' in (head.summary or "")

@@ -195,6 +195,11 @@ class Approve(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+    answer: dict[str, Any] | None = Field(
+        default=None,
+        description="The answer, for a run that asked a structured question "
+        "(ask_person(answer=...)): checked against the question's schema.",
+    )
 
 
 class Reject(BaseModel):
@@ -367,10 +372,12 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
                 "the state as of this step can no longer be rebuilt",
             ) from None
 
-    def decide(run_id: str, *, approved: bool, comment: str) -> Decided:
+    def decide(
+        run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
+    ) -> Decided:
         _require_json(app)
         wired = services()
-        verdict = Verdict(approved=approved, by=_caller(app, wired), comment=comment)
+        verdict = Verdict(approved=approved, by=_caller(app, wired), comment=comment, answer=answer)
         view = wired.desk().decide_run(run_id, verdict, channel="api")
         run = view.run
         count("DecidedThroughApi")
@@ -394,7 +401,12 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="approveRun",
     )
     def approve(run_id: RunId, body: Annotated[Approve | None, Body()] = None) -> Decided:
-        return decide(run_id, approved=True, comment=body.comment if body else "")
+        return decide(
+            run_id,
+            approved=True,
+            comment=body.comment if body else "",
+            answer=body.answer if body else None,
+        )
 
     @app.post(
         "/runs/<run_id>/reject",
