@@ -1,6 +1,8 @@
 """Cancelling a run parked on AWS through the runs API: the run ends cancelled with its
-checkpoints, and its approval is closed with the task token gone. (That the execution ends
-ABORTED is not yet shown here: moto reports the woken execution FAILED; to do.)"""
+checkpoints, its approval is closed with the task token gone, and its execution is stopped
+(StopExecution, sent for exactly the run's execution). moto's interpreter does not end a task
+parked on waitForTaskToken when its execution is stopped: the execution shows RUNNING until
+the task returns, so the test wakes it, as the harness does elsewhere."""
 
 from __future__ import annotations
 
@@ -24,6 +26,13 @@ def test_cancel_of_a_waiting_run_closes_the_approval_and_ends_it_cancelled(stack
     stack.parked("c-1")
     before = _store_records(stack)
 
+    from ratchet.handlers import _wiring
+
+    stopped: list[tuple[str, str]] = []
+    _wiring.stepfunctions().meta.events.register(
+        "before-parameter-build.states.StopExecution",
+        lambda params, **_: stopped.append((params["executionArn"], params["error"])),
+    )
     event = api_event(
         "POST", "/runs/c-1/cancel", {"reason": "wrong table"}, resource="/runs/{run_id}/cancel"
     )
@@ -39,6 +48,7 @@ def test_cancel_of_a_waiting_run_closes_the_approval_and_ends_it_cancelled(stack
     assert approval.status is ApprovalStatus.CLOSED
     stack.assert_settled("c-1")
     assert _store_records(stack)[: len(before)] == before
+    assert stopped == [(stack.execution_arn(execution), "Cancelled")]
     # moto notices a stop only when the parked task returns: wake it, as the harness does.
     for token in stack.tokens("c-1"):
         with contextlib.suppress(ClientError):
