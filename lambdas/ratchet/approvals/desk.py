@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ratchet.approvals.answers import checked_verdict
+from ratchet.approvals.answers import checked_for_run, checked_verdict
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.model import (
     PROMPT_KEPT_CHARS,
@@ -250,6 +250,23 @@ class Decider:
                 raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
             raise ApprovalNotFound(f"run {run_id!r} has no open approval request yet")
         return self.decide(pending[-1], verdict, channel=channel)
+
+    def decide_or_record(
+        self,
+        run_id: str,
+        verdict: Verdict,
+        *,
+        channel: str,
+        record: Callable[[Verdict, int | None], object],
+    ) -> None:
+        """Decide through the run's open request, so its links and page show the decision; a
+        run that waits with none (its worker died before opening one) has the verdict, checked
+        the same way, recorded directly by `record(verdict, step)`."""
+        try:
+            self.decide_run(run_id, verdict, channel=channel)
+        except ApprovalNotFound:
+            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
+            record(checked, step)
 
     def decide(
         self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None

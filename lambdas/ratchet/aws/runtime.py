@@ -23,7 +23,6 @@ from ratchet.approvals.model import Verdict
 from ratchet.aws.settings import AwsSettings
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import (
-    ApprovalNotFound,
     StaleVersion,
     StepAttemptFailed,
     StoreBusy,
@@ -161,7 +160,6 @@ class AwsRuntime:
         """A run parked by the state machine has an open request holding its task token: the
         decision answers that execution, as a link would. A run worked in process has none:
         the decision is recorded on the run directly."""
-        from ratchet.approvals.answers import checked_for_run
         from ratchet.approvals.desk import Decider
         from ratchet.aws.approvals import AwsApprovals
 
@@ -172,19 +170,19 @@ class AwsRuntime:
             stepfunctions=self._stepfunctions() if self._stepfunctions else None,
             retention_days=self.settings.checkpoint_retention_days,
         )
-        try:
-            Decider(book, book, self.store).decide_run(run_id, verdict, channel=channel)
-        except ApprovalNotFound:
-            # The same check as through a request: an answer its schema accepts, or none.
-            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
-            engine.decide_waiting(
+        Decider(book, book, self.store).decide_or_record(
+            run_id,
+            verdict,
+            channel=channel,
+            record=lambda checked, step: engine.decide_waiting(
                 run_id,
                 approved=checked.approved,
                 by=checked.by,
                 comment=checked.comment,
                 answer=checked.answer,
                 step=step,
-            )
+            ),
+        )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """Cancel the run, close its pending approval requests (dropping the parked task's

@@ -35,12 +35,11 @@ from ratchet.adapters.sqlite import (
 )
 from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite_data import SqliteRunData
-from ratchet.approvals.answers import checked_for_run
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.approvals.model import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.engine.core import Binding, Engine
-from ratchet.errors import ApprovalNotFound, InvalidInput, StoreUnavailable
+from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.approvals import LocalResumer, expire_overdue
 from ratchet.local.leases import Leases
@@ -279,19 +278,19 @@ class LocalRuntime:
         a run parked by a worker that died before opening one is decided directly."""
         engine = self.engine(worker_id=worker_id, logger=logger)
         decider = Decider(SqliteApprovalBook(self.db), LocalResumer(engine), self.store)
-        try:
-            decider.decide_run(run_id, verdict, channel=channel)
-        except ApprovalNotFound:
-            # The same check as through a request: an answer its schema accepts, or none.
-            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
-            engine.decide_waiting(
+        decider.decide_or_record(
+            run_id,
+            verdict,
+            channel=channel,
+            record=lambda checked, step: engine.decide_waiting(
                 run_id,
                 approved=checked.approved,
                 by=checked.by,
                 comment=checked.comment,
                 answer=checked.answer,
                 step=step,
-            )
+            ),
+        )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """Cancel the run, then close its pending approval requests: a worker holding it
