@@ -419,9 +419,12 @@ class DynamoDbCheckpointStore:
                 "Update": {
                     "TableName": self._table,
                     "Key": self._head_key(head.run_id),
+                    # A run made before schema 3 kept its whole head in `state` and has no
+                    # `static` attribute: its first lean commit adds it (the item, not the
+                    # request, is billed, so this costs no write unit).
                     "UpdateExpression": "SET #version = :version, #status = :status, "
                     "#step = :step, #attempts = :attempts, #state = :state, "
-                    "#updated_at = :updated_at",
+                    "#updated_at = :updated_at, #static = if_not_exists(#static, :static)",
                     "ConditionExpression": "#version = :expected",
                     "ExpressionAttributeNames": {
                         "#version": "version",
@@ -430,6 +433,7 @@ class DynamoDbCheckpointStore:
                         "#attempts": "attempts",
                         "#state": "state",
                         "#updated_at": "updated_at",
+                        "#static": "static",
                     },
                     "ExpressionAttributeValues": {
                         ":version": head_item["version"],
@@ -438,6 +442,7 @@ class DynamoDbCheckpointStore:
                         ":attempts": head_item["attempts"],
                         ":state": head_item["state"],
                         ":updated_at": head_item["updated_at"],
+                        ":static": text_attribute(stored.static_json(head)),
                         ":expected": _n(commit.expected_version),
                     },
                     "ReturnValuesOnConditionCheckFailure": "ALL_OLD",

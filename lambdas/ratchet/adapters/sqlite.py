@@ -450,6 +450,14 @@ class SqliteCheckpointStore:
             ).rowcount
             if not changed:
                 self._raise_stale(tx, head.run_id, commit.expected_version)
+            # A run made before schema 3 kept its whole head in runs.state, with no static row:
+            # its first lean commit writes that row (for any other run the row is there, the
+            # insert finds it and changes no page).
+            tx.execute(
+                "INSERT INTO run_static (run_id, state) VALUES (?, ?) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                (head.run_id, stored.static_json(head)),
+            )
             # Apart, and only if it changed: setting the indexed status column rewrites its
             # index page even to the same value, one more page in the WAL on every step.
             tx.execute(
