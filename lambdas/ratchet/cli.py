@@ -426,19 +426,15 @@ def _progress_line(report: Any, printer: Any) -> None:
 
 def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
     """`client.work`, printing a line per committed step (the worker's `on_step`)."""
-    from ratchet.local.worker import Worker
-
     client.head(run_id)
-    runtime = client.runtime
-    engine = runtime.engine(worker_id=client.worker_id, logger=client.logger, faults=client.faults)
-    Worker(
-        engine,
-        runtime.leases,
-        client.logger,
+    client.runtime.work(
+        run_id,
+        worker_id=client.worker_id,
+        logger=client.logger,
+        faults=client.faults,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
-        expire_approvals=runtime.approval_expiry(engine),
-    ).run(until_idle=True, run_id=run_id)
+    )
 
 
 @app.command()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -43,6 +43,9 @@ from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.approvals import LocalResumer, expire_overdue
 from ratchet.local.leases import Leases
+
+if TYPE_CHECKING:
+    from ratchet.local.worker import StepReport
 from ratchet.runs import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
@@ -253,17 +256,29 @@ class LocalRuntime:
         )
 
     def work(
-        self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        logger: Any,
+        faults: FaultPlan = NO_FAULTS,
+        on_step: Callable[[StepReport], None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         """Work the run in this process, as a worker holding its lease: until it is done,
-        waiting or failed, or another worker holds it."""
+        waiting or failed, or another worker holds it. `on_step` and `on_wait` are the
+        worker's (`ratchet run` prints its progress through them)."""
         from ratchet.local.worker import Worker
 
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
-        expiry = self.approval_expiry(engine)
-        Worker(engine, self.leases, logger, expire_approvals=expiry).run(
-            until_idle=True, run_id=run_id
-        )
+        Worker(
+            engine,
+            self.leases,
+            logger,
+            on_step=on_step,
+            on_wait=on_wait,
+            expire_approvals=self.approval_expiry(engine),
+        ).run(until_idle=True, run_id=run_id)
 
     def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
         """What a worker calls to expire the requests nobody answered in time (its
