@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,9 @@ def _serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[str], str] 
     return None
 
 
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[Local]:
+@contextmanager
+def serving(tmp_path: Path) -> Iterator[Local]:
+    """`ratchet serve` on a fresh store in `tmp_path`, run as the operator."""
     db = tmp_path / "ratchet.db"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env |= {"RATCHET_STORE": f"sqlite:///{db}", "LOGNAME": OPERATOR, "USER": OPERATOR}
@@ -159,22 +161,36 @@ def local(tmp_path: Path) -> Iterator[Local]:
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+def local(tmp_path: Path) -> Iterator[Local]:
+    with serving(tmp_path) as served:
+        yield served
+
+
+@contextmanager
+def chromium(profile: Path, *, width: int, height: int) -> Iterator[BrowserContext]:
+    """Debian's Chromium, driven by Playwright, with a fresh profile at `profile`."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: `make unit` installs Debian's chromium")
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            tmp_path / "chromium-profile",  # a fresh profile for every test
+            profile,
             executable_path=CHROMIUM,
             args=CHROMIUM_FLAGS,
-            # Narrow and short: the screenshot is as tall as the page, and no taller.
-            viewport={"width": 820, "height": 480},
+            viewport={"width": width, "height": height},
         )
         context.set_default_timeout(UI_TIMEOUT_MS)
         try:
             yield context
         finally:
             context.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+    # A fresh profile for every test; narrow and short: the screenshot is as tall as the
+    # page, and no taller.
+    with chromium(tmp_path / "chromium-profile", width=820, height=480) as context:
+        yield context
 
 
 def _scan(link: str) -> str:

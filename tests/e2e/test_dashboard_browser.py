@@ -20,20 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import BrowserContext, Page, expect
 
 from tests.e2e.test_approval_browser import (
-    CHROMIUM,
-    CHROMIUM_FLAGS,
     COMMAND_TIMEOUT,
     OPERATOR,
     PROMPT,
     RATCHET,
-    SCRUBBED,
-    UI_TIMEOUT_MS,
     WAITING_STEP,
     Local,
-    _serve,
+    chromium,
+    serving,
 )
 
 pytestmark = pytest.mark.slow
@@ -50,37 +47,15 @@ RUNS = {
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[Local]:
-    db = tmp_path / "ratchet.db"
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
-    env |= {"RATCHET_STORE": f"sqlite:///{db}", "LOGNAME": OPERATOR, "USER": OPERATOR}
-    log = tmp_path / "serve.log"
-    started = _serve(env, log) or _serve(env, log) or _serve(env, log)
-    assert started is not None, log.read_text()
-    server, public_url = started
-    try:
-        yield Local(db, public_url, env | {"RATCHET_PUBLIC_URL": public_url})
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with serving(tmp_path) as served:
+        yield served
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[BrowserContext]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"no Chromium at {CHROMIUM}: `make unit` installs Debian's chromium")
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            tmp_path / "chromium-profile",
-            executable_path=CHROMIUM,
-            args=CHROMIUM_FLAGS,
-            # The timeline is a wide table; the screenshots are as tall as the page.
-            viewport={"width": 1180, "height": 600},
-        )
-        context.set_default_timeout(UI_TIMEOUT_MS)
-        try:
-            yield context
-        finally:
-            context.close()
+    # The timeline is a wide table; the screenshots are as tall as the page.
+    with chromium(tmp_path / "chromium-profile", width=1180, height=600) as context:
+        yield context
 
 
 def _ratchet(local: Local, *args: str, fault: str | None = None) -> int:
