@@ -50,6 +50,32 @@ def moto_tables() -> Iterator[DynamoDBClient]:
         yield client
 
 
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """moto as an HTTP server on a free local port, for other processes (a `ratchet` command,
+    a fresh step handler) to reach: its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def server_client(endpoint: str) -> DynamoDBClient:
+    """A client of the moto server at `endpoint`, with test credentials of its own."""
+    return boto3.client(
+        "dynamodb",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
 def store_of(client: DynamoDBClient) -> DynamoDbCheckpointStore:
     return DynamoDbCheckpointStore(
         client, table=SETTINGS.checkpoints_table, ledger_table=SETTINGS.idempotency_table

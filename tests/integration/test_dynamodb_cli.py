@@ -16,19 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
-from moto.server import ThreadedMotoServer
 
 from ratchet.aws.runtime import AwsRuntime
 from ratchet.cli import status_payload
 from ratchet.engine.core import Outcome
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState
-from tests.dynamodb_support import REGION, SETTINGS, make_tables, scan
+from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, scan, server_client
 from tests.support import LOG
 
 RATCHET = Path(sys.executable).with_name("ratchet")
@@ -108,18 +106,8 @@ def _work(runtime: AwsRuntime, run_id: str) -> Outcome:
 
 @pytest.fixture(scope="module")
 def deployed() -> Iterator[Deployed]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client(
-            "dynamodb",
-            region_name=REGION,
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+    with moto_server() as endpoint:
+        client = server_client(endpoint)
         make_tables(client)
         runtime = AwsRuntime(SETTINGS, client)
         _start(runtime, "done-1")
@@ -131,8 +119,6 @@ def deployed() -> Iterator[Deployed]:
         _start(runtime, "wait-1")
         assert _work(runtime, "wait-1") is Outcome.WAITING
         yield Deployed(endpoint, client, runtime)
-    finally:
-        server.stop()
 
 
 def assert_rejected(result: subprocess.CompletedProcess[str], *mentions: str) -> None:

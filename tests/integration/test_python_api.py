@@ -27,11 +27,10 @@ from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.runs import AgentNotRunnable, RunRequestInvalid
 from ratchet.state import RunStatus
 from ratchet.tools import Agent, Done, RunContext, StepView, ToolCall, ToolContext, tool
-from tests.dynamodb_support import REGION, scan
+from tests.dynamodb_support import REGION, moto_server, scan
 
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
-from moto.server import ThreadedMotoServer
 
 WAIT_SECONDS = 60.0
 BATCHES = 2  # step 1 inspect, 2-3 copy, 4 ask; then 5 drop (if approved), 6 email, DONE
@@ -100,13 +99,8 @@ class Store:
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

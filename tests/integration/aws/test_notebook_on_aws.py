@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
-from moto.server import ThreadedMotoServer
 
 from ratchet.adapters.dynamodb_data import DynamoDbRunData
 from ratchet.aws.runtime import AwsRuntime
@@ -32,7 +30,7 @@ from ratchet.aws.settings import ENVIRONMENT
 from ratchet.runs import RunRequest, new_run
 from ratchet.scenarios.notebook import NOTES, note_key
 from ratchet.state import RunStatus, StepCompleted
-from tests.dynamodb_support import REGION, SETTINGS, make_tables
+from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, server_client
 from tests.support import LOG
 
 RATCHET = Path(sys.executable).with_name("ratchet")
@@ -117,22 +115,10 @@ class Deployed:
 
 @pytest.fixture(scope="module")
 def deployed() -> Iterator[Deployed]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client(
-            "dynamodb",
-            region_name=REGION,
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+    with moto_server() as endpoint:
+        client = server_client(endpoint)
         make_tables(client)
         yield Deployed(endpoint, client, AwsRuntime(SETTINGS, client))
-    finally:
-        server.stop()
 
 
 def start_goal_only_run(deployed: Deployed, run_id: str) -> None:
