@@ -57,8 +57,10 @@ from ratchet.client import (
     Client,
     NoCheckpointAtStep,
     Run,
+    RunListed,
     Started,
     UsageTotals,
+    WaitingFor,
 )
 from ratchet.errors import (
     AgentNotFound,
@@ -123,24 +125,9 @@ class RunStarted(_Answer):
         )
 
 
-class RunListed(_Answer):
-    run_id: str
-    status: RunStatus
-    step: int
-    version: int
-    updated_at: datetime
-
-
 class RunList(_Answer):
     runs: list[RunListed]
     """Most recently updated first."""
-
-
-class WaitingFor(_Answer):
-    step: int
-    prompt: str
-    details: dict[str, Any]
-    since: datetime
 
 
 class RunView(_Answer):
@@ -325,7 +312,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
     ) -> RunList:
         found = services().client.runs(status=status)
-        return RunList(runs=[RunListed.model_validate(r.model_dump()) for r in found[:limit]])
+        return RunList(runs=found[:limit])
 
     @app.get(
         "/runs/<run_id>",
