@@ -36,29 +36,36 @@ def start_on_aws(request: RunRequest, *, request_id: str) -> RunStarted:
 
 
 def _start_execution(run_id: str) -> str:
+    name = execution_name(run_id, 0)
+    # Same name and input as a running execution: Step Functions returns that execution.
+    # A closed one (the run finished or rolled over): ExecutionAlreadyExists. Either way the
+    # run already has, or had, its execution.
+    if not _started(run_id, 0):
+        _wiring.logger.info("execution exists", extra={"run_id": run_id, "execution": name})
+    return name
+
+
+def _started(run_id: str, generation: int) -> bool:
+    """Start the run's execution of `generation`; False if that name is taken already."""
     config = _wiring.settings()
     if not config.state_machine_arn:
         raise RuntimeError("RATCHET_STATE_MACHINE_ARN is not set: the API cannot start runs")
-    name = execution_name(run_id, 0)
     execution = ExecutionInput(
         run_id=run_id,
-        generation=0,
+        generation=generation,
         iteration=0,
         approval_timeout_seconds=config.approval_timeout_seconds,
     )
     client = _wiring.stepfunctions()
-    # Same name and input as a running execution: Step Functions returns that execution.
-    # A closed one (the run finished or rolled over): ExecutionAlreadyExists. Either way the
-    # run already has, or had, its execution.
     try:
         client.start_execution(
             stateMachineArn=config.state_machine_arn,
-            name=name,
+            name=execution_name(run_id, generation),
             input=execution.model_dump_json(),
         )
     except client.exceptions.ExecutionAlreadyExists:
-        _wiring.logger.info("execution exists", extra={"run_id": run_id, "execution": name})
-    return name
+        return False
+    return True
 
 
 MAX_NAME_PROBES = 100
@@ -76,29 +83,14 @@ def launch_on_aws(run_id: str) -> str:
     retries = sum(isinstance(c.event, Retried) for c in store.list_checkpoints(run_id))
     if retries == 0:
         return _start_execution(run_id)
-    config = _wiring.settings()
-    if not config.state_machine_arn:
-        raise RuntimeError("RATCHET_STATE_MACHINE_ARN is not set: the API cannot start runs")
-    client = _wiring.stepfunctions()
     for retry in range(retries, retries + MAX_NAME_PROBES):
         generation = first_generation(retry)
-        name = execution_name(run_id, generation)
-        execution = ExecutionInput(
-            run_id=run_id,
-            generation=generation,
-            iteration=0,
-            approval_timeout_seconds=config.approval_timeout_seconds,
-        )
-        try:
-            client.start_execution(
-                stateMachineArn=config.state_machine_arn,
-                name=name,
-                input=execution.model_dump_json(),
+        if _started(run_id, generation):
+            name = execution_name(run_id, generation)
+            _wiring.logger.info(
+                "retry execution started", extra={"run_id": run_id, "execution": name}
             )
-        except client.exceptions.ExecutionAlreadyExists:
-            continue
-        _wiring.logger.info("retry execution started", extra={"run_id": run_id, "execution": name})
-        return name
+            return name
     raise RuntimeError(f"no free execution name for run {run_id!r} after {MAX_NAME_PROBES} tries")
 
 
