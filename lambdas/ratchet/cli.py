@@ -23,7 +23,6 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -162,7 +161,9 @@ def _head(runtime: Any, run_id: str) -> RunState:
 
 
 def _print_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, default=str, ensure_ascii=False) + "\n")
+    from ratchet.readout import json_text
+
+    sys.stdout.write(json_text(payload))
 
 
 # --- starting and working --------------------------------------------------------------------
@@ -583,11 +584,6 @@ def worker(
 # --- reading ---------------------------------------------------------------------------------
 
 
-def failed_step(state: RunState) -> int | None:
-    """The step a failed run failed at: the one after its last committed step."""
-    return state.next_step if state.status is RunStatus.FAILED else None
-
-
 def _status_text(state: RunState) -> str:
     """`done at step 7`, `failed at step 3`, `stopped at step 60: Stopped at the cap...`."""
     if state.status is RunStatus.FAILED:
@@ -599,166 +595,51 @@ def _status_text(state: RunState) -> str:
 
 
 def status_payload(state: RunState) -> dict[str, Any]:
-    from ratchet.client import UsageTotals
-    from ratchet.pricing import estimate
+    """What `ratchet status --json` prints of `state`."""
+    from ratchet.readout import status_payload as payload_of
 
-    return {
-        "run_id": state.run_id,
-        "status": state.status.value,
-        "step": state.step,
-        "version": state.version,
-        "attempts": state.attempts,
-        "summary": state.summary,
-        "error": state.error,
-        "agent": state.agent,
-        "model": state.options.model,
-        "max_steps": state.options.max_steps,
-        "input": state.options.params or None,
-        "waiting": state.waiting.request.prompt if state.waiting else None,
-        "waiting_details": dict(state.waiting.request.details) if state.waiting else None,
-        "usage": UsageTotals.of(state.usage).model_dump(),
-        "cost_usd": estimate(state.options.model, state.usage),
-        "updated_at": state.updated_at.isoformat(),
-        "failed_step": failed_step(state),
-    }
+    return payload_of(state.model_dump(mode="json"))
 
 
-def _usage_text(usage: dict[str, Any]) -> str:
-    return (
-        f"{usage['input_tokens']:,} in, {usage['output_tokens']:,} out, "
-        f"{usage['cache_read_tokens']:,} cache read, {usage['cache_write_tokens']:,} cache "
-        f"write over {usage['calls']:,} calls ({usage['cached_share']:.0%} of input cached)"
-    )
+# A SQLite store's read commands are answered by `ratchet.quick` before this module loads;
+# these answer for any store, through the same `ratchet.readout`.
 
 
 @app.command()
 def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """Where a run stands, with its token usage and estimated cost."""
-    from ratchet.pricing import PRICES_AS_OF
+    from ratchet.readout import json_text, status_text
 
     client = _client(create=False, logs=False)
     try:
-        state = client.head(run_id)
+        payload = status_payload(client.head(run_id))
     finally:
         client.close()
-    payload = status_payload(state)
-    if as_json:
-        _print_json(payload)
-        return
-    stopped = state.status is RunStatus.STOPPED
-    shown = {
-        **payload,
-        "status": f"failed at step {state.next_step}"
-        if state.status is RunStatus.FAILED
-        else state.status.value,
-        # A finished run makes no more attempts; a stopped run's summary is why it stopped.
-        "attempts": None if state.is_finished else state.attempts,
-        "summary": None if stopped else state.summary,
-        "reason": state.summary if stopped else None,
-        "failed_step": None,
-        "usage": _usage_text(payload["usage"]) if payload["usage"]["calls"] else None,
-        "cost_usd": (
-            f"{payload['cost_usd']:.4f} (estimated, list prices of {PRICES_AS_OF})"
-            if payload["cost_usd"] is not None
-            else None
-        ),
-    }
-    for name, value in shown.items():
-        if value is not None:
-            out.print(f"{name:>10}  {value}")
+    sys.stdout.write(json_text(payload) if as_json else status_text(payload))
 
 
 @app.command()
 def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """One row per checkpoint: what happened (in words), the tool, its arguments and result,
     who decided, worker, bytes, time, model tokens. Versions without a row are explained."""
-    from ratchet.progress import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
+    from ratchet.readout import (
+        history_payload,
+        history_row,
+        history_text,
+        json_text,
+        terminal_width,
+    )
 
     client = _client(create=False, logs=False)
     try:
-        checkpoints = client.history(run_id)
+        rows = [history_row(c.model_dump(mode="json")) for c in client.history(run_id)]
         head_version = client.head(run_id).version
     finally:
         client.close()
-    rows = [
-        {
-            "version": c.version,
-            "step": c.step,
-            "status": c.status.value,
-            "event": c.event,
-            "worker": c.worker,
-            "bytes": c.bytes,
-            "time": c.time.isoformat(),
-            "usage": c.usage.model_dump() if c.usage else None,
-            "explanation": c.explanation,
-            "tool": c.tool,
-            "arguments": c.arguments,
-            "result": c.result,
-            "by": c.by,
-            "comment": c.comment,
-            "error": c.error,
-            "duration_ms": c.duration_ms,
-        }
-        for c in checkpoints
-    ]
-    gaps = version_gaps([c.version for c in checkpoints], head_version)
     if as_json:
-        unrecorded = [
-            {"from": first, "to": last, "explanation": UNRECORDED_VERSIONS} for first, last in gaps
-        ]
-        _print_json({"run_id": run_id, "checkpoints": rows, "unrecorded_versions": unrecorded})
-        return
-    table = Table(
-        "version",
-        "step",
-        "status",
-        "what happened",
-        "tool call -> result",
-        "worker",
-        "bytes",
-        "time (UTC)",
-        "tokens in/out (cached)",
-    )
-    starts = dict(gaps)
-    for row in [*rows, None]:
-        following = row["version"] if row else head_version + 1
-        for first in sorted(v for v in starts if v < following):
-            last = starts.pop(first)
-            span = f"{first}" if first == last else f"{first}..{last}"
-            table.add_row(span, "", "", "attempt counted (no record)", *[""] * 5)
-        if row is None:
-            break
-        usage = row["usage"]
-        tokens = (
-            f"{usage['input_tokens'] + usage['cache_read_tokens'] + usage['cache_write_tokens']:,}"
-            f"/{usage['output_tokens']:,} ({usage['cached_share']:.0%})"
-            if usage
-            else ""
-        )
-        call = (
-            f"{row['tool']}({argument_summary(row['arguments'], 40)}) -> {row['result'] or ''}"
-            if row["tool"]
-            else ""
-        )
-        table.add_row(
-            str(row["version"]),
-            str(row["step"]),
-            row["status"],
-            shorten(row["explanation"], 100),
-            shorten(call, 90),
-            row["worker"],
-            str(row["bytes"]),
-            row["time"][11:19],
-            tokens,
-        )
-    # Piped into a file or a pager, the table need not fit 80 columns.
-    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)
-    wide.print(table)
-    if gaps:
-        wide.print(f"Versions without a row: {UNRECORDED_VERSIONS}.")
-
-
-# --- following -------------------------------------------------------------------------------
+        sys.stdout.write(json_text(history_payload(run_id, rows, head_version)))
+    else:
+        sys.stdout.write(history_text(rows, head_version, width=terminal_width()))
 
 
 @app.command("list")
@@ -774,28 +655,17 @@ def list_runs(
     as_json: JsonOption = False,
 ) -> None:
     """Every run in the store, most recently updated first."""
+    from ratchet.readout import json_text, list_text, listed
+
     client = _client(create=False, logs=False)
     try:
-        runs = client.runs(status=status)
+        rows = [listed(r.model_dump(mode="json")) for r in client.runs(status=status)]
     finally:
         client.close()
-    rows = [
-        {
-            "run_id": r.run_id,
-            "status": r.status.value,
-            "step": r.step,
-            "version": r.version,
-            "updated_at": r.updated_at.isoformat(),
-        }
-        for r in runs
-    ]
-    if as_json:
-        _print_json({"runs": rows})
-        return
-    table = Table("run", "status", "step", "version", "updated")
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    out.print(table)
+    sys.stdout.write(json_text({"runs": rows}) if as_json else list_text(rows))
+
+
+# --- following -------------------------------------------------------------------------------
 
 
 @app.command()

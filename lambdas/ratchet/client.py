@@ -33,23 +33,20 @@ from ratchet.engine.transitions import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.pricing import estimate
+from ratchet.readout import checkpoint_fields, usage_totals
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
 from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.state import Checkpoint as StoredCheckpoint
 from ratchet.state import (
-    AttemptFailed,
-    CheckpointEvent,
     Created,
-    Finished,
     PersonDecided,
-    Retried,
     RunState,
     RunStatus,
     StepCompleted,
     Usage,
     utcnow,
 )
-from ratchet.state import Checkpoint as StoredCheckpoint
 from ratchet.tools import Agent
 
 __all__ = [
@@ -96,14 +93,7 @@ class UsageTotals(_Answer):
 
     @classmethod
     def of(cls, usage: Usage) -> UsageTotals:
-        return cls(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_tokens=usage.cache_read_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-            calls=usage.calls,
-            cached_share=round(usage.cached_share, 4),
-        )
+        return cls(**usage_totals(usage.model_dump()))
 
 
 class Run(_Answer):
@@ -564,15 +554,17 @@ class Client:
         self.head(run_id)
         return [
             Checkpoint(
-                version=c.version,
-                step=c.step,
-                status=c.status,
-                event=c.event.kind,
-                worker=c.worker_id,
-                bytes=c.size,
-                time=c.created_at,
-                usage=_usage_of(c.event),
-                **_described(c.event),
+                **checkpoint_fields(
+                    {
+                        "version": c.version,
+                        "step": c.step,
+                        "status": c.status.value,
+                        "worker": c.worker_id,
+                        "bytes": c.size,
+                        "time": c.created_at,
+                        "event": c.event.model_dump(mode="json", exclude_none=True),
+                    }
+                )
             )
             for c in self.runtime.store.list_checkpoints(run_id)
         ]
@@ -641,49 +633,6 @@ class Client:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def _usage_of(event: CheckpointEvent) -> UsageTotals | None:
-    if isinstance(event, StepCompleted | AttemptFailed | Finished) and event.usage is not None:
-        return UsageTotals.of(event.usage)
-    return None
-
-
-def _described(event: CheckpointEvent) -> dict[str, Any]:
-    """The `Checkpoint` fields one event fills in: what ran, who decided, what failed, and
-    the write in words."""
-    match event:
-        case StepCompleted():
-            said = "step committed" + ("; asked a person" if event.wait is not None else "")
-            return {
-                "tool": event.call.name,
-                "arguments": dict(event.call.arguments),
-                "result": event.output.text,
-                "duration_ms": event.duration_ms,
-                "explanation": said,
-            }
-        case PersonDecided():
-            answer = "approved" if event.approved else "rejected"
-            said = f"person decided by {event.by}: {answer}"
-            return {
-                "by": event.by,
-                "comment": event.comment,
-                "explanation": f"{said}: {event.comment}" if event.comment else said,
-            }
-        case AttemptFailed():
-            return {
-                "error": event.error,
-                "explanation": f"attempt {event.attempt} at step {event.step} failed: "
-                f"{event.error}",
-            }
-        case Finished():
-            said = f"finished: {event.status.value}"
-            why = event.error or event.summary
-            return {"error": event.error, "explanation": f"{said}: {why}" if why else said}
-        case Retried():
-            return {"by": event.by, "explanation": f"retried by {event.by}"}
-        case _:
-            return {"explanation": "created"}
 
 
 def _fork_id(source: str) -> str:

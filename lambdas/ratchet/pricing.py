@@ -24,12 +24,16 @@ from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from itertools import chain
-from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ratchet.errors import InvalidInput
-from ratchet.state import Usage
+
+# Neither pydantic (until `RATCHET_PRICES` is set) nor `typing` nor `dataclasses` load here:
+# `ratchet status` prices a run on its quick path (`ratchet.quick`).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ratchet.state import Usage
 
 PRICES_AS_OF = "2025-11-24"
 """When the built-in prices were the providers' published list prices."""
@@ -37,17 +41,27 @@ PRICES_VARIABLE = "RATCHET_PRICES"
 MILLION = 1_000_000
 
 
-class Prices(BaseModel):
-    """US dollars per million tokens."""
+class Prices:
+    """US dollars per million tokens: `input`, `output`, and for the prompt cache (5-minute
+    entries) `cache_write` (default 1.25 x `input`) and `cache_read` (default 0.1 x `input`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    __slots__ = ("cache_read", "cache_write", "input", "output")
 
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cache_write: float | None = Field(default=None, ge=0)
-    """Writing the prompt cache (5-minute entries); default 1.25 x `input`."""
-    cache_read: float | None = Field(default=None, ge=0)
-    """Reading the prompt cache; default 0.1 x `input`."""
+    def __init__(
+        self,
+        input: float,
+        output: float,
+        cache_write: float | None = None,
+        cache_read: float | None = None,
+    ) -> None:
+        self.input, self.output = input, output
+        self.cache_write, self.cache_read = cache_write, cache_read
+
+    def __repr__(self) -> str:
+        return (
+            f"Prices(input={self.input}, output={self.output}, cache_write={self.cache_write}, "
+            f"cache_read={self.cache_read})"
+        )
 
     @property
     def cache_write_rate(self) -> float:
@@ -57,12 +71,14 @@ class Prices(BaseModel):
     def cache_read_rate(self) -> float:
         return self.input * 0.1 if self.cache_read is None else self.cache_read
 
-    def cost(self, usage: Usage) -> float:
+    def cost(self, tokens: Mapping[str, int]) -> float:
+        """What `tokens` (a `Usage` as a dict: `input_tokens`, `output_tokens`, ...; absent
+        counts are 0) cost."""
         dollars = (
-            usage.input_tokens * self.input
-            + usage.output_tokens * self.output
-            + usage.cache_write_tokens * self.cache_write_rate
-            + usage.cache_read_tokens * self.cache_read_rate
+            tokens.get("input_tokens", 0) * self.input
+            + tokens.get("output_tokens", 0) * self.output
+            + tokens.get("cache_write_tokens", 0) * self.cache_write_rate
+            + tokens.get("cache_read_tokens", 0) * self.cache_read_rate
         ) / MILLION
         return round(dollars, 6)
 
@@ -93,12 +109,17 @@ BUILT_IN: Mapping[str, Prices] = {
 tokens cost more and are not modelled). Newer models need a `RATCHET_PRICES` entry."""
 
 
-def estimate(model: str, usage: Usage, environ: Mapping[str, str] | None = None) -> float | None:
-    """The estimated cost of `usage` on `model`, in US dollars; None when no price is known
-    for the model (a scripted policy, your own model without a `RATCHET_PRICES` entry).
-    Raises `InvalidInput` naming `RATCHET_PRICES` if that is set and malformed."""
+def estimate(
+    model: str, usage: Usage | Mapping[str, int], environ: Mapping[str, str] | None = None
+) -> float | None:
+    """The estimated cost of `usage` (a `Usage`, or its counts as a dict) on `model`, in US
+    dollars; None when no price is known for the model (a scripted policy, your own model
+    without a `RATCHET_PRICES` entry). Raises `InvalidInput` naming `RATCHET_PRICES` if that
+    is set and malformed."""
     prices = prices_for(model, environ)
-    return None if prices is None else prices.cost(usage)
+    if prices is None:
+        return None
+    return prices.cost(usage if isinstance(usage, Mapping) else usage.model_dump())
 
 
 def prices_for(model: str, environ: Mapping[str, str] | None = None) -> Prices | None:
@@ -115,7 +136,8 @@ def _overrides(raw: str) -> dict[str, Prices]:
     text = raw
     if not raw.lstrip().startswith("{"):
         try:
-            text = Path(raw).read_text(encoding="utf-8")
+            with open(raw, encoding="utf-8") as file:
+                text = file.read()
         except OSError as error:
             raise InvalidInput(
                 f"{PRICES_VARIABLE} is neither a JSON object nor a readable file: "
@@ -127,14 +149,35 @@ def _overrides(raw: str) -> dict[str, Prices]:
         raise InvalidInput(f"{PRICES_VARIABLE} is not valid JSON: {error}") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(f"{PRICES_VARIABLE} must be a JSON object of pattern -> prices")
-    table: dict[str, Prices] = {}
-    for pattern, prices in parsed.items():
-        try:
-            table[pattern] = Prices.model_validate(prices)
-        except ValidationError as error:
-            problem = error.errors(include_url=False, include_input=False)[0]
-            where = ".".join(str(p) for p in problem["loc"]) or "(prices)"
-            raise InvalidInput(
-                f"{PRICES_VARIABLE}: bad prices for {pattern!r}: {where}: {problem['msg']}"
-            ) from None
-    return table
+    return {pattern: _checked(pattern, prices) for pattern, prices in parsed.items()}
+
+
+def _checked(pattern: str, prices: object) -> Prices:
+    """One entry of `RATCHET_PRICES`, validated (pydantic loads here, only when it is set)."""
+    from pydantic import ValidationError
+
+    try:
+        given = _prices_input().model_validate(prices)
+    except ValidationError as error:
+        problem = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "(prices)"
+        raise InvalidInput(
+            f"{PRICES_VARIABLE}: bad prices for {pattern!r}: {where}: {problem['msg']}"
+        ) from None
+    return Prices(**given.model_dump())
+
+
+@lru_cache(maxsize=1)
+def _prices_input() -> Any:
+    """The pydantic model of one `RATCHET_PRICES` entry: `Prices`, checked."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class PricesInput(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        input: float = Field(ge=0)
+        output: float = Field(ge=0)
+        cache_write: float | None = Field(default=None, ge=0)
+        cache_read: float | None = Field(default=None, ge=0)
+
+    return PricesInput

@@ -25,11 +25,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ratchet.readout import argument_summary, shorten
+
 if TYPE_CHECKING:
     from ratchet.client import Checkpoint
     from ratchet.state import RunState
 
-ARGUMENTS_CHARS = 60
 RESULT_CHARS = 80
 
 
@@ -48,23 +49,6 @@ class StepLine:
     ms: float | None
     done: int | None = None
     total: int | None = None
-
-
-def shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
-
-
-def argument_summary(arguments: Mapping[str, Any] | None, limit: int = ARGUMENTS_CHARS) -> str:
-    """`batch=2, table="orders"`: each value as compact JSON, the whole cut to `limit`."""
-    if not arguments:
-        return ""
-    pairs = (
-        f"{name}={json.dumps(value, ensure_ascii=False, default=str, separators=(',', ':'))}"
-        for name, value in arguments.items()
-    )
-    return shorten(", ".join(pairs), limit)
 
 
 def known_total(params: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -228,22 +212,3 @@ class ProgressPrinter:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
-
-
-def version_gaps(versions: list[int], head_version: int) -> list[tuple[int, int]]:
-    """The version ranges no checkpoint records, as (first, last): each was an attempt
-    counted at the next step (or a counted attempt given back) before its work started,
-    a write to the head alone. `versions` is the history's, oldest first."""
-    gaps = []
-    expected = versions[0] if versions else 1
-    for version in [*versions, head_version + 1]:
-        if version > expected:
-            gaps.append((expected, version - 1))
-        expected = max(expected, version + 1)
-    return gaps
-
-
-UNRECORDED_VERSIONS = (
-    "attempts counted (or given back) at the next step: a write to the head alone, with no "
-    "checkpoint record"
-)

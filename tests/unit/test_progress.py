@@ -9,16 +9,8 @@ import pytest
 
 from ratchet import cli
 from ratchet.local import leases
-from ratchet.progress import (
-    StepLine,
-    argument_summary,
-    json_object,
-    line_of_state,
-    plain_line,
-    position,
-    shorten,
-    version_gaps,
-)
+from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
+from ratchet.readout import argument_summary, shorten, version_gaps
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput

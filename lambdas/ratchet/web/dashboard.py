@@ -32,7 +32,7 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
 from ratchet.errors import InvalidInput, RunNotFound
-from ratchet.progress import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
+from ratchet.readout import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
 from ratchet.state import RunState, RunStatus, StepCompleted
 
 RESULT_PREVIEW_CHARS = 160

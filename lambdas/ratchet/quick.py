@@ -1,0 +1,207 @@
+"""The `ratchet` command's entry point: read commands on a local store answer at once.
+
+`ratchet status RUN`, `ratchet history RUN` and `ratchet list` (with `--json`, `--status`,
+`--store`) are what a person types most, often in a loop. Loading the full CLI (typer, rich)
+and the run models (pydantic) costs more than ten times what reading the answer does, so on a
+SQLite store these commands read the store's JSON with `sqlite3` and say it through
+`ratchet.readout`, the functions the full CLI says it with. Anything else, and anything this
+path is not sure of (another store, a head of an older schema, a run that is not there, an
+option it does not know, a `RATCHET_*` setting the full CLI would check), goes to the full CLI
+(`ratchet.cli`), which answers or refuses as it always does. Nothing here writes.
+
+`bench/cli_start.py` measures both paths; `tests/integration/test_quick_reads.py` holds their
+output equal, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Mapping, Sequence
+from urllib.parse import quote
+
+TYPE_CHECKING = False  # neither `typing` nor `pathlib` load here: they take longer than a read
+if TYPE_CHECKING:
+    from typing import Any
+
+SCHEMA_VERSION = 4
+"""`ratchet.state.SCHEMA_VERSION`: a head of another schema goes to the full CLI, which
+upgrades it in memory (a unit test holds the two equal)."""
+APPLICATION_ID = 0x52744368
+"""`ratchet.adapters.sqlite.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
+STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
+"""`ratchet.state.RunStatus`, by value."""
+SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
+"""The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it."""
+DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
+SQLITE_SCHEME = "sqlite:///"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    said = answer(args, os.environ)
+    if said is None:
+        from ratchet.cli import main as full
+
+        full(args)
+        return
+    sys.stdout.write(said)
+    sys.stdout.flush()
+
+
+def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """What the read command `args` prints, or None when the full CLI should answer."""
+    if any(name.startswith("RATCHET_") and name not in SETTINGS_READ for name in environ):
+        return None
+    command = _read_command(args, environ.get("RATCHET_STORE") or DEFAULT_STORE)
+    if command is None:
+        return None
+    name, store, operand, as_json = command
+    documents = _Documents.open(store)
+    if documents is None:
+        return None
+    try:
+        with documents:
+            return _say(documents, name, operand, as_json)
+    except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
+        # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
+        # it with the models and says what is wrong.
+        return None
+
+
+def _say(documents: _Documents, name: str, operand: str | None, as_json: bool) -> str | None:
+    from ratchet import readout
+
+    if name == "list":
+        runs = documents.runs()
+        rows = [readout.listed(r) for r in readout.newest_first(runs)]
+        rows = [r for r in rows if operand is None or r["status"] == operand]
+        return readout.json_text({"runs": rows}) if as_json else readout.list_text(rows)
+    assert operand is not None
+    head = documents.head(operand)
+    if head is None:
+        return None
+    if name == "status":
+        payload = readout.status_payload(head)
+        return readout.json_text(payload) if as_json else readout.status_text(payload)
+    rows = [readout.history_row(readout.checkpoint_fields(r)) for r in documents.records(operand)]
+    if as_json:
+        return readout.json_text(readout.history_payload(operand, rows, head["version"]))
+    return readout.history_text(rows, head["version"], width=readout.terminal_width())
+
+
+def _read_command(args: Sequence[str], store: str) -> tuple[str, str, str | None, bool] | None:
+    """(command, store URL, run id or status, --json) for the forms this path answers:
+    `[--store URL] status|history RUN [--json]` and `[--store URL] list [--status S] [--json]`.
+    """
+    rest = list(args)
+    if rest[:1] == ["--store"] and len(rest) > 1:
+        store, rest = rest[1], rest[2:]
+    elif rest and rest[0].startswith("--store="):
+        store, rest = rest[0].removeprefix("--store="), rest[1:]
+    if not rest or rest[0] not in {"status", "history", "list"}:
+        return None
+    name, options = rest[0], rest[1:]
+    as_json = "--json" in options
+    options = [o for o in options if o != "--json"]
+    if name == "list":
+        if options[:1] == ["--status"] and len(options) == 2:
+            options = [f"--status={options[1]}"]
+        if not options:
+            return name, store, None, as_json
+        status = options[0].removeprefix("--status=")
+        if len(options) == 1 and options[0].startswith("--status=") and status in STATUSES:
+            return name, store, status, as_json
+        return None
+    if len(options) != 1 or options[0].startswith("-"):
+        return None
+    return name, store, options[0], as_json
+
+
+class _Documents:
+    """A SQLite store read as JSON documents, in one read transaction."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+
+    @classmethod
+    def open(cls, store: str) -> _Documents | None:
+        if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+            return None
+        path = store[len(SQLITE_SCHEME) :]
+        if not os.path.isfile(path):
+            return None
+        try:
+            # mode=rw: never create the file (the full CLI says there is no store).
+            connection = sqlite3.connect(
+                f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
+            )
+        except sqlite3.Error:
+            return None
+        try:
+            (application_id,) = connection.execute("PRAGMA application_id").fetchone()
+            if application_id == APPLICATION_ID:
+                return cls(connection)
+        except sqlite3.Error:
+            pass
+        connection.close()
+        return None
+
+    def __enter__(self) -> _Documents:
+        self.connection.execute("BEGIN")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.connection.execute("ROLLBACK")
+        self.connection.close()
+
+    def head(self, run_id: str) -> dict[str, Any] | None:
+        """The run's head with its static part, as `RunState.model_dump(mode="json")` has it
+        but for fields at their defaults; None if there is no such run or its head is not of
+        the current schema (written whole, before schema 3, or not yet upgraded)."""
+        row = self.connection.execute(
+            "SELECT r.version, r.attempts, r.state, s.state FROM runs AS r "
+            "LEFT JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
+            (run_id,),
+        ).fetchone()
+        if row is None or row[3] is None:
+            return None
+        version, attempts, head, static = row
+        document: dict[str, Any] = {**json.loads(static), **json.loads(head)}
+        if document.get("schema_version") != SCHEMA_VERSION:
+            return None
+        return {**document, "version": version, "attempts": attempts}
+
+    def records(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.connection.execute(
+            "SELECT version, step, status, worker_id, bytes, created_at, event "
+            "FROM checkpoints WHERE run_id = ? ORDER BY version",
+            (run_id,),
+        )
+        return [
+            {
+                "version": version,
+                "step": step,
+                "status": status,
+                "worker": worker,
+                "bytes": size,
+                "time": created_at,
+                "event": json.loads(event),
+            }
+            for version, step, status, worker, size, created_at, event in rows
+        ]
+
+    def runs(self) -> list[dict[str, Any]]:
+        rows = self.connection.execute(
+            "SELECT run_id, status, step, version, updated_at FROM runs ORDER BY updated_at"
+        )
+        return [
+            {"run_id": r, "status": s, "step": n, "version": v, "updated_at": u}
+            for r, s, n, v, u in rows
+        ]
+
+
+if __name__ == "__main__":
+    main()

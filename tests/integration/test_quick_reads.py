@@ -1,0 +1,254 @@
+"""`ratchet status`, `history` and `list` on a SQLite store answer from the store's JSON
+(`ratchet.quick`), without loading pydantic, typer or rich, and say exactly what the full CLI
+says: for runs in every status, every kind of checkpoint, priced usage, and heads of every
+schema (the older ones go to the full CLI). What the quick path is unsure of goes to the full
+CLI, which answers or refuses as it always has."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+import ratchet
+from ratchet import cli, quick
+from ratchet.local.leases import Leases
+from ratchet.local.worker import Worker
+from ratchet.tools import Agent, PermanentError, ToolCall, ToolContext, tool
+from tests.fixtures.stores.make_schema_versions import FIXTURE
+from tests.integration import test_model_custom as own_model
+from tests.integration.test_permanent_errors import Lookup, Order, engine_with
+from tests.support import LOG, Harness, StubModel
+
+PRICES = json.dumps({f"{own_model.__name__}:*": {"input": 3.0, "output": 15.0}})
+
+
+class Nothing(BaseModel):
+    pass
+
+
+@tool()
+def look(args: Nothing, ctx: ToolContext) -> str:
+    """Look around."""
+    return "all quiet"
+
+
+@tool()
+def break_things(args: Nothing, ctx: ToolContext) -> str:
+    """Fail for good."""
+    raise PermanentError("the disk is on fire")
+
+
+breaker = Agent(
+    name="breaker",
+    goal="Fail at step 2.",
+    tools=[look, break_things],
+    policy=lambda view: ToolCall(name="break_things" if view.messages else "look", arguments={}),
+)
+
+
+def _never_found(args: Order) -> str:
+    raise KeyError(args.order_id)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store with runs in every status, each kind of checkpoint and a priced model's usage."""
+    root = tmp_path_factory.mktemp("quick")
+    # Three failed attempts (their records), then failed: written by a worker that never waits.
+    harness = Harness(root, StubModel(total=1))
+    harness.start()
+    Worker(
+        engine_with(harness, Lookup(_never_found)), Leases(harness.db), LOG, sleep=lambda _: None
+    ).run(until_idle=True)
+    harness.db.close()
+    url = f"sqlite:///{root / 'ratchet.db'}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_environment(url))
+        client = stack.enter_context(ratchet.connect(url, environ={}))
+        for run_id in ("done", "rejected", "cancelled", "waiting"):
+            client.run(run_id=run_id, scenario="migration", input={"batches": 2})
+        client.approve("done", by="dana", comment="go ahead [bold]")
+        client.run(run_id="done")
+        client.reject("rejected", by="sam", comment="not today")
+        client.run(run_id="rejected")
+        client.cancel("cancelled", reason="wrong table", by="dana")
+        client.run(run_id="stopped", scenario="migration", input={"batches": 3}, max_steps=2)
+        client.run(run_id="broken", agent=f"{__name__}:breaker")
+        client.retry("broken", by="dana")
+        client.work("broken")
+        client.fork("done", from_step=3, run_id="forked")
+        client.run(run_id="priced", agent=own_model.AGENT, model=f"{own_model.__name__}:model")
+    return root / "ratchet.db"
+
+
+RUNS = ("run", "done", "rejected", "cancelled", "waiting", "stopped", "broken", "forked", "priced")
+
+
+@contextlib.contextmanager
+def _environment(url: str) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith(("RATCHET_", "ANTHROPIC_"))]:
+            patch.delenv(name)
+        patch.setenv("RATCHET_STORE", url)
+        patch.setenv("RATCHET_PRICES", PRICES)
+        yield
+
+
+def full_cli(args: list[str]) -> tuple[int, str, str]:
+    """What `ratchet.cli` (the full CLI) prints, run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main(args)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 0
+    return code, out.getvalue(), err.getvalue()
+
+
+def both(url: str, args: list[str]) -> tuple[str | None, str]:
+    with _environment(url):
+        said = quick.answer(args, os.environ)
+        code, full, problem = full_cli(args)
+    assert code == 0, problem
+    return said, full
+
+
+@pytest.mark.parametrize("run_id", RUNS)
+@pytest.mark.parametrize("command", ["status", "history"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
+    args = [command, run_id, *(["--json"] if as_json else [])]
+
+    said, full = both(f"sqlite:///{store}", args)
+
+    assert said is not None, "the quick path answers for a run of the current schema"
+    assert said == full
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["list", "--status", "failed"],
+        ["list", "--status=waiting", "--json"],
+        ["list", "--status", "running", "--json"],
+    ],
+)
+def test_the_run_list_reads_the_same_on_both_paths(store, args):
+    said, full = both(f"sqlite:///{store}", args)
+
+    assert said is not None
+    assert said == full
+
+
+def test_the_store_holds_what_the_comparison_needs(store):
+    """The runs above cover every status and every kind of checkpoint, a cost and a gap."""
+    url = f"sqlite:///{store}"
+    listed = json.loads(both(url, ["list", "--json"])[1])["runs"]
+    kinds = {
+        c["event"]
+        for run_id in RUNS
+        for c in json.loads(both(url, ["history", run_id, "--json"])[1])["checkpoints"]
+    }
+    priced = json.loads(both(url, ["status", "priced", "--json"])[1])
+
+    assert {r["status"] for r in listed} == quick.STATUSES
+    assert kinds == {"created", "step", "decided", "attempt_failed", "finished", "retried"}
+    assert priced["cost_usd"] > 0
+    assert "attempt counted (no record)" in both(url, ["history", "done"])[1]
+
+
+def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, capsys):
+    """Older heads go to the full CLI (which upgrades them in memory); current ones do not."""
+    copy = tmp_path / "schemas.db"
+    shutil.copy(FIXTURE, copy)
+    url = f"sqlite:///{copy}"
+    run_ids = [r["run_id"] for r in json.loads(both(url, ["list", "--json"])[1])["runs"]]
+    answered = set()
+    for run_id in run_ids:
+        for command in (["status", run_id], ["history", run_id, "--json"]):
+            said, full = both(url, command)
+            falls_back = pytest.raises(SystemExit) if said is None else contextlib.nullcontext()
+            with _environment(url), falls_back:
+                quick.main(command)
+            assert capsys.readouterr().out == full
+            if said is not None:
+                answered.add(run_id)
+
+    assert answered == {r for r in run_ids if r.startswith("v4-")}
+
+
+@pytest.mark.parametrize(
+    ("args", "environ"),
+    [
+        (["status", "nope"], {}),  # no such run: the full CLI says so
+        (["status", "-x"], {}),
+        (["status"], {}),
+        (["status", "done", "extra"], {}),
+        (["status", "done", "--help"], {}),
+        (["list", "--status", "finished"], {}),  # not a status: the full CLI refuses it
+        (["list", "--status", ""], {}),
+        (["list", "--limit", "3"], {}),
+        (["show", "done"], {}),
+        (["--store", "dynamodb://t?ledger=l&app=a&region=eu-west-1", "status", "done"], {}),
+        (["status", "done"], {"RATCHET_FAULT": "kill:after_tool@1"}),  # checked by the full CLI
+        (["status", "done"], {"RATCHET_STORE": "sqlite:///no/such/store.db"}),
+        ([], {}),
+    ],
+)
+def test_what_the_quick_path_is_unsure_of_goes_to_the_full_cli(store, args, environ):
+    with _environment(f"sqlite:///{store}"):
+        os.environ.update(environ)
+        assert quick.answer(args, os.environ) is None
+    assert not Path("no/such/store.db").exists()
+
+
+def test_a_store_flag_and_a_relative_path_are_read(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(store.parent)
+    with _environment("sqlite:///elsewhere.db"):
+        said = quick.answer(["--store", f"sqlite:///{store.name}", "status", "done"], os.environ)
+        again = quick.answer([f"--store=sqlite:///{store.name}", "list"], os.environ)
+    assert said is not None
+    assert "done" in said
+    assert again is not None
+    assert "forked" in again
+    assert not (store.parent / "elsewhere.db").exists()
+
+
+def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store):
+    probe = (
+        "import sys\n"
+        "from ratchet.quick import main\n"
+        "for args in (['status', 'done'], ['history', 'broken', '--json'], ['list']):\n"
+        "    main(args)\n"
+        "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state', 'ratchet.cli'}\n"
+        "loaded = heavy & set(sys.modules)\n"
+        "print('LOADED', sorted(loaded))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
+    env["RATCHET_STORE"] = f"sqlite:///{store}"
+
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "LOADED []"
+    assert "finished: failed" in done.stdout
+
+
+def test_the_console_script_is_the_quick_entry_point():
+    script = Path(sys.executable).with_name("ratchet").read_text(encoding="utf-8")
+
+    assert "from ratchet.quick import main" in script

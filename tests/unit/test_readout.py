@@ -1,0 +1,104 @@
+"""The pure parts of the read commands: `ratchet.readout` (what they say) and the forms
+`ratchet.quick` answers, with the constants it keeps beside the modules that own them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratchet import quick, readout
+from ratchet.adapters.sqlite import RATCHET_APPLICATION_ID
+from ratchet.state import FINISHED, SCHEMA_VERSION, RunStatus, Usage
+
+
+def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
+    assert quick.SCHEMA_VERSION == SCHEMA_VERSION
+    assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
+    assert {s.value for s in RunStatus} == quick.STATUSES
+    assert {s.value for s in FINISHED} == readout.FINISHED
+
+
+def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does():
+    usage = Usage(input_tokens=100, cache_read_tokens=900, cache_write_tokens=900, calls=2)
+
+    totals = readout.usage_totals({"input_tokens": 100, "cache_read_tokens": 900, "calls": 2})
+
+    assert readout.usage_totals(usage.model_dump())["cached_share"] == round(usage.cached_share, 4)
+    assert totals == {
+        "input_tokens": 100,
+        "output_tokens": 0,
+        "cache_read_tokens": 900,
+        "cache_write_tokens": 0,
+        "calls": 2,
+        "cached_share": 0.9,
+    }
+    assert readout.usage_totals(None)["cached_share"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [
+        (["status", "r1"], ("status", "STORE", "r1", False)),
+        (["status", "--json", "r1"], ("status", "STORE", "r1", True)),
+        (["history", "r1", "--json"], ("history", "STORE", "r1", True)),
+        (["--store", "sqlite:///x.db", "list"], ("list", "sqlite:///x.db", None, False)),
+        (["--store=sqlite:///x.db", "list", "--json"], ("list", "sqlite:///x.db", None, True)),
+        (["list", "--status", "done"], ("list", "STORE", "done", False)),
+        (["list", "--status=failed", "--json"], ("list", "STORE", "failed", True)),
+        (["status"], None),
+        (["status", "r1", "r2"], None),
+        (["status", "--verbose", "r1"], None),
+        (["list", "--status"], None),
+        (["list", "--status", "finished"], None),
+        (["list", "r1"], None),
+        (["show", "r1"], None),
+        (["status", "r1", "--store", "sqlite:///x.db"], None),
+        (["--help"], None),
+        ([], None),
+    ],
+)
+def test_the_quick_path_takes_only_the_read_forms_it_knows(args, command):
+    assert quick._read_command(args, "STORE") == command
+
+
+def test_a_table_aligns_its_columns_and_trims_trailing_space():
+    said = readout.table(("run", "status"), [["r1", "done"], ["a-longer-run", ""]])
+
+    assert said.splitlines() == [
+        "run           status",
+        "------------  ------",
+        "r1            done",
+        "a-longer-run",
+    ]
+
+
+def _row(version: int, explanation: str, tool: str | None = None) -> dict[str, object]:
+    return {
+        "version": version,
+        "step": version,
+        "status": "running",
+        "event": "step",
+        "worker": "w",
+        "bytes": 400,
+        "time": "2026-12-01T13:00:00+00:00",
+        "usage": None,
+        "explanation": explanation,
+        "tool": tool,
+        "arguments": {"text": "x" * 300} if tool else None,
+        "result": "y" * 300 if tool else None,
+    }
+
+
+def test_history_explains_versions_without_a_row_and_fits_a_narrow_terminal():
+    rows = [_row(1, "created"), _row(3, "step committed " + "z" * 200, tool="write")]
+
+    wide = readout.history_text(rows, head_version=4)
+    narrow = readout.history_text(rows, head_version=4, width=120)
+
+    assert [line.split()[0] for line in wide.splitlines()[2:5]] == ["1", "2", "3"]
+    assert "4" in wide.splitlines()[5]
+    assert "attempt counted (no record)" in wide.splitlines()[5]
+    assert wide.splitlines()[-1].startswith("Versions without a row: attempts counted")
+    assert max(len(line) for line in wide.splitlines()[:-1]) > 150
+    assert max(len(line) for line in narrow.splitlines()[:-1]) <= 120
+    assert "write(text=" in narrow
+    assert "…" in narrow
