@@ -12,8 +12,6 @@ Names load on first use, so `import ratchet` (and the `ratchet` command) stays f
 
 from __future__ import annotations
 
-import importlib
-
 # `typing` is not imported at run time: the quick read commands (`ratchet.quick`) start in
 # less time than it takes to load.
 TYPE_CHECKING = False
@@ -97,6 +95,8 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

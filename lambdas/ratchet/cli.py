@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,7 +28,9 @@ from rich.console import Console
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
-from ratchet.state import RunState, RunStatus
+
+if TYPE_CHECKING:
+    from ratchet.state import RunState
 
 # The bounds the options check, as the modules that own them define them (a unit test holds
 # them equal). Importing those modules here would load the SQLite adapter, the engine and the
@@ -458,6 +460,7 @@ def run(
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
     line per step. With only --run-id, continue that run (after an approval, say)."""
     from ratchet.progress import ProgressPrinter
+    from ratchet.state import RunStatus
 
     _require_local_store("run")
     continuing = run_id is not None and goal is None and scenario is None and agent is None
@@ -586,6 +589,8 @@ def worker(
 
 def _status_text(state: RunState) -> str:
     """`done at step 7`, `failed at step 3`, `stopped at step 60: Stopped at the cap...`."""
+    from ratchet.state import RunStatus
+
     if state.status is RunStatus.FAILED:
         return f"failed at step {state.next_step}"
     said = f"{state.status.value} at step {state.step}"
@@ -684,6 +689,7 @@ def watch(
     import time
 
     from ratchet.progress import ProgressPrinter, line_of_checkpoint
+    from ratchet.state import RunStatus
 
     client = _client(create=False, logs=False)
     printed = 0

@@ -214,15 +214,23 @@ def test_what_the_quick_path_is_unsure_of_goes_to_the_full_cli(store, args, envi
     assert not Path("no/such/store.db").exists()
 
 
-def test_a_store_flag_and_a_relative_path_are_read(store, tmp_path, monkeypatch):
+def test_a_store_flag_a_relative_path_and_uri_characters_in_a_path_are_read(
+    store, tmp_path, monkeypatch
+):
+    odd = tmp_path / "what?#%20" / "runs.db"
+    odd.parent.mkdir()
+    shutil.copy(store, odd)
     monkeypatch.chdir(store.parent)
     with _environment("sqlite:///elsewhere.db"):
         said = quick.answer(["--store", f"sqlite:///{store.name}", "status", "done"], os.environ)
         again = quick.answer([f"--store=sqlite:///{store.name}", "list"], os.environ)
+        odd_list = quick.answer(["--store", f"sqlite:///{odd}", "list", "--json"], os.environ)
     assert said is not None
     assert "done" in said
     assert again is not None
     assert "forked" in again
+    assert odd_list is not None
+    assert len(json.loads(odd_list)["runs"]) == len(RUNS)
     assert not (store.parent / "elsewhere.db").exists()
 
 
