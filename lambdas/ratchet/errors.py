@@ -9,6 +9,10 @@ from __future__ import annotations
 import errno
 from datetime import datetime
 
+TYPE_CHECKING = False  # `typing` is not loaded: the quick read commands import this module
+if TYPE_CHECKING:
+    from ratchet.state import Usage
+
 
 class RatchetError(Exception):
     """Base class of every error Ratchet raises on purpose."""
@@ -183,10 +187,13 @@ class StepAttemptFailed(RatchetError):
 
     `not_before` is when the next attempt may start, as the engine recorded it in the run's
     head with the failure (the backoff the attempt earned); None if it was not recorded.
+    `usage` is what the attempt's model call used before the attempt failed (a `Usage`, kept
+    in the failure's record and the run's totals); None when no call was paid for.
     """
 
     transient: bool = False
     not_before: datetime | None = None
+    usage: Usage | None = None
 
     def __init__(self, message: str = "", *, transient: bool | None = None) -> None:
         super().__init__(message)

@@ -291,7 +291,7 @@ class Engine:
             raise
         except Exception as error:
             failure = _attempt_failure(error, f"step {step} could not be committed")
-            return self._record_failure(state, failure)
+            return self._record_failure(state, _paid_for(failure, usage))
         if isinstance(event, StepCompleted) and event.next_attempt_counted:
             self._counted_ahead[run_id] = head.version
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
@@ -428,8 +428,16 @@ class Engine:
         decision, usage = self._decide(state, binding, clock)
         if isinstance(decision, Done):
             return decision, None, None, usage, None
-        output, wait = self._act(state, binding, decision, clock)
-        folded = self._summarise(state, binding, clock)
+        try:
+            output, wait = self._act(state, binding, decision, clock)
+            folded = self._summarise(state, binding, clock)
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            failure = _paid_for(_attempt_failure(error, f"step {state.next_step} failed"), usage)
+            if failure is error:
+                raise
+            raise failure from error
         if folded is not None and folded.usage is not None:
             usage = folded.usage if usage is None else usage + folded.usage
         return decision, output, wait, usage, folded
@@ -483,7 +491,11 @@ class Engine:
             if isinstance(answer, ModelReply):
                 usage = answer.usage
                 answer = answer.decision
-            decision = _validated(answer, binding.agent)
+            try:
+                decision = _validated(answer, binding.agent)
+            except StepAttemptFailed as invalid:
+                _paid_for(invalid, usage)
+                raise
             self._faults.hit(FaultPoint.AFTER_MODEL, step)
             payload = _payload(decision)
             entry = LedgerEntry(
@@ -648,20 +660,27 @@ class Engine:
                 "transient": error.transient,
             },
         )
+        # What the attempt's model call used before it failed counts, in the record either way.
         if is_terminal(error):
             cause = _terminal_cause(error)
             message = f"step {step} failed and cannot succeed on retry: {_describe(cause)}"
-            return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
+            failed_run = Finished(status=RunStatus.FAILED, error=_cut(message), usage=error.usage)
+            return self._finish(state, failed_run)
         if state.attempts >= MAX_ATTEMPTS:
             message = f"step {step} failed {state.attempts} times; last error: {error}"
-            return self._finish(state, Finished(status=RunStatus.FAILED, error=_cut(message)))
+            failed_run = Finished(status=RunStatus.FAILED, error=_cut(message), usage=error.usage)
+            return self._finish(state, failed_run)
         # The head says when the next attempt may start. A local worker waits until then; on
         # AWS the state machine's Retry (the same figures, its own draw) decides, and an
         # attempt that comes earlier is not refused.
         delay = self._backoff.delay(state.attempts, self._rng)
         not_before = self._clock() + timedelta(seconds=delay)
         failed = AttemptFailed(
-            step=step, attempt=state.attempts, error=_cut(str(error)), not_before=not_before
+            step=step,
+            attempt=state.attempts,
+            error=_cut(str(error)),
+            not_before=not_before,
+            usage=error.usage,
         )
         try:
             self._commit(state, failed, step=state.step)
@@ -868,6 +887,13 @@ def _attempt_failure(error: Exception, what: str) -> StepAttemptFailed:
         return error
     failure = StepErrored(f"{what}: {_describe(error)}", transient=is_transient(error))
     failure.__cause__ = error
+    return failure
+
+
+def _paid_for(failure: StepAttemptFailed, usage: Usage | None) -> StepAttemptFailed:
+    """`failure`, now carrying what the attempt's model call used (its record counts it)."""
+    if usage is not None:
+        failure.usage = usage if failure.usage is None else failure.usage + usage
     return failure
 
 
