@@ -70,6 +70,11 @@ class DeployConfig:
     """Bedrock model ids (or cross-region inference profile ids such as `us.anthropic...`)
     that runs may name as `bedrock:<id>`: the step function may invoke these, and only
     these; none: no `bedrock:InvokeModel` grant at all."""
+    prices: str | None = None
+    """Prices for cost estimates beyond the built-in table, as `RATCHET_PRICES` takes them:
+    a JSON object of model id pattern -> `{"input", "output"[, "cache_write", "cache_read"]}`
+    in US dollars per million tokens (`lambdas/ratchet/pricing.py`). The API's estimates use
+    them; none: the built-in table only."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -198,19 +203,52 @@ def inference_profile(model_id: str) -> tuple[str, str] | None:
     return (geography, rest) if geography in INFERENCE_PROFILE_PREFIXES and "." in rest else None
 
 
-def _agents(key: str, raw: Any) -> dict[str, str]:
+def _json_object(key: str, raw: Any, like: str) -> dict[Any, Any]:
+    """A non-empty object from the CLI (JSON text) or from cdk.json (an object)."""
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except ValueError:
             raise ValueError(f"context {key} must be a JSON object: {raw!r}") from None
     if not isinstance(raw, dict) or not raw:
-        raise ValueError(f'context {key} must be an object like {{"name": "module:attr"}}')
+        raise ValueError(f"context {key} must be an object like {like}")
+    return raw
+
+
+def _agents(key: str, raw: Any) -> dict[str, str]:
+    raw = _json_object(key, raw, '{"name": "module:attr"}')
     for name, target in raw.items():
         problem = check_agent(name, target) if isinstance(name, str) else f"{name!r} is no name"
         if problem:
             raise ValueError(f"context {key}: {problem}")
     return dict(raw)
+
+
+PRICE_FIELDS = {"input": True, "output": True, "cache_write": False, "cache_read": False}
+"""`ratchet.pricing.Prices`'s fields, and whether each is required (tests/infra compares)."""
+
+
+def _prices(key: str, raw: Any) -> str:
+    """The price table as the API reads it (`RATCHET_PRICES`), checked as it checks it."""
+    raw = _json_object(key, raw, '{"claude-opus-9*": {"input": 20, "output": 100}}')
+    for pattern, prices in raw.items():
+        if not _valid_prices(prices):
+            raise ValueError(
+                f"context {key}: bad prices for {pattern!r}: give input and output (and "
+                "optionally cache_write, cache_read) as numbers of US dollars per million tokens"
+            )
+    return json.dumps(raw, separators=(",", ":"))
+
+
+def _valid_prices(prices: Any) -> bool:
+    if not isinstance(prices, dict) or not set(prices) <= set(PRICE_FIELDS):
+        return False
+    if any(required and name not in prices for name, required in PRICE_FIELDS.items()):
+        return False
+    return all(
+        isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+        for value in prices.values()
+    )
 
 
 def _project(key: str, raw: Any) -> Project:
@@ -248,6 +286,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "slack_signing_secret_arn": _SECRET,
     "agents": _agents,
     "bedrock_models": _bedrock_models,
+    "prices": _prices,
     "project": _project,
 }
 

@@ -43,3 +43,8 @@ SLACK_BOT_TOKEN_SECRET_ARN = "RATCHET_SLACK_BOT_TOKEN_SECRET_ARN"
 SLACK_SIGNING_SECRET_ARN = "RATCHET_SLACK_SIGNING_SECRET_ARN"
 AGENTS = "RATCHET_AGENTS"
 """A JSON object of the agents the API may start: `{"name": "module:attr"}`."""
+BEDROCK_MODELS = "RATCHET_BEDROCK_MODELS"
+"""A JSON array of the Bedrock model ids the step may invoke (`[]`: none), so the API refuses
+a run naming another at start."""
+PRICES = "RATCHET_PRICES"
+"""The deployer's prices for cost estimates (`ratchet:prices`)."""

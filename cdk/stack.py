@@ -3,6 +3,7 @@ channels, wired."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -122,6 +123,12 @@ class RatchetStack(Stack):
         state_machine = workflow.state_machine
         api_function = lambdas["api"]
         api_function.add_environment(contract.STATE_MACHINE_ARN, state_machine.state_machine_arn)
+        # The API refuses at start a run the step could not serve: a Bedrock model not granted.
+        api_function.add_environment(
+            contract.BEDROCK_MODELS, json.dumps(list(config.bedrock_models), separators=(",", ":"))
+        )
+        if config.prices:
+            api_function.add_environment(contract.PRICES, config.prices)
         state_machine.grant_start_execution(api_function)
         # Cancelling a run stops its execution, found among the machine's running ones.
         state_machine.grant(api_function, "states:ListExecutions")

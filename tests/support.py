@@ -15,7 +15,7 @@ from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.core import Binding, Engine
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, ModelRequest
+from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, Model, ModelRequest
 from ratchet.state import Decision, Done, RunOptions, RunState, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext, ask_person
 
@@ -105,15 +105,21 @@ class Harness:
         self.db.close()
 
     def _engine(self) -> Engine:
-        binding = Binding(fake_agent(self.table), self.model)
+        return self.engine_for(fake_agent(self.table), self.model, worker_id=self.worker_id)
+
+    def engine_for(
+        self, agent: Agent, model: Model, *, worker_id: str = "w", faults: FaultPlan | None = None
+    ) -> Engine:
+        """An engine on this harness's store for `agent` driven by `model`."""
+        binding = Binding(agent, model)
         return Engine(
             store=self.store,
             ledger=self.ledger,
             blobs=self.blobs,
             bind=lambda state: binding,
-            worker_id=self.worker_id,
+            worker_id=worker_id,
             logger=LOG,
-            faults=self.faults,
+            faults=self.faults if faults is None else faults,
         )
 
     @property

@@ -342,6 +342,7 @@ class Client:
             return Started(run=Run.of(existing), created=False)
         agent = self.agents.load(state.agent)
         self.runtime.check_agent(agent)
+        self.runtime.check_model(state.options.model)
         self._prepare(agent, state)
         created = self.runtime.engine(worker_id=self.worker_id, logger=self.logger).start(state)
         return Started(run=self.get(state.run_id), created=created)

@@ -129,6 +129,11 @@ def prices_for(model: str, environ: Mapping[str, str] | None = None) -> Prices |
     return next((prices for pattern, prices in table if fnmatchcase(name, pattern)), None)
 
 
+def check_prices(raw: str) -> None:
+    """Refuse (`InvalidInput`, naming `RATCHET_PRICES`) a value of it that is malformed."""
+    _overrides(raw)
+
+
 @lru_cache(maxsize=4)
 def _overrides(raw: str) -> dict[str, Prices]:
     if not raw.strip():
@@ -173,7 +178,8 @@ def _prices_input() -> Any:
     from pydantic import BaseModel, ConfigDict, Field
 
     class PricesInput(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        # Strict: a price is a number ("3" is refused, as the stack refuses it at synth).
+        model_config = ConfigDict(extra="forbid", strict=True)
 
         input: float = Field(ge=0)
         output: float = Field(ge=0)

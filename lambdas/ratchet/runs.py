@@ -210,6 +210,21 @@ class AgentNotRunnable(RunRequestInvalid):
         super().__init__(message, "agent", cli=message)
 
 
+class ModelNotGranted(RunRequestInvalid):
+    """A Bedrock model this deployment's step function may not invoke: refused before the run
+    starts (its first step would be denied), naming the request's `model`."""
+
+    def __init__(self, granted: tuple[str, ...]) -> None:
+        if granted:
+            said = "this deployment may call only these Bedrock models: " + ", ".join(granted)
+        else:
+            said = "this deployment may call no Bedrock model"
+        super().__init__(
+            f"{said} (its operator grants more with the stack's ratchet:bedrockModels context)",
+            "model",
+        )
+
+
 def cli_flag(field: str) -> str:
     """How the CLI spells a `RunRequest` field (or a field inside it, such as `input.batches`)."""
     if field.startswith("input."):

@@ -68,6 +68,10 @@ class Runtime(Protocol):
         """Refuse (`AgentNotRunnable`) an agent this runtime cannot run, before it starts."""
         ...
 
+    def check_model(self, model: str) -> None:
+        """Refuse (`ModelNotGranted`) a model this runtime may not call, before it starts."""
+        ...
+
     def before_prepare(self) -> None:
         """Called before a new run's agent prepares its data (`Agent.prepare`): locally, takes
         the store's write lock once, so a store another process holds refuses the start before

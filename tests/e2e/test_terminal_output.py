@@ -12,11 +12,12 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import breaker_agent
 
 RATCHET = Path(sys.executable).with_name("ratchet")
 TIMEOUT = 120
@@ -27,38 +28,7 @@ STEP_LINE = re.compile(
     r"^(?P<run>\S+)  step (?P<step>\d+)  (?P<tool>\w+)\((?P<args>.*)\) -> (?P<result>.+)  "
     r"(?P<ms>\d+) ms  \[(?P<done>\d+)/(?P<total>\d+)\]$"
 )
-FAILING_AGENT = textwrap.dedent(
-    '''
-    from pydantic import BaseModel
-
-    from ratchet.tools import Agent, PermanentError, ToolCall, ToolContext, tool
-
-
-    class Nothing(BaseModel):
-        pass
-
-
-    @tool()
-    def look(args: Nothing, ctx: ToolContext) -> str:
-        """Look around."""
-        return "all quiet"
-
-
-    @tool()
-    def break_things(args: Nothing, ctx: ToolContext) -> str:
-        """Fail for good."""
-        raise PermanentError("the disk is on fire")
-
-
-    def policy(view):
-        if not view.messages:
-            return ToolCall(name="look", arguments={})
-        return ToolCall(name="break_things", arguments={})
-
-
-    agent = Agent(name="breaker", goal="Fail at step 2.", tools=[look, break_things], policy=policy)
-    '''
-)
+FAILING_AGENT = Path(breaker_agent.__file__).read_text(encoding="utf-8")
 
 
 class Cli:

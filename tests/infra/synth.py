@@ -38,6 +38,7 @@ CONFIGURED = {
     "ratchet:notifySlackChannel": "#approvals",
     "ratchet:agents": '{"billing": "my_pkg.agents:billing"}',
     "ratchet:publicUrl": "https://approvals.example.com/",
+    "ratchet:prices": '{"claude-opus-9*": {"input": 20, "output": 100}}',
 }
 """Every optional context key a deployer may give, as `cdk deploy -c` passes them (strings)."""
 

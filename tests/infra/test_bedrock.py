@@ -9,12 +9,19 @@ import pytest
 from aws_cdk import App
 from cdk_nag import AwsSolutionsChecks
 
+from cdk import contract
 from cdk.config import DeployConfig
-from tests.infra.queries import as_list, function_names, statements_of_function
+from ratchet.aws.settings import AwsSettings
+from tests.infra.queries import as_list, environment, function_names, statements_of_function
 from tests.infra.synth import Synthesized, synthesize
 
 MODEL = "anthropic.claude-haiku-4-5-20251001-v1:0"
 PROFILE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+REQUIRED = {
+    contract.CHECKPOINTS_TABLE: "ckp",
+    contract.IDEMPOTENCY_TABLE: "idm",
+    contract.APP_TABLE: "app",
+}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +67,19 @@ def test_the_step_may_invoke_exactly_the_configured_models(with_bedrock: Synthes
     )
     for name in function_names(with_bedrock) - {"step"}:
         assert _bedrock_statements(with_bedrock, name) == [], name
+
+
+def test_the_api_learns_the_granted_models_to_refuse_others_at_start(
+    synthesized: Synthesized, with_bedrock: Synthesized
+) -> None:
+    granted = environment(with_bedrock, "api")[contract.BEDROCK_MODELS]
+    none = environment(synthesized, "api")[contract.BEDROCK_MODELS]
+
+    assert AwsSettings.from_env({**REQUIRED, contract.BEDROCK_MODELS: granted}).bedrock_models == (
+        MODEL,
+        PROFILE,
+    )
+    assert AwsSettings.from_env({**REQUIRED, contract.BEDROCK_MODELS: none}).bedrock_models == ()
 
 
 def test_cdk_nag_stays_clean_with_bedrock_configured(with_bedrock: Synthesized) -> None:

@@ -3,6 +3,7 @@ functions accept at cold start (a value the stack lets through must not fail eve
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -81,6 +82,11 @@ def test_a_custom_public_url_loses_its_trailing_slash() -> None:
         ("ratchet:agents", '{"billing": "acme/agents.py"}'),
         ("ratchet:agents", '{"bad name": "acme.agents:billing"}'),
         ("ratchet:agents", '{"migration": "acme.agents:migration"}'),
+        ("ratchet:prices", "claude*=3,15"),
+        ("ratchet:prices", '{"claude*": {"input": 3}}'),
+        ("ratchet:prices", '{"claude*": {"input": -1, "output": 15}}'),
+        ("ratchet:prices", '{"claude*": {"input": 3, "output": 15, "batch": 1}}'),
+        ("ratchet:prices", '{"claude*": {"input": true, "output": 15}}'),
         ("ratchet:publicUrl", "http://approvals.example.com"),
         ("ratchet:publicUrl", "https://approvals.example.com/?x=1"),
     ],
@@ -137,3 +143,37 @@ def test_defaults_the_stack_accepts_are_defaults_the_functions_accept() -> None:
     # What the desk builds at cold start from RATCHET_NOTIFY_EMAILS / _SLACK_CHANNEL.
     state.NotifyTargets(email=list(config.notify_emails), slack_channel=config.notify_slack_channel)
     assert scenarios.AgentRegistry.deployment(config.agents_json).resolve("billing")
+
+
+@pytest.mark.parametrize(
+    "prices",
+    [
+        {"claude*": {"input": 3, "output": 15}},
+        {"claude*": {"input": 3, "output": 15, "cache_write": 3.75, "cache_read": 0.3}},
+        {"claude*": {"input": 3}},
+        {"claude*": {"input": -1, "output": 15}},
+        {"claude*": {"input": 3, "output": 15, "batch": 1}},
+        {"claude*": {"input": "3", "output": 15}},
+        {"claude*": [3, 15]},
+    ],
+)
+def test_the_stack_takes_exactly_the_prices_the_api_takes(prices: dict[str, Any]) -> None:
+    from ratchet.errors import InvalidInput
+    from ratchet.pricing import check_prices
+
+    raw = json.dumps(prices)
+    try:
+        check_prices(raw)
+        api_takes = True
+    except InvalidInput:
+        api_takes = False
+    try:
+        stack_value = _config(**{"ratchet:prices": raw}).prices
+        stack_takes = True
+    except ValueError:
+        stack_takes = False
+
+    assert stack_takes == api_takes
+    if stack_takes:
+        assert stack_value is not None
+        assert json.loads(stack_value) == prices

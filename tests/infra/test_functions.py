@@ -32,7 +32,8 @@ EVERY_FUNCTION = {
 """Every handler builds `AwsSettings`, whose table names are required."""
 UNCONFIGURED = {
     # Starts executions; decides approvals through the desk, which builds links.
-    "api": {"state_machine_arn", "public_url", "link_key_secret_arn"},
+    # ... and refuses at start a Bedrock model the step may not invoke (`[]`: none granted).
+    "api": {"state_machine_arn", "public_url", "link_key_secret_arn", "bedrock_models"},
     # Signs links into the messages it sends.
     "notify": {"public_url", "link_key_secret_arn"},
     # Checks links, and builds the page's form on the same URL.
@@ -40,7 +41,7 @@ UNCONFIGURED = {
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {
-    "api": {"agents"},
+    "api": {"agents", "prices"},
     "step": {"agents"},
     "notify": {
         "email_sender",
@@ -186,6 +187,10 @@ def test_the_settings_the_stack_passes_are_valid_settings(
     if name in {"api", "step"}:
         assert settings.agents is not None
         assert json.loads(settings.agents) == {"billing": "my_pkg.agents:billing"}
+    if name == "api":
+        assert settings.bedrock_models == ()
+        assert settings.prices is not None
+        assert json.loads(settings.prices) == {"claude-opus-9*": {"input": 20, "output": 100}}
 
 
 def test_deploy_defaults_are_the_runtime_defaults() -> None:

@@ -593,15 +593,7 @@ def test_an_agent_passing_80_kb_of_arguments_every_step_finishes_with_a_bounded_
         return ToolCall(name="load", arguments={"step": view.step, "payload": _payload(view.step)})
 
     agent = Agent(name="bulk", tools=[Tool("load", "Load a payload.", Bulk, load)])
-    binding = Binding(agent, ScriptedModel(policy))
-    engine = Engine(
-        store=harness.store,
-        ledger=harness.ledger,
-        blobs=harness.blobs,
-        bind=lambda state: binding,
-        worker_id="w",
-        logger=LOG,
-    )
+    engine = harness.engine_for(agent, ScriptedModel(policy))
 
     # When it runs to the end
     final = _run(engine)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 import ratchet
 from ratchet import errors, tools
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.engine.core import Engine, Outcome
 from ratchet.errors import InjectedFault, PermanentError, ToolFailed
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.local.leases import Leases
@@ -63,16 +63,7 @@ def engine_with(
     faults: FaultPlan = NO_FAULTS,
 ) -> Engine:
     agent = Agent(name="shop", tools=[Tool(name, "Look an order up.", args, tool)])
-    binding = Binding(agent, ScriptedModel(policy))
-    return Engine(
-        store=harness.store,
-        ledger=harness.ledger,
-        blobs=harness.blobs,
-        bind=lambda state: binding,
-        worker_id="w",
-        logger=LOG,
-        faults=faults,
-    )
+    return harness.engine_for(agent, ScriptedModel(policy), faults=faults)
 
 
 def _no_such_order(args: Order) -> str:

@@ -17,43 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
 import ratchet
 from ratchet import cli, quick
 from ratchet.local.leases import Leases
 from ratchet.local.worker import Worker
-from ratchet.tools import Agent, PermanentError, ToolCall, ToolContext, tool
 from tests.fixtures.stores.make_schema_versions import FIXTURE
 from tests.integration import test_model_custom as own_model
 from tests.integration.test_permanent_errors import Lookup, Order, engine_with
 from tests.support import LOG, Harness, StubModel
 
 PRICES = json.dumps({f"{own_model.__name__}:*": {"input": 3.0, "output": 15.0}})
-
-
-class Nothing(BaseModel):
-    pass
-
-
-@tool()
-def look(args: Nothing, ctx: ToolContext) -> str:
-    """Look around."""
-    return "all quiet"
-
-
-@tool()
-def break_things(args: Nothing, ctx: ToolContext) -> str:
-    """Fail for good."""
-    raise PermanentError("the disk is on fire")
-
-
-breaker = Agent(
-    name="breaker",
-    goal="Fail at step 2.",
-    tools=[look, break_things],
-    policy=lambda view: ToolCall(name="break_things" if view.messages else "look", arguments={}),
-)
 
 
 def _never_found(args: Order) -> str:
@@ -83,7 +57,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         client.run(run_id="rejected")
         client.cancel("cancelled", reason="wrong table", by="dana")
         client.run(run_id="stopped", scenario="migration", input={"batches": 3}, max_steps=2)
-        client.run(run_id="broken", agent=f"{__name__}:breaker")
+        client.run(run_id="broken", agent="tests.breaker_agent:agent")
         client.retry("broken", by="dana")
         client.work("broken")
         client.fork("done", from_step=3, run_id="forked")

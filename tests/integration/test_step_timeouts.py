@@ -11,7 +11,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -73,18 +72,6 @@ def hung() -> Iterator[HungTool]:
     tool.release.set()  # let the abandoned threads end with the test
 
 
-def engine_for(harness: Harness, agent: Agent, model: Any) -> Engine:
-    binding = Binding(agent, model)
-    return Engine(
-        store=harness.store,
-        ledger=harness.ledger,
-        blobs=harness.blobs,
-        bind=lambda state: binding,
-        worker_id="w",
-        logger=LOG,
-    )
-
-
 def hung_agent(tool: HungTool) -> Agent:
     return Agent(
         name="hangs",
@@ -96,7 +83,7 @@ def hung_agent(tool: HungTool) -> Agent:
 def test_a_hung_tool_times_out_and_counts_one_strike(tmp_path, hung):
     harness = Harness(tmp_path, StubModel(total=1))
     harness.start()
-    engine = engine_for(harness, hung_agent(hung), ScriptedModel(hang_then_done))
+    engine = harness.engine_for(hung_agent(hung), ScriptedModel(hang_then_done))
 
     with pytest.raises(StepTimedOut, match=r"step 1 timed out after 0\.5 s \(in tool hang\)"):
         engine.advance("run")
@@ -115,7 +102,7 @@ def test_a_hung_tool_times_out_and_counts_one_strike(tmp_path, hung):
 def test_the_late_completion_of_an_abandoned_step_changes_nothing(tmp_path, hung):
     harness = Harness(tmp_path, StubModel(total=1))
     harness.start()
-    engine = engine_for(harness, hung_agent(hung), ScriptedModel(hang_then_done))
+    engine = harness.engine_for(hung_agent(hung), ScriptedModel(hang_then_done))
     with pytest.raises(StepTimedOut):
         engine.advance("run")
     after_timeout = engine.load("run")
@@ -138,7 +125,7 @@ def test_the_late_completion_of_an_abandoned_step_changes_nothing(tmp_path, hung
 def test_the_third_timeout_fails_the_run_with_the_cause(tmp_path, hung):
     harness = Harness(tmp_path, StubModel(total=1))
     harness.start()
-    engine = engine_for(harness, hung_agent(hung), ScriptedModel(hang_then_done))
+    engine = harness.engine_for(hung_agent(hung), ScriptedModel(hang_then_done))
 
     for _ in range(2):
         with pytest.raises(StepTimedOut):
@@ -170,7 +157,7 @@ def test_a_hung_model_call_times_out_too(tmp_path, hung):
             assert hung.release.wait(timeout=60)
             return Done(summary="too late")
 
-    engine = engine_for(harness, hung_agent(hung), HungModel())
+    engine = harness.engine_for(hung_agent(hung), HungModel())
 
     with pytest.raises(StepTimedOut, match=r"\(in the model call\)"):
         engine.advance("run")
@@ -188,7 +175,7 @@ def test_a_step_within_the_limit_is_untouched_and_a_tool_error_keeps_its_cause(t
     agent = Agent(
         name="quick", tools=[Tool("hang", "Fails.", Nothing, broken)], step_timeout_seconds=30
     )
-    engine = engine_for(harness, agent, ScriptedModel(hang_then_done))
+    engine = harness.engine_for(agent, ScriptedModel(hang_then_done))
 
     with pytest.raises(ToolFailed, match="hang raised ZeroDivisionError: division by zero") as e:
         engine.advance("run")

@@ -29,7 +29,7 @@ from ratchet.errors import (
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore
-from ratchet.runs import AgentNotRunnable, Bindings
+from ratchet.runs import BEDROCK_PREFIX, AgentNotRunnable, Bindings, ModelNotGranted
 from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 
@@ -124,6 +124,13 @@ class AwsRuntime:
                 "which a Lambda function does not keep between steps: it runs locally only. "
                 "Keep its data in RunContext.data to run it on AWS"
             )
+
+    def check_model(self, model: str) -> None:
+        granted = self.settings.bedrock_models
+        if granted is None or not model.startswith(BEDROCK_PREFIX):
+            return
+        if model.removeprefix(BEDROCK_PREFIX) not in granted:
+            raise ModelNotGranted(granted)
 
     def work(
         self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS

@@ -7,10 +7,14 @@ deploy, not by a function failing at 3 a.m.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ratchet.errors import InvalidInput
+from ratchet.pricing import check_prices
 
 ENVIRONMENT = {
     "checkpoints_table": "RATCHET_CHECKPOINTS_TABLE",
@@ -30,6 +34,8 @@ ENVIRONMENT = {
     "slack_signing_secret_arn": "RATCHET_SLACK_SIGNING_SECRET_ARN",
     "slack_api_url": "RATCHET_SLACK_API_URL",
     "agents": "RATCHET_AGENTS",
+    "bedrock_models": "RATCHET_BEDROCK_MODELS",
+    "prices": "RATCHET_PRICES",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -64,6 +70,33 @@ class AwsSettings(BaseModel):
     agents: str | None = None
     """The agents the API may start, besides the built-in scenarios: a JSON object of
     `{"name": "package.module:attr"}` (the deployment registers them; callers name them)."""
+    bedrock_models: tuple[str, ...] | None = None
+    """The Bedrock model ids the step function may invoke (`ratchet:bedrockModels`), a JSON
+    array, so the API refuses a run naming another before it starts; None where no stack said
+    (a client on a laptop): the grant is then checked by the first step."""
+    prices: str | None = None
+    """`RATCHET_PRICES` (`ratchet.pricing`), checked here at cold start rather than by the first
+    cost estimate."""
+
+    @field_validator("bedrock_models", mode="before")
+    @classmethod
+    def _json_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as error:
+                raise ValueError(f"not a JSON array of model ids: {error}") from None
+        return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_prices(value)
+            except InvalidInput as error:
+                raise ValueError(str(error)) from None
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AwsSettings:

@@ -222,6 +222,9 @@ class LocalRuntime:
     def check_agent(self, agent: Agent) -> None:
         """Every agent runs locally: the data folder beside the store lasts."""
 
+    def check_model(self, model: str) -> None:
+        """Locally a model is called with the person's own credentials: nothing to check."""
+
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
         return Engine(
             store=self.store,
