@@ -95,7 +95,17 @@ def status_text(payload: Mapping[str, Any]) -> str:
         if cost is not None
         else None,
     }
-    return "".join(f"{name:>10}  {value}\n" for name, value in shown.items() if value is not None)
+    lines = {name: value for name, value in shown.items() if value is not None}
+    width = max(map(len, lines))
+    return "".join(f"{name:>{width}}  {_shown(value)}\n" for name, value in lines.items())
+
+
+def _shown(value: Any) -> str:
+    """A value on a line of `ratchet status`: text as it is, a dict (the input, a question's
+    details) as compact JSON."""
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    return str(value)
 
 
 def usage_text(usage: Mapping[str, Any]) -> str:
