@@ -267,3 +267,36 @@ def test_a_structured_question_is_answered_through_the_api(tmp_path: Path):
     assert head is not None
     assert head.status is RunStatus.DONE
     assert '{"amount": 120, "reason": "late"}' in (head.summary or "")
+
+
+def test_a_step_without_a_record_is_404_and_one_past_retention_is_410_naming_the_field(
+    served: Served,
+):
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 2, "run_id": "old"})
+    served.work()
+
+    assert _refused(served.call("GET", "/runs/old/checkpoints/99")) == (404, "step")
+    assert _refused(served.call("GET", "/runs/old/steps/99/prompt")) == (404, "step")
+    # The first records gone, as a TTL takes them on AWS: no earlier state can be rebuilt.
+    served.runtime.db.connection.execute(
+        "DELETE FROM checkpoints WHERE run_id = 'old' AND version = 1"
+    )
+    before = served.rows()
+
+    answers = [
+        served.call("GET", "/runs/old/checkpoints/2"),
+        served.call("GET", "/runs/old/steps/2/prompt"),
+        served.call("POST", "/runs/old/fork", {"from_step": 2, "run_id": "new"}),
+    ]
+
+    assert [_refused(a) for a in answers] == [(410, "step"), (410, "step"), (410, "from_step")]
+    assert {a[1]["problems"][0]["message"] for a in answers} == {
+        "the state as of this step can no longer be rebuilt",
+        "the prompt can no longer be rebuilt",
+    }
+    assert served.rows() == before
+
+
+def _refused(answer: tuple[int, dict[str, Any]]) -> tuple[int, str]:
+    status, body = answer
+    return status, body["problems"][0]["field"]

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
@@ -345,19 +346,8 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="getRunCheckpoint",
     )
     def get_checkpoint(run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
-        try:
+        with _rebuilding("step", "the state as of this step"):
             return services().client.state_at(run_id, step=step)
-        except NoCheckpointAtStep:
-            raise _Refusal(
-                HTTPStatus.NOT_FOUND, "no checkpoint at this step", "step", "the run has none"
-            ) from None
-        except CheckpointsExpired:
-            raise _Refusal(
-                HTTPStatus.GONE,
-                "the run's early checkpoints are past their retention",
-                "step",
-                "the state as of this step can no longer be rebuilt",
-            ) from None
 
     def decide(
         run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
@@ -455,15 +445,8 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             )
         if body.run_id is not None and wired.client.runtime.store.load_head(body.run_id):
             raise _Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
-        try:
+        with _rebuilding("from_step", "the state as of this step"):
             run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
-        except CheckpointsExpired:
-            raise _Refusal(
-                HTTPStatus.GONE,
-                "the run's early checkpoints are past their retention",
-                "from_step",
-                "the state as of this step can no longer be rebuilt",
-            ) from None
         execution = wired.launch(run.run_id)
         count("RunsForked")
         wired.logger.info(
@@ -485,19 +468,8 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         operation_id="getStepPrompt",
     )
     def get_step_prompt(run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
-        try:
+        with _rebuilding("step", "the prompt"):
             prompt = services().client.replay(run_id, step=step)
-        except NoCheckpointAtStep:
-            raise _Refusal(
-                HTTPStatus.NOT_FOUND, "no record of this step", "step", "the run has none"
-            ) from None
-        except CheckpointsExpired:
-            raise _Refusal(
-                HTTPStatus.GONE,
-                "the run's early checkpoints are past their retention",
-                "step",
-                "the prompt can no longer be rebuilt",
-            ) from None
         return StepPrompt(run_id=run_id, step=step, prompt=prompt)
 
     # --- refusals: JSON naming the field, never quoting the input ---------------------------
@@ -610,6 +582,26 @@ class _Refusal(Exception):
         self.status = status
         self.error = error
         self.problems = [Problem(field=field, message=message)]
+
+
+@contextmanager
+def _rebuilding(field: str, what: str) -> Iterator[None]:
+    """Refuse, naming `field`, a read or fork of a step the run has no record of (404), or
+    one whose state can no longer be rebuilt because its first records are past retention
+    (410)."""
+    try:
+        yield
+    except NoCheckpointAtStep:
+        raise _Refusal(
+            HTTPStatus.NOT_FOUND, "no checkpoint at this step", field, "the run has none"
+        ) from None
+    except CheckpointsExpired:
+        raise _Refusal(
+            HTTPStatus.GONE,
+            "the run's early checkpoints are past their retention",
+            field,
+            f"{what} can no longer be rebuilt",
+        ) from None
 
 
 def _require_json(app: APIGatewayRestResolver) -> None:
