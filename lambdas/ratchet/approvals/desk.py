@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ratchet.approvals.answers import checked_for_run, checked_verdict
 from ratchet.approvals.links import LinkClaims, LinkSigner
@@ -223,6 +223,21 @@ class ApprovalDesk:
         return approval
 
 
+class RecordsDecisions(Protocol):
+    """What records a decision on a waiting run without an approval request: the engine."""
+
+    def decide_waiting(
+        self,
+        run_id: str,
+        *,
+        approved: bool,
+        by: str,
+        comment: str = "",
+        answer: dict[str, Any] | None = None,
+        step: int | None = None,
+    ) -> object: ...
+
+
 @dataclass(frozen=True)
 class Decider:
     """Takes one decision on one approval, exactly once: what the desk does once it knows who
@@ -252,21 +267,23 @@ class Decider:
         return self.decide(pending[-1], verdict, channel=channel)
 
     def decide_or_record(
-        self,
-        run_id: str,
-        verdict: Verdict,
-        *,
-        channel: str,
-        record: Callable[[Verdict, int | None], object],
+        self, run_id: str, verdict: Verdict, *, channel: str, engine: RecordsDecisions
     ) -> None:
         """Decide through the run's open request, so its links and page show the decision; a
         run that waits with none (its worker died before opening one) has the verdict, checked
-        the same way, recorded directly by `record(verdict, step)`."""
+        the same way, recorded directly by `engine` (at the step it was checked against)."""
         try:
             self.decide_run(run_id, verdict, channel=channel)
         except ApprovalNotFound:
             checked, step = checked_for_run(self.store.load_head(run_id), verdict)
-            record(checked, step)
+            engine.decide_waiting(
+                run_id,
+                approved=checked.approved,
+                by=checked.by,
+                comment=checked.comment,
+                answer=checked.answer,
+                step=step,
+            )
 
     def decide(
         self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None

@@ -181,14 +181,7 @@ class AwsRuntime:
             run_id,
             verdict,
             channel=channel,
-            record=lambda checked, step: engine.decide_waiting(
-                run_id,
-                approved=checked.approved,
-                by=checked.by,
-                comment=checked.comment,
-                answer=checked.answer,
-                step=step,
-            ),
+            engine=engine,
         )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
