@@ -45,6 +45,7 @@ screenshot: $(VENV)/.synced $(CHROMIUM)
 
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
+	$(VENV)/bin/python -m bench.follow_cost
 
 # The scripted agent on Ratchet, LangGraph and DBOS (bench/compare.py), and docs/compare.png.
 # It adds the `compare` extra to .venv every time (a no-op once there): `make test`'s own sync,

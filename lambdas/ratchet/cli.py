@@ -699,9 +699,8 @@ def watch(
             while True:
                 head = client.head(run_id)
                 if head.version != seen_version:
-                    for checkpoint in client.history(run_id):
-                        if checkpoint.version <= printed:
-                            continue
+                    # Only what was written since the last read: one range read a poll.
+                    for checkpoint in client.history(run_id, after=printed):
                         before = printer.before(run_id)
                         params = head.options.params
                         printer.show(line_of_checkpoint(run_id, checkpoint, params, before))

@@ -550,8 +550,9 @@ class Client:
             raise RunNotFound(run_id)
         return state
 
-    def history(self, run_id: str) -> list[Checkpoint]:
-        """Every durable write of the run, oldest first."""
+    def history(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+        """Every durable write of the run, oldest first; with `after`, only those of a later
+        version (to follow a run, read from the last version seen: one range read)."""
         self.head(run_id)
         return [
             Checkpoint(
@@ -567,7 +568,7 @@ class Client:
                     }
                 )
             )
-            for c in self.runtime.store.list_checkpoints(run_id)
+            for c in self.runtime.store.list_checkpoints(run_id, after=after)
         ]
 
     def state_at(self, run_id: str, *, step: int) -> RunState:

@@ -115,6 +115,29 @@ def test_commit_moves_the_head_and_appends_one_checkpoint(backend):
     assert (completed.status, completed.result) == (LedgerStatus.COMPLETED, "ok")
 
 
+def test_the_checkpoints_after_a_version_are_those_of_later_versions_in_order(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    other, other_checkpoint = new_run("r2")
+    backend.store.create_run(other, other_checkpoint)
+    head = state
+    for step in range(1, 12):  # past version 9 -> 10, where a text order would differ
+        backend.ledger.begin(entry(f"r1/step-{step}"))
+        commit = step_commit(head, step)
+        backend.store.commit(commit)
+        head = commit.head
+
+    every = backend.store.list_checkpoints("r1")
+
+    assert [c.version for c in every] == list(range(1, 13))
+    assert backend.store.list_checkpoints("r1", after=0) == every
+    assert [c.version for c in backend.store.list_checkpoints("r1", after=9)] == [10, 11, 12]
+    assert backend.store.list_checkpoints("r1", after=9) == every[9:]
+    assert backend.store.list_checkpoints("r1", after=12) == []
+    assert backend.store.list_checkpoints("nope", after=3) == []
+    assert [c.run_id for c in backend.store.list_checkpoints("r2", after=0)] == ["r2"]
+
+
 def test_a_commit_on_a_stale_version_is_rejected_and_changes_nothing(backend):
     state, checkpoint = new_run()
     backend.store.create_run(state, checkpoint)

@@ -3,6 +3,8 @@ step writes does not grow with the run's length."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +79,18 @@ def test_a_fresh_process_resumes_the_run_and_takes_exactly_one_step(tmp_path: Pa
         assert sample.from_step == 2
         assert run.step == 3
         assert sample.total_ms > sample.tool_ms > 0
+
+
+def test_the_follow_bench_reads_only_what_was_written_since() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.follow_cost", "--steps", "5,20", "--reads", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    # created, a record a step, finished
+    assert [(row[0], row[1]) for row in rows] == [("5", "7"), ("20", "22")]
+    assert all(row[-1].endswith("x") for row in rows)

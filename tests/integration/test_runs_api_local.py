@@ -300,3 +300,16 @@ def test_a_step_without_a_record_is_404_and_one_past_retention_is_410_naming_the
 def _refused(answer: tuple[int, dict[str, Any]]) -> tuple[int, str]:
     status, body = answer
     return status, body["problems"][0]["field"]
+
+
+def test_history_after_a_version_is_what_was_written_since(served: Served):
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 2, "run_id": "tail"})
+    served.work()
+    _, every = served.call("GET", "/runs/tail/history")
+    versions = [c["version"] for c in every["checkpoints"]]
+
+    status, since = served.call("GET", f"/runs/tail/history?after={versions[2]}")
+    assert status == 200
+    assert since["checkpoints"] == every["checkpoints"][3:]
+    assert served.call("GET", f"/runs/tail/history?after={versions[-1]}")[1]["checkpoints"] == []
+    assert _refused(served.call("GET", "/runs/tail/history?after=-1")) == (400, "after")

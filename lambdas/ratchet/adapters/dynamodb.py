@@ -77,6 +77,10 @@ DEFAULT_RETENTION_DAYS = 30
 _CONDITION_FAILED = "ConditionalCheckFailed"
 
 
+LAST_VERSION = 10**12 - 1
+"""The highest version a checkpoint's sort key can hold (12 digits)."""
+
+
 def checkpoint_sk(version: int) -> str:
     """Zero-padded so that the sort key orders records by version."""
     return f"{CHECKPOINT_PREFIX}{version:012d}"
@@ -469,14 +473,15 @@ class DynamoDbCheckpointStore:
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
     @translated_errors
-    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
         pages = self._client.get_paginator("query").paginate(
             TableName=self._table,
-            KeyConditionExpression="#run_id = :run_id AND begins_with(#sk, :prefix)",
+            KeyConditionExpression="#run_id = :run_id AND #sk BETWEEN :first AND :last",
             ExpressionAttributeNames={"#run_id": "run_id", "#sk": "sk"},
             ExpressionAttributeValues={
                 ":run_id": text_attribute(run_id),
-                ":prefix": text_attribute(CHECKPOINT_PREFIX),
+                ":first": text_attribute(checkpoint_sk(after + 1)),
+                ":last": text_attribute(checkpoint_sk(LAST_VERSION)),
             },
             ConsistentRead=True,
         )

@@ -473,11 +473,11 @@ class SqliteCheckpointStore:
             written += self._insert_checkpoint(tx, commit.checkpoint, event_json, written)
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
-    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
         rows = self._db.connection.execute(
             "SELECT version, step, status, worker_id, bytes, created_at, event "
-            "FROM checkpoints WHERE run_id = ? ORDER BY version",
-            (run_id,),
+            "FROM checkpoints WHERE run_id = ? AND version > ? ORDER BY version",
+            (run_id, after),
         ).fetchall()
         checkpoints = []
         for version, step, status, worker_id, size, created_at, event in rows:

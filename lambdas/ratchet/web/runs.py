@@ -330,12 +330,22 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         summary="One row per checkpoint",
         operation_id="getRunHistory",
     )
-    def get_history(run_id: RunId) -> RunHistory:
+    def get_history(
+        run_id: RunId,
+        after: Annotated[
+            int,
+            Query(
+                ge=0,
+                description="Only the checkpoints of a later version: to follow a run, the "
+                "last version read",
+            ),
+        ] = 0,
+    ) -> RunHistory:
         return RunHistory(
             run_id=run_id,
             checkpoints=[
                 CheckpointRow.model_validate(c.model_dump())
-                for c in services().client.history(run_id)
+                for c in services().client.history(run_id, after=after)
             ],
         )
 
