@@ -190,6 +190,8 @@ class Checkpoint(_Answer):
     """The write in words: "step committed", "person decided by dana: approved (ok)", ..."""
     duration_ms: float | None = None
     """How long a step took, its commit included."""
+    attempt: int | None = None
+    """Which attempt at its step a step record, or a failed attempt, was (1 for the first)."""
 
 
 class RunListed(_Answer):

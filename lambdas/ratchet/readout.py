@@ -141,6 +141,7 @@ def checkpoint_fields(record: Mapping[str, Any]) -> dict[str, Any]:
         "comment": None,
         "error": None,
         "duration_ms": None,
+        "attempt": None,
         **described(event),
     }
 
@@ -157,6 +158,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
             "arguments": dict(call.get("arguments") or {}),
             "result": event["output"]["text"],
             "duration_ms": event["duration_ms"],
+            "attempt": event["attempt"],
             "explanation": said,
         }
     if kind == "decided":
@@ -170,7 +172,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "attempt_failed":
         error = event["error"]
         said = f"attempt {event['attempt']} at step {event['step']} failed: {error}"
-        return {"error": error, "explanation": said}
+        return {"error": error, "attempt": event["attempt"], "explanation": said}
     if kind == "finished":
         said = f"finished: {event['status']}"
         why = event.get("error") or event.get("summary")
@@ -206,6 +208,7 @@ _ROW_FIELDS = (
     "comment",
     "error",
     "duration_ms",
+    "attempt",
 )
 
 

@@ -12,6 +12,8 @@ import pytest
 from ratchet.client import Checkpoint, Run
 from ratchet.state import RunState, RunStatus
 from ratchet.web.dashboard import (
+    MAX_CHART_POINTS,
+    MAX_TIMELINE_ROWS,
     PendingApproval,
     Point,
     RunRow,
@@ -168,3 +170,41 @@ def test_chart_titles_and_labels_are_escaped():
 
     assert "<script" not in svg
     _parsed(svg)  # still well-formed
+
+
+def test_a_long_runs_chart_buckets_its_steps_and_keeps_the_largest_value():
+    points = [Point(step, 1.0) for step in range(1, 10_001)]
+    points[6_543] = Point(6_544, 900.0)  # one slow step among ten thousand
+
+    svg = _parsed(chart("Step duration", points, x_label="step", y_label="ms", kind="bar"))
+
+    bars = svg.findall(f"{SVG}rect")
+    assert 0 < len(bars) <= MAX_CHART_POINTS
+    titles = [bar.findtext(f"{SVG}title") or "" for bar in bars]
+    tallest = max(bars, key=lambda b: float(b.get("height", 0)))
+    assert "up to 900 ms" in (tallest.findtext(f"{SVG}title") or "")
+    assert titles[0].startswith("step 1-")
+    assert titles[-1].endswith("-10000: up to 1 ms")
+    labels = [t.text for t in svg.iter(f"{SVG}text")]
+    assert "1" in labels
+    assert "10000" in labels
+
+
+def test_a_long_runs_page_lists_its_latest_checkpoints_and_says_where_the_rest_are():
+    checkpoints = [_step(version, version) for version in range(1, MAX_TIMELINE_ROWS + 101)]
+    timeline = Timeline(
+        run=_run("long", version=len(checkpoints) + 1),
+        checkpoints=checkpoints,
+        attempts={},
+        gaps=[(50, 50), (len(checkpoints) + 1, len(checkpoints) + 1)],
+        approvals=[],
+        pending=None,
+    )
+
+    page = run_page(timeline)
+
+    versions = [int(v) for v in re.findall(r"data-version='(\d+)'", page)]
+    assert versions == list(range(101, MAX_TIMELINE_ROWS + 101))
+    assert page.count("<tr class='gap'>") == 1  # the gap among the rows shown, not version 50
+    assert f"The last {MAX_TIMELINE_ROWS} of {len(checkpoints)} checkpoints" in page
+    assert "ratchet history long" in page

@@ -33,11 +33,16 @@ from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.readout import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
-from ratchet.state import RunState, RunStatus, StepCompleted
+from ratchet.state import RunState, RunStatus
 
 RESULT_PREVIEW_CHARS = 160
 ARGUMENT_CHARS = 80
 MAX_RUNS_SHOWN = 500
+MAX_TIMELINE_ROWS = 500
+"""A run's page lists its most recent checkpoints, this many; `ratchet history` has them all."""
+MAX_CHART_POINTS = 220
+"""A chart draws at most this many bars or dots (2 pixels each); a longer run's are bucketed,
+each showing the largest value of its steps."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class Timeline:
 class Point:
     x: int
     y: float
+    last: int | None = None
+    """For a bucket of points (a long run's chart): its last x; `y` is the largest value."""
+
+    def described(self, x_label: str, y_label: str) -> str:
+        if self.last is None:
+            return f"{x_label} {self.x}: {_number(self.y)} {y_label}"
+        return f"{x_label} {self.x}-{self.last}: up to {_number(self.y)} {y_label}"
 
 
 # --- the app ---------------------------------------------------------------------------------
@@ -172,11 +184,8 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
     client, desk = services.client, services.desk
     head = client.head(run_id)
     checkpoints = client.history(run_id)
-    # The history's rows say what ran, not on which attempt: that is in the step records.
     attempts = {
-        c.version: c.event.attempt
-        for c in client.runtime.store.list_checkpoints(run_id)
-        if isinstance(c.event, StepCompleted)
+        c.version: c.attempt for c in checkpoints if c.event == "step" and c.attempt is not None
     }
     approvals = desk.book.of_run(run_id)
     waiting = head.status is RunStatus.WAITING and head.waiting is not None
@@ -374,9 +383,11 @@ def _attempt_text(attempt: int) -> str:
 
 def _timeline_rows(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
-    gaps = dict(timeline.gaps)
+    shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
+    first_shown = shown[0].version if shown else 0
+    gaps = {first: last for first, last in timeline.gaps if first >= first_shown}
     rows: list[str] = []
-    for c in [*timeline.checkpoints, None]:
+    for c in [*shown, None]:
         following = c.version if c is not None else timeline.run.version + 1
         for first in sorted(v for v in gaps if v < following):
             last = gaps.pop(first)
@@ -414,6 +425,18 @@ def _timeline_rows(timeline: Timeline) -> str:
             f"<td>{_time(c.time)[11:19]}</td></tr>"
         )
     return "".join(rows)
+
+
+def _older_note(timeline: Timeline) -> str:
+    total = len(timeline.checkpoints)
+    if total <= MAX_TIMELINE_ROWS:
+        return ""
+    run_id = e(timeline.run.run_id)
+    return (
+        f"<p class='note' id='older'>The last {MAX_TIMELINE_ROWS:,} of {total:,} checkpoints. "
+        f"<code>ratchet history {run_id}</code> (or <code>GET /runs/{run_id}/history</code>) "
+        "lists every one.</p>"
+    )
 
 
 def _approvals(approvals: Sequence[Approval]) -> str:
@@ -471,6 +494,7 @@ def run_page(timeline: Timeline) -> str:
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
         f"<tbody>{_timeline_rows(timeline)}</tbody></table>"
+        f"{_older_note(timeline)}"
         "<p class='note'>A step's number links to the run's state as of that step.</p>"
         f"{_approvals(timeline.approvals)}"
     )
@@ -514,6 +538,16 @@ _WIDTH, _HEIGHT = 520, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
 
 
+def _bucketed(data: Sequence[Point], limit: int) -> Sequence[Point]:
+    """`data` in at most `limit` points: consecutive runs of points, each as its first x and
+    its largest y (a spike stays visible however long the run)."""
+    if len(data) <= limit:
+        return data
+    size = -(-len(data) // limit)  # ceiling division: at most `limit` buckets
+    buckets = (data[i : i + size] for i in range(0, len(data), size))
+    return [Point(bucket[0].x, max(p.y for p in bucket), last=bucket[-1].x) for bucket in buckets]
+
+
 def _number(value: float) -> str:
     if value >= 10_000:
         return f"{value / 1000:,.0f}k"
@@ -529,8 +563,10 @@ def chart(
     kind: Literal["bar", "line"],
 ) -> str:
     """An SVG chart of `points` (x ascending): bars or a line, axes from 0 to the largest
-    value, the first and last x labelled, and the axes named."""
-    data = sorted(points, key=lambda p: p.x)
+    value, the first and last x labelled, and the axes named. Over `MAX_CHART_POINTS` points,
+    each bar or dot stands for a bucket of neighbours, at the largest value among them."""
+    ordered = sorted(points, key=lambda p: p.x)
+    data = _bucketed(ordered, MAX_CHART_POINTS)
     plot_w = _WIDTH - _LEFT - _RIGHT
     plot_h = _HEIGHT - _TOP - _BOTTOM
     bottom = _TOP + plot_h
@@ -570,11 +606,10 @@ def chart(
         f"<text x='{_LEFT - 6}' y='{bottom + 4}' font-size='10' fill='#5b6475' "
         "text-anchor='end'>0</text>",
     ]
-    labelled = {0, slots - 1}
-    for index in sorted(labelled):
+    for index, x in {0: ordered[0].x, slots - 1: ordered[-1].x}.items():
         parts.append(
             f"<text x='{x_of(index):.1f}' y='{bottom + 14}' font-size='10' fill='#5b6475' "
-            f"text-anchor='middle'>{data[index].x}</text>"
+            f"text-anchor='middle'>{x}</text>"
         )
     if kind == "bar":
         bar_w = max(slot_w * 0.7, 1.0)
@@ -583,7 +618,7 @@ def chart(
             parts.append(
                 f"<rect class='bar' x='{x_of(index) - bar_w / 2:.1f}' y='{top:.1f}' "
                 f"width='{bar_w:.1f}' height='{bottom - top:.1f}' fill='#3b6fd8'>"
-                f"<title>{e(x_label)} {p.x}: {e(_number(p.y))} {e(y_label)}</title></rect>"
+                f"<title>{e(p.described(x_label, y_label))}</title></rect>"
             )
     else:
         path = " ".join(f"{x_of(i):.1f},{y_of(p.y):.1f}" for i, p in enumerate(data))
@@ -594,8 +629,7 @@ def chart(
         for index, p in enumerate(data):
             parts.append(
                 f"<circle class='dot' cx='{x_of(index):.1f}' cy='{y_of(p.y):.1f}' r='3' "
-                f"fill='#1e7e34'><title>{e(x_label)} {p.x}: {e(_number(p.y))} "
-                f"{e(y_label)}</title></circle>"
+                f"fill='#1e7e34'><title>{e(p.described(x_label, y_label))}</title></circle>"
             )
     parts.append("</svg>")
     return "".join(parts)

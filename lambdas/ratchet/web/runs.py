@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 from ratchet.client import (
+    Checkpoint,
     CheckpointsExpired,
     Client,
     NoCheckpointAtStep,
@@ -162,21 +163,11 @@ class RunView(_Answer):
         return cls.model_validate(Run.of(state).model_dump())
 
 
-class CheckpointRow(_Answer):
-    """The columns of `ratchet history`."""
-
-    version: int
-    step: int
-    status: RunStatus
-    event: str
-    worker: str
-    bytes: int
-    time: datetime
-
-
 class RunHistory(_Answer):
     run_id: str
-    checkpoints: list[CheckpointRow]
+    checkpoints: list[Checkpoint]
+    """What `ratchet history --json` lists: each write in words, the tool call and its
+    result preview, who decided, the attempt, the tokens."""
 
 
 class Approve(BaseModel):
@@ -341,13 +332,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             ),
         ] = 0,
     ) -> RunHistory:
-        return RunHistory(
-            run_id=run_id,
-            checkpoints=[
-                CheckpointRow.model_validate(c.model_dump())
-                for c in services().client.history(run_id, after=after)
-            ],
-        )
+        return RunHistory(run_id=run_id, checkpoints=services().client.history(run_id, after=after))
 
     @app.get(
         "/runs/<run_id>/checkpoints/<step>",
