@@ -433,6 +433,13 @@ class SqliteCheckpointStore:
         if result is not None:
             _check_size(f"ledger result of {commit.completes.key}", result)  # type: ignore[union-attr]
         with self._db.write() as tx:
+            # What the head's row holds now, read under the write lock: whether the status
+            # column must change, and whether the run has its static row yet.
+            stored_status, has_static = tx.execute(
+                "SELECT r.status, s.run_id IS NOT NULL FROM runs AS r "
+                "LEFT JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
+                (head.run_id,),
+            ).fetchone() or (None, True)
             # The version check and every write below share one transaction: either the
             # head was still at the version this worker read and all of it lands, or none.
             changed = tx.execute(
@@ -450,20 +457,20 @@ class SqliteCheckpointStore:
             ).rowcount
             if not changed:
                 self._raise_stale(tx, head.run_id, commit.expected_version)
-            # A run made before schema 3 kept its whole head in runs.state, with no static row:
-            # its first lean commit writes that row (for any other run the row is there, the
-            # insert finds it and changes no page).
-            tx.execute(
-                "INSERT INTO run_static (run_id, state) VALUES (?, ?) "
-                "ON CONFLICT (run_id) DO NOTHING",
-                (head.run_id, stored.static_json(head)),
-            )
-            # Apart, and only if it changed: setting the indexed status column rewrites its
-            # index page even to the same value, one more page in the WAL on every step.
-            tx.execute(
-                "UPDATE runs SET status = ? WHERE run_id = ? AND status <> ?",
-                (head.status.value, head.run_id, head.status.value),
-            )
+            if not has_static:
+                # A run made before schema 3 kept its whole head in runs.state, with no static
+                # row: its first lean commit writes that row.
+                tx.execute(
+                    "INSERT INTO run_static (run_id, state) VALUES (?, ?)",
+                    (head.run_id, stored.static_json(head)),
+                )
+            if stored_status != head.status.value:
+                # Apart, and only if it changed: setting the indexed status column rewrites
+                # its index page even to the same value, one more page in the WAL a step.
+                tx.execute(
+                    "UPDATE runs SET status = ? WHERE run_id = ?",
+                    (head.status.value, head.run_id),
+                )
             written = _text_bytes(state_json, result)
             if commit.completes is not None:
                 tx.execute(
