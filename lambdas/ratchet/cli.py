@@ -624,27 +624,44 @@ def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def history(run_id: RunArgument, as_json: JsonOption = False) -> None:
+def history(
+    run_id: RunArgument,
+    as_json: JsonOption = False,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after", min=0, help="Only the checkpoints of a later version (the last you read)."
+        ),
+    ] = 0,
+    last: Annotated[
+        int | None, typer.Option("--last", min=1, help="Only the last N checkpoints.")
+    ] = None,
+) -> None:
     """One row per checkpoint: what happened (in words), the tool, its arguments and result,
     who decided, worker, bytes, time, model tokens. Versions without a row are explained."""
     from ratchet.readout import (
         history_payload,
         history_row,
         history_text,
+        history_window,
         json_text,
         terminal_width,
     )
 
     client = _client(create=False, logs=False)
     try:
-        rows = [history_row(c.model_dump(mode="json")) for c in client.history(run_id)]
+        every = [
+            history_row(c.model_dump(mode="json")) for c in client.history(run_id, after=after)
+        ]
         head_version = client.head(run_id).version
     finally:
         client.close()
+    rows, first = history_window(every, after=after, last=last)
     if as_json:
-        sys.stdout.write(json_text(history_payload(run_id, rows, head_version)))
+        sys.stdout.write(json_text(history_payload(run_id, rows, head_version, first=first)))
     else:
-        sys.stdout.write(history_text(rows, head_version, width=terminal_width()))
+        width = terminal_width()
+        sys.stdout.write(history_text(rows, head_version, first=first, width=width))
 
 
 @app.command("list")

@@ -57,66 +57,111 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     command = _read_command(args, environ.get("RATCHET_STORE") or DEFAULT_STORE)
     if command is None:
         return None
-    name, store, operand, as_json = command
-    documents = _Documents.open(store)
+    documents = _Documents.open(command.store)
     if documents is None:
         return None
     try:
         with documents:
-            return _say(documents, name, operand, as_json)
+            return _say(documents, command)
     except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
 
 
-def _say(documents: _Documents, name: str, operand: str | None, as_json: bool) -> str | None:
+def _say(documents: _Documents, command: _Command) -> str | None:
     from ratchet import readout
 
-    if name == "list":
-        runs = documents.runs()
-        rows = [readout.listed(r) for r in readout.newest_first(runs)]
-        rows = [r for r in rows if operand is None or r["status"] == operand]
-        return readout.json_text({"runs": rows}) if as_json else readout.list_text(rows)
-    assert operand is not None
-    head = documents.head(operand)
+    if command.name == "list":
+        listed = [readout.listed(r) for r in readout.newest_first(documents.runs())]
+        rows = [r for r in listed if command.operand is None or r["status"] == command.operand]
+        return readout.json_text({"runs": rows}) if command.as_json else readout.list_text(rows)
+    run_id = command.operand
+    assert run_id is not None
+    head = documents.head(run_id)
     if head is None:
         return None
-    if name == "status":
+    if command.name == "status":
         payload = readout.status_payload(head)
-        return readout.json_text(payload) if as_json else readout.status_text(payload)
-    rows = [readout.history_row(readout.checkpoint_fields(r)) for r in documents.records(operand)]
-    if as_json:
-        return readout.json_text(readout.history_payload(operand, rows, head["version"]))
-    return readout.history_text(rows, head["version"], width=readout.terminal_width())
+        return readout.json_text(payload) if command.as_json else readout.status_text(payload)
+    records = documents.records(run_id, after=command.after)
+    every = [readout.history_row(readout.checkpoint_fields(r)) for r in records]
+    shown, first = readout.history_window(every, after=command.after, last=command.last)
+    if command.as_json:
+        return readout.json_text(
+            readout.history_payload(run_id, shown, head["version"], first=first)
+        )
+    width = readout.terminal_width()
+    return readout.history_text(shown, head["version"], first=first, width=width)
 
 
-def _read_command(args: Sequence[str], store: str) -> tuple[str, str, str | None, bool] | None:
-    """(command, store URL, run id or status, --json) for the forms this path answers:
-    `[--store URL] status|history RUN [--json]` and `[--store URL] list [--status S] [--json]`.
-    """
+_OPTIONS = {"status": (), "history": ("--after", "--last"), "list": ("--status",)}
+"""The options (each with a value) each read command takes on this path, besides `--json`."""
+
+
+def _read_command(args: Sequence[str], store: str) -> _Command | None:
+    """What to read, for the forms this path answers: `[--store URL] status RUN [--json]`,
+    `[--store URL] history RUN [--json] [--after V] [--last N]` and
+    `[--store URL] list [--status S] [--json]` (an option's value after a space or `=`)."""
     rest = list(args)
     if rest[:1] == ["--store"] and len(rest) > 1:
         store, rest = rest[1], rest[2:]
     elif rest and rest[0].startswith("--store="):
         store, rest = rest[0].removeprefix("--store="), rest[1:]
-    if not rest or rest[0] not in {"status", "history", "list"}:
+    if not rest or rest[0] not in _OPTIONS:
         return None
-    name, options = rest[0], rest[1:]
-    as_json = "--json" in options
-    options = [o for o in options if o != "--json"]
+    name, tokens = rest[0], iter(rest[1:])
+    as_json, operands, given = False, [], {}
+    for token in tokens:
+        if token == "--json":
+            as_json = True
+            continue
+        if not token.startswith("-"):
+            operands.append(token)
+            continue
+        flag, equals, value = token.partition("=")
+        if flag not in _OPTIONS[name] or flag in given:
+            return None
+        value = value if equals else next(tokens, "")
+        if not value:
+            return None
+        given[flag] = value
     if name == "list":
-        if options[:1] == ["--status"] and len(options) == 2:
-            options = [f"--status={options[1]}"]
-        if not options:
-            return name, store, None, as_json
-        status = options[0].removeprefix("--status=")
-        if len(options) == 1 and options[0].startswith("--status=") and status in STATUSES:
-            return name, store, status, as_json
+        status = given.get("--status")
+        if operands or (status is not None and status not in STATUSES):
+            return None
+        return _Command(name, store, status, as_json)
+    if len(operands) != 1:
         return None
-    if len(options) != 1 or options[0].startswith("-"):
+    after = _whole(given.get("--after", "0"))
+    last = _whole(given["--last"]) if "--last" in given else None
+    if after is None or ("--last" in given and not last):
         return None
-    return name, store, options[0], as_json
+    return _Command(name, store, operands[0], as_json, after, last)
+
+
+def _whole(text: str | None) -> int | None:
+    """A whole number as the full CLI takes it, or None (the full CLI then says what is wrong)."""
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+
+
+class _Command:
+    """A read this path answers: `name` (status, history, list) on `store`, about `operand`
+    (a run id, or the status `list` keeps)."""
+
+    __slots__ = ("after", "as_json", "last", "name", "operand", "store")
+
+    def __init__(
+        self,
+        name: str,
+        store: str,
+        operand: str | None,
+        as_json: bool,
+        after: int = 0,
+        last: int | None = None,
+    ) -> None:
+        self.name, self.store, self.operand, self.as_json = name, store, operand, as_json
+        self.after, self.last = after, last
 
 
 class _Documents:
@@ -173,11 +218,11 @@ class _Documents:
             return None
         return {**document, "version": version, "attempts": attempts}
 
-    def records(self, run_id: str) -> list[dict[str, Any]]:
+    def records(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         rows = self.connection.execute(
             "SELECT version, step, status, worker_id, bytes, created_at, event "
-            "FROM checkpoints WHERE run_id = ? ORDER BY version",
-            (run_id,),
+            "FROM checkpoints WHERE run_id = ? AND version > ? ORDER BY version",
+            (run_id, after),
         )
         return [
             {

@@ -213,10 +213,15 @@ _ROW_FIELDS = (
 
 
 def history_payload(
-    run_id: str, rows: Sequence[Mapping[str, Any]], head_version: int
+    run_id: str,
+    rows: Sequence[Mapping[str, Any]],
+    head_version: int,
+    *,
+    first: int | None = None,
 ) -> dict[str, Any]:
-    """`ratchet history --json`: the rows, and the versions no row records, explained."""
-    gaps = version_gaps([r["version"] for r in rows], head_version)
+    """`ratchet history --json`: the rows (those from version `first` on, with `--after` or
+    `--last`), and the versions among them no row records, explained."""
+    gaps = version_gaps([r["version"] for r in rows], head_version, first=first)
     return {
         "run_id": run_id,
         "checkpoints": list(rows),
@@ -240,12 +245,16 @@ HISTORY_COLUMNS = (
 
 
 def history_text(
-    rows: Sequence[Mapping[str, Any]], head_version: int, *, width: int | None = None
+    rows: Sequence[Mapping[str, Any]],
+    head_version: int,
+    *,
+    first: int | None = None,
+    width: int | None = None,
 ) -> str:
-    """`ratchet history`: a table, a row per checkpoint, and a row per run of versions no
-    checkpoint records (explained under the table). Given the terminal's `width`, the two
-    columns of words are cut to fit it."""
-    starts = dict(version_gaps([r["version"] for r in rows], head_version))
+    """`ratchet history`: a table, a row per checkpoint (from version `first` on), and a row
+    per run of versions no checkpoint records (explained under the table). Given the
+    terminal's `width`, the two columns of words are cut to fit it."""
+    starts = dict(version_gaps([r["version"] for r in rows], head_version, first=first))
     lines: list[list[str]] = []
     for row in [*rows, None]:
         following = row["version"] if row else head_version + 1
@@ -310,6 +319,18 @@ def _history_line(row: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def history_window(
+    rows: Sequence[Mapping[str, Any]], *, after: int, last: int | None
+) -> tuple[list[Mapping[str, Any]], int | None]:
+    """The rows `--last N` keeps of those after version `after`, and the first version they
+    cover, for the versions without a row among them (None: from the first row, which is
+    not version 1 when the earliest records are past their retention)."""
+    if last is not None and len(rows) > last:
+        kept = list(rows[-last:])
+        return kept, kept[0]["version"]
+    return list(rows), after + 1 if after else None
+
+
 # --- list -------------------------------------------------------------------------------------
 
 
@@ -356,12 +377,15 @@ def argument_summary(arguments: Mapping[str, Any] | None, limit: int = ARGUMENTS
     return shorten(", ".join(pairs), limit)
 
 
-def version_gaps(versions: list[int], head_version: int) -> list[tuple[int, int]]:
+def version_gaps(
+    versions: list[int], head_version: int, *, first: int | None = None
+) -> list[tuple[int, int]]:
     """The version ranges no checkpoint records, as (first, last): each was an attempt
     counted at the next step (or a counted attempt given back) before its work started,
-    a write to the head alone. `versions` is the history's, oldest first."""
+    a write to the head alone. `versions` is the history's, oldest first, from version
+    `first` (default: its first) on."""
     gaps = []
-    expected = versions[0] if versions else 1
+    expected = first if first is not None else versions[0] if versions else 1
     for version in [*versions, head_version + 1]:
         if version > expected:
             gaps.append((expected, version - 1))

@@ -117,13 +117,31 @@ def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
         ["list", "--status", "failed"],
         ["list", "--status=waiting", "--json"],
         ["list", "--status", "running", "--json"],
+        ["history", "done", "--after", "3"],
+        ["history", "done", "--after=3", "--json"],
+        ["history", "done", "--last", "2", "--json"],
+        ["history", "--last=3", "run", "--after", "1"],
+        ["history", "done", "--after", "999"],
+        ["history", "broken", "--last", "1000", "--json"],
     ],
 )
-def test_the_run_list_reads_the_same_on_both_paths(store, args):
+def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, args):
     said, full = both(f"sqlite:///{store}", args)
 
     assert said is not None
     assert said == full
+
+
+def test_a_history_after_a_version_is_the_tail_of_the_whole_and_explains_only_its_gaps(store):
+    url = f"sqlite:///{store}"
+    whole = json.loads(both(url, ["history", "done", "--json"])[1])
+    after = json.loads(both(url, ["history", "done", "--json", "--after", "1"])[1])
+    last = json.loads(both(url, ["history", "done", "--json", "--last", "2"])[1])
+
+    assert after["checkpoints"] == [c for c in whole["checkpoints"] if c["version"] > 1]
+    assert after["unrecorded_versions"] == whole["unrecorded_versions"]  # the first is 2
+    assert last["checkpoints"] == whole["checkpoints"][-2:]
+    assert all(g["from"] > last["checkpoints"][0]["version"] for g in last["unrecorded_versions"])
 
 
 def test_the_store_holds_what_the_comparison_needs(store):

@@ -37,16 +37,27 @@ def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does()
 @pytest.mark.parametrize(
     ("args", "command"),
     [
-        (["status", "r1"], ("status", "STORE", "r1", False)),
-        (["status", "--json", "r1"], ("status", "STORE", "r1", True)),
-        (["history", "r1", "--json"], ("history", "STORE", "r1", True)),
-        (["--store", "sqlite:///x.db", "list"], ("list", "sqlite:///x.db", None, False)),
-        (["--store=sqlite:///x.db", "list", "--json"], ("list", "sqlite:///x.db", None, True)),
-        (["list", "--status", "done"], ("list", "STORE", "done", False)),
-        (["list", "--status=failed", "--json"], ("list", "STORE", "failed", True)),
+        (["status", "r1"], ("status", "STORE", "r1", False, 0, None)),
+        (["status", "--json", "r1"], ("status", "STORE", "r1", True, 0, None)),
+        (["history", "r1", "--json"], ("history", "STORE", "r1", True, 0, None)),
+        (["history", "r1", "--after", "7"], ("history", "STORE", "r1", False, 7, None)),
+        (["history", "--last=3", "r1", "--after=2"], ("history", "STORE", "r1", False, 2, 3)),
+        (["--store", "sqlite:///x.db", "list"], ("list", "sqlite:///x.db", None, False, 0, None)),
+        (
+            ["--store=sqlite:///x.db", "list", "--json"],
+            ("list", "sqlite:///x.db", None, True, 0, None),
+        ),
+        (["list", "--status", "done"], ("list", "STORE", "done", False, 0, None)),
+        (["list", "--status=failed", "--json"], ("list", "STORE", "failed", True, 0, None)),
         (["status"], None),
         (["status", "r1", "r2"], None),
         (["status", "--verbose", "r1"], None),
+        (["status", "r1", "--after", "2"], None),
+        (["history", "r1", "--after"], None),
+        (["history", "r1", "--after", "-1"], None),
+        (["history", "r1", "--after", "x"], None),
+        (["history", "r1", "--last", "0"], None),
+        (["history", "r1", "--last", "2", "--last", "3"], None),
         (["list", "--status"], None),
         (["list", "--status", "finished"], None),
         (["list", "r1"], None),
@@ -57,7 +68,12 @@ def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does()
     ],
 )
 def test_the_quick_path_takes_only_the_read_forms_it_knows(args, command):
-    assert quick._read_command(args, "STORE") == command
+    read = quick._read_command(args, "STORE")
+
+    shape = None
+    if read is not None:
+        shape = (read.name, read.store, read.operand, read.as_json, read.after, read.last)
+    assert shape == command
 
 
 def test_a_table_aligns_its_columns_and_trims_trailing_space():
