@@ -208,3 +208,24 @@ def test_a_long_runs_page_lists_its_latest_checkpoints_and_says_where_the_rest_a
     assert page.count("<tr class='gap'>") == 1  # the gap among the rows shown, not version 50
     assert f"The last {MAX_TIMELINE_ROWS} of {len(checkpoints)} checkpoints" in page
     assert "ratchet history long" in page
+
+
+@pytest.mark.parametrize(
+    ("status", "seconds"),
+    [(RunStatus.RUNNING, 5), (RunStatus.WAITING, 30), (RunStatus.DONE, None)],
+)
+def test_a_page_of_a_run_that_may_still_move_reloads_itself(status, seconds):
+    timeline = Timeline(
+        run=_run("r1", status=status),
+        checkpoints=[_step(1, 1)],
+        attempts={},
+        gaps=[],
+        approvals=[],
+        pending=None,
+    )
+    rows = [RunRow("r1", "a", status, 1, NOW)]
+
+    pages = [run_page(timeline), runs_page(rows, {status: 1}, status=None)]
+
+    reloads = [re.findall(r"<meta http-equiv='refresh' content='(\d+)'>", page) for page in pages]
+    assert reloads == [[str(seconds)] if seconds else []] * 2

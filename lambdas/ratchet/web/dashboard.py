@@ -245,11 +245,17 @@ dt{color:#5b6475}dd{margin:0}
 """
 
 
-def _page(title: str, body: str) -> str:
+REFRESH_SECONDS = {RunStatus.RUNNING: 5, RunStatus.WAITING: 30}
+"""A page showing a run that may still change reloads itself this often (no script): a person
+watching a run sees its steps arrive, and a decision taken elsewhere."""
+
+
+def _page(title: str, body: str, *, refresh: int | None = None) -> str:
+    reload = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
-        f"<meta name='robots' content='noindex'><title>{e(title)} · Ratchet</title>"
+        f"<meta name='robots' content='noindex'>{reload}<title>{e(title)} · Ratchet</title>"
         f"<style>{_STYLE}</style></head><body><main>{body}</main></body></html>"
     )
 
@@ -291,15 +297,20 @@ def runs_page(
             f"<a class='count{on}' href='/dashboard?{e(query)}'>"
             f"{e(each.value)} {counts.get(each, 0)}</a>"
         )
+    refresh = min(
+        (seconds for each, seconds in REFRESH_SECONDS.items() if counts.get(each)), default=None
+    )
     body = [
         "<h1>Runs</h1>",
-        "<p class='meta'>Read from the local store; this page changes nothing.</p>",
+        "<p class='meta'>Read from the local store; this page changes nothing"
+        + (f" and reloads every {refresh} s while a run may move" if refresh else "")
+        + ".</p>",
         f"<div class='counts'>{''.join(chips)}</div>",
     ]
     if not rows:
         shown = f"{status.value} runs" if status else "runs"
         body.append(f"<p class='note'>No {e(shown)}.</p>")
-        return _page("Runs", "".join(body))
+        return _page("Runs", "".join(body), refresh=refresh)
     lines = "".join(
         f"<tr><td><a href='{e(_run_url(r.run_id))}'>{e(r.run_id)}</a></td><td>{e(r.agent)}</td>"
         f"<td>{_status(r.status)}</td><td>{r.step}</td><td>{_time(r.updated_at)}</td></tr>"
@@ -311,7 +322,7 @@ def runs_page(
     )
     if len(rows) == MAX_RUNS_SHOWN:
         body.append(f"<p class='note'>The {MAX_RUNS_SHOWN} most recently updated.</p>")
-    return _page("Runs", "".join(body))
+    return _page("Runs", "".join(body), refresh=refresh)
 
 
 def _status_text(run: Run) -> str:
@@ -498,7 +509,7 @@ def run_page(timeline: Timeline) -> str:
         "<p class='note'>A step's number links to the run's state as of that step.</p>"
         f"{_approvals(timeline.approvals)}"
     )
-    return _page(f"Run {run.run_id}", body)
+    return _page(f"Run {run.run_id}", body, refresh=REFRESH_SECONDS.get(run.status))
 
 
 def state_page(state: RunState, step: int, *, replayable: bool) -> str:
