@@ -27,6 +27,8 @@ USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_wri
 _EVENTS_WITH_USAGE = frozenset({"step", "attempt_failed", "finished"})
 ARGUMENTS_CHARS = 60
 """A call's arguments are cut to this many characters where a line shows them."""
+GOAL_CHARS = 200
+"""`ratchet status` shows the goal cut to this many characters (`--json` has all of it)."""
 FINISHED = frozenset({"done", "failed", "stopped", "cancelled"})
 """`ratchet.state.FINISHED`, by value (a unit test holds them equal)."""
 
@@ -63,6 +65,7 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "summary": head.get("summary"),
         "error": head.get("error"),
         "agent": head["agent"],
+        "goal": head["goal"],
         "model": options["model"],
         "max_steps": options["max_steps"],
         "input": options.get("params") or None,
@@ -72,6 +75,7 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "cost_usd": estimate(options["model"], usage),
         "updated_at": iso(head["updated_at"]),
         "failed_step": step + 1 if status == "failed" else None,
+        "not_before": iso(head["not_before"]) if head.get("not_before") else None,
     }
 
 
@@ -88,6 +92,7 @@ def status_text(payload: Mapping[str, Any]) -> str:
         "status": f"failed at step {payload['failed_step']}" if status == "failed" else status,
         "attempts": None if status in FINISHED else payload["attempts"],
         "summary": None if stopped else payload["summary"],
+        "goal": shorten(payload["goal"], GOAL_CHARS),
         "reason": payload["summary"] if stopped else None,
         "failed_step": None,
         "usage": usage_text(usage) if usage["calls"] else None,

@@ -20,6 +20,7 @@ import pytest
 
 import ratchet
 from ratchet import cli, quick
+from ratchet.errors import StepAttemptFailed
 from ratchet.local.leases import Leases
 from ratchet.local.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
@@ -44,6 +45,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Worker(
         engine_with(harness, Lookup(_never_found)), Leases(harness.db), LOG, sleep=lambda _: None
     ).run(until_idle=True)
+    # One failed attempt, and the run left backing off (its head says until when).
+    harness.start("backoff")
+    with pytest.raises(StepAttemptFailed):
+        engine_with(harness, Lookup(_never_found)).advance("backoff")
     harness.db.close()
     url = f"sqlite:///{root / 'ratchet.db'}"
     with contextlib.ExitStack() as stack:
@@ -65,7 +70,18 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "ratchet.db"
 
 
-RUNS = ("run", "done", "rejected", "cancelled", "waiting", "stopped", "broken", "forked", "priced")
+RUNS = (
+    "run",
+    "backoff",
+    "done",
+    "rejected",
+    "cancelled",
+    "waiting",
+    "stopped",
+    "broken",
+    "forked",
+    "priced",
+)
 
 
 @contextlib.contextmanager
@@ -142,6 +158,14 @@ def test_a_history_after_a_version_is_the_tail_of_the_whole_and_explains_only_it
     assert after["unrecorded_versions"] == whole["unrecorded_versions"]  # the first is 2
     assert last["checkpoints"] == whole["checkpoints"][-2:]
     assert all(g["from"] > last["checkpoints"][0]["version"] for g in last["unrecorded_versions"])
+
+
+def test_a_run_backing_off_says_until_when(store):
+    status = json.loads(both(f"sqlite:///{store}", ["status", "backoff", "--json"])[1])
+
+    assert (status["status"], status["attempts"]) == ("running", 1)
+    assert status["not_before"] is not None
+    assert "KeyError" in status["error"]
 
 
 def test_the_store_holds_what_the_comparison_needs(store):
