@@ -40,6 +40,8 @@ MAX_LEASE_SECONDS = 3600.0  # ratchet.local.leases
 MAX_STEPS = 10_000  # ratchet.runs
 MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
 MAX_BATCHES = 500  # ratchet.scenarios.migration_data
+MAX_ROWS = 100_000
+"""The most rows `list --limit` and `history --last` may ask for."""
 
 
 def check_run_id(run_id: str) -> str:
@@ -634,7 +636,8 @@ def history(
         ),
     ] = 0,
     last: Annotated[
-        int | None, typer.Option("--last", min=1, help="Only the last N checkpoints.")
+        int | None,
+        typer.Option("--last", min=1, max=MAX_ROWS, help="Only the last N checkpoints."),
     ] = None,
 ) -> None:
     """One row per checkpoint: what happened (in words), the tool, its arguments and result,
@@ -675,13 +678,17 @@ def list_runs(
         ),
     ] = None,
     as_json: JsonOption = False,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=MAX_ROWS, help="Only the N most recently updated."),
+    ] = None,
 ) -> None:
     """Every run in the store, most recently updated first."""
     from ratchet.readout import json_text, list_text, listed
 
     client = _client(create=False, logs=False)
     try:
-        rows = [listed(r.model_dump(mode="json")) for r in client.runs(status=status)]
+        rows = [listed(r.model_dump(mode="json")) for r in client.runs(status=status)][:limit]
     finally:
         client.close()
     sys.stdout.write(json_text({"runs": rows}) if as_json else list_text(rows))

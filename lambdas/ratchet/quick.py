@@ -75,6 +75,7 @@ def _say(documents: _Documents, command: _Command) -> str | None:
     if command.name == "list":
         listed = [readout.listed(r) for r in readout.newest_first(documents.runs())]
         rows = [r for r in listed if command.operand is None or r["status"] == command.operand]
+        rows = rows[: command.last]  # `--limit`
         return readout.json_text({"runs": rows}) if command.as_json else readout.list_text(rows)
     run_id = command.operand
     assert run_id is not None
@@ -95,14 +96,15 @@ def _say(documents: _Documents, command: _Command) -> str | None:
     return readout.history_text(shown, head["version"], first=first, width=width)
 
 
-_OPTIONS = {"status": (), "history": ("--after", "--last"), "list": ("--status",)}
+_OPTIONS = {"status": (), "history": ("--after", "--last"), "list": ("--status", "--limit")}
 """The options (each with a value) each read command takes on this path, besides `--json`."""
 
 
 def _read_command(args: Sequence[str], store: str) -> _Command | None:
     """What to read, for the forms this path answers: `[--store URL] status RUN [--json]`,
     `[--store URL] history RUN [--json] [--after V] [--last N]` and
-    `[--store URL] list [--status S] [--json]` (an option's value after a space or `=`)."""
+    `[--store URL] list [--status S] [--limit N] [--json]` (an option's value after a space
+    or `=`)."""
     rest = list(args)
     if rest[:1] == ["--store"] and len(rest) > 1:
         store, rest = rest[1], rest[2:]
@@ -126,16 +128,19 @@ def _read_command(args: Sequence[str], store: str) -> _Command | None:
         if not value:
             return None
         given[flag] = value
+    count = given.get("--last") or given.get("--limit")  # how many rows to keep, at most
+    last = _whole(count) if count is not None else None
+    if count is not None and not last:
+        return None
     if name == "list":
         status = given.get("--status")
         if operands or (status is not None and status not in STATUSES):
             return None
-        return _Command(name, store, status, as_json)
+        return _Command(name, store, status, as_json, last=last)
     if len(operands) != 1:
         return None
     after = _whole(given.get("--after", "0"))
-    last = _whole(given["--last"]) if "--last" in given else None
-    if after is None or ("--last" in given and not last):
+    if after is None:
         return None
     return _Command(name, store, operands[0], as_json, after, last)
 
@@ -147,7 +152,8 @@ def _whole(text: str | None) -> int | None:
 
 class _Command:
     """A read this path answers: `name` (status, history, list) on `store`, about `operand`
-    (a run id, or the status `list` keeps)."""
+    (a run id, or the status `list` keeps); `after` and `last` are history's `--after` and
+    `--last`, `last` also list's `--limit`."""
 
     __slots__ = ("after", "as_json", "last", "name", "operand", "store")
 

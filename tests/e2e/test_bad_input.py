@@ -90,6 +90,22 @@ CATALOGUE: list[Case] = [
         "(see: ratchet start --help)",
     ),
     case(
+        "list-limit-zero",
+        "list",
+        "--limit",
+        "0",
+        line="--limit must be a whole number from 1 to 100000, not '0' (see: ratchet list --help)",
+    ),
+    case(
+        "history-after-negative",
+        "history",
+        "r-wait",
+        "--after",
+        "-1",
+        line="Invalid value for '--after': Input should be greater than or equal to 0 "
+        "(see: ratchet history --help)",
+    ),
+    case(
         "unknown-option",
         "start",
         "--bogus",

@@ -133,6 +133,8 @@ def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
         ["list", "--status", "failed"],
         ["list", "--status=waiting", "--json"],
         ["list", "--status", "running", "--json"],
+        ["list", "--limit", "3"],
+        ["list", "--limit=2", "--status", "done", "--json"],
         ["history", "done", "--after", "3"],
         ["history", "done", "--after=3", "--json"],
         ["history", "done", "--last", "2", "--json"],
@@ -215,7 +217,7 @@ def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, c
         (["status", "done", "--help"], {}),
         (["list", "--status", "finished"], {}),  # not a status: the full CLI refuses it
         (["list", "--status", ""], {}),
-        (["list", "--limit", "3"], {}),
+        (["list", "--limit", "0"], {}),  # out of range: the full CLI refuses it
         (["show", "done"], {}),
         (["--store", "dynamodb://t?ledger=l&app=a&region=eu-west-1", "status", "done"], {}),
         (["status", "done"], {"RATCHET_FAULT": "kill:after_tool@1"}),  # checked by the full CLI
