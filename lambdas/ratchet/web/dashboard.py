@@ -224,7 +224,7 @@ h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:22px 0 8px}
 .meta,.note{color:#5b6475;font-size:13px}nav{font-size:13px;margin-bottom:12px}
 table{border-collapse:collapse;width:100%;margin:8px 0}
 th,td{text-align:left;padding:5px 7px;border-bottom:1px solid #e6e8ec;vertical-align:top;
-font-size:13px}th{color:#5b6475;font-weight:600}
+font-size:13px}td.text{overflow-wrap:anywhere}th{color:#5b6475;font-weight:600}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
 white-space:pre-wrap;word-break:break-word}
 pre{background:#f6f8fa;padding:12px;border-radius:6px}
@@ -427,8 +427,8 @@ def _timeline_rows(timeline: Timeline) -> str:
             f"<tr class='{css}' data-version='{c.version}' data-step='{c.step}'>"
             f"<td>{c.version}</td><td>{state_link}</td>"
             f"<td>{e(c.explanation or c.event)}{decided}</td>"
-            f"<td>{call}</td>"
-            f"<td>{e(shorten(c.result or '', RESULT_PREVIEW_CHARS))}</td>"
+            f"<td class='text'>{call}</td>"
+            f"<td class='text'>{e(shorten(c.result or '', RESULT_PREVIEW_CHARS))}</td>"
             f"<td>{e(c.worker)}</td>"
             f"<td>{'' if c.duration_ms is None else f'{c.duration_ms:,.1f} ms'}</td>"
             f"<td>{c.bytes:,}</td>"
@@ -500,12 +500,11 @@ def run_page(timeline: Timeline) -> str:
             kind="line",
         )
         + "</div>"
-        f"<h2>Timeline</h2>{retried_note}"
+        f"<h2>Timeline</h2>{_older_note(timeline)}{retried_note}"
         "<table id='timeline'><thead><tr><th>version</th><th>step</th><th>what happened</th>"
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
         f"<tbody>{_timeline_rows(timeline)}</tbody></table>"
-        f"{_older_note(timeline)}"
         "<p class='note'>A step's number links to the run's state as of that step.</p>"
         f"{_approvals(timeline.approvals)}"
     )
