@@ -77,6 +77,7 @@ from ratchet.ports import (
     ModelReply,
     ModelRequest,
     StepView,
+    ToolSpec,
 )
 from ratchet.state import (
     INLINE_BYTES,
@@ -466,31 +467,18 @@ class Engine:
         if recorded is None:
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
             view = view_of(state)
-            agent = binding.agent
-            request = ModelRequest(
-                prompt=render_step_prompt(view),
-                tools=memory.tool_specs(agent),
-                view=view,
-                instructions=agent.instructions,
-                max_tokens=agent.max_tokens,
-                temperature=agent.temperature,
-                retry_seconds=agent.model_retry_seconds,
-            )
             self._log.debug(
                 "model called",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
-            try:
-                answer = clock.run(lambda: binding.model.decide(request), "in the model call")
-            except StepAttemptFailed:
-                raise
-            except Exception as error:  # a model adapter or a scripted policy: user code
-                raise ModelFailed(
-                    f"the model raised {_describe(error)}", transient=is_transient(error)
-                ) from error
-            if isinstance(answer, ModelReply):
-                usage = answer.usage
-                answer = answer.decision
+            answer, usage = _ask(
+                binding,
+                clock,
+                prompt=render_step_prompt(view),
+                tools=memory.tool_specs(binding.agent),
+                view=view,
+                doing="in the model call",
+            )
             try:
                 decision = _validated(answer, binding.agent)
             except StepAttemptFailed as invalid:
@@ -555,26 +543,15 @@ class Engine:
         if through is None:
             return None
         view = view_of(state).model_copy(update={"task": "summarise", "summarise_through": through})
-        request = ModelRequest(
+        decision, usage = _ask(
+            binding,
+            clock,
             prompt=render_summary_prompt(view, limit=MAX_SUMMARY_CHARS),
             tools=[],
             view=view,
-            instructions=binding.agent.instructions,
-            max_tokens=binding.agent.max_tokens,
-            temperature=binding.agent.temperature,
-            retry_seconds=binding.agent.model_retry_seconds,
+            doing="summarising the window",
+            during=" while summarising",
         )
-        try:
-            answer = clock.run(lambda: binding.model.decide(request), "summarising the window")
-        except StepAttemptFailed:
-            raise
-        except Exception as error:  # a model adapter or a scripted policy: user code
-            raise ModelFailed(
-                f"the model raised {_describe(error)} while summarising",
-                transient=is_transient(error),
-            ) from error
-        usage = answer.usage if isinstance(answer, ModelReply) else None
-        decision = answer.decision if isinstance(answer, ModelReply) else answer
         if not isinstance(decision, Done) or not decision.summary.strip():
             raise ModelOutputInvalid("asked for a summary of the oldest steps, the model gave none")
         return Folded(decision.summary.strip()[:MAX_SUMMARY_CHARS], through, usage)
@@ -888,6 +865,42 @@ def _attempt_failure(error: Exception, what: str) -> StepAttemptFailed:
     failure = StepErrored(f"{what}: {_describe(error)}", transient=is_transient(error))
     failure.__cause__ = error
     return failure
+
+
+def _ask(
+    binding: Binding,
+    clock: _StepClock,
+    *,
+    prompt: str,
+    tools: list[ToolSpec],
+    view: StepView,
+    doing: str,
+    during: str = "",
+) -> tuple[object, Usage | None]:
+    """One call of the agent's model under the step's clock, with the agent's settings: its
+    answer (unchecked) and what it used. An error of the adapter's own (user code) is
+    `ModelFailed`, "the model raised ...{during}"."""
+    agent = binding.agent
+    request = ModelRequest(
+        prompt=prompt,
+        tools=tools,
+        view=view,
+        instructions=agent.instructions,
+        max_tokens=agent.max_tokens,
+        temperature=agent.temperature,
+        retry_seconds=agent.model_retry_seconds,
+    )
+    try:
+        answer = clock.run(lambda: binding.model.decide(request), doing)
+    except StepAttemptFailed:
+        raise
+    except Exception as error:  # a model adapter or a scripted policy: user code
+        raise ModelFailed(
+            f"the model raised {_describe(error)}{during}", transient=is_transient(error)
+        ) from error
+    if isinstance(answer, ModelReply):
+        return answer.decision, answer.usage
+    return answer, None
 
 
 def _paid_for(failure: StepAttemptFailed, usage: Usage | None) -> StepAttemptFailed:
