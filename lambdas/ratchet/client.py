@@ -478,10 +478,20 @@ class Client:
         # The step's own records (the step, a person's answer), not what came after at the
         # same step number: a failed attempt, a retry, the run's end.
         last = max(
-            c.version
-            for c in checkpoints
-            if c.step == from_step and isinstance(c.event, Created | StepCompleted | PersonDecided)
+            (
+                c.version
+                for c in checkpoints
+                if c.step == from_step
+                and isinstance(c.event, Created | StepCompleted | PersonDecided)
+            ),
+            default=None,
         )
+        if last is None:
+            # A fork starts at its source's step: it has no record of the steps before.
+            raise NoCheckpointAtStep(
+                f"run {source!r} has no record of step {from_step} (its first is step "
+                f"{checkpoints[0].step}): it cannot be forked from there"
+            )
         state = replay(c for c in checkpoints if c.version <= last)
         assert state is not None, "the records up to a checkpoint rebuild a state"
         now = utcnow()

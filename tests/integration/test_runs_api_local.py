@@ -313,3 +313,15 @@ def test_history_after_a_version_is_what_was_written_since(served: Served):
     assert since["checkpoints"] == every["checkpoints"][3:]
     assert served.call("GET", f"/runs/tail/history?after={versions[-1]}")[1]["checkpoints"] == []
     assert _refused(served.call("GET", "/runs/tail/history?after=-1")) == (400, "after")
+
+
+def test_a_fork_of_a_fork_from_before_its_fork_point_is_404_naming_from_step(served: Served):
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 2, "run_id": "src"})
+    served.work()
+    assert served.call("POST", "/runs/src/fork", {"from_step": 3, "run_id": "f1"})[0] == 201
+    before = served.rows()
+
+    answer = served.call("POST", "/runs/f1/fork", {"from_step": 1, "run_id": "f2"})
+
+    assert _refused(answer) == (404, "from_step")
+    assert served.rows() == before

@@ -190,6 +190,11 @@ def test_a_fork_is_refused_past_the_source_step_for_an_unknown_run_or_a_taken_id
     default = client.fork("s", from_step=3)
     assert default.run_id.startswith("s-fork-")
     assert client.get("s").status is RunStatus.DONE
+    # A fork has no record of the steps before its fork point: a fork of it from one of those
+    # is refused, naming the step, and writes nothing.
+    with pytest.raises(NoCheckpointAtStep, match="no record of step 1 \\(its first is step 3\\)"):
+        client.fork(default.run_id, from_step=1, run_id="again")
+    assert client.runtime.store.load_head("again") is None
 
 
 # --- replay -----------------------------------------------------------------------------------
