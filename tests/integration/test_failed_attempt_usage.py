@@ -109,3 +109,31 @@ def test_a_run_failed_for_good_keeps_the_tokens_of_its_last_attempt(harness):
     assert isinstance(finished, Finished)
     assert finished.usage == CALL
     assert engine.load("run").usage == CALL
+
+
+class NoSummary(Paid):
+    """Asked for a summary of the oldest steps, it answers with another tool call."""
+
+    def decide(self, request: ModelRequest) -> ModelReply:
+        self.calls += 1
+        decision = ToolCall(name="write_note", arguments={"text": f"n{self.calls}"})
+        return ModelReply(decision=decision, usage=CALL)
+
+
+def test_a_summary_the_engine_refuses_keeps_the_tokens_of_both_calls(harness):
+    agent = Agent(
+        name="notes", tools=[Tool("write_note", "Write a note.", Note, lambda args, ctx: "noted")]
+    )
+    engine = harness.engine_for(agent, NoSummary())
+    harness.start("summarised", memory_window=1, model_summary=True)
+    engine.advance("summarised")  # step 1: nothing to summarise yet
+
+    with pytest.raises(ModelOutputInvalid, match="summary"):
+        engine.advance("summarised")  # step 2 decides, then asks for a summary of step 1
+
+    failed = [e for e in _records_of(harness, "summarised") if isinstance(e, AttemptFailed)]
+    assert [f.usage for f in failed] == [CALL + CALL]  # the decision's call and the summary's
+
+
+def _records_of(harness: Harness, run_id: str) -> list[object]:
+    return [c.event for c in harness.store.list_checkpoints(run_id)]

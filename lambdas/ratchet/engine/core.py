@@ -553,7 +553,10 @@ class Engine:
             during=" while summarising",
         )
         if not isinstance(decision, Done) or not decision.summary.strip():
-            raise ModelOutputInvalid("asked for a summary of the oldest steps, the model gave none")
+            refused = ModelOutputInvalid(
+                "asked for a summary of the oldest steps, the model gave none"
+            )
+            raise _paid_for(refused, usage)
         return Folded(decision.summary.strip()[:MAX_SUMMARY_CHARS], through, usage)
 
     def _act(
