@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ratchet.tools import (
         Agent,
         Done,
+        PermanentError,
         RunContext,
         StepView,
         ToolCall,
