@@ -43,6 +43,9 @@ RATCHET_TOML = "ratchet.toml"
 PYPROJECT_TOML = "pyproject.toml"
 RATCHET_PACKAGE = "ratchet"
 """Always in the bundle: neither a requirement nor a package of the project may take its name."""
+RATCHET_DISTRIBUTIONS = frozenset({"ratchet-agents", RATCHET_PACKAGE})
+"""Requirements a project may not name: Ratchet's own distribution (the bundle has it, from
+this repository), and the project on PyPI named `ratchet`, whose package would shadow it."""
 
 _TEST_FOLDERS = {"tests", "test"}
 _NEVER_SHIPPED_MODULES = {"conftest.py", "setup.py", "noxfile.py"}
@@ -108,7 +111,7 @@ class _Table(BaseModel):
                 # The bundle installs wheels from the index, hashed by what the file says: a
                 # URL's content could change under an unchanged hash.
                 raise ValueError(f"{text!r} is a direct reference; name a version from the index")
-            if canonicalize_name(requirement.name) == RATCHET_PACKAGE:
+            if canonicalize_name(requirement.name) in RATCHET_DISTRIBUTIONS:
                 raise ValueError(
                     f"{text!r}: Ratchet itself is always in the bundle, from this repository"
                 )

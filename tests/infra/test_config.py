@@ -177,3 +177,14 @@ def test_the_stack_takes_exactly_the_prices_the_api_takes(prices: dict[str, Any]
     if stack_takes:
         assert stack_value is not None
         assert json.loads(stack_value) == prices
+
+
+def test_the_price_fields_are_those_the_api_takes() -> None:
+    import inspect
+
+    from ratchet.pricing import Prices
+
+    parameters = inspect.signature(Prices).parameters.values()
+    taken = {p.name: p.default is inspect.Parameter.empty for p in parameters}
+
+    assert taken == deploy_config.PRICE_FIELDS

@@ -88,6 +88,7 @@ BAD_TABLES = [
     ('source = "src"\nrequirements = ["httpx >>= 1"]\n', "requirements", "PEP 508"),
     ('source = "src"\nrequirements = ["x @ https://e.com/x.whl"]\n', "requirements", "direct"),
     ('source = "src"\nrequirements = ["ratchet==0.1"]\n', "requirements", "always in the bundle"),
+    ('source = "src"\nrequirements = ["Ratchet_Agents>=0.1"]\n', "requirements", "always in the"),
     ('source = "src"\nrequirements = "httpx"\n', "requirements", "valid list"),
 ]
 
@@ -195,3 +196,12 @@ def test_the_asset_hash_follows_the_project_files_and_requirements(tmp_path: Pat
 
     assert len({before, edited, required}) == 3
     assert asset_hash(REPO_ROOT, Project.load(folder)) == required
+
+
+def test_ratchets_own_distribution_is_the_one_this_repository_builds() -> None:
+    import tomllib
+
+    from cdk.project import RATCHET_DISTRIBUTIONS
+
+    built = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert built["project"]["name"] in RATCHET_DISTRIBUTIONS
