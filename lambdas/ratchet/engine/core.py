@@ -156,6 +156,8 @@ class StepOutcome:
     version: int
     bytes_written: int = 0
     """What the step's checkpoint commit wrote (head, record, ledger); 0 if nothing was."""
+    head: RunState | None = field(default=None, compare=False, repr=False)
+    """The head the step left, as committed (what a reader of the store would load)."""
 
     @classmethod
     def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:
@@ -165,6 +167,7 @@ class StepOutcome:
             state.step,
             state.version,
             bytes_written,
+            state,
         )
 
 

@@ -398,9 +398,9 @@ class Worker:
     def _report(self, outcome: StepOutcome, ms: float) -> None:
         assert self.on_step is not None
         try:
-            # The head carries the step's tool, arguments and result preview; one read, and
-            # only when someone shows progress.
-            state = self.engine.load(outcome.run_id)
+            # The head carries the step's tool, arguments and result preview: the one the
+            # engine committed, else one read.
+            state = outcome.head or self.engine.load(outcome.run_id)
             self.on_step(StepReport(outcome=outcome, state=state, ms=ms))
         except Exception:
             # Progress output is a courtesy: the step is committed whatever happens to it.
