@@ -86,7 +86,7 @@ def _say(documents: _Documents, command: _Command) -> str | None:
         payload = readout.status_payload(head)
         return readout.json_text(payload) if command.as_json else readout.status_text(payload)
     records = documents.records(run_id, after=command.after)
-    every = [readout.history_row(readout.checkpoint_fields(r)) for r in records]
+    every = [readout.checkpoint_fields(r) for r in records]  # already `history --json` rows
     shown, first = readout.history_window(every, after=command.after, last=command.last)
     if command.as_json:
         return readout.json_text(
