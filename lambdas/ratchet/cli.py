@@ -121,10 +121,11 @@ def _client(*, create: bool, worker_id: str | None = None, logs: bool = True) ->
     command (`logs=False`) logs nothing, and so skips loading the JSON logger."""
     from ratchet.client import Client
     from ratchet.faults import FaultPlan
+    from ratchet.runtime import runtime_for
 
     settings = _settings()
     return Client(
-        _runtime(create=create),
+        runtime_for(settings, create=create),
         worker_id=worker_id or _cli_worker_id(),
         logger=_logger() if logs else None,
         faults=FaultPlan.parse(settings.fault),
@@ -143,11 +144,20 @@ _ON_AWS = {
     "demo": "the demo runs on a local store of its own",
     "link": "on AWS approval links are sent by email or Slack when a run parks",
     "serve": "on AWS the stack's API serves the approval pages",
+    # On AWS a steered run needs its execution started or stopped, which only the API does.
+    "retry": "on AWS use POST /runs/RUN/retry on the stack's API, which also starts a new "
+    "execution",
+    "cancel": "on AWS use POST /runs/RUN/cancel on the stack's API, which also stops the execution",
+    "fork": "on AWS use POST /runs/RUN/fork on the stack's API, which also starts the fork's "
+    "execution",
+    "migrate": "there a head is upgraded when a step loads it, and stored anew by its next commit",
+    "gc": "there the tables' TTL expires old records",
 }
 
 
 def _require_local_store(command: str) -> None:
-    """The commands that write work on a local store only; refuse before touching anything."""
+    """The commands that write, or work on the store itself, take a local store only: refuse
+    a dynamodb:// one before touching anything, saying what to do on AWS instead."""
     from ratchet.runtime import DYNAMODB_SCHEME
 
     if _settings().store.startswith(DYNAMODB_SCHEME):
@@ -931,15 +941,10 @@ DryRunOption = Annotated[
 ]
 
 
-def _local_store(command: str, on_aws: str, *, write: bool) -> Any:
+def _local_store(command: str, *, write: bool) -> Any:
     """The local runtime of a command that works on the store itself. A missing store is an
     error, never made here; one an older Ratchet made gets today's tables before a write."""
-    from ratchet.runtime import DYNAMODB_SCHEME
-
-    if _settings().store.startswith(DYNAMODB_SCHEME):
-        raise InvalidInput(
-            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: {on_aws}"
-        )
+    _require_local_store(command)
     runtime = _runtime(create=False)
     if write:
         runtime.close()
@@ -954,8 +959,7 @@ def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     from ratchet.adapters.sqlite import SqliteHousekeeping
     from ratchet.housekeeping import migrate as migrate_heads
 
-    on_aws = "there a head is upgraded when a step loads it, and stored anew by its next commit"
-    runtime = _local_store("migrate", on_aws, write=not dry_run)
+    runtime = _local_store("migrate", write=not dry_run)
     try:
         report = migrate_heads(SqliteHousekeeping(runtime.db), dry_run=dry_run)
     finally:
@@ -1008,8 +1012,7 @@ def gc(
 
     if older_than is None:
         raise InvalidInput("ratchet gc needs --older-than DAYS (see: ratchet gc --help)")
-    on_aws = "there the tables' TTL expires old records"
-    runtime = _local_store("gc", on_aws, write=not dry_run)
+    runtime = _local_store("gc", write=not dry_run)
     try:
         report = collect_garbage(
             SqliteHousekeeping(runtime.db),
@@ -1058,25 +1061,6 @@ def demo(
 
 # --- steering: retry, cancel, fork, replay -----------------------------------------------------
 
-_STEERED_ON_AWS = {
-    "retry": "POST /runs/RUN/retry on the stack's API, which also starts a new execution",
-    "cancel": "POST /runs/RUN/cancel on the stack's API, which also stops the execution",
-    "fork": "POST /runs/RUN/fork on the stack's API, which also starts the fork's execution",
-}
-
-
-def _steer_locally(command: str) -> None:
-    """On AWS a steered run needs its execution started or stopped, which only the stack's
-    API can do: refuse a dynamodb:// store before touching anything."""
-    from ratchet.runtime import DYNAMODB_SCHEME
-
-    if _settings().store.startswith(DYNAMODB_SCHEME):
-        raise InvalidInput(
-            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: on AWS use "
-            f"{_STEERED_ON_AWS[command]}"
-        )
-
-
 WhoOption = Annotated[
     str | None,
     typer.Option("--by", callback=_not_empty, help="Who does it (default: your user name)."),
@@ -1086,7 +1070,7 @@ WhoOption = Annotated[
 @app.command()
 def retry(run_id: RunArgument, by: WhoOption = None) -> None:
     """Give a failed run fresh attempts at the step that failed, from its last checkpoint."""
-    _steer_locally("retry")
+    _require_local_store("retry")
     client = _client(create=False)
     try:
         run = client.retry(run_id, by=by or _operator())
@@ -1106,7 +1090,7 @@ def cancel(
     by: WhoOption = None,
 ) -> None:
     """End a running or waiting run as cancelled, keeping its checkpoints."""
-    _steer_locally("cancel")
+    _require_local_store("cancel")
     client = _client(create=False)
     try:
         run = client.cancel(run_id, reason=reason, by=by or _operator())
@@ -1130,7 +1114,7 @@ def fork(
     ] = None,
 ) -> None:
     """Start a new run from the state of RUN as of a step; RUN is untouched."""
-    _steer_locally("fork")
+    _require_local_store("fork")
     client = _client(create=True)
     try:
         run = client.fork(run_id, from_step=from_step, run_id=new_run_id)
