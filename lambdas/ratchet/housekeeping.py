@@ -33,7 +33,6 @@ from ratchet import stored
 from ratchet.errors import UnsupportedSchema
 from ratchet.state import FINISHED, SCHEMA_VERSION, CheckpointEvent, RunState
 
-FINISHED_STATUSES = frozenset(status.value for status in FINISHED)
 BLOB_GRACE = timedelta(hours=1)
 """A blob file younger than this is never deleted: a worker writes a step's blob before the
 commit that references it, so a new, not yet referenced blob may be about to be."""
@@ -120,6 +119,11 @@ def schema_of(head: StoredHead) -> int | None:
 def read_run(head: StoredHead, records: Sequence[StoredRecord]) -> RunState:
     """The state a worker loads (upgraded in memory), after parsing every record. Raises
     `ValueError` (or `UnsupportedSchema`) naming the part that cannot be read."""
+    return _load(head, head.head, head.static, records, _parsed(records))
+
+
+def _parsed(records: Sequence[StoredRecord]) -> dict[int, CheckpointEvent]:
+    """Every record's event, by version; `ValueError` naming the first that is damaged."""
     events = {}
     for record in records:
         try:
@@ -127,7 +131,7 @@ def read_run(head: StoredHead, records: Sequence[StoredRecord]) -> RunState:
         except ValueError as error:
             detail = _brief(error)
             raise ValueError(f"its checkpoint {record.version} is damaged ({detail})") from None
-    return _load(head, head.head, head.static, records, events)
+    return events
 
 
 def _load(
@@ -223,7 +227,8 @@ def _migrate_one(store: HousekeepingStore, head: StoredHead, dry_run: bool) -> R
     from_version = schema_of(head)
     records = store.records(head.run_id)
     try:
-        state = read_run(head, records)
+        events = _parsed(records)
+        state = _load(head, head.head, head.static, records, events)
     except (ValueError, TypeError, UnsupportedSchema) as error:
         return RunMigration(head.run_id, from_version, "unreadable", _brief(error))
     if from_version == SCHEMA_VERSION and head.static is not None:
@@ -232,7 +237,6 @@ def _migrate_one(store: HousekeepingStore, head: StoredHead, dry_run: bool) -> R
     static = stored.static_json(state) if head.static is None else None
     # A head stored whole (schema 2 and earlier) holds its window itself; the lean form reads
     # it back from the records. Rewrite only if the run then loads exactly as it does now.
-    events = {r.version: stored.parse_event(r.event) for r in records}
     if _load(head, text, static or head.static, records, events) != state:
         return RunMigration(
             head.run_id,
@@ -312,7 +316,7 @@ def collect_garbage(
     cutoff = now - older_than
     trims: dict[str, int] = {}
     for head in store.heads():
-        if head.status not in FINISHED_STATUSES:
+        if head.status not in FINISHED:  # a StrEnum: its members are its values
             report.live += 1
             continue
         if head.updated_at >= cutoff:

@@ -90,6 +90,6 @@ def load_state(text: str, *, version: int, attempts: int) -> RunState:
 
 def load_state_raw(raw: Mapping[str, Any], *, version: int, attempts: int) -> RunState:
     """`load_state` for a head already parsed into a dict (one merged from stored parts)."""
-    upgraded = dict(raw) if raw.get("schema_version") == SCHEMA_VERSION else upgrade_state(raw)
+    upgraded = upgrade_state(raw)  # a copy of `raw` when it is current
     upgraded.update({"version": version, "attempts": attempts})
     return RunState.model_validate(upgraded)

@@ -82,17 +82,14 @@ def load_head(
     *,
     version: int,
     attempts: int,
-    recent: Iterable[CheckpointEvent] = (),
 ) -> RunState:
-    """The state from its stored parts: the head, the static part (None for a head written
-    whole, by schema 2 and earlier), and the most recent records (oldest first), whose steps
-    make the window. Raises `ValueError` for a part that is not a state."""
+    """The state from its stored parts, the head and the static part (None for a head written
+    whole, by schema 2 and earlier), without its window (`with_window` adds it from the
+    records). Raises `ValueError` for a part that is not a state."""
     if static is None:
-        state = load_state(head, version=version, attempts=attempts)
-    else:
-        raw: dict[str, Any] = {**json.loads(static), **json.loads(head)}
-        state = load_state_raw(raw, version=version, attempts=attempts)
-    return with_window(state, recent)
+        return load_state(head, version=version, attempts=attempts)
+    raw: dict[str, Any] = {**json.loads(static), **json.loads(head)}
+    return load_state_raw(raw, version=version, attempts=attempts)
 
 
 def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:

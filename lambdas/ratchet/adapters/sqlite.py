@@ -711,8 +711,11 @@ class SqliteHousekeeping:
         for query in queries:
             for (text,) in connection.execute(query):
                 found |= blob_digests(text)
-        firsts = dict(
-            connection.execute("SELECT run_id, min(version) FROM checkpoints GROUP BY run_id")
+        # Each run's first record, which gc keeps: only a dry run's `trims` need it.
+        firsts = (
+            dict(connection.execute("SELECT run_id, min(version) FROM checkpoints GROUP BY run_id"))
+            if trims
+            else {}
         )
         for run_id, version, step, event in connection.execute(
             "SELECT run_id, version, step, event FROM checkpoints WHERE instr(event, 'sha256')"
