@@ -40,6 +40,7 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
+from ratchet.engine.backoff import Backoff
 from ratchet.errors import ModelOutputInvalid, ModelUnavailable, PermanentError
 from ratchet.ports import ModelReply, ModelRequest
 from ratchet.state import Decision, Done, ToolCall, Usage
@@ -49,8 +50,7 @@ DEFAULT_TIMEOUT_S = 60.0
 QUOTE_CHARS = 200
 """How much of an unusable reply an error quotes: enough to see what went wrong, no more."""
 
-FIRST_BACKOFF_S = 1.0
-MAX_BACKOFF_S = 30.0
+RETRY_BACKOFF = Backoff(first_seconds=1.0, factor=2.0, max_seconds=30.0)
 """Exponential backoff between tries: up to 1 s, 2 s, 4 s ... 30 s, each drawn uniformly
 from zero to that bound (full jitter), and never shorter than the provider's `retry-after`."""
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
@@ -198,7 +198,7 @@ class AnthropicModel:
             if isinstance(failure, Message):
                 return failure
             elapsed = self._pacing.clock() - started
-            backoff = self._pacing.jitter() * min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (tries - 1))
+            backoff = self._pacing.jitter() * RETRY_BACKOFF.ceiling(tries)
             delay = max(backoff, failure.retry_after or 0.0)
             if elapsed + delay > budget:
                 asked = (
