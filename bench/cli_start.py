@@ -15,23 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
+from bench.measure import median_seconds
+
 RATCHET = Path(sys.executable).with_name("ratchet")
-
-
-def _median_seconds(command: list[str], *, runs: int, cwd: Path, env: dict[str, str]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=60)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,7 +51,18 @@ def main() -> None:
             "ratchet list": [str(RATCHET), "list"],
         }
         figures = {
-            name: _median_seconds(command, runs=runs, cwd=cwd, env=env)
+            name: median_seconds(
+                partial(
+                    subprocess.run,
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    timeout=60,
+                ),
+                times=runs,
+            )
             for name, command in cases.items()
         }
     bare, help_ = figures["python -c pass"], figures["ratchet --help"]

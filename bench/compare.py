@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import io
 import json
 import os
 import platform
@@ -52,6 +51,7 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
+from bench.measure import DISCARD, bytes_written_by_process
 from bench.scripted_agent import (
     AGENT_REFERENCE,
     MAX_STEPS,
@@ -80,13 +80,6 @@ RESUME_SAMPLES = 3
 RUN_ID = "compare-lookups"
 DATABASE = "compare.sqlite"
 CHILD_TIMEOUT_SECONDS = 1800
-
-
-class _Discard(io.StringIO):
-    """The engine's checkpoint log is formatted as a worker formats it, then dropped."""
-
-    def write(self, text: str, /) -> int:
-        return len(text)
 
 
 # --- what a framework hands SQLite -----------------------------------------------------------
@@ -216,17 +209,6 @@ def counting_sqlite_writes() -> Iterator[Tally]:
             setattr(module, "connect", original)  # noqa: B010
 
 
-def _process_io() -> dict[str, int]:
-    """This process's I/O counters (Linux), or zeros where there are none."""
-    try:
-        with open("/proc/self/io", "rb") as counters:
-            return {
-                name.decode(): int(value) for name, value in (line.split(b":") for line in counters)
-            }
-    except OSError:
-        return {}
-
-
 # --- one run, measured -----------------------------------------------------------------------
 
 
@@ -252,7 +234,7 @@ class RunFigures:
 class Meter:
     wall: float = field(default_factory=time.perf_counter)
     cpu: float = field(default_factory=time.process_time)
-    io: dict[str, int] = field(default_factory=_process_io)
+    written: int = field(default_factory=bytes_written_by_process)
     row_bytes: int = field(default_factory=lambda: TALLY.row_bytes)
     commits: int = field(default_factory=lambda: TALLY.commits)
 
@@ -260,7 +242,7 @@ class Meter:
         self, framework: str, steps: int, pragmas: Callable[[], tuple[str, int]]
     ) -> RunFigures:
         """The counters since the meter started; then `pragmas`, outside the window."""
-        wall, cpu, io_now = time.perf_counter(), time.process_time(), _process_io()
+        wall, cpu, written = time.perf_counter(), time.process_time(), bytes_written_by_process()
         row_bytes, commits = TALLY.row_bytes, TALLY.commits
         journal_mode, synchronous = pragmas()
         return RunFigures(
@@ -269,7 +251,7 @@ class Meter:
             wall_ms=(wall - self.wall) * 1000,
             cpu_ms=(cpu - self.cpu) * 1000,
             row_bytes=row_bytes - self.row_bytes,
-            written_bytes=io_now.get("wchar", 0) - self.io.get("wchar", 0),
+            written_bytes=written - self.written,
             commits=commits - self.commits,
             journal_mode=journal_mode,
             synchronous=synchronous,
@@ -298,7 +280,7 @@ def _exit_with(answer: dict[str, Any]) -> NoReturn:
 
 
 def _ratchet_engine(runtime: LocalRuntime) -> Engine:
-    return runtime.engine(worker_id="compare", logger=json_logger(_Discard()))
+    return runtime.engine(worker_id="compare", logger=json_logger(DISCARD))
 
 
 def run_ratchet(directory: Path, steps: int) -> RunFigures:
@@ -721,36 +703,21 @@ def plot(result: Comparison, path: Path) -> None:
     for framework, by_steps in result.runs.items():
         counts = sorted(by_steps)
         name, colour = NAMES[framework], colours[framework]
-        left.plot(
-            counts,
-            [by_steps[n].per_step("wall_ms") for n in counts],
-            marker="o",
-            color=colour,
-            label=f"{name}: wall",
+        series = (
+            (left, "wall_ms", "o", "-", "wall"),
+            (left, "cpu_ms", "s", ":", "CPU"),
+            (right, "row_bytes", "o", "-", "row bytes"),
+            (right, "written_bytes", "s", "--", "written (write(2))"),
         )
-        left.plot(
-            counts,
-            [by_steps[n].per_step("cpu_ms") for n in counts],
-            marker="s",
-            linestyle=":",
-            color=colour,
-            label=f"{name}: CPU",
-        )
-        right.plot(
-            counts,
-            [by_steps[n].per_step("row_bytes") for n in counts],
-            marker="o",
-            color=colour,
-            label=f"{name}: row bytes",
-        )
-        right.plot(
-            counts,
-            [by_steps[n].per_step("written_bytes") for n in counts],
-            marker="s",
-            linestyle="--",
-            color=colour,
-            label=f"{name}: written (write(2))",
-        )
+        for axes, figure_name, marker, linestyle, label in series:
+            axes.plot(
+                counts,
+                [by_steps[n].per_step(figure_name) for n in counts],
+                marker=marker,
+                linestyle=linestyle,
+                color=colour,
+                label=f"{name}: {label}",
+            )
     left.set(xscale="log", xlabel="steps in the run", ylabel="ms per step (mean)")
     left.set_title("Time per step")
     right.set(xscale="log", yscale="log", xlabel="steps in the run", ylabel="bytes per step (mean)")

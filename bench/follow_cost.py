@@ -13,22 +13,12 @@ of `--reads` reads; compare the figures of one run of the bench (the machine is 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
+from functools import partial
 
 import ratchet
+from bench.measure import median_seconds
 from bench.scripted_agent import AGENT_REFERENCE, MAX_STEPS
-
-
-def _median_ms(client: ratchet.Client, run_id: str, *, after: int, reads: int) -> float:
-    """How long `client.history(run_id, after=after)` takes, the median of `reads` reads."""
-    times = []
-    for _ in range(reads):
-        started = time.perf_counter()
-        client.history(run_id, after=after)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -53,8 +43,10 @@ def main() -> None:
                     max_steps=min(steps + 1, MAX_STEPS),
                 )
                 last = client.head(run_id).version
-                whole = _median_ms(client, run_id, after=0, reads=options.reads)
-                since = _median_ms(client, run_id, after=last - 1, reads=options.reads)
+                whole = 1000 * median_seconds(partial(client.history, run_id), times=options.reads)
+                since = 1000 * median_seconds(
+                    partial(client.history, run_id, after=last - 1), times=options.reads
+                )
                 count = len(client.history(run_id))
                 print(
                     f"{steps:>7,}{count:>13,}{whole:>13.1f} ms{since:>14.2f} ms"

@@ -33,7 +33,6 @@ run at steps 10-14 and 996-1,000.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sqlite3
@@ -51,6 +50,7 @@ from typing import Any
 # Imported up front, as a worker does at start-up, so a resume's timer does not pay for it.
 import aws_lambda_powertools  # noqa: F401
 
+from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
 from bench.scripted_agent import AGENT_REFERENCE, ARGUMENT_BYTES, RESULT_BYTES
 from ratchet.adapters.sqlite import PAGE_SIZE
 from ratchet.engine.core import Binder, Binding, Engine, Outcome
@@ -95,31 +95,6 @@ MAX_GROWTH_BYTES = 64
 MAX_ENGINE_MS = 2.0
 MAX_RESUME_MS = 20.0
 MAX_RESUME_RATIO = 2.0
-
-
-class _Discard(io.StringIO):
-    """The checkpoint log is formatted as a worker formats it, then dropped."""
-
-    def write(self, text: str, /) -> int:
-        return len(text)
-
-
-DISCARD = _Discard()
-
-
-def bytes_written_by_process() -> int:
-    """Bytes this process has handed to write(2) so far (Linux), or 0 where unknown."""
-    try:
-        with open("/proc/self/io", "rb") as counters:
-            for line in counters:
-                if line.startswith(b"wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-WRITES_KNOWN = Path("/proc/self/io").exists()
 
 
 @dataclass(frozen=True)
