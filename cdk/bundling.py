@@ -74,12 +74,17 @@ def _uv(repo_root: Path) -> str:
     return found
 
 
-def _run(command: list[str], cwd: Path) -> None:
+def _run(command: list[str], cwd: Path, *, failure: str | None = None) -> None:
+    """Run `command`; if it fails, `BundlingFailed` with what it said on stderr, after
+    `failure` (what went wrong, in the project's words) or else the command itself."""
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise BundlingFailed(
-            f"`{' '.join(command)}` failed with exit code {done.returncode}:\n{done.stderr}"
-        )
+    if done.returncode == 0:
+        return
+    if failure is not None:
+        raise BundlingFailed(f"{failure} uv says:\n{done.stderr.strip()}")
+    raise BundlingFailed(
+        f"`{' '.join(command)}` failed with exit code {done.returncode}:\n{done.stderr}"
+    )
 
 
 @jsii.implements(ILocalBundling)
@@ -116,10 +121,14 @@ class LockedWheelsBundling:
             else:
                 wanted = Path(scratch) / "project-requirements.txt"
                 wanted.write_text("\n".join(self._project.requirements) + "\n")
-                _install_project_requirements(
+                _run(
                     [*install, "--requirement", str(wanted), "--constraint", str(locked)],
-                    self._project,
                     cwd=self._repo_root,
+                    failure=f"{self._project.config_file}: {self._project.key_prefix}"
+                    "requirements cannot be installed with Ratchet's locked dependencies "
+                    f"(uv.lock) as binary wheels for Lambda ({WHEEL_PLATFORM}, Python "
+                    f"{PYTHON_VERSION}). A requirement may add packages but not change a "
+                    "version Ratchet pins.",
                 )
         package_dir = self._repo_root / "lambdas" / PACKAGE
         for source in _source_files(package_dir):
@@ -134,26 +143,15 @@ class LockedWheelsBundling:
         return True
 
 
-def _install_project_requirements(command: list[str], project: Project, cwd: Path) -> None:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise BundlingFailed(
-            f"{project.config_file}: {project.key_prefix}requirements cannot be installed "
-            f"with Ratchet's locked dependencies (uv.lock) as binary wheels for Lambda "
-            f"({WHEEL_PLATFORM}, Python {PYTHON_VERSION}). A requirement may add packages but "
-            f"not change a version Ratchet pins. uv says:\n{done.stderr.strip()}"
-        )
-
-
 def _copy_project(project: Project, out: Path) -> None:
     taken = {p.name for p in out.iterdir()} | {p.stem for p in out.glob("*.py")}
     for name, entry in project.top_level().items():
         if name in taken:
-            raise BundlingFailed(
-                f"{project.config_file}: {project.key_prefix}source: {entry} has the import "
-                f"name {name!r} of a package already in the bundle (Ratchet or a dependency); "
-                "rename it"
+            clash = (
+                f"{entry} has the import name {name!r} of a package already in the bundle "
+                "(Ratchet or a dependency); rename it"
             )
+            raise BundlingFailed(str(project.error("source", clash)))
     for shipped in project.shipped_files():
         target = out / shipped.path
         target.parent.mkdir(parents=True, exist_ok=True)

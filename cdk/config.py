@@ -197,10 +197,11 @@ def _bedrock_models(key: str, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(models))
 
 
-def inference_profile(model_id: str) -> tuple[str, str] | None:
-    """(geography, foundation model id) if `model_id` is a cross-region inference profile."""
+def profiled_model(model_id: str) -> str | None:
+    """The foundation model id if `model_id` is a cross-region inference profile (its
+    geography, then the model's id), else None."""
     geography, _, rest = model_id.partition(".")
-    return (geography, rest) if geography in INFERENCE_PROFILE_PREFIXES and "." in rest else None
+    return rest if geography in INFERENCE_PROFILE_PREFIXES and "." in rest else None
 
 
 def _json_object(key: str, raw: Any, like: str) -> dict[Any, Any]:

@@ -16,7 +16,7 @@ from constructs import Construct
 from cdk import contract, functions
 from cdk.api import STAGE, RunsApi
 from cdk.approvals import ApprovalChannels
-from cdk.config import DeployConfig, inference_profile
+from cdk.config import DeployConfig, profiled_model
 from cdk.functions import Functions
 from cdk.nag import acknowledge
 from cdk.storage import Storage
@@ -218,14 +218,13 @@ class RatchetStack(Stack):
         resources: list[str] = []
         routed: list[str] = []
         for model_id in models:
-            profile = inference_profile(model_id)
-            if profile is None:
+            model = profiled_model(model_id)
+            if model is None:
                 resources.append(self._bedrock_arn("foundation-model", model_id))
                 continue
             resources.append(self._bedrock_arn("inference-profile", model_id, account=True))
-            foundation = f"arn:{self.partition}:bedrock:*::foundation-model/{profile[1]}"
-            resources.append(foundation)
-            routed.append(profile[1])
+            resources.append(f"arn:{self.partition}:bedrock:*::foundation-model/{model}")
+            routed.append(model)
         lambdas["step"].add_to_role_policy(
             iam.PolicyStatement(actions=list(BEDROCK_ACTIONS), resources=resources)
         )
