@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
 from ratchet.pricing import PRICES_AS_OF, estimate
@@ -259,22 +259,35 @@ def history_text(
     """`ratchet history`: a table, a row per checkpoint (from version `first` on), and a row
     per run of versions no checkpoint records (explained under the table). Given the
     terminal's `width`, the two columns of words are cut to fit it."""
-    starts = dict(version_gaps([r["version"] for r in rows], head_version, first=first))
+    versions = [r["version"] for r in rows]
     lines: list[list[str]] = []
-    for row in [*rows, None]:
-        following = row["version"] if row else head_version + 1
-        for first in sorted(v for v in starts if v < following):
-            last = starts.pop(first)
-            span = f"{first}" if first == last else f"{first}..{last}"
-            lines.append([span, "", "", "attempt counted (no record)", "", "", "", "", ""])
-        if row is not None:
-            lines.append(_history_line(row))
+    for item in interleaved(versions, version_gaps(versions, head_version, first=first)):
+        if isinstance(item, str):
+            lines.append([item, "", "", "attempt counted (no record)", "", "", "", "", ""])
+        else:
+            lines.append(_history_line(rows[item]))
     if width is not None:
         _fit(lines, width)
     said = table(HISTORY_COLUMNS, lines)
     if any(line[3] == "attempt counted (no record)" for line in lines):
         said += f"Versions without a row: {UNRECORDED_VERSIONS}.\n"
     return said
+
+
+def interleaved(versions: Sequence[int], gaps: Iterable[tuple[int, int]]) -> Iterator[int | str]:
+    """The rows of a history in order, by their index in `versions` (ascending), each run of
+    versions without a row as its span (`"3"`, `"3..5"`) just before the first row past it."""
+    pending = sorted(gaps)
+    for index, version in enumerate(versions):
+        while pending and pending[0][0] < version:
+            yield _span(*pending.pop(0))
+        yield index
+    for gap in pending:
+        yield _span(*gap)
+
+
+def _span(first: int, last: int) -> str:
+    return f"{first}" if first == last else f"{first}..{last}"
 
 
 _WORDS = (3, 4)

@@ -32,7 +32,13 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
 from ratchet.errors import InvalidInput, RunNotFound
-from ratchet.readout import UNRECORDED_VERSIONS, argument_summary, shorten, version_gaps
+from ratchet.readout import (
+    UNRECORDED_VERSIONS,
+    argument_summary,
+    interleaved,
+    shorten,
+    version_gaps,
+)
 from ratchet.state import RunState, RunStatus
 
 RESULT_PREVIEW_CHARS = 160
@@ -396,19 +402,16 @@ def _timeline_rows(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
     shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
     first_shown = shown[0].version if shown else 0
-    gaps = {first: last for first, last in timeline.gaps if first >= first_shown}
+    gaps = [(first, last) for first, last in timeline.gaps if first >= first_shown]
     rows: list[str] = []
-    for c in [*shown, None]:
-        following = c.version if c is not None else timeline.run.version + 1
-        for first in sorted(v for v in gaps if v < following):
-            last = gaps.pop(first)
-            span = f"{first}" if first == last else f"{first}..{last}"
+    for item in interleaved([c.version for c in shown], gaps):
+        if isinstance(item, str):
             rows.append(
-                f"<tr class='gap'><td>{span}</td><td></td><td colspan='9'>attempt counted "
+                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>attempt counted "
                 f"(no record): {e(UNRECORDED_VERSIONS)}</td></tr>"
             )
-        if c is None:
-            break
+            continue
+        c = shown[item]
         attempt = timeline.attempts.get(c.version)
         css = "failed" if c.event in ("attempt_failed",) or c.error else ""
         if attempt is not None and attempt > 1:
