@@ -440,8 +440,8 @@ def _progress_line(report: Any, printer: Any) -> None:
 
 
 def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
-    """`client.work`, printing a line per committed step (the worker's `on_step`)."""
-    client.head(run_id)
+    """`client.work`, printing a line per committed step (the worker's `on_step`). The run
+    exists: `run` has just created it or found it."""
     client.runtime.work(
         run_id,
         worker_id=client.worker_id,
@@ -776,7 +776,7 @@ def show(
 
 def _decide(
     run_id: str, *, approved: bool, by: str, comment: str, answer: str | None = None
-) -> RunState:
+) -> None:
     """Decide through the run's open approval request, so its links and page show the
     decision; a run parked by a worker that died before opening one is decided directly."""
     from ratchet.approvals.answers import parse_answer_json
@@ -788,8 +788,6 @@ def _decide(
             client.approve(run_id, by=by, comment=comment, answer=given)
         else:
             client.reject(run_id, by=by, comment=comment)
-        state: RunState = client.head(run_id)
-        return state
     finally:
         client.close()
 
@@ -835,10 +833,8 @@ def approve(
 ) -> None:
     """Approve what a waiting run asked for; the next free worker resumes it."""
     _require_local_store("approve")
-    state = _decide(
-        run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer
-    )
-    out.print(f"{state.run_id}: approved; it resumes on the next free worker")
+    _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer)
+    out.print(f"{run_id}: approved; it resumes on the next free worker")
 
 
 @app.command()
@@ -849,8 +845,8 @@ def reject(
 ) -> None:
     """Reject what a waiting run asked for; the run goes on knowing the answer was no."""
     _require_local_store("reject")
-    state = _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
-    out.print(f"{state.run_id}: rejected; it resumes on the next free worker")
+    _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
+    out.print(f"{run_id}: rejected; it resumes on the next free worker")
 
 
 @app.command()

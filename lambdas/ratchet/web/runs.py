@@ -160,7 +160,11 @@ class RunView(_Answer):
 
     @classmethod
     def of(cls, state: RunState) -> RunView:
-        return cls.model_validate(Run.of(state).model_dump())
+        return cls.of_run(Run.of(state))
+
+    @classmethod
+    def of_run(cls, run: Run) -> RunView:
+        return cls.model_validate(run.model_dump())
 
 
 class RunHistory(_Answer):
@@ -416,10 +420,10 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         _require_json(app)
         wired = services()
         reason = body.reason if body else ""
-        wired.client.cancel(run_id, reason=reason, by=_caller(app, wired))
+        cancelled = wired.client.cancel(run_id, reason=reason, by=_caller(app, wired))
         count("RunsCancelled")
         wired.logger.info("run cancelled", extra={"run_id": run_id})
-        return RunView.of(wired.client.head(run_id))
+        return RunView.of_run(cancelled)
 
     @app.post(
         "/runs/<run_id>/fork",
