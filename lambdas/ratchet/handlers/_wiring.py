@@ -100,12 +100,18 @@ def runtime() -> AwsRuntime:
     )
 
 
+@cache
+def agents() -> AgentRegistry:
+    """The agents this deployment registered (`RATCHET_AGENTS`), parsed once per container."""
+    return AgentRegistry.deployment(settings().agents)
+
+
 def client(*, worker_id: str) -> Client:
     """The Python client on this deployment's runtime, starting only the agents it registered
     (by name); `worker_id` names whoever writes through it (the request, for a start)."""
     return Client(
         runtime(),
-        agents=AgentRegistry.deployment(settings().agents),
+        agents=agents(),
         worker_id=worker_id,
         logger=logger,
         channel="api",

@@ -807,6 +807,7 @@ def _clear_wiring() -> None:
     """Forget what the handlers built from the settings: the next invocation reads them anew."""
     for factory in (
         _wiring.settings,
+        _wiring.agents,
         _wiring.runtime,
         _wiring.stepfunctions,
         _wiring.anthropic_api_key,
