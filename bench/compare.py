@@ -53,17 +53,15 @@ from typing import Any, NoReturn, Self
 
 from bench.measure import DISCARD, bytes_written_by_process
 from bench.scripted_agent import (
-    AGENT_REFERENCE,
     MAX_STEPS,
     TOOL_NAME,
-    agent,
     arguments_for,
+    new_scripted_run,
     result_for,
 )
 from ratchet.engine.core import Engine, Outcome
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.observability import json_logger
-from ratchet.state import RunOptions, RunState
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("ratchet", "langgraph", "dbos")
@@ -288,13 +286,7 @@ def run_ratchet(directory: Path, steps: int) -> RunFigures:
     runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{directory / DATABASE}"))
     try:
         engine = _ratchet_engine(runtime)
-        params = agent.params_for({})
-        state = RunState(
-            run_id=RUN_ID,
-            agent=AGENT_REFERENCE,
-            goal=agent.goal_for(params),
-            options=RunOptions(max_steps=MAX_STEPS, params=params),
-        )
+        state = new_scripted_run(RUN_ID, max_steps=MAX_STEPS)
         meter = Meter()
         if not engine.start(state):
             raise RuntimeError(f"{RUN_ID} already exists in {directory}")

@@ -33,12 +33,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from bench.scripted_agent import AGENT_REFERENCE
+from bench.scripted_agent import new_scripted_run
 from ratchet.adapters.dynamodb import create_tables
 from ratchet.aws.runtime import AwsRuntime
 from ratchet.aws.settings import AwsSettings
 from ratchet.engine.core import Outcome
-from ratchet.runs import SCRIPTED, RunRequest, new_run
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState
 
@@ -110,7 +109,7 @@ def _tables(payload: Mapping[str, Any]) -> frozenset[str]:
 class StepCost:
     step: int
     requests: list[Request] = field(default_factory=list)
-    items_after: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    items_after: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def write_units(self, role: str | None = None) -> int:
         return sum(write_units(r, self.items_after) for r in self._of(role))
@@ -155,7 +154,7 @@ def _units(size: int, unit: int) -> int:
     return max(1, -(-size // unit))
 
 
-def write_units(request: Request, items_after: Mapping[tuple[str, str, str], int]) -> int:
+def write_units(request: Request, items_after: Mapping[tuple[str, str], int]) -> int:
     """What a write request costs, in write units: an update is billed on the item as it
     ends up (`items_after`: sizes by table and key, read after the step)."""
     payload = request.payload
@@ -173,7 +172,7 @@ def write_units(request: Request, items_after: Mapping[tuple[str, str, str], int
     return 0
 
 
-def updated_keys(requests: list[Request]) -> set[tuple[str, str, str]]:
+def updated_keys(requests: list[Request]) -> set[tuple[str, str]]:
     """The items a step's updates wrote, to be read back for their sizes."""
     keys = set()
     for request in requests:
@@ -187,8 +186,8 @@ def updated_keys(requests: list[Request]) -> set[tuple[str, str, str]]:
     return keys
 
 
-def _key(body: Mapping[str, Any]) -> tuple[str, str, str]:
-    return (body["TableName"], json.dumps(body["Key"], sort_keys=True), "")
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    return (body["TableName"], json.dumps(body["Key"], sort_keys=True))
 
 
 # --- a run, stepped in this process ------------------------------------------------------------
@@ -225,14 +224,7 @@ class DynamoDbBenchRun:
         self.runtime = AwsRuntime(SETTINGS, self.client)
         self.engine = self.runtime.engine(worker_id="bench", logger=LOG)
         if self.scripted:
-            request = RunRequest(
-                run_id=RUN_ID,
-                agent=AGENT_REFERENCE,
-                model=SCRIPTED,
-                max_steps=self.max_steps,
-                input={"steps": self.batches},
-            )
-            state = new_run(request, has_anthropic_key=False)
+            state = new_scripted_run(RUN_ID, steps=self.batches, max_steps=self.max_steps)
         else:
             params = {**migration.agent.default_params, "batches": self.batches}
             state = RunState(
@@ -268,11 +260,11 @@ class DynamoDbBenchRun:
             costs.append(StepCost(expected, requests, self._sizes(updated_keys(requests))))
         return costs
 
-    def _sizes(self, keys: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], int]:
+    def _sizes(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
         """The sizes of the items a step updated, as they ended up (read unmetered)."""
         sizes = {}
         for key in keys:
-            table, item_key, _ = key
+            table, item_key = key
             found = self.client.get_item(
                 TableName=table, Key=json.loads(item_key), ConsistentRead=True
             ).get("Item", {})

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ratchet.runs import SCRIPTED, RunRequest, new_run
+from ratchet.state import RunState
 from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
 
 AGENT_REFERENCE = "bench.scripted_agent:agent"
@@ -91,3 +93,15 @@ agent = Agent(
     policy=scripted,
     input=ScriptInput,
 )
+
+
+def new_scripted_run(run_id: str, *, steps: int = MAX_STEPS, max_steps: int) -> RunState:
+    """A new run of `agent` that looks up `steps` orders, checked as any start is."""
+    request = RunRequest(
+        run_id=run_id,
+        agent=AGENT_REFERENCE,
+        model=SCRIPTED,
+        max_steps=max_steps,
+        input={"steps": steps},
+    )
+    return new_run(request, has_anthropic_key=False)

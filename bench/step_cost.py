@@ -51,12 +51,11 @@ from typing import Any
 import aws_lambda_powertools  # noqa: F401
 
 from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
-from bench.scripted_agent import AGENT_REFERENCE, ARGUMENT_BYTES, RESULT_BYTES
+from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
 from ratchet.adapters.sqlite import PAGE_SIZE
 from ratchet.engine.core import Binder, Binding, Engine, Outcome
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.observability import json_logger
-from ratchet.runs import SCRIPTED, RunRequest, new_run
 from ratchet.state import RunState, idempotency_key
 from ratchet.tools import ToolContext, ToolResult
 
@@ -219,14 +218,7 @@ class BenchRun:
         self.clock = ToolClock()
         self.engine = bench_engine(self.runtime, self.clock)
         # What `ratchet start --agent bench.scripted_agent:agent --param steps=N` does.
-        request = RunRequest(
-            run_id=RUN_ID,
-            agent=AGENT_REFERENCE,
-            model=SCRIPTED,
-            max_steps=max_steps,
-            input={"steps": steps},
-        )
-        if not self.engine.start(new_run(request, has_anthropic_key=False)):
+        if not self.engine.start(new_scripted_run(RUN_ID, steps=steps, max_steps=max_steps)):
             raise RuntimeError(f"run {RUN_ID} already exists in {self.url}")
 
     def __enter__(self) -> BenchRun:
