@@ -442,8 +442,8 @@ class Engine:
             if failure is error:
                 raise
             raise failure from error
-        if folded is not None and folded.usage is not None:
-            usage = folded.usage if usage is None else usage + folded.usage
+        if folded is not None:
+            usage = _added(usage, folded.usage)
         return decision, output, wait, usage, folded
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
@@ -911,9 +911,15 @@ def _ask(
 
 def _paid_for(failure: StepAttemptFailed, usage: Usage | None) -> StepAttemptFailed:
     """`failure`, now carrying what the attempt's model call used (its record counts it)."""
-    if usage is not None:
-        failure.usage = usage if failure.usage is None else failure.usage + usage
+    failure.usage = _added(failure.usage, usage)
     return failure
+
+
+def _added(one: Usage | None, other: Usage | None) -> Usage | None:
+    """Two model calls' usage together; None when neither was counted."""
+    if one is None or other is None:
+        return other if one is None else one
+    return one + other
 
 
 def _terminal_cause(error: StepAttemptFailed) -> BaseException:
