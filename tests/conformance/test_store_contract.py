@@ -17,6 +17,7 @@ from ratchet.state import (
     ApprovalRequest,
     AttemptFailed,
     Checkpoint,
+    CheckpointEvent,
     Created,
     PersonDecided,
     RunState,
@@ -49,6 +50,15 @@ def step_commit(head: RunState, step: int, *, text: str = "ok") -> Commit:
         attempt=1,
         duration_ms=1.0,
     )
+    return commit_of(
+        head, event, step=step, completes=LedgerCompletion(f"{head.run_id}/step-{step}", text)
+    )
+
+
+def commit_of(
+    head: RunState, event: CheckpointEvent, *, step: int, completes: LedgerCompletion | None = None
+) -> Commit:
+    """The commit of `event` on `head`: the head it folds into and its checkpoint record."""
     at = utcnow()
     new_head = apply_event(head, event, version=head.version + 1, at=at)
     checkpoint = Checkpoint(
@@ -61,10 +71,7 @@ def step_commit(head: RunState, step: int, *, text: str = "ok") -> Commit:
         event=event,
     )
     return Commit(
-        head=new_head,
-        checkpoint=checkpoint,
-        expected_version=head.version,
-        completes=LedgerCompletion(f"{head.run_id}/step-{step}", text),
+        head=new_head, checkpoint=checkpoint, expected_version=head.version, completes=completes
     )
 
 
@@ -271,21 +278,9 @@ def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
 
 
 def _commit_event(backend, head: RunState, event, step: int) -> RunState:
-    at = utcnow()
-    new_head = apply_event(head, event, version=head.version + 1, at=at)
-    checkpoint = Checkpoint(
-        run_id=head.run_id,
-        version=new_head.version,
-        step=step,
-        status=new_head.status,
-        worker_id="w",
-        created_at=at,
-        event=event,
-    )
-    backend.store.commit(
-        Commit(head=new_head, checkpoint=checkpoint, expected_version=head.version)
-    )
-    return new_head
+    commit = commit_of(head, event, step=step)
+    backend.store.commit(commit)
+    return commit.head
 
 
 @pytest.mark.parametrize("model_summary", [False, True], ids=["digest", "model-summary"])
