@@ -4,15 +4,17 @@ request can be refused. Each refusal must change nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
 import html
+import io
 import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,21 +26,23 @@ from pydantic import BaseModel, SecretStr
 from werkzeug.test import Client, TestResponse
 
 from ratchet.adapters.slack import SlackResponder
-from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.desk import ApprovalDesk, Decider, decided_text
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.aws.approvals import verdict_from_answer
 from ratchet.client import Client as RatchetClient
 from ratchet.engine.core import Engine
-from ratchet.errors import AnswerInvalid, ApprovalClosed, StoreBusy
+from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
 from ratchet.local.approvals import LocalResumer
+from ratchet.local.runs_api import local_runs_services
 from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.local.serve import wsgi_app
 from ratchet.local.worker import Worker
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
 from ratchet.web.approvals import ApprovalServices, build_app
+from ratchet.web.runs import build_app as build_runs_app
 from tests.fixtures import refund_agent
 from tests.integration.test_notifiers import RecordingServer
 
@@ -868,3 +872,181 @@ def test_a_run_started_with_its_own_approval_timeout_keeps_to_it(local):
     assert local.head(parked.run_id).summary == (
         "refund decided: Rejected by nobody: approval expired after 120 s"
     )
+
+
+# --- decided, not yet recorded (issue 16, defect 1) --------------------------------------------
+
+
+class HeldResumer:
+    """The engine's write of a decision, held back: `in_window` runs after the request is
+    settled and before the head is written (what `RecordDecision` is on AWS)."""
+
+    def __init__(self, inner: LocalResumer, in_window: Callable[[], None]) -> None:
+        self.inner, self.in_window = inner, in_window
+
+    def resume(self, approval: Approval, verdict: Verdict) -> None:
+        self.in_window()
+        self.inner.resume(approval, verdict)
+
+
+def local_cli(local: Local, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, str]:
+    """`ratchet <args>` on the local store, in this process: its exit code and stderr."""
+    from ratchet import cli
+
+    monkeypatch.setenv("RATCHET_STORE", f"sqlite:///{local.runtime.db.path}")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cli.main(args)
+        except SystemExit as exit:
+            return (exit.code if isinstance(exit.code, int) else 0), err.getvalue()
+    return 0, err.getvalue()
+
+
+def decisions(local: Local, run_id: str) -> list[tuple[bool, str, str]]:
+    return [
+        (c.event.approved, c.event.by, c.event.comment)
+        for c in local.runtime.store.list_checkpoints(run_id)
+        if isinstance(c.event, PersonDecided)
+    ]
+
+
+def test_every_channel_finds_a_request_decided_before_the_run_records_it(
+    with_slack, parked, slack_server, monkeypatch
+):
+    local = with_slack
+    runs = local_runs_services(local.runtime, worker_id="serve", logger=LOG, operator="erin")
+    runs_api = Client(wsgi_app([("/runs", build_runs_app(lambda: runs))]))
+    python = RatchetClient(local.runtime, worker_id="client", logger=LOG)
+    seen: dict[str, Any] = {}
+
+    def every_other_channel() -> None:
+        # The book says approved by alice; the head still waits for the answer.
+        assert local.approval(parked).status is ApprovalStatus.APPROVED
+        assert local.head(parked.run_id).status is RunStatus.WAITING
+        said = decided_text(local.approval(parked))
+        assert said.startswith(f"approved by {OPERATOR} at ")
+        before = local.tables()
+
+        page = post(local, local.path(parked.approval, "bob"), "decision=reject")
+        seen["page"] = (page.status_code, title(page), said in page.get_data(as_text=True))
+
+        slack_post(local, *slack_press(parked, SLACK_REJECT, slack_server.url + "/actions/1"))
+        seen["slack"] = slack_server.requests[-1].json["text"]
+
+        api = runs_api.post(f"/runs/{parked.run_id}/reject", json={"reason": "no"})
+        seen["api"] = (api.status_code, api.get_json()["problems"][0]["message"])
+
+        seen["cli"] = local_cli(local, monkeypatch, ["reject", parked.run_id, "--by", "carol"])
+
+        with pytest.raises(ApprovalDecided) as refused:
+            python.reject(parked.run_id, by="dave", comment="no")
+        seen["python"] = str(refused.value)
+
+        seen["unchanged"] = local.tables() == before
+        seen["said"] = said
+
+    held = dataclasses.replace(
+        local.desk, resumer=HeldResumer(LocalResumer(local.engine), every_other_channel)
+    )
+    clicked = held.decide_by_link(
+        parked.approval.approval_id,
+        dict(parse_qsl(urlsplit(parked.link).query)),
+        approved=True,
+        comment="go",
+    )
+
+    said = seen["said"]
+    assert seen["page"] == (409, "Already decided", True)
+    assert seen["slack"] == f"Already decided: {said}"
+    assert seen["api"] == (409, said)
+    assert seen["cli"] == (2, f"ratchet: {said}\n")
+    assert seen["python"] == said
+    assert seen["unchanged"], "a refused channel changed the store"
+    assert clicked.approval.status is ApprovalStatus.APPROVED
+    assert decisions(local, parked.run_id) == [(True, OPERATOR, "go")]
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).summary == f"finished after: Approved by {OPERATOR}: go"
+    assert decisions(local, parked.run_id) == [(True, OPERATOR, "go")]
+
+
+class CommitsAfter:
+    """A checkpoint store whose next commit first lets `meanwhile` run: another decider's
+    whole decision lands between this one's read of the head and its write."""
+
+    def __init__(self, store: Any, meanwhile: Callable[[], None]) -> None:
+        self._store, self._meanwhile = store, meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def commit(self, commit: Any) -> Any:
+        meanwhile, self._meanwhile = self._meanwhile, lambda: None
+        meanwhile()
+        return self._store.commit(commit)
+
+
+def park_unasked(local: Local, run_id: str = "unasked") -> None:
+    """A run parked by a worker that died before opening its request."""
+    state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=RunOptions())
+    assert local.engine.start(state)
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.WAITING
+    assert local.desk.book.of_run(run_id) == []
+
+
+def test_a_direct_record_that_loses_its_race_says_who_won_and_records_nothing(local):
+    park_unasked(local)
+    runtime = local.runtime
+    first = RatchetClient(runtime, worker_id="first", logger=LOG)
+
+    def bob_decides_first() -> None:
+        first.reject("unasked", by="bob", comment="no")
+
+    slow = Engine(
+        store=CommitsAfter(runtime.store, bob_decides_first),
+        ledger=runtime.ledger,
+        blobs=runtime.blobs,
+        bind=runtime.bind,
+        worker_id="slow",
+        logger=LOG,
+    )
+    decider = Decider(local.desk.book, LocalResumer(slow), runtime.store)
+
+    with pytest.raises(
+        ApprovalDecided, match=r"^rejected by bob at \d{4}-\d\d-\d\d \d\d:\d\d UTC$"
+    ):
+        decider.decide_or_record(
+            "unasked", Verdict(approved=True, by="carol"), channel="cli", engine=slow
+        )
+
+    assert decisions(local, "unasked") == [(False, "bob", "no")]
+
+
+def test_a_request_opened_while_a_decision_is_recorded_directly_takes_no_second_answer(local):
+    park_unasked(local)
+    runtime = local.runtime
+    opened: list[Approval] = []
+
+    def a_worker_opens_the_request() -> None:
+        opened.append(local.desk.open("unasked", timeout_seconds=3600, operator="bob").approval)
+
+    engine = Engine(
+        store=CommitsAfter(runtime.store, a_worker_opens_the_request),
+        ledger=runtime.ledger,
+        blobs=runtime.blobs,
+        bind=runtime.bind,
+        worker_id="cli",
+        logger=LOG,
+    )
+    decider = Decider(local.desk.book, LocalResumer(engine), runtime.store)
+
+    decider.decide_or_record(
+        "unasked", Verdict(approved=True, by="carol"), channel="cli", engine=engine
+    )
+
+    (request,) = opened
+    assert local.desk.book.get("unasked", request.approval_id).status is ApprovalStatus.CLOSED
+    page = post(local, local.path(request, "bob"), "decision=reject")
+    assert (page.status_code, title(page)) == (409, "Already decided")
+    assert decisions(local, "unasked") == [(True, "carol", "")]

@@ -33,10 +33,13 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     InvalidInput,
+    NotWaiting,
+    RatchetError,
     RunNotFound,
+    StaleVersion,
 )
 from ratchet.ports import ApprovalBook, CheckpointStore, Notifier, Resumer
-from ratchet.state import NotifyTargets, RunState, RunStatus, utcnow
+from ratchet.state import NotifyTargets, PersonDecided, RunState, RunStatus, utcnow
 
 RECENT_STEPS_SHOWN = 3
 RESULT_PREVIEW_CHARS = 300
@@ -250,32 +253,46 @@ class Decider:
 
     def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
         """Decide whatever the run waits for (the runs API, the CLI, the Python client):
-        `ApprovalNotFound` if it waits with no open request (its worker died before opening
-        one), `ApprovalClosed` if it does not wait."""
+        `ApprovalDecided` (naming who decided, and when) if the step's request was decided
+        already, `ApprovalNotFound` if the run waits with no request at all (its worker died
+        before opening one), `ApprovalClosed` if it does not wait."""
         run = self.store.load_head(run_id)
         if run is None:
             raise RunNotFound(run_id)
-        pending = [
-            a
-            for a in self.book.of_run(run_id)
-            if a.step == run.step and a.status is ApprovalStatus.PENDING
-        ]
-        if not pending:
-            if run.status is not RunStatus.WAITING:
-                raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
-            raise ApprovalNotFound(f"run {run_id!r} has no open approval request yet")
-        return self.decide(pending[-1], verdict, channel=channel)
+        asked = [a for a in self.book.of_run(run_id) if a.step == run.step]
+        pending = [a for a in asked if a.status is ApprovalStatus.PENDING]
+        if pending:
+            return self.decide(pending[-1], verdict, channel=channel)
+        decided = _decided_at_step(run, asked)
+        if decided is not None:
+            # Decided and not yet recorded: on AWS between the click (the request settled,
+            # the task answered) and `RecordDecision`; locally between the settle and the
+            # engine's write. The run still waits, but its answer is given: that person's.
+            raise ApprovalDecided(decided_text(decided))
+        if run.status is not RunStatus.WAITING:
+            raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
+        raise ApprovalNotFound(f"run {run_id!r} waits with no approval request")
 
     def decide_or_record(
         self, run_id: str, verdict: Verdict, *, channel: str, engine: RecordsDecisions
     ) -> None:
         """Decide through the run's open request, so its links and page show the decision; a
-        run that waits with none (its worker died before opening one) has the verdict, checked
-        the same way, recorded directly by `engine` (at the step it was checked against)."""
+        run that waits with no request at all (its worker died before opening one) has the
+        verdict, checked the same way, recorded directly by `engine` (at the step it was
+        checked against). A request decided already is never overruled: `ApprovalDecided`."""
         try:
             self.decide_run(run_id, verdict, channel=channel)
+            return
         except ApprovalNotFound:
-            checked, step = checked_for_run(self.store.load_head(run_id), verdict)
+            pass
+        head = self.store.load_head(run_id)
+        checked, step = checked_for_run(head, verdict)
+        # The step had no request when `decide_run` looked; a worker may be opening one now,
+        # and someone may decide through it before this write lands. The write is conditional
+        # on the version read (and on the run still waiting at `step`), so of the two only one
+        # is recorded: the loser here is told who won; the loser there finds its request
+        # closed below (locally its resume finds the run not waiting) and is refused.
+        try:
             engine.decide_waiting(
                 run_id,
                 approved=checked.approved,
@@ -284,6 +301,31 @@ class Decider:
                 answer=checked.answer,
                 step=step,
             )
+        except (NotWaiting, StaleVersion):
+            since = head.version if head is not None else 0
+            raise self._lost_to(run_id, step, since) from None
+        if step is not None:
+            # A request opened meanwhile must not take a second answer (on AWS its parked
+            # task's token goes with it).
+            self.book.close(run_id, step, ApprovalStatus.CLOSED, at=self.clock())
+
+    def _lost_to(self, run_id: str, step: int | None, since: int) -> RatchetError:
+        """What a direct record that lost its race says: who decided the step first."""
+        run = self.store.load_head(run_id)
+        if run is None:
+            return RunNotFound(run_id)
+        at = run.step if step is None else step
+        asked = [a for a in self.book.of_run(run_id) if a.step == at]
+        decided = _decided_at_step(run, asked)
+        if decided is not None:
+            return ApprovalDecided(decided_text(decided))
+        for checkpoint in reversed(self.store.list_checkpoints(run_id, after=since)):
+            event = checkpoint.event
+            if isinstance(event, PersonDecided) and checkpoint.step == at:
+                verb = "approved" if event.approved else "rejected"
+                when = checkpoint.created_at.strftime("%Y-%m-%d %H:%M UTC")
+                return ApprovalDecided(f"{verb} by {event.by} at {when}")
+        return ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
 
     def decide(
         self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
@@ -301,7 +343,14 @@ class Decider:
             verdict = checked_verdict(run.waiting.request, verdict)
         # One conditional write decides: a second click, a replayed POST or another channel
         # finds the approval no longer pending and changes nothing.
-        settled = self.book.settle(approval, verdict, channel=channel, at=now)
+        try:
+            settled = self.book.settle(approval, verdict, channel=channel, at=now)
+        except ApprovalDecided:
+            # Another channel won the write a moment ago: say who, and when.
+            current = self.book.get(approval.run_id, approval.approval_id)
+            if current is None or not current.status.is_decided:
+                raise
+            raise ApprovalDecided(decided_text(current)) from None
         try:
             self.resumer.resume(settled, verdict)
         except (ApprovalClosed, ApprovalExpired) as over:
@@ -321,6 +370,23 @@ class Decider:
             self.book.reopen(settled)
             raise
         return ApprovalView(settled, self.store.load_head(approval.run_id), recipient)
+
+
+def _decided_at_step(run: RunState, asked: Sequence[Approval]) -> Approval | None:
+    """The decided request of the step the run is at, if it is what answered the run: any
+    decided one while the run still waits (its answer is on the way), a person's decision
+    while the run works on from it; nothing once the run ended (cancelled, failed, ...),
+    which is what a caller is then told."""
+    if run.status is RunStatus.WAITING:
+        decided = [a for a in asked if a.status.is_decided]
+    elif run.status is RunStatus.RUNNING:
+        decided = [a for a in asked if a.status in _BY_A_PERSON]
+    else:
+        return None
+    return max(decided, key=lambda a: a.decided_at or a.created_at, default=None)
+
+
+_BY_A_PERSON = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
 
 
 def decided_text(approval: Approval) -> str:

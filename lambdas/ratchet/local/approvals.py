@@ -10,7 +10,10 @@ from datetime import datetime
 from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.approvals.model import Approval, ApprovalStatus, Verdict, expired_verdict
 from ratchet.engine.core import Engine
-from ratchet.errors import ApprovalClosed, NotWaiting
+from ratchet.errors import ApprovalClosed, NotWaiting, StaleVersion
+
+RESUME_TRIES = 3
+"""Reads of a head that moved under the resume before it gives up (each move is a commit)."""
 
 
 class LocalResumer:
@@ -18,17 +21,27 @@ class LocalResumer:
         self._engine = engine
 
     def resume(self, approval: Approval, verdict: Verdict) -> None:
-        try:
-            self._engine.decide_waiting(
-                approval.run_id,
-                approved=verdict.approved,
-                by=verdict.by,
-                comment=verdict.comment,
-                answer=verdict.answer,
-                step=approval.step,
-            )
-        except NotWaiting as stopped:
-            raise ApprovalClosed(str(stopped)) from None
+        for attempt in range(1, RESUME_TRIES + 1):
+            try:
+                self._engine.decide_waiting(
+                    approval.run_id,
+                    approved=verdict.approved,
+                    by=verdict.by,
+                    comment=verdict.comment,
+                    answer=verdict.answer,
+                    step=approval.step,
+                )
+                return
+            except NotWaiting as stopped:
+                raise ApprovalClosed(str(stopped)) from None
+            except StaleVersion:
+                # The head moved between the read and this write: a cancel, or a decision
+                # recorded directly (`Decider.decide_or_record` on a step that had no request
+                # when it looked). Read it again: a run that still waits at the step takes
+                # this answer; one that stopped waiting refuses it above, never twice. A head
+                # that keeps moving is left to the desk, which reopens the request.
+                if attempt == RESUME_TRIES:
+                    raise
 
 
 def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> list[str]:
