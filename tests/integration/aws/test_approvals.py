@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
+from ratchet.approvals.desk import decided_text
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
 from ratchet.approvals.model import ApprovalStatus
 from ratchet.aws.approvals import REJECTED_ERROR, UNNAMED
 from ratchet.aws.payloads import ExecutionInput
+from ratchet.errors import ApprovalDecided
+from ratchet.handlers import _wiring
 from ratchet.state import RunStatus
 from tests.fake_slack import FakeSlack, button_press
 from tests.integration.aws.harness import (
@@ -23,6 +26,7 @@ from tests.integration.aws.harness import (
     entered_states,
     wait_until,
 )
+from tests.integration.aws.test_api import call
 
 DROP = "Drop legacy_orders"
 
@@ -309,3 +313,56 @@ def test_a_hand_sent_answer_of_any_shape_becomes_a_decision_and_the_run_goes_on(
     assert _dropped(stack, "by-hand") is decision[0]
     stack.assert_settled("by-hand")
     assert _item(stack, "by-hand")["status"]["S"] == "closed"
+
+
+# --- decided, not yet recorded (issue 16, defect 1) ------------------------------------------
+
+
+def test_every_channel_finds_a_request_decided_before_record_decision_runs(
+    stack: Stack, slack: FakeSlack
+):
+    # Given a parked run whose request alice decided: the request is settled and the task
+    # answered, but RecordDecision is held, so the head still waits
+    execution = _migration(stack, "window")
+    stack.parked("window")
+    message = stack.slack_message("window")
+    link = stack.link("window")
+    recording = stack.hold("ratchet-decide")
+    clicked = stack.submit(link, "approve", "go")
+    assert (clicked.status, clicked.title) == (200, "Approved")
+    recording.wait_entered()
+    assert stack.head("window").status is RunStatus.WAITING
+    (approval,) = stack.approvals("window")
+    said = decided_text(approval)
+    assert said.startswith(f"approved by {APPROVER} at ")
+    before = stack.items()
+
+    # When every other channel tries to decide in that window
+    again = stack.submit(link, "reject", "no")
+    press = button_press(
+        message,
+        SLACK_REJECT,
+        user_id="U0ERIN",
+        username="erin",
+        response_url=slack.response_url("1"),
+    )
+    pressed = stack.slack(press)
+    api_status, api_answer = call("POST", "/runs/window/reject", {"reason": "no"})
+    with pytest.raises(ApprovalDecided) as python:
+        _wiring.client(worker_id="python").reject("window", by="dave", comment="no")
+
+    # Then each finds it decided, naming who and when, and nothing changed
+    assert (again.status, again.title) == (409, "Already decided")
+    assert said in again.text
+    assert pressed == 200
+    assert slack.responses()[-1]["text"] == f"Already decided: {said}"
+    assert (api_status, api_answer["problems"][0]["message"]) == (409, said)
+    assert str(python.value) == said
+    assert stack.items() == before
+
+    # And once RecordDecision runs, the run has one decision: alice's
+    recording.release()
+    assert stack.finished(execution)["status"] == "SUCCEEDED"
+    assert stack.decisions("window") == [(True, APPROVER, "go")]
+    assert _dropped(stack, "window")
+    stack.assert_settled("window")
