@@ -1050,3 +1050,65 @@ def test_a_request_opened_while_a_decision_is_recorded_directly_takes_no_second_
     page = post(local, local.path(request, "bob"), "decision=reject")
     assert (page.status_code, title(page)) == (409, "Already decided")
     assert decisions(local, "unasked") == [(True, "carol", "")]
+
+
+class SettlesAfter:
+    """An approval book whose next settle first lets `meanwhile` decide through it."""
+
+    def __init__(self, book: Any, meanwhile: Callable[[], None]) -> None:
+        self._book, self._meanwhile = book, meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._book, name)
+
+    def settle(self, approval: Approval, verdict: Verdict, **kwargs: Any) -> Approval:
+        meanwhile, self._meanwhile = self._meanwhile, lambda: None
+        meanwhile()
+        return self._book.settle(approval, verdict, **kwargs)
+
+
+def test_the_loser_of_a_settle_race_is_told_who_won_and_when(local, parked):
+    # Given the runs API found the request pending, and alice's click settles it first
+    def alice_clicks() -> None:
+        assert post(local, parked.link, "decision=approve&comment=go").status_code == 200
+
+    racing = Decider(
+        SettlesAfter(local.desk.book, alice_clicks), local.desk.resumer, local.runtime.store
+    )
+
+    with pytest.raises(ApprovalDecided) as lost:
+        racing.decide_run(parked.run_id, Verdict(approved=False, by="erin"), channel="api")
+
+    assert str(lost.value) == decided_text(local.approval(parked))
+    assert str(lost.value).startswith(f"approved by {OPERATOR} at ")
+    assert decisions(local, parked.run_id) == [(True, OPERATOR, "go")]
+
+
+def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a_traceback(
+    local, parked
+):
+    # A `ratchet approve` that looked before the request was opened records its decision
+    # between the click's read of the head and its write.
+    def recorded_directly() -> None:
+        local.engine.decide_waiting(
+            parked.run_id, approved=False, by="bob", step=parked.approval.step
+        )
+
+    runtime = local.runtime
+    clicking = Engine(
+        store=CommitsAfter(runtime.store, recorded_directly),
+        ledger=runtime.ledger,
+        blobs=runtime.blobs,
+        bind=runtime.bind,
+        worker_id="serve",
+        logger=LOG,
+    )
+    local.services = ApprovalServices(
+        desk=dataclasses.replace(local.desk, resumer=LocalResumer(clicking))
+    )
+
+    response = post(local, parked.link, "decision=approve")
+
+    assert (response.status_code, title(response)) == (409, "The run is no longer waiting")
+    assert local.approval(parked).status is ApprovalStatus.CLOSED
+    assert decisions(local, parked.run_id) == [(False, "bob", "")]
