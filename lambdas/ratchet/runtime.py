@@ -87,7 +87,9 @@ class Runtime(Protocol):
         self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
     ) -> None:
         """Take a person's decision on a waiting run: through its open approval request if it
-        has one (so the request's page and links show the decision), else directly."""
+        has one (so the request's page and links show the decision), directly only if the
+        step has no request at all. A request decided already, even one the run has not
+        recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
         ...
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
