@@ -26,6 +26,7 @@ from pydantic import BaseModel, SecretStr
 from werkzeug.test import Client, TestResponse
 
 from ratchet.adapters.slack import SlackResponder
+from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
 from ratchet.approvals.desk import ApprovalDesk, Decider, decided_text
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
@@ -1055,16 +1056,18 @@ def test_a_request_opened_while_a_decision_is_recorded_directly_takes_no_second_
 class SettlesAfter:
     """An approval book whose next settle first lets `meanwhile` decide through it."""
 
-    def __init__(self, book: Any, meanwhile: Callable[[], None]) -> None:
+    def __init__(self, book: SqliteApprovalBook, meanwhile: Callable[[], None]) -> None:
         self._book, self._meanwhile = book, meanwhile
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._book, name)
 
-    def settle(self, approval: Approval, verdict: Verdict, **kwargs: Any) -> Approval:
+    def settle(
+        self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
+    ) -> Approval:
         meanwhile, self._meanwhile = self._meanwhile, lambda: None
         meanwhile()
-        return self._book.settle(approval, verdict, **kwargs)
+        return self._book.settle(approval, verdict, channel=channel, at=at)
 
 
 def test_the_loser_of_a_settle_race_is_told_who_won_and_when(local, parked):
