@@ -164,7 +164,7 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class TestRun:
+class PytestRun:
     exit_code: int | None
     """None: the tests ran out of time."""
     output: str
@@ -182,7 +182,7 @@ class TestRun:
         return lines[-1] if lines else "(no output)"
 
 
-def run_tests(root: Path, tests: Sequence[str], timeout: float) -> TestRun:
+def run_tests(root: Path, tests: Sequence[str], timeout: float) -> PytestRun:
     """`tests` in a pytest process of their own, in `root`, killed with its children after
     `timeout` seconds. It writes no bytecode, so no .pyc of mutated code outlives the run."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -199,11 +199,11 @@ def run_tests(root: Path, tests: Sequence[str], timeout: float) -> TestRun:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(process)
-            return TestRun(None, process.communicate()[0])
+            return PytestRun(None, process.communicate()[0])
         except BaseException:
             _kill_group(process)
             raise
-        return TestRun(process.returncode, output)
+        return PytestRun(process.returncode, output)
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
@@ -279,7 +279,7 @@ def check(
     root: Path,
     timeout: float,
     baseline: bool,
-    baselines: dict[tuple[str, ...], TestRun],
+    baselines: dict[tuple[str, ...], PytestRun],
 ) -> Verdict:
     """One mutant's verdict. `baselines` caches the unmutated runs of each set of tests."""
     started = time.monotonic()
@@ -324,7 +324,11 @@ def summary(verdicts: Sequence[Verdict], day: str) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = print) -> int:
+def _say(line: str) -> None:
+    print(line, flush=True)  # a line as each mutant ends, even into a pipe
+
+
+def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = _say) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="Mutants to run (default: every one).")
     parser.add_argument(
@@ -362,7 +366,7 @@ def main(argv: Sequence[str] | None = None, *, out: Callable[[str], None] = prin
         )
         return 2
     verdicts: list[Verdict] = []
-    baselines: dict[tuple[str, ...], TestRun] = {}
+    baselines: dict[tuple[str, ...], PytestRun] = {}
     try:
         with _signals_raise():
             for name, mutant in chosen.items():
