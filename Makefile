@@ -17,7 +17,7 @@ CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn
 # [tool.ratchet] table (docs/your-agent-on-aws.md).
 CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJECT))
 
-.PHONY: demo test lint typecheck unit screenshot bench compare synth deploy clean
+.PHONY: demo test lint typecheck unit screenshot bench mutants compare synth deploy clean
 
 demo: $(VENV)/.synced
 	$(VENV)/bin/ratchet demo
@@ -46,6 +46,12 @@ screenshot: $(VENV)/.synced $(CHROMIUM)
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
 	$(VENV)/bin/python -m bench.follow_cost
+
+# Breaks each guarantee's code on purpose, one committed mutation (mutants/*.toml) at a time, and
+# runs the tests that guard it: every mutant must be killed (bench/mutants.py). Minutes, not in
+# CI; `make mutants MUTANTS="name ..."` runs only those named.
+mutants: $(VENV)/.synced
+	$(VENV)/bin/python -m bench.mutants $(MUTANTS)
 
 # The scripted agent on Ratchet, LangGraph and DBOS (bench/compare.py), and docs/compare.png.
 # It adds the `compare` extra to .venv every time (a no-op once there): `make test`'s own sync,
