@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from ratchet.approvals.answers import MAX_ANSWER_TEXT_CHARS
+from ratchet.untrusted import MAX_JSON_DEPTH
 from tests.e2e.test_cli_contract import (
     BATCHES,
     Cli,
@@ -30,6 +32,8 @@ from tests.e2e.test_cli_contract import (
     snapshot,
 )
 
+DEEP = "[" * 60_000 + "]" * 60_000
+"""JSON nested 60,000 levels deep (120,000 characters: one argument may have 128 KiB)."""
 NOT_UTF8 = "\udcff"
 """How Python hands over the byte 0xff in an argument or variable (it is not UTF-8)."""
 DOC = Path(__file__).parents[2] / "docs" / "bad-input.md"
@@ -193,6 +197,39 @@ CATALOGUE: list[Case] = [
         '{"batches": "many"}',
         line="bad input for agent 'migration': Input should be a valid integer, unable to "
         "parse string as an integer (--param batches)",
+    ),
+    # Nested deeper than `json` recurses: refused before it is parsed, naming the flag.
+    case(
+        "input-nested-too-deep",
+        "start",
+        *R_NEW,
+        "--input",
+        '{"batches": ' + DEEP + "}",
+        line=f"--input is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "param-nested-too-deep",
+        "run",
+        *R_NEW,
+        "--param",
+        "batches=" + DEEP,
+        line=f"--param batches is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "answer-nested-too-deep",
+        "approve",
+        "r-wait",
+        "--answer",
+        '{"amount": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        line=f"--answer is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "answer-too-long",
+        "approve",
+        "r-wait",
+        "--answer",
+        '{"amount": ' + DEEP + "}",
+        line=f"--answer is over {MAX_ANSWER_TEXT_CHARS:,} characters of JSON",
     ),
     case(
         "input-for-an-agent-without-one",

@@ -71,6 +71,8 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     InvalidInput,
+    JsonOverLimit,
+    JsonTooLarge,
     NotCancellable,
     NotRetryable,
     RunNotFound,
@@ -79,11 +81,15 @@ from ratchet.errors import (
 )
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
+from ratchet.untrusted import loads
 
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
+MAX_BODY_CHARS = 1024 * 1024
+"""The longest request body taken: a run's goal (64 KB, each character possibly a six-character
+JSON escape) and input (16 KB) with room to spare."""
 
 # --- the API's models --------------------------------------------------------------------------
 
@@ -275,7 +281,9 @@ class RunsServices:
 
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
-    app = APIGatewayRestResolver(enable_validation=True)
+    # A body is bounded in length and nesting before it is parsed: `json` recurses, and a
+    # body nested 60,000 levels deep would end in a RecursionError (a 500).
+    app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=_bounded_body)
 
     def count(name: str) -> None:
         metrics = services().metrics
@@ -514,6 +522,14 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         problems = [Problem(field=f, message=error.message) for f in error.fields]
         return refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
 
+    @app.exception_handler(JsonOverLimit)  # type: ignore[untyped-decorator]
+    def unbounded_body(error: JsonOverLimit) -> Response[str]:
+        if isinstance(error, JsonTooLarge):
+            status, said = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "the body is too large"
+        else:
+            status, said = HTTPStatus.BAD_REQUEST, "the body is nested too deep"
+        return refuse(status, said, [Problem(field=error.field, message=error.reason)])
+
     @app.exception_handler(InvalidInput)  # type: ignore[untyped-decorator]
     def invalid_input(error: InvalidInput) -> Response[str]:
         # Not a request check (those raise RunRequestInvalid): its words may quote input.
@@ -601,6 +617,12 @@ def _rebuilding(field: str, what: str) -> Iterator[None]:
             field,
             f"{what} can no longer be rebuilt",
         ) from None
+
+
+def _bounded_body(text: str) -> Any:
+    """A request body as JSON, once `ratchet.untrusted.check_text` took it (a refusal names
+    the top-level field holding what is nested too deep)."""
+    return loads(text, field="", max_chars=MAX_BODY_CHARS)
 
 
 def _require_json(app: APIGatewayRestResolver) -> None:
