@@ -100,6 +100,24 @@ CATALOGUE: list[Case] = [
         "0",
         line="--limit must be a whole number from 1 to 100000, not '0' (see: ratchet list --help)",
     ),
+    # The same bound on the quick read path (which answers on a local store) as on the full CLI.
+    case(
+        "list-limit-a-million",
+        "list",
+        "--limit",
+        "1000000",
+        line="--limit must be a whole number from 1 to 100000, not '1000000' "
+        "(see: ratchet list --help)",
+    ),
+    case(
+        "history-last-a-million",
+        "history",
+        "r-wait",
+        "--last",
+        "1000000",
+        line="--last must be a whole number from 1 to 100000, not '1000000' "
+        "(see: ratchet history --help)",
+    ),
     case(
         "history-after-negative",
         "history",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratchet import quick, readout
+from ratchet import cli, quick, readout
 from ratchet.adapters.sqlite import RATCHET_APPLICATION_ID
 from ratchet.state import FINISHED, SCHEMA_VERSION, RunStatus, Usage
 
@@ -15,6 +15,7 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
+    assert quick.MAX_ROWS == cli.MAX_ROWS
 
 
 def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does():
