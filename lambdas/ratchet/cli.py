@@ -27,7 +27,7 @@ from rich.console import Console
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import ImportInterrupted, InvalidInput, RatchetError, RunNotFound
 
 if TYPE_CHECKING:
     from ratchet.state import RunState
@@ -1159,7 +1159,8 @@ def replay(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point. Bad input of any kind (a usage error, text that is not UTF-8, a value out
-    of range, a store that is not Ratchet's) is one line on stderr and exit code 2."""
+    of range, a store that is not Ratchet's) is one line on stderr and exit code 2; an agent
+    module interrupted while it is imported is one line and exit code 130."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_text(args)
@@ -1171,6 +1172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _refuse(_usage_line(error))
     except typer.Abort:
         _refuse("aborted", code=1)
+    except ImportInterrupted as error:
+        _refuse(str(error), code=130)
     except RatchetError as error:
         _refuse(str(error))
     sys.exit(code if isinstance(code, int) else 0)

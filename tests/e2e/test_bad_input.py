@@ -725,6 +725,7 @@ MODULES = {
     "hooks.py": HOOKS,
     "exits_on_import.py": "import sys\n\nsys.exit(3)\n",
     "broken_agent.py": "raise RuntimeError('boom')\n",
+    "interrupts_on_import.py": "raise KeyboardInterrupt\n",
 }
 
 
@@ -839,6 +840,21 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(bad: Case, template, t
     assert result.stderr.rstrip("\n") == "ratchet: " + bad.line.replace("{store}", str(cli.db))
     assert _contents(cli, bad.store) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == others, "nothing made beside it"
+
+
+def test_an_agent_module_interrupted_on_import_exits_130_saying_where(template, tmp_path):
+    # Not bad input (exit 2) but an interruption, as Ctrl-C is: still one line, nothing written.
+    cli = _make_store("populated", template, tmp_path)
+    before = _contents(cli, "populated")
+
+    result = cli("start", "--agent", "interrupts_on_import:agent", "--run-id", "r-new")
+
+    assert (result.returncode, result.stdout) == (130, "")
+    assert result.stderr == (
+        "ratchet: interrupted while importing 'interrupts_on_import' for agent "
+        "'interrupts_on_import:agent' (KeyboardInterrupt)\n"
+    )
+    assert _contents(cli, "populated") == before
 
 
 def _application_id(db: Path) -> int:
