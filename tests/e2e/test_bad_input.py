@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from ratchet.approvals.answers import MAX_ANSWER_TEXT_CHARS
+from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS
 from ratchet.untrusted import MAX_JSON_DEPTH
 from tests.e2e.test_cli_contract import (
     BATCHES,
@@ -514,6 +515,39 @@ CATALOGUE: list[Case] = [
         "--reason",
         "early",
         line="run 'r-run' is running, not waiting",
+    ),
+    # Who steers a run, and why, are bounded as who decides, and why, are.
+    case(
+        "approve-by-too-long",
+        "approve",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad decision: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "retry-by-too-long",
+        "retry",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad retry: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "cancel-by-too-long",
+        "cancel",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad cancel: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "cancel-reason-too-long",
+        "cancel",
+        "r-wait",
+        "--reason",
+        "x" * (MAX_COMMENT_CHARS + 1),
+        line=f"bad cancel: reason: String should have at most {MAX_COMMENT_CHARS} characters",
     ),
     case(
         "show-a-step-never-reached",

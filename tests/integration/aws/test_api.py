@@ -434,6 +434,10 @@ def test_the_notify_field_chooses_who_is_asked(stack: Stack):
         ("/runs/ghost/approve", {}, 404, "run_id"),
         ("/runs/ghost/reject", {}, 404, "run_id"),
         ("/runs/settled/approve", {"comment": "x" * 10_001}, 400, "comment"),
+        ("/runs/settled/reject", {"reason": "x" * 10_001}, 400, "reason"),
+        # Steering is bounded as deciding is (the caller, never the body, says who).
+        ("/runs/settled/cancel", {"reason": "x" * 10_001}, 400, "reason"),
+        ("/runs/settled/cancel", {"by": "mallory"}, 400, "by"),
         ("/runs/settled/reject", {"because": "no"}, 400, "because"),
         ("/runs/settled/approve", {"by": "mallory"}, 400, "by"),
         ("/runs/settled/approve", {}, 409, "run_id"),
