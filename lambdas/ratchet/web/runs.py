@@ -18,8 +18,10 @@ timeout between the two writes) starts whatever is missing and answers 200 with 
 stands. The caller who decides is the request's IAM identity, never a field of the body.
 
 Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
-the fields at fault and never quoting what was sent. Powertools validates bodies, paths and
-queries against the models below, and the same routes generate the OpenAPI document
+the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
+than 64 levels deep (400, naming the top-level field) is refused before it is parsed.
+Powertools validates bodies, paths and queries against the models below, and the same routes
+generate the OpenAPI document
 (`docs/openapi.json`: `python -m ratchet.web.runs --openapi > docs/openapi.json`).
 
 `build_app(services)` makes the app; the Lambda function (`ratchet.handlers.api`) serves it
@@ -292,7 +294,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs",
-        responses=_responses(200, 201, 400, 415),
+        responses=_responses(200, 201, 400, 413, 415),
         summary="Start a run",
         operation_id="startRun",
     )
@@ -380,7 +382,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/approve",
-        responses=_responses(200, 400, 403, 404, 409, 410, 415),
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Approve what a run waits for",
         operation_id="approveRun",
     )
@@ -394,7 +396,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/reject",
-        responses=_responses(200, 400, 403, 404, 409, 410, 415),
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Reject what a run waits for",
         operation_id="rejectRun",
     )
@@ -420,7 +422,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/cancel",
-        responses=_responses(200, 400, 403, 404, 409, 415),
+        responses=_responses(200, 400, 403, 404, 409, 413, 415),
         summary="Cancel a running or waiting run",
         operation_id="cancelRun",
     )
@@ -435,7 +437,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/fork",
-        responses=_responses(201, 400, 403, 404, 409, 410, 415),
+        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
         summary="Fork a run from one of its steps",
         operation_id="forkRun",
     )
