@@ -27,7 +27,7 @@ from rich.console import Console
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import ImportInterrupted, InvalidInput, RatchetError, RunNotFound
 
 if TYPE_CHECKING:
     from ratchet.state import RunState
@@ -236,13 +236,19 @@ _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
     """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
     object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
-    as text otherwise (`--param who=dana`)."""
+    as text otherwise (`--param who=dana`). JSON nested too deep is refused before it is
+    parsed, naming the flag."""
+    from ratchet.errors import JsonOverLimit
+    from ratchet.untrusted import loads
+
     if input_json is None and not params:
         return None
     given: dict[str, Any] = {}
     if input_json is not None:
         try:
-            parsed = json.loads(input_json)
+            parsed = loads(input_json, field="--input")
+        except JsonOverLimit:
+            raise
         except ValueError as error:
             raise InvalidInput(f"--input is not JSON: {error}") from None
         if not isinstance(parsed, dict):
@@ -256,7 +262,9 @@ def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, An
         if not equals or not _PARAM_NAME.fullmatch(name):
             raise InvalidInput(f"--param {param!r}: use --param NAME=VALUE")
         try:
-            given[name] = json.loads(raw)
+            given[name] = loads(raw, field=f"--param {name}")
+        except JsonOverLimit:
+            raise
         except ValueError:
             given[name] = raw
     return given
@@ -516,17 +524,15 @@ def run(
         if final.status is RunStatus.FAILED:
             raise typer.Exit(1)
         return
-    out.print(f"{final.run_id}: {_status_text(final)}")
+    _say(f"{final.run_id}: {_status_text(final)}")
     if final.summary:
-        out.print(final.summary)
+        _say(final.summary, lines=True)
     if final.status is RunStatus.WAITING and final.waiting:
-        out.print(f"Waiting for a person: {final.waiting.request.prompt}")
-        out.print(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
-        out.print(
-            f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}"
-        )
+        _say(f"Waiting for a person: {final.waiting.request.prompt}")
+        _say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
+        _say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
     if final.status is RunStatus.FAILED:
-        err.print(f"run failed: {final.error}")
+        _say(f"run failed: {final.error}", console=err)
         raise typer.Exit(1)
 
 
@@ -768,7 +774,12 @@ def show(
     if as_json:
         _print_json(payload)
     else:
-        out.print_json(data=payload)
+        from ratchet.untrusted import json_for_terminal
+
+        # Rich writes JSON with text as it is; JSON escapes the C0 controls, and where the
+        # state holds DEL, C1 or bidirectional controls, everything but ASCII is escaped.
+        text = json.dumps(payload, ensure_ascii=False)
+        out.print_json(data=payload, ensure_ascii=json_for_terminal(text) != text)
 
 
 # --- deciding --------------------------------------------------------------------------------
@@ -925,7 +936,7 @@ def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
         _print_json(payload)
     else:
         for name, value in payload.items():
-            out.print(f"{name:>16}  {value}")
+            _say(f"{name:>16}  {value}")
     if not payload.get("ok"):
         raise typer.Exit(1)
 
@@ -976,7 +987,7 @@ def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
         for run in report.runs:
             if run.outcome != "current":
                 line = f"  {run.run_id}  schema {run.from_version or '?'}  {run.outcome}"
-                out.print(line + (f"  {run.reason}" if run.reason else ""), markup=False)
+                _say(line + (f"  {run.reason}" if run.reason else ""))
     if not report.ok:
         raise typer.Exit(1)
 
@@ -1036,7 +1047,7 @@ def gc(
     for run_id in report.skipped:
         out.print(f"  {run_id}  skipped: it changed while gc ran", markup=False)
     for run_id, reason in report.unreadable.items():
-        out.print(f"  {run_id}  unreadable, left as it is: {reason}", markup=False)
+        _say(f"  {run_id}  unreadable, left as it is: {reason}")
 
 
 @app.command()
@@ -1140,12 +1151,16 @@ def replay(
     if as_json:
         _print_json({"run_id": run_id, "step": step, "prompt": prompt})
     else:
-        sys.stdout.write(prompt if prompt.endswith("\n") else prompt + "\n")
+        from ratchet.untrusted import for_terminal
+
+        shown = for_terminal(prompt, lines=True)
+        sys.stdout.write(shown if shown.endswith("\n") else shown + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point. Bad input of any kind (a usage error, text that is not UTF-8, a value out
-    of range, a store that is not Ratchet's) is one line on stderr and exit code 2."""
+    of range, a store that is not Ratchet's) is one line on stderr and exit code 2; an agent
+    module interrupted while it is imported is one line and exit code 130."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_text(args)
@@ -1157,14 +1172,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         _refuse(_usage_line(error))
     except typer.Abort:
         _refuse("aborted", code=1)
+    except ImportInterrupted as error:
+        _refuse(str(error), code=130)
     except RatchetError as error:
         _refuse(str(error))
     sys.exit(code if isinstance(code, int) else 0)
 
 
 def _refuse(message: str, *, code: int = 2) -> NoReturn:
-    err.print(f"ratchet: {' '.join(message.split())}", markup=False)
+    _say(f"ratchet: {' '.join(message.split())}", console=err)
     sys.exit(code)
+
+
+def _say(text: str, *, console: Console = out, lines: bool = False) -> None:
+    """Print a line that may hold stored or tool-given text: never as rich markup, and with
+    every control character escaped (`ratchet.untrusted.for_terminal`)."""
+    from ratchet.untrusted import for_terminal
+
+    console.print(for_terminal(text, lines=lines), markup=False)
 
 
 _NOT_UTF8 = re.compile("[\ud800-\udfff]")

@@ -26,9 +26,9 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from ratchet.approvals.model import Verdict
+from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 from ratchet.engine.transitions import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
@@ -440,20 +440,24 @@ class Client:
     def retry(self, run_id: str, *, by: str | None = None) -> Run:
         """Give a failed run a fresh set of attempts at the step that failed, from its last
         checkpoint (`Engine.retry`); `NotRetryable` unless it failed. The next worker (or
-        `work`) takes it; on AWS the API also starts a new execution for it."""
+        `work`) takes it; on AWS the API also starts a new execution for it. `by` is bounded
+        as a decision's is (`InvalidInput`)."""
+        steering = _Steering.checked("retry", by=by or _operator())
         self.get(run_id)
         engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)
-        return Run.of(engine.retry(run_id, by=by or _operator()))
+        return Run.of(engine.retry(run_id, by=steering.by))
 
     def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Run:
         """End a running or waiting run as `cancelled`, keeping its checkpoints; its open
         approval requests are closed and, on AWS, its execution stopped. `NotCancellable` if
-        it has already finished."""
+        it has already finished. `by` and `reason` are bounded as a decision's `by` and comment
+        are (`InvalidInput`)."""
+        steering = _Steering.checked("cancel", by=by or _operator(), reason=reason)
         self.get(run_id)
         head = self.runtime.cancel(
             run_id,
-            by=by or _operator(),
-            reason=reason,
+            by=steering.by,
+            reason=steering.reason,
             worker_id=self.worker_id,
             logger=self.logger,
         )
@@ -647,6 +651,24 @@ class Client:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class _Steering(BaseModel):
+    """Who retries or cancels a run, and why: bounded as a decision's `by` and comment are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+    @classmethod
+    def checked(cls, what: str, **given: str) -> _Steering:
+        """`InvalidInput` naming the field at fault, as a decision's refusal does."""
+        try:
+            return cls(**given)
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise InvalidInput(f"bad {what}: {field}: {message}") from None
 
 
 def _fork_id(source: str) -> str:

@@ -123,6 +123,31 @@ class IdempotencyConflict(RatchetError):
         self.key = key
 
 
+class JsonOverLimit(InvalidInput, ValueError):
+    """JSON from outside (a flag, a request body, a form field) longer or nested deeper than
+    Ratchet takes, refused before it is parsed: Python's `json` and pydantic recurse, so deep
+    nesting would end in a RecursionError. `field` is where it came from (`--input`,
+    `input`); `reason` says what is wrong without quoting it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} is {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class JsonTooDeep(JsonOverLimit):
+    """Nested deeper than `ratchet.untrusted.MAX_JSON_DEPTH` levels."""
+
+
+class JsonTooLarge(JsonOverLimit):
+    """Longer than the boundary takes."""
+
+
+class ImportInterrupted(RatchetError):
+    """A user's module raised KeyboardInterrupt while it was imported (their code, or a
+    Ctrl-C): the command ends as an interrupted one does (exit 130), saying where."""
+
+
 class AgentNotFound(RatchetError):
     """An --agent or --scenario reference did not resolve to an Agent."""
 

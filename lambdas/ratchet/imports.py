@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from ratchet.errors import ImportInterrupted
+
 
 class ImportFailed(ValueError):
     """The path does not import, or names nothing; the message says which, in one line."""
@@ -13,15 +15,22 @@ def import_object(target: str, *, what: str, reference: str) -> object:
     """The object `module:attr` (`attr` may be dotted) names, for a `what` (agent, model) the
     user called `reference`. Importing the user's module runs their code, which can fail in any
     way (ImportError, SyntaxError, anything it raises, even `sys.exit()`): each is a bad
-    reference, said in one line (`ImportFailed`)."""
+    reference, said in one line (`ImportFailed`); a KeyboardInterrupt is `ImportInterrupted`."""
     module_name, _, attribute = target.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        # The user's code raised it, or a Ctrl-C came mid-import: either way the command ends
+        # interrupted (exit 130), saying where, not silently.
+        raise ImportInterrupted(
+            f"interrupted while importing {module_name!r} for {what} {reference!r} "
+            "(KeyboardInterrupt)"
+        ) from None
     except (Exception, SystemExit) as error:
         reason = " ".join(str(error).split())
         raise ImportFailed(
             f"cannot import {module_name!r} for {what} {reference!r}: "
-            f"{type(error).__name__}: {reason}"
+            f"{type(error).__name__}" + (f": {reason}" if reason else "")
         ) from None
     found: object = module
     for part in attribute.split("."):

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ratchet.readout import argument_summary, shorten
+from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:
     from ratchet.client import Checkpoint
@@ -137,7 +138,7 @@ def plain_line(line: StepLine) -> str:
         parts.append(f"{line.ms:.0f} ms")
     if line.total is not None:
         parts.append(f"[{line.done}/{line.total}]")
-    return "  ".join(parts)
+    return for_terminal("  ".join(parts))
 
 
 def json_object(line: StepLine) -> dict[str, Any]:
@@ -187,7 +188,7 @@ class ProgressPrinter:
         if line.done is not None:
             self.positions[line.run_id] = line.done
         if self.as_json:
-            self.stream.write(json.dumps(json_object(line), ensure_ascii=False) + "\n")
+            self.stream.write(_json_line(json_object(line)))
             self.stream.flush()
             return
         if self._progress is None:
@@ -205,10 +206,14 @@ class ProgressPrinter:
     def say(self, text: str) -> None:
         """A line that is not a step (a lease waited for), in the same output."""
         if self.as_json:
-            self.stream.write(json.dumps({"note": text}, ensure_ascii=False) + "\n")
+            self.stream.write(_json_line({"note": text}))
         elif self._progress is not None:
-            self._progress.console.print(text, markup=False)
+            self._progress.console.print(for_terminal(text), markup=False)
             return
         else:
-            self.stream.write(text + "\n")
+            self.stream.write(for_terminal(text) + "\n")
         self.stream.flush()
+
+
+def _json_line(payload: dict[str, Any]) -> str:
+    return json_for_terminal(json.dumps(payload, ensure_ascii=False)) + "\n"

@@ -34,6 +34,9 @@ STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancel
 """`ratchet.state.RunStatus`, by value."""
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
 """The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it."""
+MAX_ROWS = 100_000
+"""`ratchet.cli.MAX_ROWS`, the most `list --limit` and `history --last` take: past it, the full
+CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 SQLITE_SCHEME = "sqlite:///"
 
@@ -130,7 +133,7 @@ def _read_command(args: Sequence[str], store: str) -> _Command | None:
         given[flag] = value
     count = given.get("--last") or given.get("--limit")  # how many rows to keep, at most
     last = _whole(count) if count is not None else None
-    if count is not None and not last:
+    if count is not None and not (last and last <= MAX_ROWS):
         return None
     if name == "list":
         status = given.get("--status")

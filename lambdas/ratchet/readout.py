@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
 from ratchet.pricing import PRICES_AS_OF, estimate
+from ratchet.untrusted import for_terminal, json_for_terminal
 
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
@@ -102,7 +103,10 @@ def status_text(payload: Mapping[str, Any]) -> str:
     }
     lines = {name: value for name, value in shown.items() if value is not None}
     width = max(map(len, lines))
-    return "".join(f"{name:>{width}}  {_shown(value)}\n" for name, value in lines.items())
+    return "".join(
+        f"{name:>{width}}  {for_terminal(_shown(value), lines=True)}\n"
+        for name, value in lines.items()
+    )
 
 
 def _shown(value: Any) -> str:
@@ -419,7 +423,9 @@ UNRECORDED_VERSIONS = (
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns aligned with two spaces between them, a header and a rule: plain text that
-    reads on a terminal and greps in a pipe."""
+    reads on a terminal and greps in a pipe. Each cell is one line, any control character
+    in it escaped (`for_terminal`)."""
+    rows = [[for_terminal(cell) for cell in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = [headers, ["-" * w for w in widths], *rows]
     return "".join(
@@ -438,5 +444,6 @@ def terminal_width() -> int | None:
 
 
 def json_text(payload: Any) -> str:
-    """A payload as `--json` prints it: one JSON object on one line."""
-    return json.dumps(payload, default=str, ensure_ascii=False) + "\n"
+    """A payload as `--json` prints it: one JSON object on one line, with nothing in it a
+    terminal acts on (`json_for_terminal`)."""
+    return json_for_terminal(json.dumps(payload, default=str, ensure_ascii=False)) + "\n"

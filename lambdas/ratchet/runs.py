@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -40,6 +41,7 @@ from ratchet.state import (
     RunState,
 )
 from ratchet.tools import Agent, RunContext
+from ratchet.untrusted import within_depth
 
 if TYPE_CHECKING:
     from ratchet.adapters.anthropic_model import Pacing
@@ -143,7 +145,7 @@ class RunRequest(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
     )
-    input: dict[str, Any] | None = Field(
+    input: Annotated[dict[str, Any] | None, BeforeValidator(within_depth)] = Field(
         default=None,
         description="The agent's input, checked against the input model it declares (at most "
         "16 KB of JSON); its fields become the run's params.",

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from ratchet.approvals.answers import MAX_ANSWER_TEXT_CHARS
+from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS
+from ratchet.untrusted import MAX_JSON_DEPTH
 from tests.e2e.test_cli_contract import (
     BATCHES,
     Cli,
@@ -30,6 +33,8 @@ from tests.e2e.test_cli_contract import (
     snapshot,
 )
 
+DEEP = "[" * 60_000 + "]" * 60_000
+"""JSON nested 60,000 levels deep (120,000 characters: one argument may have 128 KiB)."""
 NOT_UTF8 = "\udcff"
 """How Python hands over the byte 0xff in an argument or variable (it is not UTF-8)."""
 DOC = Path(__file__).parents[2] / "docs" / "bad-input.md"
@@ -95,6 +100,24 @@ CATALOGUE: list[Case] = [
         "--limit",
         "0",
         line="--limit must be a whole number from 1 to 100000, not '0' (see: ratchet list --help)",
+    ),
+    # The same bound on the quick read path (which answers on a local store) as on the full CLI.
+    case(
+        "list-limit-a-million",
+        "list",
+        "--limit",
+        "1000000",
+        line="--limit must be a whole number from 1 to 100000, not '1000000' "
+        "(see: ratchet list --help)",
+    ),
+    case(
+        "history-last-a-million",
+        "history",
+        "r-wait",
+        "--last",
+        "1000000",
+        line="--last must be a whole number from 1 to 100000, not '1000000' "
+        "(see: ratchet history --help)",
     ),
     case(
         "history-after-negative",
@@ -193,6 +216,39 @@ CATALOGUE: list[Case] = [
         '{"batches": "many"}',
         line="bad input for agent 'migration': Input should be a valid integer, unable to "
         "parse string as an integer (--param batches)",
+    ),
+    # Nested deeper than `json` recurses: refused before it is parsed, naming the flag.
+    case(
+        "input-nested-too-deep",
+        "start",
+        *R_NEW,
+        "--input",
+        '{"batches": ' + DEEP + "}",
+        line=f"--input is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "param-nested-too-deep",
+        "run",
+        *R_NEW,
+        "--param",
+        "batches=" + DEEP,
+        line=f"--param batches is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "answer-nested-too-deep",
+        "approve",
+        "r-wait",
+        "--answer",
+        '{"amount": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        line=f"--answer is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "answer-too-long",
+        "approve",
+        "r-wait",
+        "--answer",
+        '{"amount": ' + DEEP + "}",
+        line=f"--answer is over {MAX_ANSWER_TEXT_CHARS:,} characters of JSON",
     ),
     case(
         "input-for-an-agent-without-one",
@@ -460,6 +516,39 @@ CATALOGUE: list[Case] = [
         "early",
         line="run 'r-run' is running, not waiting",
     ),
+    # Who steers a run, and why, are bounded as who decides, and why, are.
+    case(
+        "approve-by-too-long",
+        "approve",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad decision: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "retry-by-too-long",
+        "retry",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad retry: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "cancel-by-too-long",
+        "cancel",
+        "r-wait",
+        "--by",
+        "x" * (MAX_BY_CHARS + 1),
+        line=f"bad cancel: by: String should have at most {MAX_BY_CHARS} characters",
+    ),
+    case(
+        "cancel-reason-too-long",
+        "cancel",
+        "r-wait",
+        "--reason",
+        "x" * (MAX_COMMENT_CHARS + 1),
+        line=f"bad cancel: reason: String should have at most {MAX_COMMENT_CHARS} characters",
+    ),
     case(
         "show-a-step-never-reached",
         "show",
@@ -670,6 +759,7 @@ MODULES = {
     "hooks.py": HOOKS,
     "exits_on_import.py": "import sys\n\nsys.exit(3)\n",
     "broken_agent.py": "raise RuntimeError('boom')\n",
+    "interrupts_on_import.py": "raise KeyboardInterrupt\n",
 }
 
 
@@ -784,6 +874,21 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(bad: Case, template, t
     assert result.stderr.rstrip("\n") == "ratchet: " + bad.line.replace("{store}", str(cli.db))
     assert _contents(cli, bad.store) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == others, "nothing made beside it"
+
+
+def test_an_agent_module_interrupted_on_import_exits_130_saying_where(template, tmp_path):
+    # Not bad input (exit 2) but an interruption, as Ctrl-C is: still one line, nothing written.
+    cli = _make_store("populated", template, tmp_path)
+    before = _contents(cli, "populated")
+
+    result = cli("start", "--agent", "interrupts_on_import:agent", "--run-id", "r-new")
+
+    assert (result.returncode, result.stdout) == (130, "")
+    assert result.stderr == (
+        "ratchet: interrupted while importing 'interrupts_on_import' for agent "
+        "'interrupts_on_import:agent' (KeyboardInterrupt)\n"
+    )
+    assert _contents(cli, "populated") == before
 
 
 def _application_id(db: Path) -> int:

@@ -40,6 +40,14 @@ THIS_MODULE = __name__
 SCRUBBED = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "RATCHET_STORE", "RATCHET_FAULT")
 
 
+def _nested(depth: int) -> Any:
+    """A list in a list ... `depth` levels deep: deeper than `json.dumps` can recurse."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 # --- an agent that keeps its data on the local disk ---------------------------------------------
 
 
@@ -325,6 +333,7 @@ def test_starting_an_existing_id_again_changes_nothing(store, client):
         ({"scenario": "migration", "agent": "migration"}, ("scenario", "agent")),
         ({"scenario": "migration", "max_steps": 0}, ("max_steps",)),
         ({"scenario": "migration", "model": "claude-sonnet-4-5"}, ("model",)),
+        ({"scenario": "migration", "input": {"batches": _nested(60_000)}}, ("input",)),
     ],
     ids=[
         "batches-zero",
@@ -335,6 +344,7 @@ def test_starting_an_existing_id_again_changes_nothing(store, client):
         "scenario-and-agent",
         "max-steps-zero",
         "claude-without-key",
+        "input-nested-too-deep",
     ],
 )
 def test_a_bad_request_names_its_field_and_writes_nothing(store, client, request_args, fields):

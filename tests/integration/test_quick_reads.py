@@ -141,6 +141,8 @@ def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
         ["history", "--last=3", "run", "--after", "1"],
         ["history", "done", "--after", "999"],
         ["history", "broken", "--last", "1000", "--json"],
+        ["list", "--limit", str(cli.MAX_ROWS)],
+        ["history", "done", "--last", str(cli.MAX_ROWS)],
     ],
 )
 def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, args):
@@ -218,6 +220,9 @@ def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, c
         (["list", "--status", "finished"], {}),  # not a status: the full CLI refuses it
         (["list", "--status", ""], {}),
         (["list", "--limit", "0"], {}),  # out of range: the full CLI refuses it
+        (["list", "--limit", "1000000"], {}),
+        (["list", "--limit", str(cli.MAX_ROWS + 1)], {}),
+        (["history", "done", "--last", "1000000"], {}),
         (["show", "done"], {}),
         (["--store", "dynamodb://t?ledger=l&app=a&region=eu-west-1", "status", "done"], {}),
         (["status", "done"], {"RATCHET_FAULT": "kill:after_tool@1"}),  # checked by the full CLI

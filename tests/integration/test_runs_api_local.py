@@ -23,9 +23,12 @@ from ratchet.local.worker import Worker
 from ratchet.runs import MAX_BATCHES
 from ratchet.scenarios import AgentRegistry
 from ratchet.state import PersonDecided, RunStatus
+from ratchet.untrusted import MAX_JSON_DEPTH
 from ratchet.web.runs import build_app
 
 OPERATOR = "dana"
+DEEP = "[" * 60_000 + "]" * 60_000
+"""JSON nested 60,000 levels deep: `json.loads` recurses, and would end in a RecursionError."""
 LOG = logging.getLogger("ratchet.tests.runs_api")
 ROWS_AGENT = "tests.integration.aws.agents:rows"
 
@@ -184,6 +187,9 @@ def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "notify.slack_channel",
         ),
         ("{", 400, "(body)"),
+        # Nested deeper than json can recurse: refused before it is parsed, naming the field.
+        ('{"scenario": "migration", "input": ' + DEEP + "}", 400, "input"),
+        (DEEP, 400, "(body)"),
     ],
 )
 def test_a_refused_start_changes_nothing_and_imports_nothing(
@@ -295,6 +301,21 @@ def test_a_step_without_a_record_is_404_and_one_past_retention_is_410_naming_the
         "the prompt can no longer be rebuilt",
     }
     assert served.rows() == before
+
+
+def test_an_answer_nested_too_deep_is_refused_naming_it_and_decides_nothing(tmp_path: Path):
+    with _served(tmp_path) as served:
+        served.call("POST", "/runs", {"scenario": "migration", "batches": 1, "run_id": "m4"})
+        served.work()
+        before = served.rows()
+
+        status, answer = served.call("POST", "/runs/m4/approve", '{"answer": ' + DEEP + "}")
+
+        assert (status, answer["problems"]) == (
+            400,
+            [{"field": "answer", "message": f"nested more than {MAX_JSON_DEPTH} levels deep"}],
+        )
+        assert served.rows() == before
 
 
 def _refused(answer: tuple[int, dict[str, Any]]) -> tuple[int, str]:

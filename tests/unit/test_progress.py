@@ -99,3 +99,17 @@ def test_versions_no_record_holds_are_given_as_ranges():
     assert version_gaps([1, 2, 4, 5, 8], head_version=9) == [(3, 3), (6, 7), (9, 9)]
     assert version_gaps([1, 2, 3], head_version=3) == []
     assert version_gaps([], head_version=2) == [(1, 2)]
+
+
+def test_a_step_line_shows_a_tools_escapes_escaped():
+    line = StepLine(
+        run_id="r1",
+        step=1,
+        status="running",
+        tool="shout",
+        arguments="",
+        result="\x1b]0;x\x07",
+        ms=None,
+    )
+
+    assert plain_line(line) == "r1  step 1  shout() -> \\x1b]0;x\\x07"

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from ratchet import quick, readout
+from ratchet import cli, quick, readout
 from ratchet.adapters.sqlite import RATCHET_APPLICATION_ID
 from ratchet.state import FINISHED, SCHEMA_VERSION, RunStatus, Usage
 
@@ -15,6 +17,7 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
+    assert quick.MAX_ROWS == cli.MAX_ROWS
 
 
 def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does():
@@ -122,3 +125,34 @@ def test_history_explains_versions_without_a_row_and_fits_a_narrow_terminal():
     assert max(len(line) for line in narrow.splitlines()[:-1]) <= 120
     assert "write(text=" in narrow
     assert "…" in narrow
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\u202e\x9b"
+
+
+def test_a_history_row_a_tool_filled_with_escapes_shows_them_escaped_and_aligned():
+    row = {**_row(2, "step committed", tool="shout"), "result": HOSTILE, "worker": "w\x1b[1m"}
+
+    said = readout.history_text([_row(1, "created"), row], head_version=2)
+
+    assert not any(c in said for c in "\x1b\x07\u202e\x9b")
+    assert "-> \\x1b[2J\\x1b]0;pwned\\x07\\u202e\\x9b" in said
+    lines = said.splitlines()
+    # Escaped before the columns are measured: the time column lines up on every row.
+    assert len({line.index("13:00:00") for line in lines[2:]}) == 1
+
+
+def test_status_shows_stored_text_escaped_and_its_json_stays_the_same_value():
+    payload = {"run_id": "r1", "status": "done", "summary": HOSTILE, "usage": None}
+
+    said = readout.status_text(
+        {**payload, "usage": readout.usage_totals(None), "cost_usd": None, "attempts": 0}
+        | dict.fromkeys(("error", "failed_step", "not_before", "waiting", "input"))
+        | {"waiting_details": None, "goal": "g", "agent": "a", "model": "m", "max_steps": 1}
+        | {"step": 1, "version": 2, "updated_at": "2026-12-01T13:00:00+00:00"}
+    )
+    dumped = readout.json_text(payload)
+
+    assert "\\x1b[2J" in said
+    assert not any(c in said + dumped for c in "\x1b\x07\u202e\x9b")
+    assert json.loads(dumped) == payload

@@ -219,6 +219,8 @@ def _without(key: str) -> dict[str, Any]:
         form(press(actions=[{"action_id": SLACK_APPROVE, "value": '{"run_id": "r"}'}])),
         form(press(actions=[{"action_id": SLACK_APPROVE}])),
         form(press()) + "&" + form(press(SLACK_REJECT)),
+        form('{"actions": ' + "[" * 60_000 + "]" * 60_000 + "}"),
+        form(press(actions=[{"action_id": SLACK_APPROVE, "value": "[" * 5_000 + "]" * 5_000}])),
     ],
     ids=[
         "empty",
@@ -240,6 +242,8 @@ def _without(key: str) -> dict[str, Any]:
         "value-without-approval",
         "no-value",
         "two-payloads",
+        "nested-too-deep",
+        "value-nested-too-deep",
     ],
 )
 def test_anything_but_one_press_of_a_ratchet_button_is_refused(body):

@@ -21,14 +21,17 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ratchet.approvals.model import Verdict
-from ratchet.errors import AnswerInvalid
+from ratchet.errors import AnswerInvalid, JsonOverLimit
 from ratchet.state import ApprovalRequest, RunState
+from ratchet.untrusted import loads
 
 MAX_ANSWER_SCHEMA_BYTES = 8 * 1024
 """An answer's schema is kept in the waiting run's head and shown on every page: bounded."""
 MAX_ANSWER_BYTES = 4 * 1024
 """A given answer, as JSON: it becomes the asking step's result."""
 MAX_ANSWER_FIELDS = 32
+MAX_ANSWER_TEXT_CHARS = 64 * 1024
+"""An answer given as JSON text, whitespace and escapes included, before it is parsed."""
 FORM_PREFIX = "answer."
 """The page's form names each field `answer.<name>`, apart from `decision` and `comment`."""
 
@@ -308,7 +311,9 @@ def _typed(field: AnswerField, text: str) -> Any:
         if field.kind == "number":
             return float(text)
         if field.kind in ("choice", "json"):
-            return json.loads(text)
+            return loads(text, field=field.name, max_chars=MAX_ANSWER_TEXT_CHARS)
+    except JsonOverLimit as over:
+        raise AnswerInvalid(f"{field.name}: {over.reason}") from None
     except ValueError:
         what = "valid JSON" if field.kind == "json" else field.hint
         raise AnswerInvalid(f"{field.name}: must be {what}, not {text[:40]!r}") from None
@@ -316,9 +321,12 @@ def _typed(field: AnswerField, text: str) -> Any:
 
 
 def parse_answer_json(text: str) -> dict[str, Any]:
-    """An answer given as JSON text (the CLI's `--answer`): an object, or `AnswerInvalid`."""
+    """An answer given as JSON text (the CLI's `--answer`): an object, or `AnswerInvalid`
+    (`JsonOverLimit` for text too long or nested too deep, before it is parsed)."""
     try:
-        answer = json.loads(text)
+        answer = loads(text, field="--answer", max_chars=MAX_ANSWER_TEXT_CHARS)
+    except JsonOverLimit:
+        raise
     except ValueError as error:
         raise AnswerInvalid(f"--answer is not JSON: {error}") from None
     if not isinstance(answer, dict):

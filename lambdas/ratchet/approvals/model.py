@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from ratchet.untrusted import within_depth
 
 MAX_BY_CHARS = 320
 MAX_COMMENT_CHARS = 10_000
@@ -94,7 +96,7 @@ class Verdict(BaseModel):
     approved: bool
     by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
     comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
-    answer: dict[str, Any] | None = None
+    answer: Annotated[dict[str, Any] | None, BeforeValidator(within_depth)] = None
 
 
 EXPIRED_BY = "nobody"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from ratchet.approvals.messages import SLACK_ANSWER, SLACK_APPROVE, SLACK_REJECT
 from ratchet.errors import ApprovalError
+from ratchet.untrusted import loads
 
 MAX_AGE_SECONDS = 5 * 60
 
@@ -77,13 +77,14 @@ def parse_action(body: str) -> SlackAction:
     """The button press in a `block_actions` payload (form field `payload`, JSON)."""
     try:
         (raw,) = parse_qs(body, strict_parsing=True)["payload"]
-        payload = json.loads(raw)
+        # Signed by Slack, but bounded all the same: `json` recurses (a ValueError if not).
+        payload = loads(raw, field="payload")
         if any(a.get("action_id") == SLACK_ANSWER for a in payload["actions"]):
             raise SlackLinkPressed("the page takes the answer")
         (action,) = [
             a for a in payload["actions"] if a.get("action_id") in (SLACK_APPROVE, SLACK_REJECT)
         ]
-        value = json.loads(action["value"])
+        value = loads(action["value"], field="value")
         user = payload["user"]
         user_id = str(user["id"])
         name = str(user.get("username") or user.get("name") or user_id)

@@ -37,6 +37,7 @@ from ratchet.approvals.model import (
 )
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
 from ratchet.state import utcnow
+from ratchet.untrusted import loads
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -115,7 +116,7 @@ def _json_object(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, str):
         return None
     try:
-        parsed = json.loads(value)
+        parsed = loads(value, field="answer")  # a ValueError too when nested too deep
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None

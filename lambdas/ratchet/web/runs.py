@@ -18,8 +18,10 @@ timeout between the two writes) starts whatever is missing and answers 200 with 
 stands. The caller who decides is the request's IAM identity, never a field of the body.
 
 Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
-the fields at fault and never quoting what was sent. Powertools validates bodies, paths and
-queries against the models below, and the same routes generate the OpenAPI document
+the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
+than 64 levels deep (400, naming the top-level field) is refused before it is parsed.
+Powertools validates bodies, paths and queries against the models below, and the same routes
+generate the OpenAPI document
 (`docs/openapi.json`: `python -m ratchet.web.runs --openapi > docs/openapi.json`).
 
 `build_app(services)` makes the app; the Lambda function (`ratchet.handlers.api`) serves it
@@ -71,6 +73,8 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     InvalidInput,
+    JsonOverLimit,
+    JsonTooLarge,
     NotCancellable,
     NotRetryable,
     RunNotFound,
@@ -79,11 +83,15 @@ from ratchet.errors import (
 )
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
+from ratchet.untrusted import loads
 
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 100
+MAX_BODY_CHARS = 1024 * 1024
+"""The longest request body taken: a run's goal (64 KB, each character possibly a six-character
+JSON escape) and input (16 KB) with room to spare."""
 
 # --- the API's models --------------------------------------------------------------------------
 
@@ -275,7 +283,9 @@ class RunsServices:
 
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
-    app = APIGatewayRestResolver(enable_validation=True)
+    # A body is bounded in length and nesting before it is parsed: `json` recurses, and a
+    # body nested 60,000 levels deep would end in a RecursionError (a 500).
+    app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=_bounded_body)
 
     def count(name: str) -> None:
         metrics = services().metrics
@@ -284,7 +294,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs",
-        responses=_responses(200, 201, 400, 415),
+        responses=_responses(200, 201, 400, 413, 415),
         summary="Start a run",
         operation_id="startRun",
     )
@@ -372,7 +382,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/approve",
-        responses=_responses(200, 400, 403, 404, 409, 410, 415),
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Approve what a run waits for",
         operation_id="approveRun",
     )
@@ -386,7 +396,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/reject",
-        responses=_responses(200, 400, 403, 404, 409, 410, 415),
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Reject what a run waits for",
         operation_id="rejectRun",
     )
@@ -412,7 +422,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/cancel",
-        responses=_responses(200, 400, 403, 404, 409, 415),
+        responses=_responses(200, 400, 403, 404, 409, 413, 415),
         summary="Cancel a running or waiting run",
         operation_id="cancelRun",
     )
@@ -427,7 +437,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
 
     @app.post(
         "/runs/<run_id>/fork",
-        responses=_responses(201, 400, 403, 404, 409, 410, 415),
+        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
         summary="Fork a run from one of its steps",
         operation_id="forkRun",
     )
@@ -513,6 +523,14 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     def invalid_run(error: RunRequestInvalid) -> Response[str]:
         problems = [Problem(field=f, message=error.message) for f in error.fields]
         return refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
+
+    @app.exception_handler(JsonOverLimit)  # type: ignore[untyped-decorator]
+    def unbounded_body(error: JsonOverLimit) -> Response[str]:
+        if isinstance(error, JsonTooLarge):
+            status, said = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "the body is too large"
+        else:
+            status, said = HTTPStatus.BAD_REQUEST, "the body is nested too deep"
+        return refuse(status, said, [Problem(field=error.field, message=error.reason)])
 
     @app.exception_handler(InvalidInput)  # type: ignore[untyped-decorator]
     def invalid_input(error: InvalidInput) -> Response[str]:
@@ -601,6 +619,12 @@ def _rebuilding(field: str, what: str) -> Iterator[None]:
             field,
             f"{what} can no longer be rebuilt",
         ) from None
+
+
+def _bounded_body(text: str) -> Any:
+    """A request body as JSON, once `ratchet.untrusted.check_text` took it (a refusal names
+    the top-level field holding what is nested too deep)."""
+    return loads(text, field="", max_chars=MAX_BODY_CHARS)
 
 
 def _require_json(app: APIGatewayRestResolver) -> None:

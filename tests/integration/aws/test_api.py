@@ -14,6 +14,7 @@ import pytest
 from ratchet.aws.naming import execution_name
 from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import PersonDecided, RunStatus
+from ratchet.web.runs import MAX_BODY_CHARS
 from tests.integration.aws import agents
 from tests.integration.aws.harness import AGENTS, FakeContext, Stack, api_event
 
@@ -123,6 +124,12 @@ BAD_STARTS: list[tuple[dict[str, Any] | str, str, list[str]]] = [
         ["notify.email"],
     ),
     ({"scenario": "migration", "notify": {"sms": "+1555"}}, "invalid", ["notify.sms"]),
+    # Deeper than `json` recurses (a RecursionError, a 500, before it was bounded).
+    (
+        '{"scenario": "migration", "input": {"batches": ' + "[" * 60_000 + "]" * 60_000 + "}}",
+        "the body is nested too deep",
+        ["input"],
+    ),
 ]
 
 
@@ -141,6 +148,16 @@ def test_a_bad_start_is_a_400_naming_the_field_that_quotes_nothing_and_changes_n
     for quoted in ("../etc", "not-an-address", "claude-x", "nope-nope", "+1555", "Traceback"):
         assert quoted not in said
     assert "--" not in said, "the API names fields, not the CLI's flags"
+    assert stack.executions() == []
+    assert stack.items() == before
+
+
+def test_a_body_over_a_megabyte_is_a_413_and_changes_nothing(stack: Stack):
+    before = stack.items()
+
+    status, answer = stack.post_run('{"goal": "' + "g" * MAX_BODY_CHARS + '"}')
+
+    assert (status, [p["field"] for p in answer["problems"]]) == (413, ["(body)"])
     assert stack.executions() == []
     assert stack.items() == before
 
@@ -417,6 +434,10 @@ def test_the_notify_field_chooses_who_is_asked(stack: Stack):
         ("/runs/ghost/approve", {}, 404, "run_id"),
         ("/runs/ghost/reject", {}, 404, "run_id"),
         ("/runs/settled/approve", {"comment": "x" * 10_001}, 400, "comment"),
+        ("/runs/settled/reject", {"reason": "x" * 10_001}, 400, "reason"),
+        # Steering is bounded as deciding is (the caller, never the body, says who).
+        ("/runs/settled/cancel", {"reason": "x" * 10_001}, 400, "reason"),
+        ("/runs/settled/cancel", {"by": "mallory"}, 400, "by"),
         ("/runs/settled/reject", {"because": "no"}, 400, "because"),
         ("/runs/settled/approve", {"by": "mallory"}, 400, "by"),
         ("/runs/settled/approve", {}, 409, "run_id"),
