@@ -15,7 +15,8 @@ Whatever fails in 3-5 is recorded on the run with its cause (an `attempt_failed`
 and raised as a `StepAttemptFailed`, except what cannot succeed on retry (`TERMINAL_ERRORS`),
 which fails the run at once, and an `InjectedFault`, which stands for the process dying and so
 is left unrecorded, as a real crash would be. The agent's own code (its hooks, the model call,
-the tool) runs on a thread of its own under the agent's step time limit; a step over it is
+the tool) runs on a thread of its own under the agent's step time limit (what it raises there,
+`SystemExit` and `KeyboardInterrupt` too, is the attempt's failure); a step over it is
 abandoned, and since only the calling thread commits, whatever the abandoned code returns later
 is never written. Tool arguments, outputs and summaries over `INLINE_BYTES` are kept by
 reference to the blob store, so no record grows with what the agent passes around.
@@ -857,6 +858,8 @@ def _approval_request(tool: str, result: ToolResult) -> ApprovalRequest | None:
 def _describe(error: BaseException | None) -> str:
     if error is None:
         return "unknown error"
+    if isinstance(error, AgentCodeExited):
+        error = error.raised
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
@@ -936,6 +939,15 @@ class _Overran(Exception):
     pass
 
 
+class AgentCodeExited(Exception):
+    """The agent's code raised a `BaseException` that is not an `Exception` (`SystemExit`,
+    `KeyboardInterrupt`, ...): the attempt fails with that cause, described as it."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(str(raised))
+        self.raised = raised
+
+
 @dataclass
 class _Job:
     work: Callable[[], Any]
@@ -976,8 +988,13 @@ class _AgentThread:
         if not job.done.wait(timeout):
             self._stop()
             raise _Overran
-        if job.error is not None:
+        if isinstance(job.error, Exception):
             raise job.error
+        if job.error is not None:
+            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on this thread by its
+            # code, not by the process's signal handlers, which run on the caller's): a failure
+            # of the attempt like any other, never the end of the caller.
+            raise AgentCodeExited(job.error) from job.error
         value: T = job.value
         return value
 
