@@ -318,8 +318,9 @@ def test_a_worker_whose_run_strikes_out_beside_an_abandoned_call_stops_holding_t
         # the tool ran once
         head = store.head()
         assert (head.status, head.attempts) == (RunStatus.RUNNING, 3)
-        assert store.leases.holder("run") is not None
-        assert store.leases.holder("run")[0] == "w1"  # type: ignore[index]
+        holder = store.leases.holder("run")
+        assert holder is not None
+        assert holder[0] == "w1"
         assert len(records.messages("worker stops: a call it abandoned still runs")) == 1
         assert calls == ["run/step-1"]
     finally:
