@@ -1,5 +1,8 @@
-"""An agent that fails for good at step 2 (its tool raises `PermanentError`). Tests that run it
-in another process copy this file into that process's working directory (`breaker:agent`)."""
+"""An agent that fails for good at step 2 (its tool raises `PermanentError`), and one whose tool
+calls `sys.exit(7)`. Tests that run them in another process copy this file into that process's
+working directory (`breaker:agent`, `breaker:exits`)."""
+
+import sys
 
 from pydantic import BaseModel
 
@@ -31,3 +34,17 @@ def policy(view: StepView) -> Decision:
 
 
 agent = Agent(name="breaker", goal="Fail at step 2.", tools=[look, break_things], policy=policy)
+
+
+@tool()
+def exit_process(args: Nothing, ctx: ToolContext) -> str:
+    """Exit, as a script written to run alone would."""
+    sys.exit(7)
+
+
+exits = Agent(
+    name="exits",
+    goal="Call sys.exit in a tool.",
+    tools=[exit_process],
+    policy=lambda view: ToolCall(name="exit_process", arguments={}),
+)

@@ -885,13 +885,15 @@ def serve(
     runs dashboard at /dashboard."""
     from ratchet.adapters.slack import SlackResponder
     from ratchet.local.runs_api import local_runs_services
+    from ratchet.local.runtime import LocalRuntime
     from ratchet.local.serve import server
     from ratchet.web.approvals import ApprovalServices, build_app
     from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.runs import build_app as build_runs_app
 
     _require_local_store("serve")
-    runtime = _runtime(create=True)
+    # The server runs the app on a thread of its own, one request at a time.
+    runtime = LocalRuntime.open(_settings(), create=True, any_thread=True)
     logger = _logger()
     secret = runtime.settings.slack_signing_secret
     services = ApprovalServices(

@@ -258,7 +258,25 @@ class AgentSetupFailed(StepAttemptFailed):
 class StepTimedOut(StepAttemptFailed):
     """The step's agent code (hooks, model call, tool) did not finish within the agent's
     `step_timeout_seconds`. The engine abandoned it: whatever it returns later is discarded
-    and can never be committed."""
+    and can never be committed. Also raised for an attempt that spent its time waiting for
+    such an abandoned call to end, without calling anything beside it."""
+
+
+class AbandonedCallRunning(RatchetError):
+    """The run would be failed (its strikes are used up, or its failure is final), but a call
+    of its agent that this process abandoned at a step deadline is still running: the run is
+    not marked failed while that call may still act, and nothing was written. Only the end of
+    the process ends the call; a worker, or the step function's next sandbox, then marks the
+    run failed."""
+
+    def __init__(self, run_id: str, step: int, waited: float) -> None:
+        super().__init__(
+            f"run {run_id}: a call of step {step} abandoned at its deadline is still running "
+            f"{waited:g} s later, so the run is not marked failed while it may still act; "
+            "ending this process ends the call, and the next worker marks the run failed"
+        )
+        self.run_id = run_id
+        self.step = step
 
 
 class PermanentError(RatchetError):

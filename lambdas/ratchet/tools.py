@@ -217,7 +217,11 @@ class Agent:
     call and the tool on a thread of its own (one per calling thread, reused step after step,
     so open thread-bound handles such as SQLite connections in `resources`, not beforehand).
     A step over the limit is abandoned and recorded as a failed attempt; its late result is
-    discarded. `None` runs the agent's code on the caller's thread with no limit.
+    discarded. The abandoned call cannot be stopped and may still act, so in the process that
+    abandoned it the run's next attempt waits for it to end (within its own limit) before
+    running the agent's code again, and the run is not marked failed while it runs (a worker
+    stops instead, keeping the run's lease, and the process's end ends the call). Across
+    processes only the idempotency key guards a tool. `None` sets no limit.
     """
 
     name: str

@@ -104,7 +104,7 @@ def recorded_failures(harness: Harness) -> list[AttemptFailed]:
     ]
 
 
-def _raise(error: Exception) -> Callable[..., Any]:
+def _raise(error: BaseException) -> Callable[..., Any]:
     def fail(*_: Any) -> Any:
         raise error
 
@@ -129,6 +129,25 @@ FAILURES: dict[str, tuple[Callable[..., Any], Any, type[StepAttemptFailed], str]
         None,
         ToolFailed,
         "act raised TypeError: unsupported operand",
+    ),
+    # The tool's own SystemExit or Ctrl-C is its attempt's failure, never the worker's end.
+    "a tool raising SystemExit": (
+        _raise(SystemExit(7)),
+        None,
+        ToolFailed,
+        "act raised SystemExit: 7",
+    ),
+    "a tool raising KeyboardInterrupt": (
+        _raise(KeyboardInterrupt()),
+        None,
+        ToolFailed,
+        "act raised KeyboardInterrupt",
+    ),
+    "a policy calling sys.exit": (
+        lambda a, c: "ok",
+        ScriptedModel(_raise(SystemExit("bye"))),
+        ModelFailed,
+        "the model raised SystemExit: bye",
     ),
     "a policy returning None": (
         lambda a, c: "ok",

@@ -11,13 +11,14 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding, Engine, Outcome
-from ratchet.errors import StepTimedOut, ToolFailed
+from ratchet.errors import AbandonedCallRunning, StepTimedOut, ToolFailed
 from ratchet.ports import ModelRequest, StepView
 from ratchet.runs import Bindings
 from ratchet.state import AttemptFailed, Decision, Done, RunOptions, RunState, RunStatus, ToolCall
@@ -57,6 +58,81 @@ class HungTool:
             return "finished late"
         finally:
             self.finished.set()
+
+
+@dataclass
+class NaiveCounter:
+    """A check-then-write tool with no idempotency: reads the counter, waits until the test
+    lets this call go on, then writes what it read plus one. Counts the calls running at once."""
+
+    value: int = 0
+    keys: list[str] = field(default_factory=list)
+    running: int = 0
+    most_at_once: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _go: dict[int, threading.Event] = field(default_factory=dict)
+    _ended: dict[int, threading.Event] = field(default_factory=dict)
+
+    def _events(self, call: int) -> tuple[threading.Event, threading.Event]:
+        with self._lock:
+            go = self._go.setdefault(call, threading.Event())
+            return go, self._ended.setdefault(call, threading.Event())
+
+    def let_go(self, call: int, *, wait: bool = True) -> None:
+        """Let call `call` (0 first) go on; with `wait`, until it has written and ended."""
+        go, ended = self._events(call)
+        go.set()
+        if wait:
+            assert ended.wait(timeout=30), f"call {call} never ended"
+
+    def release_all(self) -> None:
+        for call in range(len(self.keys) + 3):
+            self.let_go(call, wait=False)
+
+    def __call__(self, args: Nothing, ctx: ToolContext) -> str:
+        with self._lock:
+            call = len(self.keys)
+            self.keys.append(ctx.idempotency_key)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        go, ended = self._events(call)
+        try:
+            seen = self.value
+            assert go.wait(timeout=60), "the test never let the call go on"
+            self.value = seen + 1
+            return f"counter is {self.value}"
+        finally:
+            with self._lock:
+                self.running -= 1
+            ended.set()
+
+
+@pytest.fixture
+def counter() -> Iterator[NaiveCounter]:
+    tool = NaiveCounter()
+    yield tool
+    tool.release_all()  # let the abandoned threads end with the test
+
+
+def counter_agent(tool: NaiveCounter) -> Agent:
+    return Agent(
+        name="counts",
+        tools=[Tool("hang", "Add one to the counter.", Nothing, tool)],
+        step_timeout_seconds=LIMIT,
+    )
+
+
+def engine_with(harness: Harness, agent: Agent, **options: Any) -> Engine:
+    binding = Binding(agent, ScriptedModel(hang_then_done))
+    return Engine(
+        store=harness.store,
+        ledger=harness.ledger,
+        blobs=harness.blobs,
+        bind=lambda state: binding,
+        worker_id="w",
+        logger=LOG,
+        **options,
+    )
 
 
 def hang_then_done(view: StepView) -> Decision:
@@ -122,14 +198,20 @@ def test_the_late_completion_of_an_abandoned_step_changes_nothing(tmp_path, hung
     assert entry.result is None
 
 
-def test_the_third_timeout_fails_the_run_with_the_cause(tmp_path, hung):
+def test_the_third_timeout_fails_the_run_with_the_cause(tmp_path, counter):
     harness = Harness(tmp_path, StubModel(total=1))
     harness.start()
-    engine = harness.engine_for(hung_agent(hung), ScriptedModel(hang_then_done))
+    engine = engine_with(harness, counter_agent(counter), abandoned_grace_seconds=0)
 
-    for _ in range(2):
-        with pytest.raises(StepTimedOut):
+    # Each attempt's call overruns, and ends (is let go) before the next attempt
+    for call in range(2):
+        with pytest.raises(StepTimedOut, match=r"\(in tool hang\)"):
             engine.advance("run")
+        counter.let_go(call)
+    # The third strike: its own call still runs, so the run is left as it is for now
+    with pytest.raises(AbandonedCallRunning, match="not marked failed while it may still act"):
+        engine.advance("run")
+    counter.let_go(2)
     outcome = engine.advance("run")
 
     assert outcome.outcome is Outcome.FAILED
@@ -139,9 +221,8 @@ def test_the_third_timeout_fails_the_run_with_the_cause(tmp_path, hung):
         "step 1 failed 3 times; last error: step 1 timed out after 0.5 s (in tool hang); "
         "the late result, if any, is discarded"
     )
-    for _ in range(3):
-        assert hung.started.acquire(timeout=30)
-    assert hung.calls == ["run/step-1"] * 3, "each attempt ran the tool once, with the same key"
+    assert counter.keys == ["run/step-1"] * 3, "each attempt ran the tool once, with the same key"
+    assert counter.most_at_once == 1
     failed = [c.event for c in harness.store.list_checkpoints("run")]
     assert [e.attempt for e in failed if isinstance(e, AttemptFailed)] == [1, 2]
 
@@ -296,3 +377,61 @@ def test_after_a_timeout_the_next_attempt_opens_its_own_resources(tmp_path, hung
     # next attempt sets the agent up afresh instead of sharing resources with the hung thread
     assert "run" not in bindings._bound
     assert opened == [1]
+
+
+def test_the_retry_waits_for_the_abandoned_call_and_never_runs_the_tool_beside_it(
+    tmp_path, counter
+):
+    # Given a naive check-then-write tool whose first call overran the step's deadline
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    engine = engine_with(harness, counter_agent(counter))
+    with pytest.raises(StepTimedOut, match=r"\(in tool hang\)"):
+        engine.advance("run")
+
+    # When the next attempt comes while that call still runs
+    with pytest.raises(StepTimedOut, match="waiting for the call an earlier attempt abandoned"):
+        engine.advance("run")
+
+    # Then it spent its time waiting and called nothing beside it
+    assert counter.keys == ["run/step-1"]
+    # And once the abandoned call has ended, the next attempt calls the tool, which reads
+    # what the abandoned call wrote: one call at a time, never two at once
+    counter.let_go(0)
+    counter.let_go(1, wait=False)
+    assert engine.advance("run").outcome is Outcome.CONTINUE
+    assert counter.keys == ["run/step-1"] * 2
+    assert counter.most_at_once == 1
+    assert counter.value == 2
+    assert engine.load("run").last_result == "counter is 2"
+
+
+def test_a_run_is_not_failed_while_its_abandoned_call_still_runs(tmp_path, counter):
+    # Given a run whose first call overran its deadline and never ends by itself
+    harness = Harness(tmp_path, StubModel(total=1))
+    harness.start()
+    engine = engine_with(harness, counter_agent(counter), abandoned_grace_seconds=0)
+    for _ in range(2):
+        with pytest.raises(StepTimedOut):
+            engine.advance("run")
+    checkpoints = harness.store.list_checkpoints("run")
+
+    # When its third attempt spends its time waiting too, using up its strikes
+    with pytest.raises(AbandonedCallRunning, match="a call of step 1 abandoned"):
+        engine.advance("run")
+
+    # Then the run is left running, with nothing written, while the call may still act
+    head = engine.load("run")
+    assert (head.status, head.attempts) == (RunStatus.RUNNING, 3)
+    assert harness.store.list_checkpoints("run") == checkpoints
+    assert engine.abandoned_call_running("run")
+    # And once the call has ended (its late write landed before the run fails), it is failed
+    counter.let_go(0)
+    assert not engine.abandoned_call_running("run")
+    assert engine.advance("run").outcome is Outcome.FAILED
+    assert counter.keys == ["run/step-1"], "the tool ran once: no attempt ran it beside itself"
+    assert engine.load("run").error == (
+        "step 1 failed 3 times; last error: step 1 timed out after 0.5 s (waiting for the call "
+        "an earlier attempt abandoned, still running in this process); nothing was called "
+        "beside it"
+    )

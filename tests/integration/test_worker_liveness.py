@@ -26,7 +26,13 @@ from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.engine.core import Binding, Engine
-from ratchet.errors import InvalidInput, ModelOutputInvalid, StepAttemptFailed, StoreBusy
+from ratchet.errors import (
+    AbandonedCallRunning,
+    InvalidInput,
+    ModelOutputInvalid,
+    StepAttemptFailed,
+    StoreBusy,
+)
 from ratchet.local.leases import Leases, WorkerIdInUse
 from ratchet.local.worker import Worker
 from ratchet.ports import ModelRequest
@@ -270,6 +276,64 @@ def test_a_worker_stopped_mid_step_finishes_it_then_gives_back_the_attempt_and_t
     store.worker("w2", Records()).run(until_idle=True)
     third = [e for e in store.events() if e.kind == "step"][2]
     assert (third.step, third.attempt) == (3, 1)
+
+
+def test_a_worker_whose_run_strikes_out_beside_an_abandoned_call_stops_holding_the_run(
+    store, clock
+):
+    # Given a run whose first tool call overruns its deadline and then runs on
+    store.start()
+    go = threading.Event()
+    calls: list[str] = []
+
+    def hang(args: WriteRow, ctx: ToolContext) -> str:
+        calls.append(ctx.idempotency_key)
+        assert go.wait(timeout=60), "the test never let the call end"
+        return "written late"
+
+    agent = Agent(
+        name="hangs",
+        tools=[Tool("write_row", "Hang.", WriteRow, hang, True)],
+        step_timeout_seconds=0.5,
+    )
+    binding = Binding(agent, StubModel(total=3))
+    engine = Engine(
+        store=store.store,
+        ledger=SqliteLedger(store.db),
+        blobs=FileBlobStore(store.root / "blobs"),
+        bind=lambda state: binding,
+        worker_id="w1",
+        logger=logging.getLogger("ratchet.tests.liveness.engine"),
+        abandoned_grace_seconds=0,
+    )
+    records = Records()
+    worker = store.worker_on(engine, records, sleep=lambda seconds: None)
+
+    try:
+        # When its worker's attempts time out, the later two waiting for that call
+        with pytest.raises(AbandonedCallRunning):
+            worker.run(until_idle=True)
+
+        # Then the worker stopped without failing the run or letting go of its lease, and
+        # the tool ran once
+        head = store.head()
+        assert (head.status, head.attempts) == (RunStatus.RUNNING, 3)
+        holder = store.leases.holder("run")
+        assert holder is not None
+        assert holder[0] == "w1"
+        assert len(records.messages("worker stops: a call it abandoned still runs")) == 1
+        assert calls == ["run/step-1"]
+    finally:
+        go.set()
+    # And once that process is gone (the call with it) and the lease lapsed, the next worker
+    # fails the run with the cause
+    wait_for(lambda: not engine.abandoned_call_running("run"), "the abandoned call to end")
+    clock.advance(LEASE + 1)
+    store.worker("w2", Records(), sleep=lambda seconds: None).run(until_idle=True)
+    head = store.head()
+    assert head.status is RunStatus.FAILED
+    assert "timed out after 0.5 s (waiting for the call an earlier attempt" in (head.error or "")
+    assert calls == ["run/step-1"]
 
 
 # --- worker ids ---------------------------------------------------------------------------------

@@ -186,7 +186,8 @@ class SqliteDatabase:
     made by an earlier Ratchet (Ratchet's tables only, `runs` of Ratchet's shape), which is then
     marked when opened to write. With `create`, a missing or empty file becomes a new store.
     Anything else is refused before a byte of it changes. A lock held longer than
-    `busy_timeout` seconds is `StoreBusy`."""
+    `busy_timeout` seconds is `StoreBusy`. The connection serves the thread that opened it;
+    with `any_thread`, any thread, one at a time (the caller serialises: see `ratchet serve`)."""
 
     def __init__(
         self,
@@ -194,6 +195,7 @@ class SqliteDatabase:
         *,
         create: bool = True,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+        any_thread: bool = False,
     ) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
@@ -203,7 +205,11 @@ class SqliteDatabase:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
             connection = sqlite3.connect(
-                path, isolation_level=None, timeout=busy_timeout, factory=_Connection
+                path,
+                isolation_level=None,
+                timeout=busy_timeout,
+                factory=_Connection,
+                check_same_thread=not any_thread,
             )
         except sqlite3.DatabaseError as error:
             raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None

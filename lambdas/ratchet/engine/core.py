@@ -15,10 +15,14 @@ Whatever fails in 3-5 is recorded on the run with its cause (an `attempt_failed`
 and raised as a `StepAttemptFailed`, except what cannot succeed on retry (`TERMINAL_ERRORS`),
 which fails the run at once, and an `InjectedFault`, which stands for the process dying and so
 is left unrecorded, as a real crash would be. The agent's own code (its hooks, the model call,
-the tool) runs on a thread of its own under the agent's step time limit; a step over it is
+the tool) runs on a thread of its own under the agent's step time limit (what it raises there,
+`SystemExit` and `KeyboardInterrupt` too, is the attempt's failure); a step over it is
 abandoned, and since only the calling thread commits, whatever the abandoned code returns later
-is never written. Tool arguments, outputs and summaries over `INLINE_BYTES` are kept by
-reference to the blob store, so no record grows with what the agent passes around.
+is never written. Python cannot stop the abandoned call, so this process fences it off: the
+run's next attempt waits for it before running the agent's code again, and the run is not
+failed while it runs (`AbandonedCallRunning`). Tool arguments, outputs and summaries over
+`INLINE_BYTES` are kept by reference to the blob store, so no record grows with what the agent
+passes around.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ratchet.engine.prompt import render_step_prompt, render_summary_prompt
 from ratchet.engine.transitions import apply_event
 from ratchet.errors import (
     TERMINAL_ERRORS,
+    AbandonedCallRunning,
     AgentSetupFailed,
     IdempotencyConflict,
     InjectedFault,
@@ -116,6 +121,10 @@ ARGUMENT_PREVIEW_VALUE_BYTES = 80
 as it is (a batch number, a flag); a larger one is replaced by its size."""
 ARGUMENT_PREVIEW_KEYS = 12
 """At most this many argument names are kept in a preview; the rest are counted."""
+
+ABANDONED_GRACE_SECONDS = 30.0
+"""Before failing a run by its strikes, how long the engine waits for a call of the run that
+this process abandoned at a step deadline to end (see `AbandonedCallRunning`)."""
 
 T = TypeVar("T")
 
@@ -199,6 +208,7 @@ class Engine:
         backoff: Backoff = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
+        abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
     ) -> None:
         self._store = store
         self._ledger = ledger
@@ -212,11 +222,17 @@ class Engine:
         self._backoff = backoff
         self._rng = rng or random.Random()
         self._clock = clock
+        self._abandoned_grace = abandoned_grace_seconds
         self._counted_ahead: dict[str, int] = {}
 
     @property
     def worker_id(self) -> str:
         return self._worker_id
+
+    def abandoned_call_running(self, run_id: str) -> bool:
+        """Whether a call of the run's agent that this process abandoned at a step deadline
+        is still running (a worker keeps the run's lease until it ends, or the process does)."""
+        return bool(_ABANDONED.running(run_id))
 
     # --- runs ------------------------------------------------------------------------------
 
@@ -276,7 +292,7 @@ class Engine:
             if state.attempts >= MAX_ATTEMPTS:
                 last = state.error or "the worker died during the step"
                 error = f"step {step} failed {state.attempts} times; last error: {last}"
-                return self._finish(state, Finished(status=RunStatus.FAILED, error=error))
+                return self._fail_run(state, Finished(status=RunStatus.FAILED, error=error))
             version = self._store.begin_attempt(run_id, state.version)
             state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         started = time.perf_counter()
@@ -428,7 +444,10 @@ class Engine:
         started = time.monotonic()
         binding = self._bound(state, started + MAX_STEP_TIMEOUT_SECONDS)
         limit = binding.agent.step_timeout_seconds
-        clock = _StepClock(state.next_step, limit, None if limit is None else started + limit)
+        clock = _StepClock(
+            state.run_id, state.next_step, limit, None if limit is None else started + limit
+        )
+        clock.wait_for_abandoned()
         decision, usage = self._decide(state, binding, clock)
         if isinstance(decision, Done):
             return decision, None, None, usage, None
@@ -447,7 +466,7 @@ class Engine:
         return decision, output, wait, usage, folded
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
-        clock = _StepClock(state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
+        clock = _StepClock(state.run_id, state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
         try:
             return clock.run(lambda: self._bind(state), f"setting up agent {state.agent!r}")
         except StepTimedOut:
@@ -648,11 +667,11 @@ class Engine:
             cause = _terminal_cause(error)
             message = f"step {step} failed and cannot succeed on retry: {_describe(cause)}"
             failed_run = Finished(status=RunStatus.FAILED, error=_cut(message), usage=error.usage)
-            return self._finish(state, failed_run)
+            return self._fail_run(state, failed_run)
         if state.attempts >= MAX_ATTEMPTS:
             message = f"step {step} failed {state.attempts} times; last error: {error}"
             failed_run = Finished(status=RunStatus.FAILED, error=_cut(message), usage=error.usage)
-            return self._finish(state, failed_run)
+            return self._fail_run(state, failed_run)
         # The head says when the next attempt may start. A local worker waits until then; on
         # AWS the state machine's Retry (the same figures, its own draw) decides, and an
         # attempt that comes earlier is not refused.
@@ -684,6 +703,14 @@ class Engine:
             if is_transient(unrecorded):
                 error.transient = True
         raise error
+
+    def _fail_run(self, state: RunState, event: Finished) -> StepOutcome:
+        """Fail the run, once no call of it abandoned in this process still runs: a failed
+        run must not change after it is failed. Raises `AbandonedCallRunning`, with nothing
+        written, if one outlasts the grace."""
+        if not _ABANDONED.wait(state.run_id, time.monotonic() + self._abandoned_grace):
+            raise AbandonedCallRunning(state.run_id, state.next_step, self._abandoned_grace)
+        return self._finish(state, event)
 
     def _finish(self, state: RunState, event: Finished) -> StepOutcome:
         event = event.model_copy(update={"attempts": state.attempts})
@@ -857,6 +884,8 @@ def _approval_request(tool: str, result: ToolResult) -> ApprovalRequest | None:
 def _describe(error: BaseException | None) -> str:
     if error is None:
         return "unknown error"
+    if isinstance(error, AgentCodeExited):
+        error = error.raised
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
@@ -933,7 +962,18 @@ def _terminal_cause(error: StepAttemptFailed) -> BaseException:
 
 
 class _Overran(Exception):
-    pass
+    def __init__(self, job: _Job) -> None:
+        super().__init__()
+        self.job = job
+
+
+class AgentCodeExited(Exception):
+    """The agent's code raised a `BaseException` that is not an `Exception` (`SystemExit`,
+    `KeyboardInterrupt`, ...): the attempt fails with that cause, described as it."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(str(raised))
+        self.raised = raised
 
 
 @dataclass
@@ -975,9 +1015,14 @@ class _AgentThread:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not job.done.wait(timeout):
             self._stop()
-            raise _Overran
-        if job.error is not None:
+            raise _Overran(job)
+        if isinstance(job.error, Exception):
             raise job.error
+        if job.error is not None:
+            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on this thread by its
+            # code, not by the process's signal handlers, which run on the caller's): a failure
+            # of the attempt like any other, never the end of the caller.
+            raise AgentCodeExited(job.error) from job.error
         value: T = job.value
         return value
 
@@ -985,11 +1030,56 @@ class _AgentThread:
 _agent_threads = threading.local()
 
 
+class _Abandoned:
+    """The agent calls of each run that this process abandoned at their deadline and that
+    still run. One for the process: whichever engine takes the run's next attempt here (a
+    worker's, `ratchet serve`'s, the step function's next invocation in a thawed sandbox)
+    must see them, since Python cannot stop a thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, list[_Job]] = {}
+
+    def add(self, run_id: str, job: _Job) -> None:
+        with self._lock:
+            self._jobs.setdefault(run_id, []).append(job)
+
+    def running(self, run_id: str) -> list[_Job]:
+        with self._lock:
+            jobs = [j for j in self._jobs.pop(run_id, []) if not j.done.is_set()]
+            if jobs:
+                self._jobs[run_id] = jobs
+            return jobs
+
+    def wait(self, run_id: str, deadline: float | None) -> bool:
+        """True once none of the run's abandoned calls runs; False if one still does at
+        `deadline` (None: wait as long as they take)."""
+        for job in self.running(run_id):
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not job.done.wait(timeout):
+                return False
+        return True
+
+
+_ABANDONED = _Abandoned()
+
+
 @dataclass(frozen=True)
 class _StepClock:
+    run_id: str
     step: int
     limit: float | None
     deadline: float | None
+
+    def wait_for_abandoned(self) -> None:
+        """Wait, within this attempt's time, for the run's calls that an earlier attempt in
+        this process abandoned: the agent's code never runs beside its own abandoned call."""
+        if not _ABANDONED.wait(self.run_id, self.deadline):
+            raise StepTimedOut(
+                f"step {self.step} timed out after {self.limit:g} s (waiting for the call an "
+                "earlier attempt abandoned, still running in this process); nothing was called "
+                "beside it"
+            )
 
     def run(self, work: Callable[[], T], doing: str) -> T:
         """Run the agent's `work` on its thread; `StepTimedOut` if it overruns the deadline."""
@@ -998,8 +1088,9 @@ class _StepClock:
             runner = _agent_threads.runner = _AgentThread()
         try:
             return runner.run(work, self.deadline)
-        except _Overran:
+        except _Overran as overran:
             _agent_threads.runner = None
+            _ABANDONED.add(self.run_id, overran.job)
             raise StepTimedOut(
                 f"step {self.step} timed out after {self.limit:g} s ({doing}); the late result, "
                 "if any, is discarded"

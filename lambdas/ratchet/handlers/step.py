@@ -4,12 +4,19 @@ Errors are the state machine's business and keep their class names, which its Re
 clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
 touching it) are answers; anything else is retried, the engine's count of attempts ending a
 run that keeps failing. The adapters have already named a store that is busy (`StoreBusy`).
+
+One error ends the sandbox instead: `AbandonedCallRunning`, a run whose strikes are used up
+while a call this sandbox abandoned at a step deadline still runs. Frozen with the sandbox, the
+call would go on at its next invocation, after the run was failed; the end of the process ends
+it, and the state machine's retry of the crash (`Runtime.ExitError`) fails the run in a new one.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -17,7 +24,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from ratchet.approvals.model import ApprovalStatus
 from ratchet.aws.payloads import StepRequest, StepResult
 from ratchet.engine.core import Outcome, StepOutcome
-from ratchet.errors import StaleVersion, StepAttemptFailed, StoreBusy, Superseded
+from ratchet.errors import (
+    AbandonedCallRunning,
+    StaleVersion,
+    StepAttemptFailed,
+    StoreBusy,
+    Superseded,
+)
 from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
 from ratchet.state import utcnow
 
@@ -45,6 +58,11 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     except StoreBusy:
         metrics.add_metric(name="StoreBusy", unit=MetricUnit.Count, value=1)
         raise
+    except AbandonedCallRunning as running:
+        logger.error(
+            "ending the sandbox, which ends the call it abandoned", extra={"error": str(running)}
+        )
+        end_sandbox()
     metrics.add_metric(
         name="StepDuration",
         unit=MetricUnit.Milliseconds,
@@ -54,6 +72,13 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
         metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
     _stop_if_parked_elsewhere(taken)
     return StepResult.after(request, taken, rollover_after=settings().rollover_after)
+
+
+def end_sandbox() -> NoReturn:
+    """End this process at once (Lambda reports `Runtime.ExitError`), its threads with it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _stop_if_parked_elsewhere(taken: StepOutcome) -> None:

@@ -173,11 +173,16 @@ class LocalRuntime:
         )
 
     @classmethod
-    def open(cls, settings: LocalSettings, *, create: bool = True) -> LocalRuntime:
+    def open(
+        cls, settings: LocalSettings, *, create: bool = True, any_thread: bool = False
+    ) -> LocalRuntime:
+        """With `any_thread`, the store's connection may be used from any thread, one at a
+        time (see `SqliteDatabase`)."""
         database = SqliteDatabase(
             sqlite_path(settings.store),
             create=create,
             busy_timeout=settings.busy_timeout_seconds,
+            any_thread=any_thread,
         )
         return cls(database, settings)
 

@@ -4,13 +4,19 @@ Each request becomes the API Gateway (REST, proxy integration) event that the La
 would receive, goes to the same Powertools app, and its answer goes back as the HTTP response.
 So the approval page, its form and the runs API behave locally exactly as deployed; only the
 runtime behind them differs (SQLite, and a decision makes the run runnable for the next
-worker). Werkzeug does the HTTP; nothing here parses it by hand.
+worker). Werkzeug reads the requests and waitress serves them; nothing here parses HTTP by hand.
+
+Waitress reads and writes every connection without blocking on any, and hands the app a
+request only once it has all of it: a browser's speculative connection, or a client that sends
+half a request and stops, holds up nobody, and is closed after `IDLE_SECONDS`. The app itself
+runs one request at a time: the local store is one SQLite connection.
 """
 
 from __future__ import annotations
 
 import base64
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,14 +24,20 @@ from typing import Any, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from waitress import wasyncore
+from waitress.server import create_server
 from werkzeug.datastructures import Headers
-from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
 from ratchet.errors import InvalidInput
 
 MAX_BODY_BYTES = 1024 * 1024
 STAGE = "local"
+IDLE_SECONDS = 30
+"""A connection that sends nothing and reads nothing for this long is closed (checked as
+often); whatever it held, nothing else waited for it meanwhile."""
+CONNECTION_LIMIT = 200
+"""Connections open at once; more wait in the listen backlog until one closes."""
 
 
 @dataclass(frozen=True)
@@ -77,46 +89,90 @@ def proxy_event(request: Request) -> dict[str, Any]:
 
 
 def wsgi_app(routes: Sequence[Route]) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+    # The routes share the runtime's one SQLite connection (and its transactions): one request
+    # at a time, from whichever thread the server runs it on.
+    one_at_a_time = threading.Lock()
+
     def application(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        request = Request(environ)
-        request.max_content_length = MAX_BODY_BYTES
-        app = next((a for prefix, a in routes if request.path.startswith(prefix)), None)
-        if app is None:
-            response = Response("not found\n", status=404, content_type="text/plain")
-            return response(environ, start_response)
-        try:
-            event = proxy_event(request)
-        except UnicodeDecodeError:
-            response = Response("the body is not UTF-8\n", status=400, content_type="text/plain")
-            return response(environ, start_response)
-        context = LocalContext(aws_request_id=event["requestContext"]["requestId"])
-        answer = app.resolve(event, cast(LambdaContext, context))
-        body = answer.get("body") or ""
-        data = base64.b64decode(body) if answer.get("isBase64Encoded") else body.encode("utf-8")
-        headers = Headers()
-        for name, value in (answer.get("headers") or {}).items():
-            headers[name] = str(value)
-        for name, values in (answer.get("multiValueHeaders") or {}).items():
-            for value in values:
-                headers.add(name, str(value))
-        # Given up front, the handler's headers stand alone: werkzeug adds its default
-        # Content-Type only to a response that has none.
-        response = Response(data, status=int(answer["statusCode"]), headers=headers)
-        return response(environ, start_response)
+        with one_at_a_time:
+            return _answer(routes, environ, start_response)
 
     return application
 
 
-def server(routes: Sequence[Route], *, host: str, port: int) -> BaseWSGIServer:
-    """One request at a time: the local store is one SQLite connection, and a person
-    clicking a link needs no more. Raises `InvalidInput` if the address cannot be used."""
-    # werkzeug prints and exits the process on a taken port; find out first, with its words.
+def _answer(
+    routes: Sequence[Route], environ: dict[str, Any], start_response: Any
+) -> Iterable[bytes]:
+    request = Request(environ)
+    request.max_content_length = MAX_BODY_BYTES
+    app = next((a for prefix, a in routes if request.path.startswith(prefix)), None)
+    if app is None:
+        response = Response("not found\n", status=404, content_type="text/plain")
+        return response(environ, start_response)
+    try:
+        event = proxy_event(request)
+    except UnicodeDecodeError:
+        response = Response("the body is not UTF-8\n", status=400, content_type="text/plain")
+        return response(environ, start_response)
+    context = LocalContext(aws_request_id=event["requestContext"]["requestId"])
+    answer = app.resolve(event, cast(LambdaContext, context))
+    body = answer.get("body") or ""
+    data = base64.b64decode(body) if answer.get("isBase64Encoded") else body.encode("utf-8")
+    headers = Headers()
+    for name, value in (answer.get("headers") or {}).items():
+        headers[name] = str(value)
+    for name, values in (answer.get("multiValueHeaders") or {}).items():
+        for value in values:
+            headers.add(name, str(value))
+    # Given up front, the handler's headers stand alone: werkzeug adds its default
+    # Content-Type only to a response that has none.
+    response = Response(data, status=int(answer["statusCode"]), headers=headers)
+    return response(environ, start_response)
+
+
+class LocalServer:
+    """`ratchet serve`'s HTTP server on one listening socket: waitress, whose one task thread
+    runs the app (so an agent's thread-bound resources stay on one thread, as in a worker)."""
+
+    def __init__(self, application: Any, listening: socket.socket, idle_seconds: int) -> None:
+        self._sockets: dict[int, Any] = {}
+        self.server_port: int = listening.getsockname()[1]
+        self._server = create_server(
+            application,
+            map=self._sockets,
+            sockets=[listening],
+            threads=1,
+            channel_timeout=idle_seconds,
+            cleanup_interval=idle_seconds,
+            connection_limit=CONNECTION_LIMIT,
+            asyncore_use_poll=True,  # select() cannot watch a descriptor over 1,023
+            ident="ratchet",
+        )
+
+    def serve_forever(self) -> None:
+        """Serve until a KeyboardInterrupt (Ctrl-C, or SIGTERM as `ratchet serve` maps it)."""
+        self._server.run()
+
+    def server_close(self) -> None:
+        self._server.task_dispatcher.shutdown()
+        wasyncore.close_all(self._sockets)
+
+
+def server(
+    routes: Sequence[Route], *, host: str, port: int, idle_seconds: int = IDLE_SECONDS
+) -> LocalServer:
+    """The server of `routes` on `host:port` (0: any free port). Raises `InvalidInput` if the
+    address cannot be used."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+        listening = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
     except (OSError, OverflowError) as error:
+        listening.close()
         reason = getattr(error, "strerror", None) or str(error)
         raise InvalidInput(f"cannot listen on {host}:{port}: {reason}") from None
-    return make_server(host, port, wsgi_app(routes), threaded=False)
+    return LocalServer(wsgi_app(routes), listening, idle_seconds)

@@ -6,6 +6,12 @@ however slow, so a live worker keeps its run and a dead one (SIGKILL, a lost mac
 lapse: any other worker then resumes the run from its last checkpoint. Waiting, done and failed
 runs are never claimed: a parked run costs nothing.
 
+A step's agent code that overran its deadline cannot be stopped (Python cannot end a thread):
+the engine abandons it, and fences it off in this process (the next attempt waits for it; the
+run is not failed while it runs). A worker whose run's strikes run out while such a call still
+runs stops (`AbandonedCallRunning`) without releasing that run's lease: the end of the process
+ends the call, the lease lapses, and the next worker fails the run.
+
 After a failed attempt the engine records in the run's head when the next attempt may start
 (`not_before`, an exponential backoff with jitter). The worker waits until then, holding its
 lease, so no other worker retries the run early; a worker that claims a run whose `not_before`
@@ -25,6 +31,7 @@ from typing import Any
 
 from ratchet.engine.core import Engine, Outcome, StepOutcome
 from ratchet.errors import (
+    AbandonedCallRunning,
     InvalidInput,
     RatchetError,
     RunNotFound,
@@ -334,7 +341,11 @@ class Worker:
             heartbeat.let_go()
             self._failures.pop(run_id, None)
             self.engine.release(run_id)
-            self.leases.release(run_id, self.worker_id)
+            # A call of the run that this process abandoned at a deadline may still act: the
+            # lease stays, so no other worker takes the run until it lapses after this
+            # process ends (which ends the call).
+            if not self.engine.abandoned_call_running(run_id):
+                self.leases.release(run_id, self.worker_id)
 
     def _step(self, run_id: str) -> bool:
         """One step; True if the worker should go on with this run."""
@@ -349,6 +360,14 @@ class Worker:
                 extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(stale)},
             )
             return False
+        except AbandonedCallRunning as running:
+            # Only the end of the process ends that call, and the run must not be failed
+            # while it may still act: stop here, holding the run (see `_work_on`).
+            self.logger.error(
+                "worker stops: a call it abandoned still runs",
+                extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(running)},
+            )
+            raise
         except StepAttemptFailed as failure:
             # Counted by the engine, and recorded with the time the next attempt may start
             # (unless the store refused that write too); the next attempt, or the last strike,

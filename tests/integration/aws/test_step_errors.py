@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ratchet.aws.payloads import StepRequest
-from ratchet.errors import StaleVersion, StoreBusy, ToolFailed
+from ratchet.errors import AbandonedCallRunning, StaleVersion, StoreBusy, ToolFailed
 from ratchet.handlers import step
 
 PACKAGE = Path(step.__file__).resolve().parents[1]
@@ -49,6 +49,25 @@ def test_an_error_leaves_the_handler_under_its_own_name_for_the_state_machine(
         _take_step(monkeypatch, error)
 
     assert raised.value is error
+
+
+class _Ended(Exception):
+    pass
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")
+def test_a_run_that_strikes_out_beside_its_abandoned_call_ends_the_sandbox(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # A frozen sandbox would thaw the abandoned call at its next invocation, after the run
+    # was failed: ending the process ends the call, and a new sandbox fails the run.
+    def end_sandbox() -> None:
+        raise _Ended
+
+    monkeypatch.setattr(step, "end_sandbox", end_sandbox)
+
+    with pytest.raises(_Ended):
+        _take_step(monkeypatch, AbandonedCallRunning("r", 1, 30))
 
 
 @pytest.mark.parametrize("source", ABOVE_THE_ADAPTERS, ids=lambda path: path.name)
