@@ -551,12 +551,11 @@ class Client:
                 f"run {run_id} has no record of step {step} (steps completed: {head.step}"
                 + (", some by the run it was forked from)" if step <= head.step else ")")
             )
-        from ratchet.engine.core import view_of
-        from ratchet.engine.prompt import render_step_prompt
+        from ratchet.engine.core import step_prompt
 
         before = replay(c for c in checkpoints if c.version < completed.version)
         assert before is not None, "a step record follows the run's creation"
-        return render_step_prompt(view_of(before))
+        return step_prompt(before)[1]
 
     def _all_checkpoints(self, run_id: str) -> list[StoredCheckpoint]:
         checkpoints = self.runtime.store.list_checkpoints(run_id)

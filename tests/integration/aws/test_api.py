@@ -472,6 +472,26 @@ def test_a_fork_through_the_api_runs_on_data_that_matches_its_state(stack: Stack
     assert _verified(stack, "api-fork")["ok"] is True
 
 
+def test_approving_a_fork_of_a_waiting_run_through_the_api_reaches_the_fork(stack: Stack):
+    # Given a migration parked for a person, forked from the step that asked
+    stack.post_run({**MIGRATION, "run_id": "api-ask"})
+    asked = stack.parked("api-ask")
+    status, forked = call(
+        "POST", "/runs/api-ask/fork", {"from_step": asked.step, "run_id": "api-ask-2"}
+    )
+    assert status == 201, forked
+    assert stack.parked("api-ask-2").step == asked.step
+
+    # When a person approves the fork
+    call("POST", "/runs/api-ask-2/approve", {"comment": "go"})
+
+    # Then the fork drops the table: the decision reached its next step (issue 22)
+    assert stack.finished(forked["execution_name"])["status"] == "SUCCEEDED"
+    assert "legacy_orders was dropped" in (stack.head("api-ask-2").summary or "")
+    assert _verified(stack, "api-ask-2")["ok"] is True
+    assert stack.head("api-ask").status is RunStatus.WAITING
+
+
 def test_a_fork_the_agent_refuses_is_a_409_with_its_reason_and_changes_nothing(stack: Stack):
     stack.post_run({**MIGRATION, "run_id": "api-old"})
     stack.parked("api-old")
