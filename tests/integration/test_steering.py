@@ -248,6 +248,37 @@ def test_a_fork_of_a_migration_whose_data_does_not_say_what_a_key_did_is_refused
     assert client.fork("m", from_step=2, run_id="m-early").step == 2
 
 
+class NoteTaker:
+    """A `Model` for the notebook: a note at each of steps 1-3 (in a fork, at step 3 a note
+    of its own), the notes read back at step 4, then done."""
+
+    def decide(self, request: ModelRequest) -> ToolCall | Done:
+        view = request.view
+        if view.step <= 3:
+            title = f"{view.run_id} note {view.step}"
+            return ToolCall(name="write_note", arguments={"title": title, "body": "x"})
+        if view.step == 4:
+            return ToolCall(name="read_notes", arguments={})
+        return Done(summary="read")
+
+
+note_taker = NoteTaker()
+
+
+def test_a_fork_of_a_notebook_reads_the_notes_written_up_to_its_fork_point(client):
+    client.run(run_id="n", scenario="notebook", goal="take notes", model=f"{__name__}:note_taker")
+
+    client.fork("n", from_step=2, run_id="n-f")
+    client.work("n-f")
+
+    reads = [c for c in client.history("n-f") if c.tool == "read_notes"]
+    assert [c.result for c in reads] == [
+        "# n note 1\nx\n# n note 2\nx\n# n-f note 3\nx",
+    ]
+    assert client.verify("n")["notes"] == 3
+    assert client.verify("n-f")["notes"] == 3
+
+
 FORKS: list[tuple[str, str, int]] = []
 """(source, fork, step) for every call of `unforkable`'s fork hook."""
 PREPARED: list[str] = []
