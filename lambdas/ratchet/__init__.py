@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ratchet.tools import (
         Agent,
         Done,
+        ForkRefused,
         PermanentError,
         RunContext,
         StepView,
@@ -53,6 +54,7 @@ _EXPORTS = {
     "ratchet.tools": (
         "Agent",
         "Done",
+        "ForkRefused",
         "PermanentError",
         "RunContext",
         "StepView",
@@ -70,6 +72,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "Done",
+    "ForkRefused",
     "PermanentError",
     "RatchetError",
     "Run",

@@ -467,8 +467,10 @@ class Client:
         """A new run (`run_id`, default `<source>-fork-<random>`) whose state is the source's
         as of step `from_step`: its last step record or decision there. The fork is running,
         or waiting if the source still waited at that step with nobody having decided; its
-        later steps take keys under its own id, its agent prepares fresh data (`prepare`),
-        and the source is untouched. Refuses a step past the source's, and an id in use."""
+        later steps take keys under its own id, and the source is untouched. Its data is the
+        agent's to give (`Agent.fork`, then `prepare`): the agent copies or rebuilds what the
+        fork's state depends on, or refuses (`ForkRefused`, with its reason). Refuses a step
+        past the source's, and an id in use; a refused fork writes nothing."""
         head = self.head(source)
         if not 0 <= from_step <= head.step:
             raise InvalidInput(
@@ -513,10 +515,25 @@ class Client:
                 "updated_at": now,
             }
         )
+        self._fork_data(head, forked, from_step)
         started = self.create(forked)
         if not started.created:
             raise InvalidInput(f"run {new_id!r} already exists: choose another id for the fork")
         return started.run
+
+    def _fork_data(self, source: RunState, fork: RunState, step: int) -> None:
+        """The agent's `fork` hook: the fork's data from the source's, as of `step`."""
+        agent = self.agents.load(fork.agent)
+        hook = agent.fork
+        if hook is None:
+            return
+        # Checked before the hook writes anything: a fork its runtime cannot run gets no data.
+        self.runtime.check_agent(agent)
+        self.runtime.check_model(fork.options.model)
+        source_context = self.runtime.context(source.run_id, source.options)
+        fork_context = self.runtime.context(fork.run_id, fork.options)
+        self.runtime.before_prepare()
+        call_hook(agent.name, "fork", lambda: hook(source_context, fork_context, step))
 
     def replay(self, run_id: str, *, step: int) -> str:
         """The exact prompt the model saw for step `step`, rendered from the recorded state.
@@ -538,12 +555,11 @@ class Client:
                 f"run {run_id} has no record of step {step} (steps completed: {head.step}"
                 + (", some by the run it was forked from)" if step <= head.step else ")")
             )
-        from ratchet.engine.core import view_of
-        from ratchet.engine.prompt import render_step_prompt
+        from ratchet.engine.core import step_prompt
 
         before = replay(c for c in checkpoints if c.version < completed.version)
         assert before is not None, "a step record follows the run's creation"
-        return render_step_prompt(view_of(before))
+        return step_prompt(before)[1]
 
     def _all_checkpoints(self, run_id: str) -> list[StoredCheckpoint]:
         checkpoints = self.runtime.store.list_checkpoints(run_id)

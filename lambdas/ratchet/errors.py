@@ -279,6 +279,13 @@ class AbandonedCallRunning(RatchetError):
         self.step = step
 
 
+class ForkRefused(RatchetError):
+    """Raise it from an agent's `fork` hook when the agent cannot give a fork data that matches
+    its state (the data cannot be copied there, or predates what a copy needs). The fork is
+    refused with the message as its reason, and nothing is written: `ratchet fork` exits 2,
+    `POST /runs/{id}/fork` answers 409, `Client.fork` raises this."""
+
+
 class PermanentError(RatchetError):
     """Raise it from a tool (or a scripted policy, or an agent hook) when retrying cannot help:
     the order does not exist, the account is closed. The run fails at once with the message,

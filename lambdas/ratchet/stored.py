@@ -101,23 +101,24 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
     messages: list[Message] = []
     results: dict[int, ToolOutput] = {}
     last_result: str | None = None
-    asked_at: int | None = None
+    asked_at: int | None = None  # the step waiting for a person: the fold's `waiting.step`
     for event in recent:
         if isinstance(event, Created):
-            # A run forked from another starts with the window its source had.
+            # A run forked from another starts with the window its source had, and waits
+            # where its source waited: a person's answer after it is the asking step's result.
             seeded = event.state
             messages = [m for m in seeded.messages if m.step >= first]
             results = {r.step: r for r in seeded.tool_results if r.step >= first}
             last_result = seeded.last_result
+            asked_at = seeded.waiting.step if seeded.waiting is not None else None
         elif isinstance(event, StepCompleted) and first <= event.step <= state.step:
             messages.append(message_of(event))
             results[event.step] = preview_of(event)
             last_result = results[event.step].text
             asked_at = event.step if event.wait is not None else None
         elif isinstance(event, PersonDecided) and asked_at is not None:
-            text = decision_text(event)
-            results[asked_at] = results[asked_at].model_copy(update={"text": text})
-            last_result = text
+            answered, last_result = answer_in_place(list(results.values()), asked_at, event)
+            results = {r.step: r for r in answered}
             asked_at = None
     if state.step == 0 or not messages:
         # A state with no window (a fresh run, or one whose records are gone) keeps whatever
@@ -150,6 +151,19 @@ def preview_of(event: StepCompleted) -> ToolOutput:
     output = event.output
     text = preview(output.text)
     return ToolOutput(step=event.step, tool=output.tool, text=text, blob=output.blob)
+
+
+def answer_in_place(
+    results: list[ToolOutput], asked_at: int, event: PersonDecided
+) -> tuple[list[ToolOutput], str]:
+    """The window's results once a person answered the step that asked (`asked_at`), and the
+    new last result: their answer, in place of that step's result. The fold that builds each
+    new head (`apply_event`, which `replay` runs too) and the window a store reads back
+    (`with_window`, what the next step's prompt is rendered from) both answer through this, so
+    the prompt the model gets and `ratchet replay` cannot tell the answer differently."""
+    text = decision_text(event)
+    answered = [r.model_copy(update={"text": text}) if r.step == asked_at else r for r in results]
+    return answered, text
 
 
 def decision_text(event: PersonDecided) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast, get_type_hints
 
 from pydantic import BaseModel
 
-from ratchet.errors import PermanentError
+from ratchet.errors import ForkRefused, PermanentError
 from ratchet.ports import RunData, StepView, ToolSpec
 from ratchet.state import (
     RECENT_STEPS,
@@ -47,6 +47,7 @@ __all__ = [
     "ApprovalRequest",
     "Decision",
     "Done",
+    "ForkRefused",
     "PermanentError",
     "Policy",
     "RunContext",
@@ -207,6 +208,17 @@ class Agent:
     once when the run is started (it must be idempotent); `verify(ctx)` returns the agent's
     invariants for the run as a dict with at least `ok`.
 
+    `fork(source, fork, step)` gives a fork (`ratchet fork`, `Client.fork`, `POST
+    /runs/{id}/fork`) the data its state depends on: a fork starts with its source's state as
+    of `step` (what was done, and what the model was told), so its data must hold what the
+    source's held after that step, and nothing the source did later. The hook gets the
+    source's context and the fork's, and copies or rebuilds the fork's data (it runs before
+    the fork's first checkpoint is written, then `prepare` runs for the fork as for any new
+    run); or it raises `ForkRefused` with a reason, and the fork is refused with nothing
+    written. Without the hook, a fork's data is whatever `prepare` makes for it: right for an
+    agent whose tools keep no data of their own, wrong for one whose later steps rely on
+    effects of earlier ones.
+
     `input` is the run's input as a pydantic model: validated when the run starts (the CLI's
     `--input`/`--param`, the API's and the Python client's `input`), its fields become the run's
     `params` (and fill the goal's placeholders). Without one, an agent takes no input.
@@ -232,6 +244,7 @@ class Agent:
     resources: Callable[[RunContext], Any] | None = None
     prepare: Callable[[RunContext], None] | None = None
     verify: Callable[[RunContext, RunState], dict[str, Any]] | None = None
+    fork: Callable[[RunContext, RunContext, int], None] | None = None
     step_timeout_seconds: float | None = DEFAULT_STEP_TIMEOUT_SECONDS
     input: type[BaseModel] | None = None
     needs_local_disk: bool = False

@@ -321,3 +321,59 @@ def test_the_head_read_back_is_the_head_written_window_and_all(backend, model_su
         assert backend.store.load_head("w") == head, step
     assert head.pinned == ["x"]
     assert [m.step for m in head.messages][-1] == 11
+
+
+def test_a_fork_waiting_where_its_source_waited_reads_back_the_answer_it_is_given(backend):
+    # A fork of a waiting run is created waiting, its window seeded from the source's: the
+    # person's answer after its creation must be the asking step's result, read back as the
+    # fold made it (issue 22: the window kept "Waiting for a person" and the run went on
+    # as if nobody had approved).
+    options = RunState(run_id="s", agent="a", goal="g").options.model_copy(
+        update={"memory_window": 3}
+    )
+    source: RunState = RunState(run_id="s", agent="fake", goal="g", options=options)
+    at = utcnow()
+    for step in range(1, 5):
+        wait = ApprovalRequest(prompt="drop it?") if step == 4 else None
+        text = "Waiting for a person" if wait else f"r{step}"
+        event = StepCompleted(
+            step=step,
+            key=f"s/step-{step}",
+            call=ToolCall(name="write_row", arguments={"n": step}),
+            output=ToolOutput(step=step, tool="write_row", text=text),
+            wait=wait,
+            attempt=1,
+            duration_ms=1.0,
+        )
+        source = apply_event(source, event, version=source.version + 1, at=at)
+    assert source.status is RunStatus.WAITING
+    forked = source.model_copy(update={"run_id": "f", "version": 1})
+    backend.store.create_run(
+        forked,
+        Checkpoint(
+            run_id="f",
+            version=1,
+            step=4,
+            status=forked.status,
+            worker_id="w",
+            event=Created(state=forked),
+        ),
+    )
+    head = backend.store.load_head("f")
+    assert head == forked
+
+    head = _commit_event(backend, head, PersonDecided(approved=True, by="dana"), 4)
+
+    assert head.last_result == "Approved by dana."
+    assert backend.store.load_head("f") == head
+    after = StepCompleted(
+        step=5,
+        key="f/step-5",
+        call=ToolCall(name="write_row", arguments={"n": 5}),
+        output=ToolOutput(step=5, tool="write_row", text="r5"),
+        attempt=1,
+        duration_ms=1.0,
+    )
+    head = _commit_event(backend, head, after, 5)
+    assert backend.store.load_head("f") == head
+    assert [r.text for r in head.tool_results] == ["r3", "Approved by dana.", "r5"]

@@ -3,7 +3,17 @@
 
 from __future__ import annotations
 
-from tests.e2e.test_cli_contract import BATCHES, WAITING_STEP, _run_until_waiting, fresh
+import sqlite3
+
+import pytest
+
+from tests.e2e.test_cli_contract import (
+    BATCHES,
+    WAITING_STEP,
+    _run_until_waiting,
+    assert_rejected,
+    fresh,
+)
 
 
 def test_cancel_ends_a_waiting_run_and_keeps_its_checkpoints(tmp_path):
@@ -47,3 +57,46 @@ def test_retry_is_refused_for_a_run_that_did_not_fail(tmp_path):
 
     assert refused.returncode == 2
     assert "only a failed run can be retried" in refused.stderr
+
+
+@pytest.mark.slow
+def test_approving_a_fork_of_a_waiting_run_drops_the_table_and_replay_shows_the_answer(tmp_path):
+    # Given a migration parked for a person, and a fork of it from the step that asked
+    cli = fresh(tmp_path)
+    _run_until_waiting(cli, "s")
+    cli.ok("fork", "s", "--from-step", str(WAITING_STEP), "--run-id", "f")
+    assert cli.json("status", "f")["status"] == "waiting"
+
+    # When a person approves the fork and a worker process takes it
+    cli.ok("approve", "f", "--by", "dana")
+    cli.ok("worker", "--until-idle")
+
+    # Then the fork went on as approved, and replay shows what its model was given
+    done = cli.json("status", "f")
+    assert done["status"] == "done"
+    assert "legacy_orders was dropped" in done["summary"]
+    steps = [c for c in cli.json("history", "f")["checkpoints"] if c["event"] == "step"]
+    assert [c["tool"] for c in steps] == ["drop_table", "send_email"]
+    prompt = cli.ok("replay", "f", "--step", str(WAITING_STEP + 1))
+    assert "<last_result>Approved by dana.</last_result>" in prompt
+    checks = cli.json("verify", "f")
+    assert (checks["ok"], checks["missing_rows"], checks["duplicate_rows"]) == (True, 0, 0)
+    assert cli.json("status", "s")["status"] == "waiting"  # the source still waits
+
+
+@pytest.mark.slow
+def test_a_fork_the_agent_refuses_exits_2_with_its_reason_and_writes_nothing(tmp_path):
+    cli = fresh(tmp_path)
+    _run_until_waiting(cli, "s")
+    # The run's data as an older Ratchet wrote it: it does not say what its copies did
+    app = sqlite3.connect(cli.db.with_suffix(".data") / "s" / "app.db")
+    with app:
+        app.execute("DELETE FROM effects")
+    app.close()
+    before = cli.json("history", "s")
+
+    refused = cli("fork", "s", "--from-step", "3", "--run-id", "f")
+
+    assert_rejected(refused, "does not record what s/step-2 did")
+    assert cli("status", "f").returncode == 2
+    assert cli.json("history", "s") == before

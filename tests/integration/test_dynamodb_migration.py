@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ratchet.aws.runtime import AwsRuntime
+from ratchet.client import Client
 from ratchet.engine.core import Engine, Outcome
 from ratchet.errors import IdempotencyConflict, InjectedFault
 from ratchet.faults import FaultPlan
@@ -252,3 +253,41 @@ def test_the_sqlite_data_is_used_when_the_runtime_offers_no_table(tmp_path: Path
     assert (tmp_path / "w" / "app.db").is_file()
     state = RunState(run_id="local", agent="migration", goal="g", options=options)
     assert migration.verify(context, state)["source_rows"] == 1000
+
+
+def test_a_fork_of_a_finished_migration_on_dynamodb_carries_the_rows_its_state_says_were_copied(
+    client,
+):
+    # Given a migration finished on DynamoDB (3 batches copied at steps 2-4, dropped at 6)
+    start(client)
+    engine = runtime(client).engine(worker_id="step-lambda", logger=LOG)
+    assert work(engine) is Outcome.WAITING
+    engine.decide_waiting("m1", approved=True, by="ops@example.com")
+    assert work(engine) is Outcome.DONE
+    source_items = scan(client, SETTINGS.app_table)
+
+    # When it is forked after its second copy, as the runs API forks on AWS, and worked
+    forked = Client(runtime(client)).fork("m1", from_step=COPY_OF_BATCH_2, run_id="m1-f")
+    assert work(engine, "m1-f") is Outcome.WAITING
+    engine.decide_waiting("m1-f", approved=True, by="ops@example.com")
+    assert work(engine, "m1-f") is Outcome.DONE
+
+    # Then the fork's partition holds the source's first two copies (under the source's keys)
+    # and its own third, each once; the source's partition is as it was
+    assert forked.step == COPY_OF_BATCH_2
+    report = verify(client, "m1-f")
+    assert report["ok"] is True, report["problems"]
+    assert (report["missing_rows"], report["duplicate_rows"]) == (0, 0)
+    orders = sorted(
+        item["sk"]["S"]
+        for item in scan(client, SETTINGS.app_table)
+        if item["pk"]["S"] == "migration#m1-f" and item["sk"]["S"].startswith("ORDERS#")
+    )
+    assert orders == [
+        "ORDERS#000001#m1/step-2",
+        f"ORDERS#000002#m1/step-{COPY_OF_BATCH_2}",
+        "ORDERS#000003#m1-f/step-4",
+    ]
+    assert [i for i in scan(client, SETTINGS.app_table) if i["pk"]["S"] == "migration#m1"] == [
+        i for i in source_items if i["pk"]["S"] == "migration#m1"
+    ]

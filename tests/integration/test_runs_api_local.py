@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -345,4 +346,24 @@ def test_a_fork_of_a_fork_from_before_its_fork_point_is_404_naming_from_step(ser
     answer = served.call("POST", "/runs/f1/fork", {"from_step": 1, "run_id": "f2"})
 
     assert _refused(answer) == (404, "from_step")
+    assert served.rows() == before
+
+
+def test_a_fork_the_agent_refuses_is_409_naming_from_step_with_its_reason(served: Served):
+    served.call("POST", "/runs", {"scenario": "migration", "batches": 2, "run_id": "src"})
+    served.work()
+    state = served.runtime.store.load_head("src")
+    assert state is not None
+    # Data written by an older Ratchet does not say what its copies did
+    app = sqlite3.connect(served.runtime.context("src", state.options).workdir / "app.db")
+    with app:
+        app.execute("DELETE FROM effects")
+    app.close()
+    before = served.rows()
+
+    status, answer = served.call("POST", "/runs/src/fork", {"from_step": 3, "run_id": "f1"})
+
+    assert (status, answer["error"]) == (409, "the agent refuses this fork")
+    assert _refused((status, answer)) == (409, "from_step")
+    assert "does not record what src/step-2 did" in answer["problems"][0]["message"]
     assert served.rows() == before

@@ -4,6 +4,7 @@ step's model saw replayed from the records; on SQLite, through the Python client
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +13,16 @@ from pydantic import BaseModel, Field
 
 import ratchet
 from ratchet.client import Client, NoCheckpointAtStep
-from ratchet.errors import InvalidInput, NotRetryable, RunNotFound, StepAttemptFailed
+from ratchet.errors import (
+    ForkRefused,
+    InvalidInput,
+    NotRetryable,
+    RunNotFound,
+    StepAttemptFailed,
+)
 from ratchet.ports import ModelRequest
 from ratchet.state import Done, RunStatus, ToolCall
-from ratchet.tools import Agent, StepView, ToolContext, tool
+from ratchet.tools import Agent, RunContext, StepView, ToolContext, tool
 
 STEPS = 6
 APPLIED: list[str] = []
@@ -163,11 +170,14 @@ def test_a_fork_of_a_finished_migration_copies_nothing_twice_and_leaves_the_sour
     assert forked.status is RunStatus.DONE
     assert forked.step == source.step
     checks = client.verify("m-2")
-    # The fork's own data: the batches after step 2, each copied once; the first batch was
-    # copied by the source before the fork point, in the source's data.
-    assert checks["duplicate_rows"] == 0
-    assert checks["target_rows"] == 2_000
-    assert checks["missing_rows"] == 1_000
+    # The fork's own data holds what the source's held after step 2 (the first batch, under
+    # the source's key: the agent's fork hook carried it), then the batches it copied itself,
+    # each once (issue 22: it used to start from fresh data, and ended "done" with the
+    # first batch never copied).
+    assert checks["ok"], checks
+    assert (checks["duplicate_rows"], checks["missing_rows"]) == (0, 0)
+    assert checks["target_rows"] == 3_000
+    assert checks["keys_applied"] == 5  # step 2 carried; the fork's own 3, 4 (copies), 6, 7
     # Keys under the fork's id, from the step after the fork point only.
     ledger = client.runtime.ledger
     assert ledger.get("m-2/step-2") is None
@@ -195,6 +205,115 @@ def test_a_fork_is_refused_past_the_source_step_for_an_unknown_run_or_a_taken_id
     with pytest.raises(NoCheckpointAtStep, match="no record of step 1 \\(its first is step 3\\)"):
         client.fork(default.run_id, from_step=1, run_id="again")
     assert client.runtime.store.load_head("again") is None
+
+
+@pytest.mark.parametrize("at", [0, 1, 4, 5, 6])
+def test_a_fork_of_a_migration_from_any_step_ends_with_every_row_copied_once(client, at):
+    # Given a migration that copied its 3 batches at steps 2-4, asked at 5, dropped at 6
+    _finished_migration(client, "m")
+
+    # When it is forked from a step, and the fork is worked (and approved) to the end
+    client.fork("m", from_step=at, run_id="m-f")
+    for _ in range(2):
+        if client.work("m-f").status is RunStatus.WAITING:
+            client.approve("m-f", by="dana")
+
+    # Then the fork's data matches what its state says was done: no row missing or doubled,
+    # the legacy table dropped by the fork itself (or, forked after the drop, by the source)
+    assert client.get("m-f").status is RunStatus.DONE
+    checks = client.verify("m-f")
+    assert checks["ok"], checks
+    assert (checks["missing_rows"], checks["duplicate_rows"]) == (0, 0)
+    assert (checks["legacy_dropped"], checks["emails_sent"]) == (True, 1)
+
+
+def test_a_fork_of_a_migration_whose_data_does_not_say_what_a_key_did_is_refused(client):
+    # Given a migration whose data records what its copies did only for some keys (written
+    # by an older Ratchet, which kept no arguments)
+    _finished_migration(client, "m")
+    state = client.head("m")
+    app = sqlite3.connect(client.runtime.context("m", state.options).workdir / "app.db")
+    with app:
+        app.execute("DELETE FROM effects WHERE key = 'm/step-3'")
+    app.close()
+    records = client.history("m")
+
+    with pytest.raises(ForkRefused, match="does not record what m/step-3 did"):
+        client.fork("m", from_step=4, run_id="m-f")
+
+    assert client.runtime.store.load_head("m-f") is None
+    assert not client.runtime.context("m-f", state.options).workdir.exists()
+    assert client.history("m") == records
+    # A fork from before that key needs nothing it lacks
+    assert client.fork("m", from_step=2, run_id="m-early").step == 2
+
+
+class NoteTaker:
+    """A `Model` for the notebook: a note at each of steps 1-3 (in a fork, at step 3 a note
+    of its own), the notes read back at step 4, then done."""
+
+    def decide(self, request: ModelRequest) -> ToolCall | Done:
+        view = request.view
+        if view.step <= 3:
+            title = f"{view.run_id} note {view.step}"
+            return ToolCall(name="write_note", arguments={"title": title, "body": "x"})
+        if view.step == 4:
+            return ToolCall(name="read_notes", arguments={})
+        return Done(summary="read")
+
+
+note_taker = NoteTaker()
+
+
+def test_a_fork_of_a_notebook_reads_the_notes_written_up_to_its_fork_point(client):
+    client.run(run_id="n", scenario="notebook", goal="take notes", model=f"{__name__}:note_taker")
+
+    client.fork("n", from_step=2, run_id="n-f")
+    client.work("n-f")
+
+    reads = [c for c in client.history("n-f") if c.tool == "read_notes"]
+    assert [c.result for c in reads] == [
+        "# n note 1\nx\n# n note 2\nx\n# n-f note 3\nx",
+    ]
+    assert client.verify("n")["notes"] == 3
+    assert client.verify("n-f")["notes"] == 3
+
+
+FORKS: list[tuple[str, str, int]] = []
+"""(source, fork, step) for every call of `unforkable`'s fork hook."""
+PREPARED: list[str] = []
+
+
+def _refuse(source: RunContext, fork: RunContext, step: int) -> None:
+    FORKS.append((source.run_id, fork.run_id, step))
+    raise ForkRefused("its ledger of record lives in a bank's system, which cannot be copied")
+
+
+unforkable = Agent(
+    name="unforkable",
+    goal="Apply every change once.",
+    tools=[apply],
+    policy=_policy,
+    prepare=lambda ctx: PREPARED.append(ctx.run_id),
+    fork=_refuse,
+)
+
+
+def test_an_agent_refusing_a_fork_refuses_it_with_its_reason_and_nothing_is_written(client):
+    FORKS.clear()
+    PREPARED.clear()
+    client.start(run_id="s", agent=f"{__name__}:unforkable", max_steps=STEPS + 2)
+    _drive(client, "s")
+    records = client.history("s")
+
+    with pytest.raises(ForkRefused, match="lives in a bank's system"):
+        client.fork("s", from_step=2, run_id="f")
+
+    assert FORKS == [("s", "f", 2)]
+    assert PREPARED == ["s"]  # the fork's data was never prepared
+    assert client.runtime.store.load_head("f") is None
+    assert [r.run_id for r in client.runs()] == ["s"]
+    assert client.history("s") == records
 
 
 # --- replay -----------------------------------------------------------------------------------

@@ -488,7 +488,7 @@ class Engine:
         usage: Usage | None = None
         if recorded is None:
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
-            view = view_of(state)
+            view, prompt = step_prompt(state)
             self._log.debug(
                 "model called",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
@@ -496,7 +496,7 @@ class Engine:
             answer, usage = _ask(
                 binding,
                 clock,
-                prompt=render_step_prompt(view),
+                prompt=prompt,
                 tools=memory.tool_specs(binding.agent),
                 view=view,
                 doing="in the model call",
@@ -759,6 +759,15 @@ class Engine:
             },
         )
         return head, receipt.bytes_written
+
+
+def step_prompt(state: RunState) -> tuple[StepView, str]:
+    """What the model is given for the next step of `state`: the view, and the step prompt
+    rendered from it. `Client.replay` renders through this same function from the state the
+    records fold into before the step, so replay shows what the model was given exactly when
+    that state is the one the step loaded (the store's contract, `tests/conformance`)."""
+    view = view_of(state)
+    return view, render_step_prompt(view)
 
 
 def view_of(state: RunState) -> StepView:

@@ -24,7 +24,7 @@ from ratchet.state import (
     Usage,
     Waiting,
 )
-from ratchet.stored import decision_text, message_of, preview_of
+from ratchet.stored import answer_in_place, message_of, preview_of
 
 
 def apply_event(
@@ -128,12 +128,9 @@ def pinned_fact(event: StepCompleted) -> str | None:
 
 
 def _after_decision(state: RunState, event: PersonDecided) -> dict[str, object]:
-    text = decision_text(event)
     asked_at = state.waiting.step if state.waiting else state.step
     # The person's answer becomes the result of the step that asked for it.
-    results = [
-        r.model_copy(update={"text": text}) if r.step == asked_at else r for r in state.tool_results
-    ]
+    results, text = answer_in_place(state.tool_results, asked_at, event)
     return {
         "status": RunStatus.RUNNING,
         "waiting": None,

@@ -17,6 +17,7 @@ from ratchet.scenarios.migration_data import (
     MAX_BATCHES,
     SOURCE_TABLE,
     TARGET_TABLE,
+    Effect,
     MigrationData,
     SqliteMigrationData,
 )
@@ -25,6 +26,7 @@ from ratchet.tools import (
     Agent,
     Decision,
     Done,
+    ForkRefused,
     RunContext,
     StepView,
     ToolCall,
@@ -187,6 +189,47 @@ def prepare(ctx: RunContext) -> None:
         data.seed(int(ctx.options.params.get("batches", DEFAULT_BATCHES)))
 
 
+def fork(source: RunContext, fork: RunContext, step: int) -> None:
+    """The fork's data as the source's stood after `step`: seeded alike, then every effect
+    the source's data holds from a step up to `step` applied again, in step order, under the
+    key it was applied with. The source's later effects are left out: the fork decides those
+    steps afresh, under keys of its own. Applying is at most once per key, so a fork whose
+    rebuild was cut short is rebuilt by running this again."""
+    with _opened(source) as data:
+        carried = sorted(
+            (e for e in data.effects() if _step_of(e.key) <= step), key=lambda e: _step_of(e.key)
+        )
+    unrecorded = next((e.key for e in carried if e.name is None or e.args is None), None)
+    if unrecorded is not None:
+        raise ForkRefused(
+            f"run {source.run_id}'s data does not record what {unrecorded} did (it was applied "
+            "by an older Ratchet): its effects cannot be carried into a fork"
+        )
+    with _opened(fork) as data:
+        data.seed(int(fork.options.params.get("batches", DEFAULT_BATCHES)))
+        for effect in carried:
+            _apply(data, effect)
+
+
+def _step_of(key: str) -> int:
+    """The step of an idempotency key, `<run_id>/step-<n>`: a fork carries its source's keys up
+    to its fork point and takes its own after it, so step numbers never repeat in one data."""
+    return int(key.rsplit("/step-", 1)[1])
+
+
+def _apply(data: MigrationData, effect: Effect) -> None:
+    args = effect.args or {}
+    match effect.name:
+        case "copy_batch":
+            data.copy_batch(int(args["batch"]), effect.key)
+        case "drop_source":
+            data.drop_source(effect.key)
+        case "send_email":
+            data.send_email(args["to"], args["subject"], args["body"], effect.key)
+        case _:
+            raise ForkRefused(f"{effect.key} applied an unknown effect {effect.name!r}")
+
+
 def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
     with _opened(ctx) as data:
         counts = data.counts()
@@ -229,4 +272,5 @@ agent = Agent(
     resources=open_data,
     prepare=prepare,
     verify=verify,
+    fork=fork,
 )

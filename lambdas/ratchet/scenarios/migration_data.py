@@ -31,6 +31,20 @@ SOURCE_TABLE = "legacy_orders"
 TARGET_TABLE = "orders"
 
 
+EFFECTS = ("copy_batch", "drop_source", "send_email")
+"""The data's side effects, by the name of the method that applies them."""
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One side effect the data holds: applied under `key` by the method `name` with `args`.
+    `name` and `args` are None for an effect applied before they were recorded."""
+
+    key: str
+    name: str | None
+    args: dict[str, Any] | None
+
+
 @dataclass(frozen=True)
 class MigrationCounts:
     source_rows: int
@@ -58,6 +72,10 @@ class MigrationData(Protocol):
 
     def counts(self) -> MigrationCounts: ...
 
+    def effects(self) -> list[Effect]:
+        """Every effect applied, with its key and arguments: what a fork rebuilds from."""
+        ...
+
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -82,6 +100,11 @@ CREATE TABLE IF NOT EXISTS applied (
     args_hash TEXT NOT NULL,
     result TEXT NOT NULL,
     deliveries INTEGER NOT NULL
+);
+-- What each applied key did, so a fork can apply the same effects to data of its own. A table
+-- of its own rather than columns of `applied`: data written before it has none, and says so.
+CREATE TABLE IF NOT EXISTS effects (
+    key TEXT PRIMARY KEY, name TEXT NOT NULL, args TEXT NOT NULL
 );
 """
 
@@ -138,7 +161,7 @@ class SqliteMigrationData:
                 (batch, low, high),
             ).rowcount
             result = f"Copied {copied:,} rows (ids {low:,}-{high:,}) in batch {batch}."
-            self._record(tx, key, {"batch": batch}, result)
+            self._record(tx, key, "copy_batch", {"batch": batch}, result)
             return result
 
     def drop_source(self, key: str) -> str:
@@ -148,7 +171,7 @@ class SqliteMigrationData:
             tx.execute(f"DROP TABLE IF EXISTS {SOURCE_TABLE}")
             tx.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('dropped', '1')")
             result = f"Dropped {SOURCE_TABLE}."
-            self._record(tx, key, {"table": SOURCE_TABLE}, result)
+            self._record(tx, key, "drop_source", {"table": SOURCE_TABLE}, result)
             return result
 
     def send_email(self, to: str, subject: str, body: str, key: str) -> str:
@@ -161,7 +184,7 @@ class SqliteMigrationData:
                 (to, subject, body, key),
             )
             result = f"Email to {to} queued: {subject!r}."
-            self._record(tx, key, args, result)
+            self._record(tx, key, "send_email", args, result)
             return result
 
     def counts(self) -> MigrationCounts:
@@ -184,6 +207,16 @@ class SqliteMigrationData:
             keys_delivered=delivered,
             keys_applied=applied,
         )
+
+    def effects(self) -> list[Effect]:
+        rows = self._db.execute(
+            "SELECT applied.key, effects.name, effects.args FROM applied "
+            "LEFT JOIN effects ON effects.key = applied.key ORDER BY applied.key"
+        ).fetchall()
+        return [
+            Effect(key=key, name=name, args=json.loads(args) if args is not None else None)
+            for key, name, args in rows
+        ]
 
     # --- at most once per key ---------------------------------------------------------------
 
@@ -216,10 +249,16 @@ class SqliteMigrationData:
             yield tx, row[1]
 
     @staticmethod
-    def _record(tx: sqlite3.Connection, key: str, args: dict[str, Any], result: str) -> None:
+    def _record(
+        tx: sqlite3.Connection, key: str, name: str, args: dict[str, Any], result: str
+    ) -> None:
         tx.execute(
             "INSERT INTO applied (key, args_hash, result, deliveries) VALUES (?, ?, ?, 1)",
             (key, _hash(args), result),
+        )
+        tx.execute(
+            "INSERT INTO effects (key, name, args) VALUES (?, ?, ?)",
+            (key, name, json.dumps(args, sort_keys=True)),
         )
 
     def _dropped(self, tx: sqlite3.Connection | None = None) -> bool:

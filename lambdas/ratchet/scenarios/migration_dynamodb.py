@@ -10,7 +10,9 @@ Lambda, where nothing on the function's disk survives. One partition per run,
   a batch applied twice under two keys shows up as duplicate rows in `counts()`, exactly as
   the SQLite table without a unique constraint would show it;
 - `OUTBOX#<key>`: one queued email;
-- `APPLIED#<key>`: the at-most-once record: argument hash, result, deliveries.
+- `APPLIED#<key>`: the at-most-once record: argument hash, result, deliveries, and what the
+  key did (`effect`, the method's name, and `args`, JSON), which a fork applies again to data
+  of its own.
 
 At most once per key: each side effect is one `TransactWriteItems` whose first item is the
 `APPLIED#<key>` record, put only if absent. There is no read before the write: a redelivered
@@ -33,6 +35,7 @@ from ratchet.scenarios.migration_data import (
     BATCH_SIZE,
     SOURCE_TABLE,
     TARGET_TABLE,
+    Effect,
     MigrationCounts,
 )
 
@@ -164,7 +167,9 @@ class DynamoDbMigrationData:
                     }
                 }
             )
-        return self._apply_once(key, args, result, writes, on_refused=self._why_no_copy)
+        return self._apply_once(
+            key, "copy_batch", args, result, writes, on_refused=self._why_no_copy
+        )
 
     def drop_source(self, key: str) -> str:
         result = f"Dropped {SOURCE_TABLE}."
@@ -179,7 +184,7 @@ class DynamoDbMigrationData:
                 }
             }
         ]
-        recorded = self._apply_once(key, {"table": SOURCE_TABLE}, result, writes)
+        recorded = self._apply_once(key, "drop_source", {"table": SOURCE_TABLE}, result, writes)
         # META says the table is gone from the moment the transaction lands; the legacy items
         # are reclaimed after it. A crash in between leaves unreadable items, which the
         # redelivered step (this same call, with the same key) deletes.
@@ -203,7 +208,7 @@ class DynamoDbMigrationData:
                 }
             }
         ]
-        return self._apply_once(key, args, result, writes)
+        return self._apply_once(key, "send_email", args, result, writes)
 
     def counts(self) -> MigrationCounts:
         meta = self._meta() or {}
@@ -224,11 +229,22 @@ class DynamoDbMigrationData:
             keys_applied=len(applied),
         )
 
+    def effects(self) -> list[Effect]:
+        return [
+            Effect(
+                key=item["sk"]["S"].removeprefix(APPLIED),
+                name=item["effect"]["S"] if "effect" in item else None,
+                args=json.loads(item["args"]["S"]) if "args" in item else None,
+            )
+            for item in self._query(APPLIED, "sk", "effect", "args")
+        ]
+
     # --- at most once per key ---------------------------------------------------------------
 
     def _apply_once(
         self,
         key: str,
+        effect: str,
         args: dict[str, Any],
         result: str,
         writes: list[TransactWriteItemTypeDef],
@@ -244,6 +260,8 @@ class DynamoDbMigrationData:
                     "args_hash": _s(_hash(args)),
                     "result": _s(result),
                     "deliveries": _n(1),
+                    "effect": _s(effect),
+                    "args": _s(json.dumps(args, sort_keys=True)),
                 },
                 # The race this settles: two deliveries of one key (a retried step whose
                 # first attempt is still running, say) both try to apply it. The record is

@@ -104,6 +104,15 @@ def open_notes(ctx: RunContext) -> RunData:
     return ctx.data
 
 
+def fork(source: RunContext, fork: RunContext, step: int) -> None:
+    """A fork's notebook holds the notes its source wrote up to the fork point, and none of
+    the later ones: its own later steps write theirs under their own step numbers."""
+    notes = open_notes(fork)
+    for key, value in open_notes(source).items(NOTES):
+        if int(key.removeprefix(NOTES)) <= step:
+            notes.put_once(key, value)
+
+
 def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
     notes = len(open_notes(ctx).items(NOTES))
     return {"ok": True, "status": state.status.value, "notes": notes}
@@ -116,4 +125,5 @@ agent = Agent(
     policy=notebook_policy,
     resources=open_notes,
     verify=verify,
+    fork=fork,
 )

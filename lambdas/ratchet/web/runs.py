@@ -72,6 +72,7 @@ from ratchet.errors import (
     ApprovalError,
     ApprovalExpired,
     ApprovalNotFound,
+    ForkRefused,
     InvalidInput,
     JsonOverLimit,
     JsonTooLarge,
@@ -455,7 +456,13 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         if body.run_id is not None and wired.client.runtime.store.load_head(body.run_id):
             raise _Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
         with _rebuilding("from_step", "the state as of this step"):
-            run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
+            try:
+                run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
+            except ForkRefused as refused:
+                # The agent's own reason (`Agent.fork`): it cannot give the fork its data.
+                raise _Refusal(
+                    HTTPStatus.CONFLICT, "the agent refuses this fork", "from_step", str(refused)
+                ) from None
         execution = wired.launch(run.run_id)
         count("RunsForked")
         wired.logger.info(

@@ -16,7 +16,7 @@ from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import PersonDecided, RunStatus
 from ratchet.web.runs import MAX_BODY_CHARS
 from tests.integration.aws import agents
-from tests.integration.aws.harness import AGENTS, FakeContext, Stack, api_event
+from tests.integration.aws.harness import AGENTS, APP_TABLE, FakeContext, Stack, api_event
 
 ROWS = "rows"
 """Registered by the deployment (`RATCHET_AGENTS`) as `tests.integration.aws.agents:rows`."""
@@ -468,3 +468,76 @@ def test_an_unsigned_decision_is_refused(stack: Stack):
     assert answer["problems"][0]["field"] == "Authorization"
     assert stack.head("api-anon").status is RunStatus.WAITING
     assert [a.status.value for a in stack.approvals("api-anon")] == ["pending"]
+
+
+# --- forking ---------------------------------------------------------------------------------
+
+
+def test_a_fork_through_the_api_runs_on_data_that_matches_its_state(stack: Stack):
+    # Given a migration finished through the API (3 batches copied at steps 2-4)
+    _, started = stack.post_run({**MIGRATION, "run_id": "api-src"})
+    stack.parked("api-src")
+    call("POST", "/runs/api-src/approve", {})
+    stack.finished(started["execution_name"])
+
+    # When it is forked after its second copy, and the fork's own execution is approved
+    status, forked = call("POST", "/runs/api-src/fork", {"from_step": 3, "run_id": "api-fork"})
+    assert status == 201, forked
+    stack.parked("api-fork")
+    call("POST", "/runs/api-fork/approve", {})
+    assert stack.finished(forked["execution_name"])["status"] == "SUCCEEDED"
+
+    # Then the fork is done with every row copied once: the agent's fork hook gave it the
+    # source's first two copies in its own partition of the app table
+    assert stack.head("api-fork").status is RunStatus.DONE
+    assert _verified(stack, "api-fork")["ok"] is True
+
+
+def test_approving_a_fork_of_a_waiting_run_through_the_api_reaches_the_fork(stack: Stack):
+    # Given a migration parked for a person, forked from the step that asked
+    stack.post_run({**MIGRATION, "run_id": "api-ask"})
+    asked = stack.parked("api-ask")
+    status, forked = call(
+        "POST", "/runs/api-ask/fork", {"from_step": asked.step, "run_id": "api-ask-2"}
+    )
+    assert status == 201, forked
+    assert stack.parked("api-ask-2").step == asked.step
+
+    # When a person approves the fork
+    call("POST", "/runs/api-ask-2/approve", {"comment": "go"})
+
+    # Then the fork drops the table: the decision reached its next step (issue 22)
+    assert stack.finished(forked["execution_name"])["status"] == "SUCCEEDED"
+    assert "legacy_orders was dropped" in (stack.head("api-ask-2").summary or "")
+    assert _verified(stack, "api-ask-2")["ok"] is True
+    assert stack.head("api-ask").status is RunStatus.WAITING
+
+
+def test_a_fork_the_agent_refuses_is_a_409_with_its_reason_and_changes_nothing(stack: Stack):
+    stack.post_run({**MIGRATION, "run_id": "api-old"})
+    stack.parked("api-old")
+    # Data written by an older Ratchet does not say what a key did
+    stack.dynamodb.update_item(
+        TableName=APP_TABLE,
+        Key={"pk": {"S": "migration#api-old"}, "sk": {"S": "APPLIED#api-old/step-2"}},
+        UpdateExpression="REMOVE effect, args",
+    )
+    before = stack.items()
+
+    status, answer = call("POST", "/runs/api-old/fork", {"from_step": 4, "run_id": "api-new"})
+
+    assert status == 409
+    assert answer["error"] == "the agent refuses this fork"
+    [problem] = answer["problems"]
+    assert problem["field"] == "from_step"
+    assert "does not record what api-old/step-2 did" in problem["message"]
+    assert stack.items() == before
+    assert "api-new" not in _runs(stack)
+
+
+def _verified(stack: Stack, run_id: str) -> dict[str, Any]:
+    from ratchet.handlers import _wiring
+    from ratchet.scenarios import migration
+
+    state = stack.head(run_id)
+    return migration.verify(_wiring.runtime().context(run_id, state.options), state)
