@@ -106,6 +106,16 @@ class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
 
 
+class StoreDamaged(StoreUnavailable):
+    """A row or page of the store cannot be read: text that is not UTF-8, a damaged page. Where
+    the damaged row belongs to one run, the adapter says `RunUnreadable` for that run instead,
+    and the other runs go on. `detail` says what is damaged, without the store's path."""
+
+    def __init__(self, message: str, *, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
 class StoreBusy(RatchetError):
     """The store turned a request away for now (throttling, a transaction conflict, a
     transient service error) after the SDK's own retries. Retrying the step is safe: nothing
