@@ -102,6 +102,16 @@ class BlobCorrupt(RatchetError, ValueError):
         self.sha256 = sha256
 
 
+class BlobMissing(BlobCorrupt):
+    """A blob a run references is not in the blob store (removed by hand, or lost). The same
+    rule as a corrupt one: what was stored is gone, so no retry can bring it back, and the run
+    fails at once rather than after three strikes."""
+
+    def __init__(self, sha256: str, where: str) -> None:
+        RatchetError.__init__(self, f"blob {sha256} is missing from {where}")
+        self.sha256 = sha256
+
+
 class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
 
