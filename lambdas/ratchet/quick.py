@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 4
 """`ratchet.state.SCHEMA_VERSION`: a head of another schema goes to the full CLI, which
 upgrades it in memory (a unit test holds the two equal)."""
+MAX_MEMORY_WINDOW = 50
+"""`ratchet.state.MAX_MEMORY_WINDOW`: the window's records are among the newest
+`4 * (MAX_MEMORY_WINDOW + 1)` (`ratchet.stored.window_reads`)."""
 APPLICATION_ID = 0x52744368
 """`ratchet.adapters.sqlite.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
 STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
@@ -222,6 +225,13 @@ class _Documents:
         document: dict[str, Any] = {**json.loads(static), **json.loads(head)}
         if document.get("schema_version") != SCHEMA_VERSION:
             return None
+        # The records of the window, which the full CLI reads with the head: a damaged one
+        # (not UTF-8, not JSON) is handed to it, which names the run in one line.
+        for (event,) in self.connection.execute(
+            "SELECT event FROM checkpoints WHERE run_id = ? ORDER BY version DESC LIMIT ?",
+            (run_id, 4 * (MAX_MEMORY_WINDOW + 1)),
+        ):
+            json.loads(event)
         return {**document, "version": version, "attempts": attempts}
 
     def records(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
