@@ -311,7 +311,9 @@ def problem_page(title: str, message: str) -> str:
 
 
 def runs_page(
-    rows: Sequence[RunRow], counts: Mapping[RunStatus | str, int], status: RunStatus | None
+    rows: Sequence[RunRow],
+    counts: Mapping[RunStatus | Literal["damaged"], int],
+    status: RunStatus | None,
 ) -> str:
     """The runs, newest first, with a count per status; each count filters the list."""
     total = sum(counts.values())
