@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -196,10 +196,15 @@ class Checkpoint(_Answer):
 
 class RunListed(_Answer):
     run_id: str
-    status: RunStatus
+    status: RunStatus | Literal["damaged"]
+    """The run's status; `damaged` for a run whose stored row cannot be read (see `damage`):
+    no command can advance or change it until it is repaired."""
     step: int
     version: int
     updated_at: datetime
+    damage: str | None = None
+    """Why a damaged run cannot be read (the column and what is wrong with it); None
+    otherwise."""
 
 
 class WaitTimedOut(RatchetError):
@@ -250,6 +255,14 @@ def _status(value: RunStatus | str) -> RunStatus:
     except ValueError:
         known = ", ".join(s.value for s in RunStatus)
         raise InvalidInput(f"unknown run status {value!r}: use one of {known}") from None
+
+
+def _status_damage(status: str) -> str | None:
+    """Why a stored status column cannot be a run's, if it cannot (a tampered row): it is
+    never shown as it is, since it may hold anything, a terminal's escape codes included."""
+    if status in {s.value for s in RunStatus}:
+        return None
+    return "column 'status' holds no run status"
 
 
 def _default_worker_id() -> str:
@@ -627,12 +640,14 @@ class Client:
         listed = [
             RunListed(
                 run_id=r.run_id,
-                status=RunStatus(r.status),
+                status="damaged" if damage else RunStatus(r.status),
                 step=r.step,
                 version=r.version,
                 updated_at=r.updated_at,
+                damage=damage,
             )
             for r in self.runtime.store.list_runs()
+            for damage in [r.damage or _status_damage(r.status)]
         ]
         return sorted(
             (r for r in listed if wanted is None or r.status is wanted),

@@ -102,8 +102,28 @@ class BlobCorrupt(RatchetError, ValueError):
         self.sha256 = sha256
 
 
+class BlobMissing(BlobCorrupt):
+    """A blob a run references is not in the blob store (removed by hand, or lost). The same
+    rule as a corrupt one: what was stored is gone, so no retry can bring it back, and the run
+    fails at once rather than after three strikes."""
+
+    def __init__(self, sha256: str, where: str) -> None:
+        RatchetError.__init__(self, f"blob {sha256} is missing from {where}")
+        self.sha256 = sha256
+
+
 class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
+
+
+class StoreDamaged(StoreUnavailable):
+    """A row or page of the store cannot be read: text that is not UTF-8, a damaged page. Where
+    the damaged row belongs to one run, the adapter says `RunUnreadable` for that run instead,
+    and the other runs go on. `detail` says what is damaged, without the store's path."""
+
+    def __init__(self, message: str, *, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class StoreBusy(RatchetError):

@@ -50,6 +50,9 @@ class StoredHead:
     updated_at: datetime
     head: str
     static: str | None
+    damage: str | None = None
+    """What of the row cannot be read as stored (text that is not UTF-8, a status that is not
+    a run status), if anything: the run is then unreadable, and left as it is."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class StoredRecord:
     version: int
     step: int
     event: str
+    damage: str | None = None
+    """Why the record's event cannot be read as stored (text that is not UTF-8), if it cannot."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ def _parsed(records: Sequence[StoredRecord]) -> dict[int, CheckpointEvent]:
     events = {}
     for record in records:
         try:
+            if record.damage is not None:
+                raise ValueError(record.damage)
             events[record.version] = stored.parse_event(record.event)
         except ValueError as error:
             detail = _brief(error)
@@ -141,6 +148,8 @@ def _load(
     records: Sequence[StoredRecord],
     events: Mapping[int, CheckpointEvent],
 ) -> RunState:
+    if head.damage is not None:
+        raise ValueError(f"its stored state is damaged ({head.damage})")
     bare = stored.load_head(text, static, version=head.version, attempts=head.attempts)
     return stored.with_window(bare, _window(bare, records, events))
 

@@ -59,6 +59,9 @@ class RunSummary:
     step: int
     version: int
     updated_at: datetime
+    damage: str | None = None
+    """Why the run cannot be read, if the store can tell from its row (text that is not
+    UTF-8, a head that is not JSON, a status that is not a run status): listed as damaged."""
 
 
 class CheckpointStore(Protocol):

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 4
 """`ratchet.state.SCHEMA_VERSION`: a head of another schema goes to the full CLI, which
 upgrades it in memory (a unit test holds the two equal)."""
+MAX_MEMORY_WINDOW = 50
+"""`ratchet.state.MAX_MEMORY_WINDOW`: the window's records are among the newest
+`4 * (MAX_MEMORY_WINDOW + 1)` (`ratchet.stored.window_reads`)."""
 APPLICATION_ID = 0x52744368
 """`ratchet.adapters.sqlite.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
 STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
@@ -215,16 +218,23 @@ class _Documents:
         but for fields at their defaults; None if there is no such run or its head is not of
         the current schema (written whole, before schema 3, or not yet upgraded)."""
         row = self.connection.execute(
-            "SELECT r.version, r.attempts, r.state, s.state FROM runs AS r "
+            "SELECT r.version, r.attempts, r.state, s.state, r.status FROM runs AS r "
             "LEFT JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
             (run_id,),
         ).fetchone()
-        if row is None or row[3] is None:
-            return None
-        version, attempts, head, static = row
+        if row is None or row[3] is None or row[4] not in STATUSES:
+            return None  # a tampered status column: the full CLI says the run is damaged
+        version, attempts, head, static, _ = row
         document: dict[str, Any] = {**json.loads(static), **json.loads(head)}
         if document.get("schema_version") != SCHEMA_VERSION:
             return None
+        # The records of the window, which the full CLI reads with the head: a damaged one
+        # (not UTF-8, not JSON) is handed to it, which names the run in one line.
+        for (event,) in self.connection.execute(
+            "SELECT event FROM checkpoints WHERE run_id = ? ORDER BY version DESC LIMIT ?",
+            (run_id, 4 * (MAX_MEMORY_WINDOW + 1)),
+        ):
+            json.loads(event)
         return {**document, "version": version, "attempts": attempts}
 
     def records(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
@@ -247,13 +257,28 @@ class _Documents:
         ]
 
     def runs(self) -> list[dict[str, Any]]:
+        """Every run; `ValueError` (or `sqlite3.Error`, for text that is not UTF-8) if one
+        is damaged: the full CLI lists it as damaged, saying why."""
         rows = self.connection.execute(
-            "SELECT run_id, status, step, version, updated_at FROM runs ORDER BY updated_at"
+            "SELECT r.run_id, r.status, r.step, r.version, r.updated_at, r.state, s.state "
+            "FROM runs AS r LEFT JOIN run_static AS s ON s.run_id = r.run_id "
+            "ORDER BY r.updated_at"
         )
-        return [
-            {"run_id": r, "status": s, "step": n, "version": v, "updated_at": u}
-            for r, s, n, v, u in rows
-        ]
+        runs = []
+        for run_id, status, step, version, updated_at, head, static in rows:
+            if status not in STATUSES:
+                raise ValueError(f"run {run_id!r} has no run status")
+            json.loads(head), static is None or json.loads(static)
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "status": status,
+                    "step": step,
+                    "version": version,
+                    "updated_at": updated_at,
+                }
+            )
+        return runs
 
 
 def _uri_path(path: str) -> str:

@@ -357,14 +357,17 @@ def history_window(
 
 
 def listed(run: Mapping[str, Any]) -> dict[str, Any]:
-    """A row of `ratchet list --json`."""
-    return {
+    """A row of `ratchet list --json`; a damaged run's row also says why (`damage`)."""
+    row = {
         "run_id": run["run_id"],
         "status": run["status"],
         "step": run["step"],
         "version": run["version"],
         "updated_at": iso(run["updated_at"]),
     }
+    if run.get("damage"):
+        row["damage"] = run["damage"]
+    return row
 
 
 def newest_first(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -373,10 +376,16 @@ def newest_first(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def list_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    return table(
+    """The runs as a table, then a line per damaged run saying why it cannot be read."""
+    columns = ("run_id", "status", "step", "version", "updated_at")
+    text = table(
         ("run", "status", "step", "version", "updated"),
-        [[str(value) for value in row.values()] for row in rows],
+        [[str(row[column]) for column in columns] for row in rows],
     )
+    for row in rows:
+        if row.get("damage"):
+            text += f"{row['run_id']}: damaged, left as it is: {row['damage']}\n"
+    return text
 
 
 # --- printing ---------------------------------------------------------------------------------

@@ -315,8 +315,14 @@ def test_a_tool_reporting_an_idempotency_conflict_fails_the_run_at_once(tmp_path
     assert len(tool.calls) == 1
 
 
-def test_tampered_arguments_kept_by_reference_fail_the_run_and_never_reach_the_tool(tmp_path):
-    # Given a step whose large arguments were recorded by reference, then tampered with on disk
+@pytest.mark.parametrize(
+    ("damage", "named"), [("altered", "BlobCorrupt"), ("removed", "BlobMissing")]
+)
+def test_tampered_arguments_kept_by_reference_fail_the_run_and_never_reach_the_tool(
+    tmp_path, damage, named
+):
+    # Given a step whose large arguments were recorded by reference, then altered or removed
+    # on disk (one rule for both: the run fails at once, without the two retries)
     harness = Harness(tmp_path, StubModel(total=1))
     harness.start()
     tool = CountingTool(lambda a, c: "ok")
@@ -333,7 +339,10 @@ def test_tampered_arguments_kept_by_reference_fail_the_run_and_never_reach_the_t
     assert entry is not None
     ref = BlobRef.model_validate(entry.decision["blob"])
     stored = tmp_path / "blobs" / ref.sha256[:2] / ref.sha256
-    stored.write_text(json.dumps({"text": "b" * 10_000}))
+    if damage == "altered":
+        stored.write_text(json.dumps({"text": "b" * 10_000}))
+    else:
+        stored.unlink()
 
     # When a fresh engine retries the step
     outcome = engine_for(harness, tool, ScriptedModel(call_once(big))).advance("run")
@@ -341,7 +350,7 @@ def test_tampered_arguments_kept_by_reference_fail_the_run_and_never_reach_the_t
     # Then the run fails at once, and the tool never saw arguments other than the recorded ones
     assert outcome.outcome is Outcome.FAILED
     error = engine.load("run").error or ""
-    assert error.startswith("step 1 failed and cannot succeed on retry: BlobCorrupt:")
+    assert error.startswith(f"step 1 failed and cannot succeed on retry: {named}:")
     assert ref.sha256 in error
     assert tool.calls == []
 

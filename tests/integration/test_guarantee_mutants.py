@@ -31,7 +31,7 @@ from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.approvals.model import ApprovalStatus, Verdict
 from ratchet.aws.naming import execution_name
-from ratchet.errors import IdempotencyConflict, InvalidInput, RatchetError
+from ratchet.errors import BlobCorrupt, IdempotencyConflict, InvalidInput, RatchetError
 from ratchet.local.approvals import LocalResumer
 from ratchet.ports import LedgerStatus
 from ratchet.scenarios.migration_data import SqliteMigrationData
@@ -74,6 +74,16 @@ def test_a_blob_tampered_in_s3_is_refused_on_read(s3_bucket):
     client.put_object(Bucket=bucket, Key=f"{PREFIX}{ref.sha256}", Body=TAMPERED)
 
     with pytest.raises((RatchetError, ValueError), match=ref.sha256):
+        blobs.get(ref)
+
+
+def test_a_blob_removed_from_s3_is_as_damaged_as_an_altered_one(s3_bucket):
+    client, bucket = s3_bucket
+    blobs = S3BlobStore(client, bucket)
+    ref = blobs.put(CONTENT)
+    client.delete_object(Bucket=bucket, Key=f"{PREFIX}{ref.sha256}")
+
+    with pytest.raises(BlobCorrupt, match=f"blob {ref.sha256} is missing from s3://"):
         blobs.get(ref)
 
 

@@ -413,11 +413,14 @@ def _newer_schema(state: str) -> str:
 
 
 def test_runs_a_worker_cannot_read_are_skipped_once_and_do_not_starve_the_others(store, clock):
-    # Given a run with a tampered head and one written by a newer Ratchet, both older than a
-    # normal run (so they come first in the claim order)
-    for run_id in ("tampered", "newer", "normal"):
+    # Given a run with a tampered head, one whose head is not UTF-8 and one written by a newer
+    # Ratchet, all older than a normal run (so they come first in the claim order)
+    for run_id in ("tampered", "undecodable", "newer", "normal"):
         store.start(run_id)
     _tamper(store.db.connection, "tampered", lambda state: "not json {")
+    store.db.connection.execute(
+        "UPDATE runs SET state = cast(x'7b22ff7d' as text) WHERE run_id = 'undecodable'"
+    )
     _tamper(store.db.connection, "newer", _newer_schema)
     records = Records()
     errors: list[BaseException] = []
@@ -441,12 +444,17 @@ def test_runs_a_worker_cannot_read_are_skipped_once_and_do_not_starve_the_others
     assert not errors
     assert store.head("normal").status is RunStatus.DONE
     skipped = records.messages("run skipped: its state cannot be read")
-    assert sorted(r.run_id for r in skipped) == ["newer", "tampered"]  # type: ignore[attr-defined]
+    assert sorted(r.run_id for r in skipped) == ["newer", "tampered", "undecodable"]  # type: ignore[attr-defined]
     assert "schema 99" in next(r.error for r in skipped if r.run_id == "newer")  # type: ignore[attr-defined]
+    assert "column 'state' holds text that is not UTF-8" in next(
+        r.error  # type: ignore[attr-defined]
+        for r in skipped
+        if r.run_id == "undecodable"  # type: ignore[attr-defined]
+    )
     assert not records.messages("step crashed")
     # And it left them as they were, to a Ratchet that can read them
     rows = dict(store.db.connection.execute("SELECT run_id, attempts FROM runs").fetchall())
-    assert (rows["tampered"], rows["newer"]) == (0, 0)
+    assert (rows["tampered"], rows["undecodable"], rows["newer"]) == (0, 0, 0)
     assert store.leases.holder("tampered") is None
 
 

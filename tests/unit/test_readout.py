@@ -9,7 +9,8 @@ import pytest
 
 from ratchet import cli, quick, readout
 from ratchet.adapters.sqlite import RATCHET_APPLICATION_ID
-from ratchet.state import FINISHED, SCHEMA_VERSION, RunStatus, Usage
+from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
+from ratchet.stored import window_reads
 
 
 def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
@@ -18,6 +19,8 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
     assert quick.MAX_ROWS == cli.MAX_ROWS
+    assert quick.MAX_MEMORY_WINDOW == MAX_MEMORY_WINDOW
+    assert window_reads(MAX_MEMORY_WINDOW) == 4 * (quick.MAX_MEMORY_WINDOW + 1)
 
 
 def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does():

@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ratchet.errors import BlobCorrupt
+from ratchet.errors import BlobCorrupt, BlobMissing
 from ratchet.state import BlobRef
 
 
@@ -35,7 +35,12 @@ class FileBlobStore:
 
     def get(self, ref: BlobRef) -> bytes:
         path = self._path(ref.sha256)
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            # Removed or lost: as damaged as bytes that no longer match (one rule, see
+            # `BlobMissing`).
+            raise BlobMissing(ref.sha256, str(self._root)) from None
         # The name is the content's hash: bytes that no longer match it were damaged or
         # tampered with, and must not be handed to a tool as if they were what was stored.
         if hashlib.sha256(data).hexdigest() != ref.sha256:

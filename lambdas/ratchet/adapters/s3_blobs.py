@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ratchet.errors import BlobCorrupt, StoreUnavailable, ToolFailed
+from ratchet.errors import BlobCorrupt, BlobMissing, StoreUnavailable, ToolFailed
 from ratchet.state import BlobRef
 
 PREFIX = "blobs/"
@@ -35,7 +35,11 @@ class S3BlobStore:
         return BlobRef(sha256=digest, size=len(data))
 
     def get(self, ref: BlobRef) -> bytes:
-        response = self._client.get_object(Bucket=self._bucket, Key=f"{PREFIX}{ref.sha256}")
+        try:
+            response = self._client.get_object(Bucket=self._bucket, Key=f"{PREFIX}{ref.sha256}")
+        except self._client.exceptions.NoSuchKey:
+            # Removed or lost: as damaged as bytes that no longer match (see `BlobMissing`).
+            raise BlobMissing(ref.sha256, f"s3://{self._bucket}/{PREFIX}") from None
         data: bytes = response["Body"].read()
         if hashlib.sha256(data).hexdigest() != ref.sha256:
             raise BlobCorrupt(ref.sha256, f"s3://{self._bucket}/{PREFIX}{ref.sha256}")

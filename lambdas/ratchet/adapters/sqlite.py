@@ -9,13 +9,17 @@ interleave with another process's.
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import ValidationError
 
@@ -28,6 +32,7 @@ from ratchet.errors import (
     RunUnreadable,
     StaleVersion,
     StoreBusy,
+    StoreDamaged,
     StoreUnavailable,
 )
 from ratchet.housekeeping import StoredHead, StoredRecord, Trimmed, blob_digests
@@ -140,20 +145,56 @@ PAGE_SIZE = 1024
 _TRANSIENT = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
 
 
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose errors while stepping through rows are Ratchet's too: SQLite reads a
+    row (and Python decodes its text) only when it is fetched, after `execute` returned."""
+
+    connection: _Connection
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except sqlite3.DatabaseError as error:
+            raise self.connection.translated(error) from None
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except sqlite3.DatabaseError as error:
+            raise self.connection.translated(error) from None
+
+    def fetchmany(self, size: int | None = 1) -> list[Any]:
+        try:
+            return super().fetchmany(size)
+        except sqlite3.DatabaseError as error:
+            raise self.connection.translated(error) from None
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except sqlite3.DatabaseError as error:
+            raise self.connection.translated(error) from None
+
+
 class _Connection(sqlite3.Connection):
-    """A connection whose errors are Ratchet's: `StoreBusy` for what may pass, otherwise
-    `StoreUnavailable`. Nothing above the adapters sees a `sqlite3` error."""
+    """A connection whose errors are Ratchet's: `StoreBusy` for what may pass, `StoreDamaged`
+    for a row or page that cannot be read, otherwise `StoreUnavailable`. Nothing above the
+    adapters sees a `sqlite3` error."""
 
     store_path: Path = Path()
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         try:
-            return super().execute(sql, parameters)
+            cursor = self.cursor(_Cursor)
+            return cursor.execute(sql, parameters)
         except sqlite3.DatabaseError as error:
-            if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
-                raise
-            raise store_error(error, self.store_path, self.busy_timeout) from None
+            raise self.translated(error) from None
+
+    def translated(self, error: sqlite3.DatabaseError) -> Exception:
+        if isinstance(error, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+            return error
+        return store_error(error, self.store_path, self.busy_timeout)
 
     def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
         try:
@@ -176,7 +217,18 @@ def store_error(error: sqlite3.DatabaseError, path: Path, waited: float) -> Ratc
         )
     if primary in _TRANSIENT:
         return StoreBusy(f"the store {path} failed for now: {error}")
+    undecodable = _UNDECODABLE.match(str(error))
+    if undecodable is not None:
+        # Python's message quotes the stored text, which may be anything: name the column only.
+        detail = f"column {undecodable[1]!r} holds text that is not UTF-8"
+        return StoreDamaged(f"the store {path} has a damaged row: {detail}", detail=detail)
+    if primary == sqlite3.SQLITE_CORRUPT:
+        return StoreDamaged(f"the store {path} is damaged: {error}", detail=str(error))
     return StoreUnavailable(f"the store {path} cannot be used: {error}")
+
+
+_UNDECODABLE = re.compile(r"Could not decode to UTF-8 column '([^']{0,64})'")
+"""The error `sqlite3` raises for a text value that is not UTF-8 (it has no SQLite code)."""
 
 
 class SqliteDatabase:
@@ -203,12 +255,14 @@ class SqliteDatabase:
             raise StoreUnavailable(f"no Ratchet store at {path} (start a run first)")
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = not create and not _writable(path)
         try:
             connection = sqlite3.connect(
-                path,
+                _read_only_uri(path) if self.read_only else path,
                 isolation_level=None,
                 timeout=busy_timeout,
                 factory=_Connection,
+                uri=self.read_only,
                 check_same_thread=not any_thread,
             )
         except sqlite3.DatabaseError as error:
@@ -225,9 +279,10 @@ class SqliteDatabase:
                 # WAL, which SQLite writes a whole page at a time (rows here are 0.1-2 KB).
                 # Set before anything is written; an existing store keeps its own.
                 connection.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            # Only now, knowing the file is ours: switching to WAL rewrites the file header.
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=FULL")
+            if not self.read_only:
+                # Only now, knowing the file is ours: switching to WAL rewrites the file header.
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=FULL")
             if create:
                 connection.executescript(_SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA)
                 if not marked:
@@ -301,6 +356,24 @@ class SqliteDatabase:
         self.connection.close()
 
 
+def _writable(path: Path) -> bool:
+    """Whether this process may write the store: its file, and its folder (where SQLite makes
+    the WAL's `-shm` and `-wal` files, even to read)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _read_only_uri(path: Path) -> str:
+    """How a read command opens a store it may not write (a read-only file or mount): read
+    only, so that it cannot write by mistake; and if SQLite cannot make the `-shm` file that
+    reading a WAL store needs, as immutable: nobody can write it then either, and a WAL left
+    without its `-shm` is not read (its commits were not checkpointed into the file)."""
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+    shm = path.with_name(path.name + "-shm")
+    if not shm.exists() and not os.access(path.parent, os.W_OK):
+        uri += "&immutable=1"
+    return uri
+
+
 def _first_line(error: Exception) -> str:
     """What went wrong, in one line and without the stored text (pydantic quotes its input)."""
     if isinstance(error, ValidationError):
@@ -308,6 +381,56 @@ def _first_line(error: Exception) -> str:
         where = ".".join(str(p) for p in first["loc"])
         return f"{where}: {first['msg']}" if where else str(first["msg"])
     return " ".join(str(error).split())[:200]
+
+
+@contextmanager
+def _damage_of(run_id: str, what: str) -> Iterator[None]:
+    """A damaged row read for one run is that run's damage (`RunUnreadable`, naming it), not
+    the whole store's: the other runs go on."""
+    try:
+        yield
+    except StoreDamaged as error:
+        raise RunUnreadable(run_id, f"{what} ({error.detail})") from None
+
+
+class _Texts:
+    """A row's text columns read as bytes, decoded one by one: `damage` names the first that
+    is not what it should be (the rest of the row is still read, to report it)."""
+
+    def __init__(self) -> None:
+        self.damage: str | None = None
+
+    def text(self, column: str, value: bytes | str) -> str:
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.damage = self.damage or f"column {column!r} holds text that is not UTF-8"
+            return raw.decode("utf-8", "replace")
+
+    def json(self, column: str, value: bytes | str) -> None:
+        text = self.text(column, value)
+        try:
+            json.loads(text)
+        except ValueError:
+            self.damage = self.damage or f"column {column!r} holds no JSON"
+
+    def status(self, value: bytes | str) -> str:
+        text = self.text("status", value)
+        if text not in _STATUSES:
+            self.damage = self.damage or "column 'status' holds no run status"
+        return text
+
+    def time(self, column: str, value: bytes | str) -> datetime:
+        text = self.text(column, value)
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            self.damage = self.damage or f"column {column!r} holds no time"
+            return datetime.min.replace(tzinfo=UTC)
+
+
+_STATUSES = frozenset(status.value for status in RunStatus)
 
 
 def _text_bytes(*values: str | None) -> int:
@@ -360,23 +483,32 @@ class SqliteCheckpointStore:
         (see `ratchet.stored`)."""
         connection = self._db.connection
         with self._db.read():
-            row = connection.execute(
-                "SELECT r.version, r.attempts, r.step, r.state, s.state FROM runs AS r "
-                "LEFT JOIN run_static AS s ON s.run_id = r.run_id WHERE r.run_id = ?",
-                (run_id,),
-            ).fetchone()
+            with _damage_of(run_id, "its stored state is damaged"):
+                row = connection.execute(
+                    "SELECT r.version, r.attempts, r.step, r.state, s.state, r.status "
+                    "FROM runs AS r LEFT JOIN run_static AS s ON s.run_id = r.run_id "
+                    "WHERE r.run_id = ?",
+                    (run_id,),
+                ).fetchone()
             if row is None:
                 return None
-            version, attempts, step, state_json, static_json = row
+            version, attempts, step, state_json, static_json, status = row
+            if status not in _STATUSES:
+                # The column a worker claims by and a list shows, tampered: never shown as it
+                # is (it may hold anything), and never written over as if it were a status.
+                raise RunUnreadable(
+                    run_id, "its stored state is damaged (column 'status' holds no run status)"
+                )
             try:
                 state = stored.load_head(
                     state_json, static_json, version=version, attempts=attempts
                 )
-                return stored.with_window(state, self._window(run_id, step, state))
             except (ValueError, TypeError) as error:
                 raise RunUnreadable(
                     run_id, f"its stored state is damaged ({_first_line(error)})"
                 ) from None
+            with _damage_of(run_id, "its step records are damaged"):
+                return stored.with_window(state, self._window(run_id, step, state))
 
     def _window(self, run_id: str, step: int, state: RunState) -> list[CheckpointEvent]:
         """The records of the window's steps, oldest first: read newest first, a page at a
@@ -487,11 +619,12 @@ class SqliteCheckpointStore:
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
     def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
-        rows = self._db.connection.execute(
-            "SELECT version, step, status, worker_id, bytes, created_at, event "
-            "FROM checkpoints WHERE run_id = ? AND version > ? ORDER BY version",
-            (run_id, after),
-        ).fetchall()
+        with _damage_of(run_id, "its step records are damaged"):
+            rows = self._db.connection.execute(
+                "SELECT version, step, status, worker_id, bytes, created_at, event "
+                "FROM checkpoints WHERE run_id = ? AND version > ? ORDER BY version",
+                (run_id, after),
+            ).fetchall()
         checkpoints = []
         for version, step, status, worker_id, size, created_at, event in rows:
             try:
@@ -514,13 +647,38 @@ class SqliteCheckpointStore:
         return checkpoints
 
     def list_runs(self) -> list[RunSummary]:
-        rows = self._db.connection.execute(
-            "SELECT run_id, status, step, version, updated_at FROM runs ORDER BY updated_at"
+        """Every run, each with the damage its row shows (text as bytes, decoded here: one
+        run's damaged row must not hide the others). A damaged step record shows only when
+        the run is read."""
+        connection = self._db.connection
+        has_static = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_static'"
+        ).fetchone()
+        static = (
+            "(SELECT CAST(state AS BLOB) FROM run_static AS s WHERE s.run_id = r.run_id)"
+            if has_static
+            else "NULL"
+        )
+        rows = connection.execute(
+            "SELECT CAST(r.run_id AS BLOB), CAST(r.status AS BLOB), r.step, r.version, "
+            f"CAST(r.updated_at AS BLOB), CAST(r.state AS BLOB), {static} "
+            "FROM runs AS r ORDER BY r.updated_at"
         ).fetchall()
-        return [
-            RunSummary(run_id, status, step, version, datetime.fromisoformat(updated_at))
-            for run_id, status, step, version, updated_at in rows
-        ]
+        runs = []
+        for run_id, status, step, version, updated_at, head, static_head in rows:
+            texts = _Texts()
+            summary = RunSummary(
+                texts.text("run_id", run_id),
+                texts.status(status),
+                step,
+                version,
+                texts.time("updated_at", updated_at),
+            )
+            texts.json("state", head)
+            if static_head is not None:
+                texts.json("run_static.state", static_head)
+            runs.append(replace(summary, damage=texts.damage))
+        return runs
 
     @staticmethod
     def _insert_checkpoint(
@@ -639,21 +797,41 @@ class SqliteHousekeeping:
             if "run_static" in self._tables()
             else "NULL"
         )
+        # Text as bytes, decoded here: one run's damaged row must not stop the others.
         rows = self._db.connection.execute(
-            "SELECT r.run_id, r.version, r.attempts, r.status, r.updated_at, r.state, "
-            f"{static_state} FROM runs AS r ORDER BY r.run_id"
+            "SELECT CAST(r.run_id AS BLOB), r.version, r.attempts, CAST(r.status AS BLOB), "
+            f"CAST(r.updated_at AS BLOB), CAST(r.state AS BLOB), CAST({static_state} AS BLOB) "
+            "FROM runs AS r ORDER BY r.run_id"
         ).fetchall()
-        return [
-            StoredHead(run_id, version, attempts, status, datetime.fromisoformat(at), head, static)
-            for run_id, version, attempts, status, at, head, static in rows
-        ]
+        heads = []
+        for run_id, version, attempts, status, at, head, static in rows:
+            texts = _Texts()
+            updated_at = texts.time("updated_at", at)
+            heads.append(
+                StoredHead(
+                    texts.text("run_id", run_id),
+                    version,
+                    attempts,
+                    texts.status(status),
+                    updated_at,
+                    texts.text("state", head),
+                    None if static is None else texts.text("run_static.state", static),
+                    texts.damage,
+                )
+            )
+        return heads
 
     def records(self, run_id: str) -> list[StoredRecord]:
         rows = self._db.connection.execute(
-            "SELECT version, step, event FROM checkpoints WHERE run_id = ? ORDER BY version",
+            "SELECT version, step, CAST(event AS BLOB) FROM checkpoints WHERE run_id = ? "
+            "ORDER BY version",
             (run_id,),
         ).fetchall()
-        return [StoredRecord(version, step, event) for version, step, event in rows]
+        records = []
+        for version, step, event in rows:
+            texts = _Texts()
+            records.append(StoredRecord(version, step, texts.text("event", event), texts.damage))
+        return records
 
     def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
         _check_size(f"run {head.run_id} head", text)
@@ -705,18 +883,19 @@ class SqliteHousekeeping:
     def blob_references(self, trims: Mapping[str, int]) -> set[str]:
         connection = self._db.connection
         tables = self._tables()
+        # As bytes: a digest is ASCII, so a damaged (not UTF-8) text still names its blobs.
         queries = [
-            "SELECT state FROM runs",
-            "SELECT state FROM run_static",
-            "SELECT decision FROM idempotency",
-            "SELECT result FROM idempotency WHERE result IS NOT NULL",
+            "SELECT CAST(state AS BLOB) FROM runs",
+            "SELECT CAST(state AS BLOB) FROM run_static",
+            "SELECT CAST(decision AS BLOB) FROM idempotency",
+            "SELECT CAST(result AS BLOB) FROM idempotency WHERE result IS NOT NULL",
         ]
         if "approvals" in tables:
-            queries.append("SELECT record FROM approvals")
+            queries.append("SELECT CAST(record AS BLOB) FROM approvals")
         found: set[str] = set()
         for query in queries:
             for (text,) in connection.execute(query):
-                found |= blob_digests(text)
+                found |= blob_digests(bytes(text).decode("utf-8", "replace"))
         # Each run's first record, which gc keeps: only a dry run's `trims` need it.
         firsts = (
             dict(connection.execute("SELECT run_id, min(version) FROM checkpoints GROUP BY run_id"))
@@ -724,12 +903,13 @@ class SqliteHousekeeping:
             else {}
         )
         for run_id, version, step, event in connection.execute(
-            "SELECT run_id, version, step, event FROM checkpoints WHERE instr(event, 'sha256')"
+            "SELECT run_id, version, step, CAST(event AS BLOB) FROM checkpoints "
+            "WHERE instr(event, 'sha256')"
         ):
             keep_from = trims.get(run_id)
             if keep_from is not None and step < keep_from and version > firsts[run_id]:
                 continue  # a record gc deletes (counted for a dry run)
-            found |= blob_digests(event)
+            found |= blob_digests(bytes(event).decode("utf-8", "replace"))
         return found
 
     def locked(self) -> AbstractContextManager[object]:

@@ -162,20 +162,21 @@ def _report(batches: int, dropped: bool) -> dict[str, Any]:
     }
 
 
-def open_data(ctx: RunContext) -> MigrationData:
+def open_data(ctx: RunContext, *, read_only: bool = False) -> MigrationData:
     """The run's app data: in the runtime's DynamoDB table when it offers one (on AWS, where
-    a function's disk does not outlive it), else in a SQLite file beside the store."""
+    a function's disk does not outlive it), else in a SQLite file beside the store (opened
+    read only, creating nothing, for `verify`: a read changes nothing)."""
     services = ctx.services
     if "dynamodb" in services and "app_table" in services:
         from ratchet.scenarios.migration_dynamodb import DynamoDbMigrationData
 
         return DynamoDbMigrationData(services["dynamodb"], services["app_table"], ctx.run_id)
-    return SqliteMigrationData(ctx.workdir / "app.db")
+    return SqliteMigrationData(ctx.workdir / "app.db", read_only=read_only)
 
 
 @contextmanager
-def _opened(ctx: RunContext) -> Iterator[MigrationData]:
-    data = open_data(ctx)
+def _opened(ctx: RunContext, *, read_only: bool = False) -> Iterator[MigrationData]:
+    data = open_data(ctx, read_only=read_only)
     try:
         yield data
     finally:
@@ -231,7 +232,7 @@ def _apply(data: MigrationData, effect: Effect) -> None:
 
 
 def verify(ctx: RunContext, state: RunState) -> dict[str, Any]:
-    with _opened(ctx) as data:
+    with _opened(ctx, read_only=True) as data:
         counts = data.counts()
     problems = []
     if counts.duplicate_rows:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from ratchet.errors import IdempotencyConflict
 
@@ -109,8 +111,37 @@ CREATE TABLE IF NOT EXISTS effects (
 """
 
 
+def _read_only(path: Path) -> sqlite3.Connection:
+    """`path` opened so that no statement can write (`query_only`: a write fails instead of
+    landing). A file this process may not write is opened with SQLite's `mode=ro`, and as
+    immutable where SQLite could not make the `-shm` file a WAL file needs even to be read
+    (a read-only folder). A file that is not there reads as an empty schema, in memory."""
+    if not path.is_file():
+        empty = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        empty.executescript(_SCHEMA)
+        return empty
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        # Read-write, yet never written: the last connection to close removes the WAL's
+        # `-shm` and `-wal` files, as a writer's would (a `mode=ro` one leaves them behind).
+        connection = sqlite3.connect(
+            path, isolation_level=None, timeout=30.0, check_same_thread=False
+        )
+        connection.execute("PRAGMA query_only=ON")
+        return connection
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+    if not path.with_name(path.name + "-shm").exists() and not os.access(path.parent, os.W_OK):
+        uri += "&immutable=1"
+    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+
+
 class SqliteMigrationData:
-    def __init__(self, path: Path) -> None:
+    """The run's app data in a SQLite file. With `read_only` (what `verify` opens) nothing is
+    created or changed, not even the file: a run whose data is gone reads as empty."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        if read_only:
+            self._db = _read_only(path)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         # Opened by the agent's `resources` hook on the engine's agent thread, used by its tools
         # there, one at a time, and closed by whoever owns the runtime: never concurrently.

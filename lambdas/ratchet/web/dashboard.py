@@ -31,7 +31,7 @@ from ratchet.approvals import pages
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.model import Approval, ApprovalStatus
 from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
-from ratchet.errors import InvalidInput, RunNotFound
+from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
 from ratchet.readout import (
     UNRECORDED_VERSIONS,
     argument_summary,
@@ -68,9 +68,11 @@ class DashboardServices:
 class RunRow:
     run_id: str
     agent: str
-    status: RunStatus
+    status: RunStatus | Literal["damaged"]
     step: int
     updated_at: datetime
+    damage: str | None = None
+    """Why the run cannot be read, for a damaged run."""
 
 
 @dataclass(frozen=True)
@@ -132,13 +134,20 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
         counts = Counter(r.status for r in listed)
         rows: list[RunRow] = []
         for r in listed:
-            if wanted is not None and r.status.value != wanted:
+            if wanted is not None and r.status != wanted:
                 continue
             if len(rows) == MAX_RUNS_SHOWN:
                 break
+            if r.damage is not None:
+                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, r.damage))
+                continue
             try:
                 agent = client.head(r.run_id).agent
             except RunNotFound:  # collected between the listing and this read
+                continue
+            except (RunUnreadable, UnsupportedSchema) as error:
+                # Damage the listing cannot see (a step record): the row says so, the rest show.
+                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, str(error)))
                 continue
             rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at))
         status = RunStatus(wanted) if wanted else None
@@ -150,6 +159,8 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             timeline = read_timeline(services(), run_id)
         except (RunNotFound, InvalidInput) as missing:
             return refused(HTTPStatus.NOT_FOUND, "No such run", str(missing))
+        except (RunUnreadable, UnsupportedSchema) as damaged:
+            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, run_page(timeline))
 
     @app.get("/dashboard/runs/<run_id>/steps/<step>")
@@ -163,6 +174,8 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
             return refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        except (RunUnreadable, UnsupportedSchema) as damaged:
+            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, state_page(at, number, replayable=replayable))
 
     @app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")
@@ -174,6 +187,8 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
             return refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        except (RunUnreadable, UnsupportedSchema) as damaged:
+            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, prompt_page(run_id, number, text))
 
     return app
@@ -240,6 +255,7 @@ text-decoration:none;color:#1d2330}.count.on{background:#1d2330;color:#fff}
 .status{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px}
 .s-done{background:#e6f4ea}.s-failed{background:#fce8e6}.s-waiting{background:#fef7e0}
 .s-running{background:#e8f0fe}.s-stopped,.s-cancelled{background:#eef0f3}
+.s-damaged{background:#fce8e6}
 tr.retried td{background:#fff8e1}tr.failed td{background:#fdecea}tr.gap td{color:#5b6475}
 .banner{padding:12px 14px;border-radius:6px;margin:12px 0;font-size:14px}
 .info{background:#e8f0fe}.bad{background:#fce8e6}
@@ -274,8 +290,12 @@ def _step_url(run_id: str, step: int) -> str:
     return f"{_run_url(run_id)}/steps/{step}"
 
 
-def _status(status: RunStatus) -> str:
-    return f"<span class='status s-{e(status.value)}'>{e(status.value)}</span>"
+def _status(status: RunStatus | Literal["damaged"]) -> str:
+    return f"<span class='status s-{e(status)}'>{e(status)}</span>"
+
+
+def _damage(row: RunRow) -> str:
+    return "" if row.damage is None else f" <span class='note'>{e(row.damage)}</span>"
 
 
 def _time(moment: datetime) -> str:
@@ -291,7 +311,9 @@ def problem_page(title: str, message: str) -> str:
 
 
 def runs_page(
-    rows: Sequence[RunRow], counts: Mapping[RunStatus, int], status: RunStatus | None
+    rows: Sequence[RunRow],
+    counts: Mapping[RunStatus | Literal["damaged"], int],
+    status: RunStatus | None,
 ) -> str:
     """The runs, newest first, with a count per status; each count filters the list."""
     total = sum(counts.values())
@@ -303,6 +325,8 @@ def runs_page(
             f"<a class='count{on}' href='/dashboard?{e(query)}'>"
             f"{e(each.value)} {counts.get(each, 0)}</a>"
         )
+    if counts.get("damaged"):
+        chips.append(f"<span class='count s-damaged'>damaged {counts['damaged']}</span>")
     refresh = min(
         (seconds for each, seconds in REFRESH_SECONDS.items() if counts.get(each)), default=None
     )
@@ -319,7 +343,8 @@ def runs_page(
         return _page("Runs", "".join(body), refresh=refresh)
     lines = "".join(
         f"<tr><td><a href='{e(_run_url(r.run_id))}'>{e(r.run_id)}</a></td><td>{e(r.agent)}</td>"
-        f"<td>{_status(r.status)}</td><td>{r.step}</td><td>{_time(r.updated_at)}</td></tr>"
+        f"<td>{_status(r.status)}{_damage(r)}</td><td>{r.step}</td>"
+        f"<td>{_time(r.updated_at)}</td></tr>"
         for r in rows
     )
     body.append(

@@ -79,8 +79,11 @@ from ratchet.errors import (
     NotCancellable,
     NotRetryable,
     RunNotFound,
+    RunUnreadable,
     StoreBusy,
+    StoreDamaged,
     StoreUnavailable,
+    UnsupportedSchema,
 )
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
@@ -583,6 +586,19 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     @app.exception_handler(_Refusal)  # type: ignore[untyped-decorator]
     def refused(error: _Refusal) -> Response[str]:
         return refuse(error.status, error.error, error.problems)
+
+    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
+    def unreadable(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+        # The run's stored row is damaged (or from a newer Ratchet): the store's fault, not
+        # the caller's, and no retry helps. The words name the run, never quote the row.
+        services().logger.error("run cannot be read", extra={"error": str(error)})
+        problem = Problem(field="run_id", message="the run's stored state cannot be read")
+        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, str(error), [problem])
+
+    @app.exception_handler(StoreDamaged)  # type: ignore[untyped-decorator]
+    def damaged(error: StoreDamaged) -> Response[str]:
+        services().logger.error("store damaged", extra={"error": str(error)})
+        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, f"the store is damaged: {error.detail}", [])
 
     @app.exception_handler([StoreBusy, StoreUnavailable])  # type: ignore[untyped-decorator]
     def busy(error: StoreBusy | StoreUnavailable) -> Response[str]:
