@@ -56,7 +56,12 @@ def _is_token_key(key: object) -> bool:
 def redacted_json(log: dict[str, Any]) -> str:
     """The JSON of one log line, task tokens redacted (Powertools' `json_serializer`). What
     JSON cannot hold is written as its `str`, as Powertools' default does, redacted too."""
-    return json.dumps(redact(log), default=lambda other: redact(str(other)), separators=(",", ":"))
+    return json.dumps(
+        redact(log),
+        default=lambda other: redact(str(other)),
+        separators=(",", ":"),
+        ensure_ascii=False,  # as Powertools' own serializer writes them
+    )
 
 
 def json_logger(stream: IO[str], *, level: str = "INFO") -> Any:

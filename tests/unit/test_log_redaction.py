@@ -73,3 +73,7 @@ def test_the_cli_logger_writes_no_token_from_a_message_an_extra_or_an_exception(
     assert lines[0]["message"] == {"task_token": REDACTED, "run_id": "r-1"}
     assert lines[0]["taskToken"] == REDACTED
     assert lines[1]["message"] == f"resume failed for {REDACTED}"
+
+
+def test_a_line_keeps_its_non_ascii_text_as_powertools_writes_it():
+    assert redacted_json({"message": "approuvé par Zoë"}) == '{"message":"approuvé par Zoë"}'
