@@ -6,6 +6,7 @@ and it must pass all of this unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -349,7 +350,7 @@ def _failed_attempt(head: RunState) -> AttemptFailed:
     return AttemptFailed(step=head.step + 1, attempt=1, error="boom", not_before=utcnow())
 
 
-WRITES = {
+WRITES: dict[str, Callable[[RunState], CheckpointEvent]] = {
     "step": lambda head: _step_event(head),
     "waiting step": lambda head: _step_event(head, waits=True),
     "decided": lambda head: PersonDecided(approved=True, by="dana"),
@@ -360,10 +361,9 @@ WRITES = {
     "stopped": lambda head: Finished(status=RunStatus.STOPPED, summary="step cap"),
     "cancelled": lambda head: Finished(status=RunStatus.CANCELLED, summary="by dana"),
     "retried": lambda head: Retried(by="dana"),
-    "begin_attempt": None,
-    "release_attempt": None,
 }
-"""Every kind of write a run's head takes after it is created, by name."""
+"""Every kind of commit a run's head takes after it is created, by name (the head also takes
+`begin_attempt` and `release_attempt`, which commit no event)."""
 
 LIVES = {
     "asks-is-approved-and-finishes": ["step", "waiting step", "decided", "step", "done"],
@@ -393,7 +393,7 @@ def _write(backend, head: RunState, kind: str) -> RunState:
         event = WRITES[kind](head)
         step = event.step if isinstance(event, StepCompleted) else head.step
         backend.store.commit(commit_of(head, event, step=step))
-    written = backend.store.load_head(head.run_id)
+    written: RunState | None = backend.store.load_head(head.run_id)
     assert written is not None
     return written
 

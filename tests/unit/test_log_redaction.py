@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import secrets
 from base64 import b64encode
+from collections.abc import Callable
 
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+
+from ratchet.handlers import _wiring
 from ratchet.observability import REDACTED, json_logger, redact, redacted_json
 
 # Shaped as AWS's are: base64 of several hundred bytes (its header is always the same).
@@ -57,22 +62,46 @@ def test_what_is_not_a_token_is_logged_as_it_is():
     assert json.loads(redacted_json(line)) == line
 
 
-def test_the_cli_logger_writes_no_token_from_a_message_an_extra_or_an_exception():
+def _lines_written(write: Callable[[logging.Logger], None]) -> str:
+    """What a logger formatted as Ratchet's are (Powertools' formatter, `redacted_json`)
+    writes."""
     stream = io.StringIO()
-    logger = json_logger(stream)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(LambdaPowertoolsFormatter(json_serializer=redacted_json))
+    logger = logging.getLogger(f"ratchet.tests.redaction.{secrets.token_hex(4)}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    write(logger)
+    return stream.getvalue()
 
-    logger.info({"task_token": TOKEN, "run_id": "r-1"}, extra={"taskToken": TOKEN})
-    try:
-        raise RuntimeError(f"Invalid token {TOKEN}")
-    except RuntimeError:
-        logger.exception(f"resume failed for {TOKEN}")
 
-    written = stream.getvalue()
+def test_no_token_is_written_from_a_message_an_extra_or_an_exception():
+    def write(logger: logging.Logger) -> None:
+        logger.warning({"task_token": TOKEN, "run_id": "r-1"}, extra={"taskToken": TOKEN})
+        try:
+            raise RuntimeError(f"Invalid token {TOKEN}")
+        except RuntimeError:
+            logger.exception(f"resume failed for {TOKEN}")
+
+    written = _lines_written(write)
+
     assert TOKEN not in written
     lines = [json.loads(line) for line in written.splitlines()]
     assert lines[0]["message"] == {"task_token": REDACTED, "run_id": "r-1"}
     assert lines[0]["taskToken"] == REDACTED
     assert lines[1]["message"] == f"resume failed for {REDACTED}"
+    assert lines[1]["exception"].endswith(f"RuntimeError: Invalid token {REDACTED}")
+
+
+def test_every_ratchet_logger_writes_through_redacted_json():
+    # The handlers' logger and the CLI's are Powertools loggers of the `ratchet` service: the
+    # first one made in a process attaches the handler that writes every line of both.
+    json_logger(io.StringIO())
+    handlers = logging.getLogger(_wiring.SERVICE).handlers
+    assert handlers
+    for handler in handlers:
+        assert isinstance(handler.formatter, LambdaPowertoolsFormatter)
+        assert handler.formatter.json_serializer is redacted_json
 
 
 def test_a_line_keeps_its_non_ascii_text_as_powertools_writes_it():

@@ -247,8 +247,8 @@ def test_record_decision_for_a_run_decided_another_way_still_closes_the_request(
     recording.wait_entered()
     # Meanwhile the run's decision is recorded another way, straight on the run: RecordDecision
     # will find it no longer waiting, with the step's request still pending and its token kept.
-    context = FakeContext("ratchet-decide", "arn:ratchet-decide")
-    _wiring.engine(context).decide_waiting("decided-elsewhere", approved=False, by="bob")
+    elsewhere = _wiring.runtime().engine(worker_id="elsewhere", logger=_wiring.logger)
+    elsewhere.decide_waiting("decided-elsewhere", approved=False, by="bob")
     assert [a.status for a in stack.approvals("decided-elsewhere")] == [ApprovalStatus.PENDING]
 
     recording.release()
