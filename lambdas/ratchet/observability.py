@@ -53,7 +53,7 @@ def _is_token_key(key: object) -> bool:
     return isinstance(key, str) and key.lower().replace("_", "").replace("-", "") in _TOKEN_KEYS
 
 
-def redacted_json(log: dict[str, Any]) -> str:
+def redacted_json(log: object) -> str:
     """The JSON of one log line, task tokens redacted (Powertools' `json_serializer`). What
     JSON cannot hold is written as its `str`, as Powertools' default does, redacted too."""
     return json.dumps(
