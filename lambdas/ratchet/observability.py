@@ -2,14 +2,66 @@
 
 Built on demand (never at import time) so `ratchet status` does not pay for it, and so the
 stream is the caller's choice: stderr for the CLI, whose stdout is for results.
+
+Every line goes out through `redacted_json`, so a Step Functions task token (a bearer
+credential for its execution) never reaches a log, whatever the logger is asked to log: an
+event logged whole (`POWERTOOLS_LOGGER_LOG_EVENT=true`, which users turn on to debug), an
+`extra`, an appended key, a message or an exception's text.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from typing import IO, Any
 
 _loggers: dict[int, Any] = {}
+
+REDACTED = "[redacted]"
+
+_TOKEN_KEYS = frozenset({"tasktoken", "token"})
+"""Keys (compared without case, `_` or `-`) whose value is a token: `task_token` as the notify
+function's payload names it, `taskToken` as the Step Functions API does."""
+
+_KEYED_TOKEN = re.compile(
+    r"""(?P<key>["']?task[_-]?token["']?\s*[:=]\s*["']?)[^"'\s,;&}]+""", re.IGNORECASE
+)
+"""A token written into text beside its name: `"task_token": "..."`, `taskToken=...`."""
+
+_TOKEN_SHAPED = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{100,}={0,2}")
+"""What a Step Functions task token looks like wherever it appears: an unbroken base64 run of
+hundreds of characters (AWS's are ~700). Nothing else Ratchet logs is shaped so: its ids,
+hashes and signatures are at most 64 characters."""
+
+
+def redact(value: Any) -> Any:
+    """`value` with every task token in it replaced by `REDACTED`: under a token's key at any
+    depth, beside its name in a string, or shaped like one anywhere."""
+    if isinstance(value, str):
+        return _TOKEN_SHAPED.sub(REDACTED, _KEYED_TOKEN.sub(rf"\g<key>{REDACTED}", value))
+    if isinstance(value, dict):
+        return {
+            key: REDACTED if _is_token_key(key) else redact(item) for key, item in value.items()
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [redact(item) for item in value]
+    return value
+
+
+def _is_token_key(key: object) -> bool:
+    return isinstance(key, str) and key.lower().replace("_", "").replace("-", "") in _TOKEN_KEYS
+
+
+def redacted_json(log: object) -> str:
+    """The JSON of one log line, task tokens redacted (Powertools' `json_serializer`). What
+    JSON cannot hold is written as its `str`, as Powertools' default does, redacted too."""
+    return json.dumps(
+        redact(log),
+        default=lambda other: redact(str(other)),
+        separators=(",", ":"),
+        ensure_ascii=False,  # as Powertools' own serializer writes them
+    )
 
 
 def json_logger(stream: IO[str], *, level: str = "INFO") -> Any:
@@ -22,5 +74,6 @@ def json_logger(stream: IO[str], *, level: str = "INFO") -> Any:
             level=level,
             logger_handler=logging.StreamHandler(stream),
             utc=True,
+            json_serializer=redacted_json,
         )
     return _loggers[key]

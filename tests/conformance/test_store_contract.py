@@ -6,6 +6,7 @@ and it must pass all of this unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -19,7 +20,9 @@ from ratchet.state import (
     Checkpoint,
     CheckpointEvent,
     Created,
+    Finished,
     PersonDecided,
+    Retried,
     RunState,
     RunStatus,
     StepCompleted,
@@ -377,3 +380,137 @@ def test_a_fork_waiting_where_its_source_waited_reads_back_the_answer_it_is_give
     head = _commit_event(backend, head, after, 5)
     assert backend.store.load_head("f") == head
     assert [r.text for r in head.tool_results] == ["r3", "Approved by dana.", "r5"]
+
+
+# --- list_runs after every kind of write -------------------------------------------------------
+#
+# `list_runs` reads what the store indexes apart from the head's state (SQLite's `runs.status`
+# column, DynamoDB's head attributes), which the commit must keep in step: a run left waiting
+# but listed as running is one no reader finds waiting, and no worker sees it finish.
+
+
+def _step_event(head: RunState, *, waits: bool = False) -> StepCompleted:
+    step = head.step + 1
+    return StepCompleted(
+        step=step,
+        key=f"{head.run_id}/step-{step}",
+        call=ToolCall(name="ask" if waits else "write_row", arguments={"n": step}),
+        output=ToolOutput(step=step, tool="ask" if waits else "write_row", text=f"r{step}"),
+        wait=ApprovalRequest(prompt="Drop the table?") if waits else None,
+        attempt=1,
+        duration_ms=1.0,
+    )
+
+
+def _failed_attempt(head: RunState) -> AttemptFailed:
+    return AttemptFailed(step=head.step + 1, attempt=1, error="boom", not_before=utcnow())
+
+
+WRITES: dict[str, Callable[[RunState], CheckpointEvent]] = {
+    "step": lambda head: _step_event(head),
+    "waiting step": lambda head: _step_event(head, waits=True),
+    "decided": lambda head: PersonDecided(approved=True, by="dana"),
+    "rejected": lambda head: PersonDecided(approved=False, by="dana", comment="no"),
+    "attempt_failed": _failed_attempt,
+    "done": lambda head: Finished(status=RunStatus.DONE, summary="copied"),
+    "failed": lambda head: Finished(status=RunStatus.FAILED, error="three attempts failed"),
+    "stopped": lambda head: Finished(status=RunStatus.STOPPED, summary="step cap"),
+    "cancelled": lambda head: Finished(status=RunStatus.CANCELLED, summary="by dana"),
+    "retried": lambda head: Retried(by="dana"),
+}
+"""Every kind of commit a run's head takes after it is created, by name (the head also takes
+`begin_attempt` and `release_attempt`, which commit no event)."""
+
+LIVES = {
+    "asks-is-approved-and-finishes": ["step", "waiting step", "decided", "step", "done"],
+    "asks-is-rejected-and-asks-again": ["waiting step", "rejected", "waiting step", "decided"],
+    "fails-is-retried-and-goes-on": [
+        "begin_attempt",
+        "attempt_failed",
+        "begin_attempt",
+        "release_attempt",
+        "failed",
+        "retried",
+        "waiting step",
+        "cancelled",
+    ],
+    "fails-an-attempt-then-waits": ["attempt_failed", "waiting step", "decided", "stopped"],
+    "cancelled-while-running": ["step", "cancelled"],
+    "retried-after-failing-while-waiting": ["waiting step", "failed", "retried"],
+}
+
+
+def _write(backend, head: RunState, kind: str) -> RunState:
+    if kind == "begin_attempt":
+        backend.store.begin_attempt(head.run_id, head.version)
+    elif kind == "release_attempt":
+        backend.store.release_attempt(head.run_id, head.version)
+    else:
+        event = WRITES[kind](head)
+        step = event.step if isinstance(event, StepCompleted) else head.step
+        backend.store.commit(commit_of(head, event, step=step))
+    written: RunState | None = backend.store.load_head(head.run_id)
+    assert written is not None
+    return written
+
+
+def assert_listed(backend, heads: dict[str, RunState], after: str) -> None:
+    """`list_runs` names every run once, as its head stands, and a status filter applied to it
+    (as `Client.runs(status=...)` applies one) finds each run under its status only."""
+    listed = backend.store.list_runs()
+    assert sorted(r.run_id for r in listed) == sorted(heads), after
+    summaries = {r.run_id: (RunStatus(r.status), r.step, r.version) for r in listed}
+    assert summaries == {
+        run_id: (head.status, head.step, head.version) for run_id, head in heads.items()
+    }, f"after {after}"
+    for status in RunStatus:
+        assert sorted(r.run_id for r in listed if r.status == status) == sorted(
+            run_id for run_id, head in heads.items() if head.status is status
+        ), f"the runs listed as {status.value} after {after}"
+
+
+@pytest.mark.parametrize("life", sorted(LIVES))
+def test_list_runs_shows_each_run_as_its_head_stands_after_every_write(backend, life):
+    # Another run, waiting, so that a filter has runs to leave out.
+    other, other_created = new_run("other")
+    backend.store.create_run(other, other_created)
+    heads = {"other": _write(backend, backend.store.load_head("other"), "waiting step")}
+    state, created = new_run("r1")
+    backend.store.create_run(state, created)
+    heads["r1"] = backend.store.load_head("r1")
+    assert_listed(backend, heads, "create")
+
+    for kind in LIVES[life]:
+        heads["r1"] = _write(backend, heads["r1"], kind)
+        assert_listed(backend, heads, kind)
+
+
+@pytest.mark.parametrize("status", [RunStatus.WAITING, RunStatus.RUNNING])
+def test_list_runs_shows_a_run_created_waiting_or_running_as_it_was_created(backend, status):
+    # A fork of a run that still waits for a person is created waiting, at the source's step.
+    source, source_created = new_run("source")
+    backend.store.create_run(source, source_created)
+    waiting = _write(backend, backend.store.load_head("source"), "waiting step")
+    heads = {"source": waiting}
+    fork = waiting.model_copy(
+        update={"run_id": "fork", "version": 1, "status": status}
+        | ({} if status is RunStatus.WAITING else {"waiting": None})
+    )
+    fork_created = Checkpoint(
+        run_id="fork",
+        version=1,
+        step=fork.step,
+        status=fork.status,
+        worker_id="w",
+        event=Created(state=fork),
+    )
+
+    assert backend.store.create_run(fork, fork_created) is True
+
+    heads["fork"] = backend.store.load_head("fork")
+    assert heads["fork"].status is status
+    assert_listed(backend, heads, "the fork's create")
+    heads["fork"] = _write(
+        backend, heads["fork"], "decided" if status is RunStatus.WAITING else "step"
+    )
+    assert_listed(backend, heads, "the fork's first commit")

@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit
 
 import pytest
 from pydantic import BaseModel, SecretStr
+from typer.testing import CliRunner
 from werkzeug.test import Client, TestResponse
 
 from ratchet.adapters.slack import SlackResponder
@@ -32,6 +33,7 @@ from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
 from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.aws.approvals import verdict_from_answer
+from ratchet.cli import app as cli_app
 from ratchet.client import Client as RatchetClient
 from ratchet.engine.core import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
@@ -110,7 +112,8 @@ class Parked:
 
 class Local:
     def __init__(self, root: Path) -> None:
-        self.runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{root}/s.db"))
+        self.store = f"sqlite:///{root}/s.db"
+        self.runtime = LocalRuntime.open(LocalSettings(store=self.store))
         self.clock = Clock(utcnow())
         self.desk: ApprovalDesk = dataclasses.replace(
             self.runtime.approval_desk(worker_id="serve", logger=LOG), clock=self.clock
@@ -511,6 +514,48 @@ def test_a_run_that_stopped_waiting_another_way_is_no_longer_waiting(local, park
 
     assert (page.status_code, title(page)) == (409, "The run is no longer waiting")
     refused(local, response, before, 409, "The run is no longer waiting")
+
+
+def _cancel_through_the_client(local: Local, run_id: str) -> None:
+    RatchetClient(local.runtime, worker_id="client", logger=LOG).cancel(
+        run_id, reason="wrong table", by="bob"
+    )
+
+
+def _cancel_through_the_cli(local: Local, run_id: str) -> None:
+    args = ["--store", local.store, "cancel", run_id, "--reason", "wrong table", "--by", "bob"]
+    result = CliRunner().invoke(cli_app, args)
+    assert result.exit_code == 0, result.output
+    assert f"{run_id}: cancelled at step" in result.output
+
+
+def _cancel_through_the_runs_api(local: Local, run_id: str) -> None:
+    # The runs API as `ratchet serve` mounts it, on the same store.
+    services = local_runs_services(local.runtime, worker_id="serve", logger=LOG, operator="bob")
+    http = Client(wsgi_app([("/runs", build_runs_app(lambda: services))]))
+    response = http.post(f"/runs/{run_id}/cancel", json={"reason": "wrong table"})
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.get_json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "cancel",
+    [_cancel_through_the_client, _cancel_through_the_cli, _cancel_through_the_runs_api],
+    ids=["client", "cli", "runs-api"],
+)
+def test_a_cancelled_runs_request_is_closed_and_its_link_answers_409(local, parked, cancel):
+    cancel(local, parked.run_id)
+
+    assert local.head(parked.run_id).status is RunStatus.CANCELLED
+    assert local.approval(parked).status is ApprovalStatus.CLOSED
+    before = local.tables()
+    page = local.client.get(parked.link)
+    response = post(local, parked.link, "decision=approve")
+    for answer in (page, response):
+        assert (answer.status_code, title(answer)) == (409, "Already decided")
+        assert "closed: the run was decided another way" in answer.get_data(as_text=True)
+    assert local.tables() == before
+    assert local.approval(parked).status is ApprovalStatus.CLOSED
 
 
 def test_a_request_for_a_step_the_run_has_left_is_no_longer_waiting(local):

@@ -140,6 +140,29 @@ def test_the_right_signature_in_capitals_is_not_the_signature():
         verify(approval_id, {**query, "sig": query["sig"].upper()})
 
 
+def _last_digit_changed(sig: str) -> str:
+    return sig[:-1] + ("0" if sig[-1] != "0" else "1")
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda sig: sig[:8],
+        lambda sig: sig[:32],
+        lambda sig: sig[:-1],
+        _last_digit_changed,
+        lambda sig: sig + "0",
+    ],
+    ids=["first-8", "first-half", "last-digit-dropped", "last-digit-changed", "digit-added"],
+)
+def test_the_real_signature_cut_short_changed_or_extended_is_refused(tamper):
+    # Each shares a prefix with the real one: only a comparison of every digit tells them apart.
+    approval_id, query = signed()
+
+    with pytest.raises(LinkInvalid, match="signature does not match"):
+        verify(approval_id, {**query, "sig": tamper(query["sig"])})
+
+
 def test_a_signature_with_non_ascii_characters_is_refused_as_forged():
     approval_id, query = signed()
 

@@ -29,6 +29,7 @@ from ratchet.aws.settings import ENVIRONMENT, AwsSettings
 from ratchet.client import Client
 from ratchet.engine.core import Engine
 from ratchet.faults import FaultPlan
+from ratchet.observability import redacted_json
 from ratchet.ports import Notifier
 from ratchet.scenarios import AgentRegistry
 from ratchet.state import NotifyTargets
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
 SERVICE = "ratchet"
 METRICS_NAMESPACE = "Ratchet"
 
-logger = Logger(service=SERVICE)
+# Every line is serialized by `redacted_json`: no task token reaches the log, even when the
+# handlers' events are logged whole (POWERTOOLS_LOGGER_LOG_EVENT=true).
+logger = Logger(service=SERVICE, json_serializer=redacted_json)
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
 # Patch botocore only: patching everything would import every supported library the bundle
 # happens to hold (httpx, sqlite3, ...) at cold start.

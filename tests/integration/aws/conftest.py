@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.handlers import _wiring
+from ratchet.handlers import _wiring, api, approvals, decide, mark_failed, notify, step
 from tests.fake_slack import FakeSlack
 from tests.integration.aws.harness import Stack, assert_no_token_in, deployed
 
@@ -51,3 +52,26 @@ def slack(stack: Stack, tmp_path: Path) -> Iterator[FakeSlack]:
     with FakeSlack(tmp_path) as fake:
         stack.use_slack(fake)
         yield fake
+
+
+LOG_EVENT = "POWERTOOLS_LOGGER_LOG_EVENT"
+
+
+def _import_handlers_anew() -> None:
+    for module in (step, notify, decide, mark_failed, api, approvals):
+        importlib.reload(module)
+
+
+@pytest.fixture
+def events_logged(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every handler logs each event it is invoked with, as a user debugging a deployment
+    turns on (`POWERTOOLS_LOGGER_LOG_EVENT=true`). Powertools reads the variable when it
+    decorates a handler, so the handlers are imported anew under it (and again without it
+    afterwards). Ask for it before `stack`, which deploys the handlers it finds."""
+    monkeypatch.setenv(LOG_EVENT, "true")
+    _import_handlers_anew()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv(LOG_EVENT)
+        _import_handlers_anew()

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from unittest import mock
 from urllib.parse import parse_qsl, unquote, urlencode, urljoin, urlsplit
@@ -97,13 +98,15 @@ AGENTS = {name: f"tests.integration.aws.agents:{name}" for name in ("rows", "fai
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
-FUNCTIONS: dict[str, tuple[str, Handler]] = {
-    "StepFunctionArn": ("ratchet-step", step.handler),
-    "NotifyFunctionArn": ("ratchet-notify", notify.handler),
-    "DecideFunctionArn": ("ratchet-decide", decide.handler),
-    "MarkFailedFunctionArn": ("ratchet-mark-failed", mark_failed.handler),
+FUNCTIONS: dict[str, tuple[str, ModuleType]] = {
+    "StepFunctionArn": ("ratchet-step", step),
+    "NotifyFunctionArn": ("ratchet-notify", notify),
+    "DecideFunctionArn": ("ratchet-decide", decide),
+    "MarkFailedFunctionArn": ("ratchet-mark-failed", mark_failed),
 }
-"""Substitution variable of the definition -> (function name, handler)."""
+"""Substitution variable of the definition -> (function name, handler module). Each module's
+`handler` is looked up when the stack is deployed: a test that reloads the handlers (to
+decorate them under other Powertools settings) deploys the reloaded ones."""
 
 
 @dataclass(frozen=True)
@@ -840,7 +843,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     monkeypatch.setenv(ENVIRONMENT["email_sender"], SENDER)
     monkeypatch.setenv(ENVIRONMENT["notify_emails"], APPROVER)
     monkeypatch.setenv(ENVIRONMENT["agents"], json.dumps(AGENTS))
-    lambdas = InProcessLambda(dict(FUNCTIONS.values()))
+    lambdas = InProcessLambda({name: module.handler for name, module in FUNCTIONS.values()})
     config: DefaultConfig = {
         "lambda": {"use_docker": False},
         "stepfunctions": {"execute_state_machine": True},

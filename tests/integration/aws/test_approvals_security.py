@@ -240,6 +240,26 @@ def test_a_decision_that_reaches_a_token_already_answered_closes_the_request(sta
     stack.assert_settled("answered")
 
 
+def test_record_decision_for_a_run_decided_another_way_still_closes_the_request(stack: Stack):
+    execution, _ = _parked(stack, "decided-elsewhere")
+    recording = stack.hold("ratchet-decide")
+    stack.sfn.send_task_success(taskToken=stack.token("decided-elsewhere"), output='{"by": "ops"}')
+    recording.wait_entered()
+    # Meanwhile the run's decision is recorded another way, straight on the run: RecordDecision
+    # will find it no longer waiting, with the step's request still pending and its token kept.
+    elsewhere = _wiring.runtime().engine(worker_id="elsewhere", logger=_wiring.logger)
+    elsewhere.decide_waiting("decided-elsewhere", approved=False, by="bob")
+    assert [a.status for a in stack.approvals("decided-elsewhere")] == [ApprovalStatus.PENDING]
+
+    recording.release()
+
+    assert stack.finished(execution)["status"] == "SUCCEEDED"
+    assert stack.decisions("decided-elsewhere") == [(False, "bob", "")]
+    (approval,) = stack.approvals("decided-elsewhere")
+    assert approval.status is ApprovalStatus.CLOSED
+    stack.assert_settled("decided-elsewhere")
+
+
 def test_a_decision_that_reaches_a_timed_out_task_ends_the_request_as_expired(stack: Stack):
     stack.configure(approval_timeout_seconds=1)
     recording = stack.hold("ratchet-decide")
