@@ -290,7 +290,8 @@ def test_reading_runs_answers_the_documented_shapes(stack: Stack):
     status, listed = call("GET", "/runs")
     assert status == 200
     assert [r["run_id"] for r in listed["runs"]] == ["read-2", "read-1"], "recent first"
-    assert set(listed["runs"][0]) == {"run_id", "status", "step", "version", "updated_at"}
+    assert set(listed["runs"][0]) == {"run_id", "status", "step", "version", "updated_at", "damage"}
+    assert {r["damage"] for r in listed["runs"]} == {None}, "no run is damaged"
     assert call("GET", "/runs", query={"status": "done"})[1]["runs"][0]["run_id"] == "read-1"
     assert len(call("GET", "/runs", query={"limit": "1"})[1]["runs"]) == 1
 
