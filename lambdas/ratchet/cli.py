@@ -27,7 +27,13 @@ from rich.console import Console
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.errors import ImportInterrupted, InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import (
+    AbandonedCallRunning,
+    ImportInterrupted,
+    InvalidInput,
+    RatchetError,
+    RunNotFound,
+)
 
 if TYPE_CHECKING:
     from ratchet.state import RunState
@@ -1162,7 +1168,8 @@ def replay(
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point. Bad input of any kind (a usage error, text that is not UTF-8, a value out
     of range, a store that is not Ratchet's) is one line on stderr and exit code 2; an agent
-    module interrupted while it is imported is one line and exit code 130."""
+    module interrupted while it is imported is one line and exit code 130; a worker that must
+    stop beside a call it abandoned (nothing the user typed was wrong) is one line and exit 1."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_text(args)
@@ -1176,6 +1183,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _refuse("aborted", code=1)
     except ImportInterrupted as error:
         _refuse(str(error), code=130)
+    except AbandonedCallRunning as error:
+        _refuse(str(error), code=1)
     except RatchetError as error:
         _refuse(str(error))
     sys.exit(code if isinstance(code, int) else 0)

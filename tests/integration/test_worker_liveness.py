@@ -628,3 +628,21 @@ def test_the_cli_worker_skips_an_unreadable_run_and_ends(tmp_path):
     skipped = [r for r in lines if r.get("message") == "run skipped: its state cannot be read"]
     assert [r["run_id"] for r in skipped] == ["tampered"]
     assert cli.head("normal").status is RunStatus.DONE
+
+
+def test_ratchet_worker_stopping_beside_an_abandoned_call_says_so_and_exits_1(monkeypatch, capsys):
+    # Nothing the user typed was wrong: not the exit 2 of bad input
+    from ratchet import cli
+
+    def stops(*args: Any, **kwargs: Any) -> None:
+        raise AbandonedCallRunning("run", 4, 30.0)
+
+    monkeypatch.setattr(cli, "app", stops)
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["worker", "--until-idle"])
+
+    assert ended.value.code == 1
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1
+    assert said[0].startswith("ratchet: run run: a call of step 4 abandoned at its deadline")
