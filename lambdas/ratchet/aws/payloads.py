@@ -106,6 +106,9 @@ class DecideRequest(_Payload):
     (read by `ratchet.aws.approvals.verdict_from_answer`, which owns its shape)."""
 
     run_id: str
+    step: int | None = Field(default=None, ge=0)
+    """The step the execution parked at; the decision is recorded only on a run that still
+    waits there (absent from executions started by a definition before this field)."""
     verdict: Literal["approved", "rejected", "expired"]
     answer: Any = None
     """SendTaskSuccess's output, or the `{Error, Cause}` the task failed with."""

@@ -4,9 +4,10 @@ the waiting step's result, so the run moves on knowing it.
 The state machine calls this after SendTaskSuccess (approved), after SendTaskFailure with the
 error `Rejected`, and after the approval timed out (rejected by "nobody"). The answer arrives as
 it was sent and is read leniently (`verdict_from_answer`): its token is spent, so whatever its
-shape it becomes a decision rather than a stranded run. A run that is no longer waiting was
-decided already (a retried task, a second execution): nothing changes. Either way the step's
-approval requests are closed and their tokens dropped.
+shape it becomes a decision rather than a stranded run. A run that no longer waits at the step
+the execution parked at was decided already (a retried task, a second execution, another
+channel): nothing changes. Either way that step's approval requests are closed and their tokens
+dropped.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def record_decision(request: DecideRequest, context: LambdaContext) -> DecideRes
     timeout = request.approval_timeout_seconds or settings().approval_timeout_seconds
     verdict = verdict_from_answer(request.verdict, request.answer, timeout_seconds=timeout)
     ratchet = engine(context)
-    waiting_at = ratchet.load(request.run_id).step
+    # The step the execution parked at: a run that went on and waits again at a later step
+    # (worked in process meanwhile) must not take this answer as that wait's.
+    waiting_at = request.step if request.step is not None else ratchet.load(request.run_id).step
     try:
         state = ratchet.decide_waiting(
             request.run_id,
@@ -44,6 +47,7 @@ def record_decision(request: DecideRequest, context: LambdaContext) -> DecideRes
             by=verdict.by,
             comment=verdict.comment,
             answer=verdict.answer,
+            step=waiting_at,
         )
         recorded = True
     except NotWaiting as already:

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.messages import SLACK_APPROVE
 from ratchet.approvals.model import ApprovalStatus
-from ratchet.handlers import _wiring, mark_failed
+from ratchet.handlers import _wiring, decide, mark_failed
 from ratchet.state import RunStatus
 from tests.fake_slack import FakeSlack, button_press, signed_interaction
 from tests.integration.aws.harness import APPROVER, PUBLIC_URL, FakeContext, Page, Stack
@@ -331,3 +331,26 @@ def test_a_slack_request_over_five_minutes_old_is_refused(stack: Stack, slack: F
 
     assert statuses == [401, 401]
     assert slack.responses() == []
+
+
+def test_record_decision_for_an_earlier_step_leaves_the_runs_new_wait_open(stack: Stack):
+    # A run parked at step N: an answer that reaches RecordDecision for a step before it (an
+    # execution that parked there, the run worked on in process since) is not this wait's
+    _parked(stack, "moved-on")
+    waiting = stack.head("moved-on")
+    context = FakeContext("ratchet-decide", "arn:ratchet-decide")
+
+    late = decide.handler(
+        {
+            "run_id": "moved-on",
+            "step": waiting.step - 1,
+            "verdict": "approved",
+            "answer": {"by": "carol"},
+        },
+        context,
+    )
+
+    assert late["recorded"] is False
+    assert stack.head("moved-on") == waiting
+    assert [a.status for a in stack.approvals("moved-on")] == [ApprovalStatus.PENDING]
+    assert stack.decisions("moved-on") == []
