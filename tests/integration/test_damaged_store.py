@@ -398,3 +398,32 @@ def test_status_answers_on_a_store_this_process_may_not_write(base, tmp_path):
         cli.db.parent.chmod(0o755)
         if prefix:
             shutil.rmtree(tmp_path)
+
+
+def test_a_failed_read_of_a_damaged_row_leaves_its_connection_free_to_write(tmp_path: Path):
+    # A fetch that fails on text that is not UTF-8 must not leave its statement stepped: the
+    # cursor, kept alive by the caller or the error's traceback, would hold a read snapshot,
+    # and the connection's next write would fail at once (SQLITE_BUSY_SNAPSHOT) once another
+    # connection had written. Seen as a worker's "step crashed: the store is busy".
+    from ratchet.adapters.sqlite import SqliteDatabase
+    from ratchet.errors import StoreDamaged
+
+    path = tmp_path / "ratchet.db"
+    db = SqliteDatabase(path)
+    db.connection.execute("CREATE TABLE notes (text TEXT)")
+    db.connection.execute(f"INSERT INTO notes VALUES ({NOT_UTF8}), ('readable')")
+    cursor = db.connection.execute("SELECT text FROM notes")
+    with pytest.raises(StoreDamaged):
+        cursor.fetchone()
+
+    other = sqlite3.connect(path)
+    other.execute("INSERT INTO notes VALUES ('from another connection')")
+    other.commit()
+    other.close()
+    with db.write() as tx:
+        tx.execute("INSERT INTO notes VALUES ('from this one')")
+
+    count = db.connection.execute("SELECT count(*) FROM notes").fetchone()[0]
+    assert count == 4
+    assert cursor is not None  # held to the end, as a traceback would hold it
+    db.close()

@@ -147,7 +147,12 @@ _TRANSIENT = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
 
 class _Cursor(sqlite3.Cursor):
     """A cursor whose errors while stepping through rows are Ratchet's too: SQLite reads a
-    row (and Python decodes its text) only when it is fetched, after `execute` returned."""
+    row (and Python decodes its text) only when it is fetched, after `execute` returned.
+
+    A fetch that fails closes the cursor first. Its statement would otherwise stay stepped,
+    holding a read snapshot open on the connection for as long as anything (the error's
+    traceback, a log record) keeps the cursor alive. The connection's next write would then
+    fail at once with SQLITE_BUSY_SNAPSHOT as soon as another connection had written."""
 
     connection: _Connection
 
@@ -155,25 +160,29 @@ class _Cursor(sqlite3.Cursor):
         try:
             return super().fetchone()
         except sqlite3.DatabaseError as error:
-            raise self.connection.translated(error) from None
+            raise self._failed(error) from None
 
     def fetchall(self) -> list[Any]:
         try:
             return super().fetchall()
         except sqlite3.DatabaseError as error:
-            raise self.connection.translated(error) from None
+            raise self._failed(error) from None
 
     def fetchmany(self, size: int | None = 1) -> list[Any]:
         try:
             return super().fetchmany(size)
         except sqlite3.DatabaseError as error:
-            raise self.connection.translated(error) from None
+            raise self._failed(error) from None
+
+    def _failed(self, error: sqlite3.DatabaseError) -> Exception:
+        self.close()
+        return self.connection.translated(error)
 
     def __next__(self) -> Any:
         try:
             return super().__next__()
         except sqlite3.DatabaseError as error:
-            raise self.connection.translated(error) from None
+            raise self._failed(error) from None
 
 
 class _Connection(sqlite3.Connection):
