@@ -123,6 +123,11 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
     def refused(status: int, title: str, message: str) -> Response[str]:
         return page(status, problem_page(title, message))
 
+    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
+    def damaged(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+        # A run's page whose stored row cannot be read: the store's fault, named, never quoted.
+        return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(error))
+
     @app.get("/dashboard")
     def runs() -> Response[str]:
         wanted = (app.current_event.query_string_parameters or {}).get("status") or None
@@ -159,8 +164,6 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             timeline = read_timeline(services(), run_id)
         except (RunNotFound, InvalidInput) as missing:
             return refused(HTTPStatus.NOT_FOUND, "No such run", str(missing))
-        except (RunUnreadable, UnsupportedSchema) as damaged:
-            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, run_page(timeline))
 
     @app.get("/dashboard/runs/<run_id>/steps/<step>")
@@ -174,8 +177,6 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
             return refused(HTTPStatus.GONE, "No longer kept", str(gone))
-        except (RunUnreadable, UnsupportedSchema) as damaged:
-            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, state_page(at, number, replayable=replayable))
 
     @app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")
@@ -187,8 +188,6 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
             return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
             return refused(HTTPStatus.GONE, "No longer kept", str(gone))
-        except (RunUnreadable, UnsupportedSchema) as damaged:
-            return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(damaged))
         return page(HTTPStatus.OK, prompt_page(run_id, number, text))
 
     return app
