@@ -257,10 +257,13 @@ def _status(value: RunStatus | str) -> RunStatus:
         raise InvalidInput(f"unknown run status {value!r}: use one of {known}") from None
 
 
+_STATUSES = frozenset(status.value for status in RunStatus)
+
+
 def _status_damage(status: str) -> str | None:
     """Why a stored status column cannot be a run's, if it cannot (a tampered row): it is
     never shown as it is, since it may hold anything, a terminal's escape codes included."""
-    if status in {s.value for s in RunStatus}:
+    if status in _STATUSES:
         return None
     return "column 'status' holds no run status"
 
