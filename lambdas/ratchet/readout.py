@@ -384,7 +384,7 @@ def list_text(rows: Sequence[Mapping[str, Any]]) -> str:
     )
     for row in rows:
         if row.get("damage"):
-            text += f"{row['run_id']}: damaged, left as it is: {row['damage']}\n"
+            text += for_terminal(f"{row['run_id']}: damaged, left as it is: {row['damage']}") + "\n"
     return text
 
 

@@ -159,3 +159,24 @@ def test_status_shows_stored_text_escaped_and_its_json_stays_the_same_value():
     assert "\\x1b[2J" in said
     assert not any(c in said + dumped for c in "\x1b\x07\u202e\x9b")
     assert json.loads(dumped) == payload
+
+
+def test_a_damaged_runs_line_in_the_list_shows_its_stored_text_escaped():
+    # A damaged row's id is read back as stored (its bytes decoded leniently): it may hold
+    # anything, as the table's cells may
+    row = {
+        "run_id": "b\x1b]0;pwned\x07",
+        "status": "damaged",
+        "step": 3,
+        "version": 4,
+        "updated_at": "2026-12-01T10:00:00+00:00",
+        "damage": "column 'state' holds text that is not UTF-8",
+    }
+
+    text = readout.list_text([row])
+
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert text.endswith(
+        "b\\x1b]0;pwned\\x07: damaged, left as it is: column 'state' holds text that is not UTF-8\n"
+    )
