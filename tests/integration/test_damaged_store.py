@@ -138,17 +138,7 @@ def _damaged(base: Cli, tmp_path: Path, damage: Callable[[Path], None]) -> Cli:
 
 def _rows_of_others(db: Path) -> dict[str, list[Any]]:
     """Every row of the other runs, byte for byte (text read as bytes)."""
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    connection.text_factory = bytes
-    try:
-        return {
-            table: connection.execute(
-                f"SELECT * FROM {table} WHERE run_id != ? ORDER BY 1, 2", (DAMAGED,)
-            ).fetchall()
-            for table in ("runs", "run_static", "checkpoints", "idempotency", "run_data")
-        }
-    finally:
-        connection.close()
+    return _rows(db, DAMAGED, others=True)
 
 
 def _say(capsys: pytest.CaptureFixture[str], cli: Cli, *args: str) -> tuple[int, str, str]:
@@ -235,15 +225,17 @@ def test_a_worker_skips_the_damaged_run_in_one_line_and_works_the_others(base, t
     assert _rows(cli.db, DAMAGED) == damaged_before
 
 
-def _rows(db: Path, run_id: str) -> dict[str, list[Any]]:
+def _rows(db: Path, run_id: str, *, others: bool = False) -> dict[str, list[Any]]:
+    """Every row of the run (or, with `others`, of every other run), byte for byte."""
     connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     connection.text_factory = bytes
+    which = "!=" if others else "="
     try:
         return {
             table: connection.execute(
-                f"SELECT * FROM {table} WHERE run_id = ? ORDER BY 1, 2", (run_id,)
+                f"SELECT * FROM {table} WHERE run_id {which} ? ORDER BY 1, 2", (run_id,)
             ).fetchall()
-            for table in ("runs", "run_static", "checkpoints", "idempotency")
+            for table in ("runs", "run_static", "checkpoints", "idempotency", "run_data")
         }
     finally:
         connection.close()
