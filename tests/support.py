@@ -7,7 +7,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -108,9 +108,16 @@ class Harness:
         return self.engine_for(fake_agent(self.table), self.model, worker_id=self.worker_id)
 
     def engine_for(
-        self, agent: Agent, model: Model, *, worker_id: str = "w", faults: FaultPlan | None = None
+        self,
+        agent: Agent,
+        model: Model,
+        *,
+        worker_id: str = "w",
+        faults: FaultPlan | None = None,
+        **options: Any,
     ) -> Engine:
-        """An engine on this harness's store for `agent` driven by `model`."""
+        """An engine on this harness's store for `agent` driven by `model`; `options` are
+        the Engine's other settings (`abandoned_grace_seconds`, ...)."""
         binding = Binding(agent, model)
         return Engine(
             store=self.store,
@@ -120,6 +127,7 @@ class Harness:
             worker_id=worker_id,
             logger=LOG,
             faults=self.faults if faults is None else faults,
+            **options,
         )
 
     @property

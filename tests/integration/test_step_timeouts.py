@@ -123,16 +123,7 @@ def counter_agent(tool: NaiveCounter) -> Agent:
 
 
 def engine_with(harness: Harness, agent: Agent, **options: Any) -> Engine:
-    binding = Binding(agent, ScriptedModel(hang_then_done))
-    return Engine(
-        store=harness.store,
-        ledger=harness.ledger,
-        blobs=harness.blobs,
-        bind=lambda state: binding,
-        worker_id="w",
-        logger=LOG,
-        **options,
-    )
+    return harness.engine_for(agent, ScriptedModel(hang_then_done), **options)
 
 
 def hang_then_done(view: StepView) -> Decision:
