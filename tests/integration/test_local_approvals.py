@@ -1032,6 +1032,19 @@ class CommitsAfter:
         return self._store.commit(commit)
 
 
+def committing_after(local: Local, worker_id: str, meanwhile: Callable[[], None]) -> Engine:
+    """An engine on `local`'s store whose next commit first lets `meanwhile` run."""
+    runtime = local.runtime
+    return Engine(
+        store=CommitsAfter(runtime.store, meanwhile),
+        ledger=runtime.ledger,
+        blobs=runtime.blobs,
+        bind=runtime.bind,
+        worker_id=worker_id,
+        logger=LOG,
+    )
+
+
 def park_unasked(local: Local, run_id: str = "unasked") -> None:
     """A run parked by a worker that died before opening its request."""
     state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=RunOptions())
@@ -1049,14 +1062,7 @@ def test_a_direct_record_that_loses_its_race_says_who_won_and_records_nothing(lo
     def bob_decides_first() -> None:
         first.reject("unasked", by="bob", comment="no")
 
-    slow = Engine(
-        store=CommitsAfter(runtime.store, bob_decides_first),
-        ledger=runtime.ledger,
-        blobs=runtime.blobs,
-        bind=runtime.bind,
-        worker_id="slow",
-        logger=LOG,
-    )
+    slow = committing_after(local, "slow", bob_decides_first)
     decider = Decider(local.desk.book, LocalResumer(slow), runtime.store)
 
     with pytest.raises(
@@ -1077,14 +1083,7 @@ def test_a_request_opened_while_a_decision_is_recorded_directly_takes_no_second_
     def a_worker_opens_the_request() -> None:
         opened.append(local.desk.open("unasked", timeout_seconds=3600, operator="bob").approval)
 
-    engine = Engine(
-        store=CommitsAfter(runtime.store, a_worker_opens_the_request),
-        ledger=runtime.ledger,
-        blobs=runtime.blobs,
-        bind=runtime.bind,
-        worker_id="cli",
-        logger=LOG,
-    )
+    engine = committing_after(local, "cli", a_worker_opens_the_request)
     decider = Decider(local.desk.book, LocalResumer(engine), runtime.store)
 
     decider.decide_or_record(
@@ -1142,15 +1141,7 @@ def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a
             parked.run_id, approved=False, by="bob", step=parked.approval.step
         )
 
-    runtime = local.runtime
-    clicking = Engine(
-        store=CommitsAfter(runtime.store, recorded_directly),
-        ledger=runtime.ledger,
-        blobs=runtime.blobs,
-        bind=runtime.bind,
-        worker_id="serve",
-        logger=LOG,
-    )
+    clicking = committing_after(local, "serve", recorded_directly)
     local.services = ApprovalServices(
         desk=dataclasses.replace(local.desk, resumer=LocalResumer(clicking))
     )
