@@ -60,8 +60,8 @@ from bench.scripted_agent import (
     result_for,
 )
 from ratchet.engine.core import Engine, Outcome
-from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.observability import json_logger
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("ratchet", "langgraph", "dbos")

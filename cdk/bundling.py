@@ -1,4 +1,5 @@
-"""Package the Lambda code without Docker: locked wheels for the Lambda platform, plus `ratchet`.
+"""Package the Lambda code without Docker: locked wheels for the Lambda platform, `ratchet` (the
+library, from `src/`) and the functions' entry points (`lambdas/ratchet_functions`).
 
 CI has no Docker, so the asset is built on the host. The dependencies are the versions `uv.lock`
 pins for the project (exported without the dev extra, so the tests ran against the same ones),
@@ -44,6 +45,7 @@ WHEEL_PLATFORM = "aarch64-manylinux2014"
 """uv's name for the manylinux2014 aarch64 platform tag, matching `ARCHITECTURE`."""
 
 PACKAGE = "ratchet"
+ENTRY_POINTS = "ratchet_functions"
 _RECIPE = "locked-wheels-v2"
 """Part of the asset hash: bump it when the bundling steps change, so old bundles are not reused."""
 
@@ -61,6 +63,14 @@ def _source_files(package_dir: Path) -> Iterator[Path]:
     for path in sorted(package_dir.rglob("*")):
         if path.is_file() and not _IGNORED.intersection(path.parts) and path.suffix != ".pyc":
             yield path
+
+
+def _packages(repo_root: Path) -> list[tuple[str, Path]]:
+    """The bundle's own packages, by import name: the library and the entry points."""
+    return [
+        (PACKAGE, repo_root / "src" / PACKAGE),
+        (ENTRY_POINTS, repo_root / "lambdas" / ENTRY_POINTS),
+    ]
 
 
 def _uv(repo_root: Path) -> str:
@@ -130,11 +140,11 @@ class LockedWheelsBundling:
                     f"{PYTHON_VERSION}). A requirement may add packages but not change a "
                     "version Ratchet pins.",
                 )
-        package_dir = self._repo_root / "lambdas" / PACKAGE
-        for source in _source_files(package_dir):
-            target = out / PACKAGE / source.relative_to(package_dir)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
+        for name, package_dir in _packages(self._repo_root):
+            for source in _source_files(package_dir):
+                target = out / name / source.relative_to(package_dir)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
         if self._project is not None:
             _copy_project(self._project, out)
         _compile_bytecode(out)
@@ -190,10 +200,10 @@ def asset_hash(repo_root: Path, project: Project | None = None) -> str:
     for part in (_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM):
         digest.update(part.encode() + b"\0")
     digest.update((repo_root / "uv.lock").read_bytes())
-    package_dir = repo_root / "lambdas" / PACKAGE
-    for source in _source_files(package_dir):
-        digest.update(source.relative_to(package_dir).as_posix().encode() + b"\0")
-        digest.update(source.read_bytes() + b"\0")
+    for name, package_dir in _packages(repo_root):
+        for source in _source_files(package_dir):
+            digest.update(f"{name}/{source.relative_to(package_dir).as_posix()}".encode() + b"\0")
+            digest.update(source.read_bytes() + b"\0")
     if project is not None:
         digest.update(b"project\0")
         for requirement in project.requirements:
@@ -209,7 +219,7 @@ def lambda_code(repo_root: Path, project: Project | None = None) -> lambda_.Code
 
     The asset's source is `lambdas/`, so when bundling is skipped (CDK's
     `aws:cdk:bundling-stacks` context, which template-only tests set) the functions still point
-    at a folder holding the `ratchet` package.
+    at a folder holding the entry points their handlers name.
     """
     return lambda_.Code.from_asset(
         str(repo_root / "lambdas"),

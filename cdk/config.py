@@ -37,7 +37,7 @@ INTEGER_BOUNDS = {
     "approval_timeout_seconds": (1, 365 * 24 * 3600),
     "checkpoint_retention_days": (1, 3650),
 }
-"""The bounds `ratchet.aws.settings.AwsSettings` puts on these settings (tests compare)."""
+"""The bounds `ratchet.runtime.aws_settings.AwsSettings` puts on these settings (tests compare)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class DeployConfig:
     prices: str | None = None
     """Prices for cost estimates beyond the built-in table, as `RATCHET_PRICES` takes them:
     a JSON object of model id pattern -> `{"input", "output"[, "cache_write", "cache_read"]}`
-    in US dollars per million tokens (`lambdas/ratchet/pricing.py`). The API's estimates use
+    in US dollars per million tokens (`src/ratchet/pricing.py`). The API's estimates use
     them; none: the built-in table only."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its

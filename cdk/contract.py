@@ -1,8 +1,9 @@
 """The names the stack shares with the Lambda code and the ASL file.
 
 `cdk/` does not import `ratchet` (the Lambda code is only an asset), so the environment variable
-names are repeated here; tests/infra compares them with `ratchet.aws.settings.ENVIRONMENT`, so a
-rename on either side fails a test instead of a deployed function.
+names are repeated here; tests/infra compares them with
+`ratchet.runtime.aws_settings.ENVIRONMENT`, so a rename on either side fails a test instead of a
+deployed function.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ engine enforces each agent's own). The step function's timeout is derived from i
 POWERTOOLS_SERVICE_NAME = "ratchet"
 POWERTOOLS_METRICS_NAMESPACE = "Ratchet"
 
-HANDLER_MODULE = "ratchet.handlers"
+HANDLER_MODULE = "ratchet_functions"
+"""The package of entry points in `lambdas/`, each calling into `ratchet.handlers`."""
 
 BLOB_PREFIX = "blobs/"
 """Where the S3 blob store keeps its objects (`ratchet.adapters.s3_blobs.PREFIX`)."""

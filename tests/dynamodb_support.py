@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from moto import mock_aws
 
-from ratchet.adapters.dynamodb import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
 from ratchet.adapters.s3_blobs import NoBlobStore
-from ratchet.aws.settings import AwsSettings
 from ratchet.ports import BlobStore
+from ratchet.runtime.aws_settings import AwsSettings
 from tests.support import Harness
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios import load_agent
 from ratchet.state import RunState, RunStatus
 

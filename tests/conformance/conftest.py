@@ -8,8 +8,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ratchet.adapters.dynamodb import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
-from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.ports import CheckpointStore, IdempotencyLedger
 
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from botocore.exceptions import ClientError
 
-from ratchet.adapters.dynamodb import TTL_ATTRIBUTE
-from ratchet.adapters.sqlite import SqliteDatabase
-from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
-from ratchet.approvals.model import Approval, ApprovalStatus, Verdict
-from ratchet.aws.approvals import AwsApprovals, approval_sk
+from ratchet.adapters.dynamodb.approvals import AwsApprovals, approval_sk
+from ratchet.adapters.dynamodb.store import TTL_ATTRIBUTE
+from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
+from ratchet.adapters.sqlite.store import SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalError, ApprovalExpired
 from ratchet.ports import ApprovalBook
+from ratchet.waits import Approval, ApprovalStatus, Verdict
 from tests.dynamodb_support import SETTINGS, moto_tables, scan
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from ratchet.approvals.answers import MAX_ANSWER_TEXT_CHARS
-from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS
 from ratchet.untrusted import MAX_JSON_DEPTH
+from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS
 from tests.e2e.test_cli_contract import (
     BATCHES,
     Cli,
@@ -901,7 +901,7 @@ def _application_id(db: Path) -> int:
 
 
 def test_ratchet_marks_its_stores_and_marks_an_older_one_when_it_writes(template, tmp_path):
-    from ratchet.adapters.sqlite import RATCHET_APPLICATION_ID, SqliteDatabase
+    from ratchet.adapters.sqlite.store import RATCHET_APPLICATION_ID, SqliteDatabase
 
     cli = _make_store("populated", template, tmp_path)
     assert _application_id(cli.db) == RATCHET_APPLICATION_ID

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.local.serve import server
+from ratchet.web.serve import server
 from tests.processes import Cli, clean_env
 
 ANSWER_SECONDS = 1.0

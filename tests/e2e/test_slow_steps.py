@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunStatus
 from tests.processes import Cli
 

@@ -7,18 +7,18 @@ from typing import Any
 from tests.infra.synth import Synthesized
 
 HANDLERS = {
-    "step": "ratchet.handlers.step.handler",
-    "notify": "ratchet.handlers.notify.handler",
-    "decide": "ratchet.handlers.decide.handler",
-    "mark_failed": "ratchet.handlers.mark_failed.handler",
-    "api": "ratchet.handlers.api.handler",
-    "rollover": "ratchet.handlers.rollover.handler",
-    "approvals": "ratchet.handlers.approvals.handler",
+    "step": "ratchet_functions.step.handler",
+    "notify": "ratchet_functions.notify.handler",
+    "decide": "ratchet_functions.decide.handler",
+    "mark_failed": "ratchet_functions.mark_failed.handler",
+    "api": "ratchet_functions.api.handler",
+    "rollover": "ratchet_functions.rollover.handler",
+    "approvals": "ratchet_functions.approvals.handler",
 }
 
 
 def function_id(synth: Synthesized, name: str) -> str:
-    """The logical id of the function whose handler is `ratchet.handlers.<name>.handler`."""
+    """The logical id of the function whose handler is `ratchet_functions.<name>.handler`."""
     found = [
         logical_id
         for logical_id, resource in synth.of_type("AWS::Lambda::Function").items()

@@ -11,7 +11,7 @@ from cdk_nag import AwsSolutionsChecks
 
 from cdk import contract
 from cdk.config import DeployConfig
-from ratchet.aws.settings import AwsSettings
+from ratchet.runtime.aws_settings import AwsSettings
 from tests.infra.queries import as_list, environment, function_names, statements_of_function
 from tests.infra.synth import Synthesized, synthesize
 

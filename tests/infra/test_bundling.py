@@ -12,17 +12,35 @@ from tests.infra.synth import REPO_ROOT
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    package = tmp_path / "lambdas" / "ratchet"
+    package = tmp_path / "src" / "ratchet"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text('"""ratchet"""\n')
     (package / "handlers.py").write_text("def handler(event, context):\n    return event\n")
+    entry_points = tmp_path / "lambdas" / "ratchet_functions"
+    entry_points.mkdir(parents=True)
+    (entry_points / "step.py").write_text("from ratchet.handlers import handler\n")
     (tmp_path / "uv.lock").write_text("version = 1\n")
     return tmp_path
 
 
 def test_hash_changes_with_the_code(repo: Path) -> None:
     before = asset_hash(repo)
-    (repo / "lambdas" / "ratchet" / "handlers.py").write_text("def handler(e, c):\n    return 1\n")
+    (repo / "src" / "ratchet" / "handlers.py").write_text("def handler(e, c):\n    return 1\n")
+    assert asset_hash(repo) != before
+
+
+def test_hash_changes_with_an_entry_point(repo: Path) -> None:
+    before = asset_hash(repo)
+    (repo / "lambdas" / "ratchet_functions" / "step.py").write_text("handler = print\n")
+    assert asset_hash(repo) != before
+
+
+def test_hash_changes_when_a_file_moves_between_the_library_and_the_entry_points(
+    repo: Path,
+) -> None:
+    before = asset_hash(repo)
+    moved = repo / "lambdas" / "ratchet_functions" / "handlers.py"
+    (repo / "src" / "ratchet" / "handlers.py").rename(moved)
     assert asset_hash(repo) != before
 
 
@@ -34,14 +52,14 @@ def test_hash_changes_with_the_lock(repo: Path) -> None:
 
 def test_hash_changes_when_a_module_is_renamed(repo: Path) -> None:
     before = asset_hash(repo)
-    package = repo / "lambdas" / "ratchet"
+    package = repo / "src" / "ratchet"
     (package / "handlers.py").rename(package / "handler.py")
     assert asset_hash(repo) != before
 
 
 def test_hash_ignores_bytecode(repo: Path) -> None:
     before = asset_hash(repo)
-    cache = repo / "lambdas" / "ratchet" / "__pycache__"
+    cache = repo / "src" / "ratchet" / "__pycache__"
     cache.mkdir()
     (cache / "handlers.cpython-311.pyc").write_bytes(b"\x00compiled")
     assert asset_hash(repo) == before

@@ -13,7 +13,7 @@ from aws_cdk import App
 from cdk import config as deploy_config
 from cdk.config import DeployConfig
 from ratchet import scenarios, state
-from ratchet.aws.settings import AwsSettings
+from ratchet.runtime.aws_settings import AwsSettings
 
 BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"
 SIGNING = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-sig-MnOpQr"

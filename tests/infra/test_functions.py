@@ -1,11 +1,13 @@
 """The functions: the handlers they name exist, they share one asset, and their environment is
-exactly what `ratchet.aws.settings` reads, with and without the optional configuration."""
+exactly what `ratchet.runtime.aws_settings` reads, with and without the optional configuration."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ from cdk import contract, functions
 from cdk.bundling import ARCHITECTURE, RUNTIME
 from cdk.config import DeployConfig
 from cdk.workflow import AslDefinition
-from ratchet.aws.settings import ENVIRONMENT, AwsSettings
+from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
 from tests.infra.queries import HANDLERS, environment, function_id, function_names
 from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
 
@@ -72,6 +74,25 @@ def test_each_handler_is_a_function_in_the_package(name: str) -> None:
         if isinstance(node, ast.FunctionDef)
     }
     assert attribute in defined
+
+
+@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+def test_each_entry_point_hands_its_event_to_the_librarys_handler(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry_point = importlib.import_module(HANDLERS[name].rsplit(".", 1)[0])
+    library = importlib.import_module(f"ratchet.handlers.{name}")
+    seen: list[tuple[Any, Any]] = []
+
+    def recorded(event: Any, context: Any) -> dict[str, Any]:
+        seen.append((event, context))
+        return {"answered": name}
+
+    monkeypatch.setattr(library, "handler", recorded)
+    event, context = {"run_id": "r-1"}, object()
+
+    assert entry_point.handler(event, context) == {"answered": name}
+    assert seen == [(event, context)]
 
 
 def test_functions_share_one_asset_and_match_the_bundling_platform(

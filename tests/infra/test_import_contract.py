@@ -43,7 +43,7 @@ class Copy:
 def copy(tmp_path: Path) -> Copy:
     """The package and the very contracts `make lint` reads, copied under tmp_path."""
     shutil.copytree(
-        REPO_ROOT / "lambdas" / "ratchet",
+        REPO_ROOT / "src" / "ratchet",
         tmp_path / "src" / "ratchet",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
@@ -65,7 +65,7 @@ FORBIDDEN = [
     ("engine/core.py", "import sqlite3", "ratchet.engine", "sqlite3"),
     ("ports.py", "import anthropic", "ratchet.ports", "anthropic"),
     ("tools.py", "import aws_lambda_powertools", "ratchet.tools", "aws_lambda_powertools"),
-    ("adapters/sqlite.py", "import ratchet.runtime", "ratchet.adapters", "ratchet.runtime"),
+    ("adapters/sqlite/store.py", "import ratchet.runtime", "ratchet.adapters", "ratchet.runtime"),
     ("scenarios/migration.py", "import ratchet.cli", "ratchet.scenarios", "ratchet.cli"),
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
 ]

@@ -18,15 +18,15 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.leases import Leases
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, ToolFailed
-from ratchet.local.leases import Leases
-from ratchet.local.worker import Worker
 from ratchet.ports import Model, ModelRequest, StepView
 from ratchet.state import MAX_ATTEMPTS, AttemptFailed, Decision, Done, RunStatus, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext
+from ratchet.worker import Worker
 from tests.support import LOG, Harness, StubModel
 
 ASL = Path(__file__).parents[2] / "statemachine" / "agent_run.asl.json"

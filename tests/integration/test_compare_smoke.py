@@ -20,7 +20,7 @@ from bench.compare import (
     run_ratchet,
 )
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, arguments_for, result_for
-from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 
 STEPS = 5
 

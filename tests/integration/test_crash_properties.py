@@ -28,13 +28,13 @@ from typing import Any, Protocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratchet.aws.runtime import AwsRuntime
 from ratchet.engine.core import Engine, Outcome
 from ratchet.engine.transitions import replay
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
-from ratchet.local.runtime import LocalRuntime, LocalSettings
 from ratchet.ports import CheckpointStore, IdempotencyLedger, LedgerStatus
+from ratchet.runtime.aws import AwsRuntime
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios import migration
 from ratchet.scenarios.migration_data import BATCH_SIZE
 from ratchet.state import MAX_ATTEMPTS, RunOptions, RunState, RunStatus, idempotency_key

@@ -13,7 +13,7 @@ import pytest
 from ratchet.engine.core import Outcome
 from ratchet.errors import InjectedFault
 from ratchet.faults import FaultPlan, FaultPoint
-from ratchet.local.runtime import LocalRuntime, LocalSettings
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios.migration import agent as migration
 from ratchet.state import RunOptions, RunState, RunStatus
 

@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from werkzeug.test import Client as HttpClient
 
-from ratchet.local.runs_api import local_runs_services
-from ratchet.local.runtime import LocalRuntime, LocalSettings
-from ratchet.local.serve import wsgi_app
 from ratchet.quick import main as ratchet
+from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.runtime.runs_api import local_runs_services
 from ratchet.web.dashboard import local_app as dashboard_app
 from ratchet.web.runs import build_app as runs_app
+from ratchet.web.serve import wsgi_app
 from tests.e2e.test_cli_contract import RATCHET, Cli, fresh
 
 DAMAGED = "b"
@@ -392,7 +392,7 @@ def test_a_failed_read_of_a_damaged_row_leaves_its_connection_free_to_write(tmp_
     # cursor, kept alive by the caller or the error's traceback, would hold a read snapshot,
     # and the connection's next write would fail at once (SQLITE_BUSY_SNAPSHOT) once another
     # connection had written. Seen as a worker's "step crashed: the store is busy".
-    from ratchet.adapters.sqlite import SqliteDatabase
+    from ratchet.adapters.sqlite.store import SqliteDatabase
     from ratchet.errors import StoreDamaged
 
     path = tmp_path / "ratchet.db"

@@ -21,9 +21,9 @@ import pytest
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
 
-from ratchet.aws.runtime import AwsRuntime
 from ratchet.cli import status_payload
 from ratchet.engine.core import Outcome
+from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState
 from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, scan, server_client

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ratchet.aws.runtime import AwsRuntime
 from ratchet.client import Client
 from ratchet.engine.core import Engine, Outcome
 from ratchet.errors import IdempotencyConflict, InjectedFault
 from ratchet.faults import FaultPlan
+from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
 from ratchet.scenarios.migration_data import BATCH_SIZE
 from ratchet.scenarios.migration_dynamodb import DynamoDbMigrationData

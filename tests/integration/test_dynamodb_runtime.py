@@ -12,9 +12,9 @@ from pydantic import BaseModel, SecretStr
 
 from ratchet.adapters.anthropic_model import AnthropicModel
 from ratchet.adapters.s3_blobs import S3BlobStore
-from ratchet.aws.runtime import AwsRuntime
 from ratchet.engine.core import Outcome
 from ratchet.errors import InvalidInput, StepAttemptFailed
+from ratchet.runtime.aws import AwsRuntime
 from ratchet.state import RunOptions, RunState, RunStatus
 from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
 from tests.dynamodb_support import REGION, SETTINGS, moto_tables

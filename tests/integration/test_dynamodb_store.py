@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.dynamodb_cost import RequestMeter
-from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase
 from ratchet.errors import CheckpointTooLarge, RunNotFound, StaleVersion
 from ratchet.ports import MAX_ITEM_BYTES, LedgerEntry, LedgerStatus
 from tests.conformance.test_store_contract import new_run, step_commit

@@ -26,16 +26,16 @@ from moto import mock_aws
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.s3_blobs import PREFIX, S3BlobStore
-from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
+from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
+from ratchet.adapters.stepfunctions import execution_name
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
-from ratchet.approvals.model import ApprovalStatus, Verdict
-from ratchet.aws.naming import execution_name
 from ratchet.errors import BlobCorrupt, IdempotencyConflict, InvalidInput, RatchetError
-from ratchet.local.approvals import LocalResumer
 from ratchet.ports import LedgerStatus
+from ratchet.runtime.local_approvals import LocalResumer
 from ratchet.scenarios.migration_data import SqliteMigrationData
 from ratchet.state import RUN_ID_PATTERN, RunStatus
+from ratchet.waits import ApprovalStatus, Verdict
 from tests.dynamodb_support import REGION
 from tests.support import Harness, StubModel
 

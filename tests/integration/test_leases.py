@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from ratchet.adapters.sqlite import SqliteDatabase
-from ratchet.errors import InvalidInput
-from ratchet.local.leases import (
+from ratchet.adapters.sqlite.leases import (
     MAX_LEASE_SECONDS,
     MIN_LEASE_SECONDS,
     Leases,
     WorkerIdInUse,
     check_lease_seconds,
 )
+from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.errors import InvalidInput
 from tests.support import Harness, StubModel
 
 

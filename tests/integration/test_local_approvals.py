@@ -26,26 +26,26 @@ from pydantic import BaseModel, SecretStr
 from typer.testing import CliRunner
 from werkzeug.test import Client, TestResponse
 
+from ratchet.adapters.dynamodb.approvals import verdict_from_answer
 from ratchet.adapters.slack import SlackResponder
-from ratchet.adapters.sqlite_approvals import SqliteApprovalBook
+from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.approvals.desk import ApprovalDesk, Decider, decided_text
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
-from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Verdict
-from ratchet.aws.approvals import verdict_from_answer
 from ratchet.cli import app as cli_app
 from ratchet.client import Client as RatchetClient
 from ratchet.engine.core import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
-from ratchet.local.approvals import LocalResumer
-from ratchet.local.runs_api import local_runs_services
-from ratchet.local.runtime import LocalRuntime, LocalSettings
-from ratchet.local.serve import wsgi_app
-from ratchet.local.worker import Worker
+from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.runtime.local_approvals import LocalResumer
+from ratchet.runtime.runs_api import local_runs_services
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
+from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Verdict
 from ratchet.web.approvals import ApprovalServices, build_app
 from ratchet.web.runs import build_app as build_runs_app
+from ratchet.web.serve import wsgi_app
+from ratchet.worker import Worker
 from tests.fixtures import refund_agent
 from tests.integration.test_notifiers import RecordingServer
 

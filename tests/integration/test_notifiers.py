@@ -27,7 +27,7 @@ from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackError, SlackNotifier, SlackResponder
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, email_html, email_text
-from ratchet.approvals.model import ApprovalNotice, Invitation, RecentStep
+from ratchet.waits import ApprovalNotice, Invitation, RecentStep
 
 REGION = "us-east-1"
 SENDER = "approvals@example.com"

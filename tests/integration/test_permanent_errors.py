@@ -13,14 +13,14 @@ from pydantic import BaseModel, Field
 import ratchet
 from ratchet import errors, tools
 from ratchet.adapters.scripted import ScriptedModel
+from ratchet.adapters.sqlite.leases import Leases
 from ratchet.engine.core import Engine, Outcome
 from ratchet.errors import InjectedFault, PermanentError, ToolFailed
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.local.leases import Leases
-from ratchet.local.worker import Worker
 from ratchet.ports import StepView
 from ratchet.state import AttemptFailed, Decision, Done, Finished, RunStatus, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext
+from ratchet.worker import Worker
 from tests.processes import Cli
 from tests.support import LOG, Harness, StubModel
 

@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import ratchet
-from ratchet.adapters.dynamodb import create_tables
+from ratchet.adapters.dynamodb.store import create_tables
 from ratchet.client import Client, Run
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.runs import AgentNotRunnable, RunRequestInvalid

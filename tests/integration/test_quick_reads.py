@@ -20,9 +20,9 @@ import pytest
 
 import ratchet
 from ratchet import cli, quick
+from ratchet.adapters.sqlite.leases import Leases
 from ratchet.errors import StepAttemptFailed
-from ratchet.local.leases import Leases
-from ratchet.local.worker import Worker
+from ratchet.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
 from tests.integration import test_model_custom as own_model
 from tests.integration.test_permanent_errors import Lookup, Order, engine_with

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from ratchet.local.runs_api import local_runs_services
-from ratchet.local.runtime import LocalRuntime, LocalSettings
-from ratchet.local.serve import wsgi_app
-from ratchet.local.worker import Worker
 from ratchet.runs import MAX_BATCHES
+from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.runtime.runs_api import local_runs_services
 from ratchet.scenarios import AgentRegistry
 from ratchet.state import PersonDecided, RunStatus
 from ratchet.untrusted import MAX_JSON_DEPTH
 from ratchet.web.runs import build_app
+from ratchet.web.serve import wsgi_app
+from ratchet.worker import Worker
 
 OPERATOR = "dana"
 DEEP = "[" * 60_000 + "]" * 60_000

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.adapters.sqlite import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.leases import Leases, WorkerIdInUse
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
 from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import (
@@ -33,11 +34,10 @@ from ratchet.errors import (
     StepAttemptFailed,
     StoreBusy,
 )
-from ratchet.local.leases import Leases, WorkerIdInUse
-from ratchet.local.worker import Worker
 from ratchet.ports import ModelRequest
 from ratchet.state import AttemptFailed, Decision, RunOptions, RunState, RunStatus, ToolCall
 from ratchet.tools import Agent, Tool, ToolContext
+from ratchet.worker import Worker
 from tests.integration.test_leases import FakeClock
 from tests.processes import Cli
 from tests.support import FakeTable, StubModel, WriteRow

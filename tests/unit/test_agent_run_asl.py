@@ -14,8 +14,8 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet import errors
-from ratchet.aws.approvals import REJECTED_ERROR, VerdictKind
-from ratchet.aws.payloads import (
+from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, VerdictKind
+from ratchet.handlers.payloads import (
     DecideRequest,
     DecideResult,
     ExecutionInput,

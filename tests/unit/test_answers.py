@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 import pytest
 from pydantic import BaseModel, Field
 
+from ratchet.adapters.dynamodb.approvals import task_success_output, verdict_from_answer
 from ratchet.approvals import pages
 from ratchet.approvals.answers import (
     MAX_ANSWER_SCHEMA_BYTES,
@@ -31,13 +32,12 @@ from ratchet.approvals.messages import (
     email_text,
     slack_blocks,
 )
-from ratchet.approvals.model import Approval, ApprovalNotice, ApprovalStatus, Invitation, Verdict
 from ratchet.approvals.slack import SlackLinkPressed, parse_action
-from ratchet.aws.approvals import task_success_output, verdict_from_answer
 from ratchet.errors import AnswerInvalid
 from ratchet.state import ApprovalRequest, PersonDecided, RunState, RunStatus, Waiting
 from ratchet.stored import decision_text
 from ratchet.tools import ask_person
+from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Invitation, Verdict
 from tests.fixtures.refund_agent import RefundAnswer
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)

@@ -21,7 +21,7 @@ from ratchet.approvals.messages import (
     slack_button_value,
     slack_outcome_blocks,
 )
-from ratchet.approvals.model import ApprovalNotice, Invitation, RecentStep
+from ratchet.waits import ApprovalNotice, Invitation, RecentStep
 
 # Slack's documented limits for what these messages use.
 SLACK_MAX_BLOCKS = 50

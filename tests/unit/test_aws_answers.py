@@ -1,7 +1,7 @@
-"""The answer's schema, both sides (`ratchet.aws.approvals`): what the approval desk sends with
-SendTaskSuccess or SendTaskFailure, and the decision RecordDecision reads from whatever arrived
-at `$.decision`, in the shape Step Functions delivers it (the output parsed; a caught error as
-`{Error, Cause}`)."""
+"""The answer's schema, both sides (`ratchet.adapters.dynamodb.approvals`): what the approval
+desk sends with SendTaskSuccess or SendTaskFailure, and the decision RecordDecision reads from
+whatever arrived at `$.decision`, in the shape Step Functions delivers it (the output parsed; a
+caught error as `{Error, Cause}`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.approvals.model import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
-from ratchet.aws.approvals import (
+from ratchet.adapters.dynamodb.approvals import (
     REJECTED_ERROR,
     UNNAMED,
     VerdictKind,
@@ -19,6 +18,7 @@ from ratchet.aws.approvals import (
     task_success_output,
     verdict_from_answer,
 )
+from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 
 TIMEOUT = 3600
 

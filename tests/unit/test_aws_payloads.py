@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from ratchet.aws.naming import execution_name
-from ratchet.aws.payloads import (
+from ratchet.adapters.stepfunctions import execution_name
+from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.handlers.payloads import (
     MAX_REASON_CHARS,
     DecideRequest,
     NotifyRequest,
@@ -16,7 +17,6 @@ from ratchet.aws.payloads import (
     StepResult,
     TaskFailure,
 )
-from ratchet.engine.core import Outcome, StepOutcome
 
 
 def _after(outcome: Outcome, *, iteration: int, rollover_after: int = 3) -> StepResult:

@@ -16,7 +16,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ratchet.adapters.dynamodb import (
+from ratchet.adapters.dynamodb.store import (
     DynamoDbCheckpointStore,
     DynamoDbLedger,
     is_transient,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ratchet import cli
-from ratchet.local import leases
+from ratchet.adapters.sqlite import leases
 from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.readout import argument_summary, shorten, version_gaps
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS

@@ -11,7 +11,6 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from ratchet.approvals.answers import answer_from_form, answer_schema
-from ratchet.approvals.model import Verdict
 from ratchet.errors import AnswerInvalid, JsonTooDeep, JsonTooLarge
 from ratchet.untrusted import (
     MAX_JSON_DEPTH,
@@ -21,6 +20,7 @@ from ratchet.untrusted import (
     json_for_terminal,
     loads,
 )
+from ratchet.waits import Verdict
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07 \u202eevil\u202c \x9b31m \x7f"
 ACTING = ("\x1b", "\x07", "\u202e", "\u202c", "\x9b", "\x7f")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.aws.naming import execution_name
+from ratchet.adapters.stepfunctions import execution_name
 from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import PersonDecided, RunStatus
 from ratchet.web.runs import MAX_BODY_CHARS

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
+from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, UNNAMED
 from ratchet.approvals.desk import decided_text
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
-from ratchet.approvals.model import ApprovalStatus
-from ratchet.aws.approvals import REJECTED_ERROR, UNNAMED
-from ratchet.aws.payloads import ExecutionInput
 from ratchet.errors import ApprovalDecided
 from ratchet.handlers import _wiring
+from ratchet.handlers.payloads import ExecutionInput
 from ratchet.state import RunStatus
+from ratchet.waits import ApprovalStatus
 from tests.fake_slack import FakeSlack, button_press
 from tests.integration.aws.harness import (
     APPROVER,

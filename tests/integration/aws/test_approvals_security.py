@@ -15,9 +15,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.messages import SLACK_APPROVE
-from ratchet.approvals.model import ApprovalStatus
 from ratchet.handlers import _wiring, decide, mark_failed
 from ratchet.state import RunStatus
+from ratchet.waits import ApprovalStatus
 from tests.fake_slack import FakeSlack, button_press, signed_interaction
 from tests.integration.aws.harness import APPROVER, PUBLIC_URL, FakeContext, Page, Stack
 

@@ -10,8 +10,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from ratchet.aws.settings import AwsSettings
 from ratchet.handlers import _wiring
+from ratchet.runtime.aws_settings import AwsSettings
 from tests.integration.aws.harness import Stack
 from tests.integration.aws.test_api import call
 

@@ -11,9 +11,9 @@ import json
 
 from botocore.exceptions import ClientError
 
-from ratchet.approvals.model import ApprovalStatus
 from ratchet.handlers import api
 from ratchet.state import RunStatus
+from ratchet.waits import ApprovalStatus
 from tests.integration.aws.harness import FakeContext, Stack, api_event, wait_until
 
 CALLER = "arn:aws:iam::123456789012:role/ops"

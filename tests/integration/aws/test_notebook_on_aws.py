@@ -24,10 +24,10 @@ import pytest
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
 
-from ratchet.adapters.dynamodb_data import DynamoDbRunData
-from ratchet.aws.runtime import AwsRuntime
-from ratchet.aws.settings import ENVIRONMENT
+from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.runs import RunRequest, new_run
+from ratchet.runtime.aws import AwsRuntime
+from ratchet.runtime.aws_settings import ENVIRONMENT
 from ratchet.scenarios.notebook import NOTES, note_key
 from ratchet.state import RunStatus, StepCompleted
 from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, server_client

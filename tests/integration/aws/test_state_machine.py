@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from ratchet.aws.approvals import REJECTED_ERROR, ApprovalAnswer, Rejection
-from ratchet.aws.naming import execution_name
-from ratchet.aws.payloads import ExecutionInput
+from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, ApprovalAnswer, Rejection
+from ratchet.adapters.stepfunctions import execution_name
 from ratchet.engine.core import Engine
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.handlers import _wiring, decide, mark_failed, step
+from ratchet.handlers.payloads import ExecutionInput
 from ratchet.scenarios import load_agent
 from ratchet.state import RunStatus
 from tests.integration.aws import agents

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ratchet.aws.payloads import StepRequest
 from ratchet.errors import AbandonedCallRunning, StaleVersion, StoreBusy, ToolFailed
 from ratchet.handlers import step
+from ratchet.handlers.payloads import StepRequest
 
 PACKAGE = Path(step.__file__).resolve().parents[1]
 ABOVE_THE_ADAPTERS = sorted([*PACKAGE.glob("handlers/*.py"), *PACKAGE.glob("engine/*.py")])

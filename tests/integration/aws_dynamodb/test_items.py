@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.dynamodb import (
+from ratchet.adapters.dynamodb.store import (
     DEFAULT_RETENTION_DAYS,
     TABLES,
     TTL_ATTRIBUTE,

@@ -1,0 +1,115 @@
+"""Approvals in the local SQLite store, in the same file as the runs they belong to."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ratchet.adapters.sqlite.store import APPROVALS_SCHEMA, SqliteDatabase
+from ratchet.errors import ApprovalDecided, ApprovalExpired, ApprovalNotFound
+from ratchet.waits import Approval, ApprovalStatus, Verdict
+
+
+class SqliteApprovalBook:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+        # A store made before approvals existed gets the table on first use.
+        exists = db.connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approvals'"
+        ).fetchone()
+        if not exists:
+            db.connection.executescript(APPROVALS_SCHEMA)
+
+    def open(self, approval: Approval, *, task_token: str | None = None) -> Approval:
+        with self._db.write() as tx:
+            # Under the write lock: two workers seeing the same parked step open one request.
+            row = tx.execute(
+                "SELECT record FROM approvals WHERE run_id = ? AND step = ? AND status = ? "
+                "ORDER BY expires_at DESC LIMIT 1",
+                (approval.run_id, approval.step, ApprovalStatus.PENDING.value),
+            ).fetchone()
+            if row is not None:
+                return Approval.model_validate_json(row[0])
+            self._put(tx, approval)
+        return approval
+
+    def get(self, run_id: str, approval_id: str) -> Approval | None:
+        row = self._db.connection.execute(
+            "SELECT record FROM approvals WHERE approval_id = ? AND run_id = ?",
+            (approval_id, run_id),
+        ).fetchone()
+        return Approval.model_validate_json(row[0]) if row else None
+
+    def of_run(self, run_id: str) -> list[Approval]:
+        rows = self._db.connection.execute(
+            "SELECT record FROM approvals WHERE run_id = ?", (run_id,)
+        ).fetchall()
+        return sorted(
+            (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
+        )
+
+    def pending(self) -> list[Approval]:
+        """Every request still waiting for a decision, in every run, oldest first."""
+        rows = self._db.connection.execute(
+            "SELECT record FROM approvals WHERE status = ?", (ApprovalStatus.PENDING.value,)
+        ).fetchall()
+        return sorted(
+            (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
+        )
+
+    def settle(
+        self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
+    ) -> Approval:
+        settled = approval.settled(verdict, channel=channel, at=at)
+        with self._db.write() as tx:
+            current = tx.execute(
+                "SELECT record FROM approvals WHERE approval_id = ? AND run_id = ?",
+                (approval.approval_id, approval.run_id),
+            ).fetchone()
+            if current is None:
+                raise ApprovalNotFound("no such approval request")
+            stored = Approval.model_validate_json(current[0])
+            if stored.status.is_decided:
+                raise ApprovalDecided(f"already {stored.status.value} by {stored.decided_by}")
+            if stored.is_expired(at):
+                raise ApprovalExpired("this request has expired")
+            self._put(tx, settled)
+        return settled
+
+    def reopen(self, approval: Approval) -> None:
+        reopened = approval.reopened()
+        with self._db.write() as tx:
+            # Only the decision being undone: a request closed meanwhile stays closed.
+            current = tx.execute(
+                "SELECT status FROM approvals WHERE approval_id = ? AND run_id = ?",
+                (approval.approval_id, approval.run_id),
+            ).fetchone()
+            if current is not None and current[0] == approval.status.value:
+                self._put(tx, reopened)
+
+    def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None:
+        with self._db.write() as tx:
+            rows = tx.execute(
+                "SELECT record FROM approvals WHERE run_id = ? AND step = ? AND status = ?",
+                (run_id, step, ApprovalStatus.PENDING.value),
+            ).fetchall()
+            for (record,) in rows:
+                closed = Approval.model_validate_json(record).model_copy(
+                    update={"status": status, "decided_at": at}
+                )
+                self._put(tx, closed)
+
+    @staticmethod
+    def _put(tx: object, approval: Approval) -> None:
+        tx.execute(  # type: ignore[attr-defined]
+            "INSERT INTO approvals (approval_id, run_id, step, status, expires_at, record) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (approval_id) DO UPDATE SET "
+            "status = excluded.status, record = excluded.record",
+            (
+                approval.approval_id,
+                approval.run_id,
+                approval.step,
+                approval.status.value,
+                approval.expires_at.isoformat(),
+                approval.model_dump_json(),
+            ),
+        )

@@ -1,0 +1,724 @@
+"""The Python API: start, work, wait for, decide and read runs, on any store.
+
+    import ratchet
+
+    client = ratchet.connect("sqlite:///runs.db")  # or "dynamodb://TABLE?ledger=...&app=..."
+    run = client.run(run_id="r1", scenario="migration", input={"batches": 2})
+    assert run.status == "waiting"  # it asked a person before dropping the old table
+    client.approve("r1", by="me", comment="ok")
+    assert client.run(run_id="r1").status == "done"
+
+`run` starts the run if it is new (an existing id continues) and works it in this process until
+it is done, waiting for a person or failed; `start` only creates it, for workers (`ratchet
+worker`) or the state machine to advance, and `wait` follows it from elsewhere. Every answer is
+a pydantic model. The CLI, `ratchet serve` and the deployed runs API start and decide runs
+through this same client.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from ratchet.engine.transitions import replay
+from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.pricing import estimate
+from ratchet.readout import checkpoint_fields, usage_totals
+from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
+from ratchet.runtime import Runtime, open_runtime
+from ratchet.scenarios import LOCAL, AgentRegistry
+from ratchet.state import Checkpoint as StoredCheckpoint
+from ratchet.state import (
+    Created,
+    PersonDecided,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    Usage,
+    utcnow,
+)
+from ratchet.tools import Agent
+from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
+
+__all__ = [
+    "Checkpoint",
+    "Client",
+    "Run",
+    "RunListed",
+    "Started",
+    "UsageTotals",
+    "WaitTimedOut",
+    "connect",
+]
+
+SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
+"""Where `run` and `wait` stop by default: nothing more happens without someone."""
+DEFAULT_WAIT_SECONDS = 60.0
+DEFAULT_POLL_SECONDS = 0.1
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class WaitingFor(_Answer):
+    """What a waiting run asked a person."""
+
+    step: int
+    prompt: str
+    details: dict[str, Any]
+    since: datetime
+
+
+class UsageTotals(_Answer):
+    """Tokens model calls used, as the provider counted them."""
+
+    input_tokens: int
+    """Input billed at the full rate (not read from or written to the prompt cache)."""
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    calls: int
+    cached_share: float
+    """The share of all input tokens read from the prompt cache (0 to 1)."""
+
+    @classmethod
+    def of(cls, usage: Usage) -> UsageTotals:
+        return cls(**usage_totals(usage.model_dump()))
+
+
+class Run(_Answer):
+    """Where a run stands: its head, read from the store."""
+
+    run_id: str
+    status: RunStatus
+    step: int
+    """Steps committed so far."""
+    version: int
+    attempts: int
+    """Attempts counted at the next step (0 when none failed)."""
+    agent: str
+    goal: str
+    model: str
+    max_steps: int
+    input: dict[str, Any]
+    """The run's params: its input, with the agent's defaults filled in."""
+    summary: str | None
+    error: str | None
+    waiting: WaitingFor | None
+    usage: UsageTotals
+    """What the run's model calls used, summed over its steps."""
+    cost_usd: float | None
+    """The estimated cost of `usage` in US dollars (`ratchet.pricing`); None when no price
+    is known for the model (scripted, your own)."""
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, state: RunState) -> Run:
+        waiting = state.waiting
+        return cls(
+            run_id=state.run_id,
+            status=state.status,
+            step=state.step,
+            version=state.version,
+            attempts=state.attempts,
+            agent=state.agent,
+            goal=state.goal,
+            model=state.options.model,
+            max_steps=state.options.max_steps,
+            input=dict(state.options.params),
+            summary=state.summary,
+            error=state.error,
+            waiting=WaitingFor(
+                step=waiting.step,
+                prompt=waiting.request.prompt,
+                details=dict(waiting.request.details),
+                since=waiting.since,
+            )
+            if waiting
+            else None,
+            usage=UsageTotals.of(state.usage),
+            cost_usd=estimate(state.options.model, state.usage),
+            created_at=state.created_at,
+            updated_at=state.updated_at,
+        )
+
+
+class Started(_Answer):
+    run: Run
+    created: bool
+    """False when the run existed: the start changed nothing."""
+
+
+class Checkpoint(_Answer):
+    """One durable write of a run: what `history` lists."""
+
+    version: int
+    step: int
+    status: RunStatus
+    event: str
+    """What the write recorded: created, step, decided, attempt_failed, finished, ..."""
+    worker: str
+    bytes: int
+    time: datetime
+    usage: UsageTotals | None = None
+    """What the write's model call used (a step, a failed attempt, the finish); None when
+    no model was called."""
+    tool: str | None = None
+    """The tool a step ran."""
+    arguments: dict[str, Any] | None = None
+    """Its arguments (a preview when they were kept as a blob)."""
+    result: str | None = None
+    """A preview of what the tool returned."""
+    by: str | None = None
+    """Who decided (a person's decision) or retried the run."""
+    comment: str | None = None
+    """The decider's comment."""
+    error: str | None = None
+    """Why an attempt failed, or the run."""
+    explanation: str = ""
+    """The write in words: "step committed", "person decided by dana: approved (ok)", ..."""
+    duration_ms: float | None = None
+    """How long a step took, its commit included."""
+    attempt: int | None = None
+    """Which attempt at its step a step record, or a failed attempt, was (1 for the first)."""
+
+
+class RunListed(_Answer):
+    run_id: str
+    status: RunStatus | Literal["damaged"]
+    """The run's status; `damaged` for a run whose stored row cannot be read (see `damage`):
+    no command can advance or change it until it is repaired."""
+    step: int
+    version: int
+    updated_at: datetime
+    damage: str | None = None
+    """Why a damaged run cannot be read (the column and what is wrong with it); None
+    otherwise."""
+
+
+class WaitTimedOut(RatchetError):
+    """`Client.wait` gave up: the run did not reach the statuses asked for in time."""
+
+    def __init__(self, run: Run, until: Collection[RunStatus], timeout: float) -> None:
+        wanted = " or ".join(sorted(s.value for s in until))
+        super().__init__(
+            f"run {run.run_id!r} is still {run.status.value} at step {run.step} after "
+            f"{timeout:g} s (waited for {wanted})"
+        )
+        self.run = run
+
+
+class NoCheckpointAtStep(InvalidInput):
+    """`state_at` was asked for a step the run has no checkpoint at."""
+
+
+class CheckpointsExpired(RatchetError):
+    """The run's first checkpoints are gone (past the store's retention): no state can be
+    rebuilt from them."""
+
+
+class AgentHookFailed(RatchetError):
+    """An agent's own hook (prepare, verify) raised; the message names the agent and hook."""
+
+
+_Result = TypeVar("_Result")
+
+
+def call_hook(agent: str, hook: str, call: Callable[[], _Result]) -> _Result:
+    """Run an agent's own code: whatever it raises (even `sys.exit`) becomes one line naming
+    the agent and the hook (`AgentHookFailed`), not a traceback from somewhere inside it."""
+    try:
+        return call()
+    except RatchetError:
+        raise
+    except (Exception, SystemExit) as error:
+        reason = " ".join(str(error).split())
+        raise AgentHookFailed(
+            f"agent {agent!r}: its {hook} hook failed: {type(error).__name__}: {reason}"
+        ) from None
+
+
+def _status(value: RunStatus | str) -> RunStatus:
+    try:
+        return RunStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise InvalidInput(f"unknown run status {value!r}: use one of {known}") from None
+
+
+_STATUSES = frozenset(status.value for status in RunStatus)
+
+
+def _status_damage(status: str) -> str | None:
+    """Why a stored status column cannot be a run's, if it cannot (a tampered row): it is
+    never shown as it is, since it may hold anything, a terminal's escape codes included."""
+    if status in _STATUSES:
+        return None
+    return "column 'status' holds no run status"
+
+
+def _default_worker_id() -> str:
+    return f"client:{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "python client"
+
+
+class Client:
+    """Runs on one store, through its `Runtime`. Not thread-safe: one client per thread.
+
+    `agents` says which agents may be started: by default the built-in scenarios and any
+    `module:attr` (this process runs the code anyway); a service that starts runs for callers
+    passes the deployment's registry, so that a name is all they can give. `logger` takes
+    the engine's structured events (default: the standard `logging` logger "ratchet");
+    `channel` is what decisions record they came through.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        agents: AgentRegistry = LOCAL,
+        worker_id: str | None = None,
+        logger: Any = None,
+        faults: FaultPlan = NO_FAULTS,
+        channel: str = "python",
+    ) -> None:
+        self.runtime = runtime
+        self.channel = channel
+        self.agents = agents
+        self.worker_id = worker_id or _default_worker_id()
+        self.logger = logger if logger is not None else logging.getLogger("ratchet")
+        self.faults = faults
+
+    # --- starting and working -------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        run_id: str | None = None,
+        scenario: str | None = None,
+        agent: str | None = None,
+        goal: str | None = None,
+        input: Mapping[str, JsonValue] | None = None,
+        model: str | None = None,
+        max_steps: int | None = None,
+        notify: Mapping[str, Any] | None = None,
+        tool_latency_ms: int | None = None,
+    ) -> Run:
+        """Create the run unless its id exists (then nothing changes); return where it
+        stands. Raises `RunRequestInvalid`, naming the argument at fault, and writes nothing
+        if the request cannot run: an unknown agent, input its model refuses, a Claude model
+        without a key, ..."""
+        fields = {
+            "run_id": run_id,
+            "scenario": scenario,
+            "agent": agent,
+            "goal": goal,
+            "input": dict(input) if input is not None else None,
+            "model": model,
+            "max_steps": max_steps,
+            "notify": dict(notify) if notify is not None else None,
+            "tool_latency_ms": tool_latency_ms,
+        }
+        try:
+            request = RunRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise RunRequestInvalid(message, field) from None
+        return self.submit(request).run
+
+    def submit(self, request: RunRequest) -> Started:
+        """`start` for a request already parsed (the CLI's flags, the API's JSON body)."""
+        return self.create(
+            new_run(
+                request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents
+            )
+        )
+
+    def create(self, state: RunState) -> Started:
+        """Create the run `state` describes (from `new_run`, which checked it) unless its id
+        exists: the agent is checked against this runtime, prepares its data, and the first
+        checkpoint is written."""
+        existing = self.runtime.store.load_head(state.run_id)
+        if existing is not None:
+            return Started(run=Run.of(existing), created=False)
+        agent = self.agents.load(state.agent)
+        self.runtime.check_agent(agent)
+        self.runtime.check_model(state.options.model)
+        self._prepare(agent, state)
+        created = self.runtime.engine(worker_id=self.worker_id, logger=self.logger).start(state)
+        return Started(run=self.get(state.run_id), created=created)
+
+    def _prepare(self, agent: Agent, state: RunState) -> None:
+        prepare = agent.prepare
+        if prepare is None:
+            return
+        context = self.runtime.context(state.run_id, state.options)
+        self.runtime.before_prepare()
+        call_hook(agent.name, "prepare", lambda: prepare(context))
+
+    def run(self, run_id: str | None = None, **start: Any) -> Run:
+        """Start the run if it is new (with `start`'s arguments), or continue the one with
+        this id, and work it in this process until it is done, waiting or failed."""
+        if run_id is not None and not start and self.runtime.store.load_head(run_id):
+            return self.work(run_id)
+        return self.work(self.start(run_id=run_id, **start).run_id)
+
+    def work(self, run_id: str) -> Run:
+        """Work an existing run in this process until it is done, waiting or failed (or
+        another worker holds it; then where it stands)."""
+        self.get(run_id)
+        self.runtime.work(run_id, worker_id=self.worker_id, logger=self.logger, faults=self.faults)
+        return self.get(run_id)
+
+    def wait(
+        self,
+        run_id: str,
+        *,
+        until: Collection[RunStatus | str] = SETTLED,
+        timeout: float = DEFAULT_WAIT_SECONDS,
+        poll: float = DEFAULT_POLL_SECONDS,
+    ) -> Run:
+        """Wait until the run, worked elsewhere, reaches one of `until` (default: done,
+        waiting or failed); `WaitTimedOut` after `timeout` seconds."""
+        wanted = {_status(s) for s in until}
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if run.status in wanted:
+                return run
+            if time.monotonic() >= deadline:
+                raise WaitTimedOut(run, wanted, timeout)
+            time.sleep(poll)
+
+    # --- deciding ---------------------------------------------------------------------------
+
+    def approve(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        comment: str = "",
+        answer: Mapping[str, JsonValue] | None = None,
+    ) -> Run:
+        """Approve what the waiting run asked; a worker (or `run`) resumes it. A request
+        that asks for a structured answer needs `answer`, which its schema must accept
+        (`AnswerInvalid` names the field at fault; nothing changes)."""
+        return self._decide(run_id, approved=True, by=by, comment=comment, answer=answer)
+
+    def reject(self, run_id: str, *, by: str | None = None, comment: str = "") -> Run:
+        """Reject what the waiting run asked; it goes on knowing the answer was no."""
+        return self._decide(run_id, approved=False, by=by, comment=comment)
+
+    def _decide(
+        self,
+        run_id: str,
+        *,
+        approved: bool,
+        by: str | None,
+        comment: str,
+        answer: Mapping[str, JsonValue] | None = None,
+    ) -> Run:
+        self.get(run_id)
+        try:
+            verdict = Verdict(
+                approved=approved,
+                by=by or _operator(),
+                comment=comment,
+                answer=dict(answer) if answer is not None else None,
+            )
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise InvalidInput(f"bad decision: {field}: {message}") from None
+        self.runtime.decide(
+            run_id, verdict, channel=self.channel, worker_id=self.worker_id, logger=self.logger
+        )
+        return self.get(run_id)
+
+    # --- steering ---------------------------------------------------------------------------
+
+    def retry(self, run_id: str, *, by: str | None = None) -> Run:
+        """Give a failed run a fresh set of attempts at the step that failed, from its last
+        checkpoint (`Engine.retry`); `NotRetryable` unless it failed. The next worker (or
+        `work`) takes it; on AWS the API also starts a new execution for it. `by` is bounded
+        as a decision's is (`InvalidInput`)."""
+        steering = _Steering.checked("retry", by=by or _operator())
+        self.get(run_id)
+        engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)
+        return Run.of(engine.retry(run_id, by=steering.by))
+
+    def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Run:
+        """End a running or waiting run as `cancelled`, keeping its checkpoints; its open
+        approval requests are closed and, on AWS, its execution stopped. `NotCancellable` if
+        it has already finished. `by` and `reason` are bounded as a decision's `by` and comment
+        are (`InvalidInput`)."""
+        steering = _Steering.checked("cancel", by=by or _operator(), reason=reason)
+        self.get(run_id)
+        head = self.runtime.cancel(
+            run_id,
+            by=steering.by,
+            reason=steering.reason,
+            worker_id=self.worker_id,
+            logger=self.logger,
+        )
+        return Run.of(head)
+
+    def fork(self, source: str, /, *, from_step: int, run_id: str | None = None) -> Run:
+        """A new run (`run_id`, default `<source>-fork-<random>`) whose state is the source's
+        as of step `from_step`: its last step record or decision there. The fork is running,
+        or waiting if the source still waited at that step with nobody having decided; its
+        later steps take keys under its own id, and the source is untouched. Its data is the
+        agent's to give (`Agent.fork`, then `prepare`): the agent copies or rebuilds what the
+        fork's state depends on, or refuses (`ForkRefused`, with its reason). Refuses a step
+        past the source's, and an id in use; a refused fork writes nothing."""
+        head = self.head(source)
+        if not 0 <= from_step <= head.step:
+            raise InvalidInput(
+                f"run {source!r} has completed {head.step} steps: it cannot be forked from step "
+                f"{from_step}"
+            )
+        new_id = check_run_id(run_id) if run_id is not None else _fork_id(source)
+        if self.runtime.store.load_head(new_id) is not None:
+            raise InvalidInput(f"run {new_id!r} already exists: choose another id for the fork")
+        checkpoints = self._all_checkpoints(source)
+        # The step's own records (the step, a person's answer), not what came after at the
+        # same step number: a failed attempt, a retry, the run's end.
+        last = max(
+            (
+                c.version
+                for c in checkpoints
+                if c.step == from_step
+                and isinstance(c.event, Created | StepCompleted | PersonDecided)
+            ),
+            default=None,
+        )
+        if last is None:
+            # A fork starts at its source's step: it has no record of the steps before.
+            raise NoCheckpointAtStep(
+                f"run {source!r} has no record of step {from_step} (its first is step "
+                f"{checkpoints[0].step}): it cannot be forked from there"
+            )
+        state = replay(c for c in checkpoints if c.version <= last)
+        assert state is not None, "the records up to a checkpoint rebuild a state"
+        now = utcnow()
+        forked = state.model_copy(
+            update={
+                "run_id": new_id,
+                "version": 1,
+                "status": RunStatus.WAITING if state.waiting else RunStatus.RUNNING,
+                "attempts": 0,
+                "error": None,
+                "summary": None,
+                "not_before": None,
+                "usage": Usage(),
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        self._fork_data(head, forked, from_step)
+        started = self.create(forked)
+        if not started.created:
+            raise InvalidInput(f"run {new_id!r} already exists: choose another id for the fork")
+        return started.run
+
+    def _fork_data(self, source: RunState, fork: RunState, step: int) -> None:
+        """The agent's `fork` hook: the fork's data from the source's, as of `step`."""
+        agent = self.agents.load(fork.agent)
+        hook = agent.fork
+        if hook is None:
+            return
+        # Checked before the hook writes anything: a fork its runtime cannot run gets no data.
+        self.runtime.check_agent(agent)
+        self.runtime.check_model(fork.options.model)
+        source_context = self.runtime.context(source.run_id, source.options)
+        fork_context = self.runtime.context(fork.run_id, fork.options)
+        self.runtime.before_prepare()
+        call_hook(agent.name, "fork", lambda: hook(source_context, fork_context, step))
+
+    def replay(self, run_id: str, *, step: int) -> str:
+        """The exact prompt the model saw for step `step`, rendered from the recorded state.
+
+        That state is the fold of every record before the step's own record: the last step
+        (and a person's answer to it), then any failed attempts at this step, so the prompt
+        carries the last failure as the completing attempt's did, and none after a retry. If
+        an earlier attempt recorded the decision and then failed (its tool raised), the model
+        was asked in that attempt instead, which saw one failure fewer; the records do not say
+        which attempt asked."""
+        head = self.head(run_id)
+        checkpoints = self._all_checkpoints(run_id)
+        completed = next(
+            (c for c in checkpoints if isinstance(c.event, StepCompleted) and c.event.step == step),
+            None,
+        )
+        if completed is None:
+            raise NoCheckpointAtStep(
+                f"run {run_id} has no record of step {step} (steps completed: {head.step}"
+                + (", some by the run it was forked from)" if step <= head.step else ")")
+            )
+        from ratchet.engine.core import step_prompt
+
+        before = replay(c for c in checkpoints if c.version < completed.version)
+        assert before is not None, "a step record follows the run's creation"
+        return step_prompt(before)[1]
+
+    def _all_checkpoints(self, run_id: str) -> list[StoredCheckpoint]:
+        checkpoints = self.runtime.store.list_checkpoints(run_id)
+        if not checkpoints or checkpoints[0].event.kind != "created":
+            raise CheckpointsExpired(
+                f"run {run_id}'s early checkpoints are past their retention: its earlier "
+                "states can no longer be rebuilt"
+            )
+        return checkpoints
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> Run:
+        return Run.of(self.head(run_id))
+
+    def head(self, run_id: str) -> RunState:
+        """The run's full state as it stands (`get` is the short form)."""
+        state = self.runtime.store.load_head(check_run_id(run_id))
+        if state is None:
+            raise RunNotFound(run_id)
+        return state
+
+    def history(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+        """Every durable write of the run, oldest first; with `after`, only those of a later
+        version (to follow a run, read from the last version seen: one range read)."""
+        self.head(run_id)
+        return [
+            Checkpoint(
+                **checkpoint_fields(
+                    {
+                        "version": c.version,
+                        "step": c.step,
+                        "status": c.status.value,
+                        "worker": c.worker_id,
+                        "bytes": c.size,
+                        "time": c.created_at,
+                        "event": c.event.model_dump(mode="json", exclude_none=True),
+                    }
+                )
+            )
+            for c in self.runtime.store.list_checkpoints(run_id, after=after)
+        ]
+
+    def state_at(self, run_id: str, *, step: int) -> RunState:
+        """The run's state as of its last checkpoint at `step`, rebuilt from the records.
+        `NoCheckpointAtStep` if the run has none there; `CheckpointsExpired` if its first
+        records are past their retention (on AWS, a TTL), so the state cannot be rebuilt."""
+        self.head(run_id)
+        checkpoints = self.runtime.store.list_checkpoints(run_id)
+        last = max((c.version for c in checkpoints if c.step == step), default=None)
+        if last is None:
+            raise NoCheckpointAtStep(f"run {run_id} has no checkpoint at step {step}")
+        if checkpoints[0].event.kind != "created":
+            raise CheckpointsExpired(
+                f"run {run_id}'s early checkpoints are past their retention: its state as of "
+                f"step {step} can no longer be rebuilt"
+            )
+        rebuilt = replay(c for c in checkpoints if c.version <= last)
+        assert rebuilt is not None, "the records up to a checkpoint rebuild a state"
+        return rebuilt
+
+    def runs(self, *, status: RunStatus | str | None = None) -> list[RunListed]:
+        """Every run in the store, most recently updated first; only those in `status`."""
+        wanted = _status(status) if status is not None else None
+        listed = [
+            RunListed(
+                run_id=r.run_id,
+                status="damaged" if damage else RunStatus(r.status),
+                step=r.step,
+                version=r.version,
+                updated_at=r.updated_at,
+                damage=damage,
+            )
+            for r in self.runtime.store.list_runs()
+            for damage in [r.damage or _status_damage(r.status)]
+        ]
+        return sorted(
+            (r for r in listed if wanted is None or r.status is wanted),
+            key=lambda r: r.updated_at,
+            reverse=True,
+        )
+
+    def verify(self, run_id: str) -> dict[str, Any]:
+        """The agent's own invariants for the run (`Agent.verify`): a dict with at least
+        `ok`."""
+        state = self.head(run_id)
+        agent = self.agents.load(state.agent)
+        check = agent.verify
+        if check is None:
+            return {"ok": True, "note": f"agent {agent.name} has no checks"}
+        context = self.runtime.context(run_id, state.options)
+        result = call_hook(agent.name, "verify", lambda: check(context, state))
+        if not isinstance(result, dict):
+            raise AgentHookFailed(
+                f"agent {agent.name!r}: its verify hook returned {type(result).__name__}, "
+                "not a dict"
+            )
+        return result
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class _Steering(BaseModel):
+    """Who retries or cancels a run, and why: bounded as a decision's `by` and comment are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+    @classmethod
+    def checked(cls, what: str, **given: str) -> _Steering:
+        """`InvalidInput` naming the field at fault, as a decision's refusal does."""
+        try:
+            return cls(**given)
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise InvalidInput(f"bad {what}: {field}: {message}") from None
+
+
+def _fork_id(source: str) -> str:
+    suffix = f"-fork-{uuid.uuid4().hex[:8]}"
+    return source[: 128 - len(suffix)] + suffix
+
+
+def connect(
+    url: str | None = None,
+    *,
+    create: bool = True,
+    environ: Mapping[str, str] | None = None,
+    worker_id: str | None = None,
+) -> Client:
+    """A client on the store at `url`: `sqlite:///path.db` (made if missing, unless
+    `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
+    region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
+    The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
+    return Client(open_runtime(url, create=create, environ=environ), worker_id=worker_id)

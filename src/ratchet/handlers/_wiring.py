@@ -1,0 +1,198 @@
+"""What every handler shares: Powertools' logger, metrics and tracer, and the settings, clients
+and runtime, each built once per container on first use.
+
+Nothing here reads Ratchet's settings at import time: importing happens in Lambda's init phase
+(and in tests that never invoke a handler), the settings are read by the first invocation, and
+a missing variable fails that invocation with the variable's name. The Powertools objects
+exist at import time because their decorators need them; they read only their own
+`POWERTOOLS_*` variables.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from botocore.config import Config
+from pydantic import SecretStr
+
+from ratchet.adapters.dynamodb.approvals import AwsApprovals
+from ratchet.adapters.ses import SesNotifier
+from ratchet.adapters.slack import SlackNotifier, SlackResponder
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkSigner
+from ratchet.client import Client
+from ratchet.engine.core import Engine
+from ratchet.faults import FaultPlan
+from ratchet.observability import redacted_json
+from ratchet.ports import Notifier
+from ratchet.runtime.aws import AwsRuntime
+from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
+from ratchet.scenarios import AgentRegistry
+from ratchet.state import NotifyTargets
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+    from mypy_boto3_stepfunctions import SFNClient
+
+    from ratchet.web.approvals import ApprovalServices
+
+SERVICE = "ratchet"
+METRICS_NAMESPACE = "Ratchet"
+
+# Every line is serialized by `redacted_json`: no task token reaches the log, even when the
+# handlers' events are logged whole (POWERTOOLS_LOGGER_LOG_EVENT=true).
+logger = Logger(service=SERVICE, json_serializer=redacted_json)
+metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
+# Patch botocore only: patching everything would import every supported library the bundle
+# happens to hold (httpx, sqlite3, ...) at cold start.
+tracer = Tracer(service=SERVICE, patch_modules=("botocore",))
+
+# Step Functions owns the retries of a step (each attempt visible and counted by the engine),
+# so the SDK only smooths over a brief throttle or a dropped connection.
+_CLIENT_CONFIG = Config(
+    retries={"mode": "standard", "max_attempts": 3}, connect_timeout=3, read_timeout=10
+)
+
+
+@cache
+def settings() -> AwsSettings:
+    return AwsSettings.from_env()
+
+
+ANTHROPIC_SECRET_ARN = "RATCHET_ANTHROPIC_SECRET_ARN"
+"""Set by the stack only when the deployer configured a key (see cdk/contract.py)."""
+
+
+@cache
+def anthropic_api_key() -> SecretStr | None:
+    """The Anthropic API key from Secrets Manager, read once per container. The stack keeps
+    it there rather than in an environment variable, which the console shows to anyone who
+    can read the function. Without it, runs can use only their agent's scripted policy."""
+    arn = os.environ.get(ANTHROPIC_SECRET_ARN)
+    if not arn:
+        return None
+    secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
+    return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
+
+
+FAULT = "RATCHET_FAULT"
+"""Crash the step function at an exact point (`ratchet.faults`), as the CLI's workers can: for
+tests only, to run the crash sweep on Lambda. Never set it in a deployment: the stack never
+does (tests/infra checks), and a function given it fails its steps on purpose."""
+
+
+@cache
+def faults() -> FaultPlan:
+    """The faults this container injects, read once: Lambda's environment is fixed for the
+    container's life. A malformed value fails the invocation, naming the variable."""
+    return FaultPlan.parse(os.environ.get(FAULT))
+
+
+@cache
+def runtime() -> AwsRuntime:
+    return AwsRuntime(
+        settings(),
+        boto3.client("dynamodb", config=_CLIENT_CONFIG),
+        s3=boto3.client("s3", config=_CLIENT_CONFIG) if settings().blob_bucket else None,
+        anthropic_api_key=anthropic_api_key(),
+        stepfunctions=stepfunctions,
+    )
+
+
+@cache
+def agents() -> AgentRegistry:
+    """The agents this deployment registered (`RATCHET_AGENTS`), parsed once per container."""
+    return AgentRegistry.deployment(settings().agents)
+
+
+def client(*, worker_id: str) -> Client:
+    """The Python client on this deployment's runtime, starting only the agents it registered
+    (by name); `worker_id` names whoever writes through it (the request, for a start)."""
+    return Client(
+        runtime(),
+        agents=agents(),
+        worker_id=worker_id,
+        logger=logger,
+        channel="api",
+    )
+
+
+@cache
+def stepfunctions() -> SFNClient:
+    return boto3.client("stepfunctions", config=_CLIENT_CONFIG)
+
+
+def approvals() -> AwsApprovals:
+    return AwsApprovals(
+        runtime().dynamodb,
+        settings().checkpoints_table,
+        stepfunctions=stepfunctions(),
+        retention_days=settings().checkpoint_retention_days,
+    )
+
+
+@cache
+def _secret(arn: str) -> SecretStr:
+    """A Secrets Manager secret's value, read once per container; never logged."""
+    secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
+    return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
+
+
+def _setting(name: str) -> str:
+    value = getattr(settings(), name)
+    if not value:
+        raise RuntimeError(f"{ENVIRONMENT[name]} is not set: approvals need it (the stack sets it)")
+    return str(value)
+
+
+@cache
+def approval_desk() -> ApprovalDesk:
+    """The desk that opens approval requests and takes decisions, with the notifiers the
+    deployment configured (SES, Slack; none is an error only for who expected a message)."""
+    config = settings()
+    notifiers: list[Notifier] = []
+    if config.email_sender:
+        notifiers.append(
+            SesNotifier(boto3.client("sesv2", config=_CLIENT_CONFIG), sender=config.email_sender)
+        )
+    if config.slack_bot_token_secret_arn:
+        notifiers.append(
+            SlackNotifier(_secret(config.slack_bot_token_secret_arn), api_url=config.slack_api_url)
+        )
+    key = _secret(_setting("link_key_secret_arn")).get_secret_value()
+    book = approvals()  # the book that keeps the token is also the resumer that uses it
+    return ApprovalDesk(
+        book=book,
+        resumer=book,
+        store=runtime().store,
+        signer=LinkSigner(key.encode("utf-8")),
+        public_url=_setting("public_url"),
+        notifiers=notifiers,
+        default_targets=NotifyTargets(
+            email=config.notify_emails, slack_channel=config.notify_slack_channel
+        ),
+    )
+
+
+def approval_services() -> ApprovalServices:
+    from ratchet.web.approvals import ApprovalServices
+
+    config = settings()
+    signing = config.slack_signing_secret_arn
+    return ApprovalServices(
+        desk=approval_desk(),
+        slack_signing_secret=_secret(signing) if signing else None,
+        slack_responder=SlackResponder() if signing else None,
+        logger=logger,
+    )
+
+
+def engine(context: LambdaContext) -> Engine:
+    """A fresh engine per invocation, named after it so checkpoints point at its logs."""
+    return runtime().engine(
+        worker_id=f"lambda:{context.aws_request_id}", logger=logger, faults=faults()
+    )

@@ -1,0 +1,97 @@
+"""The `Step` task: advance the run by exactly one step and say where the loop goes next.
+
+Errors are the state machine's business and keep their class names, which its Retry and Catch
+clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
+touching it) are answers; anything else is retried, the engine's count of attempts ending a
+run that keeps failing. The adapters have already named a store that is busy (`StoreBusy`).
+
+One error ends the sandbox instead: `AbandonedCallRunning`, a run whose strikes are used up
+while a call this sandbox abandoned at a step deadline still runs. Frozen with the sandbox, the
+call would go on at its next invocation, after the run was failed; the end of the process ends
+it, and the state machine's retry of the crash (`Runtime.ExitError`) fails the run in a new one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, NoReturn
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.errors import (
+    AbandonedCallRunning,
+    StaleVersion,
+    StepAttemptFailed,
+    StoreBusy,
+    Superseded,
+)
+from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
+from ratchet.handlers.payloads import StepRequest, StepResult
+from ratchet.state import utcnow
+from ratchet.waits import ApprovalStatus
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler(capture_response=False)
+@metrics.log_metrics(capture_cold_start_metric=True)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = StepRequest.model_validate(event)
+    return take_step(request, context).model_dump(mode="json")
+
+
+def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
+    logger.append_keys(run_id=request.run_id, generation=request.generation)
+    started = time.perf_counter()
+    try:
+        taken = engine(context).advance(request.run_id)
+    except StaleVersion:
+        metrics.add_metric(name="StaleCommits", unit=MetricUnit.Count, value=1)
+        logger.warning("stale version: another execution advanced the run; stopping")
+        raise
+    except StepAttemptFailed:
+        metrics.add_metric(name="FailedAttempts", unit=MetricUnit.Count, value=1)
+        raise
+    except StoreBusy:
+        metrics.add_metric(name="StoreBusy", unit=MetricUnit.Count, value=1)
+        raise
+    except AbandonedCallRunning as running:
+        logger.error(
+            "ending the sandbox, which ends the call it abandoned", extra={"error": str(running)}
+        )
+        end_sandbox()
+    metrics.add_metric(
+        name="StepDuration",
+        unit=MetricUnit.Milliseconds,
+        value=(time.perf_counter() - started) * 1000,
+    )
+    if taken.bytes_written:
+        metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
+    _stop_if_parked_elsewhere(taken)
+    return StepResult.after(request, taken, rollover_after=settings().rollover_after)
+
+
+def end_sandbox() -> NoReturn:
+    """End this process at once (Lambda reports `Runtime.ExitError`), its threads with it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _stop_if_parked_elsewhere(taken: StepOutcome) -> None:
+    """A run found waiting (this invocation wrote nothing) with an open request is parked by
+    another execution already: a second one must not park it again with a second request.
+    Found waiting with none, this execution parked it and died before asking (a retry)."""
+    if taken.outcome is not Outcome.WAITING or taken.bytes_written:
+        return
+    now = utcnow()
+    if any(
+        a.step == taken.step and a.status is ApprovalStatus.PENDING and not a.is_expired(now)
+        for a in approvals().of_run(taken.run_id)
+    ):
+        metrics.add_metric(name="SupersededExecutions", unit=MetricUnit.Count, value=1)
+        logger.warning("the run is already parked under another execution; stopping")
+        raise Superseded(taken.run_id)

@@ -1,0 +1,389 @@
+"""Housekeeping of a local store: `ratchet migrate` and `ratchet gc`.
+
+`migrate` reads every stored head with its checkpoint records, upgrades it in memory
+(`ratchet.migrations`) and, unless it is a dry run, rewrites the heads an older Ratchet wrote in
+the current stored form (`ratchet.stored`: a lean head and its static part), each under the
+version it read. A head that changed meanwhile is skipped, never overwritten.
+
+`gc` is the local counterpart of the TTL on AWS. A finished run (done, failed, stopped,
+cancelled) whose head is older than the retention keeps exactly what loading it reads: the
+head, its static part, its first record (the state it was created with) and every record and
+ledger entry from its window's first step on (`stored.window_start`). So it still loads, shows
+and can be retried as before; only its older history goes. Running and waiting runs are never
+touched. Blobs that no remaining head, record, ledger entry or approval references are deleted.
+
+The backend (`HousekeepingStore`, for SQLite `ratchet.adapters.sqlite.store.SqliteHousekeeping`)
+only reads and writes rows; what to keep and what to rewrite is decided here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import ValidationError
+
+from ratchet import stored
+from ratchet.errors import UnsupportedSchema
+from ratchet.state import FINISHED, SCHEMA_VERSION, CheckpointEvent, RunState
+
+BLOB_GRACE = timedelta(hours=1)
+"""A blob file younger than this is never deleted: a worker writes a step's blob before the
+commit that references it, so a new, not yet referenced blob may be about to be."""
+
+
+@dataclass(frozen=True)
+class StoredHead:
+    """A run's head as stored: its columns, its JSON and its static part (None for a head an
+    older Ratchet stored whole)."""
+
+    run_id: str
+    version: int
+    attempts: int
+    status: str
+    updated_at: datetime
+    head: str
+    static: str | None
+    damage: str | None = None
+    """What of the row cannot be read as stored (text that is not UTF-8, a status that is not
+    a run status), if anything: the run is then unreadable, and left as it is."""
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    version: int
+    step: int
+    event: str
+    damage: str | None = None
+    """Why the record's event cannot be read as stored (text that is not UTF-8), if it cannot."""
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    records: int
+    ledger_entries: int
+
+
+class HousekeepingStore(Protocol):
+    """The rows housekeeping reads and the few writes it makes, each conditional on the
+    head's version as read."""
+
+    def heads(self) -> list[StoredHead]:
+        """Every run's stored head."""
+        ...
+
+    def records(self, run_id: str) -> list[StoredRecord]:
+        """The run's checkpoint records, oldest first."""
+        ...
+
+    def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
+        """Replace the head's JSON (and add its static part if given) if the head is still at
+        `head.version`; False, with nothing written, if it moved."""
+        ...
+
+    def trim_run(self, head: StoredHead, keep_from_step: int, *, dry_run: bool) -> Trimmed | None:
+        """Delete (or, with `dry_run`, count) the run's records other than its first one and
+        its ledger entries, of steps before `keep_from_step`, if the head is still at
+        `head.version`; None if it moved."""
+        ...
+
+    def blob_references(self, trims: Mapping[str, int]) -> set[str]:
+        """The sha256 of every blob a head, record, ledger entry or approval references,
+        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
+        ...
+
+    def locked(self) -> AbstractContextManager[object]:
+        """Hold the store's write lock: no commit lands meanwhile."""
+        ...
+
+
+# --- reading a run as a worker would -----------------------------------------------------------
+
+
+def schema_of(head: StoredHead) -> int | None:
+    """The schema version the head was written with; None if its JSON does not parse."""
+    try:
+        parts = [json.loads(head.head)] + ([json.loads(head.static)] if head.static else [])
+    except ValueError:
+        return None
+    merged: dict[str, Any] = {}
+    for part in reversed(parts):
+        if not isinstance(part, dict):
+            return None
+        merged.update(part)
+    version = merged.get("schema_version", 1)
+    return version if isinstance(version, int) else None
+
+
+def read_run(head: StoredHead, records: Sequence[StoredRecord]) -> RunState:
+    """The state a worker loads (upgraded in memory), after parsing every record. Raises
+    `ValueError` (or `UnsupportedSchema`) naming the part that cannot be read."""
+    return _load(head, head.head, head.static, records, _parsed(records))
+
+
+def _parsed(records: Sequence[StoredRecord]) -> dict[int, CheckpointEvent]:
+    """Every record's event, by version; `ValueError` naming the first that is damaged."""
+    events = {}
+    for record in records:
+        try:
+            if record.damage is not None:
+                raise ValueError(record.damage)
+            events[record.version] = stored.parse_event(record.event)
+        except ValueError as error:
+            detail = _brief(error)
+            raise ValueError(f"its checkpoint {record.version} is damaged ({detail})") from None
+    return events
+
+
+def _load(
+    head: StoredHead,
+    text: str,
+    static: str | None,
+    records: Sequence[StoredRecord],
+    events: Mapping[int, CheckpointEvent],
+) -> RunState:
+    if head.damage is not None:
+        raise ValueError(f"its stored state is damaged ({head.damage})")
+    bare = stored.load_head(text, static, version=head.version, attempts=head.attempts)
+    return stored.with_window(bare, _window(bare, records, events))
+
+
+def _window(
+    bare: RunState, records: Sequence[StoredRecord], events: Mapping[int, CheckpointEvent]
+) -> list[CheckpointEvent]:
+    """The records a store's `load_head` reads back for the window, oldest first: newest
+    first from the head's version down to the first record before the window."""
+    if bare.step == 0:
+        return []
+    first = stored.window_start(bare)
+    found: list[CheckpointEvent] = []
+    for record in reversed(records):
+        if record.version > bare.version:
+            continue
+        if record.step < first:
+            break
+        found.append(events[record.version])
+    return found[::-1]
+
+
+def _brief(error: Exception) -> str:
+    """What is wrong, in one line, without quoting the stored text (pydantic would)."""
+    if isinstance(error, ValidationError):
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return " ".join(str(error).split())[:200]
+
+
+# --- migrate -----------------------------------------------------------------------------------
+
+Outcome = Literal["current", "upgrade", "upgraded", "skipped", "kept", "unreadable"]
+
+
+@dataclass(frozen=True)
+class RunMigration:
+    run_id: str
+    from_version: int | None
+    """The schema the head was written with; None when its JSON does not parse."""
+    outcome: Outcome
+    """current: nothing to do; upgrade: a dry run would rewrite it; upgraded: rewritten;
+    skipped: it moved while migrating; kept: rewriting would lose part of it; unreadable."""
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    dry_run: bool
+    runs: list[RunMigration]
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def ok(self) -> bool:
+        return all(run.outcome not in ("unreadable", "kept", "skipped") for run in self.runs)
+
+    def by_version(self) -> dict[str, dict[str, int]]:
+        """Per schema version ("unknown" for a head that does not parse): runs per outcome."""
+        counts: dict[str, dict[str, int]] = {}
+        for run in sorted(self.runs, key=lambda r: (r.from_version is None, r.from_version or 0)):
+            key = "unknown" if run.from_version is None else str(run.from_version)
+            per = counts.setdefault(key, {"runs": 0})
+            per["runs"] += 1
+            per[run.outcome] = per.get(run.outcome, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "versions": self.by_version(),
+            "runs": [asdict(run) for run in self.runs],
+        }
+
+
+def migrate(store: HousekeepingStore, *, dry_run: bool) -> MigrationReport:
+    """Upgrade every head not in the current stored form (see the module's docstring)."""
+    return MigrationReport(dry_run, [_migrate_one(store, head, dry_run) for head in store.heads()])
+
+
+def _migrate_one(store: HousekeepingStore, head: StoredHead, dry_run: bool) -> RunMigration:
+    from_version = schema_of(head)
+    records = store.records(head.run_id)
+    try:
+        events = _parsed(records)
+        state = _load(head, head.head, head.static, records, events)
+    except (ValueError, TypeError, UnsupportedSchema) as error:
+        return RunMigration(head.run_id, from_version, "unreadable", _brief(error))
+    if from_version == SCHEMA_VERSION and head.static is not None:
+        return RunMigration(head.run_id, from_version, "current")
+    text = stored.head_json(state)
+    static = stored.static_json(state) if head.static is None else None
+    # A head stored whole (schema 2 and earlier) holds its window itself; the lean form reads
+    # it back from the records. Rewrite only if the run then loads exactly as it does now.
+    if _load(head, text, static or head.static, records, events) != state:
+        return RunMigration(
+            head.run_id,
+            from_version,
+            "kept",
+            "its records do not hold its window: the current form would lose it",
+        )
+    if dry_run:
+        return RunMigration(head.run_id, from_version, "upgrade")
+    if not store.rewrite_head(head, text, static):
+        return RunMigration(
+            head.run_id,
+            from_version,
+            "skipped",
+            f"it moved past version {head.version} meanwhile; run migrate again",
+        )
+    return RunMigration(head.run_id, from_version, "upgraded")
+
+
+# --- gc ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunTrim:
+    run_id: str
+    status: str
+    keep_from_step: int
+    records: int
+    ledger_entries: int
+
+
+@dataclass
+class GcReport:
+    older_than_days: float
+    dry_run: bool
+    trimmed: list[RunTrim] = field(default_factory=list)
+    live: int = 0
+    """Running and waiting runs: never touched."""
+    recent: int = 0
+    """Finished runs inside the retention window."""
+    skipped: list[str] = field(default_factory=list)
+    """Runs that moved while gc ran (a retry, say): left as they are."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    blobs_deleted: int = 0
+    blob_bytes_deleted: int = 0
+    blobs_kept: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "older_than_days": self.older_than_days,
+            "dry_run": self.dry_run,
+            "runs_trimmed": len(self.trimmed),
+            "records_deleted": sum(t.records for t in self.trimmed),
+            "ledger_entries_deleted": sum(t.ledger_entries for t in self.trimmed),
+            "blobs_deleted": self.blobs_deleted,
+            "blob_bytes_deleted": self.blob_bytes_deleted,
+            "blobs_kept": self.blobs_kept,
+            "live_runs": self.live,
+            "recent_runs": self.recent,
+            "skipped": self.skipped,
+            "unreadable": self.unreadable,
+            "runs": [asdict(t) for t in self.trimmed],
+        }
+
+
+def collect_garbage(
+    store: HousekeepingStore,
+    blob_root: Path,
+    *,
+    older_than: timedelta,
+    now: datetime,
+    dry_run: bool,
+) -> GcReport:
+    """Trim finished runs older than `older_than` and delete unreferenced blobs (see the
+    module's docstring)."""
+    report = GcReport(older_than / timedelta(days=1), dry_run)
+    cutoff = now - older_than
+    trims: dict[str, int] = {}
+    for head in store.heads():
+        if head.status not in FINISHED:  # a StrEnum: its members are its values
+            report.live += 1
+            continue
+        if head.updated_at >= cutoff:
+            report.recent += 1
+            continue
+        try:
+            state = read_run(head, store.records(head.run_id))
+        except (ValueError, TypeError, UnsupportedSchema) as error:
+            report.unreadable[head.run_id] = _brief(error)
+            continue
+        keep_from = stored.window_start(state)
+        # Conditional on the version read: a run retried since (running again) is skipped.
+        trimmed = store.trim_run(head, keep_from, dry_run=dry_run)
+        if trimmed is None:
+            report.skipped.append(head.run_id)
+            continue
+        trims[head.run_id] = keep_from
+        if trimmed.records or trimmed.ledger_entries:
+            report.trimmed.append(
+                RunTrim(
+                    head.run_id, head.status, keep_from, trimmed.records, trimmed.ledger_entries
+                )
+            )
+    # Under the write lock, no commit can add a reference between the scan and the deletes;
+    # a blob a worker wrote for a commit still to come is younger than BLOB_GRACE. A dry run
+    # deletes nothing and takes no lock.
+    with nullcontext() if dry_run else store.locked():
+        referenced = store.blob_references(trims if dry_run else {})
+        for path in _blob_files(blob_root):
+            info = path.stat()
+            old = datetime.fromtimestamp(info.st_mtime, now.tzinfo) < now - BLOB_GRACE
+            if path.name in referenced or not old:
+                report.blobs_kept += 1
+                continue
+            report.blobs_deleted += 1
+            report.blob_bytes_deleted += info.st_size
+            if not dry_run:
+                path.unlink(missing_ok=True)
+    return report
+
+
+def _blob_files(root: Path) -> Iterator[Path]:
+    """The blob files of a `FileBlobStore` folder (`<root>/<2 hex>/<sha256>`), not the
+    temporary files of a write under way."""
+    if not root.is_dir():
+        return
+    for folder in sorted(root.iterdir()):
+        if not folder.is_dir() or len(folder.name) != 2:
+            continue
+        for path in sorted(folder.iterdir()):
+            if len(path.name) == 64 and path.name.startswith(folder.name) and path.is_file():
+                yield path
+
+
+_HEX_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def blob_digests(text: str) -> set[str]:
+    """Every blob digest a stored text may reference: any 64-hex word, wherever it is (a
+    `BlobRef`, a damaged record, a ledger result). When unsure, a blob is kept."""
+    return set(_HEX_DIGEST.findall(text))

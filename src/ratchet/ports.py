@@ -1,0 +1,318 @@
+"""The small interfaces the engine talks to. Adapters implement them; the engine never sees how.
+
+Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformance suite
+(`tests/conformance`), so the contracts documented here are tested, not just described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.state import (
+    BlobRef,
+    Checkpoint,
+    Decision,
+    Message,
+    RunState,
+    ToolDigest,
+    ToolOutput,
+    Usage,
+)
+from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Verdict
+
+MAX_ITEM_BYTES = 350 * 1024
+"""No record Ratchet writes may exceed this (DynamoDB's item limit is 400 KB)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One atomic write: the new head and its checkpoint record, if the head is still at
+    `expected_version`. `completes` names a ledger key to mark completed in the same write."""
+
+    head: RunState
+    checkpoint: Checkpoint
+    expected_version: int
+    completes: LedgerCompletion | None = None
+
+
+@dataclass(frozen=True)
+class LedgerCompletion:
+    key: str
+    result: str
+
+
+@dataclass(frozen=True)
+class CommitReceipt:
+    bytes_written: int
+    milliseconds: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    status: str
+    step: int
+    version: int
+    updated_at: datetime
+    damage: str | None = None
+    """Why the run cannot be read, if the store can tell from its row (text that is not
+    UTF-8, a head that is not JSON, a status that is not a run status): listed as damaged."""
+
+
+class CheckpointStore(Protocol):
+    """Durable, versioned checkpoints: one head per run plus an immutable record per commit.
+
+    Contract:
+    - `create_run` writes the head and its `created` checkpoint; it returns False and changes
+      nothing if the run id exists.
+    - `load_head` is strongly consistent: it sees every committed write.
+    - `begin_attempt`, `release_attempt` and `commit` succeed only if the head is still at the
+      version the caller read; otherwise they raise `StaleVersion` and change nothing. The
+      head's version after a successful write is `expected_version + 1`.
+    - `commit` writes the head, the checkpoint record and the ledger completion in one
+      transaction, and refuses any record over `MAX_ITEM_BYTES` before writing.
+    - Checkpoints are never rewritten; every one can be read back until retention removes it.
+    """
+
+    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool: ...
+
+    def load_head(self, run_id: str) -> RunState | None: ...
+
+    def begin_attempt(self, run_id: str, expected_version: int) -> int:
+        """Count one more attempt at the run's next step; returns the new version."""
+        ...
+
+    def release_attempt(self, run_id: str, expected_version: int) -> int:
+        """Take back one counted attempt that never started; returns the new version."""
+        ...
+
+    def commit(self, commit: Commit) -> CommitReceipt: ...
+
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+        """The run's checkpoint records, oldest first; with `after`, only those of a later
+        version (what a follower has not read yet: one range read, however long the run)."""
+        ...
+
+    def list_runs(self) -> list[RunSummary]: ...
+
+
+class LedgerStatus(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class LedgerEntry(BaseModel):
+    """The idempotency record of one step: its decision, recorded before anything is done."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    run_id: str
+    step: int
+    args_hash: str
+    decision: dict[str, Any]
+    status: LedgerStatus = LedgerStatus.IN_PROGRESS
+    result: str | None = None
+    expires_at: datetime | None = None
+
+
+class IdempotencyLedger(Protocol):
+    """One record per idempotency key, in its own table.
+
+    Contract:
+    - `begin` inserts the entry if the key is new and returns it. If the key exists with the
+      same `args_hash` it returns the stored entry unchanged (so a retry reuses the recorded
+      decision); with another hash it raises `IdempotencyConflict`.
+    - `complete` marks the key completed with its result (idempotent for the same result).
+    """
+
+    def begin(self, entry: LedgerEntry) -> LedgerEntry: ...
+
+    def get(self, key: str) -> LedgerEntry | None: ...
+
+    def complete(self, key: str, result: str) -> None: ...
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class StepView(BaseModel):
+    """The bounded view of a run that a model decides from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    goal: str
+    step: int
+    """The step being decided."""
+    messages: list[Message] = Field(default_factory=list)
+    tool_results: list[ToolOutput] = Field(default_factory=list)
+    digest: dict[str, ToolDigest] = Field(default_factory=dict)
+    last_result: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    previous_failure: str | None = None
+    """Why the previous attempt at this step failed (the error recorded on the run); None on
+    a step's first attempt, and after an attempt that died without saying why."""
+    pinned: list[str] = Field(default_factory=list)
+    """Facts the agent pinned with `remember`: shown in every prompt."""
+    summary: str | None = None
+    """The model-written summary of the steps before `messages` (`model_summary`)."""
+    summarised_through: int = 0
+    """The last step `summary` covers."""
+    task: Literal["step", "summarise"] = "step"
+    """`summarise`: the model is asked to fold the oldest steps of `messages` (those up to
+    `summarise_through`) into `summary` and answer `Done(summary=<the new summary>)`."""
+    summarise_through: int = 0
+
+
+class ModelRequest(BaseModel):
+    """One step's question to a model. `prompt` is the step prompt (the user turn, byte for
+    byte: send it as it is); `tools` the agent's tools, of which the model must call exactly
+    one or reply DONE; `view` the same state as structured data (what a scripted policy
+    reads). The rest are the agent's settings for its model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    tools: list[ToolSpec]
+    view: StepView
+    instructions: str = ""
+    """The agent's standing instructions: the system prompt."""
+    max_tokens: int = 1024
+    temperature: float | None = None
+    retry_seconds: float = 60.0
+    """How long the adapter may spend retrying transient provider errors (429, 529, 5xx,
+    timeouts) inside this one attempt before it gives up (`ModelUnavailable`)."""
+
+
+class ModelReply(BaseModel):
+    """A model's decision and what it cost. An adapter may return a bare `Decision` (a
+    scripted policy does): then nothing is known of its usage."""
+
+    model_config = ConfigDict(frozen=True)
+
+    decision: Decision
+    usage: Usage | None = None
+
+
+class Model(Protocol):
+    """Decides one step: Claude on the Anthropic API or Bedrock, an agent's scripted policy,
+    or your own (a run names it `module:attr`; see docs/models.md for a worked example).
+
+    Contract:
+    - `decide` returns the step's `Decision`: a `ToolCall` naming one of `request.tools`
+      with its arguments as a JSON object (the engine validates them against the tool's
+      model), or `Done(summary=...)`. Return it in a `ModelReply` with the call's `Usage`
+      (`calls=1`) so the step record, the run's totals and its estimated cost include it.
+    - The engine calls it with no lock held and no state of its own: everything the model
+      may know is in the request. Keep no memory between calls; a retried step must be
+      decided from its request alone.
+    - Failures are typed: `ModelUnavailable` when the provider cannot answer (transient by
+      default; pass `transient=False` when retrying cannot help, e.g. a rejected key),
+      `ModelOutputInvalid` when it answers with neither one known tool call nor DONE. Any
+      other exception counts as a failed attempt too (`ModelFailed`).
+    - Retry transient provider errors (rate limits, overload, timeouts) inside `decide`,
+      with backoff and the provider's `retry-after`, for at most `request.retry_seconds`
+      from the first call; then raise `ModelUnavailable`. Only then does the engine count a
+      failed attempt (the third fails the run), so every try that does count is recorded.
+    """
+
+    def decide(self, request: ModelRequest) -> Decision | ModelReply: ...
+
+
+class BlobStore(Protocol):
+    """Large tool outputs, stored by content hash so the state only holds a reference."""
+
+    def put(self, data: bytes) -> BlobRef: ...
+
+    def get(self, ref: BlobRef) -> bytes: ...
+
+
+class ApprovalBook(Protocol):
+    """Where approvals are kept (SQLite locally; the run's partition of the checkpoints table
+    on AWS, beside the parked execution's task token).
+
+    Contract:
+    - `open` stores a new pending approval. Locally it is idempotent per run and step: if a
+      pending one exists for that step, that one is returned and nothing is written.
+    - `settle` moves an approval from `pending` to a decided status, once: if it is no longer
+      pending it raises `ApprovalDecided` and changes nothing. An expired one raises
+      `ApprovalExpired`. Conditional on the stored status, so two deciders cannot both win.
+    - `reopen` moves a settled approval back to `pending` when its answer could not be
+      delivered for now; `close` marks every pending approval of a run's step with `status`
+      (the run was decided some other way, or the request timed out).
+    """
+
+    def open(self, approval: Approval, *, task_token: str | None = None) -> Approval: ...
+
+    def get(self, run_id: str, approval_id: str) -> Approval | None: ...
+
+    def of_run(self, run_id: str) -> list[Approval]: ...
+
+    def settle(
+        self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
+    ) -> Approval: ...
+
+    def reopen(self, approval: Approval) -> None: ...
+
+    def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None: ...
+
+
+class Resumer(Protocol):
+    """Delivers a settled decision to the waiting run: locally the engine records it; on AWS
+    the parked execution is answered with its task token. Raises `ApprovalClosed` when the run
+    can no longer take it (not waiting; the task timed out or was closed)."""
+
+    def resume(self, approval: Approval, verdict: Verdict) -> None: ...
+
+
+class Notifier(Protocol):
+    """Tells people that a run waits for them (email, Slack, a local outbox). A notifier
+    sends to the recipients of its own channel in the notice and ignores the rest."""
+
+    def send(self, notice: ApprovalNotice) -> None: ...
+
+
+MAX_DATA_KEY_CHARS = 512
+"""The longest key of a run's data (a DynamoDB sort key holds 1 KB; the prefix needs room)."""
+MAX_DATA_VALUE_BYTES = 64 * 1024
+"""The largest value of a run's data, in UTF-8 bytes: far under DynamoDB's 400 KB item."""
+
+
+class RunData(Protocol):
+    """A run's own durable key-value data, kept by the runtime's store: what an agent's tools
+    keep instead of files (locally in the SQLite store, on AWS in the stack's app table). One
+    instance serves one run; no run sees another's keys.
+
+    Contract (`tests/conformance/test_run_data_contract.py`):
+    - keys are 1-`MAX_DATA_KEY_CHARS` characters and at most 1,024 UTF-8 bytes (a DynamoDB
+      sort key), values text of at most
+      `MAX_DATA_VALUE_BYTES` UTF-8 bytes; anything else is `InvalidInput`, nothing written.
+    - `put_once(key, value)` writes the value only if the key has none: True if it wrote, False
+      (nothing changed) if the key existed, whatever its value. It is the idempotent write a
+      side-effecting tool makes under its step's key, so a retried step writes nothing twice.
+    - `put(key, value)` writes or overwrites; `get(key)` reads it back (None if absent);
+      `delete(key)` removes it if present.
+    - `items(prefix)` lists (key, value) whose key starts with `prefix`, ordered by key.
+    - every read sees every write that returned before it, from any process.
+    """
+
+    def get(self, key: str) -> str | None: ...
+
+    def put(self, key: str, value: str) -> None: ...
+
+    def put_once(self, key: str, value: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def items(self, prefix: str = "") -> list[tuple[str, str]]: ...

@@ -1,0 +1,235 @@
+"""One way to assemble a runtime: the engine wired to a store, from the store's URL.
+
+A runtime is what every entry point needs to act on runs: the checkpoint store, the ledger, the
+blob store, the binder that loads each run's agent and model, the run's agent context and data,
+the approval book. `open_runtime(url)` builds one from a store URL:
+
+- `sqlite:///path.db` (the default: `sqlite:///.ratchet/ratchet.db`): the local runtime, in one
+  SQLite file and the folders beside it (`ratchet.runtime.local.LocalRuntime`);
+- `dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]`: the tables of a
+  deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
+  process where no state machine does.
+
+The CLI, the Python client (`ratchet.connect`), the Lambda handlers, `ratchet serve` and the
+benches all act through a `Runtime`. Layering, checked by import-linter (`make lint`): the
+engine, the ports, the adapters, the agents and the approvals below; this module above them;
+the client, the CLI and the handlers above it. Nothing below imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.faults import NO_FAULTS, FaultPlan
+
+if TYPE_CHECKING:
+    from ratchet.engine.core import Binding, Engine
+    from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
+    from ratchet.runtime.local import LocalSettings
+    from ratchet.state import RunOptions, RunState
+    from ratchet.tools import Agent, RunContext
+    from ratchet.waits import Verdict
+
+SQLITE_SCHEME = "sqlite:///"
+DYNAMODB_SCHEME = "dynamodb://"
+
+
+class Runtime(Protocol):
+    """What every entry point uses of a runtime (`LocalRuntime`, `AwsRuntime`)."""
+
+    @property
+    def store(self) -> CheckpointStore: ...
+
+    @property
+    def ledger(self) -> IdempotencyLedger: ...
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    @property
+    def anthropic_configured(self) -> bool:
+        """Whether runs here may use a Claude model (an Anthropic API key is configured)."""
+        ...
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext:
+        """The run's agent context: its options, its durable data, a scratch folder."""
+        ...
+
+    def bind(self, state: RunState) -> Binding: ...
+
+    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine: ...
+
+    def check_agent(self, agent: Agent) -> None:
+        """Refuse (`AgentNotRunnable`) an agent this runtime cannot run, before it starts."""
+        ...
+
+    def check_model(self, model: str) -> None:
+        """Refuse (`ModelNotGranted`) a model this runtime may not call, before it starts."""
+        ...
+
+    def before_prepare(self) -> None:
+        """Called before a new run's agent prepares its data (`Agent.prepare`): locally, takes
+        the store's write lock once, so a store another process holds refuses the start before
+        the hook writes anything."""
+        ...
+
+    def work(self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan) -> None:
+        """Advance the run in this process until it is done, waiting or failed (or another
+        process holds it)."""
+        ...
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """Take a person's decision on a waiting run: through its open approval request if it
+        has one (so the request's page and links show the decision), directly only if the
+        step has no request at all. A request decided already, even one the run has not
+        recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
+        ...
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
+        finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
+        and, on AWS, stop the execution working it. Returns the cancelled head."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_runtime(
+    url: str | None = None,
+    *,
+    create: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Runtime:
+    """The runtime of the store at `url` (default: `RATCHET_STORE`, else the local default).
+
+    `create` makes a missing local store (a write command); without it a missing one is
+    `StoreUnavailable`. The rest of the configuration (an Anthropic key, the approval pages'
+    public URL, ...) is read from `environ` (default: the process environment), as the CLI
+    reads it; see `LocalSettings`."""
+    from ratchet.runtime.local import LocalSettings
+
+    settings = LocalSettings.from_env(environ)
+    if url is not None:
+        settings = settings.model_copy(update={"store": url})
+    return runtime_for(settings, create=create)
+
+
+def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
+    """The runtime `settings.store` names (see `open_runtime`)."""
+    url = settings.store
+    if url.startswith(DYNAMODB_SCHEME):
+        return DynamoDbStoreUrl.parse(url).open(settings)
+    if url.startswith(SQLITE_SCHEME):
+        from ratchet.runtime.local import LocalRuntime
+
+        return LocalRuntime.open(settings, create=create)
+    raise StoreUnavailable(
+        f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
+        f"sqlite:////absolute/path.db or {DYNAMODB_FORM}"
+    )
+
+
+# --- the tables of a deployed stack ------------------------------------------------------------
+
+DYNAMODB_FORM = "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]"
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_DYNAMODB_PARAMETERS = {"ledger", "app", "region", "endpoint"}
+
+
+@dataclass(frozen=True)
+class DynamoDbStoreUrl:
+    """A `dynamodb://` store URL, parsed and checked before any client is made."""
+
+    checkpoints: str
+    ledger: str
+    app: str
+    region: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> DynamoDbStoreUrl:
+        parts = urlsplit(url)
+        try:
+            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            raise InvalidInput(f"malformed store URL {url!r}: use {DYNAMODB_FORM}") from None
+        unknown = sorted(set(query) - _DYNAMODB_PARAMETERS)
+        if unknown:
+            raise InvalidInput(
+                f"unknown parameter {unknown[0]!r} in store URL {url!r}: use {DYNAMODB_FORM}"
+            )
+        repeated = sorted(name for name, values in query.items() if len(values) > 1)
+        if repeated:
+            raise InvalidInput(f"parameter {repeated[0]!r} is given twice in store URL {url!r}")
+        values = {name: found[0] for name, found in query.items()}
+        tables = {
+            "checkpoints table (dynamodb://TABLE)": parts.netloc,
+            "ledger table (ledger=TABLE)": values.get("ledger", ""),
+            "app table (app=TABLE)": values.get("app", ""),
+        }
+        for name, table in tables.items():
+            if not _TABLE_NAME.fullmatch(table):
+                raise InvalidInput(
+                    f"store URL {url!r} needs a valid {name} (3-255 letters, digits, '_', '-' "
+                    f"or '.'): use {DYNAMODB_FORM}"
+                )
+        region = values.get("region") or None
+        if region is not None and not _REGION.fullmatch(region):
+            raise InvalidInput(f"malformed region {region!r} in store URL {url!r}")
+        endpoint = values.get("endpoint") or None
+        if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+            raise InvalidInput(f"the endpoint in store URL {url!r} must be an http(s) URL")
+        if parts.path not in ("", "/") or parts.fragment:
+            raise InvalidInput(f"malformed store URL {url!r}: use {DYNAMODB_FORM}")
+        return cls(parts.netloc, values["ledger"], values["app"], region, endpoint)
+
+    def open(self, settings: LocalSettings) -> Runtime:
+        """The AWS runtime on these tables, with clients for a person waiting on a command: a
+        few quick retries, then a clear error. Needs the `aws` extra (boto3)."""
+        try:
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import NoRegionError
+        except ImportError:
+            raise StoreUnavailable(
+                "a dynamodb:// store needs boto3: pip install 'ratchet-agents[aws]'"
+            ) from None
+
+        from ratchet.runtime.aws import AwsRuntime
+        from ratchet.runtime.aws_settings import AwsSettings
+
+        config = Config(
+            retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=20
+        )
+        try:
+            dynamodb = boto3.client(
+                "dynamodb", region_name=self.region, endpoint_url=self.endpoint, config=config
+            )
+        except NoRegionError:
+            raise InvalidInput(
+                "the dynamodb:// store needs a region: add &region=REGION to the URL or set "
+                "AWS_REGION"
+            ) from None
+
+        def stepfunctions() -> Any:
+            return boto3.client(
+                "stepfunctions", region_name=self.region, endpoint_url=self.endpoint, config=config
+            )
+
+        aws_settings = AwsSettings(
+            checkpoints_table=self.checkpoints, idempotency_table=self.ledger, app_table=self.app
+        )
+        return AwsRuntime(
+            aws_settings,
+            dynamodb,
+            anthropic_api_key=settings.anthropic_api_key,
+            stepfunctions=stepfunctions,
+        )

@@ -1,0 +1,225 @@
+"""The AWS runtime: the engine wired to DynamoDB (checkpoints, ledger, agent data) and S3 blobs.
+
+What `LocalRuntime` is to a worker process, this is to the step Lambda (and to the CLI's read
+commands on deployed tables). It is built once per cold start from `AwsSettings` and clients
+the caller made; it creates no client of its own but the optional S3 one, and reads nothing
+from the environment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+from ratchet.adapters.dynamodb.data import DynamoDbRunData
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger
+from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
+from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.errors import (
+    StaleVersion,
+    StepAttemptFailed,
+    StoreBusy,
+)
+from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.ports import BlobStore
+from ratchet.runs import BEDROCK_PREFIX, AgentNotRunnable, Bindings, ModelNotGranted
+from ratchet.runtime.aws_settings import AwsSettings
+from ratchet.state import RunOptions, RunState, utcnow
+from ratchet.tools import Agent, RunContext
+from ratchet.waits import Verdict
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_stepfunctions import SFNClient
+
+SCRATCH = Path("/tmp/ratchet-scratch")
+"""Lambda's only writable disk, and the container's alone: never a place for agent data."""
+RETRY_PAUSE_SECONDS = 0.05
+MAX_RETRY_PAUSE_SECONDS = 2.0
+"""In-process work (`AwsRuntime.work`) waits this long after a failed attempt, doubling."""
+MAX_BINDINGS = 64
+"""Runs whose agent stays bound in a warm container; one container serves many runs in turn."""
+
+
+class AwsRuntime:
+    def __init__(
+        self,
+        settings: AwsSettings,
+        dynamodb: DynamoDBClient,
+        *,
+        s3: Any = None,
+        anthropic_api_key: SecretStr | None = None,
+        stepfunctions: Callable[[], SFNClient] | None = None,
+    ) -> None:
+        """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
+        none is given, a default one is made here. Without a bucket, a tool output that needs
+        a blob fails its step with a clear error. `stepfunctions` makes the client that
+        answers a run parked by the state machine (`decide`), when one is needed."""
+        self.settings = settings
+        self.dynamodb = dynamodb
+        self._stepfunctions = stepfunctions
+        self.anthropic_configured = anthropic_api_key is not None
+        self.store = DynamoDbCheckpointStore(
+            dynamodb,
+            table=settings.checkpoints_table,
+            ledger_table=settings.idempotency_table,
+            retention_days=settings.checkpoint_retention_days,
+        )
+        self.ledger = DynamoDbLedger(
+            dynamodb,
+            table=settings.idempotency_table,
+            retention_days=settings.checkpoint_retention_days,
+        )
+        self.blobs: BlobStore = NoBlobStore()
+        if settings.blob_bucket:
+            if s3 is None:
+                import boto3
+
+                s3 = boto3.client("s3")
+            self.blobs = S3BlobStore(s3, settings.blob_bucket)
+        self._bindings = Bindings(
+            self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
+        )
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext:
+        """The agent's data lives in the app table (`data`, and `services` for an agent with
+        its own layout there), never on the function's disk: the workdir is scratch space in
+        /tmp, gone with the container."""
+        return RunContext(
+            run_id=run_id,
+            options=options,
+            workdir=SCRATCH / run_id,
+            services={"dynamodb": self.dynamodb, "app_table": self.settings.app_table},
+            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id),
+        )
+
+    def bind(self, state: RunState) -> Binding:
+        """The run's agent, model and opened resources, built once per container and run."""
+        return self._bindings(state)
+
+    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
+        return Engine(
+            store=self.store,
+            ledger=self.ledger,
+            blobs=self.blobs,
+            bind=self.bind,
+            unbind=self._bindings.forget,
+            worker_id=worker_id,
+            logger=logger,
+            faults=faults,
+        )
+
+    def before_prepare(self) -> None:
+        """Nothing to take: DynamoDB has no store-wide lock."""
+
+    def check_agent(self, agent: Agent) -> None:
+        if agent.needs_local_disk:
+            raise AgentNotRunnable(
+                f"agent {agent.name!r} keeps its data on a local disk (needs_local_disk), "
+                "which a Lambda function does not keep between steps: it runs locally only. "
+                "Keep its data in RunContext.data to run it on AWS"
+            )
+
+    def check_model(self, model: str) -> None:
+        granted = self.settings.bedrock_models
+        if granted is None or not model.startswith(BEDROCK_PREFIX):
+            return
+        if model.removeprefix(BEDROCK_PREFIX) not in granted:
+            raise ModelNotGranted(granted)
+
+    def work(
+        self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
+    ) -> None:
+        """Work the run in this process, where no state machine does (a script, a test):
+        step after step until it is done, waiting or failed. A failed attempt is counted by
+        the engine and retried after a pause; the third ends the run. A stale write means
+        another process advanced the run: it is read again."""
+        engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
+        pause = RETRY_PAUSE_SECONDS
+        while True:
+            try:
+                taken = engine.advance(run_id)
+            except StaleVersion:
+                continue
+            except StepAttemptFailed as failed:
+                # The engine recorded when the next attempt may start (its backoff).
+                if failed.not_before is not None:
+                    time.sleep(max(0.0, (failed.not_before - utcnow()).total_seconds()))
+                else:
+                    time.sleep(pause)
+                    pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
+                continue
+            except StoreBusy:
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
+                continue
+            if taken.outcome is not Outcome.CONTINUE:
+                return
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """A run parked by the state machine has an open request holding its task token: the
+        decision answers that execution, as a link would. A run worked in process has none:
+        the decision is recorded on the run directly."""
+        from ratchet.adapters.dynamodb.approvals import AwsApprovals
+        from ratchet.approvals.desk import Decider
+
+        engine = self.engine(worker_id=worker_id, logger=logger)
+        book = AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            stepfunctions=self._stepfunctions() if self._stepfunctions else None,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+        Decider(book, book, self.store).decide_or_record(
+            run_id,
+            verdict,
+            channel=channel,
+            engine=engine,
+        )
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """Cancel the run, close its pending approval requests (dropping the parked task's
+        token, so no link can answer it), then stop its running execution, if this runtime
+        knows the state machine and has a Step Functions client. If the stop fails, the run
+        is cancelled all the same: the execution's next step finds it so and ends."""
+        from ratchet.adapters.dynamodb.approvals import AwsApprovals
+        from ratchet.waits import ApprovalStatus
+
+        head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
+        AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            retention_days=self.settings.checkpoint_retention_days,
+        ).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        machine = self.settings.state_machine_arn
+        if machine and self._stepfunctions is not None:
+            self._stop_executions(self._stepfunctions(), machine, run_id, head.summary or "")
+        return head
+
+    @staticmethod
+    def _stop_executions(sfn: SFNClient, machine: str, run_id: str, cause: str) -> None:
+        from ratchet.adapters.stepfunctions import is_execution_of
+
+        pages = sfn.get_paginator("list_executions").paginate(
+            stateMachineArn=machine, statusFilter="RUNNING"
+        )
+        for page in pages:
+            for execution in page["executions"]:
+                if not is_execution_of(execution["name"], run_id):
+                    continue
+                # Closed meanwhile (it found the run cancelled and ended): nothing to stop.
+                with suppress(sfn.exceptions.ExecutionDoesNotExist):
+                    sfn.stop_execution(
+                        executionArn=execution["executionArn"], error="Cancelled", cause=cause
+                    )
+
+    def close(self) -> None:
+        """Nothing to release (the clients are the caller's); here so the CLI can treat both
+        runtimes alike."""

@@ -1,0 +1,319 @@
+"""The local runtime: the engine wired to a SQLite store, a blob folder and per-run agent data.
+
+`sqlite:///.ratchet/ratchet.db` keeps everything in and beside that file: the checkpoints, the
+ledger and each run's `RunData` in the database, blobs in `ratchet.blobs/`, and a folder per
+run for an agent that keeps files (the migration demo's app database) in `ratchet.data/<run_id>/`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+
+from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.outbox import OutboxNotifier
+from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
+from ratchet.adapters.sqlite.data import SqliteRunData
+from ratchet.adapters.sqlite.leases import Leases
+from ratchet.adapters.sqlite.store import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    SqliteCheckpointStore,
+    SqliteDatabase,
+    SqliteLedger,
+)
+from ratchet.approvals.desk import ApprovalDesk, Decider
+from ratchet.approvals.links import LinkSigner, key_file
+from ratchet.engine.core import Binding, Engine
+from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
+from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
+
+if TYPE_CHECKING:
+    from ratchet.worker import StepReport
+from ratchet.runs import Bindings
+from ratchet.state import RunOptions, RunState, utcnow
+from ratchet.tools import Agent, RunContext
+
+DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
+DEFAULT_PORT = 8765
+DEFAULT_PUBLIC_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+MAX_APPROVAL_SECONDS = 365 * 24 * 3600
+MAX_BUSY_TIMEOUT_SECONDS = 600.0
+
+
+class LocalSettings(BaseModel):
+    """Configuration of the local entry points, read from the environment once, at start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store: str = DEFAULT_STORE
+    anthropic_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    fault: str | None = None
+    """A fault plan (`ratchet.faults`), parsed here so a bad one is refused before any write."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    public_url: str = Field(default=DEFAULT_PUBLIC_URL, pattern=r"^https?://[^\s?#]+$")
+    """Where `ratchet serve` is reached: the base of every approval link."""
+    slack_signing_secret: SecretStr | None = None
+    """Lets `ratchet serve` take Slack's button presses (a tunnel to it as the Request URL)."""
+    approval_timeout_seconds: int = Field(
+        default=DEFAULT_APPROVAL_SECONDS, ge=60, le=MAX_APPROVAL_SECONDS
+    )
+    """How long a person has to answer a request (`RATCHET_APPROVAL_TIMEOUT_SECONDS`), unless
+    the run was started with its own (`--approval-timeout`); a worker expires it after."""
+    busy_timeout_seconds: float = Field(
+        default=DEFAULT_BUSY_TIMEOUT_SECONDS, ge=0, le=MAX_BUSY_TIMEOUT_SECONDS
+    )
+    """How long a command waits on a store another process has locked before it says the
+    store is busy. Workers racing on one store need the default; a person may want less."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        # os.environ decodes bytes that are not UTF-8 as lone surrogates, which no file,
+        # log line or terminal can take.
+        if isinstance(value, str) and _NOT_UTF8.search(value):
+            raise ValueError("not UTF-8 text")
+        return value
+
+    @field_validator("fault")
+    @classmethod
+    def _valid_fault(cls, value: str | None) -> str | None:
+        FaultPlan.parse(value)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LocalSettings:
+        env = os.environ if environ is None else environ
+        try:
+            return cls._from(env)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            name = _ENV_NAMES.get(str(first["loc"][0]), str(first["loc"][0]))
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise InvalidInput(f"{name} is not valid: {message}") from None
+
+    @classmethod
+    def _from(cls, env: Mapping[str, str]) -> LocalSettings:
+        return cls(
+            store=env.get("RATCHET_STORE") or DEFAULT_STORE,
+            anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
+            anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
+            fault=env.get("RATCHET_FAULT") or None,
+            log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
+            public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
+            slack_signing_secret=env.get("RATCHET_SLACK_SIGNING_SECRET") or None,
+            approval_timeout_seconds=env.get("RATCHET_APPROVAL_TIMEOUT_SECONDS")
+            or DEFAULT_APPROVAL_SECONDS,
+            busy_timeout_seconds=env.get("RATCHET_BUSY_TIMEOUT_SECONDS")
+            or DEFAULT_BUSY_TIMEOUT_SECONDS,
+        )
+
+
+_ENV_NAMES = {
+    "store": "RATCHET_STORE",
+    "anthropic_api_key": "ANTHROPIC_API_KEY",
+    "anthropic_base_url": "ANTHROPIC_BASE_URL",
+    "fault": "RATCHET_FAULT",
+    "log_level": "RATCHET_LOG_LEVEL",
+    "public_url": "RATCHET_PUBLIC_URL",
+    "slack_signing_secret": "RATCHET_SLACK_SIGNING_SECRET",
+    "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
+    "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
+}
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+
+
+def sqlite_path(url: str) -> Path:
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise StoreUnavailable(
+            f"unsupported store URL {url!r}: locally use sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db"
+        )
+    return Path(url[len(prefix) :])
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class LocalRuntime:
+    db: SqliteDatabase
+    settings: LocalSettings
+    _bindings: Bindings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._bindings = Bindings(
+            self.context,
+            anthropic_api_key=self.settings.anthropic_api_key,
+            anthropic_base_url=self.settings.anthropic_base_url,
+        )
+
+    @classmethod
+    def open(
+        cls, settings: LocalSettings, *, create: bool = True, any_thread: bool = False
+    ) -> LocalRuntime:
+        """With `any_thread`, the store's connection may be used from any thread, one at a
+        time (see `SqliteDatabase`)."""
+        database = SqliteDatabase(
+            sqlite_path(settings.store),
+            create=create,
+            busy_timeout=settings.busy_timeout_seconds,
+            any_thread=any_thread,
+        )
+        return cls(database, settings)
+
+    @property
+    def store(self) -> SqliteCheckpointStore:
+        return SqliteCheckpointStore(self.db)
+
+    @property
+    def ledger(self) -> SqliteLedger:
+        return SqliteLedger(self.db)
+
+    @property
+    def leases(self) -> Leases:
+        return Leases(self.db)
+
+    @property
+    def root(self) -> Path:
+        return self.db.path.parent / self.db.path.stem
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext:
+        return RunContext(
+            run_id=run_id,
+            options=options,
+            workdir=Path(f"{self.root}.data") / run_id,
+            data=SqliteRunData(self.db, run_id),
+        )
+
+    @property
+    def blobs(self) -> FileBlobStore:
+        return FileBlobStore(Path(f"{self.root}.blobs"))
+
+    @property
+    def anthropic_configured(self) -> bool:
+        return self.settings.anthropic_api_key is not None
+
+    def before_prepare(self) -> None:
+        """Take the store's write lock once before an agent's prepare hook writes a new run's
+        data: a store another process holds refuses the start here, with nothing written."""
+        with self.db.write():
+            pass
+
+    def check_agent(self, agent: Agent) -> None:
+        """Every agent runs locally: the data folder beside the store lasts."""
+
+    def check_model(self, model: str) -> None:
+        """Locally a model is called with the person's own credentials: nothing to check."""
+
+    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
+        return Engine(
+            store=self.store,
+            ledger=self.ledger,
+            blobs=self.blobs,
+            bind=self.bind,
+            unbind=self._bindings.forget,
+            worker_id=worker_id,
+            logger=logger,
+            faults=faults,
+        )
+
+    def bind(self, state: RunState) -> Binding:
+        """The run's agent, model and opened resources, built once per process and run."""
+        return self._bindings(state)
+
+    @property
+    def outbox(self) -> OutboxNotifier:
+        """Every approval request's messages, as files beside the store."""
+        return OutboxNotifier(Path(f"{self.root}.outbox"))
+
+    def approval_desk(self, *, worker_id: str, logger: Any) -> ApprovalDesk:
+        """Approvals decided through signed links to `ratchet serve`, signed with a key kept
+        beside the store (`<store>.approval-key`, made on first use, owner-only)."""
+        return ApprovalDesk(
+            book=SqliteApprovalBook(self.db),
+            resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
+            store=self.store,
+            signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
+            public_url=self.settings.public_url,
+            notifiers=[self.outbox],
+        )
+
+    def work(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        logger: Any,
+        faults: FaultPlan = NO_FAULTS,
+        on_step: Callable[[StepReport], None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
+        """Work the run in this process, as a worker holding its lease: until it is done,
+        waiting or failed, or another worker holds it. `on_step` and `on_wait` are the
+        worker's (`ratchet run` prints its progress through them)."""
+        from ratchet.worker import Worker
+
+        engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
+        Worker(
+            engine,
+            self.leases,
+            logger,
+            on_step=on_step,
+            on_wait=on_wait,
+            expire_approvals=self.approval_expiry(engine),
+        ).run(until_idle=True, run_id=run_id)
+
+    def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
+        """What a worker calls to expire the requests nobody answered in time (its
+        `expire_approvals`), recording each expiry with `engine`."""
+        book = SqliteApprovalBook(self.db)
+        return lambda now: expire_overdue(book, engine, now)
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """Through the run's open approval request, so its links and page show the decision;
+        a run parked by a worker that died before opening one is decided directly."""
+        engine = self.engine(worker_id=worker_id, logger=logger)
+        decider = Decider(SqliteApprovalBook(self.db), LocalResumer(engine), self.store)
+        decider.decide_or_record(
+            run_id,
+            verdict,
+            channel=channel,
+            engine=engine,
+        )
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """Cancel the run, then close its pending approval requests: a worker holding it
+        finds it cancelled at its next commit (a stale version) and leaves it."""
+        head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
+        SqliteApprovalBook(self.db).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        return head
+
+    def close(self) -> None:
+        self.db.close()

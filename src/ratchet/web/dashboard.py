@@ -1,0 +1,679 @@
+"""The runs dashboard of `ratchet serve`: server-rendered pages that only read.
+
+    GET /dashboard?status=                        runs by status, most recently updated first
+    GET /dashboard/runs/{run_id}                  the run's timeline, its charts, its pending
+                                                  approval's link
+    GET /dashboard/runs/{run_id}/steps/{step}     the state as of that step
+    GET /dashboard/runs/{run_id}/steps/{step}/prompt   the prompt that step's model saw
+
+Local only: `ratchet serve` listens on localhost and the deployed stack has no such route. No
+GET writes anything, so a pending approval is not opened here: its link is the operator's own
+signed link to the approval page, which alone decides. Everything that comes from a run (its
+id, tool calls, results, errors, comments) is untrusted and escaped. The charts are SVG
+written here; the pages carry no script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from http import HTTPStatus
+from typing import Literal
+from urllib.parse import quote, urlencode
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+
+from ratchet.approvals import pages
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
+from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
+from ratchet.readout import (
+    UNRECORDED_VERSIONS,
+    argument_summary,
+    interleaved,
+    shorten,
+    version_gaps,
+)
+from ratchet.state import RunState, RunStatus
+from ratchet.waits import Approval, ApprovalStatus
+
+RESULT_PREVIEW_CHARS = 160
+ARGUMENT_CHARS = 80
+MAX_RUNS_SHOWN = 500
+MAX_TIMELINE_ROWS = 500
+"""A run's page lists its most recent checkpoints, this many; `ratchet history` has them all."""
+MAX_CHART_POINTS = 220
+"""A chart draws at most this many bars or dots (2 pixels each); a longer run's are bucketed,
+each showing the largest value of its steps."""
+
+
+@dataclass(frozen=True)
+class DashboardServices:
+    """What the pages read: the runs through a client, and the approval desk, which signs the
+    operator's link to a pending approval's page (it opens nothing)."""
+
+    client: Client
+    desk: ApprovalDesk
+    operator: str
+
+
+# --- what the pages show ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    agent: str
+    status: RunStatus | Literal["damaged"]
+    step: int
+    updated_at: datetime
+    damage: str | None = None
+    """Why the run cannot be read, for a damaged run."""
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    step: int
+    prompt: str
+    expires_at: datetime
+    link: str | None
+    """The operator's signed link to the approval page; None once the request has expired."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    run: Run
+    checkpoints: Sequence[Checkpoint]
+    attempts: Mapping[int, int]
+    """The attempt each step record's step was committed on, by checkpoint version."""
+    gaps: Sequence[tuple[int, int]]
+    """Versions with no checkpoint record (attempts counted at the next step)."""
+    approvals: Sequence[Approval]
+    pending: PendingApproval | None
+    waits_without_request: bool = False
+    """The run waits but no request is open (its worker died before opening one)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+    y: float
+    last: int | None = None
+    """For a bucket of points (a long run's chart): its last x; `y` is the largest value."""
+
+    def described(self, x_label: str, y_label: str) -> str:
+        if self.last is None:
+            return f"{x_label} {self.x}: {_number(self.y)} {y_label}"
+        return f"{x_label} {self.x}-{self.last}: up to {_number(self.y)} {y_label}"
+
+
+# --- the app ---------------------------------------------------------------------------------
+
+
+def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolver:
+    app = APIGatewayRestResolver()
+
+    def page(status: int, body: str) -> Response[str]:
+        return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
+
+    def refused(status: int, title: str, message: str) -> Response[str]:
+        return page(status, problem_page(title, message))
+
+    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
+    def damaged(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+        # A run's page whose stored row cannot be read: the store's fault, named, never quoted.
+        return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(error))
+
+    @app.get("/dashboard")
+    def runs() -> Response[str]:
+        wanted = (app.current_event.query_string_parameters or {}).get("status") or None
+        if wanted is not None and wanted not in {s.value for s in RunStatus}:
+            known = ", ".join(s.value for s in RunStatus)
+            return refused(HTTPStatus.BAD_REQUEST, "No such status", f"use one of {known}")
+        client = services().client
+        listed = client.runs()
+        counts = Counter(r.status for r in listed)
+        rows: list[RunRow] = []
+        for r in listed:
+            if wanted is not None and r.status != wanted:
+                continue
+            if len(rows) == MAX_RUNS_SHOWN:
+                break
+            if r.damage is not None:
+                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, r.damage))
+                continue
+            try:
+                agent = client.head(r.run_id).agent
+            except RunNotFound:  # collected between the listing and this read
+                continue
+            except (RunUnreadable, UnsupportedSchema) as error:
+                # Damage the listing cannot see (a step record): the row says so, the rest show.
+                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, str(error)))
+                continue
+            rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at))
+        status = RunStatus(wanted) if wanted else None
+        return page(HTTPStatus.OK, runs_page(rows, counts, status))
+
+    @app.get("/dashboard/runs/<run_id>")
+    def run(run_id: str) -> Response[str]:
+        try:
+            timeline = read_timeline(services(), run_id)
+        except (RunNotFound, InvalidInput) as missing:
+            return refused(HTTPStatus.NOT_FOUND, "No such run", str(missing))
+        return page(HTTPStatus.OK, run_page(timeline))
+
+    @app.get("/dashboard/runs/<run_id>/steps/<step>")
+    def state(run_id: str, step: str) -> Response[str]:
+        client = services().client
+        try:
+            number = _step_number(step)
+            at = client.state_at(run_id, step=number)
+            replayable = any(c.event == "step" and c.step == number for c in client.history(run_id))
+        except (RunNotFound, InvalidInput) as missing:
+            return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
+        except CheckpointsExpired as gone:
+            return refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        return page(HTTPStatus.OK, state_page(at, number, replayable=replayable))
+
+    @app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")
+    def prompt(run_id: str, step: str) -> Response[str]:
+        try:
+            number = _step_number(step)
+            text = services().client.replay(run_id, step=number)
+        except (RunNotFound, InvalidInput) as missing:
+            return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
+        except CheckpointsExpired as gone:
+            return refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        return page(HTTPStatus.OK, prompt_page(run_id, number, text))
+
+    return app
+
+
+def _step_number(text: str) -> int:
+    if not text.isdigit() or len(text) > 6:
+        raise NoCheckpointAtStep(f"{text!r} is not a step number")
+    return int(text)
+
+
+def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
+    """Everything the run's page shows, read and never written."""
+    client, desk = services.client, services.desk
+    head = client.head(run_id)
+    checkpoints = client.history(run_id)
+    attempts = {
+        c.version: c.attempt for c in checkpoints if c.event == "step" and c.attempt is not None
+    }
+    approvals = desk.book.of_run(run_id)
+    waiting = head.status is RunStatus.WAITING and head.waiting is not None
+    open_now = [a for a in approvals if a.status is ApprovalStatus.PENDING and a.step == head.step]
+    pending = None
+    if waiting and open_now:
+        approval = open_now[-1]
+        expired = approval.is_expired(desk.clock())
+        pending = PendingApproval(
+            step=approval.step,
+            prompt=head.waiting.request.prompt if head.waiting else approval.prompt,
+            expires_at=approval.expires_at,
+            link=None if expired else desk.link(approval, services.operator),
+        )
+    return Timeline(
+        run=Run.of(head),
+        checkpoints=checkpoints,
+        attempts=attempts,
+        gaps=version_gaps([c.version for c in checkpoints], head.version),
+        approvals=approvals,
+        pending=pending,
+        waits_without_request=waiting and not open_now,
+    )
+
+
+# --- HTML ------------------------------------------------------------------------------------
+
+e = html.escape
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;background:#f4f5f7;margin:0;
+color:#1d2330}
+main{max-width:1100px;margin:24px auto;background:#fff;border-radius:8px;padding:22px 28px;
+box-shadow:0 1px 3px rgba(0,0,0,.12)}
+h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:22px 0 8px}
+.meta,.note{color:#5b6475;font-size:13px}nav{font-size:13px;margin-bottom:12px}
+table{border-collapse:collapse;width:100%;margin:8px 0}
+th,td{text-align:left;padding:5px 7px;border-bottom:1px solid #e6e8ec;vertical-align:top;
+font-size:13px}td.text{overflow-wrap:anywhere}th{color:#5b6475;font-weight:600}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
+white-space:pre-wrap;word-break:break-word}
+pre{background:#f6f8fa;padding:12px;border-radius:6px}
+.counts{display:flex;flex-wrap:wrap;gap:8px;margin:10px 0 4px}
+.count{padding:6px 12px;border-radius:16px;background:#eef0f3;font-size:13px;
+text-decoration:none;color:#1d2330}.count.on{background:#1d2330;color:#fff}
+.status{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px}
+.s-done{background:#e6f4ea}.s-failed{background:#fce8e6}.s-waiting{background:#fef7e0}
+.s-running{background:#e8f0fe}.s-stopped,.s-cancelled{background:#eef0f3}
+.s-damaged{background:#fce8e6}
+tr.retried td{background:#fff8e1}tr.failed td{background:#fdecea}tr.gap td{color:#5b6475}
+.banner{padding:12px 14px;border-radius:6px;margin:12px 0;font-size:14px}
+.info{background:#e8f0fe}.bad{background:#fce8e6}
+a.button{display:inline-block;background:#1e7e34;color:#fff;padding:7px 16px;border-radius:6px;
+text-decoration:none;font-weight:600}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;font-size:14px;margin:8px 0}
+dt{color:#5b6475}dd{margin:0}
+.charts{display:flex;flex-wrap:wrap;gap:16px}svg{background:#fbfbfc;border-radius:6px}
+"""
+
+
+REFRESH_SECONDS = {RunStatus.RUNNING: 5, RunStatus.WAITING: 30}
+"""A page showing a run that may still change reloads itself this often (no script): a person
+watching a run sees its steps arrive, and a decision taken elsewhere."""
+
+
+def _page(title: str, body: str, *, refresh: int | None = None) -> str:
+    reload = f"<meta http-equiv='refresh' content='{refresh}'>" if refresh else ""
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<meta name='robots' content='noindex'>{reload}<title>{e(title)} · Ratchet</title>"
+        f"<style>{_STYLE}</style></head><body><main>{body}</main></body></html>"
+    )
+
+
+def _run_url(run_id: str) -> str:
+    return f"/dashboard/runs/{quote(run_id, safe='')}"
+
+
+def _step_url(run_id: str, step: int) -> str:
+    return f"{_run_url(run_id)}/steps/{step}"
+
+
+def _status(status: RunStatus | Literal["damaged"]) -> str:
+    return f"<span class='status s-{e(status)}'>{e(status)}</span>"
+
+
+def _damage(row: RunRow) -> str:
+    return "" if row.damage is None else f" <span class='note'>{e(row.damage)}</span>"
+
+
+def _time(moment: datetime) -> str:
+    return e(moment.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+def problem_page(title: str, message: str) -> str:
+    return _page(
+        title,
+        "<nav><a href='/dashboard'>All runs</a></nav>"
+        f"<h1>{e(title)}</h1><div class='banner bad'>{e(message)}</div>",
+    )
+
+
+def runs_page(
+    rows: Sequence[RunRow],
+    counts: Mapping[RunStatus | Literal["damaged"], int],
+    status: RunStatus | None,
+) -> str:
+    """The runs, newest first, with a count per status; each count filters the list."""
+    total = sum(counts.values())
+    chips = [f"<a class='count{' on' if status is None else ''}' href='/dashboard'>all {total}</a>"]
+    for each in RunStatus:
+        query = urlencode({"status": each.value})
+        on = " on" if each is status else ""
+        chips.append(
+            f"<a class='count{on}' href='/dashboard?{e(query)}'>"
+            f"{e(each.value)} {counts.get(each, 0)}</a>"
+        )
+    if counts.get("damaged"):
+        chips.append(f"<span class='count s-damaged'>damaged {counts['damaged']}</span>")
+    refresh = min(
+        (seconds for each, seconds in REFRESH_SECONDS.items() if counts.get(each)), default=None
+    )
+    body = [
+        "<h1>Runs</h1>",
+        "<p class='meta'>Read from the local store; this page changes nothing"
+        + (f" and reloads every {refresh} s while a run may move" if refresh else "")
+        + ".</p>",
+        f"<div class='counts'>{''.join(chips)}</div>",
+    ]
+    if not rows:
+        shown = f"{status.value} runs" if status else "runs"
+        body.append(f"<p class='note'>No {e(shown)}.</p>")
+        return _page("Runs", "".join(body), refresh=refresh)
+    lines = "".join(
+        f"<tr><td><a href='{e(_run_url(r.run_id))}'>{e(r.run_id)}</a></td><td>{e(r.agent)}</td>"
+        f"<td>{_status(r.status)}{_damage(r)}</td><td>{r.step}</td>"
+        f"<td>{_time(r.updated_at)}</td></tr>"
+        for r in rows
+    )
+    body.append(
+        "<table><thead><tr><th>run</th><th>agent</th><th>status</th><th>step</th>"
+        f"<th>updated</th></tr></thead><tbody>{lines}</tbody></table>"
+    )
+    if len(rows) == MAX_RUNS_SHOWN:
+        body.append(f"<p class='note'>The {MAX_RUNS_SHOWN} most recently updated.</p>")
+    return _page("Runs", "".join(body), refresh=refresh)
+
+
+def _status_text(run: Run) -> str:
+    if run.status is RunStatus.FAILED:
+        return f"failed at step {run.step + 1}"
+    return f"{run.status.value} at step {run.step}"
+
+
+def _summary(run: Run) -> str:
+    facts: list[tuple[str, str]] = [
+        ("status", f"{_status(run.status)} {e(_status_text(run))}"),
+        ("agent", e(run.agent)),
+        ("model", e(run.model)),
+        ("goal", e(shorten(run.goal, 300))),
+        ("version", str(run.version)),
+    ]
+    if run.summary:
+        said = "stopped because" if run.status is RunStatus.STOPPED else "summary"
+        facts.append((said, e(run.summary)))
+    if run.error:
+        facts.append(("error", e(run.error)))
+    if run.attempts and run.status in (RunStatus.RUNNING, RunStatus.WAITING):
+        facts.append(("attempts at the next step", str(run.attempts)))
+    usage = run.usage
+    if usage.calls:
+        tokens = (
+            f"{usage.input_tokens:,} in, {usage.output_tokens:,} out, "
+            f"{usage.cache_read_tokens:,} cache read over {usage.calls:,} calls"
+        )
+        if run.cost_usd is not None:
+            tokens += f" (about ${run.cost_usd:.4f})"
+        facts.append(("usage", e(tokens)))
+    facts.append(("updated", _time(run.updated_at)))
+    return "<dl>" + "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts) + "</dl>"
+
+
+def _pending(timeline: Timeline) -> str:
+    run_id = timeline.run.run_id
+    if timeline.waits_without_request:
+        return (
+            "<div class='banner info'>The run waits for a person, but no request is open yet "
+            f"(its worker stopped before opening one): <code>ratchet link {e(run_id)}</code> "
+            "opens one and prints its link.</div>"
+        )
+    pending = timeline.pending
+    if pending is None:
+        return ""
+    if pending.link is None:
+        return (
+            f"<div class='banner bad'>The request at step {pending.step} expired at "
+            f"{_time(pending.expires_at)}.</div>"
+        )
+    return (
+        "<h2>Waiting for a person</h2>"
+        f"<div class='banner info' id='pending'><p>Step {pending.step} asks: "
+        f"<b>{e(pending.prompt)}</b></p>"
+        f"<a class='button' href='{e(pending.link)}'>Open the approval page</a> "
+        f"<span class='note'>to approve or reject (your signed link; it expires "
+        f"{_time(pending.expires_at)}).</span></div>"
+    )
+
+
+def _attempt_text(attempt: int) -> str:
+    if attempt <= 1:
+        return "1"
+    failed = attempt - 1
+    return f"{attempt} (retried after {failed} failed attempt{'s' if failed > 1 else ''})"
+
+
+def _timeline_rows(timeline: Timeline) -> str:
+    run_id = timeline.run.run_id
+    shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
+    first_shown = shown[0].version if shown else 0
+    gaps = [(first, last) for first, last in timeline.gaps if first >= first_shown]
+    rows: list[str] = []
+    for item in interleaved([c.version for c in shown], gaps):
+        if isinstance(item, str):
+            rows.append(
+                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>attempt counted "
+                f"(no record): {e(UNRECORDED_VERSIONS)}</td></tr>"
+            )
+            continue
+        c = shown[item]
+        attempt = timeline.attempts.get(c.version)
+        css = "failed" if c.event in ("attempt_failed",) or c.error else ""
+        if attempt is not None and attempt > 1:
+            css = "retried"
+        call = ""
+        if c.tool:
+            arguments = argument_summary(c.arguments, ARGUMENT_CHARS)
+            call = f"<b>{e(c.tool)}</b>(<code>{e(arguments)}</code>)"
+        decided = ""
+        if c.event == "decided" and c.by:
+            decided = f"<br>decided by <b>{e(c.by)}</b>"
+            if c.comment:
+                decided += f": {e(shorten(c.comment, RESULT_PREVIEW_CHARS))}"
+        state_link = f"<a href='{e(_step_url(run_id, c.step))}'>{c.step}</a>"
+        rows.append(
+            f"<tr class='{css}' data-version='{c.version}' data-step='{c.step}'>"
+            f"<td>{c.version}</td><td>{state_link}</td>"
+            f"<td>{e(c.explanation or c.event)}{decided}</td>"
+            f"<td class='text'>{call}</td>"
+            f"<td class='text'>{e(shorten(c.result or '', RESULT_PREVIEW_CHARS))}</td>"
+            f"<td>{e(c.worker)}</td>"
+            f"<td>{'' if c.duration_ms is None else f'{c.duration_ms:,.1f} ms'}</td>"
+            f"<td>{c.bytes:,}</td>"
+            f"<td>{'' if attempt is None else e(_attempt_text(attempt))}</td>"
+            f"<td>{_time(c.time)[11:19]}</td></tr>"
+        )
+    return "".join(rows)
+
+
+def _older_note(timeline: Timeline) -> str:
+    total = len(timeline.checkpoints)
+    if total <= MAX_TIMELINE_ROWS:
+        return ""
+    run_id = e(timeline.run.run_id)
+    return (
+        f"<p class='note' id='older'>The last {MAX_TIMELINE_ROWS:,} of {total:,} checkpoints. "
+        f"<code>ratchet history {run_id}</code> (or <code>GET /runs/{run_id}/history</code>) "
+        "lists every one.</p>"
+    )
+
+
+def _approvals(approvals: Sequence[Approval]) -> str:
+    if not approvals:
+        return ""
+    rows = "".join(
+        f"<tr><td>{a.step}</td><td>{e(shorten(a.prompt, 120))}</td><td>{e(a.status.value)}</td>"
+        f"<td>{e(a.decided_by or '')}</td><td>{e(a.channel or '')}</td>"
+        f"<td>{e(shorten(a.comment, RESULT_PREVIEW_CHARS))}</td>"
+        f"<td>{_time(a.decided_at) if a.decided_at else ''}</td></tr>"
+        for a in approvals
+    )
+    return (
+        "<h2>Approval requests</h2><table id='approvals'><thead><tr><th>step</th>"
+        "<th>asked</th><th>status</th><th>decided by</th><th>through</th><th>comment</th>"
+        f"<th>decided</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def run_page(timeline: Timeline) -> str:
+    """A run's status and summary, its pending approval's link, its charts and one row per
+    checkpoint (with the versions no record explains)."""
+    run = timeline.run
+    steps = [c for c in timeline.checkpoints if c.event == "step"]
+    durations = [Point(c.step, c.duration_ms) for c in steps if c.duration_ms is not None]
+    written = [Point(c.version, float(c.bytes)) for c in timeline.checkpoints]
+    retried = sorted(c.step for c in steps if timeline.attempts.get(c.version, 1) > 1)
+    retried_note = (
+        f"<p class='note' id='retried'>Retried steps: {', '.join(map(str, retried))}.</p>"
+        if retried
+        else ""
+    )
+    body = (
+        "<nav><a href='/dashboard'>All runs</a></nav>"
+        f"<h1>Run {e(run.run_id)}</h1>"
+        f"{_summary(run)}{_pending(timeline)}"
+        "<h2>Over the run</h2><div class='charts'>"
+        + chart(
+            "Step duration",
+            durations,
+            x_label="step",
+            y_label="ms",
+            kind="bar",
+        )
+        + chart(
+            "Bytes written",
+            written,
+            x_label="checkpoint version",
+            y_label="bytes",
+            kind="line",
+        )
+        + "</div>"
+        f"<h2>Timeline</h2>{_older_note(timeline)}{retried_note}"
+        "<table id='timeline'><thead><tr><th>version</th><th>step</th><th>what happened</th>"
+        "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
+        "<th>attempt</th><th>time</th></tr></thead>"
+        f"<tbody>{_timeline_rows(timeline)}</tbody></table>"
+        "<p class='note'>A step's number links to the run's state as of that step.</p>"
+        f"{_approvals(timeline.approvals)}"
+    )
+    return _page(f"Run {run.run_id}", body, refresh=REFRESH_SECONDS.get(run.status))
+
+
+def state_page(state: RunState, step: int, *, replayable: bool) -> str:
+    """The state as of a step, as the JSON the store rebuilt it into."""
+    dumped = json.dumps(state.model_dump(mode="json"), indent=2, ensure_ascii=False)
+    replay = (
+        f"<p><a href='{e(_step_url(state.run_id, step))}/prompt'>The prompt step {step}'s "
+        "model saw</a></p>"
+        if replayable
+        else ""
+    )
+    body = (
+        f"<nav><a href='/dashboard'>All runs</a> / "
+        f"<a href='{e(_run_url(state.run_id))}'>{e(state.run_id)}</a></nav>"
+        f"<h1>{e(state.run_id)} as of step {step}</h1>"
+        f"<p class='meta'>{_status(state.status)} version {state.version}, "
+        f"updated {_time(state.updated_at)}</p>{replay}<pre>{e(dumped)}</pre>"
+    )
+    return _page(f"{state.run_id} at step {step}", body)
+
+
+def prompt_page(run_id: str, step: int, prompt: str) -> str:
+    body = (
+        f"<nav><a href='/dashboard'>All runs</a> / "
+        f"<a href='{e(_run_url(run_id))}'>{e(run_id)}</a> / "
+        f"<a href='{e(_step_url(run_id, step))}'>step {step}</a></nav>"
+        f"<h1>The prompt of step {step}</h1>"
+        "<p class='meta'>Rendered from the recorded state, as the model saw it.</p>"
+        f"<pre>{e(prompt)}</pre>"
+    )
+    return _page(f"{run_id} step {step} prompt", body)
+
+
+# --- charts ----------------------------------------------------------------------------------
+
+_WIDTH, _HEIGHT = 520, 200
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
+
+
+def _bucketed(data: Sequence[Point], limit: int) -> Sequence[Point]:
+    """`data` in at most `limit` points: consecutive runs of points, each as its first x and
+    its largest y (a spike stays visible however long the run)."""
+    if len(data) <= limit:
+        return data
+    size = -(-len(data) // limit)  # ceiling division: at most `limit` buckets
+    buckets = (data[i : i + size] for i in range(0, len(data), size))
+    return [Point(bucket[0].x, max(p.y for p in bucket), last=bucket[-1].x) for bucket in buckets]
+
+
+def _number(value: float) -> str:
+    if value >= 10_000:
+        return f"{value / 1000:,.0f}k"
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+
+
+def chart(
+    title: str,
+    points: Iterable[Point],
+    *,
+    x_label: str,
+    y_label: str,
+    kind: Literal["bar", "line"],
+) -> str:
+    """An SVG chart of `points` (x ascending): bars or a line, axes from 0 to the largest
+    value, the first and last x labelled, and the axes named. Over `MAX_CHART_POINTS` points,
+    each bar or dot stands for a bucket of neighbours, at the largest value among them."""
+    ordered = sorted(points, key=lambda p: p.x)
+    data = _bucketed(ordered, MAX_CHART_POINTS)
+    plot_w = _WIDTH - _LEFT - _RIGHT
+    plot_h = _HEIGHT - _TOP - _BOTTOM
+    bottom = _TOP + plot_h
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' role='img' width='{_WIDTH}' "
+        f"height='{_HEIGHT}' viewBox='0 0 {_WIDTH} {_HEIGHT}' aria-label='{e(title)}'>",
+        f"<title>{e(title)}</title>",
+        f"<text x='{_LEFT}' y='18' font-size='13' font-weight='600' fill='#1d2330'>"
+        f"{e(title)}</text>",
+        f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{bottom}' stroke='#5b6475'/>",
+        f"<line x1='{_LEFT}' y1='{bottom}' x2='{_WIDTH - _RIGHT}' y2='{bottom}' stroke='#5b6475'/>",
+        f"<text x='{_LEFT + plot_w / 2}' y='{_HEIGHT - 6}' font-size='11' fill='#5b6475' "
+        f"text-anchor='middle'>{e(x_label)}</text>",
+        f"<text x='14' y='{_TOP + plot_h / 2}' font-size='11' fill='#5b6475' "
+        f"text-anchor='middle' transform='rotate(-90 14 {_TOP + plot_h / 2})'>"
+        f"{e(y_label)}</text>",
+    ]
+    if not data:
+        parts.append(
+            f"<text x='{_LEFT + plot_w / 2}' y='{_TOP + plot_h / 2}' font-size='12' "
+            "fill='#5b6475' text-anchor='middle'>no data yet</text></svg>"
+        )
+        return "".join(parts)
+    top_value = max(p.y for p in data) or 1.0
+    slots = len(data)
+    slot_w = plot_w / slots
+
+    def x_of(index: int) -> float:
+        return _LEFT + slot_w * (index + 0.5)
+
+    def y_of(value: float) -> float:
+        return bottom - plot_h * max(value, 0.0) / top_value
+
+    parts += [
+        f"<text x='{_LEFT - 6}' y='{_TOP + 4}' font-size='10' fill='#5b6475' "
+        f"text-anchor='end'>{e(_number(top_value))}</text>",
+        f"<text x='{_LEFT - 6}' y='{bottom + 4}' font-size='10' fill='#5b6475' "
+        "text-anchor='end'>0</text>",
+    ]
+    for index, x in {0: ordered[0].x, slots - 1: ordered[-1].x}.items():
+        parts.append(
+            f"<text x='{x_of(index):.1f}' y='{bottom + 14}' font-size='10' fill='#5b6475' "
+            f"text-anchor='middle'>{x}</text>"
+        )
+    if kind == "bar":
+        bar_w = max(slot_w * 0.7, 1.0)
+        for index, p in enumerate(data):
+            top = y_of(p.y)
+            parts.append(
+                f"<rect class='bar' x='{x_of(index) - bar_w / 2:.1f}' y='{top:.1f}' "
+                f"width='{bar_w:.1f}' height='{bottom - top:.1f}' fill='#3b6fd8'>"
+                f"<title>{e(p.described(x_label, y_label))}</title></rect>"
+            )
+    else:
+        path = " ".join(f"{x_of(i):.1f},{y_of(p.y):.1f}" for i, p in enumerate(data))
+        parts.append(
+            f"<polyline class='line' points='{path}' fill='none' stroke='#1e7e34' "
+            "stroke-width='2'/>"
+        )
+        for index, p in enumerate(data):
+            parts.append(
+                f"<circle class='dot' cx='{x_of(index):.1f}' cy='{y_of(p.y):.1f}' r='3' "
+                f"fill='#1e7e34'><title>{e(p.described(x_label, y_label))}</title></circle>"
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def local_app(client: Client, desk: ApprovalDesk, *, operator: str) -> APIGatewayRestResolver:
+    """The dashboard as `ratchet serve` mounts it: one client and desk for every request
+    (the server answers one request at a time)."""
+    services = DashboardServices(client=client, desk=desk, operator=operator)
+    return build_app(lambda: services)

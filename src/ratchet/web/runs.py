@@ -1,0 +1,763 @@
+"""The runs API for programs (API Gateway REST, proxy integration, IAM-signed).
+
+    POST /runs                               start a run: 201 created, 200 it existed
+    GET  /runs?status=&limit=                recent runs first
+    GET  /runs/{run_id}                      where a run stands
+    GET  /runs/{run_id}/history              one row per checkpoint
+    GET  /runs/{run_id}/checkpoints/{step}   the run's state as of that step's last checkpoint
+    POST /runs/{run_id}/approve              {"comment"?}: decide what the run waits for
+    POST /runs/{run_id}/reject               {"reason"?}
+    POST /runs/{run_id}/retry                a failed run: fresh attempts at the failed step
+    POST /runs/{run_id}/cancel               {"reason"?}: a running or waiting run ends cancelled
+    POST /runs/{run_id}/fork                 {"from_step", "run_id"?}: a new run from a step
+    GET  /runs/{run_id}/steps/{step}/prompt  the prompt the step's model saw, from the records
+
+Starting is idempotent by run id, end to end: the run is created only if it does not exist, and
+on AWS the execution's name derives from the run id, so a retried request (say, after a
+timeout between the two writes) starts whatever is missing and answers 200 with the run as it
+stands. The caller who decides is the request's IAM identity, never a field of the body.
+
+Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
+the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
+than 64 levels deep (400, naming the top-level field) is refused before it is parsed.
+Powertools validates bodies, paths and queries against the models below, and the same routes
+generate the OpenAPI document
+(`docs/openapi.json`: `python -m ratchet.web.runs --openapi > docs/openapi.json`).
+
+`build_app(services)` makes the app; the Lambda function (`ratchet.handlers.api`) serves it
+with the AWS services and `ratchet serve` with a local runtime's
+(`ratchet.runtime.runs_api.local_runs_services`). Nothing here needs boto3: the base install
+serves it locally.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from http import HTTPStatus
+from typing import Annotated, Any, Literal, Protocol
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.client import (
+    Checkpoint,
+    CheckpointsExpired,
+    Client,
+    NoCheckpointAtStep,
+    Run,
+    RunListed,
+    Started,
+    UsageTotals,
+    WaitingFor,
+)
+from ratchet.errors import (
+    AgentNotFound,
+    ApprovalClosed,
+    ApprovalError,
+    ApprovalExpired,
+    ApprovalNotFound,
+    ForkRefused,
+    InvalidInput,
+    JsonOverLimit,
+    JsonTooLarge,
+    NotCancellable,
+    NotRetryable,
+    RunNotFound,
+    RunUnreadable,
+    StoreBusy,
+    StoreDamaged,
+    StoreUnavailable,
+    UnsupportedSchema,
+)
+from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
+from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
+from ratchet.untrusted import loads
+from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
+
+OPENAPI_TITLE = "Ratchet runs API"
+OPENAPI_VERSION = "1"
+DEFAULT_LIST_LIMIT = 20
+MAX_LIST_LIMIT = 100
+MAX_BODY_CHARS = 1024 * 1024
+"""The longest request body taken: a run's goal (64 KB, each character possibly a six-character
+JSON escape) and input (16 KB) with room to spare."""
+
+# --- the API's models --------------------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Problem(_Answer):
+    field: str
+    """The field at fault: a body field (`max_steps`, `notify.email.0`), a path or query
+    parameter (`run_id`, `limit`), or `(body)` when the body as a whole is."""
+    message: str
+
+
+class RequestRefused(_Answer):
+    error: str
+    problems: list[Problem]
+    """Which fields are wrong, and how; empty when nothing the caller sent is at fault."""
+
+
+class RunStarted(_Answer):
+    run_id: str
+    status: RunStatus
+    step: int
+    execution_name: str | None
+    """The Step Functions execution working the run (AWS); none locally, where a worker
+    picks the run up."""
+    created: bool
+    """False when the run existed already: the request changed nothing about it."""
+
+    @classmethod
+    def of(cls, started: Started, *, execution_name: str | None) -> RunStarted:
+        run = started.run
+        return cls(
+            run_id=run.run_id,
+            status=run.status,
+            step=run.step,
+            execution_name=execution_name,
+            created=started.created,
+        )
+
+
+class RunList(_Answer):
+    runs: list[RunListed]
+    """Most recently updated first."""
+
+
+class RunView(_Answer):
+    run_id: str
+    status: RunStatus
+    step: int
+    """Completed steps."""
+    version: int
+    attempts: int
+    """Attempts started at the next step."""
+    summary: str | None
+    error: str | None
+    agent: str
+    model: str
+    max_steps: int
+    goal: str
+    input: dict[str, Any]
+    """The run's input, with the agent's defaults filled in."""
+    waiting: WaitingFor | None
+    """What the run asks a person, while it waits."""
+    usage: UsageTotals
+    """Tokens the run's model calls used, summed over its steps."""
+    cost_usd: float | None
+    """Their estimated cost in US dollars, from the deployment's price table; null when no
+    price is known for the model (scripted, your own)."""
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, state: RunState) -> RunView:
+        return cls.of_run(Run.of(state))
+
+    @classmethod
+    def of_run(cls, run: Run) -> RunView:
+        return cls.model_validate(run.model_dump())
+
+
+class RunHistory(_Answer):
+    run_id: str
+    checkpoints: list[Checkpoint]
+    """What `ratchet history --json` lists: each write in words, the tool call and its
+    result preview, who decided, the attempt, the tokens."""
+
+
+class Approve(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+    answer: dict[str, Any] | None = Field(
+        default=None,
+        description="The answer, for a run that asked a structured question "
+        "(ask_person(answer=...)): checked against the question's schema.",
+    )
+
+
+class Reject(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+class Decided(_Answer):
+    run_id: str
+    step: int
+    """The step whose request was decided."""
+    decision: Literal["approved", "rejected"]
+    by: str
+    comment: str
+    run_status: RunStatus
+    """Where the run stood when the decision was delivered: it resumes on its own (on AWS
+    the execution goes on; locally the next free worker takes it)."""
+
+
+class Cancel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+class Fork(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    from_step: int = Field(ge=0, le=MAX_STEPS)
+    """The source's step whose state the fork starts from."""
+    run_id: str | None = Field(default=None, pattern=RUN_ID_PATTERN.pattern)
+    """The fork's id (default: `<source>-fork-<random>`)."""
+
+
+class RunSetGoing(_Answer):
+    """A run retried or forked: where it stands, and what works it now."""
+
+    run_id: str
+    status: RunStatus
+    step: int
+    execution_name: str | None
+    """The Step Functions execution started for it (AWS); none locally, where the next
+    free worker takes it."""
+
+
+class StepPrompt(_Answer):
+    run_id: str
+    step: int
+    prompt: str
+    """Byte for byte what the step's model was asked, rendered from the recorded state."""
+
+
+RunId = Annotated[
+    str,
+    Path(
+        pattern=RUN_ID_PATTERN.pattern,
+        description="1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+    ),
+]
+
+# --- what the routes need from a runtime ---------------------------------------------------------
+
+
+class StartRun(Protocol):
+    def __call__(self, request: RunRequest, *, request_id: str) -> RunStarted:
+        """Validate the request for this runtime (`new_run`), create the run if it is new and
+        set it going; raise `RunRequestInvalid` and change nothing if it is refused."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunsServices:
+    """What the routes use. The same app serves AWS and the local runtime; these differ."""
+
+    client: Client
+    """Reads runs (and starts them, through `start`) on the runtime's store."""
+    desk: Callable[[], ApprovalDesk]
+    """Built when a decision needs it, so that reading runs needs no approval settings."""
+    start: StartRun
+    logger: Any
+    metrics: Any = None
+    """Powertools metrics (AWS, flushed by the handler); none locally."""
+    anonymous_caller: str | None = None
+    """Who decides when a request carries no IAM identity: locally, whoever runs `ratchet
+    serve` (it listens on localhost, unsigned). None: such a request is refused (403)."""
+    launch: Callable[[str], str | None] = lambda run_id: None
+    """Sets a run just retried or forked going: on AWS starts its execution and returns its
+    name; locally nothing (None): the next free worker takes it."""
+
+
+def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
+    # A body is bounded in length and nesting before it is parsed: `json` recurses, and a
+    # body nested 60,000 levels deep would end in a RecursionError (a 500).
+    app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=_bounded_body)
+
+    def count(name: str) -> None:
+        metrics = services().metrics
+        if metrics is not None:
+            metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+
+    @app.post(
+        "/runs",
+        responses=_responses(200, 201, 400, 413, 415),
+        summary="Start a run",
+        operation_id="startRun",
+    )
+    def post_run(request: Annotated[RunRequest, Body()]) -> Response[RunStarted]:
+        _require_json(app)
+        started = services().start(request, request_id=app.lambda_context.aws_request_id)
+        return Response(
+            status_code=HTTPStatus.CREATED if started.created else HTTPStatus.OK,
+            content_type=content_types.APPLICATION_JSON,
+            body=started,
+        )
+
+    @app.get(
+        "/runs",
+        responses=_responses(200, 400),
+        summary="List runs, recent first",
+        operation_id="listRuns",
+    )
+    def list_runs(
+        status: Annotated[RunStatus | None, Query(description="Only runs in this status")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
+    ) -> RunList:
+        found = services().client.runs(status=status)
+        return RunList(runs=found[:limit])
+
+    @app.get(
+        "/runs/<run_id>",
+        responses=_responses(200, 400, 404),
+        summary="Where a run stands",
+        operation_id="getRun",
+    )
+    def get_run(run_id: RunId) -> RunView:
+        return RunView.of(services().client.head(run_id))
+
+    @app.get(
+        "/runs/<run_id>/history",
+        responses=_responses(200, 400, 404),
+        summary="One row per checkpoint",
+        operation_id="getRunHistory",
+    )
+    def get_history(
+        run_id: RunId,
+        after: Annotated[
+            int,
+            Query(
+                ge=0,
+                description="Only the checkpoints of a later version: to follow a run, the "
+                "last version read",
+            ),
+        ] = 0,
+    ) -> RunHistory:
+        return RunHistory(run_id=run_id, checkpoints=services().client.history(run_id, after=after))
+
+    @app.get(
+        "/runs/<run_id>/checkpoints/<step>",
+        responses=_responses(200, 400, 404, 410),
+        summary="The run's state as of a step",
+        operation_id="getRunCheckpoint",
+    )
+    def get_checkpoint(run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
+        with _rebuilding("step", "the state as of this step"):
+            return services().client.state_at(run_id, step=step)
+
+    def decide(
+        run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
+    ) -> Decided:
+        _require_json(app)
+        wired = services()
+        verdict = Verdict(approved=approved, by=_caller(app, wired), comment=comment, answer=answer)
+        view = wired.desk().decide_run(run_id, verdict, channel="api")
+        run = view.run
+        count("DecidedThroughApi")
+        wired.logger.info(
+            "decided through the API",
+            extra={"run_id": run_id, "step": view.approval.step, "approved": approved},
+        )
+        return Decided(
+            run_id=run_id,
+            step=view.approval.step,
+            decision="approved" if approved else "rejected",
+            by=verdict.by,
+            comment=verdict.comment,
+            run_status=run.status if run else RunStatus.WAITING,
+        )
+
+    @app.post(
+        "/runs/<run_id>/approve",
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        summary="Approve what a run waits for",
+        operation_id="approveRun",
+    )
+    def approve(run_id: RunId, body: Annotated[Approve | None, Body()] = None) -> Decided:
+        return decide(
+            run_id,
+            approved=True,
+            comment=body.comment if body else "",
+            answer=body.answer if body else None,
+        )
+
+    @app.post(
+        "/runs/<run_id>/reject",
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        summary="Reject what a run waits for",
+        operation_id="rejectRun",
+    )
+    def reject(run_id: RunId, body: Annotated[Reject | None, Body()] = None) -> Decided:
+        return decide(run_id, approved=False, comment=body.reason if body else "")
+
+    @app.post(
+        "/runs/<run_id>/retry",
+        responses=_responses(200, 400, 403, 404, 409, 415),
+        summary="Retry a failed run",
+        operation_id="retryRun",
+    )
+    def retry(run_id: RunId) -> RunSetGoing:
+        _require_json(app)
+        wired = services()
+        run = wired.client.retry(run_id, by=_caller(app, wired))
+        execution = wired.launch(run_id)
+        count("RunsRetried")
+        wired.logger.info("run retried", extra={"run_id": run_id, "execution": execution})
+        return RunSetGoing(
+            run_id=run_id, status=run.status, step=run.step, execution_name=execution
+        )
+
+    @app.post(
+        "/runs/<run_id>/cancel",
+        responses=_responses(200, 400, 403, 404, 409, 413, 415),
+        summary="Cancel a running or waiting run",
+        operation_id="cancelRun",
+    )
+    def cancel(run_id: RunId, body: Annotated[Cancel | None, Body()] = None) -> RunView:
+        _require_json(app)
+        wired = services()
+        reason = body.reason if body else ""
+        cancelled = wired.client.cancel(run_id, reason=reason, by=_caller(app, wired))
+        count("RunsCancelled")
+        wired.logger.info("run cancelled", extra={"run_id": run_id})
+        return RunView.of_run(cancelled)
+
+    @app.post(
+        "/runs/<run_id>/fork",
+        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
+        summary="Fork a run from one of its steps",
+        operation_id="forkRun",
+    )
+    def fork(run_id: RunId, body: Annotated[Fork, Body()]) -> Response[RunSetGoing]:
+        _require_json(app)
+        wired = services()
+        source = wired.client.get(run_id)
+        if body.from_step > source.step:
+            raise _Refusal(
+                HTTPStatus.BAD_REQUEST,
+                "the run has not reached this step",
+                "from_step",
+                "at most the source's completed steps",
+            )
+        if body.run_id is not None and wired.client.runtime.store.load_head(body.run_id):
+            raise _Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
+        with _rebuilding("from_step", "the state as of this step"):
+            try:
+                run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
+            except ForkRefused as refused:
+                # The agent's own reason (`Agent.fork`): it cannot give the fork its data.
+                raise _Refusal(
+                    HTTPStatus.CONFLICT, "the agent refuses this fork", "from_step", str(refused)
+                ) from None
+        execution = wired.launch(run.run_id)
+        count("RunsForked")
+        wired.logger.info(
+            "run forked",
+            extra={"run_id": run.run_id, "source": run_id, "from_step": body.from_step},
+        )
+        return Response(
+            status_code=HTTPStatus.CREATED,
+            content_type=content_types.APPLICATION_JSON,
+            body=RunSetGoing(
+                run_id=run.run_id, status=run.status, step=run.step, execution_name=execution
+            ),
+        )
+
+    @app.get(
+        "/runs/<run_id>/steps/<step>/prompt",
+        responses=_responses(200, 400, 404, 410),
+        summary="The prompt a step's model saw",
+        operation_id="getStepPrompt",
+    )
+    def get_step_prompt(run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
+        with _rebuilding("step", "the prompt"):
+            prompt = services().client.replay(run_id, step=step)
+        return StepPrompt(run_id=run_id, step=step, prompt=prompt)
+
+    # --- refusals: JSON naming the field, never quoting the input ---------------------------
+
+    def refuse(status: int, error: str, problems: Sequence[Problem]) -> Response[str]:
+        if status < HTTPStatus.INTERNAL_SERVER_ERROR:
+            count("RequestsRefused")
+        services().logger.info(
+            "request refused",
+            extra={"status": int(status), "error": error, "fields": [p.field for p in problems]},
+        )
+        return Response(
+            status_code=status,
+            content_type=content_types.APPLICATION_JSON,
+            body=RequestRefused(error=error, problems=list(problems)).model_dump_json(),
+        )
+
+    @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
+    def invalid_request(error: RequestValidationError) -> Response[str]:
+        if any(_where(e) == "response" for e in error.errors()):
+            # Powertools checks answers against their models too: a mismatch is ours.
+            fields = [_problem(e).field for e in error.errors()]
+            services().logger.error("answer does not match its model", extra={"fields": fields})
+            return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", [])
+        if any(_is_body(e) for e in error.errors()):
+            # Validation runs before the route: a body that is not JSON (a form, say) was
+            # parsed as something else, and its "fields" would quote what was sent.
+            try:
+                _require_json(app)
+            except _Refusal as not_json:
+                return refuse(not_json.status, not_json.error, not_json.problems)
+        problems = [_problem(e) for e in error.errors()]
+        where = "request body" if all(_is_body(e) for e in error.errors()) else "request"
+        return refuse(HTTPStatus.BAD_REQUEST, f"invalid {where}", problems)
+
+    @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
+    def not_json(error: RequestUnsupportedContentType) -> Response[str]:
+        problem = Problem(field="Content-Type", message="use application/json")
+        return refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be JSON", [problem])
+
+    @app.exception_handler(RunRequestInvalid)  # type: ignore[untyped-decorator]
+    def invalid_run(error: RunRequestInvalid) -> Response[str]:
+        problems = [Problem(field=f, message=error.message) for f in error.fields]
+        return refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
+
+    @app.exception_handler(JsonOverLimit)  # type: ignore[untyped-decorator]
+    def unbounded_body(error: JsonOverLimit) -> Response[str]:
+        if isinstance(error, JsonTooLarge):
+            status, said = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "the body is too large"
+        else:
+            status, said = HTTPStatus.BAD_REQUEST, "the body is nested too deep"
+        return refuse(status, said, [Problem(field=error.field, message=error.reason)])
+
+    @app.exception_handler(InvalidInput)  # type: ignore[untyped-decorator]
+    def invalid_input(error: InvalidInput) -> Response[str]:
+        # Not a request check (those raise RunRequestInvalid): its words may quote input.
+        services().logger.warning("invalid input", extra={"error": str(error)})
+        return refuse(HTTPStatus.BAD_REQUEST, "invalid request", [])
+
+    @app.exception_handler(AgentNotFound)  # type: ignore[untyped-decorator]
+    def broken_agent(error: AgentNotFound) -> Response[str]:
+        # The name was registered, so the deployment is at fault, not the caller.
+        services().logger.error("registered agent cannot be loaded", extra={"error": str(error)})
+        return refuse(
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+            "the agent is registered but cannot be loaded; the deployment must be fixed",
+            [],
+        )
+
+    @app.exception_handler([NotRetryable, NotCancellable])  # type: ignore[untyped-decorator]
+    def wrong_status(error: NotRetryable | NotCancellable) -> Response[str]:
+        message = (
+            "only a failed run can be retried"
+            if isinstance(error, NotRetryable)
+            else "the run has already finished"
+        )
+        return refuse(HTTPStatus.CONFLICT, message, [Problem(field="run_id", message=message)])
+
+    @app.exception_handler(RunNotFound)  # type: ignore[untyped-decorator]
+    def no_run(error: RunNotFound) -> Response[str]:
+        problem = Problem(field="run_id", message="no run has this id")
+        return refuse(HTTPStatus.NOT_FOUND, "no such run", [problem])
+
+    @app.exception_handler(ApprovalError)  # type: ignore[untyped-decorator]
+    def not_decided(error: ApprovalError) -> Response[str]:
+        message = _APPROVAL_MESSAGES.get(type(error)) or str(error)
+        problem = Problem(field="run_id", message=message)
+        return refuse(error.http_status, message, [problem])
+
+    @app.not_found
+    def no_route(error: NotFoundError) -> Response[str]:
+        problem = Problem(field="(path)", message="see docs/openapi.json for the routes")
+        return refuse(HTTPStatus.NOT_FOUND, "no such route", [problem])
+
+    @app.exception_handler(_Refusal)  # type: ignore[untyped-decorator]
+    def refused(error: _Refusal) -> Response[str]:
+        return refuse(error.status, error.error, error.problems)
+
+    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
+    def unreadable(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+        # The run's stored row is damaged (or from a newer Ratchet): the store's fault, not
+        # the caller's, and no retry helps. The words name the run, never quote the row.
+        services().logger.error("run cannot be read", extra={"error": str(error)})
+        problem = Problem(field="run_id", message="the run's stored state cannot be read")
+        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, str(error), [problem])
+
+    @app.exception_handler(StoreDamaged)  # type: ignore[untyped-decorator]
+    def damaged(error: StoreDamaged) -> Response[str]:
+        services().logger.error("store damaged", extra={"error": str(error)})
+        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, f"the store is damaged: {error.detail}", [])
+
+    @app.exception_handler([StoreBusy, StoreUnavailable])  # type: ignore[untyped-decorator]
+    def busy(error: StoreBusy | StoreUnavailable) -> Response[str]:
+        services().logger.warning("store busy", extra={"error": str(error)})
+        return refuse(HTTPStatus.SERVICE_UNAVAILABLE, "busy for now; try again", [])
+
+    return app
+
+
+_APPROVAL_MESSAGES: dict[type[ApprovalError], str] = {
+    ApprovalClosed: "the run is not waiting for a decision",
+    ApprovalNotFound: "the run has no open approval request (yet)",
+    ApprovalExpired: "the approval request has expired",
+}
+"""What the API says for each; `ApprovalDecided` says who decided, and when."""
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, error: str, field: str, message: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.problems = [Problem(field=field, message=message)]
+
+
+@contextmanager
+def _rebuilding(field: str, what: str) -> Iterator[None]:
+    """Refuse, naming `field`, a read or fork of a step the run has no record of (404), or
+    one whose state can no longer be rebuilt because its first records are past retention
+    (410)."""
+    try:
+        yield
+    except NoCheckpointAtStep:
+        raise _Refusal(
+            HTTPStatus.NOT_FOUND, "no checkpoint at this step", field, "the run has none"
+        ) from None
+    except CheckpointsExpired:
+        raise _Refusal(
+            HTTPStatus.GONE,
+            "the run's early checkpoints are past their retention",
+            field,
+            f"{what} can no longer be rebuilt",
+        ) from None
+
+
+def _bounded_body(text: str) -> Any:
+    """A request body as JSON, once `ratchet.untrusted.check_text` took it (a refusal names
+    the top-level field holding what is nested too deep)."""
+    return loads(text, field="", max_chars=MAX_BODY_CHARS)
+
+
+def _require_json(app: APIGatewayRestResolver) -> None:
+    """Every POST says it sends JSON, even with no body. A web page can make a browser send a
+    form or a bodiless POST anywhere without asking first (CORS lets "simple" requests
+    through), but not one that claims to be JSON: so no page can start or decide a run
+    through `ratchet serve`, which listens on localhost unsigned."""
+    content_type = app.current_event.headers.get("content-type") or ""
+    if content_type.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
+        raise _Refusal(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            "the body must be JSON",
+            "Content-Type",
+            "use application/json",
+        )
+
+
+def _caller(app: APIGatewayRestResolver, services: RunsServices) -> str:
+    """The IAM principal that signed the request (API Gateway checked the signature)."""
+    identity = app.current_event.request_context.identity
+    names = [n for n in (identity.user_arn, identity.caller) if n]
+    if not names:
+        if services.anonymous_caller is None:
+            raise _Refusal(
+                HTTPStatus.FORBIDDEN,
+                "the request has no caller identity",
+                "Authorization",
+                "sign the request with SigV4",
+            )
+        names = [services.anonymous_caller]
+    return next((n for n in names if len(n) <= MAX_BY_CHARS), names[0][:MAX_BY_CHARS])
+
+
+_LOCATIONS = ("body", "path", "query", "header")
+
+
+def _where(error: dict[str, Any]) -> str:
+    loc = error.get("loc") or ("",)
+    return str(loc[0])
+
+
+def _is_body(error: dict[str, Any]) -> bool:
+    return _where(error) == "body"
+
+
+def _problem(error: dict[str, Any]) -> Problem:
+    """A Powertools validation error as a problem: where and what, never `input`."""
+    loc = [str(part) for part in error.get("loc", ())]
+    if loc and loc[0] in _LOCATIONS:
+        loc = loc[1:]
+    if error.get("type") == "json_invalid":
+        return Problem(field="(body)", message="the body is not valid JSON")
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return Problem(field=".".join(loc) or "(body)", message=message)
+
+
+def _responses(*codes: int) -> dict[int, OpenAPIResponse]:
+    """The OpenAPI responses of a route: its model for 2xx, `RequestRefused` for the rest."""
+    described: dict[int, OpenAPIResponse] = {}
+    for code in (*codes, HTTPStatus.INTERNAL_SERVER_ERROR):
+        if code < HTTPStatus.BAD_REQUEST:
+            described[code] = {"description": HTTPStatus(code).phrase}
+        else:
+            described[code] = {
+                "description": HTTPStatus(code).phrase,
+                "content": {"application/json": {"model": RequestRefused}},
+            }
+    return described
+
+
+# --- the OpenAPI document ------------------------------------------------------------------------
+
+
+def openapi_document(routes: APIGatewayRestResolver | None = None) -> dict[str, Any]:
+    """The OpenAPI document of the routes, as committed in `docs/openapi.json`."""
+    generated = (routes or build_app(_documenting_only)).get_openapi_json_schema(
+        title=OPENAPI_TITLE,
+        version=OPENAPI_VERSION,
+        description=(__doc__ or "").split("\n\n")[0].strip(),
+        security_schemes={
+            "sigv4": APIKey(
+                name="Authorization",
+                in_=APIKeyIn.header,
+                description="AWS Signature Version 4 (IAM): execute-api:Invoke on the API",
+                openapi_extensions={"x-amazon-apigateway-authtype": "awsSigv4"},
+            )
+        },
+        security=[{"sigv4": []}],
+    )
+    document: dict[str, Any] = json.loads(generated)
+    # Powertools documents a 422 for every validated route; this app answers a 400 with
+    # `RequestRefused` instead (see `invalid_request`), which each route lists.
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
+def openapi_text() -> str:
+    return json.dumps(openapi_document(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _documenting_only() -> RunsServices:
+    raise RuntimeError("this app only documents the routes; it serves no request")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--openapi"]:
+        sys.exit("usage: python -m ratchet.web.runs --openapi > docs/openapi.json")
+    sys.stdout.write(openapi_text())
