@@ -1,41 +1,52 @@
 """Ratchet: run long LLM agents that survive crashes, deploys and week-long waits for a person.
 
-The public API, importable from here:
+The public API. A project imports from here and from `ratchet.tools`, and from nowhere deeper:
+every other module is internal and may move between releases (tests/unit/test_public_face.py
+pins both faces' names).
 
 - running: `connect(url)` gives a `Client` (`run`, `start`, `wait`, `approve`, `reject`, `get`,
-  `history`, `state_at`, `runs`, `verify`), whose answers are pydantic models (`Run`, ...);
+  `history`, `state_at`, `runs`, `verify`, ...), whose answers are pydantic models (`Run`, ...);
 - defining agents: `Agent`, `tool`, `ToolContext`, `RunContext`, `ask_person`, and what a
-  scripted policy returns (`ToolCall`, `Done`), from `ratchet.tools`.
+  scripted policy returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts,
+  the model port for a model of your own).
 
-Names load on first use, so `import ratchet` (and the `ratchet` command) stays fast.
+Names load on first use, so `import ratchet` (and the `ratchet` command) stays fast. The
+imports below are for type checkers and readers; `_EXPORTS` says where each name loads from at
+run time, and the face test checks that the two agree.
 """
 
 from __future__ import annotations
 
-# `typing` is not imported at run time: the quick read commands (`ratchet.quick`) start in
-# less time than it takes to load.
+# `typing` is not imported at run time: the quick read commands start in less time than it
+# takes to load.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ratchet.client import Checkpoint, Client, Run, RunListed, Started, WaitTimedOut, connect
-    from ratchet.errors import RatchetError, RunNotFound
-    from ratchet.ports import RunData
-    from ratchet.runs import RunRequestInvalid
-    from ratchet.state import RunState, RunStatus
-    from ratchet.tools import (
-        Agent,
-        Done,
-        ForkRefused,
-        PermanentError,
-        RunContext,
-        StepView,
-        ToolCall,
-        ToolContext,
-        ToolResult,
-        ask_person,
-        tool,
-    )
+    from ratchet.client import Checkpoint as Checkpoint
+    from ratchet.client import Client as Client
+    from ratchet.client import Run as Run
+    from ratchet.client import RunListed as RunListed
+    from ratchet.client import Started as Started
+    from ratchet.client import WaitTimedOut as WaitTimedOut
+    from ratchet.client import connect as connect
+    from ratchet.errors import RatchetError as RatchetError
+    from ratchet.errors import RunNotFound as RunNotFound
+    from ratchet.runs import RunRequestInvalid as RunRequestInvalid
+    from ratchet.state import RunStatus as RunStatus
+    from ratchet.tools import Agent as Agent
+    from ratchet.tools import Done as Done
+    from ratchet.tools import ForkRefused as ForkRefused
+    from ratchet.tools import PermanentError as PermanentError
+    from ratchet.tools import RunContext as RunContext
+    from ratchet.tools import RunData as RunData
+    from ratchet.tools import RunState as RunState
+    from ratchet.tools import StepView as StepView
+    from ratchet.tools import ToolCall as ToolCall
+    from ratchet.tools import ToolContext as ToolContext
+    from ratchet.tools import ToolResult as ToolResult
+    from ratchet.tools import ask_person as ask_person
+    from ratchet.tools import tool as tool
 
 _EXPORTS = {
     "ratchet.client": (
@@ -48,15 +59,16 @@ _EXPORTS = {
         "connect",
     ),
     "ratchet.errors": ("RatchetError", "RunNotFound"),
-    "ratchet.ports": ("RunData",),
     "ratchet.runs": ("RunRequestInvalid",),
-    "ratchet.state": ("RunState", "RunStatus"),
+    "ratchet.state": ("RunStatus",),
     "ratchet.tools": (
         "Agent",
         "Done",
         "ForkRefused",
         "PermanentError",
         "RunContext",
+        "RunData",
+        "RunState",
         "StepView",
         "ToolCall",
         "ToolContext",
@@ -67,32 +79,7 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = [
-    "Agent",
-    "Checkpoint",
-    "Client",
-    "Done",
-    "ForkRefused",
-    "PermanentError",
-    "RatchetError",
-    "Run",
-    "RunContext",
-    "RunData",
-    "RunListed",
-    "RunNotFound",
-    "RunRequestInvalid",
-    "RunState",
-    "RunStatus",
-    "Started",
-    "StepView",
-    "ToolCall",
-    "ToolContext",
-    "ToolResult",
-    "WaitTimedOut",
-    "ask_person",
-    "connect",
-    "tool",
-]
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,11 @@ A side-effecting tool must apply each `ctx.idempotency_key` at most once: a step
 after its tool call is retried with the same key and the same arguments. An agent bundles the
 tools with a goal, an optional scripted policy (for offline runs) and optional hooks that open
 per-run resources, seed data and check invariants.
+
+This module and `ratchet` itself are Ratchet's public face: what they export (`__all__`, pinned
+by tests/unit/test_public_face.py) is what a project imports, including the model port for a
+model of your own (`Model`, `ModelRequest`, `ModelReply`, `Usage`; docs/models.md). Every other
+module is internal and may move between releases.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from typing import Any, Generic, TypeVar, cast, get_type_hints
 
 from pydantic import BaseModel
 
-from ratchet.errors import ForkRefused, PermanentError
-from ratchet.ports import RunData, StepView, ToolSpec
+from ratchet.errors import ForkRefused, ModelOutputInvalid, ModelUnavailable, PermanentError
+from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
 from ratchet.state import (
     RECENT_STEPS,
     ApprovalRequest,
@@ -38,6 +43,7 @@ from ratchet.state import (
     RunOptions,
     RunState,
     ToolCall,
+    Usage,
 )
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -48,14 +54,22 @@ __all__ = [
     "Decision",
     "Done",
     "ForkRefused",
+    "Model",
+    "ModelOutputInvalid",
+    "ModelReply",
+    "ModelRequest",
+    "ModelUnavailable",
     "PermanentError",
     "Policy",
     "RunContext",
+    "RunData",
+    "RunState",
     "StepView",
     "Tool",
     "ToolCall",
     "ToolContext",
     "ToolResult",
+    "Usage",
     "ask_person",
     "tool",
 ]

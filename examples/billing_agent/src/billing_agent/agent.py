@@ -15,13 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from ratchet.ports import RunData
-from ratchet.state import RunState
 from ratchet.tools import (
     Agent,
     Decision,
     Done,
     RunContext,
+    RunData,
+    RunState,
     StepView,
     ToolCall,
     ToolContext,
