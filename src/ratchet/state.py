@@ -2,7 +2,7 @@
 
 This module is the ground floor: it imports nothing from Ratchet. Everything a worker needs to
 resume a run is in `RunState`; everything a checkpoint records is a `CheckpointEvent`. The head
-of a run is always the fold of its checkpoint events (see `ratchet.engine.transitions`), which
+of a run is always the fold of its checkpoint events (see `ratchet.engine.fold`), which
 is what lets `ratchet show --step N` rebuild the state as of any earlier checkpoint.
 
 What a step writes must not grow with the run's length, so the state keeps a bounded view: the

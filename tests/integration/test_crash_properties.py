@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratchet.engine.core import Engine, Outcome
-from ratchet.engine.transitions import replay
+from ratchet.engine.fold import replay
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.ports import CheckpointStore, IdempotencyLedger, LedgerStatus

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from ratchet.adapters.s3_blobs import S3BlobStore
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine.core import Binding, Engine, Outcome, StepOutcome
-from ratchet.engine.transitions import replay
+from ratchet.engine.fold import replay
 from ratchet.errors import (
     InjectedFault,
     ModelOutputInvalid,

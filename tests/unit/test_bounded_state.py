@@ -15,7 +15,7 @@ from ratchet.engine.core import (
     _hash,
     _payload,
 )
-from ratchet.engine.transitions import apply_event
+from ratchet.engine.fold import apply_event
 from ratchet.errors import UnsupportedSchema
 from ratchet.migrations import load_state, upgrade_state
 from ratchet.state import (

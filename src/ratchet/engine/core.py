@@ -46,8 +46,8 @@ from pydantic import ValidationError
 
 from ratchet.engine import memory
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
+from ratchet.engine.fold import apply_event
 from ratchet.engine.prompt import render_step_prompt, render_summary_prompt
-from ratchet.engine.transitions import apply_event
 from ratchet.errors import (
     TERMINAL_ERRORS,
     AbandonedCallRunning,

@@ -52,7 +52,7 @@ def tool_specs(agent: Agent) -> list[ToolSpec]:
 
 def remember(state: RunState, arguments: dict[str, Any]) -> str:
     """The `remember` tool's result. It starts with "Remembered" only when the fact is pinned
-    (the fold pins the facts of such results: `transitions.pinned_fact`)."""
+    (the fold pins the facts of such results: `fold.pinned_fact`)."""
     fact = " ".join(RememberArgs.model_validate(arguments).fact.split())
     if fact in state.pinned:
         return f"Already remembered: {fact}"

@@ -1,5 +1,6 @@
 """How each checkpoint event moves a run's state: a pure fold, shared by the engine (to build the
-new head) and by `show --step N` (to rebuild the state as of any earlier checkpoint)."""
+new head) and by `show --step N` and `replay` (to rebuild the state as of any earlier
+checkpoint)."""
 
 from __future__ import annotations
 
