@@ -11,12 +11,13 @@ step and every later prompt read that same text back; nothing is summarised twic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.ports import ToolSpec
-from ratchet.state import MAX_FACT_CHARS, MAX_PINNED_FACTS, RunState
+from ratchet.state import MAX_FACT_CHARS, MAX_PINNED_FACTS, RunState, Usage
 from ratchet.tools import Agent
 
 REMEMBER = "remember"
@@ -62,6 +63,15 @@ def remember(state: RunState, arguments: dict[str, Any]) -> str:
             f"The fact stays in this step's record: {fact}"
         )
     return f"Remembered: {fact}"
+
+
+@dataclass(frozen=True)
+class Folded:
+    """The model's new running summary, covering the steps up to `through`."""
+
+    summary: str
+    through: int
+    usage: Usage | None
 
 
 def summarise_through(state: RunState) -> int | None:
