@@ -59,7 +59,7 @@ from bench.scripted_agent import (
     new_scripted_run,
     result_for,
 )
-from ratchet.engine.core import Engine, Outcome
+from ratchet.engine import Engine, Outcome
 from ratchet.observability import json_logger
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.scripted_agent import new_scripted_run
 from ratchet.adapters.dynamodb.store import create_tables
-from ratchet.engine.core import Outcome
+from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.scenarios import migration

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
-from ratchet.engine.core import Binding, Engine
+from ratchet.engine import Binding, Engine
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, Model, ModelRequest
 from ratchet.state import Decision, Done, RunOptions, RunState, ToolCall
@@ -157,7 +157,7 @@ class Harness:
         return self
 
     def run_until_stopped(self, run_id: str = "run", limit: int = 500) -> RunState:
-        from ratchet.engine.core import Outcome
+        from ratchet.engine import Outcome
 
         for _ in range(limit):
             if self.engine.advance(run_id).outcome is not Outcome.CONTINUE:

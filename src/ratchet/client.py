@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from ratchet.engine.transitions import replay
+from ratchet.engine.fold import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.pricing import estimate
@@ -571,7 +571,7 @@ class Client:
                 f"run {run_id} has no record of step {step} (steps completed: {head.step}"
                 + (", some by the run it was forked from)" if step <= head.step else ")")
             )
-        from ratchet.engine.core import step_prompt
+        from ratchet.engine.prompt import step_prompt
 
         before = replay(c for c in checkpoints if c.version < completed.version)
         assert before is not None, "a step record follows the run's creation"

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding
+from ratchet.engine import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.imports import ImportFailed, import_object
 from ratchet.ports import Model

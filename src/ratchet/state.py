@@ -2,7 +2,7 @@
 
 This module is the ground floor: it imports nothing from Ratchet. Everything a worker needs to
 resume a run is in `RunState`; everything a checkpoint records is a `CheckpointEvent`. The head
-of a run is always the fold of its checkpoint events (see `ratchet.engine.transitions`), which
+of a run is always the fold of its checkpoint events (see `ratchet.engine.fold`), which
 is what lets `ratchet show --step N` rebuild the state as of any earlier checkpoint.
 
 What a step writes must not grow with the run's length, so the state keeps a bounded view: the
@@ -14,6 +14,7 @@ back from the step records, the static part (goal, options) is written once.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -371,3 +372,50 @@ class Checkpoint(_Model):
     """Bytes the commit wrote (head, record and ledger rows), filled in by the store."""
     created_at: datetime = Field(default_factory=utcnow)
     event: CheckpointEvent
+
+
+# --- what a run's window keeps of its events --------------------------------------------------
+# The engine's fold (each new head) and a store reading the window back from the step records
+# both build the window through these, so the two cannot tell a step differently.
+
+
+def message_of(event: StepCompleted) -> Message:
+    call = event.call
+    return Message(step=event.step, tool=call.name, arguments=call.arguments, blob=call.blob)
+
+
+def preview_of(event: StepCompleted) -> ToolOutput:
+    output = event.output
+    text = preview(output.text)
+    return ToolOutput(step=event.step, tool=output.tool, text=text, blob=output.blob)
+
+
+def answer_in_place(
+    results: list[ToolOutput], asked_at: int, event: PersonDecided
+) -> tuple[list[ToolOutput], str]:
+    """The window's results once a person answered the step that asked (`asked_at`), and the
+    new last result: their answer, in place of that step's result. The fold that builds each
+    new head (`ratchet.engine.fold.apply_event`, which `replay` runs too) and the window a store
+    reads back (`ratchet.stored.with_window`, what the next step's prompt is rendered from) both
+    answer through this, so the prompt the model gets and `ratchet replay` cannot tell the
+    answer differently."""
+    text = decision_text(event)
+    answered = [r.model_copy(update={"text": text}) if r.step == asked_at else r for r in results]
+    return answered, text
+
+
+def decision_text(event: PersonDecided) -> str:
+    """What the model reads as the asking step's result: `Rejected by dana: too risky`, or
+    with a structured answer `Approved by dana: {"amount": 120}` (and `Comment: ...`)."""
+    verdict = "Approved" if event.approved else "Rejected"
+    text = f"{verdict} by {event.by}"
+    if event.answer is None:
+        return text + (f": {event.comment}" if event.comment else ".")
+    text += ": " + json.dumps(event.answer, ensure_ascii=False)
+    return text + (f". Comment: {event.comment}" if event.comment else "")
+
+
+def preview(text: str) -> str:
+    if len(text) <= PREVIEW_CHARS:
+        return text
+    return text[: PREVIEW_CHARS - 1] + "…"

@@ -24,7 +24,6 @@ from pydantic import TypeAdapter
 
 from ratchet.migrations import load_state, load_state_raw
 from ratchet.state import (
-    PREVIEW_CHARS,
     CheckpointEvent,
     Created,
     Message,
@@ -32,6 +31,9 @@ from ratchet.state import (
     RunState,
     StepCompleted,
     ToolOutput,
+    answer_in_place,
+    message_of,
+    preview_of,
 )
 
 STATIC_FIELDS = frozenset({"run_id", "agent", "goal", "options", "created_at"})
@@ -140,44 +142,3 @@ def window_start(state: RunState) -> int:
     if state.options.model_summary:
         return state.memory_through + 1
     return max(1, state.step - state.options.memory_window + 1)
-
-
-def message_of(event: StepCompleted) -> Message:
-    call = event.call
-    return Message(step=event.step, tool=call.name, arguments=call.arguments, blob=call.blob)
-
-
-def preview_of(event: StepCompleted) -> ToolOutput:
-    output = event.output
-    text = preview(output.text)
-    return ToolOutput(step=event.step, tool=output.tool, text=text, blob=output.blob)
-
-
-def answer_in_place(
-    results: list[ToolOutput], asked_at: int, event: PersonDecided
-) -> tuple[list[ToolOutput], str]:
-    """The window's results once a person answered the step that asked (`asked_at`), and the
-    new last result: their answer, in place of that step's result. The fold that builds each
-    new head (`apply_event`, which `replay` runs too) and the window a store reads back
-    (`with_window`, what the next step's prompt is rendered from) both answer through this, so
-    the prompt the model gets and `ratchet replay` cannot tell the answer differently."""
-    text = decision_text(event)
-    answered = [r.model_copy(update={"text": text}) if r.step == asked_at else r for r in results]
-    return answered, text
-
-
-def decision_text(event: PersonDecided) -> str:
-    """What the model reads as the asking step's result: `Rejected by dana: too risky`, or
-    with a structured answer `Approved by dana: {"amount": 120}` (and `Comment: ...`)."""
-    verdict = "Approved" if event.approved else "Rejected"
-    text = f"{verdict} by {event.by}"
-    if event.answer is None:
-        return text + (f": {event.comment}" if event.comment else ".")
-    text += ": " + json.dumps(event.answer, ensure_ascii=False)
-    return text + (f". Comment: {event.comment}" if event.comment else "")
-
-
-def preview(text: str) -> str:
-    if len(text) <= PREVIEW_CHARS:
-        return text
-    return text[: PREVIEW_CHARS - 1] + "…"

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ratchet.adapters.sqlite.leases import Leases, check_lease_seconds
-from ratchet.engine.core import Engine, Outcome, StepOutcome
+from ratchet.engine import Engine, Outcome, StepOutcome
 from ratchet.errors import (
     AbandonedCallRunning,
     InvalidInput,

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from ratchet.engine.transitions import apply_event
+from ratchet.engine.fold import apply_event
 from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
 from ratchet.ports import MAX_ITEM_BYTES, Commit, LedgerCompletion, LedgerEntry, LedgerStatus
 from ratchet.state import (

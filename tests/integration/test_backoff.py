@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.adapters.sqlite.leases import Leases
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.engine import Binding, Engine, Outcome
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
-from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, ToolFailed
 from ratchet.ports import Model, ModelRequest, StepView
 from ratchet.state import MAX_ATTEMPTS, AttemptFailed, Decision, Done, RunStatus, ToolCall

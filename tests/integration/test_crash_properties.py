@@ -9,7 +9,7 @@ life the way an exception ends a worker's loop: its `finally` gives back the att
 ahead and closes the store. A `kill` ends it as SIGKILL would: nothing more runs in it.
 
 The expected outcome is computed from the schedule alone (`expected_outcome`), by walking the
-step protocol documented in `ratchet.engine.core`: which points each attempt reaches, which
+step protocol documented in `ratchet.engine.step`: which points each attempt reaches, which
 attempts count, and when the third strike ends the run.
 """
 
@@ -28,8 +28,8 @@ from typing import Any, Protocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratchet.engine.core import Engine, Outcome
-from ratchet.engine.transitions import replay
+from ratchet.engine import Engine, Outcome
+from ratchet.engine.fold import replay
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.ports import CheckpointStore, IdempotencyLedger, LedgerStatus

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.engine.core import Outcome
+from ratchet.engine import Outcome
 from ratchet.errors import InjectedFault
 from ratchet.faults import FaultPlan, FaultPoint
 from ratchet.runtime.local import LocalRuntime, LocalSettings

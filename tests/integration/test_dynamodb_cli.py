@@ -22,7 +22,7 @@ pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flas
 
 
 from ratchet.cli import status_payload
-from ratchet.engine.core import Outcome
+from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState

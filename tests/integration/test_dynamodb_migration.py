@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ratchet.client import Client
-from ratchet.engine.core import Engine, Outcome
+from ratchet.engine import Engine, Outcome
 from ratchet.errors import IdempotencyConflict, InjectedFault
 from ratchet.faults import FaultPlan
 from ratchet.runtime.aws import AwsRuntime

@@ -12,7 +12,7 @@ from pydantic import BaseModel, SecretStr
 
 from ratchet.adapters.anthropic_model import AnthropicModel
 from ratchet.adapters.s3_blobs import S3BlobStore
-from ratchet.engine.core import Outcome
+from ratchet.engine import Outcome
 from ratchet.errors import InvalidInput, StepAttemptFailed
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.state import RunOptions, RunState, RunStatus

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from ratchet.adapters.s3_blobs import S3BlobStore
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding, Engine, Outcome, StepOutcome
-from ratchet.engine.transitions import replay
+from ratchet.engine import Binding, Engine, Outcome, StepOutcome
+from ratchet.engine.fold import replay
 from ratchet.errors import (
     InjectedFault,
     ModelOutputInvalid,
@@ -127,7 +127,7 @@ def _engine_with(harness: Harness, model: object) -> Engine:
     return Engine(
         store=harness.store,
         ledger=harness.ledger,
-        blobs=harness.engine._blobs,
+        blobs=harness.blobs,
         bind=lambda state: binding,
         worker_id="worker-1",
         logger=LOG,
@@ -318,7 +318,7 @@ def test_large_tool_output_goes_to_a_blob_and_the_state_keeps_a_preview(tmp_path
     output = head.tool_results[-1]
     assert output.blob is not None
     assert len(output.text) < 1000
-    assert harness.engine._blobs.get(output.blob).decode() == big
+    assert harness.blobs.get(output.blob).decode() == big
     assert max(c.size for c in harness.store.list_checkpoints("run")) < 4096
 
 
@@ -348,7 +348,7 @@ def test_a_slow_worker_that_lost_the_run_is_rejected_and_applies_nothing(tmp_pat
         slow = Engine(
             store=SqliteCheckpointStore(slow_db),
             ledger=SqliteLedger(slow_db),
-            blobs=fast._blobs,
+            blobs=harness.blobs,
             bind=lambda state: binding,
             worker_id="slow",
             logger=LOG,
@@ -440,7 +440,7 @@ def test_an_agent_that_cannot_be_set_up_fails_attempts_with_the_reason(tmp_path)
     engine = Engine(
         store=harness.store,
         ledger=harness.ledger,
-        blobs=harness.engine._blobs,
+        blobs=harness.blobs,
         bind=broken,
         worker_id="w",
         logger=LOG,
@@ -509,7 +509,7 @@ def test_a_release_after_another_worker_moved_the_run_changes_nothing(tmp_path):
     first = Engine(
         store=SqliteCheckpointStore(first_db),
         ledger=SqliteLedger(first_db),
-        blobs=harness.engine._blobs,
+        blobs=harness.blobs,
         bind=lambda state: binding,
         worker_id="first",
         logger=LOG,

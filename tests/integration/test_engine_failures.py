@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
     TERMINAL_ERRORS,
     AgentSetupFailed,

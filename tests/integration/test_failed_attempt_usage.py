@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from pydantic import BaseModel
 
-from ratchet.engine.core import Engine, Outcome
+from ratchet.engine import Engine, Outcome
 from ratchet.errors import ModelOutputInvalid, PermanentError, ToolFailed
 from ratchet.ports import ModelReply, ModelRequest
 from ratchet.state import AttemptFailed, Done, Finished, RunStatus, StepCompleted, ToolCall, Usage

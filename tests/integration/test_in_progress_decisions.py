@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.sqlite.store import SqliteHousekeeping
-from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.engine import Outcome, StepOutcome
 from ratchet.errors import InjectedFault, StaleVersion
 from ratchet.faults import FaultPlan
 from ratchet.housekeeping import BLOB_GRACE, collect_garbage

@@ -34,7 +34,7 @@ from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
 from ratchet.cli import app as cli_app
 from ratchet.client import Client as RatchetClient
-from ratchet.engine.core import Engine
+from ratchet.engine import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.local_approvals import LocalResumer

@@ -15,9 +15,9 @@ from pydantic import BaseModel, SecretStr
 
 import ratchet
 from ratchet.cli import status_payload
-from ratchet.engine.core import Binding, Engine, Outcome, view_of
-from ratchet.engine.prompt import render_step_prompt
-from ratchet.engine.transitions import replay
+from ratchet.engine import Binding, Engine, Outcome
+from ratchet.engine.fold import replay
+from ratchet.engine.prompt import render_step_prompt, view_of
 from ratchet.errors import StepAttemptFailed
 from ratchet.runs import RunRequest, build_model, new_run
 from ratchet.runtime import Runtime, open_runtime

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.engine.core import result_digest
+from ratchet.engine.decisions import result_digest
 from ratchet.errors import InjectedFault
 from ratchet.faults import FaultPlan
 from ratchet.ports import LedgerStatus

@@ -14,7 +14,7 @@ import ratchet
 from ratchet import errors, tools
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.adapters.sqlite.leases import Leases
-from ratchet.engine.core import Engine, Outcome
+from ratchet.engine import Engine, Outcome
 from ratchet.errors import InjectedFault, PermanentError, ToolFailed
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import StepView

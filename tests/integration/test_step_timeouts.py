@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import AbandonedCallRunning, StepTimedOut, ToolFailed
 from ratchet.ports import ModelRequest, StepView
 from ratchet.runs import Bindings

@@ -25,8 +25,8 @@ import pytest
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.sqlite.leases import Leases, WorkerIdInUse
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.engine import Binding, Engine
 from ratchet.engine.backoff import DEFAULT_BACKOFF
-from ratchet.engine.core import Binding, Engine
 from ratchet.errors import (
     AbandonedCallRunning,
     InvalidInput,

@@ -34,8 +34,14 @@ from ratchet.approvals.messages import (
 )
 from ratchet.approvals.slack import SlackLinkPressed, parse_action
 from ratchet.errors import AnswerInvalid
-from ratchet.state import ApprovalRequest, PersonDecided, RunState, RunStatus, Waiting
-from ratchet.stored import decision_text
+from ratchet.state import (
+    ApprovalRequest,
+    PersonDecided,
+    RunState,
+    RunStatus,
+    Waiting,
+    decision_text,
+)
 from ratchet.tools import ask_person
 from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Invitation, Verdict
 from tests.fixtures.refund_agent import RefundAnswer

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ratchet.adapters.stepfunctions import execution_name
-from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.engine import Outcome, StepOutcome
 from ratchet.handlers.payloads import (
     MAX_REASON_CHARS,
     DecideRequest,

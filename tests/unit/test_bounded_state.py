@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from ratchet.engine.core import (
+from ratchet.engine.decisions import (
     ARGUMENT_PREVIEW_KEYS,
-    _arguments_preview,
-    _canonical,
-    _hash,
-    _payload,
+    arguments_preview,
+    canonical,
+    payload_hash,
+    payload_of,
 )
-from ratchet.engine.transitions import apply_event
+from ratchet.engine.fold import apply_event
 from ratchet.errors import UnsupportedSchema
 from ratchet.migrations import load_state, upgrade_state
 from ratchet.state import (
@@ -34,31 +34,31 @@ from ratchet.state import (
 def test_a_preview_keeps_small_values_and_replaces_large_ones_by_their_size():
     arguments = {"batch": 7, "dry_run": False, "rows": ["r" * 100] * 1000}
 
-    preview = _arguments_preview(arguments)
+    preview = arguments_preview(arguments)
 
-    size = len(_canonical(arguments["rows"]).encode())
+    size = len(canonical(arguments["rows"]).encode())
     assert preview == {"batch": 7, "dry_run": False, "rows": f"[{size:,} bytes, by reference]"}
 
 
 def test_a_preview_stays_small_whatever_the_arguments():
     arguments = {f"{'k' * 500}{n}": "v" * 10_000 for n in range(500)}
 
-    preview = _arguments_preview(arguments)
+    preview = arguments_preview(arguments)
 
     assert len(preview) == ARGUMENT_PREVIEW_KEYS + 1
     assert preview["…"] == f"{500 - ARGUMENT_PREVIEW_KEYS} more arguments"
-    assert len(_canonical(preview).encode()) < INLINE_BYTES
+    assert len(canonical(preview).encode()) < INLINE_BYTES
 
 
 def test_a_call_kept_inline_hashes_as_it_did_before_references_existed():
     call = ToolCall(name="copy_batch", arguments={"batch": 3})
 
-    payload = _payload(call)
+    payload = payload_of(call)
 
     assert payload == {"name": "copy_batch", "arguments": {"batch": 3}}
     legacy = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    assert _hash(payload) == hashlib.sha256(legacy.encode()).hexdigest()
-    assert _payload(Done(summary="ok")) == {"summary": "ok"}
+    assert payload_hash(payload) == hashlib.sha256(legacy.encode()).hexdigest()
+    assert payload_of(Done(summary="ok")) == {"summary": "ok"}
 
 
 def test_the_head_keeps_the_preview_and_the_reference_of_a_call_kept_by_reference():

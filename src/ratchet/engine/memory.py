@@ -11,12 +11,13 @@ step and every later prompt read that same text back; nothing is summarised twic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.ports import ToolSpec
-from ratchet.state import MAX_FACT_CHARS, MAX_PINNED_FACTS, RunState
+from ratchet.state import MAX_FACT_CHARS, MAX_PINNED_FACTS, RunState, Usage
 from ratchet.tools import Agent
 
 REMEMBER = "remember"
@@ -52,7 +53,7 @@ def tool_specs(agent: Agent) -> list[ToolSpec]:
 
 def remember(state: RunState, arguments: dict[str, Any]) -> str:
     """The `remember` tool's result. It starts with "Remembered" only when the fact is pinned
-    (the fold pins the facts of such results: `transitions.pinned_fact`)."""
+    (the fold pins the facts of such results: `fold.pinned_fact`)."""
     fact = " ".join(RememberArgs.model_validate(arguments).fact.split())
     if fact in state.pinned:
         return f"Already remembered: {fact}"
@@ -62,6 +63,15 @@ def remember(state: RunState, arguments: dict[str, Any]) -> str:
             f"The fact stays in this step's record: {fact}"
         )
     return f"Remembered: {fact}"
+
+
+@dataclass(frozen=True)
+class Folded:
+    """The model's new running summary, covering the steps up to `through`."""
+
+    summary: str
+    through: int
+    usage: Usage | None
 
 
 def summarise_through(state: RunState) -> int | None:

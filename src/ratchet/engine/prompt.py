@@ -1,4 +1,5 @@
-"""The step prompt, rendered byte for byte from the template shipped in this package."""
+"""What the model is given: the view of a run's state, and the step prompt rendered from it
+byte for byte from the template shipped in this package (and the summary prompt)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,36 @@ from typing import Any
 
 from ratchet.engine.memory import SUMMARY_PROMPT
 from ratchet.ports import StepView
+from ratchet.state import RunState
 
 _PLACEHOLDER = re.compile(r"\{\{(goal|completed_steps|last_tool_result)\}\}")
 NOTHING_YET = "(none yet)"
+
+
+def step_prompt(state: RunState) -> tuple[StepView, str]:
+    """What the model is given for the next step of `state`: the view, and the step prompt
+    rendered from it. `Client.replay` renders through this same function from the state the
+    records fold into before the step, so replay shows what the model was given exactly when
+    that state is the one the step loaded (the store's contract, `tests/conformance`)."""
+    view = view_of(state)
+    return view, render_step_prompt(view)
+
+
+def view_of(state: RunState) -> StepView:
+    return StepView(
+        run_id=state.run_id,
+        goal=state.goal,
+        step=state.next_step,
+        messages=state.messages,
+        tool_results=state.tool_results,
+        digest=state.digest,
+        last_result=state.last_result,
+        params=state.options.params,
+        previous_failure=state.error,
+        pinned=state.pinned,
+        summary=state.memory,
+        summarised_through=state.memory_through,
+    )
 
 
 @cache

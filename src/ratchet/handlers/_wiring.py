@@ -25,7 +25,7 @@ from ratchet.adapters.slack import SlackNotifier, SlackResponder
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.client import Client
-from ratchet.engine.core import Engine
+from ratchet.engine import Engine
 from ratchet.faults import FaultPlan
 from ratchet.observability import redacted_json
 from ratchet.ports import Notifier

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.adapters.stepfunctions import execution_name
-from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.engine import Outcome, StepOutcome
 
 MAX_REASON_CHARS = 2000
 """How much of a failure's error and cause the run keeps as its `error`."""

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.engine.core import Outcome, StepOutcome
+from ratchet.engine import Outcome, StepOutcome
 from ratchet.errors import (
     AbandonedCallRunning,
     StaleVersion,

@@ -28,7 +28,7 @@ from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 
 if TYPE_CHECKING:
-    from ratchet.engine.core import Binding, Engine
+    from ratchet.engine import Binding, Engine
     from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
     from ratchet.runtime.local import LocalSettings
     from ratchet.state import RunOptions, RunState

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
-from ratchet.engine.core import Binding, Engine, Outcome
+from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
     StaleVersion,
     StepAttemptFailed,

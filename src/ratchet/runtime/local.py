@@ -38,7 +38,7 @@ from ratchet.adapters.sqlite.store import (
 )
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
-from ratchet.engine.core import Binding, Engine
+from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
-from ratchet.engine.core import Engine
+from ratchet.engine import Engine
 from ratchet.errors import ApprovalClosed, NotWaiting, StaleVersion
 from ratchet.waits import Approval, ApprovalStatus, Verdict, expired_verdict
 

@@ -11,7 +11,7 @@ import pytest
 
 from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, ApprovalAnswer, Rejection
 from ratchet.adapters.stepfunctions import execution_name
-from ratchet.engine.core import Engine
+from ratchet.engine import Engine
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.handlers import _wiring, decide, mark_failed, step

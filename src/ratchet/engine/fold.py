@@ -1,5 +1,7 @@
 """How each checkpoint event moves a run's state: a pure fold, shared by the engine (to build the
-new head) and by `show --step N` (to rebuild the state as of any earlier checkpoint)."""
+new head) and by `show --step N` and `replay` (to rebuild the state as of any earlier
+checkpoint). What the window keeps of a step and of a person's answer (`message_of`,
+`preview_of`, `answer_in_place`) is in `ratchet.state`, where the stores' window reads share it."""
 
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from ratchet.state import (
     ToolDigest,
     Usage,
     Waiting,
+    answer_in_place,
+    message_of,
+    preview_of,
 )
-from ratchet.stored import answer_in_place, message_of, preview_of
 
 
 def apply_event(

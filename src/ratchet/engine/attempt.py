@@ -1,0 +1,306 @@
+"""What one attempt of a step does between counting it and committing it, under its step clock:
+decide (reuse the decision recorded under the step's key, or ask the model once and record its
+decision before acting), act (run the one tool), and, when the window is due, have the model
+summarise its oldest steps. What it returns, `Attempted`, is what the step's commit records."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ratchet.engine import memory
+from ratchet.engine.deadline import StepClock
+from ratchet.engine.decisions import (
+    arguments_of,
+    by_reference,
+    canonical,
+    decision_from,
+    payload_hash,
+    payload_of,
+    validated,
+)
+from ratchet.engine.failures import describe, paid_for
+from ratchet.engine.prompt import render_summary_prompt, step_prompt, view_of
+from ratchet.errors import (
+    IdempotencyConflict,
+    ModelFailed,
+    ModelOutputInvalid,
+    RecordedDecisionInvalid,
+    StaleVersion,
+    StepAttemptFailed,
+    StepTimedOut,
+    ToolFailed,
+    is_transient,
+)
+from ratchet.faults import FaultPlan, FaultPoint
+from ratchet.ports import (
+    BlobStore,
+    IdempotencyLedger,
+    LedgerEntry,
+    Model,
+    ModelReply,
+    ModelRequest,
+    StepView,
+    ToolSpec,
+)
+from ratchet.state import (
+    INLINE_BYTES,
+    MAX_APPROVAL_REQUEST_BYTES,
+    MAX_SUMMARY_CHARS,
+    PREVIEW_CHARS,
+    ApprovalRequest,
+    Decision,
+    Done,
+    RunState,
+    ToolCall,
+    ToolOutput,
+    Usage,
+    idempotency_key,
+)
+from ratchet.tools import Agent, ToolContext, ToolResult
+
+INLINE_OUTPUT_BYTES = INLINE_BYTES
+"""Tool output up to this size is kept in the step record; larger output goes to a blob."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What one run needs to take a step: its agent's tools, a model, and opened resources."""
+
+    agent: Agent
+    model: Model
+    resources: Any = None
+
+
+@dataclass(frozen=True)
+class Attempted:
+    """What an attempt decided and did, for the step's commit to record: a `Done`, or a tool
+    call with its output, the person it asks (if any) and the window's new summary (if due)."""
+
+    decision: Decision
+    output: ToolOutput | None = None
+    wait: ApprovalRequest | None = None
+    usage: Usage | None = None
+    """What the attempt's model calls used (None: the recorded decision was reused)."""
+    folded: memory.Folded | None = None
+
+
+class StepWork:
+    """Decides and acts for the engine's attempts; the engine commits what they return."""
+
+    def __init__(
+        self,
+        *,
+        ledger: IdempotencyLedger,
+        blobs: BlobStore,
+        faults: FaultPlan,
+        sleep: Callable[[float], None],
+        logger: logging.Logger | Any,
+        worker_id: str,
+    ) -> None:
+        self._ledger = ledger
+        self._blobs = blobs
+        self._faults = faults
+        self._sleep = sleep
+        self._log = logger
+        self._worker_id = worker_id
+
+    def decide(
+        self, state: RunState, binding: Binding, clock: StepClock
+    ) -> tuple[Decision, Usage | None]:
+        """The step's decision, and what the model call cost (None: the decision recorded by
+        an earlier attempt is reused, and no model is called)."""
+        step = state.next_step
+        key = idempotency_key(state.run_id, step)
+        recorded = self._ledger.get(key)
+        usage: Usage | None = None
+        if recorded is None:
+            self._faults.hit(FaultPoint.BEFORE_MODEL, step)
+            view, prompt = step_prompt(state)
+            self._log.debug(
+                "model called",
+                extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
+            )
+            answer, usage = ask(
+                binding,
+                clock,
+                prompt=prompt,
+                tools=memory.tool_specs(binding.agent),
+                view=view,
+                doing="in the model call",
+            )
+            try:
+                decision = validated(answer, binding.agent)
+            except StepAttemptFailed as invalid:
+                paid_for(invalid, usage)
+                raise
+            self._faults.hit(FaultPoint.AFTER_MODEL, step)
+            entry = LedgerEntry(
+                key=key,
+                run_id=state.run_id,
+                step=step,
+                # The hash is of the full decision, so the same key with other arguments is
+                # refused even when both are kept by reference.
+                args_hash=payload_hash(payload_of(decision)),
+                decision=payload_of(by_reference(decision, self._blobs)),
+            )
+            try:
+                recorded = self._ledger.begin(entry)
+            except IdempotencyConflict as conflict:
+                # Another worker decided this step first (our lease lapsed mid-call): its
+                # decision stands, and our version is stale. Stop without acting.
+                raise StaleVersion(state.run_id, state.version) from conflict
+        else:
+            self._log.debug(
+                "decision reused",
+                extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
+            )
+        self._faults.hit(FaultPoint.AFTER_DECISION, step)
+        return decision_from(recorded.decision), usage
+
+    def summarise(
+        self, state: RunState, binding: Binding, clock: StepClock
+    ) -> memory.Folded | None:
+        """With `model_summary`, when this step's commit would leave twice `memory_window`
+        steps in the window: the model's summary of the oldest ones, to record in the step's
+        record (so it is written once, and a replay reads it back)."""
+        through = memory.summarise_through(state)
+        if through is None:
+            return None
+        view = view_of(state).model_copy(update={"task": "summarise", "summarise_through": through})
+        decision, usage = ask(
+            binding,
+            clock,
+            prompt=render_summary_prompt(view, limit=MAX_SUMMARY_CHARS),
+            tools=[],
+            view=view,
+            doing="summarising the window",
+            during=" while summarising",
+        )
+        if not isinstance(decision, Done) or not decision.summary.strip():
+            refused = ModelOutputInvalid(
+                "asked for a summary of the oldest steps, the model gave none"
+            )
+            raise paid_for(refused, usage)
+        return memory.Folded(decision.summary.strip()[:MAX_SUMMARY_CHARS], through, usage)
+
+    def act(
+        self, state: RunState, binding: Binding, call: ToolCall, clock: StepClock
+    ) -> tuple[ToolOutput, ApprovalRequest | None]:
+        step = state.next_step
+        tool = binding.agent.tool_named(call.name)
+        if tool is None and call.name == memory.REMEMBER and memory.offers_remember(binding.agent):
+            try:
+                pinned = memory.remember(state, arguments_of(call, self._blobs))
+            except ValidationError as error:
+                raise RecordedDecisionInvalid(f"recorded fact no longer fits: {error}") from None
+            return ToolOutput(step=step, tool=memory.REMEMBER, text=pinned), None
+        if tool is None:
+            raise RecordedDecisionInvalid(
+                f"step {step} asks for tool {call.name!r}, which this agent lacks"
+            )
+        try:
+            args = tool.parse(arguments_of(call, self._blobs))
+        except ValidationError as error:
+            raise RecordedDecisionInvalid(
+                f"recorded arguments no longer fit {tool.name}: {error}"
+            ) from None
+        context = ToolContext(
+            run_id=state.run_id,
+            step=step,
+            idempotency_key=idempotency_key(state.run_id, step),
+            attempt=state.attempts,
+            resources=binding.resources,
+        )
+
+        def run_tool() -> ToolResult:
+            if state.options.tool_latency_ms:
+                self._sleep(state.options.tool_latency_ms / 1000)
+            return tool(args, context)
+
+        try:
+            result = clock.run(run_tool, f"in tool {tool.name}")
+        except StepTimedOut:
+            raise
+        except Exception as error:  # user code: any failure is this attempt's failure
+            raise ToolFailed(
+                f"{tool.name} raised {describe(error)}", transient=is_transient(error)
+            ) from error
+        self._faults.hit(FaultPoint.AFTER_TOOL, step)
+        return self._output(step, tool.name, result), approval_request(tool.name, result)
+
+    def _output(self, step: int, tool: str, result: object) -> ToolOutput:
+        text = result.output if isinstance(result, ToolResult) else result
+        if not isinstance(text, str):
+            raise ToolFailed(f"{tool} returned {type(text).__name__}, not text")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ToolFailed(f"{tool} returned text that is not valid Unicode: {error}") from None
+        if len(data) <= INLINE_OUTPUT_BYTES:
+            return ToolOutput(step=step, tool=tool, text=text)
+        blob = self._blobs.put(data)
+        preview = text[:PREVIEW_CHARS] + f"… [{len(data):,} bytes in blob {blob.sha256[:12]}]"
+        return ToolOutput(step=step, tool=tool, text=preview, blob=blob)
+
+
+def ask(
+    binding: Binding,
+    clock: StepClock,
+    *,
+    prompt: str,
+    tools: list[ToolSpec],
+    view: StepView,
+    doing: str,
+    during: str = "",
+) -> tuple[object, Usage | None]:
+    """One call of the agent's model under the step's clock, with the agent's settings: its
+    answer (unchecked) and what it used. An error of the adapter's own (user code) is
+    `ModelFailed`, "the model raised ...{during}"."""
+    agent = binding.agent
+    request = ModelRequest(
+        prompt=prompt,
+        tools=tools,
+        view=view,
+        instructions=agent.instructions,
+        max_tokens=agent.max_tokens,
+        temperature=agent.temperature,
+        retry_seconds=agent.model_retry_seconds,
+    )
+    try:
+        answer = clock.run(lambda: binding.model.decide(request), doing)
+    except StepAttemptFailed:
+        raise
+    except Exception as error:  # a model adapter or a scripted policy: user code
+        raise ModelFailed(
+            f"the model raised {describe(error)}{during}", transient=is_transient(error)
+        ) from error
+    if isinstance(answer, ModelReply):
+        return answer.decision, answer.usage
+    return answer, None
+
+
+def approval_request(tool: str, result: ToolResult) -> ApprovalRequest | None:
+    """The person the tool's result asks, checked to be a request a record can keep."""
+    request = result.wait_for
+    if request is None:
+        return None
+    if not isinstance(request, ApprovalRequest):
+        raise ToolFailed(f"{tool} asked a person with a {type(request).__name__}")
+    try:
+        size = len(canonical(request.model_dump(mode="json")).encode("utf-8"))
+    except (TypeError, ValueError) as error:  # details that are not JSON, or not Unicode
+        raise ToolFailed(
+            f"{tool} asked a person with a request that cannot be kept: {error}"
+        ) from error
+    if size > MAX_APPROVAL_REQUEST_BYTES:
+        raise ToolFailed(
+            f"{tool} asked a person with a request of {size:,} bytes, over the "
+            f"{MAX_APPROVAL_REQUEST_BYTES:,}-byte limit; keep the prompt short and put the "
+            "detail in the tool's output"
+        )
+    return request

@@ -1,0 +1,51 @@
+"""What a step of the engine returns: the run's outcome (continue, waiting, done, ...) with the
+head the step left, for whoever drives the engine (a worker, the step Lambda) to act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ratchet.state import RunState, RunStatus
+
+
+class Outcome(StrEnum):
+    CONTINUE = "continue"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+
+
+_OUTCOME_OF_STATUS = {
+    RunStatus.RUNNING: Outcome.CONTINUE,
+    RunStatus.WAITING: Outcome.WAITING,
+    RunStatus.DONE: Outcome.DONE,
+    RunStatus.FAILED: Outcome.FAILED,
+    RunStatus.STOPPED: Outcome.STOPPED,
+    RunStatus.CANCELLED: Outcome.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    outcome: Outcome
+    run_id: str
+    step: int
+    version: int
+    bytes_written: int = 0
+    """What the step's checkpoint commit wrote (head, record, ledger); 0 if nothing was."""
+    head: RunState | None = field(default=None, compare=False, repr=False)
+    """The head the step left, as committed (what a reader of the store would load)."""
+
+    @classmethod
+    def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:
+        return cls(
+            _OUTCOME_OF_STATUS[state.status],
+            state.run_id,
+            state.step,
+            state.version,
+            bytes_written,
+            state,
+        )

@@ -1,0 +1,390 @@
+"""The step engine: advances a run by exactly one step, then commits it.
+
+It knows nothing of processes, Lambda or Step Functions. Whoever drives it (a local worker, the
+step Lambda) calls `advance(run_id)` and acts on the outcome. The order inside a step is what
+makes a crash at any point cost at most that step and never repeat a side effect:
+
+1. load the head; stop rules (not running, step cap, third strike);
+2. count the attempt, durably, before any work;
+3. decide: reuse the decision recorded under the step's key, or call the model once and record
+   it before acting;
+4. act: run the one tool with the key `<run_id>/step-<n>`;
+5. commit the step record and the new head in one write, conditional on the version read.
+
+Whatever fails in 3-5 is recorded on the run with its cause (an `attempt_failed` checkpoint)
+and raised as a `StepAttemptFailed`, except what cannot succeed on retry (`TERMINAL_ERRORS`),
+which fails the run at once, and an `InjectedFault`, which stands for the process dying and so
+is left unrecorded, as a real crash would be. The agent's own code (its hooks, the model call,
+the tool) runs on a thread of its own under the agent's step time limit (what it raises there,
+`SystemExit` and `KeyboardInterrupt` too, is the attempt's failure); a step over it is
+abandoned, and since only the calling thread commits, whatever the abandoned code returns later
+is never written. Python cannot stop the abandoned call, so this process fences it off: the
+run's next attempt waits for it before running the agent's code again, and the run is not
+failed while it runs (`AbandonedCallRunning`). Tool arguments, outputs and summaries over
+`INLINE_BYTES` are kept by reference to the blob store, so no record grows with what the agent
+passes around.
+
+This file holds that order; beside it, `attempt` decides and acts (3-4), `commits` writes (2's
+failed attempts, 5), `deadline` runs the agent's code under its time limit and keeps the fence,
+and `decisions` checks and keeps what the model decided.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import datetime
+from typing import Any
+
+from ratchet.engine.attempt import Attempted, Binding, StepWork
+from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
+from ratchet.engine.commits import Commits
+from ratchet.engine.deadline import (
+    ABANDONED_GRACE_SECONDS,
+    StepClock,
+    abandoned_call_running,
+)
+from ratchet.engine.decisions import result_digest
+from ratchet.engine.failures import (
+    added,
+    attempt_failure,
+    cut,
+    describe,
+    paid_for,
+)
+from ratchet.engine.outcome import StepOutcome
+from ratchet.errors import (
+    AgentSetupFailed,
+    InjectedFault,
+    NotCancellable,
+    NotRetryable,
+    NotWaiting,
+    RunNotFound,
+    RunUnreadable,
+    StaleVersion,
+    StepAttemptFailed,
+    StepTimedOut,
+    is_transient,
+)
+from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
+from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, LedgerCompletion
+from ratchet.state import (
+    MAX_ATTEMPTS,
+    Checkpoint,
+    Created,
+    Done,
+    Finished,
+    PersonDecided,
+    Retried,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    idempotency_key,
+    utcnow,
+)
+from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
+
+Binder = Callable[[RunState], Binding]
+
+
+class Engine:
+    """Takes runs' steps (`advance`), and moves a run as a supervisor or a person asks (`fail`,
+    `retry`, `cancel`, `decide_waiting`): every change is one conditional commit."""
+
+    def __init__(
+        self,
+        *,
+        store: CheckpointStore,
+        ledger: IdempotencyLedger,
+        blobs: BlobStore,
+        bind: Binder,
+        unbind: Callable[[str], None] | None = None,
+        worker_id: str,
+        logger: logging.Logger | Any,
+        faults: FaultPlan = NO_FAULTS,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        rng: random.Random | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
+    ) -> None:
+        self._store = store
+        self._bind = bind
+        self._unbind = unbind
+        self._worker_id = worker_id
+        self._faults = faults
+        self._counted_ahead: dict[str, int] = {}
+        self._commits = Commits(
+            store=store,
+            worker_id=worker_id,
+            logger=logger,
+            backoff=backoff,
+            rng=rng or random.Random(),
+            clock=clock,
+            abandoned_grace_seconds=abandoned_grace_seconds,
+        )
+        self._work = StepWork(
+            ledger=ledger,
+            blobs=blobs,
+            faults=faults,
+            sleep=sleep,
+            logger=logger,
+            worker_id=worker_id,
+        )
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    def abandoned_call_running(self, run_id: str) -> bool:
+        """Whether a call of the run's agent that this process abandoned at a step deadline
+        is still running (a worker keeps the run's lease until it ends, or the process does)."""
+        return abandoned_call_running(run_id)
+
+    # --- runs ------------------------------------------------------------------------------
+
+    def start(self, state: RunState) -> bool:
+        """Create the run at version 1. False (and nothing written) if the id is taken."""
+        state = state.model_copy(update={"version": 1})
+        checkpoint = Checkpoint(
+            run_id=state.run_id,
+            version=1,
+            # A fork starts at its source's step: its window's reads find the record there.
+            step=state.step,
+            status=state.status,
+            worker_id=self._worker_id,
+            event=Created(state=state),
+        )
+        return self._store.create_run(state, checkpoint)
+
+    def load(self, run_id: str) -> RunState:
+        """The run's head. Raises `RunNotFound`, `UnsupportedSchema` (a newer Ratchet wrote
+        it) or `RunUnreadable` (it does not parse): the last two are never worth a retry."""
+        try:
+            state = self._store.load_head(run_id)
+        except ValueError as error:  # a head that is not JSON, or not a RunState
+            raise RunUnreadable(run_id, describe(error)) from error
+        if state is None:
+            raise RunNotFound(run_id)
+        return state
+
+    def advance(self, run_id: str, *, count_next_attempt: bool = False) -> StepOutcome:
+        """Take exactly one step of the run (or apply a stop rule) and commit it.
+
+        Raises `StaleVersion` if another worker moved the run meanwhile (nothing was written),
+        and `StepAttemptFailed` (a subclass naming what failed, with `transient` set when a
+        worker should back off) after recording a failed attempt that may be retried. A
+        failure no retry can fix (`TERMINAL_ERRORS`) and the third failed attempt are not
+        raised: the run is failed with the cause and the outcome returned. A head that cannot
+        be read raises `UnsupportedSchema` or `RunUnreadable`; retrying those is pointless.
+
+        With `count_next_attempt`, a caller that goes straight on to the next step (a worker's
+        loop) has the step's commit count the next step's first attempt too, which saves the
+        next step a durable write. The caller must `release` the run if it stops before that
+        step, or the count would stand for an attempt that never started.
+        """
+        state = self.load(run_id)
+        if state.status is not RunStatus.RUNNING:
+            return StepOutcome.of(state)
+        step = state.next_step
+        if state.step >= state.options.max_steps:
+            summary = (
+                f"Stopped at the step cap of {state.options.max_steps} steps before the goal "
+                "was reported done."
+            )
+            return self._commits.finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
+        # Only this engine can have written the version it counted ahead for: if the head is
+        # still at it, the attempt is already on record, and nobody else has touched the run.
+        if self._counted_ahead.pop(run_id, None) != state.version:
+            if state.attempts >= MAX_ATTEMPTS:
+                last = state.error or "the worker died during the step"
+                error = f"step {step} failed {state.attempts} times; last error: {last}"
+                return self._commits.fail_run(state, Finished(status=RunStatus.FAILED, error=error))
+            version = self._store.begin_attempt(run_id, state.version)
+            state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
+        started = time.perf_counter()
+        try:
+            attempted = self._attempt(state)
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            return self._record_failure(state, attempt_failure(error, f"step {step} failed"))
+        self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
+        try:
+            head, written = self._commit_step(
+                state, attempted, count_next_attempt=count_next_attempt, started=started
+            )
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            failure = attempt_failure(error, f"step {step} could not be committed")
+            return self._record_failure(state, paid_for(failure, attempted.usage))
+        self._faults.hit(FaultPoint.AFTER_COMMIT, step)
+        return StepOutcome.of(head, bytes_written=written)
+
+    def step_timeout(self, state: RunState) -> float | None:
+        """The time limit, in seconds, of one step of this run's agent (`None`: no limit).
+        Whatever drives the engine must allow a step at least this long plus the engine's own
+        reads and writes; `MAX_STEP_TIMEOUT_SECONDS` bounds it for every agent."""
+        return self._bound(
+            state, time.monotonic() + MAX_STEP_TIMEOUT_SECONDS
+        ).agent.step_timeout_seconds
+
+    def _commit_step(
+        self, state: RunState, attempted: Attempted, *, count_next_attempt: bool, started: float
+    ) -> tuple[RunState, int]:
+        """Commit what the attempt decided and did (`started`: its `time.perf_counter()`);
+        returns the new head and the bytes written."""
+        step = state.next_step
+        key = idempotency_key(state.run_id, step)
+        decision = attempted.decision
+        if isinstance(decision, Done):
+            finished = Finished(
+                status=RunStatus.DONE,
+                summary=decision.summary,
+                attempts=state.attempts,
+                usage=attempted.usage,
+            )
+            return self._commits.commit(
+                state, finished, step=state.step, completes=LedgerCompletion(key, "DONE")
+            )
+        output, wait, folded = attempted.output, attempted.wait, attempted.folded
+        assert output is not None
+        event = StepCompleted(
+            step=step,
+            key=key,
+            call=decision,
+            output=output,
+            wait=wait,
+            next_attempt_counted=count_next_attempt
+            and wait is None
+            and step < state.options.max_steps,
+            attempt=state.attempts,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            usage=attempted.usage,
+            memory=folded.summary if folded else None,
+            memory_through=folded.through if folded else None,
+        )
+        head, written = self._commits.commit(
+            state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
+        )
+        if event.next_attempt_counted:
+            # Only this engine can have written this version: see `advance`.
+            self._counted_ahead[state.run_id] = head.version
+        return head, written
+
+    def release(self, run_id: str) -> None:
+        """Take back the next attempt counted ahead by `advance`, if the run is still as this
+        engine left it. Call it when a worker stops working on a run."""
+        version = self._counted_ahead.pop(run_id, None)
+        if version is None:
+            return
+        # If another worker has moved the run on since, the count is theirs to keep.
+        with suppress(StaleVersion):
+            self._store.release_attempt(run_id, version)
+
+    def fail(self, run_id: str, reason: str) -> RunState:
+        """Mark the run failed, keeping its last checkpoint (a supervisor gave up on it).
+        A run that has already finished is left as it is."""
+        state = self.load(run_id)
+        if state.is_finished:
+            return state
+        head, _ = self._commits.commit(
+            state,
+            Finished(status=RunStatus.FAILED, error=cut(reason), attempts=state.attempts),
+            step=state.step,
+        )
+        return head
+
+    def retry(self, run_id: str, *, by: str) -> RunState:
+        """Give a failed run a fresh set of attempts at the step that failed, from its last
+        checkpoint: recorded decisions and applied keys are honoured as on any resume."""
+        state = self.load(run_id)
+        if state.status is not RunStatus.FAILED:
+            raise NotRetryable(run_id, state.status)
+        head, _ = self._commits.commit(state, Retried(by=by), step=state.step)
+        return head
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "") -> RunState:
+        """End a running or waiting run as `cancelled`, keeping its checkpoints. A step that
+        is under way elsewhere finds the run cancelled when it commits (a stale version)."""
+        state = self.load(run_id)
+        if state.is_finished:
+            raise NotCancellable(run_id, state.status)
+        summary = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
+        finished = Finished(status=RunStatus.CANCELLED, summary=cut(summary))
+        head, _ = self._commits.commit(state, finished, step=state.step)
+        return head
+
+    def decide_waiting(
+        self,
+        run_id: str,
+        *,
+        approved: bool,
+        by: str,
+        comment: str = "",
+        answer: dict[str, Any] | None = None,
+        step: int | None = None,
+    ) -> RunState:
+        """Record a person's decision on a waiting run; the run becomes runnable again.
+        With `step`, only if the run waits at that step (the commit is conditional on the
+        version read here, so the check and the decision are one). `answer` is recorded as
+        given: the approval desk checks it against the request's schema."""
+        state = self.load(run_id)
+        if state.status is not RunStatus.WAITING or (step is not None and state.step != step):
+            raise NotWaiting(run_id, state.status)
+        event = PersonDecided(approved=approved, by=by, comment=comment, answer=answer)
+        head, _ = self._commits.commit(state, event, step=state.step)
+        return head
+
+    # --- one step --------------------------------------------------------------------------
+
+    def _attempt(self, state: RunState) -> Attempted:
+        """Decide and act: what the step's commit records. The agent's code runs under the
+        agent's time limit, counted from the start of the attempt."""
+        started = time.monotonic()
+        binding = self._bound(state, started + MAX_STEP_TIMEOUT_SECONDS)
+        limit = binding.agent.step_timeout_seconds
+        clock = StepClock(
+            state.run_id, state.next_step, limit, None if limit is None else started + limit
+        )
+        clock.wait_for_abandoned()
+        decision, usage = self._work.decide(state, binding, clock)
+        if isinstance(decision, Done):
+            return Attempted(decision, usage=usage)
+        try:
+            output, wait = self._work.act(state, binding, decision, clock)
+            folded = self._work.summarise(state, binding, clock)
+        except (StaleVersion, InjectedFault):
+            raise
+        except Exception as error:
+            failure = paid_for(attempt_failure(error, f"step {state.next_step} failed"), usage)
+            if failure is error:
+                raise
+            raise failure from error
+        if folded is not None:
+            usage = added(usage, folded.usage)
+        return Attempted(decision, output=output, wait=wait, usage=usage, folded=folded)
+
+    def _bound(self, state: RunState, deadline: float) -> Binding:
+        clock = StepClock(state.run_id, state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
+        try:
+            return clock.run(lambda: self._bind(state), f"setting up agent {state.agent!r}")
+        except StepTimedOut:
+            raise
+        except Exception as error:  # the agent's own hooks run here: any failure is this attempt's
+            raise AgentSetupFailed(
+                f"cannot set up agent {state.agent!r} for the step: {describe(error)}",
+                transient=is_transient(error),
+            ) from error
+
+    def _record_failure(self, state: RunState, error: StepAttemptFailed) -> StepOutcome:
+        """Record the failed attempt and raise it, or fail the run (`Commits.record_failure`)."""
+        if isinstance(error, StepTimedOut) and self._unbind is not None:
+            # The abandoned step may still be using the run's resources: the next attempt
+            # gets its own.
+            self._unbind(state.run_id)
+        return self._commits.record_failure(state, error)
