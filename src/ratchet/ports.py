@@ -6,6 +6,8 @@ Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformanc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -136,6 +138,73 @@ class IdempotencyLedger(Protocol):
     def get(self, key: str) -> LedgerEntry | None: ...
 
     def complete(self, key: str, result: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoredHead:
+    """A run's head as stored: its columns, its JSON and its static part (None for a head an
+    older Ratchet stored whole)."""
+
+    run_id: str
+    version: int
+    attempts: int
+    status: str
+    updated_at: datetime
+    head: str
+    static: str | None
+    damage: str | None = None
+    """What of the row cannot be read as stored (text that is not UTF-8, a status that is not
+    a run status), if anything: the run is then unreadable, and left as it is."""
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    version: int
+    step: int
+    event: str
+    damage: str | None = None
+    """Why the record's event cannot be read as stored (text that is not UTF-8), if it cannot."""
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    records: int
+    ledger_entries: int
+
+
+class HousekeepingStore(Protocol):
+    """The rows `ratchet.housekeeping` (`ratchet migrate`, `ratchet gc`) reads and the few
+    writes it makes, each conditional on the head's version as read: a store's rows as
+    stored, before any parsing, so that a damaged run is reported rather than fatal.
+    Implemented for SQLite (`SqliteHousekeeping`)."""
+
+    def heads(self) -> list[StoredHead]:
+        """Every run's stored head."""
+        ...
+
+    def records(self, run_id: str) -> list[StoredRecord]:
+        """The run's checkpoint records, oldest first."""
+        ...
+
+    def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
+        """Replace the head's JSON (and add its static part if given) if the head is still at
+        `head.version`; False, with nothing written, if it moved."""
+        ...
+
+    def trim_run(self, head: StoredHead, keep_from_step: int, *, dry_run: bool) -> Trimmed | None:
+        """Delete (or, with `dry_run`, count) the run's records other than its first one and
+        its ledger entries, of steps before `keep_from_step`, if the head is still at
+        `head.version`; None if it moved."""
+        ...
+
+    def blob_references(self, trims: Mapping[str, int]) -> set[str]:
+        """The sha256 of every blob a head, record, ledger entry or approval references,
+        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
+        ...
+
+    def locked(self) -> AbstractContextManager[object]:
+        """Hold the store's write lock: no commit lands meanwhile."""
+        ...
 
 
 class ToolSpec(BaseModel):

@@ -35,7 +35,6 @@ from ratchet.errors import (
     StoreDamaged,
     StoreUnavailable,
 )
-from ratchet.housekeeping import StoredHead, StoredRecord, Trimmed, blob_digests
 from ratchet.ports import (
     MAX_ITEM_BYTES,
     Commit,
@@ -43,6 +42,9 @@ from ratchet.ports import (
     LedgerEntry,
     LedgerStatus,
     RunSummary,
+    StoredHead,
+    StoredRecord,
+    Trimmed,
 )
 from ratchet.state import Checkpoint, CheckpointEvent, RunState, RunStatus, utcnow
 
@@ -904,7 +906,7 @@ class SqliteHousekeeping:
         found: set[str] = set()
         for query in queries:
             for (text,) in connection.execute(query):
-                found |= blob_digests(bytes(text).decode("utf-8", "replace"))
+                found |= stored.blob_digests(bytes(text).decode("utf-8", "replace"))
         # Each run's first record, which gc keeps: only a dry run's `trims` need it.
         firsts = (
             dict(connection.execute("SELECT run_id, min(version) FROM checkpoints GROUP BY run_id"))
@@ -918,7 +920,7 @@ class SqliteHousekeeping:
             keep_from = trims.get(run_id)
             if keep_from is not None and step < keep_from and version > firsts[run_id]:
                 continue  # a record gc deletes (counted for a dry run)
-            found |= blob_digests(bytes(event).decode("utf-8", "replace"))
+            found |= stored.blob_digests(bytes(event).decode("utf-8", "replace"))
         return found
 
     def locked(self) -> AbstractContextManager[object]:
