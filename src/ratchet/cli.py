@@ -971,7 +971,7 @@ def _local_store(command: str, *, write: bool) -> Any:
 def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
     and report per schema version. Exit 1 if a run cannot be read or upgraded."""
-    from ratchet.adapters.sqlite.store import SqliteHousekeeping
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.housekeeping import migrate as migrate_heads
 
     runtime = _local_store("migrate", write=not dry_run)
@@ -1021,7 +1021,7 @@ def gc(
     what loading it reads (its head and its window's records)."""
     from datetime import timedelta
 
-    from ratchet.adapters.sqlite.store import SqliteHousekeeping
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.housekeeping import collect_garbage
     from ratchet.state import utcnow
 

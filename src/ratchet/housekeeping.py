@@ -13,7 +13,7 @@ and can be retried as before; only its older history goes. Running and waiting r
 touched. Blobs that no remaining head, record, ledger entry or approval references are deleted.
 
 The backend (`ratchet.ports.HousekeepingStore`, for SQLite
-`ratchet.adapters.sqlite.store.SqliteHousekeeping`) only reads and writes rows; what to
+`ratchet.adapters.sqlite.housekeeping.SqliteHousekeeping`) only reads and writes rows; what to
 keep and what to rewrite is decided here.
 """
 

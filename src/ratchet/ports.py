@@ -176,7 +176,7 @@ class HousekeepingStore(Protocol):
     """The rows `ratchet.housekeeping` (`ratchet migrate`, `ratchet gc`) reads and the few
     writes it makes, each conditional on the head's version as read: a store's rows as
     stored, before any parsing, so that a damaged run is reported rather than fatal.
-    Implemented for SQLite (`SqliteHousekeeping`)."""
+    Implemented for SQLite (`ratchet.adapters.sqlite.housekeeping`)."""
 
     def heads(self) -> list[StoredHead]:
         """Every run's stored head."""

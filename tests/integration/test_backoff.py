@@ -18,8 +18,10 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import Leases
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, ToolFailed

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import (
     MAX_LEASE_SECONDS,
     MIN_LEASE_SECONDS,
@@ -13,7 +14,6 @@ from ratchet.adapters.sqlite.leases import (
     WorkerIdInUse,
     check_lease_seconds,
 )
-from ratchet.adapters.sqlite.store import SqliteDatabase
 from ratchet.errors import InvalidInput
 from tests.support import Harness, StubModel
 

@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 
 from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import Leases, WorkerIdInUse
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.engine.core import Binding, Engine
 from ratchet.errors import (

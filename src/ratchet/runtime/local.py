@@ -29,13 +29,10 @@ from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
+from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
 from ratchet.adapters.sqlite.leases import Leases
-from ratchet.adapters.sqlite.store import (
-    DEFAULT_BUSY_TIMEOUT_SECONDS,
-    SqliteCheckpointStore,
-    SqliteDatabase,
-    SqliteLedger,
-)
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine.core import Binding, Engine

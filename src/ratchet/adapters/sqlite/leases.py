@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput
 from ratchet.state import RunStatus
 
