@@ -6,7 +6,8 @@ Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformanc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.errors import InvalidInput
 from ratchet.state import (
     BlobRef,
     Checkpoint,
@@ -204,6 +206,87 @@ class HousekeepingStore(Protocol):
 
     def locked(self) -> AbstractContextManager[object]:
         """Hold the store's write lock: no commit lands meanwhile."""
+        ...
+
+
+MIN_LEASE_SECONDS = 0.1
+MAX_LEASE_SECONDS = 3600.0
+"""An hour: any lease the heartbeat renews every third of it; a dead worker's runs wait this
+long at most before another worker takes them."""
+
+
+def check_lease_seconds(seconds: float, *, name: str = "lease seconds") -> float:
+    """`seconds` if it is a lease length a worker can honour; `InvalidInput` otherwise."""
+    if not math.isfinite(seconds) or not MIN_LEASE_SECONDS <= seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInput(
+            f"{name} must be a number from {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g}, "
+            f"not {seconds!r}"
+        )
+    return seconds
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What one heartbeat found: whether this worker still holds its id and its run's lease."""
+
+    registered: bool
+    holds_lease: bool
+
+
+class Leases(Protocol):
+    """Which local worker works on which run, and which worker ids are live: expiring leases
+    and registrations that a worker's heartbeat renews (SQLite: `ratchet.adapters.sqlite.leases`).
+
+    Contract:
+    - A lease is a scheduling hint, not the safety net: the checkpoint's version check rejects
+      a worker whose lease lapsed mid-step. Leases keep two live workers off the same run and
+      let a dead worker's runs be taken once its lease lapses.
+    - `claim` finds and takes a running run nobody else holds (or `run_id`) in one atomic
+      step, so two workers never both take it; `release` and a renewal in `beat` touch only
+      the caller's own lease.
+    - `register_worker` refuses (`InvalidInput`) a worker id whose other live registration has
+      not lapsed; `beat` renews the registration only under the caller's `token`.
+    - Every length is checked by `check_lease_seconds`.
+    """
+
+    def on_own_connection(self) -> Leases:
+        """The same leases for the calling thread (the heartbeat's); close it after."""
+        ...
+
+    def close(self) -> None: ...
+
+    def claim(
+        self,
+        owner: str,
+        seconds: float,
+        *,
+        run_id: str | None = None,
+        skip: Collection[str] = (),
+    ) -> str | None:
+        """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
+        runs in `skip`; None if there is none."""
+        ...
+
+    def release(self, run_id: str, owner: str) -> None: ...
+
+    def held_by_others(
+        self, owner: str, run_id: str | None = None, *, skip: Collection[str] = ()
+    ) -> list[tuple[str, str, float]]:
+        """Running runs that another worker's unexpired lease keeps from `owner`, as (run id,
+        holder, expires_at)."""
+        ...
+
+    def running_runs(self, run_id: str | None = None, *, skip: Collection[str] = ()) -> int:
+        """Runs a worker could still advance (leased or not), leaving out those in `skip`."""
+        ...
+
+    def register_worker(self, worker_id: str, token: str, seconds: float) -> None: ...
+
+    def unregister_worker(self, worker_id: str, token: str) -> None: ...
+
+    def beat(self, worker_id: str, token: str, seconds: float, run_id: str | None) -> Beat:
+        """One heartbeat, in one write: renew the registration and, if it works on `run_id`,
+        its lease on that run."""
         ...
 
 
