@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
-from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger
+from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import (

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.adapters.dynamodb.store import APPROVAL_PREFIX, TTL_ATTRIBUTE
+from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
 from ratchet.state import utcnow
 from ratchet.untrusted import loads
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
     from mypy_boto3_stepfunctions import SFNClient
 
+APPROVAL_PREFIX = "APPROVAL#"
+"""The sort key prefix of an approval item: outside the checkpoint store's range of its run's
+partition (`CP#...` to `HEAD`), which it never reads."""
 REJECTED_ERROR = "Rejected"
 """The `error` of SendTaskFailure for a rejection; the state machine catches this name."""
 UNNAMED = "(not named)"
