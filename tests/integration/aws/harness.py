@@ -398,7 +398,7 @@ class Stack:
     # --- approvals ---------------------------------------------------------------------------
 
     def book(self) -> AwsApprovals:
-        return AwsApprovals(self.dynamodb, TABLES["checkpoints"], stepfunctions=self.sfn)
+        return AwsApprovals(self.dynamodb, TABLES["checkpoints"])
 
     def approvals(self, run_id: str) -> list[Approval]:
         return self.book().of_run(run_id)
