@@ -34,12 +34,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from bench.scripted_agent import new_scripted_run
-from ratchet.adapters.dynamodb.store import create_tables
 from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.scenarios import migration
 from ratchet.state import RunOptions, RunState
+from tests.dynamodb_support import create_tables
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -52,7 +52,7 @@ import aws_lambda_powertools  # noqa: F401
 
 from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
-from ratchet.adapters.sqlite.store import PAGE_SIZE
+from ratchet.adapters.sqlite.database import PAGE_SIZE
 from ratchet.engine import Binder, Binding, Engine, Outcome
 from ratchet.observability import json_logger
 from ratchet.runtime.local import LocalRuntime, LocalSettings

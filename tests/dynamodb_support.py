@@ -1,5 +1,6 @@
-"""DynamoDB on moto for the tests: the tables, fresh clients, and the engine harness of
-`tests/support.py` (stub model, fake side-effecting tool) on the DynamoDB store and ledger."""
+"""DynamoDB on moto for the tests and benches: the tables, fresh clients, and the engine
+harness of `tests/support.py` (stub model, fake side-effecting tool) on the DynamoDB store and
+ledger."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import boto3
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
+from ratchet.adapters.dynamodb.items import TABLES, error_code
+from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.s3_blobs import NoBlobStore
 from ratchet.ports import BlobStore
 from ratchet.runtime.aws_settings import AwsSettings
@@ -30,6 +34,44 @@ SETTINGS = AwsSettings(
 def new_client(**options: Any) -> DynamoDBClient:
     """A client of its own, as a fresh process or Lambda container would make."""
     return boto3.client("dynamodb", region_name=REGION, **options)
+
+
+def create_tables(client: DynamoDBClient, *, checkpoints: str, idempotency: str, app: str) -> None:
+    """Create the three tables with the keys and TTL of `TABLES`, on demand (pay per request),
+    unless they exist.
+
+    For the tests and benches on moto and local development against DynamoDB Local; deployed
+    tables come from the CDK stack.
+    """
+    names = {"checkpoints": checkpoints, "idempotency": idempotency, "app": app}
+    for role, name in names.items():
+        spec = TABLES[role]
+        keys = [spec.partition_key, *([spec.sort_key] if spec.sort_key else [])]
+        try:
+            client.create_table(
+                TableName=name,
+                BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in keys],
+                KeySchema=[
+                    {"AttributeName": k, "KeyType": "HASH" if i == 0 else "RANGE"}
+                    for i, k in enumerate(keys)
+                ],
+            )
+        except ClientError as error:
+            if error_code(error) != "ResourceInUseException":
+                raise
+        client.get_waiter("table_exists").wait(
+            TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+        )
+        if spec.ttl_attribute is None:
+            continue
+        ttl = client.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+        # Enabling TTL twice is an error on DynamoDB, so a second call leaves it as it is.
+        if ttl.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+            client.update_time_to_live(
+                TableName=name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.ttl_attribute},
+            )
 
 
 def make_tables(client: DynamoDBClient) -> None:

@@ -12,7 +12,9 @@ from typing import Any, Self
 from pydantic import BaseModel
 
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.engine import Binding, Engine
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, Model, ModelRequest

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 # The bounds the options check, as the modules that own them define them (a unit test holds
 # them equal). Importing those modules here would load the SQLite adapter, the engine and the
 # scripted model before `--help` or any command could answer.
-MIN_LEASE_SECONDS = 0.1  # ratchet.adapters.sqlite.leases
-MAX_LEASE_SECONDS = 3600.0  # ratchet.adapters.sqlite.leases
+MIN_LEASE_SECONDS = 0.1  # ratchet.ports
+MAX_LEASE_SECONDS = 3600.0  # ratchet.ports
 MAX_STEPS = 10_000  # ratchet.runs
 MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
 MAX_BATCHES = 500  # ratchet.scenarios.migration_data
@@ -565,8 +565,8 @@ def worker(
     current step."""
     import signal
 
-    from ratchet.adapters.sqlite.leases import check_lease_seconds
     from ratchet.faults import FaultPlan
+    from ratchet.ports import check_lease_seconds
     from ratchet.progress import ProgressPrinter
     from ratchet.worker import Worker, check_worker_id
 
@@ -971,7 +971,7 @@ def _local_store(command: str, *, write: bool) -> Any:
 def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
     and report per schema version. Exit 1 if a run cannot be read or upgraded."""
-    from ratchet.adapters.sqlite.store import SqliteHousekeeping
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.housekeeping import migrate as migrate_heads
 
     runtime = _local_store("migrate", write=not dry_run)
@@ -1021,7 +1021,7 @@ def gc(
     what loading it reads (its head and its window's records)."""
     from datetime import timedelta
 
-    from ratchet.adapters.sqlite.store import SqliteHousekeeping
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.housekeeping import collect_garbage
     from ratchet.state import utcnow
 

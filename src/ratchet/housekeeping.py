@@ -12,95 +12,31 @@ ledger entry from its window's first step on (`stored.window_start`). So it stil
 and can be retried as before; only its older history goes. Running and waiting runs are never
 touched. Blobs that no remaining head, record, ledger entry or approval references are deleted.
 
-The backend (`HousekeepingStore`, for SQLite `ratchet.adapters.sqlite.store.SqliteHousekeeping`)
-only reads and writes rows; what to keep and what to rewrite is decided here.
+The backend (`ratchet.ports.HousekeepingStore`, for SQLite
+`ratchet.adapters.sqlite.housekeeping.SqliteHousekeeping`) only reads and writes rows; what to
+keep and what to rewrite is decided here.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from ratchet import stored
 from ratchet.errors import UnsupportedSchema
+from ratchet.ports import HousekeepingStore, StoredHead, StoredRecord
 from ratchet.state import FINISHED, SCHEMA_VERSION, CheckpointEvent, RunState
 
 BLOB_GRACE = timedelta(hours=1)
 """A blob file younger than this is never deleted: a worker writes a step's blob before the
 commit that references it, so a new, not yet referenced blob may be about to be."""
-
-
-@dataclass(frozen=True)
-class StoredHead:
-    """A run's head as stored: its columns, its JSON and its static part (None for a head an
-    older Ratchet stored whole)."""
-
-    run_id: str
-    version: int
-    attempts: int
-    status: str
-    updated_at: datetime
-    head: str
-    static: str | None
-    damage: str | None = None
-    """What of the row cannot be read as stored (text that is not UTF-8, a status that is not
-    a run status), if anything: the run is then unreadable, and left as it is."""
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    version: int
-    step: int
-    event: str
-    damage: str | None = None
-    """Why the record's event cannot be read as stored (text that is not UTF-8), if it cannot."""
-
-
-@dataclass(frozen=True)
-class Trimmed:
-    records: int
-    ledger_entries: int
-
-
-class HousekeepingStore(Protocol):
-    """The rows housekeeping reads and the few writes it makes, each conditional on the
-    head's version as read."""
-
-    def heads(self) -> list[StoredHead]:
-        """Every run's stored head."""
-        ...
-
-    def records(self, run_id: str) -> list[StoredRecord]:
-        """The run's checkpoint records, oldest first."""
-        ...
-
-    def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
-        """Replace the head's JSON (and add its static part if given) if the head is still at
-        `head.version`; False, with nothing written, if it moved."""
-        ...
-
-    def trim_run(self, head: StoredHead, keep_from_step: int, *, dry_run: bool) -> Trimmed | None:
-        """Delete (or, with `dry_run`, count) the run's records other than its first one and
-        its ledger entries, of steps before `keep_from_step`, if the head is still at
-        `head.version`; None if it moved."""
-        ...
-
-    def blob_references(self, trims: Mapping[str, int]) -> set[str]:
-        """The sha256 of every blob a head, record, ledger entry or approval references,
-        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
-        ...
-
-    def locked(self) -> AbstractContextManager[object]:
-        """Hold the store's write lock: no commit lands meanwhile."""
-        ...
 
 
 # --- reading a run as a worker would -----------------------------------------------------------
@@ -378,12 +314,3 @@ def _blob_files(root: Path) -> Iterator[Path]:
         for path in sorted(folder.iterdir()):
             if len(path.name) == 64 and path.name.startswith(folder.name) and path.is_file():
                 yield path
-
-
-_HEX_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
-
-
-def blob_digests(text: str) -> set[str]:
-    """Every blob digest a stored text may reference: any 64-hex word, wherever it is (a
-    `BlobRef`, a damaged record, a ledger result). When unsure, a blob is kept."""
-    return set(_HEX_DIGEST.findall(text))

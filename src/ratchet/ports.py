@@ -6,6 +6,9 @@ Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformanc
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -13,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.errors import InvalidInput
 from ratchet.state import (
     BlobRef,
     Checkpoint,
@@ -136,6 +140,154 @@ class IdempotencyLedger(Protocol):
     def get(self, key: str) -> LedgerEntry | None: ...
 
     def complete(self, key: str, result: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoredHead:
+    """A run's head as stored: its columns, its JSON and its static part (None for a head an
+    older Ratchet stored whole)."""
+
+    run_id: str
+    version: int
+    attempts: int
+    status: str
+    updated_at: datetime
+    head: str
+    static: str | None
+    damage: str | None = None
+    """What of the row cannot be read as stored (text that is not UTF-8, a status that is not
+    a run status), if anything: the run is then unreadable, and left as it is."""
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    version: int
+    step: int
+    event: str
+    damage: str | None = None
+    """Why the record's event cannot be read as stored (text that is not UTF-8), if it cannot."""
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    records: int
+    ledger_entries: int
+
+
+class HousekeepingStore(Protocol):
+    """The rows `ratchet.housekeeping` (`ratchet migrate`, `ratchet gc`) reads and the few
+    writes it makes, each conditional on the head's version as read: a store's rows as
+    stored, before any parsing, so that a damaged run is reported rather than fatal.
+    Implemented for SQLite (`ratchet.adapters.sqlite.housekeeping`)."""
+
+    def heads(self) -> list[StoredHead]:
+        """Every run's stored head."""
+        ...
+
+    def records(self, run_id: str) -> list[StoredRecord]:
+        """The run's checkpoint records, oldest first."""
+        ...
+
+    def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
+        """Replace the head's JSON (and add its static part if given) if the head is still at
+        `head.version`; False, with nothing written, if it moved."""
+        ...
+
+    def trim_run(self, head: StoredHead, keep_from_step: int, *, dry_run: bool) -> Trimmed | None:
+        """Delete (or, with `dry_run`, count) the run's records other than its first one and
+        its ledger entries, of steps before `keep_from_step`, if the head is still at
+        `head.version`; None if it moved."""
+        ...
+
+    def blob_references(self, trims: Mapping[str, int]) -> set[str]:
+        """The sha256 of every blob a head, record, ledger entry or approval references,
+        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
+        ...
+
+    def locked(self) -> AbstractContextManager[object]:
+        """Hold the store's write lock: no commit lands meanwhile."""
+        ...
+
+
+MIN_LEASE_SECONDS = 0.1
+MAX_LEASE_SECONDS = 3600.0
+"""An hour: any lease the heartbeat renews every third of it; a dead worker's runs wait this
+long at most before another worker takes them."""
+
+
+def check_lease_seconds(seconds: float, *, name: str = "lease seconds") -> float:
+    """`seconds` if it is a lease length a worker can honour; `InvalidInput` otherwise."""
+    if not math.isfinite(seconds) or not MIN_LEASE_SECONDS <= seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInput(
+            f"{name} must be a number from {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g}, "
+            f"not {seconds!r}"
+        )
+    return seconds
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What one heartbeat found: whether this worker still holds its id and its run's lease."""
+
+    registered: bool
+    holds_lease: bool
+
+
+class Leases(Protocol):
+    """Which local worker works on which run, and which worker ids are live: expiring leases
+    and registrations that a worker's heartbeat renews (SQLite: `ratchet.adapters.sqlite.leases`).
+
+    Contract:
+    - A lease is a scheduling hint, not the safety net: the checkpoint's version check rejects
+      a worker whose lease lapsed mid-step. Leases keep two live workers off the same run and
+      let a dead worker's runs be taken once its lease lapses.
+    - `claim` finds and takes a running run nobody else holds (or `run_id`) in one atomic
+      step, so two workers never both take it; `release` and a renewal in `beat` touch only
+      the caller's own lease.
+    - `register_worker` refuses (`InvalidInput`) a worker id whose other live registration has
+      not lapsed; `beat` renews the registration only under the caller's `token`.
+    - Every length is checked by `check_lease_seconds`.
+    """
+
+    def on_own_connection(self) -> Leases:
+        """The same leases for the calling thread (the heartbeat's); close it after."""
+        ...
+
+    def close(self) -> None: ...
+
+    def claim(
+        self,
+        owner: str,
+        seconds: float,
+        *,
+        run_id: str | None = None,
+        skip: Collection[str] = (),
+    ) -> str | None:
+        """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
+        runs in `skip`; None if there is none."""
+        ...
+
+    def release(self, run_id: str, owner: str) -> None: ...
+
+    def held_by_others(
+        self, owner: str, run_id: str | None = None, *, skip: Collection[str] = ()
+    ) -> list[tuple[str, str, float]]:
+        """Running runs that another worker's unexpired lease keeps from `owner`, as (run id,
+        holder, expires_at)."""
+        ...
+
+    def running_runs(self, run_id: str | None = None, *, skip: Collection[str] = ()) -> int:
+        """Runs a worker could still advance (leased or not), leaving out those in `skip`."""
+        ...
+
+    def register_worker(self, worker_id: str, token: str, seconds: float) -> None: ...
+
+    def unregister_worker(self, worker_id: str, token: str) -> None: ...
+
+    def beat(self, worker_id: str, token: str, seconds: float, run_id: str | None) -> Beat:
+        """One heartbeat, in one write: renew the registration and, if it works on `run_id`,
+        its lease on that run."""
+        ...
 
 
 class ToolSpec(BaseModel):

@@ -32,7 +32,7 @@ MAX_MEMORY_WINDOW = 50
 """`ratchet.state.MAX_MEMORY_WINDOW`: the window's records are among the newest
 `4 * (MAX_MEMORY_WINDOW + 1)` (`ratchet.stored.window_reads`)."""
 APPLICATION_ID = 0x52744368
-"""`ratchet.adapters.sqlite.store.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
+"""`ratchet.adapters.sqlite.database.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
 STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
 """`ratchet.state.RunStatus`, by value."""
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})

@@ -17,6 +17,7 @@ state written.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -142,3 +143,12 @@ def window_start(state: RunState) -> int:
     if state.options.model_summary:
         return state.memory_through + 1
     return max(1, state.step - state.options.memory_window + 1)
+
+
+_HEX_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def blob_digests(text: str) -> set[str]:
+    """Every blob digest a stored text may reference: any 64-hex word, wherever it is (a
+    `BlobRef`, a damaged record, a ledger result). When unsure, a blob is kept."""
+    return set(_HEX_DIGEST.findall(text))

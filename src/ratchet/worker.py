@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ratchet.adapters.sqlite.leases import Leases, check_lease_seconds
 from ratchet.engine import Engine, Outcome, StepOutcome
 from ratchet.errors import (
     AbandonedCallRunning,
@@ -41,6 +40,7 @@ from ratchet.errors import (
     StoreBusy,
     is_transient,
 )
+from ratchet.ports import Leases, check_lease_seconds
 from ratchet.state import RunState, utcnow
 
 DEFAULT_LEASE_SECONDS = 30.0

@@ -8,9 +8,13 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger, create_tables
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.ports import CheckpointStore, IdempotencyLedger
+from tests.dynamodb_support import create_tables
 
 
 @dataclass

@@ -15,9 +15,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.approvals import AwsApprovals, approval_sk
-from ratchet.adapters.dynamodb.store import TTL_ATTRIBUTE
+from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
-from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalError, ApprovalExpired
 from ratchet.ports import ApprovalBook
 from ratchet.waits import Approval, ApprovalStatus, Verdict

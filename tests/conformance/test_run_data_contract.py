@@ -24,7 +24,7 @@ from moto.dynamodb.responses import DynamoHandler
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.run_data import MAX_DATA_KEY_BYTES
 from ratchet.adapters.sqlite.data import SqliteRunData
-from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput, StoreBusy, StoreUnavailable
 from ratchet.ports import MAX_DATA_KEY_CHARS, MAX_DATA_VALUE_BYTES, RunData
 from tests.dynamodb_support import SETTINGS, moto_tables, new_client, scan

@@ -901,7 +901,7 @@ def _application_id(db: Path) -> int:
 
 
 def test_ratchet_marks_its_stores_and_marks_an_older_one_when_it_writes(template, tmp_path):
-    from ratchet.adapters.sqlite.store import RATCHET_APPLICATION_ID, SqliteDatabase
+    from ratchet.adapters.sqlite.database import RATCHET_APPLICATION_ID, SqliteDatabase
 
     cli = _make_store("populated", template, tmp_path)
     assert _application_id(cli.db) == RATCHET_APPLICATION_ID

@@ -68,6 +68,12 @@ FORBIDDEN = [
     ("ports.py", "import anthropic", "ratchet.ports", "anthropic"),
     ("tools.py", "import aws_lambda_powertools", "ratchet.tools", "aws_lambda_powertools"),
     ("adapters/sqlite/store.py", "import ratchet.runtime", "ratchet.adapters", "ratchet.runtime"),
+    (
+        "adapters/sqlite/housekeeping.py",
+        "from ratchet import housekeeping",
+        "ratchet.adapters",
+        "ratchet.housekeeping",
+    ),
     ("scenarios/migration.py", "import ratchet.cli", "ratchet.scenarios", "ratchet.cli"),
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
 ]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ratchet.adapters import s3_blobs
-from ratchet.adapters.dynamodb import store as dynamodb_adapter
+from ratchet.adapters.dynamodb import items as dynamodb_adapter
 from tests.infra.queries import tables_by_role
 from tests.infra.synth import Synthesized
 

@@ -18,8 +18,10 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.adapters.sqlite.leases import Leases
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.leases import SqliteLeases
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, ToolFailed
@@ -226,7 +228,7 @@ def test_the_third_failed_attempt_fails_the_run_with_no_wait_left(harness):
 
 
 def worker_for(harness: Harness, engine: Engine, clock: Clock, **options: Any) -> Worker:
-    return Worker(engine, Leases(harness.db), LOG, clock=clock, sleep=clock.sleep, **options)
+    return Worker(engine, SqliteLeases(harness.db), LOG, clock=clock, sleep=clock.sleep, **options)
 
 
 def test_the_worker_waits_until_not_before_before_each_next_attempt(harness):
@@ -295,7 +297,7 @@ def test_a_backing_off_worker_keeps_its_lease_and_a_stop_cuts_the_wait_short(har
         db = SqliteDatabase(harness.root / "ratchet.db")  # a connection serves its own thread
         try:
             engine = engine_for(harness, model, lambda: datetime.now(UTC), backoff=hour, db=db)
-            Worker(engine, Leases(db), logger, stop=stop).run(until_idle=True)
+            Worker(engine, SqliteLeases(db), logger, stop=stop).run(until_idle=True)
         finally:
             db.close()
 
@@ -306,7 +308,7 @@ def test_a_backing_off_worker_keeps_its_lease_and_a_stop_cuts_the_wait_short(har
     assert seen.event("backing off before the next attempt").wait(PATIENCE)
 
     # Then no other worker can take the run meanwhile
-    rival = Leases(harness.db)
+    rival = SqliteLeases(harness.db)
     assert rival.claim("rival", 30.0) is None
 
     # And a stop ends the wait at once: the run is left as recorded, and its lease given back

@@ -392,7 +392,7 @@ def test_a_failed_read_of_a_damaged_row_leaves_its_connection_free_to_write(tmp_
     # cursor, kept alive by the caller or the error's traceback, would hold a read snapshot,
     # and the connection's next write would fail at once (SQLITE_BUSY_SNAPSHOT) once another
     # connection had written. Seen as a worker's "step crashed: the store is busy".
-    from ratchet.adapters.sqlite.store import SqliteDatabase
+    from ratchet.adapters.sqlite.database import SqliteDatabase
     from ratchet.errors import StoreDamaged
 
     path = tmp_path / "ratchet.db"

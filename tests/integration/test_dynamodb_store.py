@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from bench.dynamodb_cost import RequestMeter
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.errors import CheckpointTooLarge, RunNotFound, StaleVersion
 from ratchet.ports import MAX_ITEM_BYTES, LedgerEntry, LedgerStatus
 from tests.conformance.test_store_contract import new_run, step_commit

@@ -325,7 +325,9 @@ def test_large_tool_output_goes_to_a_blob_and_the_state_keeps_a_preview(tmp_path
 def test_a_slow_worker_that_lost_the_run_is_rejected_and_applies_nothing(tmp_path):
     # Given worker B, which reads the run and counts its attempt, then stalls in the model call
     # while worker A (whose view is fresh) takes the same step and commits it
-    from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+    from ratchet.adapters.sqlite.database import SqliteDatabase
+    from ratchet.adapters.sqlite.ledger import SqliteLedger
+    from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 
     harness = Harness(tmp_path, StubModel(total=2))
     harness.start()
@@ -389,8 +391,8 @@ def test_a_worker_that_read_an_old_version_cannot_even_start_an_attempt(tmp_path
 
 
 def test_four_workers_on_one_store_apply_every_step_exactly_once(tmp_path):
-    from ratchet.adapters.sqlite.leases import Leases
-    from ratchet.adapters.sqlite.store import SqliteDatabase
+    from ratchet.adapters.sqlite.database import SqliteDatabase
+    from ratchet.adapters.sqlite.leases import SqliteLeases
     from ratchet.worker import Worker
 
     total = 30
@@ -410,7 +412,7 @@ def test_four_workers_on_one_store_apply_every_step_exactly_once(tmp_path):
         )
         replica.table, replica.db = harness.table.__class__(tmp_path / "app.db"), db
         try:
-            Worker(replica._engine(), Leases(db), LOG, lease_seconds=60).run(until_idle=True)
+            Worker(replica._engine(), SqliteLeases(db), LOG, lease_seconds=60).run(until_idle=True)
         except BaseException as error:  # pragma: no cover - surfaced by the assertion
             errors.append(error)
 
@@ -500,7 +502,9 @@ def test_a_worker_that_stops_releases_the_attempt_it_counted_ahead(tmp_path):
 
 
 def test_a_release_after_another_worker_moved_the_run_changes_nothing(tmp_path):
-    from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+    from ratchet.adapters.sqlite.database import SqliteDatabase
+    from ratchet.adapters.sqlite.ledger import SqliteLedger
+    from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 
     harness = Harness(tmp_path, StubModel(total=5))
     harness.start()
@@ -524,13 +528,13 @@ def test_a_release_after_another_worker_moved_the_run_changes_nothing(tmp_path):
 
 
 def test_a_worker_still_fails_a_run_on_the_third_strike(tmp_path):
-    from ratchet.adapters.sqlite.leases import Leases
+    from ratchet.adapters.sqlite.leases import SqliteLeases
     from ratchet.worker import Worker
 
     harness = Harness(tmp_path, StubModel(total=5), faults=FaultPlan.parse("raise:after_tool@3"))
     harness.start()
 
-    Worker(harness.engine, Leases(harness.db), LOG, sleep=lambda _: None).run(until_idle=True)
+    Worker(harness.engine, SqliteLeases(harness.db), LOG, sleep=lambda _: None).run(until_idle=True)
 
     head = harness.engine.load("run")
     assert (head.status, head.step) == (RunStatus.FAILED, 2)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from ratchet.adapters.sqlite.store import SqliteHousekeeping
+from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.engine import Outcome, StepOutcome
 from ratchet.errors import InjectedFault, StaleVersion
 from ratchet.faults import FaultPlan

@@ -6,15 +6,10 @@ import math
 
 import pytest
 
-from ratchet.adapters.sqlite.leases import (
-    MAX_LEASE_SECONDS,
-    MIN_LEASE_SECONDS,
-    Leases,
-    WorkerIdInUse,
-    check_lease_seconds,
-)
-from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.leases import SqliteLeases, WorkerIdInUse
 from ratchet.errors import InvalidInput
+from ratchet.ports import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, check_lease_seconds
 from tests.support import Harness, StubModel
 
 
@@ -41,9 +36,9 @@ def store(tmp_path):
     return harness
 
 
-def _leases(store: Harness, clock: FakeClock) -> Leases:
-    """Leases on a connection of their own: another worker's view of the same file."""
-    return Leases(SqliteDatabase(store.root / "ratchet.db"), clock=clock)
+def _leases(store: Harness, clock: FakeClock) -> SqliteLeases:
+    """SqliteLeases on a connection of their own: another worker's view of the same file."""
+    return SqliteLeases(SqliteDatabase(store.root / "ratchet.db"), clock=clock)
 
 
 def test_a_renewed_lease_keeps_another_worker_out_past_its_first_expiry(store, clock):

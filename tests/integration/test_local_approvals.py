@@ -26,9 +26,9 @@ from pydantic import BaseModel, SecretStr
 from typer.testing import CliRunner
 from werkzeug.test import Client, TestResponse
 
-from ratchet.adapters.dynamodb.approvals import verdict_from_answer
 from ratchet.adapters.slack import SlackResponder
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
+from ratchet.adapters.stepfunctions import verdict_from_answer
 from ratchet.approvals.desk import ApprovalDesk, Decider, decided_text
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value

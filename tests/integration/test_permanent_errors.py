@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 import ratchet
 from ratchet import errors, tools
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.adapters.sqlite.leases import Leases
+from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.engine import Engine, Outcome
 from ratchet.errors import InjectedFault, PermanentError, ToolFailed
 from ratchet.faults import NO_FAULTS, FaultPlan
@@ -83,7 +83,9 @@ def test_a_tool_raising_permanent_error_fails_the_run_at_once_with_the_error_kep
     # Given a tool that knows retrying cannot help
     lookup = Lookup(_no_such_order)
     pauses: list[float] = []
-    worker = Worker(engine_with(harness, lookup), Leases(harness.db), LOG, sleep=pauses.append)
+    worker = Worker(
+        engine_with(harness, lookup), SqliteLeases(harness.db), LOG, sleep=pauses.append
+    )
 
     # When a worker works the run
     worker.run(until_idle=True)

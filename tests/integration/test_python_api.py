@@ -21,13 +21,12 @@ import pytest
 from pydantic import BaseModel, Field
 
 import ratchet
-from ratchet.adapters.dynamodb.store import create_tables
 from ratchet.client import Client, Run
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.runs import AgentNotRunnable, RunRequestInvalid
 from ratchet.state import RunStatus
 from ratchet.tools import Agent, Done, RunContext, StepView, ToolCall, ToolContext, tool
-from tests.dynamodb_support import REGION, moto_server, scan
+from tests.dynamodb_support import REGION, create_tables, moto_server, scan
 
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 

@@ -20,7 +20,7 @@ import pytest
 
 import ratchet
 from ratchet import cli, quick
-from ratchet.adapters.sqlite.leases import Leases
+from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.errors import StepAttemptFailed
 from ratchet.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
@@ -43,7 +43,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     harness = Harness(root, StubModel(total=1))
     harness.start()
     Worker(
-        engine_with(harness, Lookup(_never_found)), Leases(harness.db), LOG, sleep=lambda _: None
+        engine_with(harness, Lookup(_never_found)),
+        SqliteLeases(harness.db),
+        LOG,
+        sleep=lambda _: None,
     ).run(until_idle=True)
     # One failed attempt, and the run left backing off (its head says until when).
     harness.start("backoff")

@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.adapters.sqlite.leases import Leases, WorkerIdInUse
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteDatabase, SqliteLedger
+from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.adapters.sqlite.leases import SqliteLeases, WorkerIdInUse
+from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.engine import Binding, Engine
 from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.errors import (
@@ -94,7 +96,7 @@ class Store:
         self.root, self.clock = root, clock
         self.table = FakeTable(root / "app.db")
         self.db = self.open()
-        self.leases = Leases(self.db, clock=clock)
+        self.leases = SqliteLeases(self.db, clock=clock)
         self.store = SqliteCheckpointStore(self.db)
 
     def open(self) -> SqliteDatabase:
@@ -159,7 +161,9 @@ class Store:
     ) -> Worker:
         """A worker driving `engine`, with its leases on `db` (the store's by default)."""
         options = {"lease_seconds": LEASE, "heartbeat_seconds": HEARTBEAT, **options}
-        return Worker(engine, Leases(db or self.db, clock=self.clock), _logger(records), **options)
+        return Worker(
+            engine, SqliteLeases(db or self.db, clock=self.clock), _logger(records), **options
+        )
 
     def events(self, run_id: str = "run") -> list[Any]:
         return [c.event for c in self.store.list_checkpoints(run_id)]
@@ -183,7 +187,7 @@ def store(tmp_path, clock) -> Store:
 # --- leases that cover the step -----------------------------------------------------------------
 
 
-def _lease_ends_by(leases: Leases, at: float) -> bool:
+def _lease_ends_by(leases: SqliteLeases, at: float) -> bool:
     held = leases.holder("run")
     return held is not None and held[1] >= at
 
@@ -197,7 +201,7 @@ def test_a_step_of_two_and_a_half_leases_keeps_its_lease_and_counts_no_strike(st
     def slow(ctx: ToolContext) -> None:
         if ctx.step != 2:
             return
-        rival = Leases(store.open(), clock=clock)  # on the thread the tool runs on
+        rival = SqliteLeases(store.open(), clock=clock)  # on the thread the tool runs on
         for _ in range(5):
             clock.advance(LEASE / 2)
             # The heartbeat renews from the new time: the lease now ends a full lease away.
@@ -532,7 +536,7 @@ def test_the_backoff_starts_again_after_a_step_that_succeeds(store):
     assert pauses == pytest.approx(_delays(1, 2, 1), abs=1e-6)
 
 
-class BusyOnce(Leases):
+class BusyOnce(SqliteLeases):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.refusals = 2

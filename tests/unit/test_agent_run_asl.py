@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet import errors
-from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, VerdictKind
+from ratchet.adapters.stepfunctions import REJECTED_ERROR, VerdictKind
 from ratchet.handlers.payloads import (
     DecideRequest,
     DecideResult,

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 from pydantic import BaseModel, Field
 
-from ratchet.adapters.dynamodb.approvals import task_success_output, verdict_from_answer
+from ratchet.adapters.stepfunctions import task_success_output, verdict_from_answer
 from ratchet.approvals import pages
 from ratchet.approvals.answers import (
     MAX_ANSWER_SCHEMA_BYTES,

@@ -1,4 +1,4 @@
-"""The answer's schema, both sides (`ratchet.adapters.dynamodb.approvals`): what the approval
+"""The answer's schema, both sides (`ratchet.adapters.stepfunctions`): what the approval
 desk sends with SendTaskSuccess or SendTaskFailure, and the decision RecordDecision reads from
 whatever arrived at `$.decision`, in the shape Step Functions delivers it (the output parsed; a
 caught error as `{Error, Cause}`)."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.dynamodb.approvals import (
+from ratchet.adapters.stepfunctions import (
     REJECTED_ERROR,
     UNNAMED,
     VerdictKind,

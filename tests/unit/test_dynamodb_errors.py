@@ -16,12 +16,9 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ratchet.adapters.dynamodb.store import (
-    DynamoDbCheckpointStore,
-    DynamoDbLedger,
-    is_transient,
-    store_error,
-)
+from ratchet.adapters.dynamodb.items import is_transient, store_error
+from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.errors import StaleVersion, StoreBusy, StoreUnavailable
 from ratchet.ports import LedgerEntry
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ratchet import cli
-from ratchet.adapters.sqlite import leases
+from ratchet.ports import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.readout import argument_summary, shorten, version_gaps
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
@@ -17,10 +17,7 @@ from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
 
 
 def test_the_cli_bounds_are_those_of_the_modules_that_own_them():
-    assert (cli.MIN_LEASE_SECONDS, cli.MAX_LEASE_SECONDS) == (
-        leases.MIN_LEASE_SECONDS,
-        leases.MAX_LEASE_SECONDS,
-    )
+    assert (cli.MIN_LEASE_SECONDS, cli.MAX_LEASE_SECONDS) == (MIN_LEASE_SECONDS, MAX_LEASE_SECONDS)
     assert (cli.MAX_STEPS, cli.MAX_TOOL_LATENCY_MS, cli.MAX_BATCHES) == (
         MAX_STEPS,
         MAX_TOOL_LATENCY_MS,

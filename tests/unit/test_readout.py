@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ratchet import cli, quick, readout
-from ratchet.adapters.sqlite.store import RATCHET_APPLICATION_ID
+from ratchet.adapters.sqlite.database import RATCHET_APPLICATION_ID
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
 from ratchet.stored import window_reads
 

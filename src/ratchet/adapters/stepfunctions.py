@@ -1,15 +1,40 @@
-"""Step Functions execution names derived from run ids.
+"""Step Functions: the names of a run's executions, and the answer a parked approval task gets.
 
 An execution name is at most 80 characters of a restricted alphabet, unique per state machine
 for 90 days. Deriving it from the run id (and the rollover generation) makes a duplicate start
 a no-op: the second StartExecution with the same name and input is refused or returns the
 first execution.
+
+The `AwaitApproval` state parks with a task token, which the approval book keeps
+(`ratchet.adapters.dynamodb.approvals`). A decision answers it here (`StepFunctionsResumer`):
+`SendTaskSuccess` or `SendTaskFailure` with the token, which is then dropped. This module owns
+the answer's schema on both sides: what those calls carry (`task_success_output`,
+`task_failure`) and how the `RecordDecision` task reads whatever arrived
+(`verdict_from_answer`), leniently: an answer sent by hand in any shape still becomes a
+decision, because its token is spent and the run must not strand. What Step Functions says
+of a token is Ratchet's error: `ApprovalClosed`, `ApprovalExpired`, or `StoreBusy` for now.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.errors import ApprovalClosed, ApprovalExpired, StoreBusy
+from ratchet.state import utcnow
+from ratchet.untrusted import loads
+from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Approval, Verdict, expired_verdict
+
+if TYPE_CHECKING:
+    from mypy_boto3_stepfunctions import SFNClient
+
+# --- execution names ------------------------------------------------------------------------------
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX = 80
@@ -41,3 +66,154 @@ def is_execution_of(name: str, run_id: str) -> bool:
     """Whether `name` is the name of one of the run's executions (any generation)."""
     found = _NAME.fullmatch(name)
     return found is not None and execution_name(run_id, int(found.group(1))) == name
+
+
+# --- the answer's schema --------------------------------------------------------------------------
+
+REJECTED_ERROR = "Rejected"
+"""The `error` of SendTaskFailure for a rejection; the state machine catches this name."""
+UNNAMED = "(not named)"
+"""Who decided, when a hand-sent answer did not say."""
+
+VerdictKind = Literal["approved", "rejected", "expired"]
+
+
+class ApprovalAnswer(BaseModel):
+    """The `output` of SendTaskSuccess: the person approved."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
+    comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+    answer: dict[str, Any] | None = None
+    """The structured answer, checked by the desk before it was sent."""
+
+
+class Rejection(BaseModel):
+    """The `cause` of SendTaskFailure (error `Rejected`), as JSON: the person said no."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
+    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
+
+
+def task_success_output(verdict: Verdict) -> str:
+    answer = ApprovalAnswer(by=verdict.by, comment=verdict.comment, answer=verdict.answer)
+    return answer.model_dump_json(exclude_none=True)
+
+
+def task_failure(verdict: Verdict) -> tuple[str, str]:
+    """SendTaskFailure's `error` and `cause` (the cause is capped at 32,768 characters)."""
+    return REJECTED_ERROR, Rejection(by=verdict.by, reason=verdict.comment).model_dump_json()
+
+
+def verdict_from_answer(kind: VerdictKind, answer: Any, *, timeout_seconds: int) -> Verdict:
+    """The decision the state machine's answer stands for, whatever its shape.
+
+    `answer` is SendTaskSuccess's output (approved), the `{Error, Cause}` of a SendTaskFailure
+    with error `Rejected` (rejected), or the timeout's (expired)."""
+    if kind == "expired":
+        return expired_verdict(timeout_seconds)
+    if kind == "rejected":
+        cause = answer.get("Cause") if isinstance(answer, dict) else None
+        fields = _json_object(cause)
+        if fields is None:
+            return Verdict(approved=False, by=UNNAMED, comment=_text(cause))
+        return Verdict(
+            approved=False,
+            by=_name(fields.get("by")),
+            comment=_text(fields.get("reason", fields.get("comment"))),
+        )
+    fields = _json_object(answer) if isinstance(answer, str) else answer
+    if not isinstance(fields, dict):
+        return Verdict(approved=True, by=UNNAMED, comment=_text(answer))
+    given = fields.get("answer")
+    return Verdict(
+        approved=True,
+        by=_name(fields.get("by")),
+        comment=_text(fields.get("comment")),
+        answer=given if isinstance(given, dict) else None,
+    )
+
+
+def _json_object(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = loads(value, field="answer")  # a ValueError too when nested too deep
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _name(value: Any) -> str:
+    text = " ".join(str(value).split()) if isinstance(value, str | int | float) else ""
+    return text[:MAX_BY_CHARS] or UNNAMED
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) <= MAX_COMMENT_CHARS:
+        return text
+    return text[: MAX_COMMENT_CHARS - 1] + "…"
+
+
+# --- answering a parked task ----------------------------------------------------------------------
+
+
+_TASK_CLOCK_LEAD = timedelta(seconds=30)
+"""How long before the request was stored the parked task's own timeout may have started."""
+
+
+class TaskTokens(Protocol):
+    """Where each parked task's token is kept until its decision (`AwsApprovals`)."""
+
+    def task_token(self, approval: Approval) -> str:
+        """The token of the approval's parked task; `ApprovalClosed` if it was dropped."""
+        ...
+
+    def forget_token(self, run_id: str, approval_id: str) -> None: ...
+
+
+class StepFunctionsResumer:
+    """`Resumer` on AWS: answers the parked execution with the approval's task token, then
+    drops the token, so that no link or button can answer it again."""
+
+    def __init__(self, tokens: TaskTokens, stepfunctions: SFNClient | None) -> None:
+        self._tokens = tokens
+        self._sfn = stepfunctions
+
+    def resume(self, approval: Approval, verdict: Verdict) -> None:
+        if self._sfn is None:
+            raise RuntimeError("this runtime was built without a Step Functions client")
+        token = self._tokens.task_token(approval)
+        try:
+            if verdict.approved:
+                self._sfn.send_task_success(taskToken=token, output=task_success_output(verdict))
+            else:
+                error, cause = task_failure(verdict)
+                self._sfn.send_task_failure(taskToken=token, error=error, cause=cause)
+        except ClientError as failed:
+            code = _code(failed)
+            if code == "TaskTimedOut":
+                # Step Functions says TaskTimedOut for any task that is over: timed out,
+                # answered another way, or its execution stopped. Only the first is an
+                # expiry (the task's clock starts a moment before the request is stored).
+                if approval.is_expired(utcnow() + _TASK_CLOCK_LEAD):
+                    raise ApprovalExpired(
+                        "the run stopped waiting: the request timed out"
+                    ) from None
+                raise ApprovalClosed("the run is no longer waiting for this request") from None
+            if code in ("InvalidToken", "TaskDoesNotExist"):
+                raise ApprovalClosed("the run is no longer waiting for this request") from None
+            if code in ("ThrottlingException", "ServiceUnavailable", "InternalFailure"):
+                raise StoreBusy(f"Step Functions is busy: {code}") from None
+            raise
+        self._tokens.forget_token(approval.run_id, approval.approval_id)
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))

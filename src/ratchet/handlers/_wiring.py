@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackNotifier, SlackResponder
+from ratchet.adapters.stepfunctions import StepFunctionsResumer
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.client import Client
@@ -130,7 +131,6 @@ def approvals() -> AwsApprovals:
     return AwsApprovals(
         runtime().dynamodb,
         settings().checkpoints_table,
-        stepfunctions=stepfunctions(),
         retention_days=settings().checkpoint_retention_days,
     )
 
@@ -164,10 +164,10 @@ def approval_desk() -> ApprovalDesk:
             SlackNotifier(_secret(config.slack_bot_token_secret_arn), api_url=config.slack_api_url)
         )
     key = _secret(_setting("link_key_secret_arn")).get_secret_value()
-    book = approvals()  # the book that keeps the token is also the resumer that uses it
+    book = approvals()  # it keeps the task tokens the resumer answers the executions with
     return ApprovalDesk(
         book=book,
-        resumer=book,
+        resumer=StepFunctionsResumer(book, stepfunctions()),
         store=runtime().store,
         signer=LinkSigner(key.encode("utf-8")),
         public_url=_setting("public_url"),

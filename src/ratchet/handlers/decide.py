@@ -17,7 +17,7 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.adapters.dynamodb.approvals import verdict_from_answer
+from ratchet.adapters.stepfunctions import verdict_from_answer
 from ratchet.errors import NotWaiting
 from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
 from ratchet.handlers.payloads import DecideRequest, DecideResult

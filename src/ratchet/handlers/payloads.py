@@ -103,7 +103,7 @@ class NotifyResult(_Payload):
 
 class DecideRequest(_Payload):
     """The `RecordDecision` task's payload: what the parked task ended with, as it arrived
-    (read by `ratchet.adapters.dynamodb.approvals.verdict_from_answer`, which owns its shape)."""
+    (read by `ratchet.adapters.stepfunctions.verdict_from_answer`, which owns its shape)."""
 
     run_id: str
     step: int | None = Field(default=None, ge=0)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
-from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger
+from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
@@ -168,16 +169,17 @@ class AwsRuntime:
         decision answers that execution, as a link would. A run worked in process has none:
         the decision is recorded on the run directly."""
         from ratchet.adapters.dynamodb.approvals import AwsApprovals
+        from ratchet.adapters.stepfunctions import StepFunctionsResumer
         from ratchet.approvals.desk import Decider
 
         engine = self.engine(worker_id=worker_id, logger=logger)
         book = AwsApprovals(
             self.dynamodb,
             self.settings.checkpoints_table,
-            stepfunctions=self._stepfunctions() if self._stepfunctions else None,
             retention_days=self.settings.checkpoint_retention_days,
         )
-        Decider(book, book, self.store).decide_or_record(
+        resumer = StepFunctionsResumer(book, self._stepfunctions() if self._stepfunctions else None)
+        Decider(book, resumer, self.store).decide_or_record(
             run_id,
             verdict,
             channel=channel,

@@ -73,13 +73,13 @@ from moto.stepfunctions.responses import StepFunctionResponse
 
 from ratchet import faults
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
-from ratchet.adapters.dynamodb.store import create_tables
 from ratchet.errors import InjectedFault
 from ratchet.handlers import _wiring, api, decide, mark_failed, notify, step
 from ratchet.handlers import approvals as approval_routes
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from ratchet.state import PersonDecided, RunState, RunStatus
 from ratchet.waits import Approval, ApprovalStatus
+from tests.dynamodb_support import create_tables
 from tests.fake_slack import FakeSlack, signed_interaction
 
 ASL = Path(__file__).resolve().parents[3] / "statemachine" / "agent_run.asl.json"
@@ -398,7 +398,7 @@ class Stack:
     # --- approvals ---------------------------------------------------------------------------
 
     def book(self) -> AwsApprovals:
-        return AwsApprovals(self.dynamodb, TABLES["checkpoints"], stepfunctions=self.sfn)
+        return AwsApprovals(self.dynamodb, TABLES["checkpoints"])
 
     def approvals(self, run_id: str) -> list[Approval]:
         return self.book().of_run(run_id)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, UNNAMED
+from ratchet.adapters.stepfunctions import REJECTED_ERROR, UNNAMED
 from ratchet.approvals.desk import decided_text
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
 from ratchet.errors import ApprovalDecided

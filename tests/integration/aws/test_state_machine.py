@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, ApprovalAnswer, Rejection
-from ratchet.adapters.stepfunctions import execution_name
+from ratchet.adapters.stepfunctions import REJECTED_ERROR, ApprovalAnswer, Rejection, execution_name
 from ratchet.engine import Engine
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint

@@ -10,16 +10,11 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.dynamodb.store import (
-    DEFAULT_RETENTION_DAYS,
-    TABLES,
-    TTL_ATTRIBUTE,
-    DynamoDbCheckpointStore,
-    create_tables,
-)
+from ratchet.adapters.dynamodb.items import DEFAULT_RETENTION_DAYS, TABLES, TTL_ATTRIBUTE
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.ports import LedgerEntry
 from tests.conformance.test_store_contract import new_run, step_commit
-from tests.dynamodb_support import SETTINGS, ledger_of, moto_tables, scan, store_of
+from tests.dynamodb_support import SETTINGS, create_tables, ledger_of, moto_tables, scan, store_of
 
 DAY = 24 * 3600
 

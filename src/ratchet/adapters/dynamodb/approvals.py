@@ -1,5 +1,5 @@
-"""Approvals on AWS: the approval items beside the parked execution's task token, how a
-decision answers the execution, and how the state machine's answer is read back.
+"""The approval book on AWS: the approval items in DynamoDB, beside the parked execution's task
+token (`ratchet.adapters.stepfunctions` answers the execution with it).
 
 The `AwaitApproval` state hands its task token to the notify function, which keeps it here
 under a random approval id; links and Slack buttons carry that id, never the token (a token in
@@ -10,130 +10,26 @@ Items live in the checkpoints table, in the run's partition: `run_id`, `sk =
 APPROVAL#<approval id>`, with `status` (what conditions test), `record` (the `Approval` as
 JSON), `task_token` until the decision, and `expires_at` (the table's TTL attribute: the
 request's deadline plus the checkpoint retention, so a decided request stays inspectable).
-
-This module owns the answer's schema on both sides: what `SendTaskSuccess` and
-`SendTaskFailure` carry (`task_success_output`, `task_failure`) and how the `RecordDecision`
-task reads whatever arrived (`verdict_from_answer`), leniently: an answer sent by hand in any
-shape still becomes a decision, because its token is spent and the run must not strand.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
 
-from ratchet.adapters.dynamodb.store import APPROVAL_PREFIX, TTL_ATTRIBUTE
-from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
-from ratchet.state import utcnow
-from ratchet.untrusted import loads
-from ratchet.waits import (
-    MAX_BY_CHARS,
-    MAX_COMMENT_CHARS,
-    Approval,
-    ApprovalStatus,
-    Verdict,
-    expired_verdict,
-)
+from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE, error_code
+from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired
+from ratchet.waits import Approval, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import AttributeValueTypeDef
-    from mypy_boto3_stepfunctions import SFNClient
 
-REJECTED_ERROR = "Rejected"
-"""The `error` of SendTaskFailure for a rejection; the state machine catches this name."""
-UNNAMED = "(not named)"
-"""Who decided, when a hand-sent answer did not say."""
-
-VerdictKind = Literal["approved", "rejected", "expired"]
-_TASK_CLOCK_LEAD = timedelta(seconds=30)
-
-
-class ApprovalAnswer(BaseModel):
-    """The `output` of SendTaskSuccess: the person approved."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
-    comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
-    answer: dict[str, Any] | None = None
-    """The structured answer, checked by the desk before it was sent."""
-
-
-class Rejection(BaseModel):
-    """The `cause` of SendTaskFailure (error `Rejected`), as JSON: the person said no."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
-    reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
-
-
-def task_success_output(verdict: Verdict) -> str:
-    answer = ApprovalAnswer(by=verdict.by, comment=verdict.comment, answer=verdict.answer)
-    return answer.model_dump_json(exclude_none=True)
-
-
-def task_failure(verdict: Verdict) -> tuple[str, str]:
-    """SendTaskFailure's `error` and `cause` (the cause is capped at 32,768 characters)."""
-    return REJECTED_ERROR, Rejection(by=verdict.by, reason=verdict.comment).model_dump_json()
-
-
-def verdict_from_answer(kind: VerdictKind, answer: Any, *, timeout_seconds: int) -> Verdict:
-    """The decision the state machine's answer stands for, whatever its shape.
-
-    `answer` is SendTaskSuccess's output (approved), the `{Error, Cause}` of a SendTaskFailure
-    with error `Rejected` (rejected), or the timeout's (expired)."""
-    if kind == "expired":
-        return expired_verdict(timeout_seconds)
-    if kind == "rejected":
-        cause = answer.get("Cause") if isinstance(answer, dict) else None
-        fields = _json_object(cause)
-        if fields is None:
-            return Verdict(approved=False, by=UNNAMED, comment=_text(cause))
-        return Verdict(
-            approved=False,
-            by=_name(fields.get("by")),
-            comment=_text(fields.get("reason", fields.get("comment"))),
-        )
-    fields = _json_object(answer) if isinstance(answer, str) else answer
-    if not isinstance(fields, dict):
-        return Verdict(approved=True, by=UNNAMED, comment=_text(answer))
-    given = fields.get("answer")
-    return Verdict(
-        approved=True,
-        by=_name(fields.get("by")),
-        comment=_text(fields.get("comment")),
-        answer=given if isinstance(given, dict) else None,
-    )
-
-
-def _json_object(value: Any) -> dict[str, Any] | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = loads(value, field="answer")  # a ValueError too when nested too deep
-    except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _name(value: Any) -> str:
-    text = " ".join(str(value).split()) if isinstance(value, str | int | float) else ""
-    return text[:MAX_BY_CHARS] or UNNAMED
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    if len(text) <= MAX_COMMENT_CHARS:
-        return text
-    return text[: MAX_COMMENT_CHARS - 1] + "…"
+APPROVAL_PREFIX = "APPROVAL#"
+"""The sort key prefix of an approval item: outside the checkpoint store's range of its run's
+partition (`CP#...` to `HEAD`), which it never reads."""
 
 
 def approval_sk(approval_id: str) -> str:
@@ -141,22 +37,13 @@ def approval_sk(approval_id: str) -> str:
 
 
 class AwsApprovals:
-    """The approval book (DynamoDB) and the resumer (Step Functions) of the AWS runtime."""
+    """The approval book of the AWS runtime, and the keeper of each parked task's token
+    (`TaskTokens`, which `StepFunctionsResumer` answers the execution with)."""
 
-    def __init__(
-        self,
-        dynamodb: DynamoDBClient,
-        table: str,
-        *,
-        stepfunctions: SFNClient | None = None,
-        retention_days: int = 30,
-    ) -> None:
+    def __init__(self, dynamodb: DynamoDBClient, table: str, *, retention_days: int = 30) -> None:
         self._client = dynamodb
         self._table = table
-        self._sfn = stepfunctions
         self._retention = timedelta(days=retention_days)
-
-    # --- the book --------------------------------------------------------------------------
 
     def open(self, approval: Approval, *, task_token: str | None = None) -> Approval:
         item = self._item(approval)
@@ -215,7 +102,7 @@ class AwsApprovals:
         try:
             self._set(settled, expect=ApprovalStatus.PENDING)
         except ClientError as error:
-            if _code(error) != "ConditionalCheckFailedException":
+            if error_code(error) != "ConditionalCheckFailedException":
                 raise
             current = self.get(approval.run_id, approval.approval_id)
             status = current.status.value if current else "gone"
@@ -228,7 +115,7 @@ class AwsApprovals:
         try:
             self._set(reopened, expect=approval.status)
         except ClientError as error:
-            if _code(error) != "ConditionalCheckFailedException":
+            if error_code(error) != "ConditionalCheckFailedException":
                 raise
 
     def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None:
@@ -243,41 +130,14 @@ class AwsApprovals:
                     self._set(closed, expect=ApprovalStatus.PENDING, drop_token=True)
                     continue
                 except ClientError as error:
-                    if _code(error) != "ConditionalCheckFailedException":
+                    if error_code(error) != "ConditionalCheckFailedException":
                         raise
-            self._forget_token(run_id, approval.approval_id)
+            self.forget_token(run_id, approval.approval_id)
 
-    # --- the resumer -----------------------------------------------------------------------
+    # --- the task tokens -------------------------------------------------------------------
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
-        if self._sfn is None:
-            raise RuntimeError("this runtime was built without a Step Functions client")
-        token = self._token(approval)
-        try:
-            if verdict.approved:
-                self._sfn.send_task_success(taskToken=token, output=task_success_output(verdict))
-            else:
-                error, cause = task_failure(verdict)
-                self._sfn.send_task_failure(taskToken=token, error=error, cause=cause)
-        except ClientError as failed:
-            code = _code(failed)
-            if code == "TaskTimedOut":
-                # Step Functions says TaskTimedOut for any task that is over: timed out,
-                # answered another way, or its execution stopped. Only the first is an
-                # expiry (the task's clock starts a moment before the request is stored).
-                if approval.is_expired(utcnow() + _TASK_CLOCK_LEAD):
-                    raise ApprovalExpired(
-                        "the run stopped waiting: the request timed out"
-                    ) from None
-                raise ApprovalClosed("the run is no longer waiting for this request") from None
-            if code in ("InvalidToken", "TaskDoesNotExist"):
-                raise ApprovalClosed("the run is no longer waiting for this request") from None
-            if code in ("ThrottlingException", "ServiceUnavailable", "InternalFailure"):
-                raise StoreBusy(f"Step Functions is busy: {code}") from None
-            raise
-        self._forget_token(approval.run_id, approval.approval_id)
-
-    def _token(self, approval: Approval) -> str:
+    def task_token(self, approval: Approval) -> str:
+        """The token of the approval's parked task; `ApprovalClosed` if it was dropped."""
         found = self._client.get_item(
             TableName=self._table,
             Key=self._key(approval.run_id, approval.approval_id),
@@ -288,7 +148,7 @@ class AwsApprovals:
             raise ApprovalClosed("the run is no longer waiting for this request")
         return found["task_token"]["S"]
 
-    def _forget_token(self, run_id: str, approval_id: str) -> None:
+    def forget_token(self, run_id: str, approval_id: str) -> None:
         self._client.update_item(
             TableName=self._table,
             Key=self._key(run_id, approval_id),
@@ -328,7 +188,3 @@ class AwsApprovals:
             "record": {"S": approval.model_dump_json()},
             TTL_ATTRIBUTE: {"N": str(int((approval.expires_at + self._retention).timestamp()))},
         }
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))

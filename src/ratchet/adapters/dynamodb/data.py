@@ -1,9 +1,10 @@
-"""A run's own data (`RunData`) in the stack's app table: the AWS twin of `sqlite_data.py`.
+"""A run's own data (`RunData`) in the stack's app table: the AWS twin of
+`ratchet.adapters.sqlite.data`.
 
 One partition per run, `pk = "data#<run_id>"`, one item per key (`sk` = the key, `value` the
 text). Reads are strongly consistent, so a step retried in a new container sees what the last
 attempt wrote. What DynamoDB turns away is `StoreBusy` or `StoreUnavailable`
-(`adapters.dynamodb.store_error`); a bad key or value is refused before any request.
+(`ratchet.adapters.dynamodb.items`); a bad key or value is refused before any request.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from ratchet.adapters.dynamodb.store import error_code, text_attribute, translated_errors
+from ratchet.adapters.dynamodb.items import error_code, text_attribute, translated_errors
 from ratchet.adapters.run_data import checked_key, checked_prefix, checked_value
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ratchet.adapters.sqlite.store import APPROVALS_SCHEMA, SqliteDatabase
+from ratchet.adapters.sqlite.database import APPROVALS_SCHEMA, SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalExpired, ApprovalNotFound
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from ratchet.adapters.run_data import checked_key, checked_prefix, checked_value
-from ratchet.adapters.sqlite.store import RUN_DATA_SCHEMA, SqliteDatabase, store_error
+from ratchet.adapters.sqlite.database import RUN_DATA_SCHEMA, SqliteDatabase, store_error
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 

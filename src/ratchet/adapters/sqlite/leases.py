@@ -13,7 +13,6 @@ a worker that died can be taken again once its registration lapses.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sqlite3
@@ -22,14 +21,10 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ratchet.adapters.sqlite.store import SqliteDatabase
+from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput
+from ratchet.ports import Beat, check_lease_seconds
 from ratchet.state import RunStatus
-
-MIN_LEASE_SECONDS = 0.1
-MAX_LEASE_SECONDS = 3600.0
-"""An hour: any lease the heartbeat renews every third of it; a dead worker's runs wait this
-long at most before another worker takes them."""
 
 WORKERS_SCHEMA = """
 -- ratchet.adapters.sqlite.leases registers the live local workers here.
@@ -63,34 +58,18 @@ class LiveWorker:
     expires_at: float
 
 
-@dataclass(frozen=True)
-class Beat:
-    """What one heartbeat found: whether this worker still holds its id and its run's lease."""
+class SqliteLeases:
+    """`ratchet.ports.Leases` in the `leases` and `workers` tables of a local store."""
 
-    registered: bool
-    holds_lease: bool
-
-
-def check_lease_seconds(seconds: float, *, name: str = "lease seconds") -> float:
-    """`seconds` if it is a lease length a worker can honour; `InvalidInput` otherwise."""
-    if not math.isfinite(seconds) or not MIN_LEASE_SECONDS <= seconds <= MAX_LEASE_SECONDS:
-        raise InvalidInput(
-            f"{name} must be a number from {MIN_LEASE_SECONDS:g} to {MAX_LEASE_SECONDS:g}, "
-            f"not {seconds!r}"
-        )
-    return seconds
-
-
-class Leases:
     def __init__(self, db: SqliteDatabase, *, clock: Callable[[], float] = time.time) -> None:
         self._db = db
         self._clock = clock
         self._workers_table_checked = False
 
-    def on_own_connection(self) -> Leases:
+    def on_own_connection(self) -> SqliteLeases:
         """The same leases on a new connection to the same file, for use by the thread that
         calls this (a sqlite3 connection belongs to the thread that made it). Close it after."""
-        return Leases(SqliteDatabase(self._db.path, create=False), clock=self._clock)
+        return SqliteLeases(SqliteDatabase(self._db.path, create=False), clock=self._clock)
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,89 @@
+"""The idempotency ledger on SQLite: one row per step's key in `idempotency`, beside the runs
+in the file `SqliteDatabase` opens (so a commit can complete its key in the same transaction).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime, timedelta
+
+from ratchet.adapters.sqlite.database import SqliteDatabase, check_size
+from ratchet.errors import IdempotencyConflict
+from ratchet.ports import LedgerEntry, LedgerStatus
+from ratchet.state import utcnow
+
+LEDGER_RETENTION = timedelta(days=30)
+
+
+class SqliteLedger:
+    def __init__(self, db: SqliteDatabase, *, retention: timedelta = LEDGER_RETENTION) -> None:
+        self._db = db
+        self._retention = retention
+
+    def begin(self, entry: LedgerEntry) -> LedgerEntry:
+        decision_json = json.dumps(entry.decision, sort_keys=True, separators=(",", ":"))
+        check_size(f"ledger decision of {entry.key}", decision_json)
+        now = utcnow()
+        expires_at = entry.expires_at or now + self._retention
+        with self._db.write() as tx:
+            # Insert-if-absent under the write lock: of two workers deciding the same step,
+            # the first record stands and the second reads it back below.
+            inserted = tx.execute(
+                "INSERT INTO idempotency (key, run_id, step, status, args_hash, decision, "
+                "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key) DO NOTHING",
+                (
+                    entry.key,
+                    entry.run_id,
+                    entry.step,
+                    LedgerStatus.IN_PROGRESS.value,
+                    entry.args_hash,
+                    decision_json,
+                    now.isoformat(),
+                    expires_at.isoformat(),
+                ),
+            ).rowcount
+            if inserted:
+                return entry.model_copy(
+                    update={"status": LedgerStatus.IN_PROGRESS, "expires_at": expires_at}
+                )
+            stored = self._read(tx, entry.key)
+        assert stored is not None
+        if stored.args_hash != entry.args_hash:
+            raise IdempotencyConflict(entry.key)
+        return stored
+
+    def get(self, key: str) -> LedgerEntry | None:
+        return self._read(self._db.connection, key)
+
+    def complete(self, key: str, result: str) -> None:
+        check_size(f"ledger result of {key}", result)
+        with self._db.write() as tx:
+            changed = tx.execute(
+                "UPDATE idempotency SET status = ?, result = ? WHERE key = ?",
+                (LedgerStatus.COMPLETED.value, result, key),
+            ).rowcount
+        if not changed:
+            raise KeyError(f"no idempotency record for {key!r}")
+
+    @staticmethod
+    def _read(connection: sqlite3.Connection, key: str) -> LedgerEntry | None:
+        row = connection.execute(
+            "SELECT key, run_id, step, status, args_hash, decision, result, expires_at "
+            "FROM idempotency WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is None:
+            return None
+        key, run_id, step, status, args_hash, decision, result, expires_at = row
+        return LedgerEntry(
+            key=key,
+            run_id=run_id,
+            step=step,
+            status=LedgerStatus(status),
+            args_hash=args_hash,
+            decision=json.loads(decision),
+            result=result,
+            expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
+        )
