@@ -37,7 +37,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, Protocol
 
@@ -55,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import (
+    AnswerModel,
     Checkpoint,
     CheckpointsExpired,
     Client,
@@ -62,8 +62,6 @@ from ratchet.client import (
     Run,
     RunListed,
     Started,
-    UsageTotals,
-    WaitingFor,
 )
 from ratchet.errors import (
     AgentNotFound,
@@ -100,24 +98,20 @@ JSON escape) and input (16 KB) with room to spare."""
 # --- the API's models --------------------------------------------------------------------------
 
 
-class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class Problem(_Answer):
+class Problem(AnswerModel):
     field: str
     """The field at fault: a body field (`max_steps`, `notify.email.0`), a path or query
     parameter (`run_id`, `limit`), or `(body)` when the body as a whole is."""
     message: str
 
 
-class RequestRefused(_Answer):
+class RequestRefused(AnswerModel):
     error: str
     problems: list[Problem]
     """Which fields are wrong, and how; empty when nothing the caller sent is at fault."""
 
 
-class RunStarted(_Answer):
+class RunStarted(AnswerModel):
     run_id: str
     status: RunStatus
     step: int
@@ -139,47 +133,20 @@ class RunStarted(_Answer):
         )
 
 
-class RunList(_Answer):
+class RunList(AnswerModel):
     runs: list[RunListed]
     """Most recently updated first."""
 
 
-class RunView(_Answer):
-    run_id: str
-    status: RunStatus
-    step: int
-    """Completed steps."""
-    version: int
-    attempts: int
-    """Attempts started at the next step."""
-    summary: str | None
-    error: str | None
-    agent: str
-    model: str
-    max_steps: int
-    goal: str
-    input: dict[str, Any]
-    """The run's input, with the agent's defaults filled in."""
-    waiting: WaitingFor | None
-    """What the run asks a person, while it waits."""
-    usage: UsageTotals
-    """Tokens the run's model calls used, summed over its steps."""
-    cost_usd: float | None
-    """Their estimated cost in US dollars, from the deployment's price table; null when no
-    price is known for the model (scripted, your own)."""
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, state: RunState) -> RunView:
-        return cls.of_run(Run.of(state))
-
+# Where a run stands: the Python API's `Run`, under the name the OpenAPI document gives it.
+# (No docstring: it would become the schema's description, which the document has none of.)
+class RunView(Run):
     @classmethod
     def of_run(cls, run: Run) -> RunView:
         return cls.model_validate(run.model_dump())
 
 
-class RunHistory(_Answer):
+class RunHistory(AnswerModel):
     run_id: str
     checkpoints: list[Checkpoint]
     """What `ratchet history --json` lists: each write in words, the tool call and its
@@ -203,7 +170,7 @@ class Reject(BaseModel):
     reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
 
 
-class Decided(_Answer):
+class Decided(AnswerModel):
     run_id: str
     step: int
     """The step whose request was decided."""
@@ -230,7 +197,7 @@ class Fork(BaseModel):
     """The fork's id (default: `<source>-fork-<random>`)."""
 
 
-class RunSetGoing(_Answer):
+class RunSetGoing(AnswerModel):
     """A run retried or forked: where it stands, and what works it now."""
 
     run_id: str
@@ -241,7 +208,7 @@ class RunSetGoing(_Answer):
     free worker takes it."""
 
 
-class StepPrompt(_Answer):
+class StepPrompt(AnswerModel):
     run_id: str
     step: int
     prompt: str
