@@ -36,13 +36,13 @@ from ratchet.readout import checkpoint_fields, usage_totals
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
 from ratchet.scenarios import LOCAL, AgentRegistry
-from ratchet.state import Checkpoint as StoredCheckpoint
 from ratchet.state import (
     Created,
     PersonDecided,
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     Usage,
     utcnow,
 )

@@ -94,7 +94,6 @@ from ratchet.state import (
     ApprovalRequest,
     AttemptFailed,
     BlobRef,
-    Checkpoint,
     CheckpointEvent,
     Created,
     Decision,
@@ -105,6 +104,7 @@ from ratchet.state import (
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     ToolCall,
     ToolOutput,
     Usage,
@@ -239,7 +239,7 @@ class Engine:
     def start(self, state: RunState) -> bool:
         """Create the run at version 1. False (and nothing written) if the id is taken."""
         state = state.model_copy(update={"version": 1})
-        checkpoint = Checkpoint(
+        checkpoint = StoredCheckpoint(
             run_id=state.run_id,
             version=1,
             # A fork starts at its source's step: its window's reads find the record there.
@@ -728,7 +728,7 @@ class Engine:
         """Write the event's checkpoint and the new head; returns the head and bytes written."""
         checkpoint_at = utcnow()
         head = apply_event(state, event, version=state.version + 1, at=checkpoint_at)
-        checkpoint = Checkpoint(
+        checkpoint = StoredCheckpoint(
             run_id=state.run_id,
             version=head.version,
             step=step,
