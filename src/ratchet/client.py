@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -36,13 +36,13 @@ from ratchet.readout import checkpoint_fields, usage_totals
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
 from ratchet.scenarios import LOCAL, AgentRegistry
-from ratchet.state import Checkpoint as StoredCheckpoint
 from ratchet.state import (
     Created,
     PersonDecided,
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     Usage,
     utcnow,
 )
@@ -66,11 +66,13 @@ DEFAULT_WAIT_SECONDS = 60.0
 DEFAULT_POLL_SECONDS = 0.1
 
 
-class _Answer(BaseModel):
+class AnswerModel(BaseModel):
+    """What the Python API and the runs API (`ratchet.web.runs`) answer: frozen models."""
+
     model_config = ConfigDict(frozen=True)
 
 
-class WaitingFor(_Answer):
+class WaitingFor(AnswerModel):
     """What a waiting run asked a person."""
 
     step: int
@@ -79,7 +81,7 @@ class WaitingFor(_Answer):
     since: datetime
 
 
-class UsageTotals(_Answer):
+class UsageTotals(AnswerModel):
     """Tokens model calls used, as the provider counted them."""
 
     input_tokens: int
@@ -96,9 +98,10 @@ class UsageTotals(_Answer):
         return cls(**usage_totals(usage.model_dump()))
 
 
-class Run(_Answer):
+class Run(AnswerModel):
     """Where a run stands: its head, read from the store."""
 
+    # The fields in the order the runs API answers them (`ratchet.web.runs.RunView`).
     run_id: str
     status: RunStatus
     step: int
@@ -106,15 +109,16 @@ class Run(_Answer):
     version: int
     attempts: int
     """Attempts counted at the next step (0 when none failed)."""
-    agent: str
-    goal: str
-    model: str
-    max_steps: int
-    input: dict[str, Any]
-    """The run's params: its input, with the agent's defaults filled in."""
     summary: str | None
     error: str | None
+    agent: str
+    model: str
+    max_steps: int
+    goal: str
+    input: dict[str, Any]
+    """The run's params: its input, with the agent's defaults filled in."""
     waiting: WaitingFor | None
+    """What the run asks a person, while it waits."""
     usage: UsageTotals
     """What the run's model calls used, summed over its steps."""
     cost_usd: float | None
@@ -124,7 +128,7 @@ class Run(_Answer):
     updated_at: datetime
 
     @classmethod
-    def of(cls, state: RunState) -> Run:
+    def of(cls, state: RunState) -> Self:
         waiting = state.waiting
         return cls(
             run_id=state.run_id,
@@ -154,13 +158,13 @@ class Run(_Answer):
         )
 
 
-class Started(_Answer):
+class Started(AnswerModel):
     run: Run
     created: bool
     """False when the run existed: the start changed nothing."""
 
 
-class Checkpoint(_Answer):
+class Checkpoint(AnswerModel):
     """One durable write of a run: what `history` lists."""
 
     version: int
@@ -194,7 +198,7 @@ class Checkpoint(_Answer):
     """Which attempt at its step a step record, or a failed attempt, was (1 for the first)."""
 
 
-class RunListed(_Answer):
+class RunListed(AnswerModel):
     run_id: str
     status: RunStatus | Literal["damaged"]
     """The run's status; `damaged` for a run whose stored row cannot be read (see `damage`):

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ratchet.errors import InvalidInput
 from ratchet.state import (
     BlobRef,
-    Checkpoint,
     Decision,
     Message,
     RunState,
+    StoredCheckpoint,
     ToolDigest,
     ToolOutput,
     Usage,
@@ -39,7 +39,7 @@ class Commit:
     `expected_version`. `completes` names a ledger key to mark completed in the same write."""
 
     head: RunState
-    checkpoint: Checkpoint
+    checkpoint: StoredCheckpoint
     expected_version: int
     completes: LedgerCompletion | None = None
 
@@ -83,7 +83,7 @@ class CheckpointStore(Protocol):
     - Checkpoints are never rewritten; every one can be read back until retention removes it.
     """
 
-    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool: ...
+    def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool: ...
 
     def load_head(self, run_id: str) -> RunState | None: ...
 
@@ -97,7 +97,7 @@ class CheckpointStore(Protocol):
 
     def commit(self, commit: Commit) -> CommitReceipt: ...
 
-    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[StoredCheckpoint]:
         """The run's checkpoint records, oldest first; with `after`, only those of a later
         version (what a follower has not read yet: one range read, however long the run)."""
         ...

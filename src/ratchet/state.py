@@ -360,7 +360,7 @@ CheckpointEvent = Annotated[
 ]
 
 
-class Checkpoint(_Model):
+class StoredCheckpoint(_Model):
     """One row of a run's history. The head is the fold of these, in version order."""
 
     run_id: str

@@ -17,7 +17,6 @@ from ratchet.ports import MAX_ITEM_BYTES, Commit, LedgerCompletion, LedgerEntry,
 from ratchet.state import (
     ApprovalRequest,
     AttemptFailed,
-    Checkpoint,
     CheckpointEvent,
     Created,
     Finished,
@@ -26,15 +25,16 @@ from ratchet.state import (
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     ToolCall,
     ToolOutput,
     utcnow,
 )
 
 
-def new_run(run_id: str = "r1", goal: str = "copy the rows") -> tuple[RunState, Checkpoint]:
+def new_run(run_id: str = "r1", goal: str = "copy the rows") -> tuple[RunState, StoredCheckpoint]:
     state = RunState(run_id=run_id, agent="fake", goal=goal)
-    return state, Checkpoint(
+    return state, StoredCheckpoint(
         run_id=run_id,
         version=1,
         step=0,
@@ -64,7 +64,7 @@ def commit_of(
     """The commit of `event` on `head`: the head it folds into and its checkpoint record."""
     at = utcnow()
     new_head = apply_event(head, event, version=head.version + 1, at=at)
-    checkpoint = Checkpoint(
+    checkpoint = StoredCheckpoint(
         run_id=head.run_id,
         version=new_head.version,
         step=step,
@@ -353,7 +353,7 @@ def test_a_fork_waiting_where_its_source_waited_reads_back_the_answer_it_is_give
     forked = source.model_copy(update={"run_id": "f", "version": 1})
     backend.store.create_run(
         forked,
-        Checkpoint(
+        StoredCheckpoint(
             run_id="f",
             version=1,
             step=4,
@@ -496,7 +496,7 @@ def test_list_runs_shows_a_run_created_waiting_or_running_as_it_was_created(back
         update={"run_id": "fork", "version": 1, "status": status}
         | ({} if status is RunStatus.WAITING else {"waiting": None})
     )
-    fork_created = Checkpoint(
+    fork_created = StoredCheckpoint(
         run_id="fork",
         version=1,
         step=fork.step,

@@ -29,11 +29,11 @@ from ratchet.ports import CheckpointStore, Commit, LedgerCompletion
 from ratchet.state import (
     MAX_ATTEMPTS,
     AttemptFailed,
-    Checkpoint,
     CheckpointEvent,
     Finished,
     RunState,
     RunStatus,
+    StoredCheckpoint,
     utcnow,
 )
 
@@ -71,7 +71,7 @@ class Commits:
         """Write the event's checkpoint and the new head; returns the head and bytes written."""
         checkpoint_at = utcnow()
         head = apply_event(state, event, version=state.version + 1, at=checkpoint_at)
-        checkpoint = Checkpoint(
+        checkpoint = StoredCheckpoint(
             run_id=state.run_id,
             version=head.version,
             step=step,

@@ -12,7 +12,6 @@ from ratchet.engine.memory import REMEMBER
 from ratchet.state import (
     MAX_PINNED_FACTS,
     AttemptFailed,
-    Checkpoint,
     CheckpointEvent,
     Created,
     Finished,
@@ -22,6 +21,7 @@ from ratchet.state import (
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     ToolDigest,
     Usage,
     Waiting,
@@ -72,7 +72,7 @@ def apply_event(
     return state.model_copy(update=update)
 
 
-def replay(checkpoints: Iterable[Checkpoint]) -> RunState | None:
+def replay(checkpoints: Iterable[StoredCheckpoint]) -> RunState | None:
     """Fold checkpoints (in version order) into the state as of the last one."""
     state: RunState | None = None
     for checkpoint in checkpoints:

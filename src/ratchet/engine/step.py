@@ -73,7 +73,6 @@ from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, LedgerCompletion
 from ratchet.state import (
     MAX_ATTEMPTS,
-    Checkpoint,
     Created,
     Done,
     Finished,
@@ -82,6 +81,7 @@ from ratchet.state import (
     RunState,
     RunStatus,
     StepCompleted,
+    StoredCheckpoint,
     idempotency_key,
     utcnow,
 )
@@ -149,7 +149,7 @@ class Engine:
     def start(self, state: RunState) -> bool:
         """Create the run at version 1. False (and nothing written) if the id is taken."""
         state = state.model_copy(update={"version": 1})
-        checkpoint = Checkpoint(
+        checkpoint = StoredCheckpoint(
             run_id=state.run_id,
             version=1,
             # A fork starts at its source's step: its window's reads find the record there.

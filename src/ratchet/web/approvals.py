@@ -18,18 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from pydantic import SecretStr
 
 from ratchet.adapters.slack import SlackResponder
 from ratchet.approvals import pages
 from ratchet.approvals.answers import FORM_PREFIX, MAX_ANSWER_FIELDS, answer_from_form
 from ratchet.approvals.desk import ApprovalDesk
-from ratchet.approvals.slack import parse_action, verify_request
+from ratchet.approvals.slack import SlackAction, parse_action, verify_request
 from ratchet.errors import (
     AnswerInvalid,
     ApprovalClosed,
@@ -65,40 +67,42 @@ class ApprovalServices:
 
 def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolver:
     app = APIGatewayRestResolver()
+    routes = ApprovalRoutes(app, services)
+    app.get("/approvals/<approval_id>")(routes.show)
+    app.post("/approvals/<approval_id>")(routes.decide)
+    app.post("/slack/interactions")(routes.slack_interaction)
+    return app
 
-    def html(status: int, body: str) -> Response[str]:
-        return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
 
-    def problem(error: ApprovalError) -> Response[str]:
-        title = _TITLES.get(type(error), "This request cannot be decided")
-        return html(error.http_status, pages.problem_page(title, str(error)))
+class ApprovalRoutes:
+    """The approval routes: each reads the request from `app` and decides through the
+    approval desk of the runtime's services (`build_app` registers them)."""
 
-    def link_query() -> dict[str, str]:
-        multi = app.current_event.multi_value_query_string_parameters or {}
-        if any(len(values) != 1 for values in multi.values()):
-            raise LinkInvalid("the link has been changed")
-        return {name: values[0] for name, values in multi.items()} or dict(
-            app.current_event.query_string_parameters or {}
-        )
+    def __init__(
+        self, app: APIGatewayRestResolver, services: Callable[[], ApprovalServices]
+    ) -> None:
+        self.app = app
+        self.services = services
 
-    @app.get("/approvals/<approval_id>")
-    def show(approval_id: str) -> Response[str]:
+    def show(self, approval_id: str) -> Response[str]:
+        """The request's page, or why it cannot be decided; it changes nothing."""
         try:
-            view = services().desk.view(approval_id, link_query())
+            view = self.services().desk.view(approval_id, self._link_query())
         except ApprovalError as error:
-            return problem(error)
+            return _problem(error)
         if view.approval.status.is_decided:
-            return html(HTTPStatus.CONFLICT, pages.outcome_page(view, just_now=False))
+            return _html(HTTPStatus.CONFLICT, pages.outcome_page(view, just_now=False))
         if not view.run_waits_for_it:
-            return problem(ApprovalClosed("the run went on; this request no longer applies"))
-        return html(HTTPStatus.OK, pages.request_page(view, action=_self_url(app)))
+            return _problem(ApprovalClosed("the run went on; this request no longer applies"))
+        return _html(HTTPStatus.OK, pages.request_page(view, action=_self_url(self.app)))
 
-    @app.post("/approvals/<approval_id>")
-    def decide(approval_id: str) -> Response[str]:
+    def decide(self, approval_id: str) -> Response[str]:
+        """The form's decision, once; a structured answer the question's schema refuses
+        shows the form again, naming the field."""
         try:
-            query = link_query()
-            approved, comment, form = _read_form(app.current_event.decoded_body or "")
-            desk = services().desk
+            query = self._link_query()
+            approved, comment, form = _read_form(self.app.current_event.decoded_body or "")
+            desk = self.services().desk
             answer = None
             if approved:
                 asked = desk.view(approval_id, query)
@@ -108,67 +112,94 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
                         answer = answer_from_form(schema, form)
                     except AnswerInvalid as refused:
                         page = pages.request_page(
-                            asked, action=_self_url(app), refused=str(refused), given=form
+                            asked, action=_self_url(self.app), refused=str(refused), given=form
                         )
-                        return html(HTTPStatus.BAD_REQUEST, page)
+                        return _html(HTTPStatus.BAD_REQUEST, page)
             view = desk.decide_by_link(
                 approval_id, query, approved=approved, comment=comment, answer=answer
             )
         except ApprovalError as error:
-            return problem(error)
+            return _problem(error)
         except RunNotFound as gone:
-            return problem(ApprovalClosed(str(gone)))
+            return _problem(ApprovalClosed(str(gone)))
         except StoreBusy:
             # The decision was undone (the request is pending again): the person may retry.
             page = pages.problem_page("Busy, please try again", "AWS is busy for the moment.")
-            return html(HTTPStatus.SERVICE_UNAVAILABLE, page)
-        return html(HTTPStatus.OK, pages.outcome_page(view, just_now=True))
+            return _html(HTTPStatus.SERVICE_UNAVAILABLE, page)
+        return _html(HTTPStatus.OK, pages.outcome_page(view, just_now=True))
 
-    @app.post("/slack/interactions")
-    def slack() -> Response[str]:
-        wired = services()
+    def slack_interaction(self) -> Response[str]:
+        """A button pressed in Slack, by a user Slack's signature vouches for."""
+        wired = self.services()
         if wired.slack_signing_secret is None:
             return Response(status_code=HTTPStatus.NOT_FOUND, body="")
-        event = app.current_event
-        body = event.decoded_body or ""
+        secret = wired.slack_signing_secret.get_secret_value()
         try:
-            verify_request(
-                wired.slack_signing_secret.get_secret_value(),
-                timestamp=event.headers.get("X-Slack-Request-Timestamp")
-                or event.headers.get("x-slack-request-timestamp"),
-                signature=event.headers.get("X-Slack-Signature")
-                or event.headers.get("x-slack-signature"),
-                body=body.encode("utf-8"),
-                now=wired.desk.clock().timestamp(),
-            )
-            action = parse_action(body)
+            action = _verified_action(self.app.current_event, secret, wired.desk.clock())
         except ApprovalError as refused:
             return Response(status_code=refused.http_status, body="")
-        try:
-            view = wired.desk.decide_by_id(
-                action.run_id,
-                action.approval_id,
-                Verdict(approved=action.approved, by=action.by),
-                channel="slack",
-            )
-            text = f"{'Approved' if action.approved else 'Rejected'} by {action.by}"
-            text += f": run {view.approval.run_id}, step {view.approval.step}"
-        except ApprovalError as error:
-            text = f"{_TITLES.get(type(error), 'Not decided')}: {error}"
-        except RunNotFound as gone:
-            text = f"The run is gone: {gone}"
+        text = _decide_in_slack(wired.desk, action)
         if action.response_url and wired.slack_responder is not None:
-            try:
-                wired.slack_responder.replace(action.response_url, text)
-            except Exception as failed:  # the decision stands; the message is cosmetic
-                if wired.logger is not None:
-                    wired.logger.warning(
-                        "slack message not updated", extra={"error": type(failed).__name__}
-                    )
+            _replace_message(wired.slack_responder, action.response_url, text, wired.logger)
         # Slack wants a 200 within 3 s; the message itself is replaced via response_url.
         return Response(status_code=HTTPStatus.OK, body="")
 
-    return app
+    def _link_query(self) -> dict[str, str]:
+        multi = self.app.current_event.multi_value_query_string_parameters or {}
+        if any(len(values) != 1 for values in multi.values()):
+            raise LinkInvalid("the link has been changed")
+        return {name: values[0] for name, values in multi.items()} or dict(
+            self.app.current_event.query_string_parameters or {}
+        )
+
+
+def _html(status: int, body: str) -> Response[str]:
+    return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
+
+
+def _problem(error: ApprovalError) -> Response[str]:
+    title = _TITLES.get(type(error), "This request cannot be decided")
+    return _html(error.http_status, pages.problem_page(title, str(error)))
+
+
+def _verified_action(event: APIGatewayProxyEvent, secret: str, now: datetime) -> SlackAction:
+    """The button pressed, once the request's signature is checked (`ApprovalError` if it
+    fails, or the body is no button press)."""
+    body = event.decoded_body or ""
+    verify_request(
+        secret,
+        timestamp=event.headers.get("X-Slack-Request-Timestamp")
+        or event.headers.get("x-slack-request-timestamp"),
+        signature=event.headers.get("X-Slack-Signature") or event.headers.get("x-slack-signature"),
+        body=body.encode("utf-8"),
+        now=now.timestamp(),
+    )
+    return parse_action(body)
+
+
+def _decide_in_slack(desk: ApprovalDesk, action: SlackAction) -> str:
+    """Decide as the button says; what the Slack message should say now."""
+    try:
+        view = desk.decide_by_id(
+            action.run_id,
+            action.approval_id,
+            Verdict(approved=action.approved, by=action.by),
+            channel="slack",
+        )
+    except ApprovalError as error:
+        return f"{_TITLES.get(type(error), 'Not decided')}: {error}"
+    except RunNotFound as gone:
+        return f"The run is gone: {gone}"
+    text = f"{'Approved' if action.approved else 'Rejected'} by {action.by}"
+    return text + f": run {view.approval.run_id}, step {view.approval.step}"
+
+
+def _replace_message(responder: SlackResponder, response_url: str, text: str, logger: Any) -> None:
+    try:
+        responder.replace(response_url, text)
+    except Exception as failed:  # the decision stands; the message is cosmetic
+        if logger is not None:
+            logger.warning("slack message not updated", extra={"error": type(failed).__name__})
 
 
 def _read_form(body: str) -> tuple[bool, str, dict[str, list[str]]]:

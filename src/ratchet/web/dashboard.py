@@ -29,7 +29,14 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
 from ratchet.approvals import pages
 from ratchet.approvals.desk import ApprovalDesk
-from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
+from ratchet.client import (
+    Checkpoint,
+    CheckpointsExpired,
+    Client,
+    NoCheckpointAtStep,
+    Run,
+    RunListed,
+)
 from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
 from ratchet.readout import (
     UNRECORDED_VERSIONS,
@@ -116,81 +123,99 @@ class Point:
 
 def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolver:
     app = APIGatewayRestResolver()
+    routes = DashboardRoutes(app, services)
+    app.get("/dashboard")(routes.runs)
+    app.get("/dashboard/runs/<run_id>")(routes.run)
+    app.get("/dashboard/runs/<run_id>/steps/<step>")(routes.state)
+    app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")(routes.prompt)
+    app.exception_handler([RunUnreadable, UnsupportedSchema])(routes.damaged)
+    return app
 
-    def page(status: int, body: str) -> Response[str]:
-        return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
 
-    def refused(status: int, title: str, message: str) -> Response[str]:
-        return page(status, problem_page(title, message))
+class DashboardRoutes:
+    """The dashboard's pages: each reads the request from `app` and the runs through the
+    services (`build_app` registers them)."""
 
-    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
-    def damaged(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+    def __init__(
+        self, app: APIGatewayRestResolver, services: Callable[[], DashboardServices]
+    ) -> None:
+        self.app = app
+        self.services = services
+
+    def damaged(self, error: RunUnreadable | UnsupportedSchema) -> Response[str]:
         # A run's page whose stored row cannot be read: the store's fault, named, never quoted.
-        return refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(error))
+        return _refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(error))
 
-    @app.get("/dashboard")
-    def runs() -> Response[str]:
-        wanted = (app.current_event.query_string_parameters or {}).get("status") or None
+    def runs(self) -> Response[str]:
+        wanted = (self.app.current_event.query_string_parameters or {}).get("status") or None
         if wanted is not None and wanted not in {s.value for s in RunStatus}:
             known = ", ".join(s.value for s in RunStatus)
-            return refused(HTTPStatus.BAD_REQUEST, "No such status", f"use one of {known}")
-        client = services().client
+            return _refused(HTTPStatus.BAD_REQUEST, "No such status", f"use one of {known}")
+        client = self.services().client
         listed = client.runs()
         counts = Counter(r.status for r in listed)
-        rows: list[RunRow] = []
-        for r in listed:
-            if wanted is not None and r.status != wanted:
-                continue
-            if len(rows) == MAX_RUNS_SHOWN:
-                break
-            if r.damage is not None:
-                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, r.damage))
-                continue
-            try:
-                agent = client.head(r.run_id).agent
-            except RunNotFound:  # collected between the listing and this read
-                continue
-            except (RunUnreadable, UnsupportedSchema) as error:
-                # Damage the listing cannot see (a step record): the row says so, the rest show.
-                rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, str(error)))
-                continue
-            rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at))
+        rows = _run_rows(client, (r for r in listed if wanted is None or r.status == wanted))
         status = RunStatus(wanted) if wanted else None
-        return page(HTTPStatus.OK, runs_page(rows, counts, status))
+        return _page_response(HTTPStatus.OK, runs_page(rows, counts, status))
 
-    @app.get("/dashboard/runs/<run_id>")
-    def run(run_id: str) -> Response[str]:
+    def run(self, run_id: str) -> Response[str]:
         try:
-            timeline = read_timeline(services(), run_id)
+            timeline = read_timeline(self.services(), run_id)
         except (RunNotFound, InvalidInput) as missing:
-            return refused(HTTPStatus.NOT_FOUND, "No such run", str(missing))
-        return page(HTTPStatus.OK, run_page(timeline))
+            return _refused(HTTPStatus.NOT_FOUND, "No such run", str(missing))
+        return _page_response(HTTPStatus.OK, run_page(timeline))
 
-    @app.get("/dashboard/runs/<run_id>/steps/<step>")
-    def state(run_id: str, step: str) -> Response[str]:
-        client = services().client
+    def state(self, run_id: str, step: str) -> Response[str]:
+        client = self.services().client
         try:
             number = _step_number(step)
             at = client.state_at(run_id, step=number)
             replayable = any(c.event == "step" and c.step == number for c in client.history(run_id))
         except (RunNotFound, InvalidInput) as missing:
-            return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
+            return _refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
-            return refused(HTTPStatus.GONE, "No longer kept", str(gone))
-        return page(HTTPStatus.OK, state_page(at, number, replayable=replayable))
+            return _refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        return _page_response(HTTPStatus.OK, state_page(at, number, replayable=replayable))
 
-    @app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")
-    def prompt(run_id: str, step: str) -> Response[str]:
+    def prompt(self, run_id: str, step: str) -> Response[str]:
         try:
             number = _step_number(step)
-            text = services().client.replay(run_id, step=number)
+            text = self.services().client.replay(run_id, step=number)
         except (RunNotFound, InvalidInput) as missing:
-            return refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
+            return _refused(HTTPStatus.NOT_FOUND, "No such step", str(missing))
         except CheckpointsExpired as gone:
-            return refused(HTTPStatus.GONE, "No longer kept", str(gone))
-        return page(HTTPStatus.OK, prompt_page(run_id, number, text))
+            return _refused(HTTPStatus.GONE, "No longer kept", str(gone))
+        return _page_response(HTTPStatus.OK, prompt_page(run_id, number, text))
 
-    return app
+
+def _page_response(status: int, body: str) -> Response[str]:
+    return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
+
+
+def _refused(status: int, title: str, message: str) -> Response[str]:
+    return _page_response(status, problem_page(title, message))
+
+
+def _run_rows(client: Client, listed: Iterable[RunListed]) -> list[RunRow]:
+    """The listed runs' rows, up to `MAX_RUNS_SHOWN`, each with its agent read from its head
+    (a run collected meanwhile is left out; one whose head cannot be read shows as damaged)."""
+    rows: list[RunRow] = []
+    for r in listed:
+        if len(rows) == MAX_RUNS_SHOWN:
+            break
+        if r.damage is not None:
+            rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, r.damage))
+            continue
+        try:
+            agent = client.head(r.run_id).agent
+        except RunNotFound:  # collected between the listing and this read
+            continue
+        except (RunUnreadable, UnsupportedSchema) as error:
+            # Damage the listing cannot see (a step record): the row says so, the rest show.
+            rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, str(error)))
+            continue
+        rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at))
+    return rows
 
 
 def _step_number(text: str) -> int:
@@ -573,6 +598,9 @@ def prompt_page(run_id: str, step: int, prompt: str) -> str:
 
 _WIDTH, _HEIGHT = 520, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 28, 40
+_PLOT_W = _WIDTH - _LEFT - _RIGHT
+_PLOT_H = _HEIGHT - _TOP - _BOTTOM
+_PLOT_BOTTOM = _TOP + _PLOT_H
 
 
 def _bucketed(data: Sequence[Point], limit: int) -> Sequence[Point]:
@@ -604,72 +632,93 @@ def chart(
     each bar or dot stands for a bucket of neighbours, at the largest value among them."""
     ordered = sorted(points, key=lambda p: p.x)
     data = _bucketed(ordered, MAX_CHART_POINTS)
-    plot_w = _WIDTH - _LEFT - _RIGHT
-    plot_h = _HEIGHT - _TOP - _BOTTOM
-    bottom = _TOP + plot_h
-    parts = [
+    parts = _axes(title, x_label=x_label, y_label=y_label)
+    if not data:
+        parts.append(
+            f"<text x='{_LEFT + _PLOT_W / 2}' y='{_TOP + _PLOT_H / 2}' font-size='12' "
+            "fill='#5b6475' text-anchor='middle'>no data yet</text></svg>"
+        )
+        return "".join(parts)
+    plot = _Plot(slots=len(data), top_value=max(p.y for p in data) or 1.0)
+    parts += plot.scale(first_x=ordered[0].x, last_x=ordered[-1].x)
+    marks = plot.bars if kind == "bar" else plot.line
+    parts += marks(data, x_label=x_label, y_label=y_label)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _axes(title: str, *, x_label: str, y_label: str) -> list[str]:
+    """The chart's opening, its title and its two axes, named."""
+    return [
         f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' role='img' width='{_WIDTH}' "
         f"height='{_HEIGHT}' viewBox='0 0 {_WIDTH} {_HEIGHT}' aria-label='{e(title)}'>",
         f"<title>{e(title)}</title>",
         f"<text x='{_LEFT}' y='18' font-size='13' font-weight='600' fill='#1d2330'>"
         f"{e(title)}</text>",
-        f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{bottom}' stroke='#5b6475'/>",
-        f"<line x1='{_LEFT}' y1='{bottom}' x2='{_WIDTH - _RIGHT}' y2='{bottom}' stroke='#5b6475'/>",
-        f"<text x='{_LEFT + plot_w / 2}' y='{_HEIGHT - 6}' font-size='11' fill='#5b6475' "
+        f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{_PLOT_BOTTOM}' stroke='#5b6475'/>",
+        f"<line x1='{_LEFT}' y1='{_PLOT_BOTTOM}' x2='{_WIDTH - _RIGHT}' y2='{_PLOT_BOTTOM}' "
+        "stroke='#5b6475'/>",
+        f"<text x='{_LEFT + _PLOT_W / 2}' y='{_HEIGHT - 6}' font-size='11' fill='#5b6475' "
         f"text-anchor='middle'>{e(x_label)}</text>",
-        f"<text x='14' y='{_TOP + plot_h / 2}' font-size='11' fill='#5b6475' "
-        f"text-anchor='middle' transform='rotate(-90 14 {_TOP + plot_h / 2})'>"
+        f"<text x='14' y='{_TOP + _PLOT_H / 2}' font-size='11' fill='#5b6475' "
+        f"text-anchor='middle' transform='rotate(-90 14 {_TOP + _PLOT_H / 2})'>"
         f"{e(y_label)}</text>",
     ]
-    if not data:
-        parts.append(
-            f"<text x='{_LEFT + plot_w / 2}' y='{_TOP + plot_h / 2}' font-size='12' "
-            "fill='#5b6475' text-anchor='middle'>no data yet</text></svg>"
-        )
-        return "".join(parts)
-    top_value = max(p.y for p in data) or 1.0
-    slots = len(data)
-    slot_w = plot_w / slots
 
-    def x_of(index: int) -> float:
-        return _LEFT + slot_w * (index + 0.5)
 
-    def y_of(value: float) -> float:
-        return bottom - plot_h * max(value, 0.0) / top_value
+@dataclass(frozen=True)
+class _Plot:
+    """Where a chart's marks go: `slots` slots across, one per point, and 0 to `top_value`
+    up."""
 
-    parts += [
-        f"<text x='{_LEFT - 6}' y='{_TOP + 4}' font-size='10' fill='#5b6475' "
-        f"text-anchor='end'>{e(_number(top_value))}</text>",
-        f"<text x='{_LEFT - 6}' y='{bottom + 4}' font-size='10' fill='#5b6475' "
-        "text-anchor='end'>0</text>",
-    ]
-    for index, x in {0: ordered[0].x, slots - 1: ordered[-1].x}.items():
-        parts.append(
-            f"<text x='{x_of(index):.1f}' y='{bottom + 14}' font-size='10' fill='#5b6475' "
-            f"text-anchor='middle'>{x}</text>"
-        )
-    if kind == "bar":
-        bar_w = max(slot_w * 0.7, 1.0)
-        for index, p in enumerate(data):
-            top = y_of(p.y)
+    slots: int
+    top_value: float
+
+    def x_of(self, index: int) -> float:
+        return _LEFT + _PLOT_W / self.slots * (index + 0.5)
+
+    def y_of(self, value: float) -> float:
+        return _PLOT_BOTTOM - _PLOT_H * max(value, 0.0) / self.top_value
+
+    def scale(self, *, first_x: int, last_x: int) -> list[str]:
+        """The y axis's two values and the x axis's first and last."""
+        parts = [
+            f"<text x='{_LEFT - 6}' y='{_TOP + 4}' font-size='10' fill='#5b6475' "
+            f"text-anchor='end'>{e(_number(self.top_value))}</text>",
+            f"<text x='{_LEFT - 6}' y='{_PLOT_BOTTOM + 4}' font-size='10' fill='#5b6475' "
+            "text-anchor='end'>0</text>",
+        ]
+        for index, x in {0: first_x, self.slots - 1: last_x}.items():
             parts.append(
-                f"<rect class='bar' x='{x_of(index) - bar_w / 2:.1f}' y='{top:.1f}' "
-                f"width='{bar_w:.1f}' height='{bottom - top:.1f}' fill='#3b6fd8'>"
+                f"<text x='{self.x_of(index):.1f}' y='{_PLOT_BOTTOM + 14}' font-size='10' "
+                f"fill='#5b6475' text-anchor='middle'>{x}</text>"
+            )
+        return parts
+
+    def bars(self, data: Sequence[Point], *, x_label: str, y_label: str) -> list[str]:
+        bar_w = max(_PLOT_W / self.slots * 0.7, 1.0)
+        parts = []
+        for index, p in enumerate(data):
+            top = self.y_of(p.y)
+            parts.append(
+                f"<rect class='bar' x='{self.x_of(index) - bar_w / 2:.1f}' y='{top:.1f}' "
+                f"width='{bar_w:.1f}' height='{_PLOT_BOTTOM - top:.1f}' fill='#3b6fd8'>"
                 f"<title>{e(p.described(x_label, y_label))}</title></rect>"
             )
-    else:
-        path = " ".join(f"{x_of(i):.1f},{y_of(p.y):.1f}" for i, p in enumerate(data))
-        parts.append(
+        return parts
+
+    def line(self, data: Sequence[Point], *, x_label: str, y_label: str) -> list[str]:
+        path = " ".join(f"{self.x_of(i):.1f},{self.y_of(p.y):.1f}" for i, p in enumerate(data))
+        parts = [
             f"<polyline class='line' points='{path}' fill='none' stroke='#1e7e34' "
             "stroke-width='2'/>"
-        )
+        ]
         for index, p in enumerate(data):
             parts.append(
-                f"<circle class='dot' cx='{x_of(index):.1f}' cy='{y_of(p.y):.1f}' r='3' "
-                f"fill='#1e7e34'><title>{e(p.described(x_label, y_label))}</title></circle>"
+                f"<circle class='dot' cx='{self.x_of(index):.1f}' cy='{self.y_of(p.y):.1f}' "
+                f"r='3' fill='#1e7e34'><title>{e(p.described(x_label, y_label))}</title></circle>"
             )
-    parts.append("</svg>")
-    return "".join(parts)
+        return parts
 
 
 def local_app(client: Client, desk: ApprovalDesk, *, operator: str) -> APIGatewayRestResolver:

@@ -37,7 +37,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, Protocol
 
@@ -55,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import (
+    AnswerModel,
     Checkpoint,
     CheckpointsExpired,
     Client,
@@ -62,8 +62,6 @@ from ratchet.client import (
     Run,
     RunListed,
     Started,
-    UsageTotals,
-    WaitingFor,
 )
 from ratchet.errors import (
     AgentNotFound,
@@ -100,24 +98,20 @@ JSON escape) and input (16 KB) with room to spare."""
 # --- the API's models --------------------------------------------------------------------------
 
 
-class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class Problem(_Answer):
+class Problem(AnswerModel):
     field: str
     """The field at fault: a body field (`max_steps`, `notify.email.0`), a path or query
     parameter (`run_id`, `limit`), or `(body)` when the body as a whole is."""
     message: str
 
 
-class RequestRefused(_Answer):
+class RequestRefused(AnswerModel):
     error: str
     problems: list[Problem]
     """Which fields are wrong, and how; empty when nothing the caller sent is at fault."""
 
 
-class RunStarted(_Answer):
+class RunStarted(AnswerModel):
     run_id: str
     status: RunStatus
     step: int
@@ -139,47 +133,20 @@ class RunStarted(_Answer):
         )
 
 
-class RunList(_Answer):
+class RunList(AnswerModel):
     runs: list[RunListed]
     """Most recently updated first."""
 
 
-class RunView(_Answer):
-    run_id: str
-    status: RunStatus
-    step: int
-    """Completed steps."""
-    version: int
-    attempts: int
-    """Attempts started at the next step."""
-    summary: str | None
-    error: str | None
-    agent: str
-    model: str
-    max_steps: int
-    goal: str
-    input: dict[str, Any]
-    """The run's input, with the agent's defaults filled in."""
-    waiting: WaitingFor | None
-    """What the run asks a person, while it waits."""
-    usage: UsageTotals
-    """Tokens the run's model calls used, summed over its steps."""
-    cost_usd: float | None
-    """Their estimated cost in US dollars, from the deployment's price table; null when no
-    price is known for the model (scripted, your own)."""
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, state: RunState) -> RunView:
-        return cls.of_run(Run.of(state))
-
+# Where a run stands: the Python API's `Run`, under the name the OpenAPI document gives it.
+# (No docstring: it would become the schema's description, which the document has none of.)
+class RunView(Run):
     @classmethod
     def of_run(cls, run: Run) -> RunView:
         return cls.model_validate(run.model_dump())
 
 
-class RunHistory(_Answer):
+class RunHistory(AnswerModel):
     run_id: str
     checkpoints: list[Checkpoint]
     """What `ratchet history --json` lists: each write in words, the tool call and its
@@ -203,7 +170,7 @@ class Reject(BaseModel):
     reason: str = Field(default="", max_length=MAX_COMMENT_CHARS)
 
 
-class Decided(_Answer):
+class Decided(AnswerModel):
     run_id: str
     step: int
     """The step whose request was decided."""
@@ -230,7 +197,7 @@ class Fork(BaseModel):
     """The fork's id (default: `<source>-fork-<random>`)."""
 
 
-class RunSetGoing(_Answer):
+class RunSetGoing(AnswerModel):
     """A run retried or forked: where it stands, and what works it now."""
 
     run_id: str
@@ -241,7 +208,7 @@ class RunSetGoing(_Answer):
     free worker takes it."""
 
 
-class StepPrompt(_Answer):
+class StepPrompt(AnswerModel):
     run_id: str
     step: int
     prompt: str
@@ -287,59 +254,131 @@ class RunsServices:
 
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
+    """The runs API: each route below, then how each refusal is answered."""
     # A body is bounded in length and nesting before it is parsed: `json` recurses, and a
     # body nested 60,000 levels deep would end in a RecursionError (a 500).
     app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=_bounded_body)
-
-    def count(name: str) -> None:
-        metrics = services().metrics
-        if metrics is not None:
-            metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
-
-    @app.post(
+    routes = RunsRoutes(app, services)
+    app.post(
         "/runs",
         responses=_responses(200, 201, 400, 413, 415),
         summary="Start a run",
         operation_id="startRun",
-    )
-    def post_run(request: Annotated[RunRequest, Body()]) -> Response[RunStarted]:
-        _require_json(app)
-        started = services().start(request, request_id=app.lambda_context.aws_request_id)
+    )(routes.start_run)
+    app.get(
+        "/runs",
+        responses=_responses(200, 400),
+        summary="List runs, recent first",
+        operation_id="listRuns",
+    )(routes.list_runs)
+    app.get(
+        "/runs/<run_id>",
+        responses=_responses(200, 400, 404),
+        summary="Where a run stands",
+        operation_id="getRun",
+    )(routes.get_run)
+    app.get(
+        "/runs/<run_id>/history",
+        responses=_responses(200, 400, 404),
+        summary="One row per checkpoint",
+        operation_id="getRunHistory",
+    )(routes.get_history)
+    app.get(
+        "/runs/<run_id>/checkpoints/<step>",
+        responses=_responses(200, 400, 404, 410),
+        summary="The run's state as of a step",
+        operation_id="getRunCheckpoint",
+    )(routes.get_checkpoint)
+    app.post(
+        "/runs/<run_id>/approve",
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        summary="Approve what a run waits for",
+        operation_id="approveRun",
+    )(routes.approve)
+    app.post(
+        "/runs/<run_id>/reject",
+        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        summary="Reject what a run waits for",
+        operation_id="rejectRun",
+    )(routes.reject)
+    app.post(
+        "/runs/<run_id>/retry",
+        responses=_responses(200, 400, 403, 404, 409, 415),
+        summary="Retry a failed run",
+        operation_id="retryRun",
+    )(routes.retry)
+    app.post(
+        "/runs/<run_id>/cancel",
+        responses=_responses(200, 400, 403, 404, 409, 413, 415),
+        summary="Cancel a running or waiting run",
+        operation_id="cancelRun",
+    )(routes.cancel)
+    app.post(
+        "/runs/<run_id>/fork",
+        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
+        summary="Fork a run from one of its steps",
+        operation_id="forkRun",
+    )(routes.fork)
+    app.get(
+        "/runs/<run_id>/steps/<step>/prompt",
+        responses=_responses(200, 400, 404, 410),
+        summary="The prompt a step's model saw",
+        operation_id="getStepPrompt",
+    )(routes.get_step_prompt)
+
+    refusals = RunsRefusals(app, services)
+    app.exception_handler(RequestValidationError)(refusals.invalid_request)
+    app.exception_handler(RequestUnsupportedContentType)(refusals.not_json)
+    app.exception_handler(RunRequestInvalid)(refusals.invalid_run)
+    app.exception_handler(JsonOverLimit)(refusals.unbounded_body)
+    app.exception_handler(InvalidInput)(refusals.invalid_input)
+    app.exception_handler(AgentNotFound)(refusals.broken_agent)
+    app.exception_handler([NotRetryable, NotCancellable])(refusals.wrong_status)
+    app.exception_handler(RunNotFound)(refusals.no_run)
+    app.exception_handler(ApprovalError)(refusals.not_decided)
+    app.not_found(refusals.no_route)
+    app.exception_handler(_Refusal)(refusals.refused)
+    app.exception_handler([RunUnreadable, UnsupportedSchema])(refusals.unreadable)
+    app.exception_handler(StoreDamaged)(refusals.damaged)
+    app.exception_handler([StoreBusy, StoreUnavailable])(refusals.busy)
+    return app
+
+
+def _count(services: RunsServices, name: str) -> None:
+    if services.metrics is not None:
+        services.metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+
+
+class RunsRoutes:
+    """The runs API's routes: each reads the request from `app` and works through the
+    runtime's services (`build_app` registers them)."""
+
+    def __init__(self, app: APIGatewayRestResolver, services: Callable[[], RunsServices]) -> None:
+        self.app = app
+        self.services = services
+
+    def start_run(self, request: Annotated[RunRequest, Body()]) -> Response[RunStarted]:
+        _require_json(self.app)
+        started = self.services().start(request, request_id=self.app.lambda_context.aws_request_id)
         return Response(
             status_code=HTTPStatus.CREATED if started.created else HTTPStatus.OK,
             content_type=content_types.APPLICATION_JSON,
             body=started,
         )
 
-    @app.get(
-        "/runs",
-        responses=_responses(200, 400),
-        summary="List runs, recent first",
-        operation_id="listRuns",
-    )
     def list_runs(
+        self,
         status: Annotated[RunStatus | None, Query(description="Only runs in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
     ) -> RunList:
-        found = services().client.runs(status=status)
+        found = self.services().client.runs(status=status)
         return RunList(runs=found[:limit])
 
-    @app.get(
-        "/runs/<run_id>",
-        responses=_responses(200, 400, 404),
-        summary="Where a run stands",
-        operation_id="getRun",
-    )
-    def get_run(run_id: RunId) -> RunView:
-        return RunView.of(services().client.head(run_id))
+    def get_run(self, run_id: RunId) -> RunView:
+        return RunView.of(self.services().client.head(run_id))
 
-    @app.get(
-        "/runs/<run_id>/history",
-        responses=_responses(200, 400, 404),
-        summary="One row per checkpoint",
-        operation_id="getRunHistory",
-    )
     def get_history(
+        self,
         run_id: RunId,
         after: Annotated[
             int,
@@ -350,27 +389,34 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             ),
         ] = 0,
     ) -> RunHistory:
-        return RunHistory(run_id=run_id, checkpoints=services().client.history(run_id, after=after))
+        checkpoints = self.services().client.history(run_id, after=after)
+        return RunHistory(run_id=run_id, checkpoints=checkpoints)
 
-    @app.get(
-        "/runs/<run_id>/checkpoints/<step>",
-        responses=_responses(200, 400, 404, 410),
-        summary="The run's state as of a step",
-        operation_id="getRunCheckpoint",
-    )
-    def get_checkpoint(run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
+    def get_checkpoint(self, run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
         with _rebuilding("step", "the state as of this step"):
-            return services().client.state_at(run_id, step=step)
+            return self.services().client.state_at(run_id, step=step)
 
-    def decide(
-        run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
+    def approve(self, run_id: RunId, body: Annotated[Approve | None, Body()] = None) -> Decided:
+        return self._decide(
+            run_id,
+            approved=True,
+            comment=body.comment if body else "",
+            answer=body.answer if body else None,
+        )
+
+    def reject(self, run_id: RunId, body: Annotated[Reject | None, Body()] = None) -> Decided:
+        return self._decide(run_id, approved=False, comment=body.reason if body else "")
+
+    def _decide(
+        self, run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
     ) -> Decided:
-        _require_json(app)
-        wired = services()
-        verdict = Verdict(approved=approved, by=_caller(app, wired), comment=comment, answer=answer)
+        _require_json(self.app)
+        wired = self.services()
+        by = _caller(self.app, wired)
+        verdict = Verdict(approved=approved, by=by, comment=comment, answer=answer)
         view = wired.desk().decide_run(run_id, verdict, channel="api")
         run = view.run
-        count("DecidedThroughApi")
+        _count(wired, "DecidedThroughApi")
         wired.logger.info(
             "decided through the API",
             extra={"run_id": run_id, "step": view.approval.step, "approved": approved},
@@ -384,70 +430,29 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             run_status=run.status if run else RunStatus.WAITING,
         )
 
-    @app.post(
-        "/runs/<run_id>/approve",
-        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
-        summary="Approve what a run waits for",
-        operation_id="approveRun",
-    )
-    def approve(run_id: RunId, body: Annotated[Approve | None, Body()] = None) -> Decided:
-        return decide(
-            run_id,
-            approved=True,
-            comment=body.comment if body else "",
-            answer=body.answer if body else None,
-        )
-
-    @app.post(
-        "/runs/<run_id>/reject",
-        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
-        summary="Reject what a run waits for",
-        operation_id="rejectRun",
-    )
-    def reject(run_id: RunId, body: Annotated[Reject | None, Body()] = None) -> Decided:
-        return decide(run_id, approved=False, comment=body.reason if body else "")
-
-    @app.post(
-        "/runs/<run_id>/retry",
-        responses=_responses(200, 400, 403, 404, 409, 415),
-        summary="Retry a failed run",
-        operation_id="retryRun",
-    )
-    def retry(run_id: RunId) -> RunSetGoing:
-        _require_json(app)
-        wired = services()
-        run = wired.client.retry(run_id, by=_caller(app, wired))
+    def retry(self, run_id: RunId) -> RunSetGoing:
+        _require_json(self.app)
+        wired = self.services()
+        run = wired.client.retry(run_id, by=_caller(self.app, wired))
         execution = wired.launch(run_id)
-        count("RunsRetried")
+        _count(wired, "RunsRetried")
         wired.logger.info("run retried", extra={"run_id": run_id, "execution": execution})
         return RunSetGoing(
             run_id=run_id, status=run.status, step=run.step, execution_name=execution
         )
 
-    @app.post(
-        "/runs/<run_id>/cancel",
-        responses=_responses(200, 400, 403, 404, 409, 413, 415),
-        summary="Cancel a running or waiting run",
-        operation_id="cancelRun",
-    )
-    def cancel(run_id: RunId, body: Annotated[Cancel | None, Body()] = None) -> RunView:
-        _require_json(app)
-        wired = services()
+    def cancel(self, run_id: RunId, body: Annotated[Cancel | None, Body()] = None) -> RunView:
+        _require_json(self.app)
+        wired = self.services()
         reason = body.reason if body else ""
-        cancelled = wired.client.cancel(run_id, reason=reason, by=_caller(app, wired))
-        count("RunsCancelled")
+        cancelled = wired.client.cancel(run_id, reason=reason, by=_caller(self.app, wired))
+        _count(wired, "RunsCancelled")
         wired.logger.info("run cancelled", extra={"run_id": run_id})
         return RunView.of_run(cancelled)
 
-    @app.post(
-        "/runs/<run_id>/fork",
-        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
-        summary="Fork a run from one of its steps",
-        operation_id="forkRun",
-    )
-    def fork(run_id: RunId, body: Annotated[Fork, Body()]) -> Response[RunSetGoing]:
-        _require_json(app)
-        wired = services()
+    def fork(self, run_id: RunId, body: Annotated[Fork, Body()]) -> Response[RunSetGoing]:
+        _require_json(self.app)
+        wired = self.services()
         source = wired.client.get(run_id)
         if body.from_step > source.step:
             raise _Refusal(
@@ -467,7 +472,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
                     HTTPStatus.CONFLICT, "the agent refuses this fork", "from_step", str(refused)
                 ) from None
         execution = wired.launch(run.run_id)
-        count("RunsForked")
+        _count(wired, "RunsForked")
         wired.logger.info(
             "run forked",
             extra={"run_id": run.run_id, "source": run_id, "from_step": body.from_step},
@@ -480,23 +485,25 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             ),
         )
 
-    @app.get(
-        "/runs/<run_id>/steps/<step>/prompt",
-        responses=_responses(200, 400, 404, 410),
-        summary="The prompt a step's model saw",
-        operation_id="getStepPrompt",
-    )
-    def get_step_prompt(run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
+    def get_step_prompt(self, run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
         with _rebuilding("step", "the prompt"):
-            prompt = services().client.replay(run_id, step=step)
+            prompt = self.services().client.replay(run_id, step=step)
         return StepPrompt(run_id=run_id, step=step, prompt=prompt)
 
-    # --- refusals: JSON naming the field, never quoting the input ---------------------------
 
-    def refuse(status: int, error: str, problems: Sequence[Problem]) -> Response[str]:
+class RunsRefusals:
+    """How the runs API answers what it refuses: JSON naming the field, never quoting the
+    input (`build_app` registers each for the errors it names)."""
+
+    def __init__(self, app: APIGatewayRestResolver, services: Callable[[], RunsServices]) -> None:
+        self.app = app
+        self.services = services
+
+    def refuse(self, status: int, error: str, problems: Sequence[Problem]) -> Response[str]:
+        wired = self.services()
         if status < HTTPStatus.INTERNAL_SERVER_ERROR:
-            count("RequestsRefused")
-        services().logger.info(
+            _count(wired, "RequestsRefused")
+        wired.logger.info(
             "request refused",
             extra={"status": int(status), "error": error, "fields": [p.field for p in problems]},
         )
@@ -506,106 +513,95 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
             body=RequestRefused(error=error, problems=list(problems)).model_dump_json(),
         )
 
-    @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
-    def invalid_request(error: RequestValidationError) -> Response[str]:
+    def invalid_request(self, error: RequestValidationError) -> Response[str]:
         if any(_where(e) == "response" for e in error.errors()):
             # Powertools checks answers against their models too: a mismatch is ours.
             fields = [_problem(e).field for e in error.errors()]
-            services().logger.error("answer does not match its model", extra={"fields": fields})
-            return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", [])
+            self.services().logger.error(
+                "answer does not match its model", extra={"fields": fields}
+            )
+            return self.refuse(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", [])
         if any(_is_body(e) for e in error.errors()):
             # Validation runs before the route: a body that is not JSON (a form, say) was
             # parsed as something else, and its "fields" would quote what was sent.
             try:
-                _require_json(app)
+                _require_json(self.app)
             except _Refusal as not_json:
-                return refuse(not_json.status, not_json.error, not_json.problems)
+                return self.refuse(not_json.status, not_json.error, not_json.problems)
         problems = [_problem(e) for e in error.errors()]
         where = "request body" if all(_is_body(e) for e in error.errors()) else "request"
-        return refuse(HTTPStatus.BAD_REQUEST, f"invalid {where}", problems)
+        return self.refuse(HTTPStatus.BAD_REQUEST, f"invalid {where}", problems)
 
-    @app.exception_handler(RequestUnsupportedContentType)  # type: ignore[untyped-decorator]
-    def not_json(error: RequestUnsupportedContentType) -> Response[str]:
+    def not_json(self, error: RequestUnsupportedContentType) -> Response[str]:
         problem = Problem(field="Content-Type", message="use application/json")
-        return refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be JSON", [problem])
+        return self.refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "the body must be JSON", [problem])
 
-    @app.exception_handler(RunRequestInvalid)  # type: ignore[untyped-decorator]
-    def invalid_run(error: RunRequestInvalid) -> Response[str]:
+    def invalid_run(self, error: RunRequestInvalid) -> Response[str]:
         problems = [Problem(field=f, message=error.message) for f in error.fields]
-        return refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
+        return self.refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
 
-    @app.exception_handler(JsonOverLimit)  # type: ignore[untyped-decorator]
-    def unbounded_body(error: JsonOverLimit) -> Response[str]:
+    def unbounded_body(self, error: JsonOverLimit) -> Response[str]:
         if isinstance(error, JsonTooLarge):
             status, said = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "the body is too large"
         else:
             status, said = HTTPStatus.BAD_REQUEST, "the body is nested too deep"
-        return refuse(status, said, [Problem(field=error.field, message=error.reason)])
+        return self.refuse(status, said, [Problem(field=error.field, message=error.reason)])
 
-    @app.exception_handler(InvalidInput)  # type: ignore[untyped-decorator]
-    def invalid_input(error: InvalidInput) -> Response[str]:
+    def invalid_input(self, error: InvalidInput) -> Response[str]:
         # Not a request check (those raise RunRequestInvalid): its words may quote input.
-        services().logger.warning("invalid input", extra={"error": str(error)})
-        return refuse(HTTPStatus.BAD_REQUEST, "invalid request", [])
+        self.services().logger.warning("invalid input", extra={"error": str(error)})
+        return self.refuse(HTTPStatus.BAD_REQUEST, "invalid request", [])
 
-    @app.exception_handler(AgentNotFound)  # type: ignore[untyped-decorator]
-    def broken_agent(error: AgentNotFound) -> Response[str]:
+    def broken_agent(self, error: AgentNotFound) -> Response[str]:
         # The name was registered, so the deployment is at fault, not the caller.
-        services().logger.error("registered agent cannot be loaded", extra={"error": str(error)})
-        return refuse(
+        self.services().logger.error(
+            "registered agent cannot be loaded", extra={"error": str(error)}
+        )
+        return self.refuse(
             HTTPStatus.INTERNAL_SERVER_ERROR,
             "the agent is registered but cannot be loaded; the deployment must be fixed",
             [],
         )
 
-    @app.exception_handler([NotRetryable, NotCancellable])  # type: ignore[untyped-decorator]
-    def wrong_status(error: NotRetryable | NotCancellable) -> Response[str]:
+    def wrong_status(self, error: NotRetryable | NotCancellable) -> Response[str]:
         message = (
             "only a failed run can be retried"
             if isinstance(error, NotRetryable)
             else "the run has already finished"
         )
-        return refuse(HTTPStatus.CONFLICT, message, [Problem(field="run_id", message=message)])
+        return self.refuse(HTTPStatus.CONFLICT, message, [Problem(field="run_id", message=message)])
 
-    @app.exception_handler(RunNotFound)  # type: ignore[untyped-decorator]
-    def no_run(error: RunNotFound) -> Response[str]:
+    def no_run(self, error: RunNotFound) -> Response[str]:
         problem = Problem(field="run_id", message="no run has this id")
-        return refuse(HTTPStatus.NOT_FOUND, "no such run", [problem])
+        return self.refuse(HTTPStatus.NOT_FOUND, "no such run", [problem])
 
-    @app.exception_handler(ApprovalError)  # type: ignore[untyped-decorator]
-    def not_decided(error: ApprovalError) -> Response[str]:
+    def not_decided(self, error: ApprovalError) -> Response[str]:
         message = _APPROVAL_MESSAGES.get(type(error)) or str(error)
         problem = Problem(field="run_id", message=message)
-        return refuse(error.http_status, message, [problem])
+        return self.refuse(error.http_status, message, [problem])
 
-    @app.not_found
-    def no_route(error: NotFoundError) -> Response[str]:
+    def no_route(self, error: NotFoundError) -> Response[str]:
         problem = Problem(field="(path)", message="see docs/openapi.json for the routes")
-        return refuse(HTTPStatus.NOT_FOUND, "no such route", [problem])
+        return self.refuse(HTTPStatus.NOT_FOUND, "no such route", [problem])
 
-    @app.exception_handler(_Refusal)  # type: ignore[untyped-decorator]
-    def refused(error: _Refusal) -> Response[str]:
-        return refuse(error.status, error.error, error.problems)
+    def refused(self, error: _Refusal) -> Response[str]:
+        return self.refuse(error.status, error.error, error.problems)
 
-    @app.exception_handler([RunUnreadable, UnsupportedSchema])  # type: ignore[untyped-decorator]
-    def unreadable(error: RunUnreadable | UnsupportedSchema) -> Response[str]:
+    def unreadable(self, error: RunUnreadable | UnsupportedSchema) -> Response[str]:
         # The run's stored row is damaged (or from a newer Ratchet): the store's fault, not
         # the caller's, and no retry helps. The words name the run, never quote the row.
-        services().logger.error("run cannot be read", extra={"error": str(error)})
+        self.services().logger.error("run cannot be read", extra={"error": str(error)})
         problem = Problem(field="run_id", message="the run's stored state cannot be read")
-        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, str(error), [problem])
+        return self.refuse(HTTPStatus.INTERNAL_SERVER_ERROR, str(error), [problem])
 
-    @app.exception_handler(StoreDamaged)  # type: ignore[untyped-decorator]
-    def damaged(error: StoreDamaged) -> Response[str]:
-        services().logger.error("store damaged", extra={"error": str(error)})
-        return refuse(HTTPStatus.INTERNAL_SERVER_ERROR, f"the store is damaged: {error.detail}", [])
+    def damaged(self, error: StoreDamaged) -> Response[str]:
+        self.services().logger.error("store damaged", extra={"error": str(error)})
+        detail = f"the store is damaged: {error.detail}"
+        return self.refuse(HTTPStatus.INTERNAL_SERVER_ERROR, detail, [])
 
-    @app.exception_handler([StoreBusy, StoreUnavailable])  # type: ignore[untyped-decorator]
-    def busy(error: StoreBusy | StoreUnavailable) -> Response[str]:
-        services().logger.warning("store busy", extra={"error": str(error)})
-        return refuse(HTTPStatus.SERVICE_UNAVAILABLE, "busy for now; try again", [])
-
-    return app
+    def busy(self, error: StoreBusy | StoreUnavailable) -> Response[str]:
+        self.services().logger.warning("store busy", extra={"error": str(error)})
+        return self.refuse(HTTPStatus.SERVICE_UNAVAILABLE, "busy for now; try again", [])
 
 
 _APPROVAL_MESSAGES: dict[type[ApprovalError], str] = {

@@ -42,7 +42,14 @@ from ratchet.adapters.dynamodb.items import (
 )
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunSummary
-from ratchet.state import RECENT_STEPS, Checkpoint, CheckpointEvent, RunState, RunStatus, utcnow
+from ratchet.state import (
+    RECENT_STEPS,
+    CheckpointEvent,
+    RunState,
+    RunStatus,
+    StoredCheckpoint,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -86,7 +93,7 @@ class DynamoDbCheckpointStore:
         self._retention = timedelta(days=retention_days)
 
     @translated_errors
-    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
+    def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
         state_json = stored.head_json(state)
         static_json = stored.static_json(state)
         # The static part rides in the head item, written here only: a commit's update sets
@@ -260,7 +267,7 @@ class DynamoDbCheckpointStore:
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
     @translated_errors
-    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[StoredCheckpoint]:
         pages = self._client.get_paginator("query").paginate(
             TableName=self._table,
             KeyConditionExpression="#run_id = :run_id AND #sk BETWEEN :first AND :last",
@@ -324,7 +331,9 @@ class DynamoDbCheckpointStore:
             "updated_at": text_attribute(state.updated_at.isoformat()),
         }
 
-    def _checkpoint_item(self, checkpoint: Checkpoint, *, other_bytes: int) -> tuple[Item, int]:
+    def _checkpoint_item(
+        self, checkpoint: StoredCheckpoint, *, other_bytes: int
+    ) -> tuple[Item, int]:
         """The record's item, and its own logical bytes (the SQLite row's, for the receipt)."""
         event_json = stored.event_json(checkpoint.event)
         own_bytes = text_bytes(
@@ -418,8 +427,8 @@ class DynamoDbCheckpointStore:
         raise StaleVersion(run_id, expected_version) from None
 
 
-def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> Checkpoint:
-    return Checkpoint(
+def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> StoredCheckpoint:
+    return StoredCheckpoint(
         run_id=item["run_id"]["S"],
         version=int(item["version"]["N"]),
         step=int(item["step"]["N"]),

@@ -18,7 +18,7 @@ from ratchet import stored
 from ratchet.adapters.sqlite.database import RUN_STATUSES, RowTexts, SqliteDatabase, check_size
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion, StoreDamaged
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunSummary
-from ratchet.state import Checkpoint, CheckpointEvent, RunState, RunStatus
+from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
 
 
 def _first_line(error: Exception) -> str:
@@ -48,7 +48,7 @@ class SqliteCheckpointStore:
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
 
-    def create_run(self, state: RunState, checkpoint: Checkpoint) -> bool:
+    def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
         state_json = stored.head_json(state)
         static_json = stored.static_json(state)
         event_json = stored.event_json(checkpoint.event)
@@ -219,7 +219,7 @@ class SqliteCheckpointStore:
             written += self._insert_checkpoint(tx, commit.checkpoint, event_json, written)
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
-    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[Checkpoint]:
+    def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[StoredCheckpoint]:
         with _damage_of(run_id, "its step records are damaged"):
             rows = self._db.connection.execute(
                 "SELECT version, step, status, worker_id, bytes, created_at, event "
@@ -230,7 +230,7 @@ class SqliteCheckpointStore:
         for version, step, status, worker_id, size, created_at, event in rows:
             try:
                 checkpoints.append(
-                    Checkpoint(
+                    StoredCheckpoint(
                         run_id=run_id,
                         version=version,
                         step=step,
@@ -283,7 +283,7 @@ class SqliteCheckpointStore:
 
     @staticmethod
     def _insert_checkpoint(
-        tx: sqlite3.Connection, checkpoint: Checkpoint, event_json: str, other_bytes: int
+        tx: sqlite3.Connection, checkpoint: StoredCheckpoint, event_json: str, other_bytes: int
     ) -> int:
         row_bytes = _text_bytes(
             checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
