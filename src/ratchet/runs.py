@@ -27,11 +27,11 @@ from pydantic import (
 )
 
 from ratchet.adapters.scripted import ScriptedModel
+from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.core import Binding
 from ratchet.errors import AgentNotFound, InvalidInput
-from ratchet.imports import ImportFailed, import_object
+from ratchet.imports import IMPORT_PATH, ImportFailed, import_object
 from ratchet.ports import Model
-from ratchet.scenarios import IMPORT_PATH, LOCAL, AgentRegistry
 from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
 from ratchet.state import (
     MAX_GOAL_BYTES,

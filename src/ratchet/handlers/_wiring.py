@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackNotifier, SlackResponder
+from ratchet.agents import AgentRegistry
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.client import Client
@@ -31,7 +32,6 @@ from ratchet.observability import redacted_json
 from ratchet.ports import Notifier
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
-from ratchet.scenarios import AgentRegistry
 from ratchet.state import NotifyTargets
 
 if TYPE_CHECKING:

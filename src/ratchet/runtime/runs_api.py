@@ -9,10 +9,10 @@ import getpass
 from functools import cache
 from typing import Any
 
+from ratchet.agents import AgentRegistry
 from ratchet.client import Client
 from ratchet.runs import RunRequest
 from ratchet.runtime.local import LocalRuntime
-from ratchet.scenarios import AgentRegistry
 from ratchet.web.runs import RunsServices, RunStarted
 
 

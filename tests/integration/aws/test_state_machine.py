@@ -11,12 +11,12 @@ import pytest
 
 from ratchet.adapters.dynamodb.approvals import REJECTED_ERROR, ApprovalAnswer, Rejection
 from ratchet.adapters.stepfunctions import execution_name
+from ratchet.agents import load_agent
 from ratchet.engine.core import Engine
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.handlers import _wiring, decide, mark_failed, step
 from ratchet.handlers.payloads import ExecutionInput
-from ratchet.scenarios import load_agent
 from ratchet.state import RunStatus
 from tests.integration.aws import agents
 from tests.integration.aws.harness import (
