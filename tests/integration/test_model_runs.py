@@ -19,8 +19,9 @@ from ratchet.engine.core import Binding, Engine, Outcome, view_of
 from ratchet.engine.prompt import render_step_prompt
 from ratchet.engine.transitions import replay
 from ratchet.errors import StepAttemptFailed
-from ratchet.runs import RunRequest, build_model, new_run
+from ratchet.runs import RunRequest, new_run
 from ratchet.runtime import Runtime, open_runtime
+from ratchet.runtime.models import build_model
 from ratchet.state import AttemptFailed, RunState, RunStatus, StepCompleted, Usage
 from ratchet.tools import Agent, ToolContext, tool
 from ratchet.web.runs import RunView

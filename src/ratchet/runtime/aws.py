@@ -26,9 +26,11 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.model_names import BEDROCK_PREFIX
 from ratchet.ports import BlobStore
-from ratchet.runs import BEDROCK_PREFIX, AgentNotRunnable, Bindings, ModelNotGranted
+from ratchet.runs import AgentNotRunnable, ModelNotGranted
 from ratchet.runtime.aws_settings import AwsSettings
+from ratchet.runtime.models import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waits import Verdict

@@ -46,7 +46,7 @@ from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
     from ratchet.worker import StepReport
-from ratchet.runs import Bindings
+from ratchet.runtime.models import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 
