@@ -45,7 +45,7 @@ MIN_LEASE_SECONDS = 0.1  # ratchet.adapters.sqlite.leases
 MAX_LEASE_SECONDS = 3600.0  # ratchet.adapters.sqlite.leases
 MAX_STEPS = 10_000  # ratchet.runs
 MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
-MAX_BATCHES = 500  # ratchet.scenarios.migration_data
+MAX_BATCHES = 500  # ratchet.runs
 MAX_ROWS = 100_000
 """The most rows `list --limit` and `history --last` may ask for."""
 

@@ -33,7 +33,6 @@ from ratchet.model_names import (
     load_model,
     model_kind,
 )
-from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
 from ratchet.state import (
     MAX_GOAL_BYTES,
     RUN_ID_PATTERN,
@@ -62,6 +61,15 @@ MAX_TOOL_LATENCY_MS = 30_000
 """The artificial slowdown per tool call. A step on AWS must finish in the step function's
 180 s: the model call may take up to 2 x 60 s (the Anthropic client's timeout, one retry),
 and 30 s more leaves 30 s for a cold start, the tool itself and the commit."""
+
+MAX_BATCHES = 500
+"""The most batches a migration run may ask for (`batches`; the migration agent bounds its
+`input.batches` with this too). Its `prepare` seeds every batch (one 27 KB item of 1,000 rows
+each) inside the API's own request, which API Gateway cuts off at 29 s. On DynamoDB (moto, in
+process) seeding takes ~4 ms a batch: 500 batches take ~2 s; on a real on-demand table they
+are 13,500 write units, ~3.4 s at a new table's 4,000 units/s, so even throttled and retried
+they fit well inside the function's 29 s. (1,000,000 batches, 27 GB, ran the function out of
+time: a 502 and no run.)"""
 
 MAX_NAME_CHARS = 200
 
