@@ -891,7 +891,7 @@ def serve(
     runs dashboard at /dashboard."""
     from ratchet.adapters.slack import SlackResponder
     from ratchet.runtime.local import LocalRuntime
-    from ratchet.runtime.runs_api import local_runs_services
+    from ratchet.runtime.services import local_runs_services
     from ratchet.web.approvals import ApprovalServices, build_app
     from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.runs import build_app as build_runs_app
