@@ -1,9 +1,10 @@
-"""The AWS runtime: the engine wired to DynamoDB (checkpoints, ledger, agent data) and S3 blobs.
+"""The AWS runtime: the engine wired to DynamoDB (checkpoints, ledger, agent data) and S3 blobs,
+and the approval desk wired to the approvals kept beside each run's checkpoints, SES and Slack.
 
-What `LocalRuntime` is to a worker process, this is to the step Lambda (and to the CLI's read
-commands on deployed tables). It is built once per cold start from `AwsSettings` and clients
-the caller made; it creates no client of its own but the optional S3 one, and reads nothing
-from the environment.
+What `LocalRuntime` is to a worker process, this is to the Lambda functions (and to the CLI's
+read commands on deployed tables). It is built once per cold start from `AwsSettings`, and the
+clients and secrets the caller read (`ratchet.handlers._wiring`); it creates no client of its
+own but the optional S3 and SES ones, and reads nothing from the environment.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, DynamoDbLedger
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
+from ratchet.adapters.ses import SesNotifier
+from ratchet.adapters.slack import SlackNotifier
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkSigner
 from ratchet.engine.core import Binding, Engine, Outcome
 from ratchet.errors import (
     StaleVersion,
@@ -27,11 +33,11 @@ from ratchet.errors import (
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.model_names import BEDROCK_PREFIX
-from ratchet.ports import BlobStore
+from ratchet.ports import BlobStore, Notifier
 from ratchet.runs import AgentNotRunnable, ModelNotGranted
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
-from ratchet.state import RunOptions, RunState, utcnow
+from ratchet.state import NotifyTargets, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waits import Verdict
 
@@ -133,6 +139,46 @@ class AwsRuntime:
             return
         if model.removeprefix(BEDROCK_PREFIX) not in granted:
             raise ModelNotGranted(granted)
+
+    def approvals(self) -> AwsApprovals:
+        """The approval book, in the checkpoints table: it keeps each parked execution's task
+        token, and answers that execution with it."""
+        return AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            stepfunctions=self._stepfunctions() if self._stepfunctions else None,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+
+    def approval_desk(
+        self, *, link_key: SecretStr, ses: Any = None, slack_bot_token: SecretStr | None = None
+    ) -> ApprovalDesk:
+        """The desk that opens approval requests and takes decisions, its links signed with
+        `link_key`, with the notifiers the deployment configured (SES, Slack; none is an error
+        only for who expected a message). `ses` is a boto3 SES v2 client, made here if the
+        settings name a sender and none is given; Slack needs its `slack_bot_token`."""
+        config = self.settings
+        notifiers: list[Notifier] = []
+        if config.email_sender:
+            if ses is None:
+                import boto3
+
+                ses = boto3.client("sesv2")
+            notifiers.append(SesNotifier(ses, sender=config.email_sender))
+        if slack_bot_token is not None:
+            notifiers.append(SlackNotifier(slack_bot_token, api_url=config.slack_api_url))
+        book = self.approvals()  # the book that keeps the token is also the resumer that uses it
+        return ApprovalDesk(
+            book=book,
+            resumer=book,
+            store=self.store,
+            signer=LinkSigner(link_key.get_secret_value().encode("utf-8")),
+            public_url=config.required_for_approvals("public_url"),
+            notifiers=notifiers,
+            default_targets=NotifyTargets(
+                email=config.notify_emails, slack_channel=config.notify_slack_channel
+            ),
+        )
 
     def work(
         self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
