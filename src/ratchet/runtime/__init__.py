@@ -10,6 +10,11 @@ the approval book. `open_runtime(url)` builds one from a store URL:
   deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
   process where no state machine does.
 
+Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval_desk`,
+`AwsRuntime.approval_desk`); each run's model is chosen and built in `ratchet.runtime.models`,
+and the services the HTTP apps serve with in `ratchet.runtime.services`. The entry points read
+their settings (and, on Lambda, secrets and clients) and hand them here.
+
 The CLI, the Python client (`ratchet.connect`), the Lambda handlers, `ratchet serve` and the
 benches all act through a `Runtime`. Layering, checked by import-linter (`make lint`): the
 engine, the ports, the adapters, the agents and the approvals below; this module above them;
