@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ratchet.runs import SCRIPTED, RunRequest, new_run
+from ratchet.model_names import SCRIPTED
+from ratchet.runs import RunRequest, new_run
 from ratchet.state import RunState
 from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
 

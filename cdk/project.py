@@ -33,11 +33,11 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-"""`ratchet.scenarios.AGENT_NAME`: a name the API may start."""
+"""`ratchet.agents.AGENT_NAME`: a name the API may start."""
 IMPORT_PATH_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
-"""`ratchet.scenarios.IMPORT_PATH`: `module:attr`."""
+"""`ratchet.imports.IMPORT_PATH`: `module:attr`."""
 BUILT_IN_AGENTS = ("migration", "notebook")
-"""`ratchet.scenarios.SCENARIOS`: names a deployment cannot take over."""
+"""`ratchet.agents.SCENARIOS`: names a deployment cannot take over."""
 
 RATCHET_TOML = "ratchet.toml"
 PYPROJECT_TOML = "pyproject.toml"

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ratchet.agents import load_agent
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.scenarios import load_agent
 from ratchet.state import RunState, RunStatus
 
 RATCHET = [sys.executable, "-m", "ratchet.cli"]

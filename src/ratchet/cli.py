@@ -45,7 +45,7 @@ MIN_LEASE_SECONDS = 0.1  # ratchet.ports
 MAX_LEASE_SECONDS = 3600.0  # ratchet.ports
 MAX_STEPS = 10_000  # ratchet.runs
 MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
-MAX_BATCHES = 500  # ratchet.scenarios.migration_data
+MAX_BATCHES = 500  # ratchet.runs
 MAX_ROWS = 100_000
 """The most rows `list --limit` and `history --last` may ask for."""
 
@@ -891,7 +891,7 @@ def serve(
     runs dashboard at /dashboard."""
     from ratchet.adapters.slack import SlackResponder
     from ratchet.runtime.local import LocalRuntime
-    from ratchet.runtime.runs_api import local_runs_services
+    from ratchet.runtime.services import local_runs_services
     from ratchet.web.approvals import ApprovalServices, build_app
     from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.runs import build_app as build_runs_app

@@ -28,6 +28,7 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
@@ -35,7 +36,6 @@ from ratchet.pricing import estimate
 from ratchet.readout import checkpoint_fields, usage_totals
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
-from ratchet.scenarios import LOCAL, AgentRegistry
 from ratchet.state import (
     Created,
     PersonDecided,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from ratchet.errors import ImportInterrupted
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+"""A `module:attr` path (`attr` may be dotted), checked before anything is imported."""
 
 
 class ImportFailed(ValueError):

@@ -10,29 +10,29 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import uuid
-from collections.abc import Callable, Mapping
-from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    SecretStr,
     StringConstraints,
     ValidationError,
 )
 
-from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine import Binding
+from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.errors import AgentNotFound, InvalidInput
-from ratchet.imports import ImportFailed, import_object
-from ratchet.ports import Model
-from ratchet.scenarios import IMPORT_PATH, LOCAL, AgentRegistry
-from ratchet.scenarios.migration_data import MAX_BATCHES as MAX_BATCHES
+from ratchet.model_names import (
+    DEFAULT_CLAUDE_MODEL,
+    MODEL_NAMES,
+    SCRIPTED,
+    ModelKind,
+    load_model,
+    model_kind,
+)
 from ratchet.state import (
     MAX_GOAL_BYTES,
     RUN_ID_PATTERN,
@@ -40,17 +40,9 @@ from ratchet.state import (
     RunOptions,
     RunState,
 )
-from ratchet.tools import Agent, RunContext
+from ratchet.tools import Agent
 from ratchet.untrusted import within_depth
 
-if TYPE_CHECKING:
-    from ratchet.adapters.anthropic_model import Pacing
-
-SCRIPTED = "scripted"
-"""The model name of an agent's own scripted policy (offline, no API key)."""
-
-DEFAULT_CLAUDE_MODEL = "claude-sonnet-4-6"
-"""The default Claude model (claude-sonnet-4-5 reached its end of life on 2026-11-30)."""
 DEFAULT_AGENT = "notebook"
 """The agent of a run started with a goal only."""
 
@@ -70,44 +62,20 @@ MAX_TOOL_LATENCY_MS = 30_000
 180 s: the model call may take up to 2 x 60 s (the Anthropic client's timeout, one retry),
 and 30 s more leaves 30 s for a cold start, the tool itself and the commit."""
 
+MAX_BATCHES = 500
+"""The most batches a migration run may ask for (`batches`; the migration agent bounds its
+`input.batches` with this too). Its `prepare` seeds every batch (one 27 KB item of 1,000 rows
+each) inside the API's own request, which API Gateway cuts off at 29 s. On DynamoDB (moto, in
+process) seeding takes ~4 ms a batch: 500 batches take ~2 s; on a real on-demand table they
+are 13,500 write units, ~3.4 s at a new table's 4,000 units/s, so even throttled and retried
+they fit well inside the function's 29 s. (1,000,000 batches, 27 GB, ran the function out of
+time: a 502 and no run.)"""
+
 MAX_NAME_CHARS = 200
 
 NameText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
 ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,199}$")]
 """What a model name may be: `scripted`, `claude-...`, `bedrock:<model id>` or `module:attr`."""
-
-BEDROCK_PREFIX = "bedrock:"
-BEDROCK_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")
-"""A Bedrock model id or inference profile id (`anthropic.claude-...-v1:0`, `us.anthropic...`)."""
-CLAUDE_PREFIX = "claude-"
-
-
-class ModelKind(StrEnum):
-    """Where a model name sends a run's model calls."""
-
-    SCRIPTED = "scripted"
-    """The agent's own scripted policy: offline, no key."""
-    ANTHROPIC = "anthropic"
-    """`claude-...`: the Anthropic API, with an API key."""
-    BEDROCK = "bedrock"
-    """`bedrock:<model id>`: Claude on Amazon Bedrock, with IAM credentials and no key."""
-    IMPORTED = "imported"
-    """`module:attr`: your own `Model` object, or a zero-argument factory returning one."""
-
-
-def model_kind(model: str) -> ModelKind | None:
-    """What kind of model `model` names, or None if it names none."""
-    if model == SCRIPTED:
-        return ModelKind.SCRIPTED
-    if model.startswith(BEDROCK_PREFIX):
-        return (
-            ModelKind.BEDROCK if BEDROCK_MODEL_ID.fullmatch(model[len(BEDROCK_PREFIX) :]) else None
-        )
-    if model.startswith(CLAUDE_PREFIX):
-        return ModelKind.ANTHROPIC
-    if IMPORT_PATH.fullmatch(model):
-        return ModelKind.IMPORTED
-    return None
 
 
 class RunRequest(BaseModel):
@@ -255,31 +223,6 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def check_model(agent: Agent, model: str, *, has_anthropic_key: bool) -> None:
-    """Refuse a model the run could never use (when its step binds the agent: a run
-    created before its deployment lost the key)."""
-    kind = model_kind(model)
-    if kind is None:
-        raise InvalidInput(f"unknown model {model!r}: {MODEL_NAMES}")
-    if kind is ModelKind.SCRIPTED:
-        if agent.policy is None:
-            raise AgentNotFound(
-                f"agent {agent.name!r} has no scripted policy; run it with a Claude model and "
-                "an Anthropic API key"
-            )
-    elif kind is ModelKind.ANTHROPIC and not has_anthropic_key:
-        raise InvalidInput(
-            f"model {model!r} needs an Anthropic API key: ANTHROPIC_API_KEY locally, the "
-            "stack's Anthropic secret on AWS"
-        )
-
-
-MODEL_NAMES = (
-    "use 'scripted', 'claude-...' (the Anthropic API), 'bedrock:<model id>' (Amazon Bedrock) "
-    "or module:attr (your own Model, locally)"
-)
-
-
 def request_problems(error: ValidationError) -> list[tuple[str, str]]:
     """(field, message) for each problem pydantic found, never the input it found it in."""
     return [
@@ -424,114 +367,3 @@ def _check_model_request(
             load_model(model)
         except InvalidInput as error:
             raise RunRequestInvalid(str(error), "model", cli=f"--model {model}: {error}") from None
-
-
-def load_model(reference: str) -> Model:
-    """Import `module:attr` and return the `Model` it names: an object with a `decide`
-    method, or a class or zero-argument factory that returns one. `InvalidInput` says why
-    not."""
-    try:
-        found = import_object(reference, what="model", reference=reference)
-    except ImportFailed as failed:
-        raise InvalidInput(str(failed)) from None
-    if not isinstance(found, type) and callable(getattr(found, "decide", None)):
-        return cast(Model, found)
-    if callable(found):
-        try:
-            made = found()
-        except Exception as error:
-            raise InvalidInput(
-                f"model factory {reference!r} raised {type(error).__name__}: {error}"
-            ) from None
-        if callable(getattr(made, "decide", None)):
-            return cast(Model, made)
-    raise InvalidInput(
-        f"{reference!r} is not a ratchet.ports.Model: it needs a decide(request) method (or "
-        "must be a zero-argument factory returning an object that has one)"
-    )
-
-
-def build_model(
-    agent: Agent,
-    model: str,
-    *,
-    anthropic_api_key: SecretStr | None,
-    anthropic_base_url: str | None = None,
-    bedrock_base_url: str | None = None,
-    pacing: Pacing | None = None,
-) -> Model:
-    """The model a run asked for: its agent's scripted policy, Claude on the Anthropic API
-    or on Bedrock, or the user's own `Model` (`module:attr`). `pacing` replaces the Claude
-    adapters' clock and sleep (tests)."""
-    check_model(agent, model, has_anthropic_key=anthropic_api_key is not None)
-    kind = model_kind(model)
-    if kind is ModelKind.SCRIPTED:
-        assert agent.policy is not None
-        return ScriptedModel(agent.policy)
-    if kind is ModelKind.IMPORTED:
-        return load_model(model)
-    from ratchet.adapters.anthropic_model import (
-        SYSTEM_PACING,
-        AnthropicModel,
-        anthropic_client,
-        bedrock_client,
-    )
-
-    if kind is ModelKind.BEDROCK:
-        try:
-            bedrock = bedrock_client(base_url=bedrock_base_url)
-        except ValueError as error:  # no region: the SDK says which settings it tried
-            raise InvalidInput(f"model {model!r}: {error}") from None
-        model_id = model[len(BEDROCK_PREFIX) :]
-        return AnthropicModel(bedrock, model_id, pacing=pacing or SYSTEM_PACING)
-    assert anthropic_api_key is not None
-    client = anthropic_client(anthropic_api_key.get_secret_value(), base_url=anthropic_base_url)
-    return AnthropicModel(client, model, pacing=pacing or SYSTEM_PACING)
-
-
-class Bindings:
-    """Each run's agent, model and opened resources, built once per process and run.
-
-    A runtime hands this to the engine as its binder. At most `limit` runs are kept: a Lambda
-    container serves many runs over its life, and each binding may hold open resources.
-    """
-
-    def __init__(
-        self,
-        context: Callable[[str, RunOptions], RunContext],
-        *,
-        anthropic_api_key: SecretStr | None,
-        anthropic_base_url: str | None = None,
-        limit: int = 64,
-        agents: AgentRegistry = LOCAL,
-    ) -> None:
-        """`agents` resolves each run's stored agent: a built-in name, or the `module:attr`
-        its start resolved (see `AgentRegistry.stored_reference`)."""
-        self._context = context
-        self._agents = agents
-        self._api_key = anthropic_api_key
-        self._base_url = anthropic_base_url
-        self._limit = limit
-        self._bound: dict[str, Binding] = {}
-
-    def forget(self, run_id: str) -> None:
-        """Drop the run's binding (after a timed-out step, whose thread may still use it);
-        its resources are not closed here: the abandoned step may still hold them."""
-        self._bound.pop(run_id, None)
-
-    def __call__(self, state: RunState) -> Binding:
-        binding = self._bound.get(state.run_id)
-        if binding is None:
-            agent = self._agents.load(state.agent)
-            context = self._context(state.run_id, state.options)
-            resources = agent.resources(context) if agent.resources else None
-            model = build_model(
-                agent,
-                state.options.model,
-                anthropic_api_key=self._api_key,
-                anthropic_base_url=self._base_url,
-            )
-            if len(self._bound) >= self._limit:
-                self._bound.pop(next(iter(self._bound)))
-            binding = self._bound[state.run_id] = Binding(agent, model, resources)
-        return binding

@@ -12,7 +12,7 @@ from aws_cdk import App
 
 from cdk import config as deploy_config
 from cdk.config import DeployConfig
-from ratchet import scenarios, state
+from ratchet import agents, imports, state
 from ratchet.runtime.aws_settings import AwsSettings
 
 BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"
@@ -124,9 +124,9 @@ def test_addresses_channels_and_agents_follow_the_functions_rules() -> None:
     assert deploy_config.EMAIL_PATTERN == state.EMAIL_PATTERN
     assert deploy_config.SLACK_CHANNEL_PATTERN == state.SLACK_CHANNEL_PATTERN
     assert deploy_config.MAX_NOTIFY_EMAILS == state.MAX_NOTIFY_EMAILS
-    assert scenarios.AGENT_NAME.pattern == deploy_config.AGENT_NAME_PATTERN
-    assert scenarios.IMPORT_PATH.pattern == deploy_config.IMPORT_PATH_PATTERN
-    assert set(deploy_config.BUILT_IN_AGENTS) == set(scenarios.SCENARIOS)
+    assert agents.AGENT_NAME.pattern == deploy_config.AGENT_NAME_PATTERN
+    assert imports.IMPORT_PATH.pattern == deploy_config.IMPORT_PATH_PATTERN
+    assert set(deploy_config.BUILT_IN_AGENTS) == set(agents.SCENARIOS)
 
 
 def test_defaults_the_stack_accepts_are_defaults_the_functions_accept() -> None:
@@ -142,7 +142,7 @@ def test_defaults_the_stack_accepts_are_defaults_the_functions_accept() -> None:
     )
     # What the desk builds at cold start from RATCHET_NOTIFY_EMAILS / _SLACK_CHANNEL.
     state.NotifyTargets(email=list(config.notify_emails), slack_channel=config.notify_slack_channel)
-    assert scenarios.AgentRegistry.deployment(config.agents_json).resolve("billing")
+    assert agents.AgentRegistry.deployment(config.agents_json).resolve("billing")
 
 
 @pytest.mark.parametrize(

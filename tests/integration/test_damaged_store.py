@@ -26,7 +26,7 @@ from werkzeug.test import Client as HttpClient
 
 from ratchet.quick import main as ratchet
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.runtime.runs_api import local_runs_services
+from ratchet.runtime.services import local_runs_services
 from ratchet.web.dashboard import local_app as dashboard_app
 from ratchet.web.runs import build_app as runs_app
 from ratchet.web.serve import wsgi_app

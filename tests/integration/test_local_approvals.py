@@ -38,7 +38,7 @@ from ratchet.engine import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.local_approvals import LocalResumer
-from ratchet.runtime.runs_api import local_runs_services
+from ratchet.runtime.services import local_runs_services
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
 from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Verdict

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from ratchet.adapters.anthropic_model import AnthropicModel, bedrock_client
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, is_terminal
 from ratchet.ports import ModelRequest, StepView, ToolSpec
-from ratchet.runs import build_model
+from ratchet.runtime.models import build_model
 from ratchet.state import ToolCall, Usage
 from ratchet.tools import Agent, ToolContext, tool
 from tests.integration.fake_messages_api import (

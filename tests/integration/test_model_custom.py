@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 import ratchet
+from ratchet.agents import AgentRegistry
 from ratchet.ports import ModelReply, ModelRequest
 from ratchet.runs import RunRequest, RunRequestInvalid, new_run
-from ratchet.scenarios import AgentRegistry
 from ratchet.state import Done, RunStatus, ToolCall, Usage
 from ratchet.tools import Agent, ToolContext, tool
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
+from ratchet.agents import AgentRegistry
 from ratchet.runs import MAX_BATCHES
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.runtime.runs_api import local_runs_services
-from ratchet.scenarios import AgentRegistry
+from ratchet.runtime.services import local_runs_services
 from ratchet.state import PersonDecided, RunStatus
 from ratchet.untrusted import MAX_JSON_DEPTH
 from ratchet.web.runs import build_app

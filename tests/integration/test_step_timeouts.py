@@ -20,7 +20,7 @@ from ratchet.adapters.scripted import ScriptedModel
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import AbandonedCallRunning, StepTimedOut, ToolFailed
 from ratchet.ports import ModelRequest, StepView
-from ratchet.runs import Bindings
+from ratchet.runtime.models import Bindings
 from ratchet.state import AttemptFailed, Decision, Done, RunOptions, RunState, RunStatus, ToolCall
 from ratchet.tools import (
     DEFAULT_STEP_TIMEOUT_SECONDS,

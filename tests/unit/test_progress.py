@@ -11,8 +11,7 @@ from ratchet import cli
 from ratchet.ports import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.readout import argument_summary, shorten, version_gaps
-from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
-from ratchet.scenarios.migration_data import MAX_BATCHES
+from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
 
 

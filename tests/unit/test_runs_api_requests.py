@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from ratchet.agents import AGENT_NAME, SCENARIOS, AgentRegistry
 from ratchet.errors import AgentNotFound
+from ratchet.imports import IMPORT_PATH
 from ratchet.runs import (
     MAX_BATCHES,
     MAX_STEPS,
@@ -19,7 +21,6 @@ from ratchet.runs import (
     RunRequestInvalid,
     new_run,
 )
-from ratchet.scenarios import AGENT_NAME, IMPORT_PATH, SCENARIOS, AgentRegistry
 from ratchet.state import NotifyTargets
 
 REGISTERED = {"notes": "ratchet.scenarios.notebook:agent"}

@@ -1,5 +1,6 @@
-"""What every handler shares: Powertools' logger, metrics and tracer, and the settings, clients
-and runtime, each built once per container on first use.
+"""What every handler shares: Powertools' logger, metrics and tracer, and the settings, secrets,
+clients and what `ratchet.runtime` builds from them (the runtime, the approval desk, the apps'
+services), each made once per container on first use.
 
 Nothing here reads Ratchet's settings at import time: importing happens in Lambda's init phase
 (and in tests that never invoke a handler), the settings are read by the first invocation, and
@@ -19,26 +20,20 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from botocore.config import Config
 from pydantic import SecretStr
 
-from ratchet.adapters.dynamodb.approvals import AwsApprovals
-from ratchet.adapters.ses import SesNotifier
-from ratchet.adapters.slack import SlackNotifier, SlackResponder
-from ratchet.adapters.stepfunctions import StepFunctionsResumer
-from ratchet.approvals.desk import ApprovalDesk
-from ratchet.approvals.links import LinkSigner
-from ratchet.client import Client
+from ratchet.agents import AgentRegistry
 from ratchet.engine import Engine
 from ratchet.faults import FaultPlan
 from ratchet.observability import redacted_json
-from ratchet.ports import Notifier
 from ratchet.runtime.aws import AwsRuntime
-from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
-from ratchet.scenarios import AgentRegistry
-from ratchet.state import NotifyTargets
+from ratchet.runtime.aws_settings import AwsSettings
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
     from mypy_boto3_stepfunctions import SFNClient
 
+    from ratchet.adapters.dynamodb.approvals import AwsApprovals
+    from ratchet.approvals.desk import ApprovalDesk
+    from ratchet.client import Client
     from ratchet.web.approvals import ApprovalServices
 
 SERVICE = "ratchet"
@@ -113,13 +108,9 @@ def agents() -> AgentRegistry:
 def client(*, worker_id: str) -> Client:
     """The Python client on this deployment's runtime, starting only the agents it registered
     (by name); `worker_id` names whoever writes through it (the request, for a start)."""
-    return Client(
-        runtime(),
-        agents=agents(),
-        worker_id=worker_id,
-        logger=logger,
-        channel="api",
-    )
+    from ratchet.runtime.services import api_client
+
+    return api_client(runtime(), agents=agents(), worker_id=worker_id, logger=logger)
 
 
 @cache
@@ -128,11 +119,7 @@ def stepfunctions() -> SFNClient:
 
 
 def approvals() -> AwsApprovals:
-    return AwsApprovals(
-        runtime().dynamodb,
-        settings().checkpoints_table,
-        retention_days=settings().checkpoint_retention_days,
-    )
+    return runtime().approvals()
 
 
 @cache
@@ -142,51 +129,26 @@ def _secret(arn: str) -> SecretStr:
     return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
 
 
-def _setting(name: str) -> str:
-    value = getattr(settings(), name)
-    if not value:
-        raise RuntimeError(f"{ENVIRONMENT[name]} is not set: approvals need it (the stack sets it)")
-    return str(value)
-
-
 @cache
 def approval_desk() -> ApprovalDesk:
-    """The desk that opens approval requests and takes decisions, with the notifiers the
-    deployment configured (SES, Slack; none is an error only for who expected a message)."""
+    """The runtime's approval desk, with the secrets and the SES client the deployment's
+    notifiers need."""
     config = settings()
-    notifiers: list[Notifier] = []
-    if config.email_sender:
-        notifiers.append(
-            SesNotifier(boto3.client("sesv2", config=_CLIENT_CONFIG), sender=config.email_sender)
-        )
-    if config.slack_bot_token_secret_arn:
-        notifiers.append(
-            SlackNotifier(_secret(config.slack_bot_token_secret_arn), api_url=config.slack_api_url)
-        )
-    key = _secret(_setting("link_key_secret_arn")).get_secret_value()
-    book = approvals()  # it keeps the task tokens the resumer answers the executions with
-    return ApprovalDesk(
-        book=book,
-        resumer=StepFunctionsResumer(book, stepfunctions()),
-        store=runtime().store,
-        signer=LinkSigner(key.encode("utf-8")),
-        public_url=_setting("public_url"),
-        notifiers=notifiers,
-        default_targets=NotifyTargets(
-            email=config.notify_emails, slack_channel=config.notify_slack_channel
-        ),
+    token = config.slack_bot_token_secret_arn
+    return runtime().approval_desk(
+        link_key=_secret(config.required_for_approvals("link_key_secret_arn")),
+        ses=boto3.client("sesv2", config=_CLIENT_CONFIG) if config.email_sender else None,
+        slack_bot_token=_secret(token) if token else None,
     )
 
 
 def approval_services() -> ApprovalServices:
-    from ratchet.web.approvals import ApprovalServices
+    from ratchet.runtime.services import approval_services
 
-    config = settings()
-    signing = config.slack_signing_secret_arn
-    return ApprovalServices(
-        desk=approval_desk(),
+    signing = settings().slack_signing_secret_arn
+    return approval_services(
+        approval_desk(),
         slack_signing_secret=_secret(signing) if signing else None,
-        slack_responder=SlackResponder() if signing else None,
         logger=logger,
     )
 

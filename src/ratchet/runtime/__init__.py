@@ -10,6 +10,11 @@ the approval book. `open_runtime(url)` builds one from a store URL:
   deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
   process where no state machine does.
 
+Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval_desk`,
+`AwsRuntime.approval_desk`); each run's model is chosen and built in `ratchet.runtime.models`,
+and the services the HTTP apps serve with in `ratchet.runtime.services`. The entry points read
+their settings (and, on Lambda, secrets and clients) and hand them here.
+
 The CLI, the Python client (`ratchet.connect`), the Lambda handlers, `ratchet serve` and the
 benches all act through a `Runtime`. Layering, checked by import-linter (`make lint`): the
 engine, the ports, the adapters, the agents and the approvals below; this module above them;
@@ -18,6 +23,7 @@ the client, the CLI and the handlers above it. Nothing below imports this module
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +34,8 @@ from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
+
     from ratchet.engine import Binding, Engine
     from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
     from ratchet.runtime.local import LocalSettings
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
 
 SQLITE_SCHEME = "sqlite:///"
 DYNAMODB_SCHEME = "dynamodb://"
+DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
 
 class Runtime(Protocol):
@@ -110,22 +119,26 @@ def open_runtime(
     """The runtime of the store at `url` (default: `RATCHET_STORE`, else the local default).
 
     `create` makes a missing local store (a write command); without it a missing one is
-    `StoreUnavailable`. The rest of the configuration (an Anthropic key, the approval pages'
-    public URL, ...) is read from `environ` (default: the process environment), as the CLI
-    reads it; see `LocalSettings`."""
+    `StoreUnavailable`. The rest of the configuration is read from `environ` (default: the
+    process environment), as the CLI reads it, and only what the URL's scheme needs: a local
+    store reads its `LocalSettings` (an Anthropic key, the approval pages' public URL, ...), a
+    dynamodb:// store the Anthropic key (boto3 reads the AWS_* variables itself)."""
+    env = os.environ if environ is None else environ
+    store = url if url is not None else env.get("RATCHET_STORE") or DEFAULT_STORE
+    if store.startswith(DYNAMODB_SCHEME):
+        return DynamoDbStoreUrl.parse(store).open(anthropic_api_key=_anthropic_api_key(env))
     from ratchet.runtime.local import LocalSettings
 
-    settings = LocalSettings.from_env(environ)
-    if url is not None:
-        settings = settings.model_copy(update={"store": url})
+    settings = LocalSettings.from_env(env).model_copy(update={"store": store})
     return runtime_for(settings, create=create)
 
 
 def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
-    """The runtime `settings.store` names (see `open_runtime`)."""
+    """The runtime `settings.store` names (see `open_runtime`), for an entry point that has read
+    its settings already (the CLI): of them, a dynamodb:// store takes the Anthropic key only."""
     url = settings.store
     if url.startswith(DYNAMODB_SCHEME):
-        return DynamoDbStoreUrl.parse(url).open(settings)
+        return DynamoDbStoreUrl.parse(url).open(anthropic_api_key=settings.anthropic_api_key)
     if url.startswith(SQLITE_SCHEME):
         from ratchet.runtime.local import LocalRuntime
 
@@ -191,9 +204,10 @@ class DynamoDbStoreUrl:
             raise InvalidInput(f"malformed store URL {url!r}: use {DYNAMODB_FORM}")
         return cls(parts.netloc, values["ledger"], values["app"], region, endpoint)
 
-    def open(self, settings: LocalSettings) -> Runtime:
+    def open(self, *, anthropic_api_key: SecretStr | None) -> Runtime:
         """The AWS runtime on these tables, with clients for a person waiting on a command: a
-        few quick retries, then a clear error. Needs the `aws` extra (boto3)."""
+        few quick retries, then a clear error. Needs the `aws` extra (boto3). With
+        `anthropic_api_key`, runs worked in process may call Claude."""
         try:
             import boto3
             from botocore.config import Config
@@ -230,6 +244,21 @@ class DynamoDbStoreUrl:
         return AwsRuntime(
             aws_settings,
             dynamodb,
-            anthropic_api_key=settings.anthropic_api_key,
+            anthropic_api_key=anthropic_api_key,
             stepfunctions=stepfunctions,
         )
+
+
+def _anthropic_api_key(env: Mapping[str, str]) -> SecretStr | None:
+    """`ANTHROPIC_API_KEY`, checked as `LocalSettings` checks it: os.environ decodes bytes that
+    are not UTF-8 as lone surrogates, which no HTTP header can carry."""
+    from pydantic import SecretStr
+
+    key = env.get("ANTHROPIC_API_KEY") or None
+    if key is None:
+        return None
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("ANTHROPIC_API_KEY is not valid: not UTF-8 text") from None
+    return SecretStr(key)

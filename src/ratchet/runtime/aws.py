@@ -1,9 +1,10 @@
-"""The AWS runtime: the engine wired to DynamoDB (checkpoints, ledger, agent data) and S3 blobs.
+"""The AWS runtime: the engine wired to DynamoDB (checkpoints, ledger, agent data) and S3 blobs,
+and the approval desk wired to the approvals kept beside each run's checkpoints, SES and Slack.
 
-What `LocalRuntime` is to a worker process, this is to the step Lambda (and to the CLI's read
-commands on deployed tables). It is built once per cold start from `AwsSettings` and clients
-the caller made; it creates no client of its own but the optional S3 one, and reads nothing
-from the environment.
+What `LocalRuntime` is to a worker process, this is to the Lambda functions (and to the CLI's
+read commands on deployed tables). It is built once per cold start from `AwsSettings`, and the
+clients and secrets the caller read (`ratchet.handlers._wiring`); it creates no client of its
+own but the optional S3 and SES ones, and reads nothing from the environment.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
+from ratchet.adapters.ses import SesNotifier
+from ratchet.adapters.slack import SlackNotifier
+from ratchet.adapters.stepfunctions import StepFunctionsResumer
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.links import LinkSigner
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
     StaleVersion,
@@ -27,10 +34,12 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.ports import BlobStore
-from ratchet.runs import BEDROCK_PREFIX, AgentNotRunnable, Bindings, ModelNotGranted
+from ratchet.model_names import BEDROCK_PREFIX
+from ratchet.ports import BlobStore, Notifier
+from ratchet.runs import AgentNotRunnable, ModelNotGranted
 from ratchet.runtime.aws_settings import AwsSettings
-from ratchet.state import RunOptions, RunState, utcnow
+from ratchet.runtime.models import Bindings
+from ratchet.state import NotifyTargets, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waits import Verdict
 
@@ -133,6 +142,49 @@ class AwsRuntime:
         if model.removeprefix(BEDROCK_PREFIX) not in granted:
             raise ModelNotGranted(granted)
 
+    def approvals(self) -> AwsApprovals:
+        """The approval book, in the checkpoints table: it keeps each parked execution's task
+        token until the decision."""
+        return AwsApprovals(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+
+    def resumer(self, book: AwsApprovals) -> StepFunctionsResumer:
+        """What answers a parked execution with the token `book` keeps for it."""
+        return StepFunctionsResumer(book, self._stepfunctions() if self._stepfunctions else None)
+
+    def approval_desk(
+        self, *, link_key: SecretStr, ses: Any = None, slack_bot_token: SecretStr | None = None
+    ) -> ApprovalDesk:
+        """The desk that opens approval requests and takes decisions, its links signed with
+        `link_key`, with the notifiers the deployment configured (SES, Slack; none is an error
+        only for who expected a message). `ses` is a boto3 SES v2 client, made here if the
+        settings name a sender and none is given; Slack needs its `slack_bot_token`."""
+        config = self.settings
+        notifiers: list[Notifier] = []
+        if config.email_sender:
+            if ses is None:
+                import boto3
+
+                ses = boto3.client("sesv2")
+            notifiers.append(SesNotifier(ses, sender=config.email_sender))
+        if slack_bot_token is not None:
+            notifiers.append(SlackNotifier(slack_bot_token, api_url=config.slack_api_url))
+        book = self.approvals()
+        return ApprovalDesk(
+            book=book,
+            resumer=self.resumer(book),
+            store=self.store,
+            signer=LinkSigner(link_key.get_secret_value().encode("utf-8")),
+            public_url=config.required_for_approvals("public_url"),
+            notifiers=notifiers,
+            default_targets=NotifyTargets(
+                email=config.notify_emails, slack_channel=config.notify_slack_channel
+            ),
+        )
+
     def work(
         self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS
     ) -> None:
@@ -168,18 +220,11 @@ class AwsRuntime:
         """A run parked by the state machine has an open request holding its task token: the
         decision answers that execution, as a link would. A run worked in process has none:
         the decision is recorded on the run directly."""
-        from ratchet.adapters.dynamodb.approvals import AwsApprovals
-        from ratchet.adapters.stepfunctions import StepFunctionsResumer
         from ratchet.approvals.desk import Decider
 
         engine = self.engine(worker_id=worker_id, logger=logger)
-        book = AwsApprovals(
-            self.dynamodb,
-            self.settings.checkpoints_table,
-            retention_days=self.settings.checkpoint_retention_days,
-        )
-        resumer = StepFunctionsResumer(book, self._stepfunctions() if self._stepfunctions else None)
-        Decider(book, resumer, self.store).decide_or_record(
+        book = self.approvals()
+        Decider(book, self.resumer(book), self.store).decide_or_record(
             run_id,
             verdict,
             channel=channel,
@@ -191,15 +236,10 @@ class AwsRuntime:
         token, so no link can answer it), then stop its running execution, if this runtime
         knows the state machine and has a Step Functions client. If the stop fails, the run
         is cancelled all the same: the execution's next step finds it so and ends."""
-        from ratchet.adapters.dynamodb.approvals import AwsApprovals
         from ratchet.waits import ApprovalStatus
 
         head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
-        AwsApprovals(
-            self.dynamodb,
-            self.settings.checkpoints_table,
-            retention_days=self.settings.checkpoint_retention_days,
-        ).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        self.approvals().close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
         machine = self.settings.state_machine_arn
         if machine and self._stepfunctions is not None:
             self._stop_executions(self._stepfunctions(), machine, run_id, head.summary or "")

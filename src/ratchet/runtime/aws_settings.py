@@ -98,6 +98,16 @@ class AwsSettings(BaseModel):
                 raise ValueError(str(error)) from None
         return value
 
+    def required_for_approvals(self, name: str) -> str:
+        """A setting approvals cannot do without (the stack sets it): its value, or an error
+        naming its variable."""
+        value = getattr(self, name)
+        if not value:
+            raise RuntimeError(
+                f"{ENVIRONMENT[name]} is not set: approvals need it (the stack sets it)"
+            )
+        return str(value)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AwsSettings:
         """Read the settings; a missing required variable fails here, at cold start."""

@@ -38,16 +38,16 @@ from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
     from ratchet.worker import StepReport
-from ratchet.runs import Bindings
+from ratchet.runtime.models import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 
-DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 DEFAULT_PORT = 8765
 DEFAULT_PUBLIC_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 MAX_APPROVAL_SECONDS = 365 * 24 * 3600

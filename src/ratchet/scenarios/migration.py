@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.runs import MAX_BATCHES
 from ratchet.scenarios.migration_data import (
     BATCH_SIZE,
-    MAX_BATCHES,
     SOURCE_TABLE,
     TARGET_TABLE,
     Effect,

@@ -22,13 +22,6 @@ from urllib.parse import quote
 from ratchet.errors import IdempotencyConflict
 
 BATCH_SIZE = 1000
-MAX_BATCHES = 500
-"""The most batches a run may ask for. `prepare` seeds every batch (one 27 KB item of 1,000 rows
-each) inside the API's own request, which API Gateway cuts off at 29 s. On DynamoDB (moto, in
-process) seeding takes ~4 ms a batch: 500 batches take ~2 s; on a real on-demand table they
-are 13,500 write units, ~3.4 s at a new table's 4,000 units/s, so even throttled and retried
-they fit well inside the function's 29 s. (1,000,000 batches, 27 GB, ran the function out of
-time: a 502 and no run.)"""
 SOURCE_TABLE = "legacy_orders"
 TARGET_TABLE = "orders"
 

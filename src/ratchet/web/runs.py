@@ -26,7 +26,7 @@ generate the OpenAPI document
 
 `build_app(services)` makes the app; the Lambda function (`ratchet.handlers.api`) serves it
 with the AWS services and `ratchet serve` with a local runtime's
-(`ratchet.runtime.runs_api.local_runs_services`). Nothing here needs boto3: the base install
+(`ratchet.runtime.services.local_runs_services`). Nothing here needs boto3: the base install
 serves it locally.
 """
 

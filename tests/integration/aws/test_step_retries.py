@@ -12,8 +12,8 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from ratchet import errors
+from ratchet.agents import load_agent
 from ratchet.handlers import _wiring
-from ratchet.scenarios import load_agent
 from ratchet.state import RunStatus
 from tests.integration.aws.harness import Stack, entered_states
 

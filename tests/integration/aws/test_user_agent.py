@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cdk.project import Project
+from ratchet.agents import load_agent
 from ratchet.handlers import _wiring
-from ratchet.scenarios import load_agent
 from ratchet.state import RunStatus
 from tests.integration.aws.harness import AGENTS, APPROVER, Stack
 

@@ -1,0 +1,126 @@
+"""Which agents may be loaded, and by what name: the built-in scenarios' names and the registries.
+
+Loading an agent imports its module, which runs that module's code. So a reference that comes
+from someone else (an API caller) is only ever a name, looked up in an `AgentRegistry` before
+anything is imported; import paths (`my_pkg.agents:billing`) are accepted only where the person
+typing them runs the code anyway (the CLI, locally).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ratchet.errors import AgentNotFound
+from ratchet.imports import IMPORT_PATH, ImportFailed, import_object
+from ratchet.tools import Agent
+
+SCENARIOS: Mapping[str, str] = MappingProxyType(
+    {
+        "migration": "ratchet.scenarios.migration:agent",
+        "notebook": "ratchet.scenarios.notebook:agent",
+    }
+)
+"""The built-in agents (the demos in `ratchet.scenarios`): every runtime resolves these names,
+so a run stores them as they are, and a deployment may not take them over."""
+
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""A registered agent's name (the same rule as the stack's `ratchet:agents` context)."""
+
+
+@dataclass(frozen=True)
+class AgentRegistry:
+    """Which agent references resolve, and to which `module:attr`.
+
+    `resolve` decides without importing anything; `load` imports only what `resolve` allowed.
+    The built-in scenarios are always registered. A deployment adds its own names
+    (`deployment`); the CLI also takes import paths as they are (`local`).
+    """
+
+    registered: Mapping[str, str] = field(default_factory=lambda: SCENARIOS)
+    import_paths: bool = False
+    """Whether a `module:attr` reference that no name maps to may be imported as it is."""
+
+    @classmethod
+    def local(cls) -> AgentRegistry:
+        """The CLI's: built-in names, and any import path the user types."""
+        return cls(import_paths=True)
+
+    @classmethod
+    def deployment(cls, agents_json: str | None) -> AgentRegistry:
+        """The built-in names plus the deployment's (`RATCHET_AGENTS`: a JSON object of
+        `{"name": "module:attr"}`), and nothing else. A malformed registry is the deployer's
+        error and says so; it never falls back to importing what a caller names."""
+        if not agents_json:
+            return cls()
+        try:
+            parsed = json.loads(agents_json)
+        except ValueError:
+            raise ValueError('RATCHET_AGENTS is not JSON: use {"name": "module:attr"}') from None
+        if not isinstance(parsed, dict):
+            raise ValueError("RATCHET_AGENTS must be a JSON object of name -> module:attr")
+        for name, target in parsed.items():
+            if not AGENT_NAME.fullmatch(name):
+                raise ValueError(f"RATCHET_AGENTS: {name!r} is not an agent name")
+            if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
+                raise ValueError(f"RATCHET_AGENTS: {name!r} must map to 'module:attr'")
+            if name in SCENARIOS:
+                raise ValueError(f"RATCHET_AGENTS: {name!r} is a built-in scenario's name")
+        return cls(MappingProxyType({**SCENARIOS, **parsed}))
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.registered)
+
+    def resolve(self, reference: str) -> str:
+        """The `module:attr` that `reference` stands for, or `AgentNotFound`. Imports nothing.
+
+        A registered name resolves to its target, and so does the target itself: a run stores
+        the target of a deployment's name (see `stored_reference`), which must load again in
+        every later step."""
+        target = self.registered.get(reference)
+        if target is not None:
+            return target
+        if reference in self.registered.values():
+            return reference
+        if self.import_paths and IMPORT_PATH.fullmatch(reference):
+            return reference
+        known = ", ".join(self.names)
+        if self.import_paths:
+            raise AgentNotFound(
+                f"unknown scenario or agent {reference!r}: use one of {known}, or module:attr"
+            )
+        raise AgentNotFound(f"unknown agent: use one of {known}")
+
+    def stored_reference(self, reference: str) -> str:
+        """What a run records as its agent: a built-in name as it is (it resolves anywhere),
+        otherwise the `module:attr` it resolved to, which the step function, a worker and the
+        CLI can all load without knowing this deployment's names."""
+        return reference if reference in SCENARIOS else self.resolve(reference)
+
+    def load(self, reference: str) -> Agent:
+        return _import(self.resolve(reference), reference)
+
+
+LOCAL = AgentRegistry.local()
+
+
+def load_agent(reference: str) -> Agent:
+    """Resolve a scenario name (`migration`) or an import path (`my_pkg.agents:billing`), as
+    the CLI and the runtimes do for a run's stored agent."""
+    return LOCAL.load(reference)
+
+
+def _import(target: str, reference: str) -> Agent:
+    try:
+        found = import_object(target, what="agent", reference=reference)
+    except ImportFailed as failed:
+        if "cannot import" in str(failed):
+            raise AgentNotFound(str(failed)) from None
+        found = None
+    if not isinstance(found, Agent):
+        raise AgentNotFound(f"{target!r} is not a ratchet.tools.Agent")
+    return found

@@ -1,0 +1,87 @@
+"""The services each app serves with, on either runtime: the client an HTTP API acts through,
+the approval pages' services, and the runs API's on the local runtime (`ratchet serve`).
+
+Locally the runs API has the same routes as the deployed one (`ratchet.handlers.api`, whose
+services start an execution per run), over the SQLite store: starting a run creates it, and the
+next free worker works it (there is no execution to start). Deciding goes through the local
+approval desk, so the run's links and pages show the decision too.
+"""
+
+from __future__ import annotations
+
+import getpass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+from ratchet.adapters.slack import SlackResponder
+from ratchet.agents import AgentRegistry
+from ratchet.approvals.desk import ApprovalDesk
+from ratchet.client import Client
+from ratchet.runs import RunRequest
+from ratchet.web.approvals import ApprovalServices
+from ratchet.web.runs import RunsServices, RunStarted
+
+if TYPE_CHECKING:
+    from ratchet.runtime import Runtime
+    from ratchet.runtime.local import LocalRuntime
+
+
+def api_client(runtime: Runtime, *, agents: AgentRegistry, worker_id: str, logger: Any) -> Client:
+    """The client an HTTP API acts through: it starts only the agents `agents` names (a request
+    never imports a module it names), and says the API made the decisions it records.
+    `worker_id` names whoever writes through it."""
+    return Client(runtime, agents=agents, worker_id=worker_id, logger=logger, channel="api")
+
+
+def approval_services(
+    desk: ApprovalDesk, *, slack_signing_secret: SecretStr | None, logger: Any
+) -> ApprovalServices:
+    """What the approval pages use: the desk, and Slack's button presses, taken only with the
+    secret that signs them."""
+    return ApprovalServices(
+        desk=desk,
+        slack_signing_secret=slack_signing_secret,
+        slack_responder=SlackResponder() if slack_signing_secret else None,
+        logger=logger,
+    )
+
+
+def local_runs_services(
+    runtime: LocalRuntime,
+    worker_id: str,
+    logger: Any,
+    *,
+    agents: AgentRegistry | None = None,
+    operator: str | None = None,
+) -> RunsServices:
+    """`agents`: which agents the API may start, by name (default: the built-in scenarios
+    only; an HTTP request never imports a module it names). `operator`: who decides through
+    the API, which locally is unsigned (default: the user running `ratchet serve`)."""
+    client = api_client(
+        runtime, agents=agents or AgentRegistry(), worker_id=worker_id, logger=logger
+    )
+
+    def start(request: RunRequest, *, request_id: str) -> RunStarted:
+        started = client.submit(request)
+        logger.info(
+            "run created" if started.created else "run exists; start is a no-op",
+            extra={"run_id": started.run.run_id, "request_id": request_id},
+        )
+        return RunStarted.of(started, execution_name=None)
+
+    return RunsServices(
+        client=client,
+        desk=cache(lambda: runtime.approval_desk(worker_id=worker_id, logger=logger)),
+        start=start,
+        logger=logger,
+        anonymous_caller=operator or _user(),
+    )
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "local"
