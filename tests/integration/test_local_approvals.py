@@ -506,7 +506,7 @@ def test_a_run_decided_from_the_cli_first_is_already_decided_on_the_page(local, 
 def test_a_run_that_stopped_waiting_another_way_is_no_longer_waiting(local, parked):
     # A run decided straight through the engine (a worker that parked it died before opening
     # a request, and `ratchet approve` found none) leaves the request pending.
-    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    local.engine.decide_waiting(parked.run_id, PersonDecided(approved=True, by="bob"))
     before = local.tables()
 
     page = local.client.get(parked.link)
@@ -573,7 +573,7 @@ def test_a_request_for_a_step_the_run_has_left_is_no_longer_waiting(local):
 
 def test_the_local_resumer_never_answers_another_steps_request(local):
     parked = local.park(asks=2)
-    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    local.engine.decide_waiting(parked.run_id, PersonDecided(approved=True, by="bob"))
     local.work(parked.run_id)
     assert local.head(parked.run_id).step > parked.approval.step
 
@@ -1138,7 +1138,7 @@ def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a
     # between the click's read of the head and its write.
     def recorded_directly() -> None:
         local.engine.decide_waiting(
-            parked.run_id, approved=False, by="bob", step=parked.approval.step
+            parked.run_id, PersonDecided(approved=False, by="bob"), step=parked.approval.step
         )
 
     clicking = committing_after(local, "serve", recorded_directly)

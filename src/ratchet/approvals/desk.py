@@ -230,14 +230,7 @@ class RecordsDecisions(Protocol):
     """What records a decision on a waiting run without an approval request: the engine."""
 
     def decide_waiting(
-        self,
-        run_id: str,
-        *,
-        approved: bool,
-        by: str,
-        comment: str = "",
-        answer: dict[str, Any] | None = None,
-        step: int | None = None,
+        self, run: str | RunState, decision: PersonDecided, *, step: int | None = None
     ) -> object: ...
 
 
@@ -293,14 +286,7 @@ class Decider:
         # is recorded: the loser here is told who won; the loser there finds its request
         # closed below (locally its resume finds the run not waiting) and is refused.
         try:
-            engine.decide_waiting(
-                run_id,
-                approved=checked.approved,
-                by=checked.by,
-                comment=checked.comment,
-                answer=checked.answer,
-                step=step,
-            )
+            engine.decide_waiting(run_id, checked, step=step)
         except (NotWaiting, StaleVersion):
             since = head.version if head is not None else 0
             raise self._lost_to(run_id, step, since) from None

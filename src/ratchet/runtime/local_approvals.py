@@ -23,14 +23,7 @@ class LocalResumer:
     def resume(self, approval: Approval, verdict: Verdict) -> None:
         for attempt in range(1, RESUME_TRIES + 1):
             try:
-                self._engine.decide_waiting(
-                    approval.run_id,
-                    approved=verdict.approved,
-                    by=verdict.by,
-                    comment=verdict.comment,
-                    answer=verdict.answer,
-                    step=approval.step,
-                )
+                self._engine.decide_waiting(approval.run_id, verdict, step=approval.step)
                 return
             except NotWaiting as stopped:
                 raise ApprovalClosed(str(stopped)) from None
@@ -55,17 +48,10 @@ def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> l
         if not approval.is_expired(now):
             continue
         timeout = round((approval.expires_at - approval.created_at).total_seconds())
-        verdict = expired_verdict(timeout)
         try:
             # Conditional on the step: a person who decided first (the request is then no
             # longer pending) or a run that went on makes this a no-op.
-            engine.decide_waiting(
-                approval.run_id,
-                approved=verdict.approved,
-                by=verdict.by,
-                comment=verdict.comment,
-                step=approval.step,
-            )
+            engine.decide_waiting(approval.run_id, expired_verdict(timeout), step=approval.step)
             resumed.append(approval.run_id)
         except NotWaiting:
             pass
