@@ -99,21 +99,18 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
             query = link_query()
             approved, comment, form = _read_form(app.current_event.decoded_body or "")
             desk = services().desk
-            answer = None
-            if approved:
-                asked = desk.view(approval_id, query)
-                schema = pages.answer_schema_of(asked)
-                if schema is not None:
-                    try:
-                        answer = answer_from_form(schema, form)
-                    except AnswerInvalid as refused:
-                        page = pages.request_page(
-                            asked, action=_self_url(app), refused=str(refused), given=form
-                        )
-                        return html(HTTPStatus.BAD_REQUEST, page)
-            view = desk.decide_by_link(
-                approval_id, query, approved=approved, comment=comment, answer=answer
-            )
+            asked = desk.view(approval_id, query)
+            schema = pages.answer_schema_of(asked) if approved else None
+            # The form's answer is typed here and checked on the desk's path: either refusal
+            # shows the form again, naming the field.
+            try:
+                answer = answer_from_form(schema, form) if schema is not None else None
+                view = desk.decide_by_link(asked, approved=approved, comment=comment, answer=answer)
+            except AnswerInvalid as refused:
+                page = pages.request_page(
+                    asked, action=_self_url(app), refused=str(refused), given=form
+                )
+                return html(HTTPStatus.BAD_REQUEST, page)
         except ApprovalError as error:
             return problem(error)
         except RunNotFound as gone:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.adapters.dynamodb.store import APPROVAL_PREFIX, TTL_ATTRIBUTE
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired, StoreBusy
-from ratchet.state import utcnow
+from ratchet.state import RunState, utcnow
 from ratchet.untrusted import loads
 from ratchet.waits import (
     MAX_BY_CHARS,
@@ -249,7 +249,7 @@ class AwsApprovals:
 
     # --- the resumer -----------------------------------------------------------------------
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
         if self._sfn is None:
             raise RuntimeError("this runtime was built without a Step Functions client")
         token = self._token(approval)
@@ -276,6 +276,7 @@ class AwsApprovals:
                 raise StoreBusy(f"Step Functions is busy: {code}") from None
             raise
         self._forget_token(approval.run_id, approval.approval_id)
+        return run  # as it stands until `RecordDecision` records the answer
 
     def _token(self, approval: Approval) -> str:
         found = self._client.get_item(
