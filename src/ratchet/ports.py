@@ -421,11 +421,14 @@ class ApprovalBook(Protocol):
 
 
 class Resumer(Protocol):
-    """Delivers a settled decision to the waiting run: locally the engine records it; on AWS
-    the parked execution is answered with its task token. Raises `ApprovalClosed` when the run
-    can no longer take it (not waiting; the task timed out or was closed)."""
+    """Delivers a settled decision to the waiting run, given its head as the desk read it:
+    locally the engine records it, conditional on that head's version (read again only if
+    it moved); on AWS the parked execution is answered with its task token, and the run
+    records it later (`RecordDecision`). Returns the run as it now stands. Raises
+    `ApprovalClosed` when the run can no longer take it (not waiting; the task timed out or
+    was closed)."""
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None: ...
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState: ...
 
 
 class Notifier(Protocol):

@@ -319,6 +319,10 @@ class StepCompleted(_Model):
 
 
 class PersonDecided(_Model):
+    """A person's decision on a waiting run: the one model of it, as its checkpoint records
+    it. A decision from outside arrives as a `ratchet.waits.Verdict`, this event with bounds
+    on its fields, and is recorded as it is."""
+
     kind: Literal["decided"] = "decided"
     approved: bool
     by: str

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ratchet.state import PersonDecided
 from ratchet.untrusted import within_depth
 
 MAX_BY_CHARS = 320
@@ -87,16 +88,20 @@ class Approval(BaseModel):
         )
 
 
-class Verdict(BaseModel):
-    """A person's answer, checked: who, yes or no, why, and for a request that asks for a
-    structured answer (`ApprovalRequest.answer_schema`), the answer itself."""
+class Verdict(PersonDecided):
+    """A person's decision as it comes in from outside (a link, Slack, the runs API, the CLI,
+    the Python client, a parked task's answer): the `PersonDecided` the run records, bounded
+    where it crosses the boundary. Every channel builds one; everything after it (the desk,
+    the approval book, the resumer, the engine) takes it whole.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    The bounds are on this type, not on the stored event: stores written before there were
+    bounds (`ratchet approve --by` took a name of any length) must still read."""
 
-    approved: bool
     by: str = Field(min_length=1, max_length=MAX_BY_CHARS)
     comment: str = Field(default="", max_length=MAX_COMMENT_CHARS)
     answer: Annotated[dict[str, Any] | None, BeforeValidator(within_depth)] = None
+    """For a request that asks for a structured answer (`ApprovalRequest.answer_schema`),
+    the answer itself."""
 
 
 EXPIRED_BY = "nobody"

@@ -37,7 +37,14 @@ from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios import migration
 from ratchet.scenarios.migration_data import BATCH_SIZE
-from ratchet.state import MAX_ATTEMPTS, RunOptions, RunState, RunStatus, idempotency_key
+from ratchet.state import (
+    MAX_ATTEMPTS,
+    PersonDecided,
+    RunOptions,
+    RunState,
+    RunStatus,
+    idempotency_key,
+)
 from ratchet.tools import RunContext
 from tests.dynamodb_support import SETTINGS, moto_tables, new_client
 
@@ -245,7 +252,7 @@ def _live(engine: Engine, run_id: str) -> bool:
         except InjectedFault:
             return True
         if outcome.outcome is Outcome.WAITING:
-            engine.decide_waiting(run_id, approved=True, by="tester")
+            engine.decide_waiting(run_id, PersonDecided(approved=True, by="tester"))
         elif outcome.outcome is not Outcome.CONTINUE:
             engine.release(run_id)
             return False

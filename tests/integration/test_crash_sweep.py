@@ -15,7 +15,7 @@ from ratchet.errors import InjectedFault
 from ratchet.faults import FaultPlan, FaultPoint
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios.migration import agent as migration
-from ratchet.state import RunOptions, RunState, RunStatus
+from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 
 LOG = logging.getLogger("ratchet.tests.sweep")
 BATCHES = 3
@@ -52,7 +52,7 @@ def _drive(root: Path, faults: FaultPlan) -> bool:
             except InjectedFault:
                 return True
             if outcome.outcome is Outcome.WAITING:
-                engine.decide_waiting("mig", approved=True, by="tester")
+                engine.decide_waiting("mig", PersonDecided(approved=True, by="tester"))
             elif outcome.outcome is not Outcome.CONTINUE:
                 return False
         raise AssertionError("the run did not stop")

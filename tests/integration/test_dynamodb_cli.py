@@ -25,7 +25,7 @@ from ratchet.cli import status_payload
 from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
-from ratchet.state import RunOptions, RunState
+from ratchet.state import PersonDecided, RunOptions, RunState
 from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, scan, server_client
 from tests.support import LOG
 
@@ -113,7 +113,7 @@ def deployed() -> Iterator[Deployed]:
         _start(runtime, "done-1")
         assert _work(runtime, "done-1") is Outcome.WAITING
         runtime.engine(worker_id="api", logger=LOG).decide_waiting(
-            "done-1", approved=True, by="ops@example.com"
+            "done-1", PersonDecided(approved=True, by="ops@example.com")
         )
         assert _work(runtime, "done-1") is Outcome.DONE
         _start(runtime, "wait-1")

@@ -17,7 +17,7 @@ from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
 from ratchet.scenarios.migration_data import BATCH_SIZE
 from ratchet.scenarios.migration_dynamodb import DynamoDbMigrationData
-from ratchet.state import RunOptions, RunState, RunStatus
+from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 from ratchet.tools import RunContext
 from tests.dynamodb_support import SETTINGS, moto_tables, new_client, scan
 from tests.support import LOG
@@ -77,7 +77,7 @@ def test_the_migration_runs_to_done_on_dynamodb_with_a_person_approving(client):
     waiting = engine.load("m1")
     assert waiting.waiting is not None
     assert "Drop legacy_orders" in waiting.waiting.request.prompt
-    engine.decide_waiting("m1", approved=True, by="ops@example.com")
+    engine.decide_waiting("m1", PersonDecided(approved=True, by="ops@example.com"))
     assert work(engine) is Outcome.DONE
 
     # Then every row was copied once, the legacy table was dropped, one email went out
@@ -101,7 +101,9 @@ def test_a_rejected_drop_keeps_the_legacy_table_and_still_reports(client):
     engine = runtime(client).engine(worker_id="step-lambda", logger=LOG)
     assert work(engine) is Outcome.WAITING
 
-    engine.decide_waiting("m1", approved=False, by="ops@example.com", comment="not yet")
+    engine.decide_waiting(
+        "m1", PersonDecided(approved=False, by="ops@example.com", comment="not yet")
+    )
 
     assert work(engine) is Outcome.DONE
     report = verify(client)
@@ -130,7 +132,7 @@ def test_a_crash_after_copy_batch_and_before_its_checkpoint_applies_the_batch_on
     # When the retry runs in a fresh container (new client, new runtime) to the end
     retry = runtime(new_client()).engine(worker_id="lambda-2", logger=LOG)
     assert work(retry) is Outcome.WAITING
-    retry.decide_waiting("m1", approved=True, by="ops@example.com")
+    retry.decide_waiting("m1", PersonDecided(approved=True, by="ops@example.com"))
     assert work(retry) is Outcome.DONE
 
     # Then batch 2's key was delivered twice and applied once: no duplicate rows
@@ -262,14 +264,14 @@ def test_a_fork_of_a_finished_migration_on_dynamodb_carries_the_rows_its_state_s
     start(client)
     engine = runtime(client).engine(worker_id="step-lambda", logger=LOG)
     assert work(engine) is Outcome.WAITING
-    engine.decide_waiting("m1", approved=True, by="ops@example.com")
+    engine.decide_waiting("m1", PersonDecided(approved=True, by="ops@example.com"))
     assert work(engine) is Outcome.DONE
     source_items = scan(client, SETTINGS.app_table)
 
     # When it is forked after its second copy, as the runs API forks on AWS, and worked
     forked = Client(runtime(client)).fork("m1", from_step=COPY_OF_BATCH_2, run_id="m1-f")
     assert work(engine, "m1-f") is Outcome.WAITING
-    engine.decide_waiting("m1-f", approved=True, by="ops@example.com")
+    engine.decide_waiting("m1-f", PersonDecided(approved=True, by="ops@example.com"))
     assert work(engine, "m1-f") is Outcome.DONE
 
     # Then the fork's partition holds the source's first two copies (under the source's keys)

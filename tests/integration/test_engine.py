@@ -36,6 +36,7 @@ from ratchet.state import (
     RECENT_STEPS,
     Decision,
     Done,
+    PersonDecided,
     RunState,
     RunStatus,
     ToolCall,
@@ -219,7 +220,9 @@ def test_waiting_survives_restarts_and_resumes_only_on_a_decision(tmp_path):
         assert outcome.outcome is Outcome.WAITING
         assert harness.engine.load("run").version == waiting.version, "a waiting run is left alone"
 
-    resumed = harness.engine.decide_waiting("run", approved=True, by="dana", comment="go")
+    resumed = harness.engine.decide_waiting(
+        "run", PersonDecided(approved=True, by="dana", comment="go")
+    )
     assert resumed.status is RunStatus.RUNNING
     assert resumed.last_result == "Approved by dana: go"
     assert resumed.tool_results[-1].text == "Approved by dana: go"
@@ -227,7 +230,7 @@ def test_waiting_survives_restarts_and_resumes_only_on_a_decision(tmp_path):
     assert final.status is RunStatus.DONE
     assert harness.table.keys() == ["run/step-1", "run/step-3", "run/step-4"]
     with pytest.raises(NotWaiting):
-        harness.engine.decide_waiting("run", approved=True, by="dana")
+        harness.engine.decide_waiting("run", PersonDecided(approved=True, by="dana"))
 
 
 def test_a_rejection_becomes_the_step_result(tmp_path):
@@ -235,7 +238,9 @@ def test_a_rejection_becomes_the_step_result(tmp_path):
     harness.start()
     harness.run_until_stopped()
 
-    state = harness.engine.decide_waiting("run", approved=False, by="sam", comment="not today")
+    state = harness.engine.decide_waiting(
+        "run", PersonDecided(approved=False, by="sam", comment="not today")
+    )
 
     assert state.last_result == "Rejected by sam: not today"
     assert replay(harness.store.list_checkpoints("run")) == state

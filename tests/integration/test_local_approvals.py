@@ -506,7 +506,7 @@ def test_a_run_decided_from_the_cli_first_is_already_decided_on_the_page(local, 
 def test_a_run_that_stopped_waiting_another_way_is_no_longer_waiting(local, parked):
     # A run decided straight through the engine (a worker that parked it died before opening
     # a request, and `ratchet approve` found none) leaves the request pending.
-    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    local.engine.decide_waiting(parked.run_id, PersonDecided(approved=True, by="bob"))
     before = local.tables()
 
     page = local.client.get(parked.link)
@@ -573,13 +573,15 @@ def test_a_request_for_a_step_the_run_has_left_is_no_longer_waiting(local):
 
 def test_the_local_resumer_never_answers_another_steps_request(local):
     parked = local.park(asks=2)
-    local.engine.decide_waiting(parked.run_id, approved=True, by="bob")
+    local.engine.decide_waiting(parked.run_id, PersonDecided(approved=True, by="bob"))
     local.work(parked.run_id)
     assert local.head(parked.run_id).step > parked.approval.step
 
     with pytest.raises(ApprovalClosed):
         LocalResumer(local.engine).resume(
-            parked.approval, Verdict(approved=False, by="mallory", comment="late")
+            parked.approval,
+            Verdict(approved=False, by="mallory", comment="late"),
+            local.head(parked.run_id),
         )
 
     assert local.head(parked.run_id).status is RunStatus.WAITING
@@ -758,7 +760,7 @@ def test_slack_is_not_served_where_it_is_not_configured(local, parked, slack_ser
 class BusyResumer:
     """A resumer whose backend turns the answer away for now (Step Functions throttled)."""
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
         raise StoreBusy("throttled")
 
 
@@ -898,8 +900,7 @@ def test_a_request_nobody_answers_in_time_expires_and_the_run_goes_on(local, par
 
 def test_a_request_decided_in_time_does_not_expire(local, parked):
     local.desk.decide_by_link(
-        parked.approval.approval_id,
-        dict(parse_qsl(urlsplit(parked.link).query)),
+        local.desk.view(parked.approval.approval_id, dict(parse_qsl(urlsplit(parked.link).query))),
         approved=True,
         comment="",
     )
@@ -930,9 +931,9 @@ class HeldResumer:
     def __init__(self, inner: LocalResumer, in_window: Callable[[], None]) -> None:
         self.inner, self.in_window = inner, in_window
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
         self.in_window()
-        self.inner.resume(approval, verdict)
+        return self.inner.resume(approval, verdict, run)
 
 
 def local_cli(local: Local, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, str]:
@@ -996,8 +997,7 @@ def test_every_channel_finds_a_request_decided_before_the_run_records_it(
         local.desk, resumer=HeldResumer(LocalResumer(local.engine), every_other_channel)
     )
     clicked = held.decide_by_link(
-        parked.approval.approval_id,
-        dict(parse_qsl(urlsplit(parked.link).query)),
+        held.view(parked.approval.approval_id, dict(parse_qsl(urlsplit(parked.link).query))),
         approved=True,
         comment="go",
     )
@@ -1138,7 +1138,7 @@ def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a
     # between the click's read of the head and its write.
     def recorded_directly() -> None:
         local.engine.decide_waiting(
-            parked.run_id, approved=False, by="bob", step=parked.approval.step
+            parked.run_id, PersonDecided(approved=False, by="bob"), step=parked.approval.step
         )
 
     clicking = committing_after(local, "serve", recorded_directly)

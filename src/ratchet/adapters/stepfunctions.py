@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.errors import ApprovalClosed, ApprovalExpired, StoreBusy
-from ratchet.state import utcnow
+from ratchet.state import RunState, utcnow
 from ratchet.untrusted import loads
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Approval, Verdict, expired_verdict
 
@@ -186,7 +186,7 @@ class StepFunctionsResumer:
         self._tokens = tokens
         self._sfn = stepfunctions
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
         if self._sfn is None:
             raise RuntimeError("this runtime was built without a Step Functions client")
         token = self._tokens.task_token(approval)
@@ -213,6 +213,7 @@ class StepFunctionsResumer:
                 raise StoreBusy(f"Step Functions is busy: {code}") from None
             raise
         self._tokens.forget_token(approval.run_id, approval.approval_id)
+        return run  # as it stands until `RecordDecision` records the answer
 
 
 def _code(error: ClientError) -> str:

@@ -5,8 +5,9 @@ cannot be stored, and the page, the Slack handler or the decide function may run
 never imported). Everything here works from that schema, for the subset pydantic writes for a
 flat model: text, whole numbers and numbers (with bounds), booleans, and choices (`Literal`,
 `Enum`), each possibly optional. Any other field is given as JSON and checked for its type
-only. Every channel (the page's form, the CLI's `--answer`, the Python client) goes through
-`checked_verdict`, so an answer is refused the same way everywhere, naming the field.
+only. Every channel (the page's form, once typed, the CLI's `--answer`, the runs API, the
+Python client) goes through `checked_verdict`, once per decision, on the desk's path, so
+an answer is refused the same way everywhere, naming the field.
 """
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ def answer_from_form(
     schema: Mapping[str, Any], form: Mapping[str, Sequence[str]]
 ) -> dict[str, Any]:
     """The answer the page's form carries (`answer.<field>` values, all text), typed by the
-    schema and checked. Raises `AnswerInvalid` naming the first field at fault."""
+    schema; the decision checks it (`checked_verdict`), as it checks every channel's. Raises
+    `AnswerInvalid` naming the first field that cannot be typed or is missing."""
     answer: dict[str, Any] = {}
     for field in answer_fields(schema):
         values = list(form.get(FORM_PREFIX + field.name, []))
@@ -301,7 +303,7 @@ def answer_from_form(
                 raise AnswerInvalid(f"{field.name}: required ({field.hint})")
             continue
         answer[field.name] = _typed(field, given if field.kind == "string" else text)
-    return check_answer(schema, answer)
+    return answer
 
 
 def _typed(field: AnswerField, text: str) -> Any:

@@ -24,6 +24,7 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     InvalidInput,
+    LinkInvalid,
     NotWaiting,
     RatchetError,
     RunNotFound,
@@ -58,7 +59,8 @@ class Opened:
 
 @dataclass(frozen=True)
 class ApprovalView:
-    """What a page shows: the approval, the run as it stands, and who the link speaks for."""
+    """What a page shows, and what a decision is taken on: the approval, the run as it
+    stands, and who the link speaks for."""
 
     approval: Approval
     run: RunState | None
@@ -183,37 +185,35 @@ class ApprovalDesk:
         return ApprovalView(approval, self.store.load_head(approval.run_id), claims.recipient)
 
     # --- deciding (POST) -------------------------------------------------------------------
+    # Each entry point finds out who decides and what they decide (the request and the run,
+    # read once), then takes the one path, `Decider.decide`.
 
     def decide_by_link(
         self,
-        approval_id: str,
-        query: Mapping[str, str],
+        asked: ApprovalView,
         *,
         approved: bool,
         comment: str,
         answer: dict[str, Any] | None = None,
     ) -> ApprovalView:
-        """The person the link was signed for decides (with `answer`, for a request that
-        asks for one)."""
-        claims = self.signer.verify(approval_id, query, now=self.clock())
-        approval = self._find(claims.run_id, approval_id)
-        verdict = Verdict(approved=approved, by=claims.recipient, comment=comment, answer=answer)
-        return self._decide(approval, verdict, channel="link", recipient=claims.recipient)
+        """The person the link was signed for decides `asked`, what `view` showed them (with
+        `answer`, for a request that asks for one): the link was checked there, and the
+        request and the run read, once for the click."""
+        if asked.recipient is None:
+            raise LinkInvalid("only what a link showed is decided in its recipient's name")
+        verdict = Verdict(approved=approved, by=asked.recipient, comment=comment, answer=answer)
+        return self._decider.decide(asked, verdict, channel="link")
 
     def decide_by_id(
         self, run_id: str, approval_id: str, verdict: Verdict, *, channel: str
     ) -> ApprovalView:
         """A verified caller decides a known approval (a Slack button names its id)."""
-        return self._decide(self._find(run_id, approval_id), verdict, channel=channel)
+        asked = ApprovalView(self._find(run_id, approval_id), self.store.load_head(run_id))
+        return self._decider.decide(asked, verdict, channel=channel)
 
     def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
         """A verified caller decides whatever the run waits for (the runs API, the CLI)."""
         return self._decider.decide_run(run_id, verdict, channel=channel)
-
-    def _decide(
-        self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
-    ) -> ApprovalView:
-        return self._decider.decide(approval, verdict, channel=channel, recipient=recipient)
 
     @property
     def _decider(self) -> Decider:
@@ -230,14 +230,7 @@ class RecordsDecisions(Protocol):
     """What records a decision on a waiting run without an approval request: the engine."""
 
     def decide_waiting(
-        self,
-        run_id: str,
-        *,
-        approved: bool,
-        by: str,
-        comment: str = "",
-        answer: dict[str, Any] | None = None,
-        step: int | None = None,
+        self, run: str | RunState, decision: PersonDecided, *, step: int | None = None
     ) -> object: ...
 
 
@@ -256,22 +249,7 @@ class Decider:
         `ApprovalDecided` (naming who decided, and when) if the step's request was decided
         already, `ApprovalNotFound` if the run waits with no request at all (its worker died
         before opening one), `ApprovalClosed` if it does not wait."""
-        run = self.store.load_head(run_id)
-        if run is None:
-            raise RunNotFound(run_id)
-        asked = [a for a in self.book.of_run(run_id) if a.step == run.step]
-        pending = [a for a in asked if a.status is ApprovalStatus.PENDING]
-        if pending:
-            return self.decide(pending[-1], verdict, channel=channel)
-        decided = _decided_at_step(run, asked)
-        if decided is not None:
-            # Decided and not yet recorded: on AWS between the click (the request settled,
-            # the task answered) and `RecordDecision`; locally between the settle and the
-            # engine's write. The run still waits, but its answer is given: that person's.
-            raise ApprovalDecided(decided_text(decided))
-        if run.status is not RunStatus.WAITING:
-            raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
-        raise ApprovalNotFound(f"run {run_id!r} waits with no approval request")
+        return self.decide(self._asked(self._head(run_id)), verdict, channel=channel)
 
     def decide_or_record(
         self, run_id: str, verdict: Verdict, *, channel: str, engine: RecordsDecisions
@@ -280,30 +258,22 @@ class Decider:
         run that waits with no request at all (its worker died before opening one) has the
         verdict, checked the same way, recorded directly by `engine` (at the step it was
         checked against). A request decided already is never overruled: `ApprovalDecided`."""
+        head = self._head(run_id)
         try:
-            self.decide_run(run_id, verdict, channel=channel)
+            self.decide(self._asked(head), verdict, channel=channel)
             return
         except ApprovalNotFound:
             pass
-        head = self.store.load_head(run_id)
         checked, step = checked_for_run(head, verdict)
-        # The step had no request when `decide_run` looked; a worker may be opening one now,
-        # and someone may decide through it before this write lands. The write is conditional
-        # on the version read (and on the run still waiting at `step`), so of the two only one
+        # The step had no request when `_asked` looked; a worker may be opening one now, and
+        # someone may decide through it before this write lands. The write is conditional on
+        # the version read (and on the run still waiting at `step`), so of the two only one
         # is recorded: the loser here is told who won; the loser there finds its request
         # closed below (locally its resume finds the run not waiting) and is refused.
         try:
-            engine.decide_waiting(
-                run_id,
-                approved=checked.approved,
-                by=checked.by,
-                comment=checked.comment,
-                answer=checked.answer,
-                step=step,
-            )
+            engine.decide_waiting(head, checked, step=step)
         except (NotWaiting, StaleVersion):
-            since = head.version if head is not None else 0
-            raise self._lost_to(run_id, step, since) from None
+            raise self._lost_to(run_id, step, head.version) from None
         if step is not None:
             # A request opened meanwhile must not take a second answer (on AWS its parked
             # task's token goes with it).
@@ -327,15 +297,18 @@ class Decider:
                 return ApprovalDecided(f"{verb} by {event.by} at {when}")
         return ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
 
-    def decide(
-        self, approval: Approval, verdict: Verdict, *, channel: str, recipient: str | None = None
-    ) -> ApprovalView:
+    def decide(self, asked: ApprovalView, verdict: Verdict, *, channel: str) -> ApprovalView:
+        """The one path of a decision on a request: `asked` is the request and the run as the
+        caller read them (each once), `verdict` who decides and what. Refused unless the
+        request is pending and unexpired and the run waits at its step; the answer is checked
+        against the request; one conditional write settles it; then the run gets it, from the
+        head read (read again only if it moved meanwhile)."""
+        approval, run = asked.approval, asked.run
         now = self.clock()
         if approval.status.is_decided:
             raise ApprovalDecided(decided_text(approval))
         if approval.is_expired(now):
             raise ApprovalExpired("this request has expired; the run went on without a decision")
-        run = self.store.load_head(approval.run_id)
         if run is None or run.status is not RunStatus.WAITING or run.step != approval.step:
             status = run.status.value if run else "gone"
             raise ApprovalClosed(f"run {approval.run_id!r} is {status}, no longer waiting")
@@ -352,7 +325,7 @@ class Decider:
                 raise
             raise ApprovalDecided(decided_text(current)) from None
         try:
-            self.resumer.resume(settled, verdict)
+            resumed = self.resumer.resume(settled, verdict, run)
         except (ApprovalClosed, ApprovalExpired) as over:
             # For good: the run stopped waiting, or its parked task timed out or was closed.
             # The request is over, and the page says so.
@@ -369,7 +342,30 @@ class Decider:
             # person can try again.
             self.book.reopen(settled)
             raise
-        return ApprovalView(settled, self.store.load_head(approval.run_id), recipient)
+        return ApprovalView(settled, resumed, asked.recipient)
+
+    def _head(self, run_id: str) -> RunState:
+        run = self.store.load_head(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    def _asked(self, run: RunState) -> ApprovalView:
+        """The pending request of the step the run is at, with the run: what a caller that
+        names only the run decides."""
+        asked = [a for a in self.book.of_run(run.run_id) if a.step == run.step]
+        pending = [a for a in asked if a.status is ApprovalStatus.PENDING]
+        if pending:
+            return ApprovalView(pending[-1], run)
+        decided = _decided_at_step(run, asked)
+        if decided is not None:
+            # Decided and not yet recorded: on AWS between the click (the request settled,
+            # the task answered) and `RecordDecision`; locally between the settle and the
+            # engine's write. The run still waits, but its answer is given: that person's.
+            raise ApprovalDecided(decided_text(decided))
+        if run.status is not RunStatus.WAITING:
+            raise ApprovalClosed(f"run {run.run_id!r} is {run.status.value}, not waiting")
+        raise ApprovalNotFound(f"run {run.run_id!r} waits with no approval request")
 
 
 def _decided_at_step(run: RunState, asked: Sequence[Approval]) -> Approval | None:

@@ -320,24 +320,18 @@ class Engine:
         return head
 
     def decide_waiting(
-        self,
-        run_id: str,
-        *,
-        approved: bool,
-        by: str,
-        comment: str = "",
-        answer: dict[str, Any] | None = None,
-        step: int | None = None,
+        self, run: str | RunState, decision: PersonDecided, *, step: int | None = None
     ) -> RunState:
         """Record a person's decision on a waiting run; the run becomes runnable again.
-        With `step`, only if the run waits at that step (the commit is conditional on the
-        version read here, so the check and the decision are one). `answer` is recorded as
-        given: the approval desk checks it against the request's schema."""
-        state = self.load(run_id)
+        `run` is the run's id, or its head as the caller read it: the commit is conditional
+        on the version read, so with `step` (only if the run waits at that step) the check
+        and the decision are one, and a head that moved since is a `StaleVersion`. The
+        decision is recorded as given: the approval desk checks its answer against the
+        request's schema."""
+        state = self.load(run) if isinstance(run, str) else run
         if state.status is not RunStatus.WAITING or (step is not None and state.step != step):
-            raise NotWaiting(run_id, state.status)
-        event = PersonDecided(approved=approved, by=by, comment=comment, answer=answer)
-        head, _ = self._commits.commit(state, event, step=state.step)
+            raise NotWaiting(state.run_id, state.status)
+        head, _ = self._commits.commit(state, decision, step=state.step)
         return head
 
     # --- one step --------------------------------------------------------------------------

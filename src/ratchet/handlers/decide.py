@@ -21,7 +21,7 @@ from ratchet.adapters.stepfunctions import verdict_from_answer
 from ratchet.errors import NotWaiting
 from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
 from ratchet.handlers.payloads import DecideRequest, DecideResult
-from ratchet.state import utcnow
+from ratchet.state import RunState, utcnow
 from ratchet.waits import ApprovalStatus
 
 
@@ -38,17 +38,15 @@ def record_decision(request: DecideRequest, context: LambdaContext) -> DecideRes
     verdict = verdict_from_answer(request.verdict, request.answer, timeout_seconds=timeout)
     ratchet = engine(context)
     # The step the execution parked at: a run that went on and waits again at a later step
-    # (worked in process meanwhile) must not take this answer as that wait's.
-    waiting_at = request.step if request.step is not None else ratchet.load(request.run_id).step
+    # (worked in process meanwhile) must not take this answer as that wait's. An execution
+    # started by a definition older than `step` parked where the run is: its head, read once.
+    run: str | RunState = request.run_id
+    waiting_at = request.step
+    if waiting_at is None:
+        run = ratchet.load(request.run_id)
+        waiting_at = run.step
     try:
-        state = ratchet.decide_waiting(
-            request.run_id,
-            approved=verdict.approved,
-            by=verdict.by,
-            comment=verdict.comment,
-            answer=verdict.answer,
-            step=waiting_at,
-        )
+        state = ratchet.decide_waiting(run, verdict, step=waiting_at)
         recorded = True
     except NotWaiting as already:
         metrics.add_metric(name="DecisionsIgnored", unit=MetricUnit.Count, value=1)

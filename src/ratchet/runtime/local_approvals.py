@@ -10,38 +10,36 @@ from datetime import datetime
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.engine import Engine
 from ratchet.errors import ApprovalClosed, NotWaiting, StaleVersion
+from ratchet.state import RunState
 from ratchet.waits import Approval, ApprovalStatus, Verdict, expired_verdict
 
 RESUME_TRIES = 3
-"""Reads of a head that moved under the resume before it gives up (each move is a commit)."""
+"""Writes of the decision before the resume gives up on a head that keeps moving: the first
+on the head the desk read, each later one on the head read again (each move is a commit)."""
 
 
 class LocalResumer:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def resume(self, approval: Approval, verdict: Verdict) -> None:
-        for attempt in range(1, RESUME_TRIES + 1):
+    def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
+        head: RunState | str = run
+        tries = 1
+        while True:
             try:
-                self._engine.decide_waiting(
-                    approval.run_id,
-                    approved=verdict.approved,
-                    by=verdict.by,
-                    comment=verdict.comment,
-                    answer=verdict.answer,
-                    step=approval.step,
-                )
-                return
+                return self._engine.decide_waiting(head, verdict, step=approval.step)
             except NotWaiting as stopped:
                 raise ApprovalClosed(str(stopped)) from None
             except StaleVersion:
-                # The head moved between the read and this write: a cancel, or a decision
-                # recorded directly (`Decider.decide_or_record` on a step that had no request
-                # when it looked). Read it again: a run that still waits at the step takes
-                # this answer; one that stopped waiting refuses it above, never twice. A head
-                # that keeps moving is left to the desk, which reopens the request.
-                if attempt == RESUME_TRIES:
+                # The head moved between the desk's read and this write: a cancel, or a
+                # decision recorded directly (`Decider.decide_or_record` on a step that had no
+                # request when it looked). Read it again: a run that still waits at the step
+                # takes this answer; one that stopped waiting refuses it above, never twice. A
+                # head that keeps moving is left to the desk, which reopens the request.
+                if tries == RESUME_TRIES:
                     raise
+                tries += 1
+                head = approval.run_id
 
 
 def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> list[str]:
@@ -55,17 +53,10 @@ def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> l
         if not approval.is_expired(now):
             continue
         timeout = round((approval.expires_at - approval.created_at).total_seconds())
-        verdict = expired_verdict(timeout)
         try:
             # Conditional on the step: a person who decided first (the request is then no
             # longer pending) or a run that went on makes this a no-op.
-            engine.decide_waiting(
-                approval.run_id,
-                approved=verdict.approved,
-                by=verdict.by,
-                comment=verdict.comment,
-                step=approval.step,
-            )
+            engine.decide_waiting(approval.run_id, expired_verdict(timeout), step=approval.step)
             resumed.append(approval.run_id)
         except NotWaiting:
             pass

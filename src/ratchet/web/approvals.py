@@ -4,14 +4,15 @@
                                               and link unfurlers fetch every link they see)
     POST /approvals/{id}?...                  decide, once: form fields `decision`, `comment`,
                                               and `answer.<field>` for a request that asks
-                                              for a structured answer (checked here; a
-                                              refusal shows the form again, naming the field)
+                                              for a structured answer (typed here, checked
+                                              on the desk's one path; a refusal shows the
+                                              form again, naming the field)
     POST /slack/interactions                  a verified Slack user pressed Approve or Reject
 
 These routes carry no AWS credentials (a person clicking a link has none): the link's
 signature, Slack's request signature, throttling and unguessable ids protect them, and there
-is no route that lists anything. The same app serves `ratchet serve` locally; the Lambda function is
-`ratchet.handlers.approvals`.
+is no route that lists anything. The same app serves `ratchet serve` locally; the Lambda
+function is `ratchet.handlers.approvals`.
 """
 
 from __future__ import annotations
@@ -103,21 +104,18 @@ class ApprovalRoutes:
             query = self._link_query()
             approved, comment, form = _read_form(self.app.current_event.decoded_body or "")
             desk = self.services().desk
-            answer = None
-            if approved:
-                asked = desk.view(approval_id, query)
-                schema = pages.answer_schema_of(asked)
-                if schema is not None:
-                    try:
-                        answer = answer_from_form(schema, form)
-                    except AnswerInvalid as refused:
-                        page = pages.request_page(
-                            asked, action=_self_url(self.app), refused=str(refused), given=form
-                        )
-                        return _html(HTTPStatus.BAD_REQUEST, page)
-            view = desk.decide_by_link(
-                approval_id, query, approved=approved, comment=comment, answer=answer
-            )
+            asked = desk.view(approval_id, query)
+            schema = pages.answer_schema_of(asked) if approved else None
+            # The form's answer is typed here and checked on the desk's path: either refusal
+            # shows the form again, naming the field.
+            try:
+                answer = answer_from_form(schema, form) if schema is not None else None
+                view = desk.decide_by_link(asked, approved=approved, comment=comment, answer=answer)
+            except AnswerInvalid as refused:
+                page = pages.request_page(
+                    asked, action=_self_url(self.app), refused=str(refused), given=form
+                )
+                return _html(HTTPStatus.BAD_REQUEST, page)
         except ApprovalError as error:
             return _problem(error)
         except RunNotFound as gone:

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from ratchet.approvals.links import LinkClaims, LinkSigner
 from ratchet.approvals.messages import SLACK_APPROVE
 from ratchet.handlers import _wiring, decide, mark_failed
-from ratchet.state import RunStatus
+from ratchet.state import PersonDecided, RunStatus
 from ratchet.waits import ApprovalStatus
 from tests.fake_slack import FakeSlack, button_press, signed_interaction
 from tests.integration.aws.harness import APPROVER, PUBLIC_URL, FakeContext, Page, Stack
@@ -248,7 +248,7 @@ def test_record_decision_for_a_run_decided_another_way_still_closes_the_request(
     # Meanwhile the run's decision is recorded another way, straight on the run: RecordDecision
     # will find it no longer waiting, with the step's request still pending and its token kept.
     elsewhere = _wiring.runtime().engine(worker_id="elsewhere", logger=_wiring.logger)
-    elsewhere.decide_waiting("decided-elsewhere", approved=False, by="bob")
+    elsewhere.decide_waiting("decided-elsewhere", PersonDecided(approved=False, by="bob"))
     assert [a.status for a in stack.approvals("decided-elsewhere")] == [ApprovalStatus.PENDING]
 
     recording.release()
