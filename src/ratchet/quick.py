@@ -76,7 +76,7 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
 
 
 def _say(documents: _Documents, command: _Command) -> str | None:
-    from ratchet import readout
+    from ratchet import readout, summary
 
     if command.name == "list":
         listed = [readout.listed(r) for r in readout.newest_first(documents.runs())]
@@ -92,7 +92,7 @@ def _say(documents: _Documents, command: _Command) -> str | None:
         payload = readout.status_payload(head)
         return readout.json_text(payload) if command.as_json else readout.status_text(payload)
     records = documents.records(run_id, after=command.after)
-    every = [readout.checkpoint_fields(r) for r in records]  # already `history --json` rows
+    every = [summary.checkpoint_fields(r) for r in records]  # already `history --json` rows
     shown, first = readout.history_window(every, after=command.after, last=command.last)
     if command.as_json:
         return readout.json_text(

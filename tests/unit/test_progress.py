@@ -10,10 +10,10 @@ import pytest
 from ratchet import cli
 from ratchet.adapters.sqlite import leases
 from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
-from ratchet.readout import argument_summary, shorten, version_gaps
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
+from ratchet.summary import argument_summary, shorten, version_gaps
 
 
 def test_the_cli_bounds_are_those_of_the_modules_that_own_them():

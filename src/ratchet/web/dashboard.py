@@ -31,14 +31,14 @@ from ratchet.approvals import pages
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import Checkpoint, CheckpointsExpired, Client, NoCheckpointAtStep, Run
 from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
-from ratchet.readout import (
+from ratchet.state import RunState, RunStatus
+from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
     interleaved,
     shorten,
     version_gaps,
 )
-from ratchet.state import RunState, RunStatus
 from ratchet.waits import Approval, ApprovalStatus
 
 RESULT_PREVIEW_CHARS = 160
