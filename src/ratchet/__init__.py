@@ -12,7 +12,7 @@ Names load on first use, so `import ratchet` (and the `ratchet` command) stays f
 
 from __future__ import annotations
 
-# `typing` is not imported at run time: the quick read commands (`ratchet.quick`) start in
+# `typing` is not imported at run time: the quick read commands (`ratchet.cli.quick`) start in
 # less time than it takes to load.
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -68,6 +68,8 @@ FORBIDDEN = [
     ("adapters/sqlite/store.py", "import ratchet.runtime", "ratchet.adapters", "ratchet.runtime"),
     ("scenarios/migration.py", "import ratchet.cli", "ratchet.scenarios", "ratchet.cli"),
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
+    ("client.py", "import ratchet.cli", "ratchet.client", "ratchet.cli"),
+    ("cli/quick.py", "import typer", "ratchet.cli.quick", "typer"),
 ]
 
 

@@ -1,5 +1,5 @@
 """`ratchet status`, `history` and `list` on a SQLite store answer from the store's JSON
-(`ratchet.quick`), without loading pydantic, typer or rich, and say exactly what the full CLI
+(`ratchet.cli.quick`), without loading pydantic, typer or rich, and say exactly what the full CLI
 says: for runs in every status, every kind of checkpoint, priced usage, and heads of every
 schema (the older ones go to the full CLI). What the quick path is unsure of goes to the full
 CLI, which answers or refuses as it always has."""
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 import ratchet
-from ratchet import cli, quick
 from ratchet.adapters.sqlite.leases import Leases
+from ratchet.cli import app as cli
+from ratchet.cli import quick
 from ratchet.errors import StepAttemptFailed
 from ratchet.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
@@ -260,10 +261,10 @@ def test_a_store_flag_a_relative_path_and_uri_characters_in_a_path_are_read(
 def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store):
     probe = (
         "import sys\n"
-        "from ratchet.quick import main\n"
+        "from ratchet.cli.quick import main\n"
         "for args in (['status', 'done'], ['history', 'broken', '--json'], ['list']):\n"
         "    main(args)\n"
-        "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state', 'ratchet.cli'}\n"
+        "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state', 'ratchet.cli.app'}\n"
         "loaded = heavy & set(sys.modules)\n"
         "print('LOADED', sorted(loaded))\n"
     )
@@ -282,4 +283,4 @@ def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store
 def test_the_console_script_is_the_quick_entry_point():
     script = Path(sys.executable).with_name("ratchet").read_text(encoding="utf-8")
 
-    assert "from ratchet.quick import main" in script
+    assert "from ratchet.cli.quick import main" in script

@@ -1,4 +1,4 @@
-"""The pure parts of progress output (`ratchet.progress`) and the option bounds the CLI keeps
+"""The pure parts of progress output (`ratchet.cli.progress`) and the option bounds the CLI keeps
 beside the modules that own them."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from ratchet import cli
 from ratchet.adapters.sqlite import leases
-from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
+from ratchet.cli import app as cli
+from ratchet.cli.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.scenarios.migration_data import MAX_BATCHES
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput

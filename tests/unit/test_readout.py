@@ -1,5 +1,5 @@
-"""The pure parts of the read commands: `ratchet.readout` (what they say) and the forms
-`ratchet.quick` answers, with the constants it keeps beside the modules that own them."""
+"""The pure parts of the read commands: `ratchet.cli.readout` (what they say) and the forms
+`ratchet.cli.quick` answers, with the constants it keeps beside the modules that own them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from ratchet import cli, quick, readout, summary
+from ratchet import summary
 from ratchet.adapters.sqlite.store import RATCHET_APPLICATION_ID
+from ratchet.cli import app as cli
+from ratchet.cli import quick, readout
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
 from ratchet.stored import window_reads
 

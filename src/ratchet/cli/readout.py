@@ -4,7 +4,7 @@ A document is what a store holds as JSON: a run's head (its static part merged i
 checkpoint records (`ratchet.summary.checkpoint_fields` makes its row), a line of the runs
 table; or the same thing dumped from the models (`RunState.model_dump(mode="json")`, ...). The
 functions here are pure and load neither pydantic, typer nor rich, so that a read command
-answers straight from a SQLite file (`ratchet.quick`) in little more than the time Python takes
+answers straight from a SQLite file (`ratchet.cli.quick`) in little more than the time Python takes
 to start, while the full CLI (any store, DynamoDB included) says the same bytes through the same
 functions. Stores leave a head's fields at their defaults out: every read of one here names the
 default.

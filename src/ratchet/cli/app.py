@@ -181,7 +181,7 @@ def _head(runtime: Any, run_id: str) -> RunState:
 
 
 def _print_json(payload: Any) -> None:
-    from ratchet.readout import json_text
+    from ratchet.cli.readout import json_text
 
     sys.stdout.write(json_text(payload))
 
@@ -447,7 +447,7 @@ ProgressJsonOption = Annotated[
 
 
 def _progress_line(report: Any, printer: Any) -> None:
-    from ratchet.progress import line_of_state
+    from ratchet.cli.progress import line_of_state
 
     state = report.state
     printer.show(line_of_state(state, ms=report.ms, before=printer.before(state.run_id)))
@@ -485,7 +485,7 @@ def run(
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
     line per step. With only --run-id, continue that run (after an approval, say)."""
-    from ratchet.progress import ProgressPrinter
+    from ratchet.cli.progress import ProgressPrinter
     from ratchet.state import RunStatus
 
     _require_local_store("run")
@@ -566,8 +566,8 @@ def worker(
     import signal
 
     from ratchet.adapters.sqlite.leases import check_lease_seconds
+    from ratchet.cli.progress import ProgressPrinter
     from ratchet.faults import FaultPlan
-    from ratchet.progress import ProgressPrinter
     from ratchet.worker import Worker, check_worker_id
 
     _require_local_store("worker")
@@ -625,19 +625,19 @@ def _status_text(state: RunState) -> str:
 
 def status_payload(state: RunState) -> dict[str, Any]:
     """What `ratchet status --json` prints of `state`."""
-    from ratchet.readout import status_payload as payload_of
+    from ratchet.cli.readout import status_payload as payload_of
 
     return payload_of(state.model_dump(mode="json"))
 
 
-# A SQLite store's read commands are answered by `ratchet.quick` before this module loads;
-# these answer for any store, through the same `ratchet.readout`.
+# A SQLite store's read commands are answered by `ratchet.cli.quick` before this module loads;
+# these answer for any store, through the same `ratchet.cli.readout`.
 
 
 @app.command()
 def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
     """Where a run stands, with its token usage and estimated cost."""
-    from ratchet.readout import json_text, status_text
+    from ratchet.cli.readout import json_text, status_text
 
     client = _client(create=False, logs=False)
     try:
@@ -664,7 +664,7 @@ def history(
 ) -> None:
     """One row per checkpoint: what happened (in words), the tool, its arguments and result,
     who decided, worker, bytes, time, model tokens. Versions without a row are explained."""
-    from ratchet.readout import (
+    from ratchet.cli.readout import (
         history_payload,
         history_row,
         history_text,
@@ -706,7 +706,7 @@ def list_runs(
     ] = None,
 ) -> None:
     """Every run in the store, most recently updated first."""
-    from ratchet.readout import json_text, list_text, listed
+    from ratchet.cli.readout import json_text, list_text, listed
 
     client = _client(create=False, logs=False)
     try:
@@ -734,7 +734,7 @@ def watch(
     cancelled, failed or waiting for a person. Exit 1 if it failed, else 0."""
     import time
 
-    from ratchet.progress import ProgressPrinter, line_of_checkpoint
+    from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
     from ratchet.state import RunStatus
 
     client = _client(create=False, logs=False)
@@ -1068,7 +1068,7 @@ def demo(
     ] = False,
 ) -> None:
     """The offline demo: a migration agent survives SIGKILL mid-step and waits for approval."""
-    from ratchet.demo import run_demo
+    from ratchet.cli.demo import run_demo
 
     _require_local_store("demo")
     raise typer.Exit(run_demo(out, batches=batches, keep=keep))
@@ -1247,7 +1247,3 @@ def _bad_input(error: UsageError) -> Any:
         if found and "input" in found[0]:
             return found[0]["input"]
     return None
-
-
-if __name__ == "__main__":
-    main()
