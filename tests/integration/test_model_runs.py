@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 import ratchet
-from ratchet.cli.app import status_payload
+from ratchet.cli.inspection import status_payload
 from ratchet.engine.core import Binding, Engine, Outcome, view_of
 from ratchet.engine.prompt import render_step_prompt
 from ratchet.engine.transitions import replay

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ratchet.adapters.sqlite import leases
-from ratchet.cli import app as cli
+from ratchet.cli import options
 from ratchet.cli.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.runs import MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.scenarios.migration_data import MAX_BATCHES
@@ -17,11 +17,11 @@ from ratchet.summary import argument_summary, shorten, version_gaps
 
 
 def test_the_cli_bounds_are_those_of_the_modules_that_own_them():
-    assert (cli.MIN_LEASE_SECONDS, cli.MAX_LEASE_SECONDS) == (
+    assert (options.MIN_LEASE_SECONDS, options.MAX_LEASE_SECONDS) == (
         leases.MIN_LEASE_SECONDS,
         leases.MAX_LEASE_SECONDS,
     )
-    assert (cli.MAX_STEPS, cli.MAX_TOOL_LATENCY_MS, cli.MAX_BATCHES) == (
+    assert (options.MAX_STEPS, options.MAX_TOOL_LATENCY_MS, options.MAX_BATCHES) == (
         MAX_STEPS,
         MAX_TOOL_LATENCY_MS,
         MAX_BATCHES,

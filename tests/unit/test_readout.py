@@ -9,8 +9,7 @@ import pytest
 
 from ratchet import summary
 from ratchet.adapters.sqlite.store import RATCHET_APPLICATION_ID
-from ratchet.cli import app as cli
-from ratchet.cli import quick, readout
+from ratchet.cli import options, quick, readout
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
 from ratchet.stored import window_reads
 
@@ -20,7 +19,7 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
-    assert quick.MAX_ROWS == cli.MAX_ROWS
+    assert quick.MAX_ROWS == options.MAX_ROWS
     assert quick.MAX_MEMORY_WINDOW == MAX_MEMORY_WINDOW
     assert window_reads(MAX_MEMORY_WINDOW) == 4 * (quick.MAX_MEMORY_WINDOW + 1)
 

@@ -38,8 +38,8 @@ STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancel
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
 """The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it."""
 MAX_ROWS = 100_000
-"""`ratchet.cli.app.MAX_ROWS`, the most `list --limit` and `history --last` take: past it, the full
-CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
+"""`ratchet.cli.options.MAX_ROWS`, the most `list --limit` and `history --last` take: past it,
+the full CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 SQLITE_SCHEME = "sqlite:///"
 
