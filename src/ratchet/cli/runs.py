@@ -222,21 +222,7 @@ def run(
         )
     finally:
         client.close()
-    if as_json:
-        print_json({**status_payload(final), "approval_link": link})
-        if final.status is RunStatus.FAILED:
-            raise typer.Exit(1)
-        return
-    say(f"{final.run_id}: {_status_text(final)}")
-    if final.summary:
-        say(final.summary, lines=True)
-    if final.status is RunStatus.WAITING and final.waiting:
-        say(f"Waiting for a person: {final.waiting.request.prompt}")
-        say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
-        say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
-    if final.status is RunStatus.FAILED:
-        say(f"run failed: {final.error}", console=err)
-        raise typer.Exit(1)
+    _say_where_it_stands(final, link, as_json=as_json)
 
 
 def worker(
@@ -431,6 +417,27 @@ def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
     )
+
+
+def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) -> None:
+    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed)."""
+    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
+
+    if as_json:
+        print_json({**status_payload(final), "approval_link": link})
+        if final.status is RunStatus.FAILED:
+            raise typer.Exit(1)
+        return
+    say(f"{final.run_id}: {_status_text(final)}")
+    if final.summary:
+        say(final.summary, lines=True)
+    if final.status is RunStatus.WAITING and final.waiting:
+        say(f"Waiting for a person: {final.waiting.request.prompt}")
+        say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
+        say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
+    if final.status is RunStatus.FAILED:
+        say(f"run failed: {final.error}", console=err)
+        raise typer.Exit(1)
 
 
 def _status_text(state: RunState) -> str:
