@@ -5,7 +5,7 @@
 
 It makes a store of its own in a temporary directory, with one migration run waiting for a
 person, and times the installed console script (the one beside this Python). The read
-commands answer through `ratchet.quick` (sqlite3 and json, no pydantic, typer or rich); `--help`
+commands answer through `ratchet.cli.quick` (sqlite3 and json, no pydantic, typer or rich); `--help`
 loads the full CLI. The target (issue 10): a read command in a quarter of the time `--help`
 takes. The machine is shared and noisy: compare the figures of one run of the bench, not
 across runs.

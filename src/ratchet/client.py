@@ -33,7 +33,6 @@ from ratchet.engine.fold import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.pricing import estimate
-from ratchet.readout import checkpoint_fields, usage_totals
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.runtime import Runtime, open_runtime
 from ratchet.state import (
@@ -46,6 +45,7 @@ from ratchet.state import (
     Usage,
     utcnow,
 )
+from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 

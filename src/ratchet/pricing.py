@@ -28,7 +28,7 @@ from itertools import chain
 from ratchet.errors import InvalidInput
 
 # Neither pydantic (until `RATCHET_PRICES` is set) nor `typing` nor `dataclasses` load here:
-# `ratchet status` prices a run on its quick path (`ratchet.quick`).
+# `ratchet status` prices a run on its quick path (`ratchet.cli.quick`).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

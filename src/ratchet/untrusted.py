@@ -11,7 +11,7 @@
   move the cursor, clear the screen, retitle the window or reorder what a person reads.
 
 Nothing here loads more than `json` and `re` (which `json` loads anyway): the quick read
-commands (`ratchet.quick`) use it too.
+commands (`ratchet.cli.quick`) use it too.
 """
 
 from __future__ import annotations

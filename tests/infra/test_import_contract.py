@@ -76,6 +76,8 @@ FORBIDDEN = [
     ),
     ("scenarios/migration.py", "import ratchet.cli", "ratchet.scenarios", "ratchet.cli"),
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
+    ("client.py", "import ratchet.cli", "ratchet.client", "ratchet.cli"),
+    ("cli/quick.py", "import typer", "ratchet.cli.quick", "typer"),
 ]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from werkzeug.test import Client as HttpClient
 
-from ratchet.quick import main as ratchet
+from ratchet.cli.quick import main as ratchet
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.services import local_runs_services
 from ratchet.web.dashboard import local_app as dashboard_app

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
 
 
-from ratchet.cli import status_payload
+from ratchet.cli.inspection import status_payload
 from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration

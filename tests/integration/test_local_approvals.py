@@ -32,7 +32,7 @@ from ratchet.adapters.stepfunctions import verdict_from_answer
 from ratchet.approvals.desk import ApprovalDesk, Decider, decided_text
 from ratchet.approvals.links import LinkClaims
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT, slack_button_value
-from ratchet.cli import app as cli_app
+from ratchet.cli.app import app as cli_app
 from ratchet.client import Client as RatchetClient
 from ratchet.engine import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
@@ -938,7 +938,7 @@ class HeldResumer:
 
 def local_cli(local: Local, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[int, str]:
     """`ratchet <args>` on the local store, in this process: its exit code and stderr."""
-    from ratchet import cli
+    from ratchet.cli import app as cli
 
     monkeypatch.setenv("RATCHET_STORE", f"sqlite:///{local.runtime.db.path}")
     err = io.StringIO()

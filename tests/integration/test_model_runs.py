@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 import ratchet
-from ratchet.cli import status_payload
+from ratchet.cli.inspection import status_payload
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.engine.fold import replay
 from ratchet.engine.prompt import render_step_prompt, view_of

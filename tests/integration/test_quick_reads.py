@@ -1,5 +1,5 @@
 """`ratchet status`, `history` and `list` on a SQLite store answer from the store's JSON
-(`ratchet.quick`), without loading pydantic, typer or rich, and say exactly what the full CLI
+(`ratchet.cli.quick`), without loading pydantic, typer or rich, and say exactly what the full CLI
 says: for runs in every status, every kind of checkpoint, priced usage, and heads of every
 schema (the older ones go to the full CLI). What the quick path is unsure of goes to the full
 CLI, which answers or refuses as it always has."""
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 import ratchet
-from ratchet import cli, quick
 from ratchet.adapters.sqlite.leases import SqliteLeases
+from ratchet.cli import app as cli
+from ratchet.cli import options, quick
 from ratchet.errors import StepAttemptFailed
 from ratchet.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
@@ -144,8 +145,8 @@ def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
         ["history", "--last=3", "run", "--after", "1"],
         ["history", "done", "--after", "999"],
         ["history", "broken", "--last", "1000", "--json"],
-        ["list", "--limit", str(cli.MAX_ROWS)],
-        ["history", "done", "--last", str(cli.MAX_ROWS)],
+        ["list", "--limit", str(options.MAX_ROWS)],
+        ["history", "done", "--last", str(options.MAX_ROWS)],
     ],
 )
 def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, args):
@@ -224,7 +225,7 @@ def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, c
         (["list", "--status", ""], {}),
         (["list", "--limit", "0"], {}),  # out of range: the full CLI refuses it
         (["list", "--limit", "1000000"], {}),
-        (["list", "--limit", str(cli.MAX_ROWS + 1)], {}),
+        (["list", "--limit", str(options.MAX_ROWS + 1)], {}),
         (["history", "done", "--last", "1000000"], {}),
         (["show", "done"], {}),
         (["--store", "dynamodb://t?ledger=l&app=a&region=eu-west-1", "status", "done"], {}),
@@ -263,11 +264,13 @@ def test_a_store_flag_a_relative_path_and_uri_characters_in_a_path_are_read(
 def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store):
     probe = (
         "import sys\n"
-        "from ratchet.quick import main\n"
+        "from ratchet.cli.quick import main\n"
         "for args in (['status', 'done'], ['history', 'broken', '--json'], ['list']):\n"
         "    main(args)\n"
-        "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state', 'ratchet.cli'}\n"
-        "loaded = heavy & set(sys.modules)\n"
+        "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state'}\n"
+        "quick = {'ratchet.cli.quick', 'ratchet.cli.readout'}\n"
+        "full = {m for m in sys.modules if m.startswith('ratchet.cli.') and m not in quick}\n"
+        "loaded = heavy & set(sys.modules) | full\n"
         "print('LOADED', sorted(loaded))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
@@ -282,7 +285,33 @@ def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store
     assert "finished: failed" in done.stdout
 
 
+def test_the_full_cli_answers_help_and_refuses_an_option_before_loading_the_run_models():
+    # Typer reads every command's options first: the command modules import the runtime, the
+    # client and the run models inside the commands (ratchet.cli.context says why). Typer's
+    # own bounds checks load pydantic itself, so only Ratchet's models are looked for.
+    probe = (
+        "import sys\n"
+        "from ratchet.cli.app import main\n"
+        "for args in (['--help'], ['start', '--max-steps', '0'], ['gc', '--help']):\n"
+        "    try:\n"
+        "        main(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = {'ratchet.state', 'ratchet.client', 'ratchet.runtime.local'}\n"
+        "print('LOADED', sorted(heavy & set(sys.modules)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
+
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "LOADED []"
+    assert "--max-steps must be a whole number from 1 to 10000" in done.stderr
+
+
 def test_the_console_script_is_the_quick_entry_point():
     script = Path(sys.executable).with_name("ratchet").read_text(encoding="utf-8")
 
-    assert "from ratchet.quick import main" in script
+    assert "from ratchet.cli.quick import main" in script

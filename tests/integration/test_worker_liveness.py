@@ -636,7 +636,7 @@ def test_the_cli_worker_skips_an_unreadable_run_and_ends(tmp_path):
 
 def test_ratchet_worker_stopping_beside_an_abandoned_call_says_so_and_exits_1(monkeypatch, capsys):
     # Nothing the user typed was wrong: not the exit 2 of bad input
-    from ratchet import cli
+    from ratchet.cli import app as cli
 
     def stops(*args: Any, **kwargs: Any) -> None:
         raise AbandonedCallRunning("run", 4, 30.0)

@@ -1,4 +1,4 @@
-"""The pure parts of progress output (`ratchet.progress`) and the option bounds the CLI keeps
+"""The pure parts of progress output (`ratchet.cli.progress`) and the option bounds the CLI keeps
 beside the modules that own them."""
 
 from __future__ import annotations
@@ -7,17 +7,20 @@ import json
 
 import pytest
 
-from ratchet import cli
+from ratchet.cli import options
+from ratchet.cli.progress import StepLine, json_object, line_of_state, plain_line, position
 from ratchet.ports import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from ratchet.progress import StepLine, json_object, line_of_state, plain_line, position
-from ratchet.readout import argument_summary, shorten, version_gaps
 from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
+from ratchet.summary import argument_summary, shorten, version_gaps
 
 
 def test_the_cli_bounds_are_those_of_the_modules_that_own_them():
-    assert (cli.MIN_LEASE_SECONDS, cli.MAX_LEASE_SECONDS) == (MIN_LEASE_SECONDS, MAX_LEASE_SECONDS)
-    assert (cli.MAX_STEPS, cli.MAX_TOOL_LATENCY_MS, cli.MAX_BATCHES) == (
+    assert (options.MIN_LEASE_SECONDS, options.MAX_LEASE_SECONDS) == (
+        MIN_LEASE_SECONDS,
+        MAX_LEASE_SECONDS,
+    )
+    assert (options.MAX_STEPS, options.MAX_TOOL_LATENCY_MS, options.MAX_BATCHES) == (
         MAX_STEPS,
         MAX_TOOL_LATENCY_MS,
         MAX_BATCHES,

@@ -1,5 +1,5 @@
-"""The pure parts of the read commands: `ratchet.readout` (what they say) and the forms
-`ratchet.quick` answers, with the constants it keeps beside the modules that own them."""
+"""The pure parts of the read commands: `ratchet.cli.readout` (what they say) and the forms
+`ratchet.cli.quick` answers, with the constants it keeps beside the modules that own them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from ratchet import cli, quick, readout
+from ratchet import summary
 from ratchet.adapters.sqlite.database import RATCHET_APPLICATION_ID
+from ratchet.cli import options, quick, readout
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
 from ratchet.stored import window_reads
 
@@ -18,7 +19,7 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
-    assert quick.MAX_ROWS == cli.MAX_ROWS
+    assert quick.MAX_ROWS == options.MAX_ROWS
     assert quick.MAX_MEMORY_WINDOW == MAX_MEMORY_WINDOW
     assert window_reads(MAX_MEMORY_WINDOW) == 4 * (quick.MAX_MEMORY_WINDOW + 1)
 
@@ -26,9 +27,9 @@ def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
 def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does():
     usage = Usage(input_tokens=100, cache_read_tokens=900, cache_write_tokens=900, calls=2)
 
-    totals = readout.usage_totals({"input_tokens": 100, "cache_read_tokens": 900, "calls": 2})
+    totals = summary.usage_totals({"input_tokens": 100, "cache_read_tokens": 900, "calls": 2})
 
-    assert readout.usage_totals(usage.model_dump())["cached_share"] == round(usage.cached_share, 4)
+    assert summary.usage_totals(usage.model_dump())["cached_share"] == round(usage.cached_share, 4)
     assert totals == {
         "input_tokens": 100,
         "output_tokens": 0,
@@ -37,7 +38,7 @@ def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does()
         "calls": 2,
         "cached_share": 0.9,
     }
-    assert readout.usage_totals(None)["cached_share"] == 0.0
+    assert summary.usage_totals(None)["cached_share"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_status_shows_stored_text_escaped_and_its_json_stays_the_same_value():
     payload = {"run_id": "r1", "status": "done", "summary": HOSTILE, "usage": None}
 
     said = readout.status_text(
-        {**payload, "usage": readout.usage_totals(None), "cost_usd": None, "attempts": 0}
+        {**payload, "usage": summary.usage_totals(None), "cost_usd": None, "attempts": 0}
         | dict.fromkeys(("error", "failed_step", "not_before", "waiting", "input"))
         | {"waiting_details": None, "goal": "g", "agent": "a", "model": "m", "max_steps": 1}
         | {"step": 1, "version": 2, "updated_at": "2026-12-01T13:00:00+00:00"}

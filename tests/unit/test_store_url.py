@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ratchet.cli import app
+from ratchet.cli.app import app
 from ratchet.errors import InvalidInput
 from ratchet.runtime import DynamoDbStoreUrl as DynamoDbStore
 

@@ -38,14 +38,14 @@ from ratchet.client import (
     RunListed,
 )
 from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
-from ratchet.readout import (
+from ratchet.state import RunState, RunStatus
+from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
     interleaved,
     shorten,
     version_gaps,
 )
-from ratchet.state import RunState, RunStatus
 from ratchet.waits import Approval, ApprovalStatus
 
 RESULT_PREVIEW_CHARS = 160

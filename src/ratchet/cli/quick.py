@@ -4,10 +4,10 @@
 `--store`) are what a person types most, often in a loop. Loading the full CLI (typer, rich)
 and the run models (pydantic) costs more than ten times what reading the answer does, so on a
 SQLite store these commands read the store's JSON with `sqlite3` and say it through
-`ratchet.readout`, the functions the full CLI says it with. Anything else, and anything this
+`ratchet.cli.readout`, the functions the full CLI says it with. Anything else, and anything this
 path is not sure of (another store, a head of an older schema, a run that is not there, an
 option it does not know, a `RATCHET_*` setting the full CLI would check), goes to the full CLI
-(`ratchet.cli`), which answers or refuses as it always does. Nothing here writes.
+(`ratchet.cli.app`), which answers or refuses as it always does. Nothing here writes.
 
 `bench/cli_start.py` measures both paths; `tests/integration/test_quick_reads.py` holds their
 output equal, byte for byte.
@@ -38,8 +38,8 @@ STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancel
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
 """The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it."""
 MAX_ROWS = 100_000
-"""`ratchet.cli.MAX_ROWS`, the most `list --limit` and `history --last` take: past it, the full
-CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
+"""`ratchet.cli.options.MAX_ROWS`, the most `list --limit` and `history --last` take: past it,
+the full CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 SQLITE_SCHEME = "sqlite:///"
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     said = answer(args, os.environ)
     if said is None:
-        from ratchet.cli import main as full
+        from ratchet.cli.app import main as full
 
         full(args)
         return
@@ -76,7 +76,8 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
 
 
 def _say(documents: _Documents, command: _Command) -> str | None:
-    from ratchet import readout
+    from ratchet import summary
+    from ratchet.cli import readout
 
     if command.name == "list":
         listed = [readout.listed(r) for r in readout.newest_first(documents.runs())]
@@ -92,7 +93,7 @@ def _say(documents: _Documents, command: _Command) -> str | None:
         payload = readout.status_payload(head)
         return readout.json_text(payload) if command.as_json else readout.status_text(payload)
     records = documents.records(run_id, after=command.after)
-    every = [readout.checkpoint_fields(r) for r in records]  # already `history --json` rows
+    every = [summary.checkpoint_fields(r) for r in records]  # already `history --json` rows
     shown, first = readout.history_window(every, after=command.after, last=command.last)
     if command.as_json:
         return readout.json_text(

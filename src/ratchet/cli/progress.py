@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ratchet.readout import argument_summary, shorten
+from ratchet.summary import argument_summary, shorten
 from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:

@@ -1,12 +1,13 @@
 """What the read commands say (`ratchet status`, `history`, `list`), from a run's documents.
 
 A document is what a store holds as JSON: a run's head (its static part merged in), one of its
-checkpoint records, a line of the runs table; or the same thing dumped from the models
-(`RunState.model_dump(mode="json")`, ...). The functions here are pure and load neither
-pydantic, typer nor rich, so that a read command answers straight from a SQLite file
-(`ratchet.quick`) in little more than the time Python takes to start, while the full CLI (any
-store, DynamoDB included) says the same bytes through the same functions. Stores leave a
-head's fields at their defaults out: every read of one here names the default.
+checkpoint records (`ratchet.summary.checkpoint_fields` makes its row), a line of the runs
+table; or the same thing dumped from the models (`RunState.model_dump(mode="json")`, ...). The
+functions here are pure and load neither pydantic, typer nor rich, so that a read command
+answers straight from a SQLite file (`ratchet.cli.quick`) in little more than the time Python takes
+to start, while the full CLI (any store, DynamoDB included) says the same bytes through the same
+functions. Stores leave a head's fields at their defaults out: every read of one here names the
+default.
 """
 
 from __future__ import annotations
@@ -14,37 +15,29 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from ratchet.pricing import PRICES_AS_OF, estimate
+from ratchet.summary import (
+    UNRECORDED_VERSIONS,
+    argument_summary,
+    interleaved,
+    iso,
+    shorten,
+    usage_totals,
+    version_gaps,
+)
 from ratchet.untrusted import for_terminal, json_for_terminal
 
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
     from typing import Any
 
-USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "calls")
-_EVENTS_WITH_USAGE = frozenset({"step", "attempt_failed", "finished"})
-ARGUMENTS_CHARS = 60
-"""A call's arguments are cut to this many characters where a line shows them."""
 GOAL_CHARS = 200
 """`ratchet status` shows the goal cut to this many characters (`--json` has all of it)."""
 FINISHED = frozenset({"done", "failed", "stopped", "cancelled"})
 """`ratchet.state.FINISHED`, by value (a unit test holds them equal)."""
-
-
-def iso(value: str | datetime) -> str:
-    """A time as `datetime.isoformat` writes it (`+00:00`, where pydantic's JSON says `Z`)."""
-    return (datetime.fromisoformat(value) if isinstance(value, str) else value).isoformat()
-
-
-def usage_totals(usage: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Token counts (absent ones 0) and the share of the input read from the prompt cache."""
-    counts = {name: int((usage or {}).get(name, 0)) for name in USAGE_COUNTS}
-    prompt = counts["input_tokens"] + counts["cache_read_tokens"] + counts["cache_write_tokens"]
-    share = counts["cache_read_tokens"] / prompt if prompt else 0.0
-    return {**counts, "cached_share": round(share, 4)}
 
 
 # --- status -----------------------------------------------------------------------------------
@@ -126,69 +119,6 @@ def usage_text(usage: Mapping[str, Any]) -> str:
 
 
 # --- history ----------------------------------------------------------------------------------
-
-
-def checkpoint_fields(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A `history` row (the fields of `ratchet.client.Checkpoint`) from a checkpoint record:
-    `version`, `step`, `status`, `worker`, `bytes`, `time` and the `event` document."""
-    event = record["event"]
-    usage = event.get("usage") if event["kind"] in _EVENTS_WITH_USAGE else None
-    return {
-        "version": record["version"],
-        "step": record["step"],
-        "status": record["status"],
-        "event": event["kind"],
-        "worker": record["worker"],
-        "bytes": record["bytes"],
-        "time": iso(record["time"]),
-        "usage": usage_totals(usage) if usage is not None else None,
-        "explanation": "",
-        "tool": None,
-        "arguments": None,
-        "result": None,
-        "by": None,
-        "comment": None,
-        "error": None,
-        "duration_ms": None,
-        "attempt": None,
-        **described(event),
-    }
-
-
-def described(event: Mapping[str, Any]) -> dict[str, Any]:
-    """What one event says of itself: what ran, who decided, what failed, and the write in
-    words ("step committed", "person decided by dana: approved: ok", ...)."""
-    kind = event["kind"]
-    if kind == "step":
-        said = "step committed" + ("; asked a person" if event.get("wait") is not None else "")
-        call = event["call"]
-        return {
-            "tool": call["name"],
-            "arguments": dict(call.get("arguments") or {}),
-            "result": event["output"]["text"],
-            "duration_ms": event["duration_ms"],
-            "attempt": event["attempt"],
-            "explanation": said,
-        }
-    if kind == "decided":
-        said = f"person decided by {event['by']}: {'approved' if event['approved'] else 'rejected'}"
-        comment = event.get("comment", "")
-        return {
-            "by": event["by"],
-            "comment": comment,
-            "explanation": f"{said}: {comment}" if comment else said,
-        }
-    if kind == "attempt_failed":
-        error = event["error"]
-        said = f"attempt {event['attempt']} at step {event['step']} failed: {error}"
-        return {"error": error, "attempt": event["attempt"], "explanation": said}
-    if kind == "finished":
-        said = f"finished: {event['status']}"
-        why = event.get("error") or event.get("summary")
-        return {"error": event.get("error"), "explanation": f"{said}: {why}" if why else said}
-    if kind == "retried":
-        return {"by": event["by"], "explanation": f"retried by {event['by']}"}
-    return {"explanation": "created"}
 
 
 def history_row(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,22 +206,6 @@ def history_text(
     if any(line[3] == "attempt counted (no record)" for line in lines):
         said += f"Versions without a row: {UNRECORDED_VERSIONS}.\n"
     return said
-
-
-def interleaved(versions: Sequence[int], gaps: Iterable[tuple[int, int]]) -> Iterator[int | str]:
-    """The rows of a history in order, by their index in `versions` (ascending), each run of
-    versions without a row as its span (`"3"`, `"3..5"`) just before the first row past it."""
-    pending = sorted(gaps)
-    for index, version in enumerate(versions):
-        while pending and pending[0][0] < version:
-            yield _span(*pending.pop(0))
-        yield index
-    for gap in pending:
-        yield _span(*gap)
-
-
-def _span(first: int, last: int) -> str:
-    return f"{first}" if first == last else f"{first}..{last}"
 
 
 _WORDS = (3, 4)
@@ -389,45 +303,6 @@ def list_text(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 # --- printing ---------------------------------------------------------------------------------
-
-
-def shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: max(limit - 1, 0)] + "…"
-
-
-def argument_summary(arguments: Mapping[str, Any] | None, limit: int = ARGUMENTS_CHARS) -> str:
-    """`batch=2, table="orders"`: each value as compact JSON, the whole cut to `limit`."""
-    if not arguments:
-        return ""
-    pairs = (
-        f"{name}={json.dumps(value, ensure_ascii=False, default=str, separators=(',', ':'))}"
-        for name, value in arguments.items()
-    )
-    return shorten(", ".join(pairs), limit)
-
-
-def version_gaps(
-    versions: list[int], head_version: int, *, first: int | None = None
-) -> list[tuple[int, int]]:
-    """The version ranges no checkpoint records, as (first, last): each was an attempt
-    counted at the next step (or a counted attempt given back) before its work started,
-    a write to the head alone. `versions` is the history's, oldest first, from version
-    `first` (default: its first) on."""
-    gaps = []
-    expected = first if first is not None else versions[0] if versions else 1
-    for version in [*versions, head_version + 1]:
-        if version > expected:
-            gaps.append((expected, version - 1))
-        expected = max(expected, version + 1)
-    return gaps
-
-
-UNRECORDED_VERSIONS = (
-    "attempts counted (or given back) at the next step: a write to the head alone, with no "
-    "checkpoint record"
-)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -1,0 +1,13 @@
+"""The `ratchet` command.
+
+- `quick`: the entry point. The read commands on a SQLite store answer there, before typer,
+  rich or pydantic load, through `readout` (what status, history and list print); anything
+  else goes to the full CLI.
+- `app`: the full CLI, its typer app and `main`; the commands live by group in `runs` (start,
+  run, worker), `inspection` (status, history, list, watch, show, verify, replay), `decisions`
+  (approve, reject, link, retry, cancel, fork), `housekeeping` (migrate, gc) and `serve`
+  (serve, demo), which share `options` (what they take) and `context` (what they act through).
+- `progress`: the line per step that run, worker and watch print; `demo`: the offline demo.
+
+This `__init__` imports nothing, so that importing `ratchet.cli.quick` stays quick.
+"""

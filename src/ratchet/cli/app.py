@@ -1,0 +1,143 @@
+"""The `ratchet` command: start runs, work them, inspect them, decide on them, run the demo.
+
+Bad input never ends in a traceback or a changed store: it is one line on stderr and exit
+code 2. Read commands print one JSON object with `--json`.
+
+The store is a local SQLite file (`sqlite:///path.db`, the default) or, for the read commands
+(`status`, `history`, `show`, `verify`), the tables of a deployed stack:
+`dynamodb://<checkpoints table>?ledger=<idempotency table>&app=<app table>&region=<region>`,
+plus `&endpoint=<url>` for DynamoDB Local or moto. Runs on AWS start and are decided through
+the stack's API, so the commands that write refuse a `dynamodb://` store.
+
+Here are the typer app, its commands (each from the module of its group) and `main`, which
+makes bad input of any kind one line and an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import typer
+
+# Typer vendors click; its usage errors are only importable from the vendored package.
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+from ratchet.cli import decisions, housekeeping, inspection, runs, serve
+from ratchet.cli.context import err, global_options, say
+from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "start": runs.start,
+    "run": runs.run,
+    "worker": runs.worker,
+    "status": inspection.status,
+    "history": inspection.history,
+    "list": inspection.list_runs,
+    "watch": inspection.watch,
+    "show": inspection.show,
+    "approve": decisions.approve,
+    "reject": decisions.reject,
+    "link": decisions.link,
+    "serve": serve.serve,
+    "verify": inspection.verify,
+    "migrate": housekeeping.migrate,
+    "gc": housekeeping.gc,
+    "demo": serve.demo,
+    "retry": decisions.retry,
+    "cancel": decisions.cancel,
+    "fork": decisions.fork,
+    "replay": inspection.replay,
+}
+"""Every command, in the order `ratchet --help` lists them."""
+
+app = typer.Typer(
+    name="ratchet",
+    help="Run long LLM agents that survive crashes, deploys and week-long waits for a person.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.callback()(global_options)
+for name, command in COMMANDS.items():
+    app.command(name)(command)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point. Bad input of any kind (a usage error, text that is not UTF-8, a value out
+    of range, a store that is not Ratchet's) is one line on stderr and exit code 2; an agent
+    module interrupted while it is imported is one line and exit code 130; a worker that must
+    stop beside a call it abandoned (nothing the user typed was wrong) is one line and exit 1."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _check_text(args)
+        code = app(args=args, prog_name="ratchet", standalone_mode=False)
+    except NoArgsIsHelpError as error:
+        error.show()
+        sys.exit(2)
+    except UsageError as error:
+        _refuse(_usage_line(error))
+    except typer.Abort:
+        _refuse("aborted", code=1)
+    except ImportInterrupted as error:
+        _refuse(str(error), code=130)
+    except AbandonedCallRunning as error:
+        _refuse(str(error), code=1)
+    except RatchetError as error:
+        _refuse(str(error))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(message: str, *, code: int = 2) -> NoReturn:
+    say(f"ratchet: {' '.join(message.split())}", console=err)
+    sys.exit(code)
+
+
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(args: Sequence[str]) -> None:
+    """Refuse an argument that is not UTF-8 before any command runs. Python decodes such
+    bytes as lone surrogates, which no store, log line or terminal can take."""
+    for index, arg in enumerate(args):
+        if not _NOT_UTF8.search(arg):
+            continue
+        name, equals, value = arg.partition("=")
+        if arg.startswith("--") and equals:
+            what, arg = name, value
+        elif index > 0 and args[index - 1].startswith("-") and "=" not in args[index - 1]:
+            what = args[index - 1]
+        else:
+            what = f"argument {index + 1}"
+        raise InvalidInput(f"{what} is not valid UTF-8: {os.fsencode(arg)!r}")
+
+
+def _usage_line(error: UsageError) -> str:
+    """Click's usage error in one line: what is wrong, the range of a number out of it, and
+    where to read the usage."""
+    message = error.format_message()
+    param = getattr(error, "param", None)
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    if low is not None and high is not None:
+        kind = "a number" if isinstance(low, float) or isinstance(high, float) else "a whole number"
+        hint = "/".join(getattr(param, "opts", [])) or getattr(param, "name", "the value")
+        got = _bad_input(error)
+        message = f"{hint} must be {kind} from {low:g} to {high:g}" + (
+            f", not {got!r}" if got is not None else ""
+        )
+    command = error.ctx.command_path if error.ctx is not None else "ratchet"
+    return f"{message} (see: {command} --help)"
+
+
+def _bad_input(error: UsageError) -> Any:
+    cause = error.__cause__
+    errors = getattr(cause, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found and "input" in found[0]:
+            return found[0]["input"]
+    return None

@@ -1,0 +1,164 @@
+"""What every command acts through: the store the options name (its settings, runtime and
+client), the consoles it prints to, and who runs it.
+
+The runtime, the client, the logger and whatever else is built on the run models are imported
+inside the functions that use them, here and in the command modules: typer reads the options of
+every command before it runs one, and `ratchet --help` or an option refused should not wait for
+them (the run models alone would about double that time).
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from ratchet.cli.options import StoreOption
+from ratchet.cli.readout import json_text
+from ratchet.errors import InvalidInput, RunNotFound
+from ratchet.untrusted import for_terminal
+
+if TYPE_CHECKING:
+    from ratchet.state import RunState
+
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _Globals:
+    store: str | None = None
+
+
+def global_options(store: StoreOption = None) -> None:
+    _Globals.store = store
+    # A run started with `--agent my_module:agent` is later worked and verified by other
+    # `ratchet` processes; the console script does not put the current directory on the path.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def settings(store: str | None = None) -> Any:
+    """The local settings from the environment, on the store `store` or `--store` names."""
+    from ratchet.runtime.local import LocalSettings  # the run models (see above)
+
+    from_env = LocalSettings.from_env()
+    chosen = store or _Globals.store
+    return from_env.model_copy(update={"store": chosen}) if chosen else from_env
+
+
+def open_runtime(*, create: bool, store: str | None = None) -> Any:
+    from ratchet.runtime import runtime_for
+
+    return runtime_for(settings(store), create=create)
+
+
+def open_client(*, create: bool, worker_id: str | None = None, logs: bool = True) -> Any:
+    """The Python client the commands act through, on the store the options name. A read
+    command (`logs=False`) logs nothing, and so skips loading the JSON logger."""
+    from ratchet.client import Client  # the run models (see above)
+    from ratchet.faults import FaultPlan
+    from ratchet.runtime import runtime_for
+
+    chosen = settings()
+    return Client(
+        runtime_for(chosen, create=create),
+        worker_id=worker_id or cli_worker_id(),
+        logger=stderr_logger() if logs else None,
+        faults=FaultPlan.parse(chosen.fault),
+        channel="cli",
+    )
+
+
+_ON_AWS = {
+    "start": "runs on AWS start through the stack's API",
+    "run": "runs on AWS start through the stack's API, and the state machine works them",
+    "worker": "on AWS the state machine works runs; there is no worker to start",
+    "approve": "on AWS a person decides through the emailed link or Slack, and a program "
+    "through POST /runs/RUN/approve on the stack's API",
+    "reject": "on AWS a person decides through the emailed link or Slack, and a program "
+    "through POST /runs/RUN/reject on the stack's API",
+    "demo": "the demo runs on a local store of its own",
+    "link": "on AWS approval links are sent by email or Slack when a run parks",
+    "serve": "on AWS the stack's API serves the approval pages",
+    # On AWS a steered run needs its execution started or stopped, which only the API does.
+    "retry": "on AWS use POST /runs/RUN/retry on the stack's API, which also starts a new "
+    "execution",
+    "cancel": "on AWS use POST /runs/RUN/cancel on the stack's API, which also stops the execution",
+    "fork": "on AWS use POST /runs/RUN/fork on the stack's API, which also starts the fork's "
+    "execution",
+    "migrate": "there a head is upgraded when a step loads it, and stored anew by its next commit",
+    "gc": "there the tables' TTL expires old records",
+}
+
+
+def require_local_store(command: str) -> None:
+    """The commands that write, or work on the store itself, take a local store only: refuse
+    a dynamodb:// one before touching anything, saying what to do on AWS instead."""
+    from ratchet.runtime import DYNAMODB_SCHEME
+
+    if settings().store.startswith(DYNAMODB_SCHEME):
+        raise InvalidInput(
+            f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: "
+            f"{_ON_AWS[command]}"
+        )
+
+
+def check_run_id(run_id: str) -> str:
+    """`ratchet.runs.check_run_id`, imported when a command first needs it."""
+    from ratchet.runs import check_run_id as check  # the run models (see above)
+
+    return check(run_id)
+
+
+def load_head(runtime: Any, run_id: str) -> RunState:
+    state: RunState | None = runtime.store.load_head(check_run_id(run_id))
+    if state is None:
+        raise RunNotFound(run_id)
+    return state
+
+
+def print_json(payload: Any) -> None:
+    sys.stdout.write(json_text(payload))
+
+
+def say(text: str, *, console: Console = out, lines: bool = False) -> None:
+    """Print a line that may hold stored or tool-given text: never as rich markup, and with
+    every control character escaped (`ratchet.untrusted.for_terminal`)."""
+    console.print(for_terminal(text, lines=lines), markup=False)
+
+
+def stderr_logger() -> Any:
+    from ratchet.observability import json_logger
+
+    return json_logger(sys.stderr, level=settings().log_level)
+
+
+def cli_worker_id() -> str:
+    from ratchet.runtime.local import default_worker_id  # the run models (see above)
+
+    return default_worker_id()
+
+
+def operator_name() -> str:
+    """Who runs this command, as the local approval links name them."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "local operator"
+
+
+def approval_link(runtime: Any, run_id: str) -> str:
+    """The operator's own link to the run's approval page (opening the request, and writing
+    its messages to the outbox, if no one has yet)."""
+    desk = runtime.approval_desk(worker_id=cli_worker_id(), logger=stderr_logger())
+    opened = desk.open(
+        run_id,
+        timeout_seconds=runtime.settings.approval_timeout_seconds,
+        operator=operator_name(),
+    )
+    return str(desk.link(opened.approval, operator_name()))

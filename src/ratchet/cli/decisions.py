@@ -1,0 +1,145 @@
+"""Deciding on runs: `approve` or `reject` what a waiting run asked for, and `link` to its
+approval page; steering them: `retry` a failed run, `cancel` one, `fork` a new run from a step."""
+
+from __future__ import annotations
+
+import getpass
+from typing import Annotated
+
+import typer
+
+from ratchet.cli.context import (
+    approval_link,
+    load_head,
+    open_client,
+    open_runtime,
+    operator_name,
+    out,
+    require_local_store,
+)
+from ratchet.cli.options import MAX_STEPS, RunArgument, not_empty
+
+ByOption = Annotated[
+    str | None,
+    typer.Option("--by", callback=not_empty, help="Who decides (default: your user name)."),
+]
+
+WhoOption = Annotated[
+    str | None,
+    typer.Option("--by", callback=not_empty, help="Who does it (default: your user name)."),
+]
+
+
+def approve(
+    run_id: RunArgument,
+    comment: Annotated[str, typer.Option("--comment", help="A note for the record.")] = "",
+    by: ByOption = None,
+    answer: Annotated[
+        str | None,
+        typer.Option(
+            "--answer",
+            help='The answer, as a JSON object, when the run asks for one ({"amount": 120}).',
+        ),
+    ] = None,
+) -> None:
+    """Approve what a waiting run asked for; the next free worker resumes it."""
+    require_local_store("approve")
+    _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer)
+    out.print(f"{run_id}: approved; it resumes on the next free worker")
+
+
+def reject(
+    run_id: RunArgument,
+    reason: Annotated[str, typer.Option("--reason", help="Why, for the record.")] = "",
+    by: ByOption = None,
+) -> None:
+    """Reject what a waiting run asked for; the run goes on knowing the answer was no."""
+    require_local_store("reject")
+    _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
+    out.print(f"{run_id}: rejected; it resumes on the next free worker")
+
+
+def link(run_id: RunArgument) -> None:
+    """Print your approval link for a waiting run (open it with `ratchet serve` running)."""
+    require_local_store("link")
+    runtime = open_runtime(create=False)
+    try:
+        load_head(runtime, run_id)
+        out.print(approval_link(runtime, run_id))
+    finally:
+        runtime.close()
+
+
+def retry(run_id: RunArgument, by: WhoOption = None) -> None:
+    """Give a failed run fresh attempts at the step that failed, from its last checkpoint."""
+    require_local_store("retry")
+    client = open_client(create=False)
+    try:
+        run = client.retry(run_id, by=by or operator_name())
+    finally:
+        client.close()
+    out.print(
+        f"{run.run_id}: retried at step {run.step + 1}; the next free worker takes it "
+        f"(or: ratchet run --run-id {run.run_id})",
+        markup=False,
+    )
+
+
+def cancel(
+    run_id: RunArgument,
+    reason: Annotated[str, typer.Option("--reason", help="Why, for the record.")] = "",
+    by: WhoOption = None,
+) -> None:
+    """End a running or waiting run as cancelled, keeping its checkpoints."""
+    require_local_store("cancel")
+    client = open_client(create=False)
+    try:
+        run = client.cancel(run_id, reason=reason, by=by or operator_name())
+    finally:
+        client.close()
+    out.print(f"{run.run_id}: cancelled at step {run.step}", markup=False)
+
+
+def fork(
+    run_id: RunArgument,
+    from_step: Annotated[
+        int,
+        typer.Option("--from-step", min=0, max=MAX_STEPS, help="The step to start from."),
+    ],
+    new_run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", callback=not_empty, help="The new run's id (default: RUN-fork-<random>)."
+        ),
+    ] = None,
+) -> None:
+    """Start a new run from the state of RUN as of a step; RUN is untouched."""
+    require_local_store("fork")
+    client = open_client(create=True)
+    try:
+        run = client.fork(run_id, from_step=from_step, run_id=new_run_id)
+    finally:
+        client.close()
+    out.print(
+        f"{run.run_id}: forked from {run_id} at step {from_step}, {run.status.value}; the next "
+        f"free worker takes it (or: ratchet run --run-id {run.run_id})",
+        markup=False,
+    )
+
+
+def _decide(
+    run_id: str, *, approved: bool, by: str, comment: str, answer: str | None = None
+) -> None:
+    """Decide through the run's open approval request, so its links and page show the
+    decision; a run parked by a worker that died before opening one is decided directly."""
+    from ratchet.approvals.answers import parse_answer_json  # the run models (see context)
+
+    client = open_client(create=False)
+    try:
+        if approved:
+            given = parse_answer_json(answer) if answer is not None else None
+            client.approve(run_id, by=by, comment=comment, answer=given)
+        else:
+            client.reject(run_id, by=by, comment=comment)
+    finally:
+        client.close()

@@ -1,0 +1,118 @@
+"""Work on the local store itself: `migrate` every head to the current state schema, and `gc`
+what finished runs no longer need."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ratchet.cli.context import open_runtime, out, print_json, require_local_store, say
+from ratchet.cli.options import JsonOption
+from ratchet.errors import InvalidInput
+
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Report what would change; change nothing.")
+]
+
+
+def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
+    """Upgrade every stored head to the current state schema, each under its version check,
+    and report per schema version. Exit 1 if a run cannot be read or upgraded."""
+    # The SQLite adapter and the run models (see ratchet.cli.context).
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+    from ratchet.housekeeping import migrate as migrate_heads
+
+    runtime = _local_store("migrate", write=not dry_run)
+    try:
+        report = migrate_heads(SqliteHousekeeping(runtime.db), dry_run=dry_run)
+    finally:
+        runtime.close()
+    if as_json:
+        print_json(report.to_json())
+    else:
+        verb = "would upgrade" if dry_run else "upgraded"
+        done = {"upgrade", "upgraded"}
+        count = sum(run.outcome in done for run in report.runs)
+        note = " (dry run: nothing changed)" if dry_run else ""
+        out.print(
+            f"{verb} {count} of {len(report.runs)} runs to schema {report.schema_version}{note}"
+        )
+        for version, outcomes in report.by_version().items():
+            counts = ", ".join(f"{n} {name}" for name, n in outcomes.items() if name != "runs")
+            out.print(f"  schema {version}: {outcomes['runs']} runs: {counts}")
+        for run in report.runs:
+            if run.outcome != "current":
+                line = f"  {run.run_id}  schema {run.from_version or '?'}  {run.outcome}"
+                say(line + (f"  {run.reason}" if run.reason else ""))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def gc(
+    older_than: Annotated[
+        int | None,
+        typer.Option(
+            "--older-than",
+            min=0,
+            max=36_500,
+            metavar="DAYS",
+            help="Required. Trim finished runs whose last change is older than this many days.",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete the old step records and ledger entries of finished runs past the retention, and
+    blobs nothing references. Running and waiting runs are never touched; a finished run keeps
+    what loading it reads (its head and its window's records)."""
+    # The SQLite adapter and the run models (see ratchet.cli.context).
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+    from ratchet.housekeeping import collect_garbage
+    from ratchet.state import utcnow
+
+    if older_than is None:
+        raise InvalidInput("ratchet gc needs --older-than DAYS (see: ratchet gc --help)")
+    runtime = _local_store("gc", write=not dry_run)
+    try:
+        report = collect_garbage(
+            SqliteHousekeeping(runtime.db),
+            Path(f"{runtime.root}.blobs"),
+            older_than=timedelta(days=older_than),
+            now=utcnow(),
+            dry_run=dry_run,
+        )
+    finally:
+        runtime.close()
+    payload = report.to_json()
+    if as_json:
+        print_json(payload)
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(
+        f"{verb} {payload['records_deleted']} records and {payload['ledger_entries_deleted']} "
+        f"ledger entries of {payload['runs_trimmed']} finished runs older than {older_than} "
+        f"days, and {payload['blobs_deleted']} blobs ({payload['blob_bytes_deleted']:,} bytes)"
+    )
+    out.print(
+        f"kept {payload['blobs_kept']} blobs; left {payload['live_runs']} running or waiting "
+        f"runs and {payload['recent_runs']} recent finished runs untouched"
+    )
+    for run_id in report.skipped:
+        out.print(f"  {run_id}  skipped: it changed while gc ran", markup=False)
+    for run_id, reason in report.unreadable.items():
+        say(f"  {run_id}  unreadable, left as it is: {reason}")
+
+
+def _local_store(command: str, *, write: bool) -> Any:
+    """The local runtime of a command that works on the store itself. A missing store is an
+    error, never made here; one an older Ratchet made gets today's tables before a write."""
+    require_local_store(command)
+    runtime = open_runtime(create=False)
+    if write:
+        runtime.close()
+        runtime = open_runtime(create=True)
+    return runtime

@@ -1,0 +1,193 @@
+"""Reading runs: `status`, `history` and `list` (which `ratchet.cli.quick` answers first on a
+SQLite store, through the same `ratchet.cli.readout`), `watch`, `show`, `verify` and `replay`.
+They read any store, the tables of a deployed stack included."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ratchet.cli import readout
+from ratchet.cli.context import open_client, out, print_json, say
+from ratchet.cli.options import MAX_ROWS, MAX_STEPS, JsonOption, RunArgument, not_empty
+from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
+from ratchet.untrusted import for_terminal, json_for_terminal
+
+if TYPE_CHECKING:
+    from ratchet.state import RunState
+
+
+def status_payload(state: RunState) -> dict[str, Any]:
+    """What `ratchet status --json` prints of `state`."""
+    return readout.status_payload(state.model_dump(mode="json"))
+
+
+def status(run_id: RunArgument, as_json: JsonOption = False) -> None:
+    """Where a run stands, with its token usage and estimated cost."""
+    client = open_client(create=False, logs=False)
+    try:
+        payload = status_payload(client.head(run_id))
+    finally:
+        client.close()
+    sys.stdout.write(readout.json_text(payload) if as_json else readout.status_text(payload))
+
+
+def history(
+    run_id: RunArgument,
+    as_json: JsonOption = False,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after", min=0, help="Only the checkpoints of a later version (the last you read)."
+        ),
+    ] = 0,
+    last: Annotated[
+        int | None,
+        typer.Option("--last", min=1, max=MAX_ROWS, help="Only the last N checkpoints."),
+    ] = None,
+) -> None:
+    """One row per checkpoint: what happened (in words), the tool, its arguments and result,
+    who decided, worker, bytes, time, model tokens. Versions without a row are explained."""
+    client = open_client(create=False, logs=False)
+    try:
+        every = [
+            readout.history_row(c.model_dump(mode="json"))
+            for c in client.history(run_id, after=after)
+        ]
+        head_version = client.head(run_id).version
+    finally:
+        client.close()
+    rows, first = readout.history_window(every, after=after, last=last)
+    if as_json:
+        payload = readout.history_payload(run_id, rows, head_version, first=first)
+        sys.stdout.write(readout.json_text(payload))
+    else:
+        width = readout.terminal_width()
+        sys.stdout.write(readout.history_text(rows, head_version, first=first, width=width))
+
+
+def list_runs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            callback=not_empty,
+            help="Only runs in this status (running, waiting, done, failed, stopped, cancelled).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=MAX_ROWS, help="Only the N most recently updated."),
+    ] = None,
+) -> None:
+    """Every run in the store, most recently updated first."""
+    client = open_client(create=False, logs=False)
+    try:
+        listed = client.runs(status=status)
+        rows = [readout.listed(r.model_dump(mode="json")) for r in listed][:limit]
+    finally:
+        client.close()
+    sys.stdout.write(readout.json_text({"runs": rows}) if as_json else readout.list_text(rows))
+
+
+def watch(
+    run_id: RunArgument,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per checkpoint.")
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", help="Seconds between reads of the store.", min=0.01, max=60),
+    ] = 0.2,
+) -> None:
+    """Follow a run: a line per checkpoint, from the first, until the run is done, stopped,
+    cancelled, failed or waiting for a person. Exit 1 if it failed, else 0."""
+    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
+
+    client = open_client(create=False, logs=False)
+    printed = 0
+    seen_version = 0
+    try:
+        with ProgressPrinter(as_json=as_json) as printer:
+            while True:
+                head = client.head(run_id)
+                if head.version != seen_version:
+                    # Only what was written since the last read: one range read a poll.
+                    for checkpoint in client.history(run_id, after=printed):
+                        before = printer.before(run_id)
+                        params = head.options.params
+                        printer.show(line_of_checkpoint(run_id, checkpoint, params, before))
+                        printed = checkpoint.version
+                    seen_version = head.version
+                if head.status is not RunStatus.RUNNING:
+                    break
+                time.sleep(interval)
+    finally:
+        client.close()
+    if head.status is RunStatus.FAILED:
+        raise typer.Exit(1)
+
+
+def show(
+    run_id: RunArgument,
+    step: Annotated[
+        int | None,
+        typer.Option("--step", help="Show the state as of this step.", min=0, max=MAX_STEPS),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The run's state, now or as of the checkpoint of an earlier step."""
+    client = open_client(create=False)
+    try:
+        state = client.head(run_id) if step is None else client.state_at(run_id, step=step)
+    finally:
+        client.close()
+    payload = state.model_dump(mode="json")
+    if as_json:
+        print_json(payload)
+    else:
+        # Rich writes JSON with text as it is; JSON escapes the C0 controls, and where the
+        # state holds DEL, C1 or bidirectional controls, everything but ASCII is escaped.
+        text = json.dumps(payload, ensure_ascii=False)
+        out.print_json(data=payload, ensure_ascii=json_for_terminal(text) != text)
+
+
+def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
+    """Check the run's invariants (for migration: rows, duplicates, emails). Exit 1 if not ok."""
+    client = open_client(create=False)
+    try:
+        payload: dict[str, Any] = {"run_id": run_id, **client.verify(run_id)}
+    finally:
+        client.close()
+    if as_json:
+        print_json(payload)
+    else:
+        for name, value in payload.items():
+            say(f"{name:>16}  {value}")
+    if not payload.get("ok"):
+        raise typer.Exit(1)
+
+
+def replay(
+    run_id: RunArgument,
+    step: Annotated[
+        int, typer.Option("--step", min=1, max=MAX_STEPS, help="The step whose prompt to show.")
+    ],
+    as_json: JsonOption = False,
+) -> None:
+    """Print the exact prompt a step's model saw, rendered from the recorded state."""
+    client = open_client(create=False)
+    try:
+        prompt = client.replay(run_id, step=step)
+    finally:
+        client.close()
+    if as_json:
+        print_json({"run_id": run_id, "step": step, "prompt": prompt})
+    else:
+        shown = for_terminal(prompt, lines=True)
+        sys.stdout.write(shown if shown.endswith("\n") else shown + "\n")

@@ -1,0 +1,452 @@
+"""Starting and working runs: `start` (a worker does the steps), `run` (started and worked in
+the foreground, a line per step) and `worker` (claims runnable runs and advances them)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ratchet.cli.context import (
+    approval_link,
+    check_run_id,
+    cli_worker_id,
+    err,
+    open_client,
+    open_runtime,
+    out,
+    print_json,
+    require_local_store,
+    say,
+    settings,
+    stderr_logger,
+)
+from ratchet.cli.inspection import status_payload
+from ratchet.cli.options import (
+    MAX_BATCHES,
+    MAX_LEASE_SECONDS,
+    MAX_STEPS,
+    MAX_TOOL_LATENCY_MS,
+    MIN_LEASE_SECONDS,
+    not_empty,
+)
+from ratchet.cli.progress import ProgressPrinter, line_of_state
+from ratchet.errors import InvalidInput, JsonOverLimit, StoreUnavailable
+from ratchet.untrusted import loads
+
+if TYPE_CHECKING:
+    from ratchet.state import RunState
+
+
+GoalOption = Annotated[str | None, typer.Option("--goal", help="What the agent should do.")]
+ScenarioOption = Annotated[
+    str | None,
+    typer.Option("--scenario", callback=not_empty, help="A built-in agent: migration, notebook."),
+]
+RunIdOption = Annotated[str | None, typer.Option("--run-id", help="A stable id for the run.")]
+AgentOption = Annotated[
+    str | None,
+    typer.Option("--agent", callback=not_empty, help="Your own agent, as module:attr."),
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        callback=not_empty,
+        help="'scripted' (offline), claude-… (with ANTHROPIC_API_KEY), bedrock:<model id> "
+        "(AWS credentials), or your own Model as module:attr; default Claude when "
+        "ANTHROPIC_API_KEY is set, else scripted.",
+    ),
+]
+MaxStepsOption = Annotated[
+    int | None,
+    typer.Option("--max-steps", help="Step cap (default 60).", min=1, max=MAX_STEPS),
+]
+InputOption = Annotated[
+    str | None,
+    typer.Option(
+        "--input",
+        metavar="JSON",
+        callback=not_empty,
+        help="The agent's input, a JSON object checked against its input model.",
+    ),
+]
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--param",
+        metavar="NAME=VALUE",
+        callback=not_empty,
+        help="One input field (repeatable; wins over --input). VALUE is read as JSON if it "
+        "is JSON, else as text: --param batches=2.",
+    ),
+]
+# Older spellings, kept for the scripts that use them and hidden from --help: `--batches N` is
+# `--param batches=N` (the migration's input); `--tool-latency-ms` slows every tool call down.
+BatchesOption = Annotated[
+    int | None,
+    typer.Option("--batches", hidden=True, min=1, max=MAX_BATCHES),
+]
+NotifyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--notify",
+        metavar="EMAIL",
+        callback=not_empty,
+        help="Who is asked when the run waits for a person (repeatable). Locally the message "
+        "goes to the outbox beside the store.",
+    ),
+]
+NotifySlackOption = Annotated[
+    str | None,
+    typer.Option(
+        "--notify-slack",
+        metavar="CHANNEL",
+        callback=not_empty,
+        help="A Slack channel to ask instead.",
+    ),
+]
+LatencyOption = Annotated[
+    int | None,
+    typer.Option("--tool-latency-ms", hidden=True, min=0, max=MAX_TOOL_LATENCY_MS),
+]
+ApprovalTimeoutOption = Annotated[
+    int | None,
+    typer.Option(
+        "--approval-timeout",
+        help="Seconds a person has to answer this run's requests; then a worker records "
+        "the expiry and the run goes on (default: RATCHET_APPROVAL_TIMEOUT_SECONDS, 7 days).",
+        min=1,
+        max=365 * 24 * 3600,
+    ),
+]
+ProgressJsonOption = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON object per step, then one for the run."),
+]
+
+
+def start(
+    goal: GoalOption = None,
+    scenario: ScenarioOption = None,
+    run_id: RunIdOption = None,
+    agent: AgentOption = None,
+    model: ModelOption = None,
+    max_steps: MaxStepsOption = None,
+    input_json: InputOption = None,
+    param: ParamOption = None,
+    batches: BatchesOption = None,
+    tool_latency_ms: LatencyOption = None,
+    notify: NotifyOption = None,
+    notify_slack: NotifySlackOption = None,
+    approval_timeout: ApprovalTimeoutOption = None,
+) -> None:
+    """Start a run (a worker does the steps). Prints the run id."""
+    require_local_store("start")
+    state = _new_run(
+        goal=goal,
+        scenario=scenario,
+        agent_ref=agent,
+        run_id=run_id,
+        model=model,
+        max_steps=max_steps,
+        input_json=input_json,
+        params=param,
+        batches=batches,
+        tool_latency_ms=tool_latency_ms,
+        notify=notify,
+        notify_slack=notify_slack,
+    )
+    created = _start(_with_approval_timeout(state, approval_timeout))
+    out.print(state.run_id)
+    if not created:
+        err.print(f"run {state.run_id} already exists; nothing changed")
+
+
+def run(
+    goal: GoalOption = None,
+    scenario: ScenarioOption = None,
+    run_id: RunIdOption = None,
+    agent: AgentOption = None,
+    model: ModelOption = None,
+    max_steps: MaxStepsOption = None,
+    input_json: InputOption = None,
+    param: ParamOption = None,
+    batches: BatchesOption = None,
+    tool_latency_ms: LatencyOption = None,
+    notify: NotifyOption = None,
+    notify_slack: NotifySlackOption = None,
+    approval_timeout: ApprovalTimeoutOption = None,
+    as_json: ProgressJsonOption = False,
+) -> None:
+    """Start a run and work it in the foreground until it is done, waiting or failed, with a
+    line per step. With only --run-id, continue that run (after an approval, say)."""
+    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
+
+    require_local_store("run")
+    continuing = run_id is not None and goal is None and scenario is None and agent is None
+    if continuing and run_id is not None and _exists(run_id):
+        state = None
+    else:
+        state = _new_run(
+            goal=goal,
+            scenario=scenario,
+            agent_ref=agent,
+            run_id=run_id,
+            model=model,
+            max_steps=max_steps,
+            input_json=input_json,
+            params=param,
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify=notify,
+            notify_slack=notify_slack,
+        )
+    client = open_client(create=True)
+    try:
+        if state is not None:
+            state = _with_approval_timeout(state, approval_timeout)
+        if state is not None and not client.create(state).created:
+            err.print(f"run {state.run_id} already exists; resuming it")
+        worked_id = state.run_id if state is not None else run_id
+        assert worked_id is not None
+        with ProgressPrinter(as_json=as_json) as printer:
+            _work_showing_progress(client, worked_id, printer)
+        final = client.head(worked_id)
+        link = (
+            approval_link(client.runtime, final.run_id)
+            if final.status is RunStatus.WAITING
+            else None
+        )
+    finally:
+        client.close()
+    _say_where_it_stands(final, link, as_json=as_json)
+
+
+def worker(
+    until_idle: Annotated[
+        bool, typer.Option("--until-idle", help="Exit 0 once no run is runnable.")
+    ] = False,
+    worker_id: Annotated[str | None, typer.Option("--worker-id", help="Default: host:pid.")] = None,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(
+            "--lease-seconds",
+            help="Lease length.",
+            min=MIN_LEASE_SECONDS,
+            max=MAX_LEASE_SECONDS,
+        ),
+    ] = 30.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per step.")
+    ] = False,
+) -> None:
+    """Claim runnable runs and advance them, with a line per step; SIGTERM stops after the
+    current step."""
+    # The SQLite adapter and the engine, built on the run models (see ratchet.cli.context).
+    from ratchet.faults import FaultPlan
+    from ratchet.ports import check_lease_seconds
+    from ratchet.worker import Worker, check_worker_id
+
+    require_local_store("worker")
+    # Before the store is opened (and made): a bad value must leave nothing behind.
+    check_lease_seconds(lease_seconds, name="--lease-seconds")
+    worker_id = check_worker_id(worker_id) if worker_id is not None else cli_worker_id()
+    runtime = open_runtime(create=True)
+    logger = stderr_logger()
+    engine = runtime.engine(
+        worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
+    )
+
+    printer = ProgressPrinter(as_json=as_json)
+
+    def announce(run_id: str) -> None:
+        printer.say(
+            f"{run_id} waits for a person; approve or reject at: {approval_link(runtime, run_id)}"
+        )
+
+    work = Worker(
+        engine,
+        runtime.leases,
+        logger,
+        lease_seconds=lease_seconds,
+        on_park=announce,
+        on_step=lambda report: _progress_line(report, printer),
+        on_wait=printer.say,
+        expire_approvals=runtime.approval_expiry(engine),
+    )
+    signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
+    try:
+        with printer:
+            work.run(until_idle=until_idle)
+    except KeyboardInterrupt:
+        work.stop.set()
+    finally:
+        runtime.close()
+    logger.info("worker stopped", extra={"worker_id": work.worker_id})
+
+
+def _new_run(
+    *,
+    goal: str | None,
+    scenario: str | None,
+    agent_ref: str | None,
+    run_id: str | None,
+    model: str | None,
+    max_steps: int | None,
+    input_json: str | None,
+    params: list[str] | None,
+    batches: int | None,
+    tool_latency_ms: int | None,
+    notify: list[str] | None = None,
+    notify_slack: str | None = None,
+) -> RunState:
+    """Validate everything about a new run before anything touches the store. Refusals
+    name the CLI's flags (the API names the same fields as JSON fields)."""
+    # pydantic and the run models (see ratchet.cli.context).
+    from pydantic import ValidationError
+
+    from ratchet.runs import RunRequest, RunRequestInvalid, cli_flag, new_run, request_problems
+
+    if run_id is not None:
+        check_run_id(run_id)
+    try:
+        request = RunRequest(
+            run_id=run_id,
+            scenario=scenario,
+            agent=agent_ref,
+            goal=goal,
+            model=model,
+            max_steps=max_steps,
+            input=_run_input(input_json, params),
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify={"email": notify or [], "slack_channel": notify_slack}
+            if notify or notify_slack
+            else None,
+        )
+    except ValidationError as error:
+        field, message = request_problems(error)[0]
+        raise InvalidInput(f"{cli_flag(field)}: {message}") from None
+    try:
+        return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
+    except RunRequestInvalid as refused:
+        raise InvalidInput(refused.for_cli()) from None
+
+
+_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
+    """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
+    object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
+    as text otherwise (`--param who=dana`). JSON nested too deep is refused before it is
+    parsed, naming the flag."""
+    if input_json is None and not params:
+        return None
+    given: dict[str, Any] = {}
+    if input_json is not None:
+        try:
+            parsed = loads(input_json, field="--input")
+        except JsonOverLimit:
+            raise
+        except ValueError as error:
+            raise InvalidInput(f"--input is not JSON: {error}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidInput(
+                f"--input must be a JSON object, like '{{\"batches\": 2}}', not "
+                f"{type(parsed).__name__}"
+            )
+        given.update(parsed)
+    for param in params or []:
+        name, equals, raw = param.partition("=")
+        if not equals or not _PARAM_NAME.fullmatch(name):
+            raise InvalidInput(f"--param {param!r}: use --param NAME=VALUE")
+        try:
+            given[name] = loads(raw, field=f"--param {name}")
+        except JsonOverLimit:
+            raise
+        except ValueError:
+            given[name] = raw
+    return given
+
+
+def _exists(run_id: str) -> bool:
+    """Whether the store holds this run (no store yet: it does not)."""
+    check_run_id(run_id)
+    try:
+        runtime = open_runtime(create=False)
+    except StoreUnavailable:
+        return False
+    try:
+        return runtime.store.load_head(run_id) is not None
+    finally:
+        runtime.close()
+
+
+def _start(state: RunState) -> bool:
+    client = open_client(create=True)
+    try:
+        return bool(client.create(state).created)
+    finally:
+        client.close()
+
+
+def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
+    if seconds is None:
+        return state
+    options = state.options.model_copy(update={"approval_timeout_seconds": seconds})
+    return state.model_copy(update={"options": options})
+
+
+def _progress_line(report: Any, printer: Any) -> None:
+    state = report.state
+    printer.show(line_of_state(state, ms=report.ms, before=printer.before(state.run_id)))
+
+
+def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
+    """`client.work`, printing a line per committed step (the worker's `on_step`). The run
+    exists: `run` has just created it or found it."""
+    client.runtime.work(
+        run_id,
+        worker_id=client.worker_id,
+        logger=client.logger,
+        faults=client.faults,
+        on_step=lambda report: _progress_line(report, printer),
+        on_wait=printer.say,
+    )
+
+
+def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) -> None:
+    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed)."""
+    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
+
+    if as_json:
+        print_json({**status_payload(final), "approval_link": link})
+        if final.status is RunStatus.FAILED:
+            raise typer.Exit(1)
+        return
+    say(f"{final.run_id}: {_status_text(final)}")
+    if final.summary:
+        say(final.summary, lines=True)
+    if final.status is RunStatus.WAITING and final.waiting:
+        say(f"Waiting for a person: {final.waiting.request.prompt}")
+        say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
+        say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
+    if final.status is RunStatus.FAILED:
+        say(f"run failed: {final.error}", console=err)
+        raise typer.Exit(1)
+
+
+def _status_text(state: RunState) -> str:
+    """`done at step 7`, `failed at step 3`, `stopped at step 60: Stopped at the cap...`."""
+    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
+
+    if state.status is RunStatus.FAILED:
+        return f"failed at step {state.next_step}"
+    said = f"{state.status.value} at step {state.step}"
+    if state.status is RunStatus.STOPPED and state.summary:
+        said += f": {state.summary}"
+    return said
