@@ -14,11 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet import errors
-from ratchet.adapters.stepfunctions import REJECTED_ERROR, VerdictKind
+from ratchet.adapters.stepfunctions import REJECTED_ERROR, ExecutionInput, VerdictKind
 from ratchet.handlers.payloads import (
     DecideRequest,
     DecideResult,
-    ExecutionInput,
     LoopOutcome,
     MarkFailedRequest,
     NotifyRequest,

@@ -78,6 +78,37 @@ UNNAMED = "(not named)"
 VerdictKind = Literal["approved", "rejected", "expired"]
 
 
+class ExecutionInput(BaseModel):
+    """The input of every execution: the first (started by the API) and each successor. The
+    field names are the ones the ASL's paths name (tests/unit/test_agent_run_asl.py)."""
+
+    # The ASL adds nothing the model does not name; anything else is a wiring mistake.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    generation: int = Field(default=0, ge=0)
+    """0 for the execution the API starts; +1 at every rollover."""
+    iteration: int = Field(default=0, ge=0)
+    approval_timeout_seconds: int = Field(ge=1)
+
+
+def start_execution(sfn: SFNClient, machine_arn: str, execution: ExecutionInput) -> bool:
+    """Start the run's execution of `execution.generation`; False if its name is taken.
+
+    Same name and input as a running execution: Step Functions returns that execution. A
+    closed one (the run finished or rolled over): `ExecutionAlreadyExists`. Either way the run
+    already has, or had, that execution."""
+    try:
+        sfn.start_execution(
+            stateMachineArn=machine_arn,
+            name=execution_name(execution.run_id, execution.generation),
+            input=execution.model_dump_json(),
+        )
+    except sfn.exceptions.ExecutionAlreadyExists:
+        return False
+    return True
+
+
 class ApprovalAnswer(BaseModel):
     """The `output` of SendTaskSuccess: the person approved."""
 

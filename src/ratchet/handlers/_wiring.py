@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ratchet.approvals.desk import ApprovalDesk
     from ratchet.client import Client
     from ratchet.web.approvals import ApprovalServices
+    from ratchet.web.runs import RunsServices
 
 SERVICE = "ratchet"
 METRICS_NAMESPACE = "Ratchet"
@@ -139,6 +140,15 @@ def approval_desk() -> ApprovalDesk:
         link_key=_secret(config.required_for_approvals("link_key_secret_arn")),
         ses=boto3.client("sesv2", config=_CLIENT_CONFIG) if config.email_sender else None,
         slack_bot_token=_secret(token) if token else None,
+    )
+
+
+def runs_services() -> RunsServices:
+    """The runs API's services: starts go to the state machine, decisions to the desk."""
+    from ratchet.runtime.services import aws_runs_services
+
+    return aws_runs_services(
+        runtime(), agents=agents(), desk=approval_desk, logger=logger, metrics=metrics
     )
 
 

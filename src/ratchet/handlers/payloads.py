@@ -1,5 +1,6 @@
-"""What travels through the state machine (`statemachine/agent_run.asl.json`): the execution
-input and each task's payload and result.
+"""What travels through the state machine (`statemachine/agent_run.asl.json`): each task's
+payload and result (the execution's own input, which the runtime starts executions with, is
+`ratchet.adapters.stepfunctions.ExecutionInput`).
 
 Only the run id and small counters travel; the run's state stays in DynamoDB, so an execution's
 payload never approaches Step Functions' 256 KB cap however long the run. The field names here
@@ -37,16 +38,6 @@ _LOOP_OUTCOME: dict[Outcome, LoopOutcome] = {
 class _Payload(BaseModel):
     # The ASL adds nothing the models do not name; anything else is a wiring mistake.
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ExecutionInput(_Payload):
-    """The input of every execution: the first (started by the API) and each successor."""
-
-    run_id: str
-    generation: int = Field(default=0, ge=0)
-    """0 for the execution the API starts; +1 at every rollover."""
-    iteration: int = Field(default=0, ge=0)
-    approval_timeout_seconds: int = Field(ge=1)
 
 
 class StepRequest(_Payload):

@@ -24,7 +24,13 @@ from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackNotifier
-from ratchet.adapters.stepfunctions import StepFunctionsResumer
+from ratchet.adapters.stepfunctions import (
+    ExecutionInput,
+    StepFunctionsResumer,
+    execution_name,
+    first_generation,
+    start_execution,
+)
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.engine import Binding, Engine, Outcome
@@ -39,7 +45,7 @@ from ratchet.ports import BlobStore, Notifier
 from ratchet.runs import AgentNotRunnable, ModelNotGranted
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
-from ratchet.state import NotifyTargets, RunOptions, RunState, utcnow
+from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waits import Verdict
 
@@ -53,6 +59,8 @@ RETRY_PAUSE_SECONDS = 0.05
 MAX_RETRY_PAUSE_SECONDS = 2.0
 """In-process work (`AwsRuntime.work`) waits this long after a failed attempt, doubling."""
 MAX_BINDINGS = 64
+MAX_NAME_PROBES = 100
+"""Retry slots tried past the counted one when a name is taken (see `AwsRuntime.launch`)."""
 """Runs whose agent stays bound in a warm container; one container serves many runs in turn."""
 
 
@@ -184,6 +192,48 @@ class AwsRuntime:
                 email=config.notify_emails, slack_channel=config.notify_slack_channel
             ),
         )
+
+    def start_execution(self, run_id: str, *, logger: Any) -> str:
+        """Start the execution that works a new run (generation 0) and return its name. One
+        that runs or ran already keeps it: a repeated start is a no-op."""
+        name = execution_name(run_id, 0)
+        if not self._start_execution(run_id, 0):
+            logger.info("execution exists", extra={"run_id": run_id, "execution": name})
+        return name
+
+    def launch(self, run_id: str, *, logger: Any) -> str:
+        """Start the execution of a run just forked (generation 0, as a start) or retried,
+        and return its name.
+
+        A retried run's executions take the generations set aside for its retry
+        (`first_generation`), the retry counted from its `Retried` records, so no name repeats
+        one of its earlier executions. Those records expire with the checkpoints while names
+        stay taken for 90 days: a name found taken by a closed execution moves on to the next
+        slot."""
+        retries = sum(isinstance(c.event, Retried) for c in self.store.list_checkpoints(run_id))
+        if retries == 0:
+            return self.start_execution(run_id, logger=logger)
+        for retry in range(retries, retries + MAX_NAME_PROBES):
+            generation = first_generation(retry)
+            if self._start_execution(run_id, generation):
+                name = execution_name(run_id, generation)
+                logger.info("retry execution started", extra={"run_id": run_id, "execution": name})
+                return name
+        raise RuntimeError(
+            f"no free execution name for run {run_id!r} after {MAX_NAME_PROBES} tries"
+        )
+
+    def _start_execution(self, run_id: str, generation: int) -> bool:
+        machine = self.settings.state_machine_arn
+        if not machine or self._stepfunctions is None:
+            raise RuntimeError("RATCHET_STATE_MACHINE_ARN is not set: the API cannot start runs")
+        execution = ExecutionInput(
+            run_id=run_id,
+            generation=generation,
+            iteration=0,
+            approval_timeout_seconds=self.settings.approval_timeout_seconds,
+        )
+        return start_execution(self._stepfunctions(), machine, execution)
 
     def work(
         self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS

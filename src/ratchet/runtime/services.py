@@ -1,9 +1,10 @@
 """The services each app serves with, on either runtime: the client an HTTP API acts through,
-the approval pages' services, and the runs API's on the local runtime (`ratchet serve`).
+the approval pages' services, and the runs API's (`ratchet serve` locally, the `api` function
+on AWS).
 
-Locally the runs API has the same routes as the deployed one (`ratchet.handlers.api`, whose
-services start an execution per run), over the SQLite store: starting a run creates it, and the
-next free worker works it (there is no execution to start). Deciding goes through the local
+The runs API has the same routes on both. On AWS starting a run creates it and starts the
+execution that works it (`AwsRuntime.start_execution`); locally it creates it, and the next
+free worker works it (there is no execution to start). Deciding goes through the runtime's
 approval desk, so the run's links and pages show the decision too.
 """
 
@@ -24,7 +25,10 @@ from ratchet.web.approvals import ApprovalServices
 from ratchet.web.runs import RunsServices, RunStarted
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ratchet.runtime import Runtime
+    from ratchet.runtime.aws import AwsRuntime
     from ratchet.runtime.local import LocalRuntime
 
 
@@ -77,6 +81,42 @@ def local_runs_services(
         start=start,
         logger=logger,
         anonymous_caller=operator or _user(),
+    )
+
+
+def aws_runs_services(
+    runtime: AwsRuntime,
+    *,
+    agents: AgentRegistry,
+    desk: Callable[[], ApprovalDesk],
+    logger: Any,
+    metrics: Any,
+) -> RunsServices:
+    """The runs API's services on AWS: a start creates the run (through a client named after
+    the request) and starts its execution; a retry or fork starts the run's next one. `desk`
+    builds the approval desk when a decision first needs it; `metrics` are Powertools', which
+    the handler flushes."""
+
+    def start(request: RunRequest, *, request_id: str) -> RunStarted:
+        client = api_client(runtime, agents=agents, worker_id=f"lambda:{request_id}", logger=logger)
+        started = client.submit(request)
+        name = runtime.start_execution(started.run.run_id, logger=logger)
+        metrics.add_metric(
+            name="RunsStarted" if started.created else "RepeatedStarts", unit="Count", value=1
+        )
+        logger.info(
+            "run started" if started.created else "run exists; start is a no-op",
+            extra={"run_id": started.run.run_id, "execution": name},
+        )
+        return RunStarted.of(started, execution_name=name)
+
+    return RunsServices(
+        client=api_client(runtime, agents=agents, worker_id="lambda:api", logger=logger),
+        desk=desk,
+        start=start,
+        launch=lambda run_id: runtime.launch(run_id, logger=logger),
+        logger=logger,
+        metrics=metrics,
     )
 
 

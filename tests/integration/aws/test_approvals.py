@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.stepfunctions import REJECTED_ERROR, UNNAMED
+from ratchet.adapters.stepfunctions import REJECTED_ERROR, UNNAMED, ExecutionInput
 from ratchet.approvals.desk import decided_text
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
 from ratchet.errors import ApprovalDecided
 from ratchet.handlers import _wiring
-from ratchet.handlers.payloads import ExecutionInput
 from ratchet.state import RunStatus
 from ratchet.waits import ApprovalStatus
 from tests.fake_slack import FakeSlack, button_press

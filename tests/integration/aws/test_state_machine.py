@@ -9,13 +9,18 @@ from typing import Any
 
 import pytest
 
-from ratchet.adapters.stepfunctions import REJECTED_ERROR, ApprovalAnswer, Rejection, execution_name
+from ratchet.adapters.stepfunctions import (
+    REJECTED_ERROR,
+    ApprovalAnswer,
+    ExecutionInput,
+    Rejection,
+    execution_name,
+)
 from ratchet.agents import load_agent
 from ratchet.engine import Engine
 from ratchet.errors import InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.handlers import _wiring, decide, mark_failed, step
-from ratchet.handlers.payloads import ExecutionInput
 from ratchet.state import RunStatus
 from tests.integration.aws import agents
 from tests.integration.aws.harness import (
