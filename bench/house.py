@@ -33,20 +33,26 @@ def _lines(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def _files_run() -> Iterator[set[Path]]:
-    """The package's files any of whose code runs inside the block."""
-    seen: set[Path] = set()
+def _code_run() -> Iterator[set[Any]]:
+    """The package's functions (code objects) that run inside the block."""
+    seen: set[Any] = set()
     root = str(PACKAGE)
 
     def profile(frame: Any, event: str, _arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(root):
-            seen.add(Path(frame.f_code.co_filename))
+            seen.add(frame.f_code)
 
     sys.setprofile(profile)
     try:
         yield seen
     finally:
         sys.setprofile(None)
+
+
+def _function_lines(code: Any) -> int:
+    """A function's lines, from its `def` to its last line of code."""
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
+    return max(last, code.co_firstlineno) - code.co_firstlineno + 1
 
 
 @contextlib.contextmanager
@@ -112,12 +118,20 @@ def _one_step(tmp: Path) -> None:
         print(f"Client.run of a new run (one tool call, then done): {counts['head']} head reads")
         client.start(run_id="traced", agent=AGENT_REFERENCE, input={"steps": 1}, max_steps=3)
         worker = Worker(runtime.engine(worker_id="bench", logger=LOG), runtime.leases, LOG)
-        with _files_run() as seen:
+        with _code_run() as codes:
             worker.run(until_idle=True, run_id="traced")
+        seen = {Path(code.co_filename) for code in codes}
+        functions = [c for c in codes if not c.co_name.startswith("<")]
         lines = sum(_lines(p) for p in seen)
-        print(f"a worker taking a run's steps runs code in {len(seen)} files, {lines} lines:")
+        body = sum(_function_lines(c) for c in functions)
+        print(f"a worker taking a run's steps runs code in {len(seen)} files, {lines} lines;")
+        print(f"  the {len(functions)} functions it runs are {body} lines:")
         for path in sorted(seen):
-            print(f"  {_lines(path):>5}  {path.relative_to(PACKAGE.parent)}")
+            mine = [c for c in functions if Path(c.co_filename) == path]
+            print(
+                f"  {_lines(path):>5}  {path.relative_to(PACKAGE.parent)}"
+                f"  ({len(mine)} functions, {sum(_function_lines(c) for c in mine)} lines)"
+            )
     finally:
         client.close()
         runtime.close()

@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from ratchet.client import RunListed as RunListed
     from ratchet.client import Started as Started
     from ratchet.client import WaitTimedOut as WaitTimedOut
-    from ratchet.client import connect as connect
     from ratchet.errors import RatchetError as RatchetError
     from ratchet.errors import RunNotFound as RunNotFound
     from ratchet.runs import RunRequestInvalid as RunRequestInvalid
+    from ratchet.runtime import connect as connect
     from ratchet.state import RunStatus as RunStatus
     from ratchet.tools import Agent as Agent
     from ratchet.tools import Done as Done
@@ -56,10 +56,10 @@ _EXPORTS = {
         "RunListed",
         "Started",
         "WaitTimedOut",
-        "connect",
     ),
     "ratchet.errors": ("RatchetError", "RunNotFound"),
     "ratchet.runs": ("RunRequestInvalid",),
+    "ratchet.runtime": ("connect",),
     "ratchet.state": ("RunStatus",),
     "ratchet.tools": (
         "Agent",

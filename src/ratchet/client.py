@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -34,10 +34,10 @@ from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
-from ratchet.runtime import Runtime, open_runtime
 from ratchet.state import (
     Created,
     PersonDecided,
+    RunOptions,
     RunState,
     RunStatus,
     StepCompleted,
@@ -49,6 +49,11 @@ from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 
+if TYPE_CHECKING:
+    from ratchet.engine import Binding, Engine
+    from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
+    from ratchet.tools import RunContext
+
 __all__ = [
     "Checkpoint",
     "Client",
@@ -57,7 +62,6 @@ __all__ = [
     "Started",
     "UsageTotals",
     "WaitTimedOut",
-    "connect",
 ]
 
 SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
@@ -281,6 +285,69 @@ def _operator() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name in this environment (a bare container)
         return "python client"
+
+
+class Runtime(Protocol):
+    """What a client acts through: a runtime (`ratchet.runtime`: `LocalRuntime`,
+    `AwsRuntime`), built from a store URL by `ratchet.runtime.open_runtime`."""
+
+    @property
+    def store(self) -> CheckpointStore: ...
+
+    @property
+    def ledger(self) -> IdempotencyLedger: ...
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    @property
+    def anthropic_configured(self) -> bool:
+        """Whether runs here may use a Claude model (an Anthropic API key is configured)."""
+        ...
+
+    def context(self, run_id: str, options: RunOptions) -> RunContext:
+        """The run's agent context: its options, its durable data, a scratch folder."""
+        ...
+
+    def bind(self, state: RunState) -> Binding: ...
+
+    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine: ...
+
+    def check_agent(self, agent: Agent) -> None:
+        """Refuse (`AgentNotRunnable`) an agent this runtime cannot run, before it starts."""
+        ...
+
+    def check_model(self, model: str) -> None:
+        """Refuse (`ModelNotGranted`) a model this runtime may not call, before it starts."""
+        ...
+
+    def before_prepare(self) -> None:
+        """Called before a new run's agent prepares its data (`Agent.prepare`): locally, takes
+        the store's write lock once, so a store another process holds refuses the start before
+        the hook writes anything."""
+        ...
+
+    def work(self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan) -> None:
+        """Advance the run in this process until it is done, waiting or failed (or another
+        process holds it)."""
+        ...
+
+    def decide(
+        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
+    ) -> None:
+        """Take a person's decision on a waiting run: through its open approval request if it
+        has one (so the request's page and links show the decision), directly only if the
+        step has no request at all. A request decided already, even one the run has not
+        recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
+        ...
+
+    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
+        """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
+        finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
+        and, on AWS, stop the execution working it. Returns the cancelled head."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Client:
@@ -712,17 +779,3 @@ class _Steering(BaseModel):
 def _fork_id(source: str) -> str:
     suffix = f"-fork-{uuid.uuid4().hex[:8]}"
     return source[: 128 - len(suffix)] + suffix
-
-
-def connect(
-    url: str | None = None,
-    *,
-    create: bool = True,
-    environ: Mapping[str, str] | None = None,
-    worker_id: str | None = None,
-) -> Client:
-    """A client on the store at `url`: `sqlite:///path.db` (made if missing, unless
-    `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
-    region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
-    The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
-    return Client(open_runtime(url, create=create, environ=environ), worker_id=worker_id)

@@ -78,6 +78,16 @@ FORBIDDEN = [
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
     ("client.py", "import ratchet.cli", "ratchet.client", "ratchet.cli"),
     ("cli/quick.py", "import typer", "ratchet.cli.quick", "typer"),
+    # the floors (docs/architecture.md), one crossing each
+    ("client.py", "import ratchet.runtime", "ratchet.client", "ratchet.runtime"),
+    ("web/runs.py", "import ratchet.runtime", "ratchet.web", "ratchet.runtime"),
+    ("worker.py", "import ratchet.client", "ratchet.worker", "ratchet.client"),
+    ("adapters/outbox.py", "import ratchet.runs", "ratchet.adapters", "ratchet.runs"),
+    ("approvals/desk.py", "import ratchet.tools", "ratchet.approvals", "ratchet.tools"),
+    ("state.py", "import ratchet.engine", "ratchet.state", "ratchet.engine"),
+    # the apps get what they use from the runtime
+    ("cli/housekeeping.py", "import ratchet.adapters", "ratchet.cli", "ratchet.adapters"),
+    ("web/approvals.py", "from ratchet.engine import Engine", "ratchet.web", "ratchet.engine"),
 ]
 
 

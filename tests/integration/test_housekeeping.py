@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.client import Client, connect
+from ratchet.client import Client
+from ratchet.runtime import connect
 from ratchet.state import SCHEMA_VERSION, RunState, RunStatus, StepCompleted, utcnow
 from ratchet.stored import parse_event, window_start
 from tests.fixtures.stores.make_schema_versions import FIXTURE, RUNS

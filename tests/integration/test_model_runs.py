@@ -15,12 +15,13 @@ from pydantic import BaseModel, SecretStr
 
 import ratchet
 from ratchet.cli.inspection import status_payload
+from ratchet.client import Runtime
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.engine.fold import replay
 from ratchet.engine.prompt import render_step_prompt, view_of
 from ratchet.errors import StepAttemptFailed
 from ratchet.runs import RunRequest, new_run
-from ratchet.runtime import Runtime, open_runtime
+from ratchet.runtime import open_runtime
 from ratchet.runtime.models import build_model
 from ratchet.state import AttemptFailed, RunState, RunStatus, StepCompleted, Usage
 from ratchet.tools import Agent, ToolContext, tool

@@ -29,7 +29,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunState, RunStatus, idempotency_key
 from ratchet.waits import Approval, ApprovalStatus
@@ -120,7 +119,7 @@ class _Demo:
     def approvals(self) -> list[Approval]:
         runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
         try:
-            return SqliteApprovalBook(runtime.db).of_run(RUN_ID)
+            return runtime.approvals.of_run(RUN_ID)
         finally:
             runtime.close()
 

@@ -21,13 +21,12 @@ DryRunOption = Annotated[
 def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
     and report per schema version. Exit 1 if a run cannot be read or upgraded."""
-    # The SQLite adapter and the run models (see ratchet.cli.context).
-    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+    # The run models (see ratchet.cli.context).
     from ratchet.housekeeping import migrate as migrate_heads
 
     runtime = _local_store("migrate", write=not dry_run)
     try:
-        report = migrate_heads(SqliteHousekeeping(runtime.db), dry_run=dry_run)
+        report = migrate_heads(runtime.housekeeping, dry_run=dry_run)
     finally:
         runtime.close()
     if as_json:
@@ -69,8 +68,7 @@ def gc(
     """Delete the old step records and ledger entries of finished runs past the retention, and
     blobs nothing references. Running and waiting runs are never touched; a finished run keeps
     what loading it reads (its head and its window's records)."""
-    # The SQLite adapter and the run models (see ratchet.cli.context).
-    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+    # The run models (see ratchet.cli.context).
     from ratchet.housekeeping import collect_garbage
     from ratchet.state import utcnow
 
@@ -79,7 +77,7 @@ def gc(
     runtime = _local_store("gc", write=not dry_run)
     try:
         report = collect_garbage(
-            SqliteHousekeeping(runtime.db),
+            runtime.housekeeping,
             Path(f"{runtime.root}.blobs"),
             older_than=timedelta(days=older_than),
             now=utcnow(),

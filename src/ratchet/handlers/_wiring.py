@@ -21,7 +21,6 @@ from botocore.config import Config
 from pydantic import SecretStr
 
 from ratchet.agents import AgentRegistry
-from ratchet.engine import Engine
 from ratchet.faults import FaultPlan
 from ratchet.observability import redacted_json
 from ratchet.runtime.aws import AwsRuntime
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.dynamodb.approvals import AwsApprovals
     from ratchet.approvals.desk import ApprovalDesk
     from ratchet.client import Client
+    from ratchet.engine import Engine
     from ratchet.web.approvals import ApprovalServices
     from ratchet.web.runs import RunsServices
 

@@ -15,10 +15,11 @@ Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval
 and the services the HTTP apps serve with in `ratchet.runtime.services`. The entry points read
 their settings (and, on Lambda, secrets and clients) and hand them here.
 
-The CLI, the Python client (`ratchet.connect`), the Lambda handlers, `ratchet serve` and the
-benches all act through a `Runtime`. Layering, checked by import-linter (`make lint`): the
-engine, the ports, the adapters, the agents and the approvals below; this module above them;
-the client, the CLI and the handlers above it. Nothing below imports this module.
+`connect(url)` (the public `ratchet.connect`) gives a `Client` on the runtime of a store URL:
+the client acts through the `Runtime` protocol it defines, and this package, which builds the
+runtimes, sits above it and above the apps' service types (`ratchet.runtime.services`): it is
+the composition root, below only the entry points (the CLI and the Lambda handlers) that call
+it. Layering, checked by import-linter (`make lint`; docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -27,87 +28,34 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from ratchet.client import Client, Runtime
 from ratchet.errors import InvalidInput, StoreUnavailable
-from ratchet.faults import NO_FAULTS, FaultPlan
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
 
-    from ratchet.engine import Binding, Engine
-    from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
     from ratchet.runtime.local import LocalSettings
-    from ratchet.state import RunOptions, RunState
-    from ratchet.tools import Agent, RunContext
-    from ratchet.waits import Verdict
 
 SQLITE_SCHEME = "sqlite:///"
 DYNAMODB_SCHEME = "dynamodb://"
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
 
-class Runtime(Protocol):
-    """What every entry point uses of a runtime (`LocalRuntime`, `AwsRuntime`)."""
-
-    @property
-    def store(self) -> CheckpointStore: ...
-
-    @property
-    def ledger(self) -> IdempotencyLedger: ...
-
-    @property
-    def blobs(self) -> BlobStore: ...
-
-    @property
-    def anthropic_configured(self) -> bool:
-        """Whether runs here may use a Claude model (an Anthropic API key is configured)."""
-        ...
-
-    def context(self, run_id: str, options: RunOptions) -> RunContext:
-        """The run's agent context: its options, its durable data, a scratch folder."""
-        ...
-
-    def bind(self, state: RunState) -> Binding: ...
-
-    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine: ...
-
-    def check_agent(self, agent: Agent) -> None:
-        """Refuse (`AgentNotRunnable`) an agent this runtime cannot run, before it starts."""
-        ...
-
-    def check_model(self, model: str) -> None:
-        """Refuse (`ModelNotGranted`) a model this runtime may not call, before it starts."""
-        ...
-
-    def before_prepare(self) -> None:
-        """Called before a new run's agent prepares its data (`Agent.prepare`): locally, takes
-        the store's write lock once, so a store another process holds refuses the start before
-        the hook writes anything."""
-        ...
-
-    def work(self, run_id: str, *, worker_id: str, logger: Any, faults: FaultPlan) -> None:
-        """Advance the run in this process until it is done, waiting or failed (or another
-        process holds it)."""
-        ...
-
-    def decide(
-        self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
-    ) -> None:
-        """Take a person's decision on a waiting run: through its open approval request if it
-        has one (so the request's page and links show the decision), directly only if the
-        step has no request at all. A request decided already, even one the run has not
-        recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
-        ...
-
-    def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
-        """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
-        finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
-        and, on AWS, stop the execution working it. Returns the cancelled head."""
-        ...
-
-    def close(self) -> None: ...
+def connect(
+    url: str | None = None,
+    *,
+    create: bool = True,
+    environ: Mapping[str, str] | None = None,
+    worker_id: str | None = None,
+) -> Client:
+    """A client on the store at `url`: `sqlite:///path.db` (made if missing, unless
+    `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
+    region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
+    The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
+    return Client(open_runtime(url, create=create, environ=environ), worker_id=worker_id)
 
 
 def open_runtime(

@@ -30,6 +30,7 @@ from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
+from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
@@ -196,6 +197,15 @@ class LocalRuntime:
         return SqliteLeases(self.db)
 
     @property
+    def approvals(self) -> SqliteApprovalBook:
+        return SqliteApprovalBook(self.db)
+
+    @property
+    def housekeeping(self) -> SqliteHousekeeping:
+        """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
+        return SqliteHousekeeping(self.db)
+
+    @property
     def root(self) -> Path:
         return self.db.path.parent / self.db.path.stem
 
@@ -252,7 +262,7 @@ class LocalRuntime:
         """Approvals decided through signed links to `ratchet serve`, signed with a key kept
         beside the store (`<store>.approval-key`, made on first use, owner-only)."""
         return ApprovalDesk(
-            book=SqliteApprovalBook(self.db),
+            book=self.approvals,
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
             signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
@@ -288,7 +298,7 @@ class LocalRuntime:
     def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
         """What a worker calls to expire the requests nobody answered in time (its
         `expire_approvals`), recording each expiry with `engine`."""
-        book = SqliteApprovalBook(self.db)
+        book = self.approvals
         return lambda now: expire_overdue(book, engine, now)
 
     def decide(
@@ -297,7 +307,7 @@ class LocalRuntime:
         """Through the run's open approval request, so its links and page show the decision;
         a run parked by a worker that died before opening one is decided directly."""
         engine = self.engine(worker_id=worker_id, logger=logger)
-        decider = Decider(SqliteApprovalBook(self.db), LocalResumer(engine), self.store)
+        decider = Decider(self.approvals, LocalResumer(engine), self.store)
         decider.decide_or_record(
             run_id,
             verdict,
@@ -309,7 +319,7 @@ class LocalRuntime:
         """Cancel the run, then close its pending approval requests: a worker holding it
         finds it cancelled at its next commit (a stale version) and leaves it."""
         head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
-        SqliteApprovalBook(self.db).close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        self.approvals.close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
         return head
 
     def close(self) -> None:

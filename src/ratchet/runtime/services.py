@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from ratchet.adapters.slack import SlackResponder
 from ratchet.agents import AgentRegistry
 from ratchet.approvals.desk import ApprovalDesk
-from ratchet.client import Client
+from ratchet.client import Client, Runtime
 from ratchet.runs import RunRequest
 from ratchet.web.approvals import ApprovalServices
 from ratchet.web.runs import RunsServices, RunStarted
@@ -27,7 +27,6 @@ from ratchet.web.runs import RunsServices, RunStarted
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ratchet.runtime import Runtime
     from ratchet.runtime.aws import AwsRuntime
     from ratchet.runtime.local import LocalRuntime
 

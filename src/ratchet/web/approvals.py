@@ -21,14 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from pydantic import SecretStr
 
-from ratchet.adapters.slack import SlackResponder
 from ratchet.approvals import pages
 from ratchet.approvals.answers import FORM_PREFIX, MAX_ANSWER_FIELDS, answer_from_form
 from ratchet.approvals.desk import ApprovalDesk
@@ -44,6 +43,9 @@ from ratchet.errors import (
     RunNotFound,
     StoreBusy,
 )
+
+if TYPE_CHECKING:
+    from ratchet.adapters.slack import SlackResponder
 from ratchet.waits import MAX_COMMENT_CHARS, Verdict
 
 MAX_FORM_BYTES = 128 * 1024
