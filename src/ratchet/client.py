@@ -448,13 +448,17 @@ class Client:
         """Start the run if it is new (with `start`'s arguments), or continue the one with
         this id, and work it in this process until it is done, waiting or failed."""
         if run_id is not None and not start and self.runtime.store.load_head(run_id):
-            return self.work(run_id)
-        return self.work(self.start(run_id=run_id, **start).run_id)
+            return self._work(run_id)
+        return self._work(self.start(run_id=run_id, **start).run_id)
 
     def work(self, run_id: str) -> Run:
         """Work an existing run in this process until it is done, waiting or failed (or
         another worker holds it; then where it stands)."""
         self.get(run_id)
+        return self._work(run_id)
+
+    def _work(self, run_id: str) -> Run:
+        """`work` for a run just read or created: no read to check that it exists."""
         self.runtime.work(run_id, worker_id=self.worker_id, logger=self.logger, faults=self.faults)
         return self.get(run_id)
 
