@@ -19,6 +19,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import CodeType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,9 +34,9 @@ def _lines(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def _code_run() -> Iterator[set[Any]]:
+def _code_run() -> Iterator[set[CodeType]]:
     """The package's functions (code objects) that run inside the block."""
-    seen: set[Any] = set()
+    seen: set[CodeType] = set()
     root = str(PACKAGE)
 
     def profile(frame: Any, event: str, _arg: Any) -> None:
@@ -49,7 +50,7 @@ def _code_run() -> Iterator[set[Any]]:
         sys.setprofile(None)
 
 
-def _function_lines(code: Any) -> int:
+def _function_lines(code: CodeType) -> int:
     """A function's lines, from its `def` to its last line of code."""
     last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
     return max(last, code.co_firstlineno) - code.co_firstlineno + 1
