@@ -3,6 +3,7 @@ be used), and which are answers; the adapter raises each under Ratchet's name.""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,11 +17,14 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.items import is_transient, store_error
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.errors import StaleVersion, StoreBusy, StoreUnavailable
 from ratchet.ports import LedgerEntry
+from ratchet.state import utcnow
+from ratchet.waits import Approval, ApprovalStatus, Verdict
 
 ENDPOINT = "https://dynamodb.us-east-1.amazonaws.com"
 
@@ -98,7 +102,7 @@ class _Failing:
         self.calls: list[str] = []
 
     def __getattr__(self, operation: str) -> Any:
-        def call(**kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(operation)
             raise self.error
 
@@ -111,6 +115,26 @@ def _store(client: _Failing) -> DynamoDbCheckpointStore:
         table="ratchet-checkpoints",
         ledger_table="ratchet-idempotency",
     )
+
+
+def _book(client: _Failing) -> AwsApprovals:
+    return AwsApprovals(client, "ratchet-checkpoints")  # type: ignore[arg-type]
+
+
+def _approval() -> Approval:
+    now = utcnow()
+    return Approval(
+        approval_id="a1a1a1a1a1a1a1a1",
+        run_id="r",
+        step=1,
+        prompt="May I?",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
+    )
+
+
+def _verdict() -> Verdict:
+    return Verdict(approved=True, by="dana")
 
 
 def _entry() -> LedgerEntry:
@@ -126,8 +150,29 @@ def _entry() -> LedgerEntry:
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").begin(_entry()),
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").get("r/step-1"),
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").complete("k", "x"),
+        lambda client: _book(client).open(_approval()),
+        lambda client: _book(client).get("r", "a1a1a1a1a1a1a1a1"),
+        lambda client: _book(client).of_run("r"),
+        lambda client: _book(client).settle(_approval(), _verdict(), channel="link", at=utcnow()),
+        lambda client: _book(client).close("r", 1, ApprovalStatus.CLOSED, at=utcnow()),
+        lambda client: _book(client).task_token(_approval()),
+        lambda client: _book(client).forget_token("r", "a1a1a1a1a1a1a1a1"),
     ],
-    ids=["load_head", "begin_attempt", "release_attempt", "begin", "get", "complete"],
+    ids=[
+        "load_head",
+        "begin_attempt",
+        "release_attempt",
+        "begin",
+        "get",
+        "complete",
+        "approval-open",
+        "approval-get",
+        "approval-of_run",
+        "approval-settle",
+        "approval-close",
+        "approval-task_token",
+        "approval-forget_token",
+    ],
 )
 @pytest.mark.parametrize(
     ("error", "named"),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE, error_code
+from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE, error_code, translated_errors
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 
@@ -38,13 +38,16 @@ def approval_sk(approval_id: str) -> str:
 
 class AwsApprovals:
     """The approval book of the AWS runtime, and the keeper of each parked task's token
-    (`TaskTokens`, which `StepFunctionsResumer` answers the execution with)."""
+    (`TaskTokens`, which `StepFunctionsResumer` answers the execution with). A DynamoDB failure
+    its methods do not answer themselves is raised under Ratchet's name (`StoreBusy`,
+    `StoreUnavailable`), as the store's and the ledger's are."""
 
     def __init__(self, dynamodb: DynamoDBClient, table: str, *, retention_days: int = 30) -> None:
         self._client = dynamodb
         self._table = table
         self._retention = timedelta(days=retention_days)
 
+    @translated_errors
     def open(self, approval: Approval, *, task_token: str | None = None) -> Approval:
         item = self._item(approval)
         if task_token is not None:
@@ -56,6 +59,7 @@ class AwsApprovals:
         )
         return approval
 
+    @translated_errors
     def get(self, run_id: str, approval_id: str) -> Approval | None:
         found = self._client.get_item(
             TableName=self._table,
@@ -66,6 +70,7 @@ class AwsApprovals:
         ).get("Item")
         return Approval.model_validate_json(found["record"]["S"]) if found else None
 
+    @translated_errors
     def of_run(self, run_id: str) -> list[Approval]:
         """Every approval of the run still stored, oldest first."""
         pages = self._client.get_paginator("query").paginate(
@@ -82,6 +87,7 @@ class AwsApprovals:
         found = [Approval.model_validate_json(i["record"]["S"]) for p in pages for i in p["Items"]]
         return sorted(found, key=lambda a: a.created_at)
 
+    @translated_errors
     def has_token(self, run_id: str, approval_id: str) -> bool:
         found = self._client.get_item(
             TableName=self._table,
@@ -91,6 +97,7 @@ class AwsApprovals:
         ).get("Item")
         return bool(found and "task_token" in found)
 
+    @translated_errors
     def settle(
         self, approval: Approval, verdict: Verdict, *, channel: str, at: datetime
     ) -> Approval:
@@ -110,6 +117,7 @@ class AwsApprovals:
             raise ApprovalDecided(f"already {status}{by}") from None
         return settled
 
+    @translated_errors
     def reopen(self, approval: Approval) -> None:
         reopened = approval.reopened()
         try:
@@ -118,6 +126,7 @@ class AwsApprovals:
             if error_code(error) != "ConditionalCheckFailedException":
                 raise
 
+    @translated_errors
     def close(self, run_id: str, step: int, status: ApprovalStatus, *, at: datetime) -> None:
         """Mark the step's pending approvals `status` and drop every token of the step: the
         execution has its answer (or gave up waiting), so no token of it may be used again."""
@@ -136,6 +145,7 @@ class AwsApprovals:
 
     # --- the task tokens -------------------------------------------------------------------
 
+    @translated_errors
     def task_token(self, approval: Approval) -> str:
         """The token of the approval's parked task; `ApprovalClosed` if it was dropped."""
         found = self._client.get_item(
@@ -148,6 +158,7 @@ class AwsApprovals:
             raise ApprovalClosed("the run is no longer waiting for this request")
         return found["task_token"]["S"]
 
+    @translated_errors
     def forget_token(self, run_id: str, approval_id: str) -> None:
         self._client.update_item(
             TableName=self._table,
