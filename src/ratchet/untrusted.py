@@ -37,6 +37,16 @@ most 16 KB as compact JSON, its goal 64 KB)."""
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8. Python decodes bytes that are not UTF-8 (in
+    `os.environ`, `sys.argv`) as lone surrogates, which no store, log line, HTTP header or
+    terminal can take."""
+    return _LONE_SURROGATE.search(text) is None
+
+
 def check_text(
     text: str, *, field: str, max_chars: int = MAX_JSON_CHARS, max_depth: int = MAX_JSON_DEPTH
 ) -> None:

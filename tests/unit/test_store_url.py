@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from ratchet.cli.app import app
 from ratchet.errors import InvalidInput
 from ratchet.runtime import DynamoDbStoreUrl as DynamoDbStore
+from ratchet.runtime import open_runtime
 
 GOOD = "dynamodb://ratchet-checkpoints?ledger=ratchet-idempotency&app=ratchet-app"
 
@@ -73,3 +74,9 @@ def test_commands_that_write_refuse_a_dynamodb_store(args, monkeypatch):
 
     assert isinstance(result.exception, InvalidInput)
     assert f"ratchet {args[0]} needs a local sqlite:// store" in str(result.exception)
+
+
+def test_an_anthropic_key_that_is_not_utf8_is_refused_before_a_client_is_made():
+    # Python hands the byte 0xff of an environment variable over as a lone surrogate.
+    with pytest.raises(InvalidInput, match=r"^ANTHROPIC_API_KEY is not valid: not UTF-8 text$"):
+        open_runtime(GOOD, environ={"ANTHROPIC_API_KEY": "sk-\udcff"})

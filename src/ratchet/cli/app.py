@@ -16,7 +16,6 @@ makes bad input of any kind one line and an exit code.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -29,6 +28,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from ratchet.cli import decisions, housekeeping, inspection, runs, serve
 from ratchet.cli.context import err, global_options, say
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
+from ratchet.untrusted import is_utf8
 
 COMMANDS: dict[str, Callable[..., None]] = {
     "start": runs.start,
@@ -97,14 +97,11 @@ def _refuse(message: str, *, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-_NOT_UTF8 = re.compile("[\ud800-\udfff]")
-
-
 def _check_text(args: Sequence[str]) -> None:
     """Refuse an argument that is not UTF-8 before any command runs. Python decodes such
     bytes as lone surrogates, which no store, log line or terminal can take."""
     for index, arg in enumerate(args):
-        if not _NOT_UTF8.search(arg):
+        if is_utf8(arg):
             continue
         name, equals, value = arg.partition("=")
         if arg.startswith("--") and equals:

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ratchet.client import Client, Runtime
 from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.untrusted import is_utf8
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -198,15 +199,12 @@ class DynamoDbStoreUrl:
 
 
 def _anthropic_api_key(env: Mapping[str, str]) -> SecretStr | None:
-    """`ANTHROPIC_API_KEY`, checked as `LocalSettings` checks it: os.environ decodes bytes that
-    are not UTF-8 as lone surrogates, which no HTTP header can carry."""
+    """`ANTHROPIC_API_KEY`, checked as `LocalSettings` checks it (`is_utf8`)."""
     from pydantic import SecretStr
 
     key = env.get("ANTHROPIC_API_KEY") or None
     if key is None:
         return None
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput("ANTHROPIC_API_KEY is not valid: not UTF-8 text") from None
+    if not is_utf8(key):
+        raise InvalidInput("ANTHROPIC_API_KEY is not valid: not UTF-8 text")
     return SecretStr(key)

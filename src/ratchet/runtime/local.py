@@ -8,7 +8,6 @@ run for an agent that keeps files (the migration demo's app database) in `ratche
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
+from ratchet.untrusted import is_utf8
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
@@ -84,9 +84,7 @@ class LocalSettings(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _valid_text(cls, value: Any) -> Any:
-        # os.environ decodes bytes that are not UTF-8 as lone surrogates, which no file,
-        # log line or terminal can take.
-        if isinstance(value, str) and _NOT_UTF8.search(value):
+        if isinstance(value, str) and not is_utf8(value):
             raise ValueError("not UTF-8 text")
         return value
 
@@ -140,7 +138,6 @@ _ENV_NAMES = {
     "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
 }
-_NOT_UTF8 = re.compile("[\ud800-\udfff]")
 
 
 def sqlite_path(url: str) -> Path:
