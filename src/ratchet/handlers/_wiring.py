@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
     from ratchet.adapters.dynamodb.approvals import AwsApprovals
     from ratchet.approvals.desk import ApprovalDesk
-    from ratchet.client import Client
     from ratchet.engine import Engine
     from ratchet.web.approvals import ApprovalServices
     from ratchet.web.runs import RunsServices
@@ -104,14 +103,6 @@ def runtime() -> AwsRuntime:
 def agents() -> AgentRegistry:
     """The agents this deployment registered (`RATCHET_AGENTS`), parsed once per container."""
     return AgentRegistry.deployment(settings().agents)
-
-
-def client(*, worker_id: str) -> Client:
-    """The Python client on this deployment's runtime, starting only the agents it registered
-    (by name); `worker_id` names whoever writes through it (the request, for a start)."""
-    from ratchet.runtime.services import api_client
-
-    return api_client(runtime(), agents=agents(), worker_id=worker_id, logger=logger)
 
 
 @cache

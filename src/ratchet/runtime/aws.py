@@ -225,8 +225,10 @@ class AwsRuntime:
 
     def _start_execution(self, run_id: str, generation: int) -> bool:
         machine = self.settings.state_machine_arn
-        if not machine or self._stepfunctions is None:
+        if not machine:
             raise RuntimeError("RATCHET_STATE_MACHINE_ARN is not set: the API cannot start runs")
+        if self._stepfunctions is None:
+            raise RuntimeError("this runtime was built without a Step Functions client")
         execution = ExecutionInput(
             run_id=run_id,
             generation=generation,

@@ -15,6 +15,7 @@ from ratchet.approvals.desk import decided_text
 from ratchet.approvals.messages import SLACK_APPROVE, SLACK_REJECT
 from ratchet.errors import ApprovalDecided
 from ratchet.handlers import _wiring
+from ratchet.runtime.services import api_client
 from ratchet.state import RunStatus
 from ratchet.waits import ApprovalStatus
 from tests.fake_slack import FakeSlack, button_press
@@ -347,8 +348,11 @@ def test_every_channel_finds_a_request_decided_before_record_decision_runs(
     )
     pressed = stack.slack(press)
     api_status, api_answer = call("POST", "/runs/window/reject", {"reason": "no"})
+    client = api_client(
+        _wiring.runtime(), agents=_wiring.agents(), worker_id="python", logger=_wiring.logger
+    )
     with pytest.raises(ApprovalDecided) as python:
-        _wiring.client(worker_id="python").reject("window", by="dave", comment="no")
+        client.reject("window", by="dave", comment="no")
 
     # Then each finds it decided, naming who and when, and nothing changed
     assert (again.status, again.title) == (409, "Already decided")
