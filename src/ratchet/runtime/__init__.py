@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from ratchet.client import Client, Runtime
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.untrusted import is_utf8
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
 
+    from ratchet.client import Client, Runtime
     from ratchet.runtime.local import LocalSettings
 
 SQLITE_SCHEME = "sqlite:///"
@@ -56,6 +56,10 @@ def connect(
     `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
     region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
     The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
+    # Loaded here, not with the package: a worker or a Lambda handler opens a runtime without
+    # the client's answer models.
+    from ratchet.client import Client
+
     return Client(open_runtime(url, create=create, environ=environ), worker_id=worker_id)
 
 
