@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ratchet.errors import AgentNotFound
+from ratchet.errors import AgentNotFound, RatchetError
 from ratchet.imports import IMPORT_PATH, ImportFailed, import_object
 from ratchet.tools import Agent
 
@@ -124,3 +124,13 @@ def _import(target: str, reference: str) -> Agent:
     if not isinstance(found, Agent):
         raise AgentNotFound(f"{target!r} is not a ratchet.tools.Agent")
     return found
+
+
+def declared_events(reference: str, registry: AgentRegistry = LOCAL) -> Sequence[str] | None:
+    """The event names the run's agent declares it waits for (`Agent.events`), or None: it
+    declares none, or it cannot be loaded here (the event is then kept, as for any agent)."""
+    try:
+        agent = registry.load(reference)
+    except RatchetError:
+        return None
+    return list(agent.events) if agent.events is not None else None

@@ -43,6 +43,7 @@ from ratchet.state import (
     StepCompleted,
     StoredCheckpoint,
     Usage,
+    WaitSettled,
     utcnow,
 )
 from ratchet.summary import checkpoint_fields, usage_totals
@@ -579,7 +580,7 @@ class Client:
                 c.version
                 for c in checkpoints
                 if c.step == from_step
-                and isinstance(c.event, Created | StepCompleted | PersonDecided)
+                and isinstance(c.event, Created | StepCompleted | PersonDecided | WaitSettled)
             ),
             default=None,
         )

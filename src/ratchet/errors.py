@@ -221,6 +221,41 @@ class AnswerInvalid(ApprovalError):
     http_status = 400
 
 
+class WaitError(RatchetError):
+    """An event, a wake or a webhook delivery that cannot be taken; nothing changed.
+    `http_status` is what the runs API and the hook route answer."""
+
+    http_status = 400
+
+
+class RunEnded(WaitError):
+    """The run has ended: it takes no more events (they would never be read)."""
+
+    http_status = 409
+
+
+class EventNotAwaited(WaitError):
+    """The run's agent names the events it waits for, and not this one."""
+
+    http_status = 404
+
+
+class MailboxFull(WaitError):
+    """The run's mailbox holds as many unread events as it keeps (`MAX_MAILBOX_EVENTS`)."""
+
+    http_status = 429
+
+
+class PayloadTooLarge(WaitError):
+    http_status = 413
+
+
+class NotSleeping(WaitError):
+    """Only a run that sleeps (`sleep`, `sleep_until`) can be woken."""
+
+    http_status = 409
+
+
 class StepAttemptFailed(RatchetError):
     """One attempt at a step failed; the step may be retried (the third attempt fails the run).
 

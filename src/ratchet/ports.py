@@ -27,7 +27,7 @@ from ratchet.state import (
     ToolOutput,
     Usage,
 )
-from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Verdict
+from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, SentEvent, Verdict
 
 MAX_ITEM_BYTES = 350 * 1024
 """No record Ratchet writes may exceed this (DynamoDB's item limit is 400 KB)."""
@@ -42,6 +42,16 @@ class Commit:
     checkpoint: StoredCheckpoint
     expected_version: int
     completes: LedgerCompletion | None = None
+    consumes: Consumption | None = None
+
+
+@dataclass(frozen=True)
+class Consumption:
+    """An event of the run's mailbox that the commit consumes, in the same write: the commit
+    lands only if the event is still pending, and marks it consumed by `step`."""
+
+    event_id: str
+    step: int
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,9 @@ class CheckpointStore(Protocol):
       version the caller read; otherwise they raise `StaleVersion` and change nothing. The
       head's version after a successful write is `expected_version + 1`.
     - `commit` writes the head, the checkpoint record and the ledger completion in one
-      transaction, and refuses any record over `MAX_ITEM_BYTES` before writing.
+      transaction, and refuses any record over `MAX_ITEM_BYTES` before writing. With
+      `consumes`, the same transaction marks that mailbox event consumed, and lands only if
+      it was pending (`StaleVersion` otherwise, nothing written).
     - Checkpoints are never rewritten; every one can be read back until retention removes it.
     """
 
@@ -429,6 +441,58 @@ class Resumer(Protocol):
     was closed)."""
 
     def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState: ...
+
+
+class Mailbox(Protocol):
+    """The events sent to runs (SQLite locally; the run's partition of the checkpoints table
+    on AWS), each accepted once and consumed at most once.
+
+    Contract (`tests/conformance/test_mailbox_contract.py`):
+    - `post` stores the event if its `(run_id, event_id)` is new and returns it with True; if
+      it exists, it returns the stored one with False and changes nothing (a sender's retry).
+      A run with `MAX_MAILBOX_EVENTS` pending events refuses more (`MailboxFull`).
+    - `get` reads one back; `of_run` lists a run's events in the order they arrived;
+      `next_for(run_id, name)` is the first pending event of that name, or None.
+    - consuming is the checkpoint store's `commit` (`Commit.consumes`), so an event is taken
+      by a step's wait in the same write that records it; `refuse` marks a pending event
+      that the wait it reached cannot take (its payload fails the schema), with the reason.
+    - every read sees every write that returned before it, from any process.
+    """
+
+    def post(self, event: SentEvent) -> tuple[SentEvent, bool]: ...
+
+    def get(self, run_id: str, event_id: str) -> SentEvent | None: ...
+
+    def of_run(self, run_id: str) -> list[SentEvent]: ...
+
+    def next_for(self, run_id: str, name: str) -> SentEvent | None: ...
+
+    def refuse(self, run_id: str, event_id: str, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class OpenWait:
+    """One run's open wait, as the local book of open waits lists it."""
+
+    run_id: str
+    step: int
+    kind: str
+    """`person`, `event` or `timer`."""
+    name: str | None = None
+    due_at: datetime | None = None
+    """When it settles by itself (a timer's time, an event wait's timeout), if it does."""
+
+
+class WaitBook(Protocol):
+    """The local runtime's book of open waits, kept by the checkpoint store in the commits
+    that park and settle runs (on AWS, Step Functions keeps the waits: a `Wait` state, a
+    parked task's timeout). A worker reads it to settle what is due."""
+
+    def due(self, now: datetime) -> list[OpenWait]: ...
+
+    def answered(self) -> list[OpenWait]: ...
+
+    def next_due(self) -> datetime | None: ...
 
 
 class Notifier(Protocol):

@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+)
 
 SCHEMA_VERSION = 4
 """Bump it with a migration in `ratchet.migrations` whenever a stored field changes meaning.
@@ -226,10 +234,141 @@ class ApprovalRequest(_Model):
     answer=Model)`), or None: a plain yes or no."""
 
 
+EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+EventName = Annotated[str, StringConstraints(pattern=EVENT_NAME_PATTERN)]
+MIN_SLEEP_SECONDS = 1
+MAX_WAIT_SECONDS = 365 * 24 * 3600
+"""A wait (a sleep, an event's timeout) lasts from 1 second to a year."""
+MAX_EVENT_BYTES = 256 * 1024
+"""An event's payload, as UTF-8 JSON, is at most this; one over `INLINE_BYTES` is kept in the
+blob store by hash, and the records hold a preview and the reference."""
+
+
+class EventWait(_Model):
+    """What a tool waits for with `wait_for_event`: an event of this name sent to the run."""
+
+    kind: Literal["event"] = "event"
+    name: EventName
+    timeout_seconds: int | None = Field(default=None, ge=MIN_SLEEP_SECONDS, le=MAX_WAIT_SECONDS)
+    expires_at: datetime | None = None
+    """When the wait gives up (`timeout_seconds` after the step committed; None: never)."""
+    answer_schema: dict[str, Any] | None = None
+    """The JSON schema the payload must match (`wait_for_event(schema=Model)`), or None."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    webhook: bool = False
+    """Whether the wait takes the event from a signed webhook URL too (`ratchet hook`)."""
+
+    @property
+    def prompt(self) -> str:
+        """What the run waits for, in words (as a person's request says it)."""
+        return f"Waiting for the event {self.name!r}" + (
+            f" until {_when(self.expires_at)}" if self.expires_at else ""
+        )
+
+
+class TimerWait(_Model):
+    """What a tool waits for with `sleep` or `sleep_until`: a time."""
+
+    kind: Literal["timer"] = "timer"
+    seconds: float | None = Field(default=None, ge=MIN_SLEEP_SECONDS, le=MAX_WAIT_SECONDS)
+    """As asked by `sleep` (relative), or None for `sleep_until`."""
+    until: datetime | None = None
+    """When the run wakes: set by `sleep_until`, or by the engine from `seconds`."""
+
+    @property
+    def prompt(self) -> str:
+        return f"Sleeping until {_when(self.until)}" if self.until else "Sleeping"
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def answer_schema(self) -> None:
+        return None
+
+
+def duration_words(seconds: float) -> str:
+    """`45 s`, `90 min`, `2 h`, `3 d`: a wait's length, as a result or a status says it."""
+    if seconds < 120:
+        return f"{seconds:g} s"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size or unit == "min":
+            amount = seconds / size
+            return f"{amount:.0f} {unit}" if amount == round(amount) else f"{amount:.1f} {unit}"
+    return f"{seconds:g} s"  # pragma: no cover
+
+
+def _when(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _wait_kind(value: Any) -> str:
+    if not isinstance(value, dict):
+        kind = getattr(value, "kind", None)
+        return kind if kind in ("event", "timer") else "person"
+    kind = value.get("kind")
+    if kind in ("event", "timer"):
+        return str(kind)
+    # A head is stored without the fields at their default, `kind` among them; and records
+    # written before there were other waits hold an approval request with no kind. Each
+    # kind has a field the others lack.
+    if "name" in value:
+        return "event"
+    if "until" in value or "seconds" in value:
+        return "timer"
+    return "person"
+
+
+WaitRequest = Annotated[
+    Annotated[ApprovalRequest, Tag("person")]
+    | Annotated[EventWait, Tag("event")]
+    | Annotated[TimerWait, Tag("timer")],
+    Discriminator(_wait_kind),
+]
+"""What a step waits for: a person's decision, an event, or a time."""
+
+
+def wait_kind(request: ApprovalRequest | EventWait | TimerWait) -> str:
+    """`person`, `event` or `timer`."""
+    return _wait_kind(request)
+
+
+def wait_due(request: ApprovalRequest | EventWait | TimerWait) -> datetime | None:
+    """When the wait settles by itself: a timer's time, an event wait's timeout (None: a
+    person's request, whose expiry its approval keeps, or an event wait without a timeout)."""
+    if isinstance(request, TimerWait):
+        return request.until
+    if isinstance(request, EventWait):
+        return request.expires_at
+    return None
+
+
+def stamped(request: EventWait | TimerWait, now: datetime) -> EventWait | TimerWait:
+    """The wait with its times made absolute from `now` (the step's commit)."""
+    if isinstance(request, TimerWait):
+        if request.until is not None or request.seconds is None:
+            return request
+        return request.model_copy(update={"until": now + timedelta(seconds=request.seconds)})
+    if request.timeout_seconds is None or request.expires_at is not None:
+        return request
+    return request.model_copy(
+        update={"expires_at": now + timedelta(seconds=request.timeout_seconds)}
+    )
+
+
 class Waiting(_Model):
     step: int
-    request: ApprovalRequest
+    request: WaitRequest
     since: datetime
+
+    @property
+    def kind(self) -> str:
+        return wait_kind(self.request)
+
+    @property
+    def due(self) -> datetime | None:
+        return wait_due(self.request)
 
 
 class ToolDigest(_Model):
@@ -304,7 +443,7 @@ class StepCompleted(_Model):
     key: str
     call: ToolCall
     output: ToolOutput
-    wait: ApprovalRequest | None = None
+    wait: WaitRequest | None = None
     next_attempt_counted: bool = False
     """The commit also counted the next step's first attempt (a worker going straight on)."""
     attempt: int
@@ -329,6 +468,29 @@ class PersonDecided(_Model):
     comment: str = ""
     answer: dict[str, Any] | None = None
     """The person's answer, checked against the request's `answer_schema`."""
+
+
+SettledHow = Literal["event", "timeout", "due", "woken"]
+
+
+class WaitSettled(_Model):
+    """A wait for an event or a time, settled: by the event (`event`), its timeout passing
+    first (`timeout`), the time coming (`due`) or someone waking the run early (`woken`).
+    `text` becomes the result of the step that waited, as a person's answer does."""
+
+    kind: Literal["settled"] = "settled"
+    step: int
+    how: SettledHow
+    text: str
+    name: str | None = None
+    """The event's name (an event wait)."""
+    event_id: str | None = None
+    """The event that settled it: consumed from the run's mailbox in the same write."""
+    payload: Any = None
+    """The event's payload when it is small; a large one is `blob` (and `text` a preview)."""
+    blob: BlobRef | None = None
+    by: str | None = None
+    """Who woke the run early."""
 
 
 class AttemptFailed(_Model):
@@ -359,7 +521,7 @@ class Retried(_Model):
 
 
 CheckpointEvent = Annotated[
-    Created | StepCompleted | PersonDecided | AttemptFailed | Finished | Retried,
+    Created | StepCompleted | PersonDecided | WaitSettled | AttemptFailed | Finished | Retried,
     Field(discriminator="kind"),
 ]
 
@@ -395,17 +557,23 @@ def preview_of(event: StepCompleted) -> ToolOutput:
 
 
 def answer_in_place(
-    results: list[ToolOutput], asked_at: int, event: PersonDecided
+    results: list[ToolOutput], asked_at: int, event: PersonDecided | WaitSettled
 ) -> tuple[list[ToolOutput], str]:
-    """The window's results once a person answered the step that asked (`asked_at`), and the
-    new last result: their answer, in place of that step's result. The fold that builds each
+    """The window's results once a person answered the step that asked (`asked_at`), or its
+    wait for an event or a time settled, and the new last result: the answer (`settled_text`),
+    in place of that step's result. The fold that builds each
     new head (`ratchet.engine.fold.apply_event`, which `replay` runs too) and the window a store
     reads back (`ratchet.stored.with_window`, what the next step's prompt is rendered from) both
     answer through this, so the prompt the model gets and `ratchet replay` cannot tell the
     answer differently."""
-    text = decision_text(event)
+    text = settled_text(event)
     answered = [r.model_copy(update={"text": text}) if r.step == asked_at else r for r in results]
     return answered, text
+
+
+def settled_text(event: PersonDecided | WaitSettled) -> str:
+    """What the model reads as the waiting step's result, however the wait settled."""
+    return event.text if isinstance(event, WaitSettled) else decision_text(event)
 
 
 def decision_text(event: PersonDecided) -> str:

@@ -32,6 +32,7 @@ from ratchet.state import (
     RunState,
     StepCompleted,
     ToolOutput,
+    WaitSettled,
     answer_in_place,
     message_of,
     preview_of,
@@ -119,7 +120,7 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
             results[event.step] = preview_of(event)
             last_result = results[event.step].text
             asked_at = event.step if event.wait is not None else None
-        elif isinstance(event, PersonDecided) and asked_at is not None:
+        elif isinstance(event, PersonDecided | WaitSettled) and asked_at is not None:
             answered, last_result = answer_in_place(list(results.values()), asked_at, event)
             results = {r.step: r for r in answered}
             asked_at = None

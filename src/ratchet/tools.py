@@ -27,6 +27,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
@@ -36,14 +37,20 @@ from pydantic import BaseModel
 from ratchet.errors import ForkRefused, ModelOutputInvalid, ModelUnavailable, PermanentError
 from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
 from ratchet.state import (
+    MAX_WAIT_SECONDS,
+    MIN_SLEEP_SECONDS,
     RECENT_STEPS,
     ApprovalRequest,
     Decision,
     Done,
+    EventWait,
     RunOptions,
     RunState,
+    TimerWait,
     ToolCall,
     Usage,
+    duration_words,
+    utcnow,
 )
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
@@ -71,7 +78,10 @@ __all__ = [
     "ToolResult",
     "Usage",
     "ask_person",
+    "sleep",
+    "sleep_until",
     "tool",
+    "wait_for_event",
 ]
 
 
@@ -108,10 +118,11 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """A tool's answer. `wait_for` parks the run until a person approves or rejects."""
+    """A tool's answer. `wait_for` parks the run until what it names settles: a person's
+    decision (`ask_person`), an event (`wait_for_event`) or a time (`sleep`, `sleep_until`)."""
 
     output: str
-    wait_for: ApprovalRequest | None = None
+    wait_for: ApprovalRequest | EventWait | TimerWait | None = None
 
 
 def ask_person(
@@ -139,6 +150,75 @@ def ask_person(
             answer_schema=answer_schema(answer) if answer is not None else None,
         ),
     )
+
+
+def wait_for_event(
+    name: str,
+    *,
+    timeout: float | timedelta | None = None,
+    schema: type[BaseModel] | None = None,
+    details: Mapping[str, Any] | None = None,
+    webhook: bool = False,
+) -> ToolResult:
+    """Return this from a tool to park the run until an event called `name` is sent to it
+    (`ratchet send RUN NAME`, `Client.send_event`, `POST /runs/{id}/events/{name}`, or with
+    `webhook=True` a signed delivery to the wait's webhook URL, `ratchet hook RUN NAME`).
+
+    The event's payload (JSON) becomes the step's result: `Event 'ci-finished': {...}`. An
+    event sent before the run waits is kept in its mailbox and taken by the first wait for
+    its name. With `schema`, a pydantic model, a payload it refuses is refused to its sender
+    (naming the field). With `timeout` (seconds, or a `timedelta`; 1 s to a year) the run
+    goes on without it once that passes, the step's result saying so (`No 'ci-finished'
+    event within 2 h.`). While it waits the run holds no process and, on AWS, no compute."""
+    seconds = _seconds(timeout, what="timeout") if timeout is not None else None
+    request = EventWait(
+        name=name,
+        timeout_seconds=math.ceil(seconds) if seconds is not None else None,
+        answer_schema=schema.model_json_schema() if schema is not None else None,
+        details=dict(details or {}),
+        webhook=webhook,
+    )
+    within = f" (at most {duration_words(seconds)})" if seconds is not None else ""
+    return ToolResult(output=f"Waiting for the event {name!r}{within}.", wait_for=request)
+
+
+def sleep(seconds: float | timedelta) -> ToolResult:
+    """Return this from a tool to park the run for `seconds` (or a `timedelta`; 1 s to a
+    year). The run holds no process while it sleeps (on AWS a Step Functions `Wait` state,
+    no Lambda running), can be woken early (`ratchet wake RUN`) or cancelled, and goes on
+    when it is due, its step's result saying when it woke."""
+    wait = _seconds(seconds, what="a sleep")
+    return ToolResult(
+        output=f"Sleeping for {duration_words(wait)}.", wait_for=TimerWait(seconds=wait)
+    )
+
+
+def sleep_until(when: datetime) -> ToolResult:
+    """Return this from a tool to park the run until `when` (a timezone-aware `datetime`, at
+    most a year ahead); a time already past goes on at once. As `sleep` otherwise."""
+    if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"sleep_until needs a timezone-aware datetime, not {when!r}")
+    due = when.astimezone(UTC)
+    if (due - utcnow()).total_seconds() > MAX_WAIT_SECONDS:
+        raise ValueError(f"sleep_until {due.isoformat()} is more than a year ahead")
+    return ToolResult(
+        output=f"Sleeping until {due:%Y-%m-%d %H:%M:%S} UTC.", wait_for=TimerWait(until=due)
+    )
+
+
+def _seconds(value: float | timedelta, *, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not MIN_SLEEP_SECONDS <= seconds <= MAX_WAIT_SECONDS
+    ):
+        raise ValueError(
+            f"{what} must be from {MIN_SLEEP_SECONDS} second to a year "
+            f"({MAX_WAIT_SECONDS:,} s), not {value!r}"
+        )
+    return float(seconds)
 
 
 Handler = Callable[[ArgsT, ToolContext], "ToolResult | str"]
@@ -278,6 +358,13 @@ class Agent:
     remember: bool = True
     """Offer the model the runtime's `remember` tool, which pins a fact (at most
     `MAX_FACT_CHARS` characters, `MAX_PINNED_FACTS` facts) into every later prompt."""
+    sleep: bool = True
+    """Offer the model the runtime's `sleep` tool: park the run for 1 s to a year (or until
+    a time), at no cost while it sleeps."""
+    events: Sequence[str] | None = None
+    """The names of the events this agent's runs wait for. When given, an event of another
+    name sent to a run is refused (404) instead of kept in its mailbox, where no wait would
+    ever read it."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]

@@ -1,4 +1,5 @@
-"""Approvals: a person's decision on a waiting run, how it is recorded, and what is sent.
+"""Waits: a person's decision on a waiting run, how it is recorded, and what is sent; and
+the events sent to a run, as its mailbox keeps them.
 
 An approval is opened when a run parks at a step; each link, Slack button or API call that
 decides it goes through one conditional transition, `pending` -> `approved` | `rejected`, so
@@ -7,13 +8,22 @@ a decision happens exactly once however many channels (and mail scanners) reach 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from ratchet.state import PersonDecided
+from ratchet.state import (
+    EVENT_NAME_PATTERN,
+    BlobRef,
+    EventWait,
+    PersonDecided,
+    TimerWait,
+    WaitSettled,
+    duration_words,
+)
 from ratchet.untrusted import within_depth
 
 MAX_BY_CHARS = 320
@@ -158,3 +168,88 @@ class ApprovalNotice(BaseModel):
     @property
     def subject(self) -> str:
         return f"Approval needed: {self.prompt}"[:200]
+
+
+# --- events sent to a run -------------------------------------------------------------------
+
+EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
+"""An event id: what a sender retries with (GitHub's delivery id, a Stripe event id, ...)."""
+MAX_MAILBOX_EVENTS = 100
+"""Events a run's mailbox keeps unconsumed at most; one more is refused (`MailboxFull`)."""
+
+
+class SentEvent(BaseModel):
+    """One event sent to a run, as its mailbox keeps it: accepted once per `event_id`, kept in
+    order of arrival, and consumed by the first wait for its `name` (at most once: the
+    consuming step's commit marks it, in the same write)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    event_id: str = Field(pattern=EVENT_ID_PATTERN)
+    name: str = Field(pattern=EVENT_NAME_PATTERN)
+    received_at: datetime
+    payload: Any = None
+    """The payload (JSON) when it is at most `INLINE_BYTES`; a larger one is `blob`."""
+    blob: BlobRef | None = None
+    size: int = Field(default=0, ge=0)
+    """The payload's size as UTF-8 JSON."""
+    source: str = "api"
+    """How it came: `cli`, `client`, `api`, `webhook`, `reply`."""
+    consumed_step: int | None = None
+    """The step whose wait it settled; None while it waits in the mailbox."""
+    refused: str | None = None
+    """Why the wait it reached could not take it (its payload did not match the wait's
+    schema): it stays in the mailbox, never consumed, so a sender can see why."""
+
+    @property
+    def is_pending(self) -> bool:
+        return self.consumed_step is None and self.refused is None
+
+
+# --- what a settled wait tells the run ------------------------------------------------------
+# Both runtimes settle waits through these, so a step's result reads the same locally and on
+# AWS, whoever settled it.
+
+PAYLOAD_PREVIEW_CHARS = 400
+
+
+def event_arrived(wait: EventWait, step: int, event: SentEvent) -> WaitSettled:
+    """The wait at `step` settled by `event`: its payload is the step's result."""
+    if event.blob is not None:
+        shown = f"[{event.size:,} bytes in blob {event.blob.sha256[:12]}]"
+    else:
+        shown = json.dumps(event.payload, ensure_ascii=False)
+        if len(shown) > PAYLOAD_PREVIEW_CHARS:
+            shown = shown[: PAYLOAD_PREVIEW_CHARS - 1] + "…"
+    return WaitSettled(
+        step=step,
+        how="event",
+        name=wait.name,
+        event_id=event.event_id,
+        text=f"Event {wait.name!r}: {shown}",
+        payload=event.payload if event.blob is None else None,
+        blob=event.blob,
+    )
+
+
+def event_timed_out(wait: EventWait, step: int) -> WaitSettled:
+    within = duration_words(wait.timeout_seconds) if wait.timeout_seconds else "its timeout"
+    return WaitSettled(
+        step=step, how="timeout", name=wait.name, text=f"No {wait.name!r} event within {within}."
+    )
+
+
+def timer_due(wait: TimerWait, step: int, at: datetime) -> WaitSettled:
+    planned = wait.until or at
+    return WaitSettled(step=step, how="due", text=f"Slept until {planned:%Y-%m-%d %H:%M:%S} UTC.")
+
+
+def timer_woken(wait: TimerWait, step: int, at: datetime, *, by: str) -> WaitSettled:
+    planned = f" (it was to sleep until {wait.until:%Y-%m-%d %H:%M:%S} UTC)" if wait.until else ""
+    return WaitSettled(
+        step=step,
+        how="woken",
+        by=by,
+        text=f"Woken early by {by} at {at:%Y-%m-%d %H:%M:%S} UTC{planned}.",
+    )

@@ -193,6 +193,10 @@ class Worker:
     expire_approvals: Callable[[datetime], Sequence[str]] | None = None
     """Called with the time (by `clock`) every `EXPIRY_CHECK_SECONDS` between claims: records
     the expiry of requests nobody answered in time, and returns the runs that go on."""
+    settle_waits: Callable[[datetime], Sequence[str]] | None = None
+    """Called with the time (by `clock`) before every claim: settles the waits due by then
+    (a timer's time, an event wait's timeout) and those whose event is in the mailbox, and
+    returns the runs that go on (runnable now, so the claim that follows may take them)."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -246,6 +250,7 @@ class Worker:
         busy = 0
         while not self.stop.is_set() and not heartbeat.displaced.is_set():
             self._expire_overdue_approvals()
+            self._settle_waits()
             try:
                 claimed = self.leases.claim(
                     self.worker_id, self.lease_seconds, run_id=run_id, skip=self.unreadable
@@ -290,6 +295,24 @@ class Worker:
         for run_id in resumed:
             self.logger.info(
                 "approval expired; the run goes on without a decision",
+                extra={"run_id": run_id, "worker_id": self.worker_id},
+            )
+
+    def _settle_waits(self) -> None:
+        if self.settle_waits is None:
+            return
+        try:
+            resumed = self.settle_waits(self.clock())
+        except RatchetError as error:
+            # A busy store: the next pass tries again, and nothing was half done (each wait
+            # settles in one commit).
+            self.logger.warning(
+                "waits not checked", extra={"worker_id": self.worker_id, "error": str(error)}
+            )
+            return
+        for run_id in resumed:
+            self.logger.info(
+                "wait settled; the run goes on",
                 extra={"run_id": run_id, "worker_id": self.worker_id},
             )
 

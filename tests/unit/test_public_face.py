@@ -45,7 +45,10 @@ RATCHET = [
     "WaitTimedOut",
     "ask_person",
     "connect",
+    "sleep",
+    "sleep_until",
     "tool",
+    "wait_for_event",
 ]
 TOOLS = [
     "Agent",
@@ -70,7 +73,10 @@ TOOLS = [
     "ToolResult",
     "Usage",
     "ask_person",
+    "sleep",
+    "sleep_until",
     "tool",
+    "wait_for_event",
 ]
 FACES = {"ratchet", "ratchet.tools"}
 

@@ -31,7 +31,14 @@ from ratchet.errors import (
     StaleVersion,
 )
 from ratchet.ports import ApprovalBook, CheckpointStore, Notifier, Resumer
-from ratchet.state import NotifyTargets, PersonDecided, RunState, RunStatus, utcnow
+from ratchet.state import (
+    ApprovalRequest,
+    NotifyTargets,
+    PersonDecided,
+    RunState,
+    RunStatus,
+    utcnow,
+)
 from ratchet.waits import (
     PROMPT_KEPT_CHARS,
     Approval,
@@ -110,6 +117,8 @@ class ApprovalDesk:
             raise RunNotFound(run_id)
         if run.status is not RunStatus.WAITING or run.waiting is None:
             raise ApprovalClosed(f"run {run_id!r} is {run.status.value}, not waiting")
+        if not isinstance(run.waiting.request, ApprovalRequest):
+            raise ApprovalClosed(f"run {run_id!r} waits for {run.waiting.kind}, not a person")
         now = self.clock()
         # A run started with its own timeout (locally, `--approval-timeout`) keeps to it.
         timeout_seconds = run.options.approval_timeout_seconds or timeout_seconds

@@ -276,6 +276,7 @@ def worker(
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
         expire_approvals=runtime.approval_expiry(engine),
+        settle_waits=runtime.wait_settler(engine),
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:

@@ -25,6 +25,7 @@ from ratchet.engine.decisions import (
 )
 from ratchet.engine.failures import describe, paid_for
 from ratchet.engine.prompt import render_summary_prompt, step_prompt, view_of
+from ratchet.engine.timers import tool_of
 from ratchet.errors import (
     IdempotencyConflict,
     ModelFailed,
@@ -55,7 +56,9 @@ from ratchet.state import (
     ApprovalRequest,
     Decision,
     Done,
+    EventWait,
     RunState,
+    TimerWait,
     ToolCall,
     ToolOutput,
     Usage,
@@ -83,7 +86,7 @@ class Attempted:
 
     decision: Decision
     output: ToolOutput | None = None
-    wait: ApprovalRequest | None = None
+    wait: ApprovalRequest | EventWait | TimerWait | None = None
     usage: Usage | None = None
     """What the attempt's model calls used (None: the recorded decision was reused)."""
     folded: memory.Folded | None = None
@@ -190,9 +193,9 @@ class StepWork:
 
     def act(
         self, state: RunState, binding: Binding, call: ToolCall, clock: StepClock
-    ) -> tuple[ToolOutput, ApprovalRequest | None]:
+    ) -> tuple[ToolOutput, ApprovalRequest | EventWait | TimerWait | None]:
         step = state.next_step
-        tool = binding.agent.tool_named(call.name)
+        tool = tool_of(binding.agent, call.name)
         if tool is None and call.name == memory.REMEMBER and memory.offers_remember(binding.agent):
             try:
                 pinned = memory.remember(state, arguments_of(call, self._blobs))
@@ -231,7 +234,7 @@ class StepWork:
                 f"{tool.name} raised {describe(error)}", transient=is_transient(error)
             ) from error
         self._faults.hit(FaultPoint.AFTER_TOOL, step)
-        return self._output(step, tool.name, result), approval_request(tool.name, result)
+        return self._output(step, tool.name, result), wait_request(tool.name, result)
 
     def _output(self, step: int, tool: str, result: object) -> ToolOutput:
         text = result.output if isinstance(result, ToolResult) else result
@@ -284,22 +287,22 @@ def ask(
     return answer, None
 
 
-def approval_request(tool: str, result: ToolResult) -> ApprovalRequest | None:
-    """The person the tool's result asks, checked to be a request a record can keep."""
+def wait_request(tool: str, result: ToolResult) -> ApprovalRequest | EventWait | TimerWait | None:
+    """What the tool's result waits for (a person, an event, a time), checked to be a request
+    a record can keep."""
     request = result.wait_for
     if request is None:
         return None
-    if not isinstance(request, ApprovalRequest):
-        raise ToolFailed(f"{tool} asked a person with a {type(request).__name__}")
+    if not isinstance(request, ApprovalRequest | EventWait | TimerWait):
+        raise ToolFailed(f"{tool} asked to wait with a {type(request).__name__}")
+    asked = "asked a person" if isinstance(request, ApprovalRequest) else "asked to wait"
     try:
         size = len(canonical(request.model_dump(mode="json")).encode("utf-8"))
     except (TypeError, ValueError) as error:  # details that are not JSON, or not Unicode
-        raise ToolFailed(
-            f"{tool} asked a person with a request that cannot be kept: {error}"
-        ) from error
+        raise ToolFailed(f"{tool} {asked} with a request that cannot be kept: {error}") from error
     if size > MAX_APPROVAL_REQUEST_BYTES:
         raise ToolFailed(
-            f"{tool} asked a person with a request of {size:,} bytes, over the "
+            f"{tool} {asked} with a request of {size:,} bytes, over the "
             f"{MAX_APPROVAL_REQUEST_BYTES:,}-byte limit; keep the prompt short and put the "
             "detail in the tool's output"
         )

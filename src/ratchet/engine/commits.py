@@ -25,7 +25,7 @@ from ratchet.errors import (
     is_terminal,
     is_transient,
 )
-from ratchet.ports import CheckpointStore, Commit, LedgerCompletion
+from ratchet.ports import CheckpointStore, Commit, Consumption, LedgerCompletion
 from ratchet.state import (
     MAX_ATTEMPTS,
     AttemptFailed,
@@ -67,6 +67,7 @@ class Commits:
         *,
         step: int,
         completes: LedgerCompletion | None = None,
+        consumes: Consumption | None = None,
     ) -> tuple[RunState, int]:
         """Write the event's checkpoint and the new head; returns the head and bytes written."""
         checkpoint_at = utcnow()
@@ -86,6 +87,7 @@ class Commits:
                 checkpoint=checkpoint,
                 expected_version=state.version,
                 completes=completes,
+                consumes=consumes,
             )
         )
         self._log.info(

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ratchet.engine import memory
+from ratchet.engine.timers import tool_of
 from ratchet.errors import ModelOutputInvalid
 from ratchet.ports import BlobStore
 from ratchet.state import INLINE_BYTES, PREVIEW_CHARS, BlobRef, Decision, Done, ToolCall
@@ -40,7 +41,7 @@ def validated(decision: object, agent: Agent) -> Decision:
         except ValidationError as error:
             raise ModelOutputInvalid(f"invalid arguments for remember: {error}") from None
         return ToolCall(name=memory.REMEMBER, arguments=args.model_dump(mode="json"))
-    tool = agent.tool_named(decision.name)
+    tool = tool_of(agent, decision.name)
     if tool is None:
         known = ", ".join(t.name for t in agent.tools)
         raise ModelOutputInvalid(

@@ -25,6 +25,7 @@ from ratchet.state import (
     ToolDigest,
     Usage,
     Waiting,
+    WaitSettled,
     answer_in_place,
     message_of,
     preview_of,
@@ -43,7 +44,7 @@ def apply_event(
     match event:
         case StepCompleted():
             update |= _after_step(state, event, at)
-        case PersonDecided():
+        case PersonDecided() | WaitSettled():
             update |= _after_decision(state, event)
         case AttemptFailed():
             update |= {
@@ -131,9 +132,10 @@ def pinned_fact(event: StepCompleted) -> str | None:
     return fact if isinstance(fact, str) else None
 
 
-def _after_decision(state: RunState, event: PersonDecided) -> dict[str, object]:
+def _after_decision(state: RunState, event: PersonDecided | WaitSettled) -> dict[str, object]:
     asked_at = state.waiting.step if state.waiting else state.step
-    # The person's answer becomes the result of the step that asked for it.
+    # The person's answer (the event, the time's coming) becomes the result of the step that
+    # waited for it.
     results, text = answer_in_place(state.tool_results, asked_at, event)
     return {
         "status": RunStatus.RUNNING,

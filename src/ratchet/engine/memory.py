@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet.engine.timers import SLEEP_TOOL, offers_sleep
 from ratchet.ports import ToolSpec
 from ratchet.state import MAX_FACT_CHARS, MAX_PINNED_FACTS, RunState, Usage
 from ratchet.tools import Agent
@@ -47,8 +48,13 @@ def offers_remember(agent: Agent) -> bool:
 
 
 def tool_specs(agent: Agent) -> list[ToolSpec]:
+    """The tools the model is offered: the agent's, then the runtime's that it keeps."""
     specs = [t.spec() for t in agent.tools]
-    return [*specs, REMEMBER_SPEC] if offers_remember(agent) else specs
+    if offers_remember(agent):
+        specs.append(REMEMBER_SPEC)
+    if offers_sleep(agent):
+        specs.append(SLEEP_TOOL.spec())
+    return specs
 
 
 def remember(state: RunState, arguments: dict[str, Any]) -> str:

@@ -70,11 +70,18 @@ from ratchet.errors import (
     is_transient,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
-from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger, LedgerCompletion
+from ratchet.ports import (
+    BlobStore,
+    CheckpointStore,
+    Consumption,
+    IdempotencyLedger,
+    LedgerCompletion,
+)
 from ratchet.state import (
     MAX_ATTEMPTS,
     Created,
     Done,
+    EventWait,
     Finished,
     PersonDecided,
     Retried,
@@ -82,7 +89,10 @@ from ratchet.state import (
     RunStatus,
     StepCompleted,
     StoredCheckpoint,
+    TimerWait,
+    WaitSettled,
     idempotency_key,
+    stamped,
     utcnow,
 )
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
@@ -112,6 +122,7 @@ class Engine:
         abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._bind = bind
         self._unbind = unbind
         self._worker_id = worker_id
@@ -253,6 +264,15 @@ class Engine:
             )
         output, wait, folded = attempted.output, attempted.wait, attempted.folded
         assert output is not None
+        if isinstance(wait, EventWait | TimerWait):
+            # A wait's times count from its step's commit, by the engine's clock.
+            now = self._clock()
+            wait = stamped(wait, now)
+            if isinstance(wait, TimerWait) and wait.until is not None and wait.until <= now:
+                # `sleep_until` a time already past: the run goes straight on.
+                when = wait.until.strftime("%Y-%m-%d %H:%M:%S UTC")
+                output = output.model_copy(update={"text": f"Not sleeping: {when} is past."})
+                wait = None
         event = StepCompleted(
             step=step,
             key=key,
@@ -320,18 +340,32 @@ class Engine:
         return head
 
     def decide_waiting(
-        self, run: str | RunState, decision: PersonDecided, *, step: int | None = None
+        self,
+        run: str | RunState,
+        decision: PersonDecided | WaitSettled,
+        *,
+        step: int | None = None,
+        consumes: Consumption | None = None,
     ) -> RunState:
-        """Record a person's decision on a waiting run; the run becomes runnable again.
+        """Settle a waiting run's wait: record a person's decision, or an event, a timeout, a
+        timer come due (`WaitSettled`); the run becomes runnable again, the answer the
+        waiting step's result. Every wait settles here, in one conditional write.
+
         `run` is the run's id, or its head as the caller read it: the commit is conditional
         on the version read, so with `step` (only if the run waits at that step) the check
-        and the decision are one, and a head that moved since is a `StaleVersion`. The
-        decision is recorded as given: the approval desk checks its answer against the
-        request's schema."""
+        and the settling are one, and a head that moved since is a `StaleVersion`. A
+        `WaitSettled` settles only a wait of its kind (an event or a timeout: an event wait;
+        a time: a timer). With `consumes`, the same write takes the event from the run's
+        mailbox, and lands only if it was still there. The decision is recorded as given:
+        the approval desk checks an answer against the request's schema, the event desk a
+        payload against the wait's."""
         state = self.load(run) if isinstance(run, str) else run
         if state.status is not RunStatus.WAITING or (step is not None and state.step != step):
             raise NotWaiting(state.run_id, state.status)
-        head, _ = self._commits.commit(state, decision, step=state.step)
+        if not _settles(state, decision):
+            kind = state.waiting.kind if state.waiting else "nothing"
+            raise NotWaiting(state.run_id, f"waiting for {_KIND_WORDS.get(kind, kind)}")
+        head, _ = self._commits.commit(state, decision, step=state.step, consumes=consumes)
         return head
 
     # --- one step --------------------------------------------------------------------------
@@ -382,3 +416,16 @@ class Engine:
             # gets its own.
             self._unbind(state.run_id)
         return self._commits.record_failure(state, error)
+
+
+_KIND_WORDS = {"person": "a person", "event": "an event", "timer": "a time"}
+_SETTLES = {"event": ("event", "timeout"), "timer": ("due", "woken")}
+
+
+def _settles(state: RunState, decision: PersonDecided | WaitSettled) -> bool:
+    """Whether `decision` answers what the run waits for (a head written before there were
+    other waits, with no `waiting`, waits for a person)."""
+    kind = state.waiting.kind if state.waiting is not None else "person"
+    if isinstance(decision, WaitSettled):
+        return decision.how in _SETTLES.get(kind, ())
+    return kind == "person"

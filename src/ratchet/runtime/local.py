@@ -32,7 +32,9 @@ from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, Sqlit
 from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
-from ratchet.adapters.sqlite.store import SqliteCheckpointStore
+from ratchet.adapters.sqlite.mailbox import SqliteMailbox
+from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
+from ratchet.agents import declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine import Binding, Engine
@@ -41,6 +43,7 @@ from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.untrusted import is_utf8
+from ratchet.waiting.desk import EventDesk
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
@@ -198,6 +201,14 @@ class LocalRuntime:
         return SqliteApprovalBook(self.db)
 
     @property
+    def mailbox(self) -> SqliteMailbox:
+        return SqliteMailbox(self.db)
+
+    @property
+    def wait_book(self) -> SqliteWaitBook:
+        return SqliteWaitBook(self.db)
+
+    @property
     def housekeeping(self) -> SqliteHousekeeping:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
         return SqliteHousekeeping(self.db)
@@ -290,7 +301,24 @@ class LocalRuntime:
             on_step=on_step,
             on_wait=on_wait,
             expire_approvals=self.approval_expiry(engine),
+            settle_waits=self.wait_settler(engine),
         ).run(until_idle=True, run_id=run_id)
+
+    def event_desk(self, engine: Engine) -> EventDesk:
+        """Events sent to runs (`ratchet send`, `ratchet serve`), settled with `engine`."""
+        return EventDesk(
+            store=self.store,
+            mailbox=self.mailbox,
+            blobs=self.blobs,
+            engine=engine,
+            events_of=declared_events,
+        )
+
+    def wait_settler(self, engine: Engine) -> Callable[[datetime], list[str]]:
+        """What a worker calls between claims (its `settle_waits`): settle the waits due by
+        then (timers, event timeouts) and those whose event is in the mailbox."""
+        desk, book = self.event_desk(engine), self.wait_book
+        return lambda now: desk.settle_due(book, now)
 
     def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
         """What a worker calls to expire the requests nobody answered in time (its

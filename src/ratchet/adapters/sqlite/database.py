@@ -103,6 +103,33 @@ CREATE TABLE IF NOT EXISTS run_data (
 ) WITHOUT ROWID;
 """
 
+WAITS_SCHEMA = """
+-- ratchet.adapters.sqlite.mailbox keeps the events sent to runs here, once per event id, in
+-- order of arrival (seq); a step's commit consumes one in the write that records it.
+CREATE TABLE IF NOT EXISTS mailbox (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id        TEXT NOT NULL,
+    event_id      TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    consumed_step INTEGER,
+    refused       TEXT,
+    record        TEXT NOT NULL,
+    UNIQUE (run_id, event_id)
+);
+CREATE INDEX IF NOT EXISTS mailbox_pending ON mailbox (run_id, name, seq)
+    WHERE consumed_step IS NULL AND refused IS NULL;
+-- The book of open waits: one row per waiting run, written by the commit that parks it and
+-- removed by the one that settles it, so a worker finds what is due without reading heads.
+CREATE TABLE IF NOT EXISTS open_waits (
+    run_id TEXT PRIMARY KEY,
+    step   INTEGER NOT NULL,
+    kind   TEXT NOT NULL,
+    name   TEXT,
+    due_at TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS open_waits_due ON open_waits (due_at) WHERE due_at IS NOT NULL;
+"""
+
 
 RATCHET_APPLICATION_ID = 0x52744368
 """`PRAGMA application_id` of a Ratchet store ("RtCh"): written when Ratchet makes the store,
@@ -279,7 +306,9 @@ class SqliteDatabase:
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.execute("PRAGMA synchronous=FULL")
             if create:
-                connection.executescript(_SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA)
+                connection.executescript(
+                    _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA
+                )
                 if not marked:
                     connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")
         except BaseException:
@@ -346,6 +375,16 @@ class SqliteDatabase:
         finally:
             if self.connection.in_transaction:
                 self.connection.execute("COMMIT")
+
+    def has_table(self, name: str) -> bool:
+        """Whether the store has the table (one made by an older Ratchet may not, until a
+        writer opens it)."""
+        return (
+            self.connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+            ).fetchone()
+            is not None
+        )
 
     def close(self) -> None:
         self.connection.close()

@@ -10,14 +10,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
 from ratchet import stored
 from ratchet.adapters.sqlite.database import RUN_STATUSES, RowTexts, SqliteDatabase, check_size
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion, StoreDamaged
-from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunSummary
+from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunSummary
 from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
 
 
@@ -77,6 +77,8 @@ class SqliteCheckpointStore:
                 )
                 other = _text_bytes(state_json, static_json)
                 self._insert_checkpoint(tx, checkpoint, event_json, other)
+                if state.status is RunStatus.WAITING:
+                    _book_wait(tx, state)  # a fork of a waiting run waits too
         return bool(inserted)
 
     def load_head(self, run_id: str) -> RunState | None:
@@ -210,6 +212,21 @@ class SqliteCheckpointStore:
                     "UPDATE runs SET status = ? WHERE run_id = ?",
                     (head.status.value, head.run_id),
                 )
+                # The book of open waits changes with the status: a run parks or goes on.
+                if head.status is RunStatus.WAITING:
+                    _book_wait(tx, head)
+                elif stored_status == RunStatus.WAITING.value:
+                    tx.execute("DELETE FROM open_waits WHERE run_id = ?", (head.run_id,))
+            if commit.consumes is not None:
+                # The event this commit settles a wait with leaves the mailbox in the same
+                # write, and only if it was still there: it is taken once, never twice.
+                taken = tx.execute(
+                    "UPDATE mailbox SET consumed_step = ? WHERE run_id = ? AND event_id = ? "
+                    "AND consumed_step IS NULL AND refused IS NULL",
+                    (commit.consumes.step, head.run_id, commit.consumes.event_id),
+                ).rowcount
+                if not taken:
+                    raise StaleVersion(head.run_id, commit.expected_version)
             written = _text_bytes(state_json, result)
             if commit.completes is not None:
                 tx.execute(
@@ -310,3 +327,76 @@ class SqliteCheckpointStore:
         if exists is None:
             raise RunNotFound(run_id)
         raise StaleVersion(run_id, expected_version)
+
+
+def _book_wait(tx: sqlite3.Connection, head: RunState) -> None:
+    """Enter the run's open wait in the book (`open_waits`): its kind, the event's name, and
+    when it settles by itself (a timer's time, an event wait's timeout)."""
+    waiting = head.waiting
+    if waiting is None:
+        return
+    name = getattr(waiting.request, "name", None)
+    due = waiting.due
+    tx.execute(
+        "INSERT INTO open_waits (run_id, step, kind, name, due_at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (run_id) DO UPDATE SET step = excluded.step, kind = excluded.kind, "
+        "name = excluded.name, due_at = excluded.due_at",
+        (head.run_id, waiting.step, waiting.kind, name, _instant(due) if due else None),
+    )
+
+
+def _instant(at: datetime) -> str:
+    """A time as the book keeps it: UTC ISO 8601 with microseconds, so text order is time
+    order."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class SqliteWaitBook:
+    """The local book of open waits, for a worker: which are due, which have their event."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    def due(self, now: datetime) -> list[OpenWait]:
+        """Waits that settle by themselves by `now`: timers come due, event waits timed out."""
+        if not self._db.has_table("open_waits"):
+            return []
+        rows = self._db.connection.execute(
+            "SELECT run_id, step, kind, name, due_at FROM open_waits "
+            "WHERE due_at IS NOT NULL AND due_at <= ? ORDER BY due_at",
+            (_instant(now),),
+        ).fetchall()
+        return [_open_wait(row) for row in rows]
+
+    def answered(self) -> list[OpenWait]:
+        """Event waits whose mailbox holds a pending event of their name (sent while the
+        run was not yet waiting, or by a sender that stopped before delivering it)."""
+        if not self._db.has_table("open_waits"):
+            return []
+        rows = self._db.connection.execute(
+            "SELECT w.run_id, w.step, w.kind, w.name, w.due_at FROM open_waits AS w "
+            "WHERE w.kind = 'event' AND EXISTS (SELECT 1 FROM mailbox AS m WHERE "
+            "m.run_id = w.run_id AND m.name = w.name AND m.consumed_step IS NULL "
+            "AND m.refused IS NULL)"
+        ).fetchall()
+        return [_open_wait(row) for row in rows]
+
+    def next_due(self) -> datetime | None:
+        """When the first wait settles by itself, if one does."""
+        if not self._db.has_table("open_waits"):
+            return None
+        row = self._db.connection.execute(
+            "SELECT MIN(due_at) FROM open_waits WHERE due_at IS NOT NULL"
+        ).fetchone()
+        return datetime.fromisoformat(row[0]) if row and row[0] else None
+
+
+def _open_wait(row: tuple[str, int, str, str | None, str | None]) -> OpenWait:
+    run_id, step, kind, name, due_at = row
+    return OpenWait(
+        run_id=run_id,
+        step=step,
+        kind=kind,
+        name=name,
+        due_at=datetime.fromisoformat(due_at) if due_at else None,
+    )

@@ -1,0 +1,305 @@
+"""Waits on the world on the local runtime: a real SQLite store, real workers in this process,
+and the event desk every sender uses. Each order of arrival ends with the run done, the
+payload in the waiting step's result exactly once, and the mailbox empty."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from ratchet.engine import Engine
+from ratchet.errors import (
+    EventNotAwaited,
+    InvalidInput,
+    NotSleeping,
+    PayloadTooLarge,
+    RunEnded,
+    RunNotFound,
+)
+from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.state import RunOptions, RunState, RunStatus, StepCompleted, WaitSettled, utcnow
+from ratchet.waiting.desk import EventDesk, EventInvalid
+from ratchet.worker import Worker
+from tests.waits_agent import AGENT, agent
+
+LOG = logging.getLogger("ratchet.tests.waits")
+PASSED = {"conclusion": "success", "url": "https://ci.example/1"}
+
+
+@dataclass
+class Clock:
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Local:
+    def __init__(self, root: Path) -> None:
+        self.url = f"sqlite:///{root}/s.db"
+        self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
+        self.clock = Clock(utcnow())
+
+    @property
+    def engine(self) -> Engine:
+        return self.runtime.engine(worker_id="worker", logger=LOG)
+
+    def desk(self, runtime: LocalRuntime | None = None) -> EventDesk:
+        runtime = runtime or self.runtime
+        desk = runtime.event_desk(runtime.engine(worker_id="sender", logger=LOG))
+        desk.clock = self.clock
+        return desk
+
+    def start(self, run_id: str = "run-1", **params: object) -> str:
+        options = RunOptions(model="scripted", params=params)
+        state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=options)
+        assert self.engine.start(state)
+        return run_id
+
+    def work(self, run_id: str) -> None:
+        engine = self.engine
+        Worker(
+            engine,
+            self.runtime.leases,
+            LOG,
+            clock=self.clock,
+            settle_waits=self.runtime.wait_settler(engine),
+        ).run(until_idle=True, run_id=run_id)
+
+    def head(self, run_id: str) -> RunState:
+        state = self.runtime.store.load_head(run_id)
+        assert state is not None
+        return state
+
+    def results_of(self, run_id: str) -> list[WaitSettled]:
+        return [
+            c.event
+            for c in self.runtime.store.list_checkpoints(run_id)
+            if isinstance(c.event, WaitSettled)
+        ]
+
+    def pending(self, run_id: str) -> list[str]:
+        return [e.event_id for e in self.runtime.mailbox.of_run(run_id) if e.is_pending]
+
+    def tables(self) -> dict[str, list[tuple[object, ...]]]:
+        db = self.runtime.db.connection
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {n: sorted(db.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[Local]:
+    served = Local(tmp_path)
+    yield served
+    served.runtime.close()
+
+
+def assert_done_with_event_once(local: Local, run_id: str) -> None:
+    head = local.head(run_id)
+    assert head.status is RunStatus.DONE, head
+    settled = local.results_of(run_id)
+    assert [s.how for s in settled] == ["event"]
+    assert settled[0].payload == PASSED
+    assert '"conclusion": "success"' in (head.summary or "")
+    assert local.pending(run_id) == []
+
+
+# --- the three orders of arrival ----------------------------------------------------------------
+
+
+def test_an_event_sent_before_the_wait_is_kept_and_taken_by_it(local):
+    run_id = local.start()
+    sent = local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1", source="cli")
+    assert sent.status == "queued"
+    assert not sent.duplicate
+    local.work(run_id)
+    assert_done_with_event_once(local, run_id)
+    assert local.runtime.mailbox.get(run_id, "d-1").consumed_step == 1
+
+
+def test_an_event_sent_during_the_wait_settles_it(local):
+    run_id = local.start()
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.WAITING
+    assert head.waiting is not None
+    assert head.waiting.kind == "event"
+    assert head.waiting.due is not None
+    sent = local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1")
+    assert sent.answer() == {
+        "run_id": run_id,
+        "name": "ci-finished",
+        "event_id": "d-1",
+        "status": "delivered",
+        "step": 1,
+        "duplicate": False,
+        "refused": None,
+    }
+    assert local.head(run_id).status is RunStatus.RUNNING
+    local.work(run_id)
+    assert_done_with_event_once(local, run_id)
+
+
+def test_an_event_after_the_timeout_is_kept_and_the_run_went_on_without_it(local):
+    run_id = local.start()
+    local.work(run_id)
+    local.clock.now = utcnow() + timedelta(hours=2, seconds=1)
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.DONE
+    assert [s.how for s in local.results_of(run_id)] == ["timeout"]
+    assert "No 'ci-finished' event within 2 h." in (head.summary or "")
+    with pytest.raises(RunEnded, match="done: it takes no more events"):
+        local.desk().send(run_id, "ci-finished", PASSED, event_id="late")
+    assert local.pending(run_id) == []
+
+
+# --- exactly once -------------------------------------------------------------------------------
+
+
+def test_the_same_event_sent_twenty_times_at_once_is_delivered_once(local, tmp_path):
+    run_id = local.start()
+    local.work(run_id)
+    answers: list[dict[str, object]] = []
+    barrier = threading.Barrier(20)
+
+    def send() -> None:
+        runtime = LocalRuntime.open(LocalSettings(store=local.url))
+        try:
+            desk = local.desk(runtime)
+            barrier.wait()
+            answers.append(desk.send(run_id, "ci-finished", PASSED, event_id="same").answer())
+        finally:
+            runtime.close()
+
+    threads = [threading.Thread(target=send) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 20
+    assert sum(not a["duplicate"] for a in answers) == 1
+    assert {a["event_id"] for a in answers} == {"same"}
+    assert len(local.results_of(run_id)) == 1
+    local.work(run_id)
+    assert_done_with_event_once(local, run_id)
+
+
+def test_two_events_for_one_wait_the_first_wins_and_the_second_stays(local):
+    run_id = local.start()
+    local.work(run_id)
+    first = local.desk().send(run_id, "ci-finished", PASSED, event_id="a")
+    second = local.desk().send(run_id, "ci-finished", {"conclusion": "failure"}, event_id="b")
+    assert (first.status, second.status) == ("delivered", "queued")
+    # The second stays in the mailbox, for the next wait of its name (this run has none).
+    assert local.pending(run_id) == ["b"]
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.DONE
+    assert [(s.how, s.event_id) for s in local.results_of(run_id)] == [("event", "a")]
+    assert local.pending(run_id) == ["b"]
+
+
+def test_an_event_racing_the_timeout_has_one_outcome(local):
+    run_id = local.start()
+    local.work(run_id)
+    local.clock.now = utcnow() + timedelta(hours=3)
+    desk = local.desk()
+    results: list[object] = []
+    go = threading.Barrier(2)
+
+    def timeout() -> None:
+        runtime = LocalRuntime.open(LocalSettings(store=local.url))
+        try:
+            engine = runtime.engine(worker_id="sweeper", logger=LOG)
+            go.wait()
+            results.append(runtime.wait_settler(engine)(local.clock.now))
+        finally:
+            runtime.close()
+
+    sweeper = threading.Thread(target=timeout)
+    sweeper.start()
+    go.wait()
+    sent = desk.send(run_id, "ci-finished", PASSED, event_id="racer")
+    sweeper.join()
+    settled = local.results_of(run_id)
+    assert len(settled) == 1
+    if settled[0].how == "event":
+        assert sent.status == "delivered"
+    else:
+        assert settled[0].how == "timeout"
+        assert sent.status == "queued"
+        assert local.pending(run_id) == ["racer"]
+
+
+# --- timers -------------------------------------------------------------------------------------
+
+
+def test_a_sleeping_run_is_not_picked_up_before_it_is_due_and_once_after(local):
+    run_id = local.start(nap=True)
+    local.work(run_id)
+    local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1")
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.WAITING
+    assert head.waiting is not None
+    assert head.waiting.kind == "timer"
+    due = head.waiting.due
+    assert due is not None
+    local.clock.now = due - timedelta(milliseconds=1)
+    local.work(run_id)
+    assert local.head(run_id).version == head.version  # not a write
+    local.clock.now = due
+    local.work(run_id)
+    done = local.head(run_id)
+    assert done.status is RunStatus.DONE
+    assert [s.how for s in local.results_of(run_id)] == ["event", "due"]
+    steps = [c.event for c in local.runtime.store.list_checkpoints(run_id)]
+    assert sum(isinstance(e, StepCompleted) and e.call.name == "nap" for e in steps) == 1
+
+
+def test_a_sleeping_run_can_be_woken_early_and_only_a_sleeping_one(local):
+    run_id = local.start(nap=True)
+    local.work(run_id)
+    with pytest.raises(NotSleeping, match="waits for an event, not a time"):
+        local.desk().wake(run_id, by="dana")
+    local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1")
+    local.work(run_id)
+    woken = local.desk().wake(run_id, by="dana")
+    assert woken.status is RunStatus.RUNNING
+    assert woken.last_result is not None
+    assert woken.last_result.startswith("Woken early by dana")
+    with pytest.raises(NotSleeping):
+        local.desk().wake(run_id, by="dana")
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.DONE
+
+
+# --- refusals change nothing --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("run_id", "name", "data", "event_id", "error", "message"),
+    [
+        ("nope", "ci-finished", PASSED, None, RunNotFound, "no run with id 'nope'"),
+        ("run-1", "bad name!", PASSED, None, InvalidInput, "name: an event name"),
+        ("run-1", "ci-finished", PASSED, "", InvalidInput, "event_id: an event id"),
+        ("run-1", "ci-finished", {"x": float("nan")}, None, InvalidInput, "data: the payload"),
+        ("run-1", "ci-finished", "x" * 300_000, None, PayloadTooLarge, "over the 262,144"),
+        ("run-1", "deploy-done", PASSED, None, EventNotAwaited, "waits for no event named"),
+        ("run-1", "ci-finished", {"conclusion": "maybe"}, None, EventInvalid, "data.conclusion"),
+    ],
+)
+def test_a_refused_event_changes_nothing(local, run_id, name, data, event_id, error, message):
+    local.start()
+    local.work("run-1")
+    before = local.tables()
+    with pytest.raises(error, match=message):
+        local.desk().send(run_id, name, data, event_id=event_id)
+    assert local.tables() == before
