@@ -4,8 +4,11 @@ payload in the waiting step's result exactly once, and the mailbox empty."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,8 +25,17 @@ from ratchet.errors import (
     RunEnded,
     RunNotFound,
 )
+from ratchet.housekeeping import BLOB_GRACE, collect_garbage
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.state import RunOptions, RunState, RunStatus, StepCompleted, WaitSettled, utcnow
+from ratchet.state import (
+    INLINE_BYTES,
+    RunOptions,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    WaitSettled,
+    utcnow,
+)
 from ratchet.waiting.desk import EventDesk, EventInvalid
 from ratchet.worker import Worker
 from tests.waits_agent import AGENT, agent
@@ -303,3 +315,35 @@ def test_a_refused_event_changes_nothing(local, run_id, name, data, event_id, er
     with pytest.raises(error, match=message):
         local.desk().send(run_id, name, data, event_id=event_id)
     assert local.tables() == before
+
+
+# --- housekeeping -------------------------------------------------------------------------------
+
+
+def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
+    # Given an event too large to keep inline, sent before the run waits (so only the
+    # mailbox references its blob), and the blob older than gc's grace period
+    big = {"conclusion": "success", "url": "https://ci.example/" + "x" * (2 * INLINE_BYTES)}
+    run_id = local.start()
+    assert local.desk().send(run_id, "ci-finished", big, event_id="big").status == "queued"
+    blobs = Path(f"{local.runtime.root}.blobs")
+    [blob] = list(blobs.glob("*/*"))
+    then = time.time() - 2 * BLOB_GRACE.total_seconds()
+    os.utime(blob, (then, then))
+
+    # When gc runs
+    report = collect_garbage(
+        local.runtime.housekeeping,
+        blobs,
+        older_than=timedelta(days=1),
+        now=utcnow(),
+        dry_run=False,
+    )
+
+    # Then the blob stays, and the wait that takes the event reads its payload from it
+    assert (report.blobs_deleted, report.blobs_kept) == (0, 1)
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.DONE
+    [settled] = local.results_of(run_id)
+    assert settled.blob is not None
+    assert json.loads(local.runtime.blobs.get(settled.blob)) == big
