@@ -74,7 +74,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     words ("step committed", "person decided by dana: approved: ok", ...)."""
     kind = event["kind"]
     if kind == "step":
-        said = "step committed" + ("; asked a person" if event.get("wait") is not None else "")
+        said = "step committed" + _parked(event.get("wait"))
         call = event["call"]
         return {
             "tool": call["name"],
@@ -102,7 +102,48 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": event.get("error"), "explanation": f"{said}: {why}" if why else said}
     if kind == "retried":
         return {"by": event["by"], "explanation": f"retried by {event['by']}"}
+    if kind == "settled":
+        return {"by": event.get("by"), "result": event["text"], "explanation": _settled(event)}
     return {"explanation": "created"}
+
+
+def wait_kind(request: Mapping[str, Any]) -> str:
+    """`person`, `event` or `timer`: `ratchet.state.wait_kind` for a wait as JSON, dumped
+    (with its `kind`) or stored (a head leaves the fields at their defaults out, `kind`
+    among them; a record from before there were other waits has none): each kind has a
+    field the others lack. A unit test holds the two equal."""
+    kind = request.get("kind")
+    if kind in ("event", "timer"):
+        return str(kind)
+    if "name" in request:
+        return "event"
+    if "until" in request or "seconds" in request:
+        return "timer"
+    return "person"
+
+
+def _parked(wait: Mapping[str, Any] | None) -> str:
+    """What a step that parked waits for, after "step committed" (a record of an approval
+    request, from before there were other waits, has no `kind`)."""
+    if wait is None:
+        return ""
+    kind = wait_kind(wait)
+    if kind == "event":
+        return f"; waits for the event {wait['name']!r}"
+    if kind == "timer":
+        return "; sleeps"
+    return "; asked a person"
+
+
+def _settled(event: Mapping[str, Any]) -> str:
+    how, name = event["how"], event.get("name")
+    if how == "event":
+        return f"event {name!r} arrived (id {event.get('event_id')})"
+    if how == "timeout":
+        return f"no {name!r} event in time: the wait timed out"
+    if how == "woken":
+        return f"woken early by {event.get('by')}"
+    return "slept until due"
 
 
 def version_gaps(
