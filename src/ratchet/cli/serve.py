@@ -53,7 +53,12 @@ def serve(
         ("/approvals/", approvals),
         ("/slack/", approvals),
         ("/runs", build_runs_app(lambda: runs)),
-        ("/dashboard", dashboard_app(runs.client, services.desk, operator=operator_name())),
+        (
+            "/dashboard",
+            dashboard_app(
+                runs.client, services.desk, operator=operator_name(), mailbox=runtime.mailbox
+            ),
+        ),
     ]
     httpd = server(routes, host=host, port=port)
     out.print(f"Serving approvals on http://{host}:{httpd.server_port}")
