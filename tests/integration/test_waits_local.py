@@ -18,12 +18,21 @@ from ratchet.errors import (
     EventNotAwaited,
     InvalidInput,
     NotSleeping,
+    NotWaiting,
     PayloadTooLarge,
     RunEnded,
     RunNotFound,
 )
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.state import RunOptions, RunState, RunStatus, StepCompleted, WaitSettled, utcnow
+from ratchet.state import (
+    RunOptions,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    TimerWait,
+    WaitSettled,
+    utcnow,
+)
 from ratchet.waiting.desk import EventDesk, EventInvalid
 from ratchet.worker import Worker
 from tests.waits_agent import AGENT, agent
@@ -303,3 +312,17 @@ def test_a_refused_event_changes_nothing(local, run_id, name, data, event_id, er
     with pytest.raises(error, match=message):
         local.desk().send(run_id, name, data, event_id=event_id)
     assert local.tables() == before
+
+
+def test_a_wait_is_settled_only_by_what_it_waits_for(local):
+    from ratchet.state import PersonDecided
+    from ratchet.waits import timer_due
+
+    run_id = local.start()
+    local.work(run_id)
+    head = local.head(run_id)
+    with pytest.raises(NotWaiting, match="waiting for an event"):
+        local.engine.decide_waiting(head, PersonDecided(approved=True, by="dana"), step=1)
+    with pytest.raises(NotWaiting, match="waiting for an event"):
+        local.engine.decide_waiting(head, timer_due(TimerWait(seconds=2), 1, utcnow()), step=1)
+    assert local.head(run_id).version == head.version
