@@ -39,7 +39,9 @@ def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
     sys.path.remove(str(EXAMPLE))
 
 
-def test_the_pr_agent_waits_for_ci_sleeps_retries_asks_and_merges_once(runtime):
+def test_the_pr_agent_waits_for_ci_sleeps_retries_asks_and_merges_once(
+    runtime: LocalRuntime,
+) -> None:
     from pr_agent.agent import agent
 
     clock = Clock(utcnow())
