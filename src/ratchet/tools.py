@@ -32,7 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ratchet.errors import ForkRefused, ModelOutputInvalid, ModelUnavailable, PermanentError
 from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
@@ -82,6 +82,7 @@ __all__ = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 
 
@@ -148,6 +149,34 @@ def ask_person(
             prompt=prompt,
             details={**(details or {}), **more_details},
             answer_schema=answer_schema(answer) if answer is not None else None,
+        ),
+    )
+
+
+class Reply(BaseModel):
+    """What a person sends back to `wait_for_reply`: their reply, as text."""
+
+    reply: str = Field(min_length=1, max_length=10_000, description="Your reply.")
+
+
+def wait_for_reply(
+    message: str, *, details: Mapping[str, Any] | None = None, **more_details: Any
+) -> ToolResult:
+    """Return this from a tool to send `message` to a person and park the run until they
+    reply: the same signed, single-use link an approval sends (by email, Slack, or locally the
+    outbox and the printed link) opens a page where they write their reply and send it, or
+    decline. The reply becomes the step's result (`Reply from dana: Tuesday works`); a
+    decline, or no answer before the request expires, reads `No reply: ...`. Looking at the
+    page changes nothing; sending decides once."""
+    from ratchet.approvals.answers import answer_schema
+
+    return ToolResult(
+        output=f"Waiting for a reply: {message}",
+        wait_for=ApprovalRequest(
+            prompt=message,
+            details={**(details or {}), **more_details},
+            answer_schema=answer_schema(Reply),
+            reply=True,
         ),
     )
 
