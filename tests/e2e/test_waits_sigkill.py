@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ratchet.runtime.local import LocalRuntime, LocalSettings
@@ -128,3 +130,29 @@ def test_a_worker_killed_after_the_run_resumed_repeats_no_step_and_no_effect(tmp
     assert_delivered_once_and_merged_once(cli)
     tries = [k for k in data(cli) if k.startswith(f"tries/{RUN}/step-2/")]
     assert len(tries) == 2  # tried twice, applied once
+
+
+def test_a_sleeping_run_is_woken_once_across_worker_restarts(tmp_path):
+    cli = Cli(tmp_path)
+    cli.ok("start", "--agent", "tests.waits_agent:agent", "--run-id", RUN, "--param", "nap=true")
+    cli.work_until_idle("first")
+    assert '"status": "delivered"' in send_in_a_process(cli, fault=None).stdout
+    cli.work_until_idle("second")
+    head = cli.head(RUN)
+    assert head.waiting is not None
+    assert head.waiting.kind == "timer"
+    due = head.waiting.due
+    assert due is not None
+    # A worker that finds only a sleeping run has nothing to do, and leaves it asleep.
+    cli.work_until_idle("idle")
+    assert cli.head(RUN).version == head.version
+    # One is killed around the due time, and one started after it picks the run up at once.
+    doomed = cli.spawn_worker("doomed", until_idle=False)
+    doomed.kill()
+    doomed.wait(timeout=30)
+    while datetime.now(UTC) <= due:  # the condition is the clock itself, not a guess of it
+        time.sleep(0.05)
+    cli.work_until_idle("after")
+    assert cli.head(RUN).status is RunStatus.DONE
+    settled = [e for e in records(cli) if isinstance(e, WaitSettled)]
+    assert [s.how for s in settled] == ["event", "due"]
