@@ -4,6 +4,7 @@ payload in the waiting step's result exactly once, and the mailbox empty."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -326,3 +327,21 @@ def test_a_wait_is_settled_only_by_what_it_waits_for(local):
     with pytest.raises(NotWaiting, match="waiting for an event"):
         local.engine.decide_waiting(head, timer_due(TimerWait(seconds=2), 1, utcnow()), step=1)
     assert local.head(run_id).version == head.version
+
+
+def test_the_history_says_what_each_wait_was_and_how_it_settled(local):
+    from ratchet.summary import described
+
+    run_id = local.start(nap=True)
+    local.work(run_id)
+    local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1")
+    local.work(run_id)
+    local.desk().wake(run_id, by="dana")
+    said = [
+        described(json.loads(c.event.model_dump_json(exclude_none=True)))["explanation"]
+        for c in local.runtime.store.list_checkpoints(run_id)
+    ]
+    assert said[:2] == ["created", "step committed; waits for the event 'ci-finished'"]
+    assert "event 'ci-finished' arrived (d-1)" in said
+    assert any(s.startswith("step committed; sleeps until 20") for s in said)
+    assert said[-1] == "woken early by dana"
