@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from ratchet.engine import Engine
 from ratchet.errors import (
@@ -34,6 +35,8 @@ from ratchet.state import (
     WaitSettled,
     utcnow,
 )
+from ratchet.tools import Agent, Tool, ToolCall, sleep_until, wait_for_event
+from ratchet.tools import sleep as sleep_for
 from ratchet.waiting.desk import EventDesk, EventInvalid
 from ratchet.worker import Worker
 from tests.waits_agent import AGENT, agent
@@ -345,3 +348,45 @@ def test_the_history_says_what_each_wait_was_and_how_it_settled(local):
     assert "event 'ci-finished' arrived (d-1)" in said
     assert any(s.startswith("step committed; sleeps until 20") for s in said)
     assert said[-1] == "woken early by dana"
+
+
+BAD_WAITS = {
+    "negative sleep": lambda: sleep_for(-1),
+    "ten-year sleep": lambda: sleep_for(10 * 365 * 86400),
+    "naive time": lambda: sleep_until(datetime(2030, 1, 1)),
+    "bad event name": lambda: wait_for_event("ci finished"),
+    "zero timeout": lambda: wait_for_event("ci", timeout=0),
+}
+
+
+class Case(BaseModel):
+    case: str
+
+
+bad_wait_agent = Agent(
+    name="bad-wait",
+    tools=[Tool("bad", "Ask for a bad wait.", Case, lambda args, ctx: BAD_WAITS[args.case]())],
+    policy=lambda view: ToolCall(name="bad", arguments={"case": view.params["case"]}),
+    default_params={"case": ""},
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("negative sleep", "a sleep must be from 1 second to a year (31,536,000 s), not -1"),
+        ("ten-year sleep", "a sleep must be from 1 second to a year"),
+        ("naive time", "sleep_until needs a timezone-aware"),
+        ("bad event name", "an event name is 1-64 letters"),
+        ("zero timeout", "timeout must be from 1 second"),
+    ],
+)
+def test_a_wait_no_retry_can_make_valid_fails_the_run_at_once(local, case, message):
+    options = RunOptions(model="scripted", params={"case": case})
+    agent_ref = f"{__name__}:bad_wait_agent"
+    assert local.engine.start(RunState(run_id="b", agent=agent_ref, goal="x", options=options))
+    local.work("b")
+    head = local.head("b")
+    assert head.status is RunStatus.FAILED
+    assert head.attempts == 1  # at once, not after three strikes
+    assert message in (head.error or "")
