@@ -74,7 +74,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     words ("step committed", "person decided by dana: approved: ok", ...)."""
     kind = event["kind"]
     if kind == "step":
-        said = "step committed" + _parked(event.get("wait"))
+        said = "step committed" + _waits_for(event.get("wait"))
         call = event["call"]
         return {
             "tool": call["name"],
@@ -92,6 +92,17 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
             "comment": comment,
             "explanation": f"{said}: {comment}" if comment else said,
         }
+    if kind == "settled":
+        how = event["how"]
+        name = event.get("name")
+        sent = f" ({event['event_id']})" if event.get("event_id") else ""
+        said = {
+            "event": f"event {name!r} arrived{sent}",
+            "timeout": f"no {name!r} event in time",
+            "due": "woke: the time came",
+            "woken": f"woken early by {event.get('by')}",
+        }.get(how, f"wait settled: {how}")
+        return {"by": event.get("by"), "result": event["text"], "explanation": said}
     if kind == "attempt_failed":
         error = event["error"]
         said = f"attempt {event['attempt']} at step {event['step']} failed: {error}"
@@ -102,8 +113,6 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": event.get("error"), "explanation": f"{said}: {why}" if why else said}
     if kind == "retried":
         return {"by": event["by"], "explanation": f"retried by {event['by']}"}
-    if kind == "settled":
-        return {"by": event.get("by"), "result": event["text"], "explanation": _settled(event)}
     return {"explanation": "created"}
 
 
@@ -122,28 +131,17 @@ def wait_kind(request: Mapping[str, Any]) -> str:
     return "person"
 
 
-def _parked(wait: Mapping[str, Any] | None) -> str:
-    """What a step that parked waits for, after "step committed" (a record of an approval
-    request, from before there were other waits, has no `kind`)."""
+def _waits_for(wait: Mapping[str, Any] | None) -> str:
+    """What the step's record says it waits for, from its stored JSON (a record written
+    before other waits existed holds an approval request with no `kind`)."""
     if wait is None:
         return ""
-    kind = wait_kind(wait)
-    if kind == "event":
+    if wait.get("kind") == "event" or "name" in wait:
         return f"; waits for the event {wait['name']!r}"
-    if kind == "timer":
-        return "; sleeps"
+    if wait.get("kind") == "timer" or "until" in wait or "seconds" in wait:
+        until = wait.get("until")
+        return f"; sleeps until {until}" if until else "; sleeps"
     return "; asked a person"
-
-
-def _settled(event: Mapping[str, Any]) -> str:
-    how, name = event["how"], event.get("name")
-    if how == "event":
-        return f"event {name!r} arrived (id {event.get('event_id')})"
-    if how == "timeout":
-        return f"no {name!r} event in time: the wait timed out"
-    if how == "woken":
-        return f"woken early by {event.get('by')}"
-    return "slept until due"
 
 
 def version_gaps(

@@ -192,7 +192,7 @@ def test_a_run_waits_for_an_event_is_sent_it_and_finishes_through_the_command(st
     assert '"conclusion": "success"' in done["summary"]
     history = ok("history", "ci-run")
     assert "step committed; waits for the event 'ci-finished'" in history
-    assert "event 'ci-finished' arrived (id gh-1)" in history
+    assert "event 'ci-finished' arrived (gh-1)" in history
 
 
 # --- sleeping, waking, and `ratchet run` ------------------------------------------------------

@@ -50,6 +50,7 @@ RATCHET = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 TOOLS = [
     "Agent",
@@ -78,6 +79,7 @@ TOOLS = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 FACES = {"ratchet", "ratchet.tools"}
 
