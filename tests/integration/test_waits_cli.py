@@ -171,8 +171,11 @@ def test_a_run_waits_for_an_event_is_sent_it_and_finishes_through_the_command(st
     assert len(refused.stderr.splitlines()) == 1
     assert sha256(store.db) == before
 
-    sent = ok("send", "ci-run", "ci-finished", "--data", PASSED, "--id", "gh-1")
-    assert sent.startswith("ci-run: event 'ci-finished' (gh-1) delivered at step 1;")
+    sending = store.process("send", "ci-run", "ci-finished", "--data", PASSED, "--id", "gh-1")
+    assert sending.returncode == 0, sending.stderr
+    assert sending.stdout.startswith("ci-run: event 'ci-finished' (gh-1) delivered at step 1;")
+    assert '"message":"event sent"' in sending.stderr
+    assert "ci.example" not in sending.stderr, "the log says what was sent, not the payload"
     again = json.loads(
         ok("send", "ci-run", "ci-finished", "--data", PASSED, "--id", "gh-1", "--json")
     )
