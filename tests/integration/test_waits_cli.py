@@ -328,3 +328,24 @@ def test_a_send_or_wake_with_no_store_makes_none(store):
     assert_refused(store("send", "w1", "ci-finished"), "no Ratchet store")
     assert_refused(store("wake", "w1"), "no Ratchet store")
     assert not store.db.exists()
+
+
+def test_a_payload_from_a_file_is_sent_and_one_over_the_bound_is_refused(store, tmp_path):
+    store.waiting_for_event()
+    big = tmp_path / "big.json"
+    big.write_text(OVER)
+    missing = tmp_path / "missing.json"
+    before, rows = sha256(store.db), snapshot(store.root)
+    # A real process: a payload this large cannot come as one command-line argument.
+    refused = store.process("send", "w1", "ci-finished", "--data", f"@{big}")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"ratchet: --data: the payload is {MAX_EVENT_BYTES + 2:,} bytes, over the "
+        f"{MAX_EVENT_BYTES:,}-byte limit"
+    ]
+    assert_refused(store("send", "w1", "ci-finished", "--data", f"@{missing}"), "cannot read")
+    assert sha256(store.db) == before
+    assert snapshot(store.root) == rows
+    good = tmp_path / "good.json"
+    good.write_text(PASSED)
+    assert "delivered at step 1" in store.ok("send", "w1", "ci-finished", "--data", f"@{good}")

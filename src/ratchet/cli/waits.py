@@ -46,7 +46,8 @@ def send(
         typer.Option(
             "--data",
             metavar="JSON",
-            help='The event\'s payload, as JSON (\'{"conclusion": "success"}\'); none: null.',
+            help='The event\'s payload, as JSON (\'{"conclusion": "success"}\'), or @FILE to '
+            "read it from a file (a payload larger than a command line holds); none: null.",
         ),
     ] = None,
     event_id: Annotated[
@@ -140,12 +141,28 @@ def _data(text: str | None) -> Any:
 
     if text is None:
         return None
+    if text.startswith("@"):
+        text = _read_data_file(text[1:])
     try:
         return loads(text, field="--data", max_chars=MAX_DATA_CHARS)
     except JsonOverLimit:
         raise
     except ValueError as error:
         raise InvalidInput(f"--data is not JSON: {error}") from None
+
+
+def _read_data_file(name: str) -> str:
+    """The text of `--data @FILE`, read only up to the bound (one byte more says it is over),
+    as UTF-8."""
+    try:
+        with open(name, "rb") as file:
+            raw = file.read(MAX_DATA_CHARS * 4 + 1)
+    except OSError as error:
+        raise InvalidInput(f"--data: cannot read {name!r}: {error.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"--data: {name!r} is not UTF-8 text") from None
 
 
 def sent_text(answer: dict[str, Any]) -> str:

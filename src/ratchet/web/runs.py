@@ -643,9 +643,7 @@ class RunsRefusals:
     def event_invalid(self, error: EventInvalid) -> Response[str]:
         # "data.conclusion: 'maybe' is not one of ..." (the wait's schema refused it): the
         # field is named, the words are not repeated, since they quote what was sent.
-        # The desk says "data.(the payload)" for the payload as a whole.
-        field = str(error).split(":", 1)[0].removesuffix(".(the payload)")
-        problem = Problem(field=field, message="does not match the waiting step's schema")
+        problem = Problem(field=error.field, message="does not match the waiting step's schema")
         return self.refuse(error.http_status, "the wait's schema refuses the payload", [problem])
 
     def not_taken(self, error: WaitError) -> Response[str]:
