@@ -7,9 +7,9 @@ pins both faces' names).
 - running: `connect(url)` gives a `Client` (`run`, `start`, `wait`, `approve`, `reject`, `get`,
   `history`, `state_at`, `runs`, `verify`, ...), whose answers are pydantic models (`Run`, ...);
 - defining agents: `Agent`, `tool`, `ToolContext`, `RunContext`, the waits a tool returns
-  (`ask_person`, `wait_for_event`, `sleep`, `sleep_until`), and what a scripted policy
-  returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts, the model port
-  for a model of your own).
+  (`ask_person`, `wait_for_reply`, `wait_for_event`, `sleep`, `sleep_until`), and what a
+  scripted policy returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts,
+  the model port for a model of your own).
 
 Names load on first use, so `import ratchet` (and the `ratchet` command) stays fast. The
 imports below are for type checkers and readers; `_EXPORTS` says where each name loads from at
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ratchet.tools import sleep_until as sleep_until
     from ratchet.tools import tool as tool
     from ratchet.tools import wait_for_event as wait_for_event
+    from ratchet.tools import wait_for_reply as wait_for_reply
 
 _EXPORTS = {
     "ratchet.client": (
@@ -82,6 +83,7 @@ _EXPORTS = {
         "sleep_until",
         "tool",
         "wait_for_event",
+        "wait_for_reply",
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

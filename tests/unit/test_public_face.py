@@ -49,6 +49,7 @@ RATCHET = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 TOOLS = [
     "Agent",
@@ -77,6 +78,7 @@ TOOLS = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 FACES = {"ratchet", "ratchet.tools"}
 

@@ -325,6 +325,7 @@ class LocalRuntime:
             blobs=self.blobs,
             engine=engine,
             events_of=declared_events,
+            faults=FaultPlan.parse(self.settings.fault),
         )
 
     def wait_settler(self, engine: Engine) -> Callable[[datetime], list[str]]:

@@ -38,6 +38,7 @@ from ratchet.errors import (
     RunNotFound,
     StaleVersion,
 )
+from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import BlobStore, CheckpointStore, Consumption, Mailbox, WaitBook
 from ratchet.state import (
     EVENT_NAME_PATTERN,
@@ -125,6 +126,7 @@ class EventDesk:
     """The event names an agent declares (`Agent.events`), or None: any name is kept."""
     nudge: Nudge | None = None
     clock: Callable[[], datetime] = utcnow
+    faults: FaultPlan = NO_FAULTS
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -179,6 +181,7 @@ class EventDesk:
             source=source,
         )
         stored, created = self.mailbox.post(event)
+        self.faults.hit(FaultPoint.AFTER_EVENT_ACCEPTED, run.step)
         self.deliver(run_id)
         return Sent(self.mailbox.get(run_id, event_id) or stored, duplicate=not created)
 
