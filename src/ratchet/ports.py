@@ -212,8 +212,9 @@ class HousekeepingStore(Protocol):
         ...
 
     def blob_references(self, trims: Mapping[str, int]) -> set[str]:
-        """The sha256 of every blob a head, record, ledger entry or approval references,
-        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
+        """The sha256 of every blob a head, record, ledger entry, approval or mailbox event
+        references, leaving out the records `trim_run` deletes for `trims` (run id: keep-from
+        step)."""
         ...
 
     def locked(self) -> AbstractContextManager[object]:

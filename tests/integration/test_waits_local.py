@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,8 +27,10 @@ from ratchet.errors import (
     RunEnded,
     RunNotFound,
 )
+from ratchet.housekeeping import BLOB_GRACE, collect_garbage
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import (
+    INLINE_BYTES,
     RunOptions,
     RunState,
     RunStatus,
@@ -390,3 +394,35 @@ def test_a_wait_no_retry_can_make_valid_fails_the_run_at_once(local, case, messa
     assert head.status is RunStatus.FAILED
     assert head.attempts == 1  # at once, not after three strikes
     assert message in (head.error or "")
+
+
+# --- housekeeping -------------------------------------------------------------------------------
+
+
+def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
+    # Given an event too large to keep inline, sent before the run waits (so only the
+    # mailbox references its blob), and the blob older than gc's grace period
+    big = {"conclusion": "success", "url": "https://ci.example/" + "x" * (2 * INLINE_BYTES)}
+    run_id = local.start()
+    assert local.desk().send(run_id, "ci-finished", big, event_id="big").status == "queued"
+    blobs = Path(f"{local.runtime.root}.blobs")
+    [blob] = list(blobs.glob("*/*"))
+    then = time.time() - 2 * BLOB_GRACE.total_seconds()
+    os.utime(blob, (then, then))
+
+    # When gc runs
+    report = collect_garbage(
+        local.runtime.housekeeping,
+        blobs,
+        older_than=timedelta(days=1),
+        now=utcnow(),
+        dry_run=False,
+    )
+
+    # Then the blob stays, and the wait that takes the event reads its payload from it
+    assert (report.blobs_deleted, report.blobs_kept) == (0, 1)
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.DONE
+    [settled] = local.results_of(run_id)
+    assert settled.blob is not None
+    assert json.loads(local.runtime.blobs.get(settled.blob)) == big
