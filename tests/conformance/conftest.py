@@ -1,41 +1,88 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
+from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
-from ratchet.ports import CheckpointStore, IdempotencyLedger
-from tests.dynamodb_support import create_tables
+from ratchet.ports import CheckpointStore, IdempotencyLedger, Mailbox
+from tests.dynamodb_support import create_tables, scan
 
 
 @dataclass
 class Backend:
     store: CheckpointStore
     ledger: IdempotencyLedger
+    mailbox: Mailbox
+    connect: Callable[[], AbstractContextManager[Mailbox]]
+    """The mailbox through a connection of its own, as another process (or a thread: a SQLite
+    connection serves the thread that opened it) reaches it."""
+    everything: Callable[[], list[Any]]
+    """Every row or item the backend holds, to compare before and after a refused write."""
 
 
 def _sqlite(tmp_path: Any) -> Iterator[Backend]:
-    db = SqliteDatabase(tmp_path / "ratchet.db")
-    yield Backend(SqliteCheckpointStore(db), SqliteLedger(db))
+    path = tmp_path / "ratchet.db"
+    db = SqliteDatabase(path)
+
+    @contextmanager
+    def connect() -> Iterator[Mailbox]:
+        other = SqliteDatabase(path)
+        try:
+            yield SqliteMailbox(other)
+        finally:
+            other.close()
+
+    yield Backend(
+        SqliteCheckpointStore(db),
+        SqliteLedger(db),
+        SqliteMailbox(db),
+        connect,
+        lambda: list(db.connection.iterdump()),
+    )
     db.close()
 
 
 def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
-    with mock_aws():
+    # moto's DynamoDB is not thread-safe, while DynamoDB serves each request whole: requests
+    # are served one at a time, which is all the racing tests need of it.
+    lock = threading.RLock()
+    original = DynamoHandler.call_action
+
+    def call_action(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    with mock.patch.object(DynamoHandler, "call_action", call_action), mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
         create_tables(client, checkpoints="checkpoints", idempotency="idempotency", app="app")
+
+        @contextmanager
+        def connect() -> Iterator[Mailbox]:
+            # The mailbox keeps no state of its own and a boto3 client serves any thread, so
+            # one client stands for many senders.
+            yield DynamoMailbox(client, "checkpoints")
+
         yield Backend(
             DynamoDbCheckpointStore(client, table="checkpoints", ledger_table="idempotency"),
             DynamoDbLedger(client, table="idempotency"),
+            DynamoMailbox(client, "checkpoints"),
+            connect,
+            lambda: [scan(client, table) for table in ("checkpoints", "idempotency", "app")],
         )
 
 

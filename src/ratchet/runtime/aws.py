@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
@@ -34,6 +35,7 @@ from ratchet.adapters.stepfunctions import (
     generation_of,
     start_execution,
 )
+from ratchet.agents import declared_events
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.engine import Binding, Engine, Outcome
@@ -50,6 +52,7 @@ from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
 from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
+from ratchet.waiting.desk import EventDesk, Nudge
 from ratchet.waits import Verdict
 
 if TYPE_CHECKING:
@@ -160,6 +163,28 @@ class AwsRuntime:
             self.dynamodb,
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
+        )
+
+    def mailbox(self) -> DynamoMailbox:
+        """The events sent to runs, in the checkpoints table beside each run's checkpoints:
+        the commit that settles a wait with one consumes it (`Commit.consumes`)."""
+        return DynamoMailbox(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+
+    def event_desk(self, engine: Engine, nudge: Nudge | None = None) -> EventDesk:
+        """Events sent to runs (the runs API, webhooks, `ratchet send` on deployed tables),
+        settled with `engine`; `nudge` wakes the execution parked on a wait the desk settled
+        (None: a run worked in process, which reads its head again by itself)."""
+        return EventDesk(
+            store=self.store,
+            mailbox=self.mailbox(),
+            blobs=self.blobs,
+            engine=engine,
+            events_of=declared_events,
+            nudge=nudge,
         )
 
     def resumer(self, book: AwsApprovals) -> StepFunctionsResumer:

@@ -10,6 +10,9 @@ The item layout is a contract shared with the stack (`cdk/`) and the handlers:
     it was written (`expires_at`, epoch seconds, the table's TTL attribute).
   - `APPROVAL#<id>`: the approval items (`ratchet.adapters.dynamodb.approvals`); this module
     ignores them.
+  - `MAIL#<event id>` and `MAILBOX`: the run's mailbox (`ratchet.adapters.dynamodb.mailbox`);
+    a commit that consumes an event updates its item (`Commit.consumes`), and nothing else
+    here reads them.
 - idempotency table (`ratchet.adapters.dynamodb.ledger`): a commit completes its step's key.
 
 Reads are strongly consistent. Every write that depends on something read is conditional, and
@@ -40,6 +43,7 @@ from ratchet.adapters.dynamodb.items import (
     text_bytes,
     translated_errors,
 )
+from ratchet.adapters.dynamodb.mailbox import consumption
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunSummary
 from ratchet.state import (
@@ -74,8 +78,9 @@ class DynamoDbCheckpointStore:
     """`CheckpointStore` on DynamoDB (see `ratchet.ports` for the contract it honours).
 
     A commit is one `TransactWriteItems`: the head update (conditional on the version read),
-    the new checkpoint record (which must not exist yet) and the ledger completion, so either
-    all three land or none does. `list_runs` is a Scan of the whole checkpoints table, kept
+    the new checkpoint record (which must not exist yet), the ledger completion and, for a
+    commit that consumes an event, that event's update (conditional on it being pending), so
+    either all land or none does. `list_runs` is a Scan of the whole checkpoints table, kept
     for the CLI and tests: it reads every item, so it is not for a hot path.
     """
 
@@ -258,10 +263,24 @@ class DynamoDbCheckpointStore:
             }
             check_size(f"ledger result of {commit.completes.key}", completion)
             items.append({"Update": self._ledger_completion(commit.completes.key, completion)})
+        if commit.consumes is not None:
+            # The event this commit settles a wait with is taken in the same transaction, and
+            # only if it is still pending: one taken (or refused) meanwhile cancels the commit.
+            # It expires with the record that names it.
+            items.append(
+                consumption(
+                    self._table,
+                    head.run_id,
+                    commit.consumes,
+                    expires_at=commit.checkpoint.created_at + self._retention,
+                )
+            )
         try:
             self._client.transact_write_items(TransactItems=items)
         except ClientError as error:
             self._raise_if_head_moved(error, head.run_id, commit.expected_version)
+            if commit.consumes is not None and _failed_condition(error, len(items) - 1):
+                raise StaleVersion(head.run_id, commit.expected_version) from None
             raise
         written = text_bytes(state_json, result) + record_bytes
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
@@ -425,6 +444,13 @@ class DynamoDbCheckpointStore:
         if "Item" not in reasons[0]:
             raise RunNotFound(run_id) from None
         raise StaleVersion(run_id, expected_version) from None
+
+
+def _failed_condition(error: ClientError, index: int) -> bool:
+    """Whether the transaction was cancelled because the condition of its `index`th item
+    failed."""
+    reasons = cancellation_reasons(error)
+    return index < len(reasons) and reasons[index].get("Code") == _CONDITION_FAILED
 
 
 def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> StoredCheckpoint:
