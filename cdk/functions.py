@@ -77,6 +77,17 @@ APPROVALS = FunctionSpec(
     timeout=Duration.seconds(10),
     memory_mb=1024,
 )
+OPEN_WAIT = FunctionSpec(
+    "open_wait",
+    "Parks a run's execution on its event wait, keeping the task token; takes an event sent "
+    "before.",
+    timeout=Duration.seconds(30),
+)
+RECORD_WAIT = FunctionSpec(
+    "record_wait",
+    "Settles a wait whose park ended, if it is due: a timer's time, an event wait's timeout.",
+    timeout=Duration.seconds(30),
+)
 ROLLOVER = FunctionSpec(
     "rollover",
     "Starts the next execution of a long run (continue-as-new).",

@@ -19,7 +19,16 @@ from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
 from tests.infra.queries import HANDLERS, environment, function_id, function_names
 from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
 
-CORE_FUNCTIONS = {"step", "notify", "decide", "mark_failed", "api", "approvals"}
+CORE_FUNCTIONS = {
+    "step",
+    "notify",
+    "decide",
+    "mark_failed",
+    "api",
+    "approvals",
+    "open_wait",
+    "record_wait",
+}
 POWERTOOLS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
 
 EVERY_FUNCTION = {

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.dynamodb.approvals import AwsApprovals
     from ratchet.approvals.desk import ApprovalDesk
     from ratchet.engine import Engine
+    from ratchet.waiting.desk import EventDesk
     from ratchet.web.approvals import ApprovalServices
     from ratchet.web.runs import RunsServices
 
@@ -159,3 +160,10 @@ def engine(context: LambdaContext) -> Engine:
     return runtime().engine(
         worker_id=f"lambda:{context.aws_request_id}", logger=logger, faults=faults()
     )
+
+
+def event_desk(context: LambdaContext) -> EventDesk:
+    """The event desk, settling with a fresh engine and waking parked executions with the
+    runtime's nudge (their tokens answered, a sleeper restarted)."""
+    aws = runtime()
+    return aws.event_desk(engine(context), nudge=aws.nudge())
