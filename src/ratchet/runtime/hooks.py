@@ -106,18 +106,37 @@ def local_hooks(runtime: LocalRuntime) -> Hooks:
 
 def aws_hooks(runtime: AwsRuntime, *, key: SecretStr, agents: AgentRegistry) -> Hooks:
     """The hooks of a deployment: items of their own partitions in the checkpoints table,
-    derived from the hook key (`RATCHET_HOOK_KEY_SECRET_ARN`, read by the caller); `agents`
-    the deployment's, whose declared events a hook's name must be one of."""
-    # Here, not at the top: the local CLI never loads botocore for its hooks.
-    from ratchet.adapters.dynamodb.hooks import DynamoDbHookBook
-
+    derived from the hook key (`RATCHET_HOOK_KEY_SECRET_ARN`, read by the caller), reached on
+    the API (`RATCHET_PUBLIC_URL`); `agents` the deployment's, whose declared events a hook's
+    name must be one of. For whatever announces a parked run's hook on AWS."""
     return Hooks(
-        book=DynamoDbHookBook(runtime.dynamodb, runtime.settings.checkpoints_table),
+        book=_dynamodb_book(runtime),
         keys=HookKeys(key.get_secret_value().encode("utf-8")),
         store=runtime.store,
         public_url=runtime.settings.required_for_approvals("public_url"),
         events_of=lambda agent: declared_events(agent, agents),
     )
+
+
+def aws_hook_services(
+    runtime: AwsRuntime, *, key: SecretStr, desk: EventDesk, logger: Any
+) -> HookServices:
+    """What the hooks function serves with: the hook items, the key, and `desk` (the runtime's
+    event desk, whose nudge wakes the execution parked on the wait a delivery settles). No
+    throttle of its own: API Gateway throttles the route."""
+    return HookServices(
+        book=_dynamodb_book(runtime),
+        keys=HookKeys(key.get_secret_value().encode("utf-8")),
+        desk=desk,
+        logger=logger,
+    )
+
+
+def _dynamodb_book(runtime: AwsRuntime) -> HookBook:
+    # Here, not at the top: the local CLI never loads botocore for its hooks.
+    from ratchet.adapters.dynamodb.hooks import DynamoDbHookBook
+
+    return DynamoDbHookBook(runtime.dynamodb, runtime.settings.checkpoints_table)
 
 
 def hook_url(runtime: LocalRuntime, run_id: str, name: str) -> str:
