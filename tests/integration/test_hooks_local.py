@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.test import Client, TestResponse
+from werkzeug.test import Client, EnvironBuilder, TestResponse, run_wsgi_app
 
 from ratchet.engine import Engine
 from ratchet.errors import EventNotAwaited, InvalidInput, RunEnded, RunNotFound
@@ -427,7 +427,7 @@ def test_a_flood_on_one_hook_is_throttled_and_changes_nothing(local):
     assert local.github(hook).status_code == 200
 
 
-def test_the_body_limit_is_checked_on_the_content_length_before_the_body_is_read(local):
+def test_a_body_over_the_limit_is_refused_with_or_without_serve_in_front(local):
     hook = local.park()
     before = local.tables()
     # The route itself checks it too, where `ratchet serve` is not in front (on AWS).
@@ -440,6 +440,28 @@ def test_the_body_limit_is_checked_on_the_content_length_before_the_body_is_read
         assert answer.status_code == 413
         assert answered(answer)["problems"][0]["field"] == "body"
     assert local.tables() == before
+
+
+class _Unread(io.RawIOBase):
+    """A request body that must not be read: `ratchet serve` refuses it on its length."""
+
+    def readinto(self, buffer: Any) -> int:
+        raise AssertionError("the body was read")
+
+
+def test_ratchet_serve_refuses_a_body_over_the_limit_without_reading_it(local):
+    hook = local.park()
+    environ = EnvironBuilder(
+        path=f"/hooks/{hook.hook.hook_id}", method="POST", content_type="application/json"
+    ).get_environ()
+    environ["wsgi.input"] = _Unread()
+    environ["CONTENT_LENGTH"] = str(MAX_EVENT_BYTES + 1)
+    app = wsgi_app([("/hooks/", build_app(lambda: local.services))], body_limits=[BODY_LIMIT])
+    body, status, _ = run_wsgi_app(app, environ, buffered=True)
+    assert status == "413 REQUEST ENTITY TOO LARGE"
+    assert json.loads(b"".join(body))["problems"] == [
+        {"field": "body", "message": "body: over the 262,144-byte limit"}
+    ]
 
 
 # --- making a hook ------------------------------------------------------------------------------
