@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 from ratchet.state import RunStatus
+from ratchet.waiting.hooks import github_signature, verify_delivery
 from tests.processes import Cli, clean_env
 
 PATIENCE = 30.0
+SECRET = "a6e6f3de496e0f640f80c2b978ad1c545be081f559d2ca9401f56fbe0dd55537"
+NOW = 1_767_225_600
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
 
 
@@ -126,3 +129,31 @@ def test_ratchet_hook_refuses_an_unknown_run_and_a_deployed_store(tmp_path):
     assert deployed.returncode == 2
     assert "needs a local sqlite:// store" in deployed.stderr
     assert not (tmp_path / "ratchet.hook-key").exists()  # a refused hook makes no key
+
+
+def test_the_docs_recipe_signs_the_bytes_it_sends_as_github_does():
+    """docs/webhooks.md's line: `printf '%s' "$body" | openssl dgst -sha256 -hmac "$SECRET"`
+    is the HMAC of the body's exact bytes under the secret's text, and `--data-binary "$body"`
+    sends those bytes (tests/e2e/test_webhooks.py runs the line against `ratchet serve`)."""
+    line = docs_line()
+    body = re.search(r"body='([^']*)'", line)
+    signing = re.search(r"sig=\$\((.*?)\);", line)
+    assert body is not None
+    assert signing is not None
+    assert '--data-binary "$body"' in line
+    assert '-H "X-Hub-Signature-256: sha256=$sig"' in line
+    sent = body.group(1).encode()
+    sig = subprocess.run(
+        ["bash", "-c", f"body='{body.group(1)}'; {signing.group(1)}"],
+        capture_output=True,
+        text=True,
+        env=clean_env(SECRET=SECRET),
+        check=True,
+    ).stdout.strip()
+    assert f"sha256={sig}" == github_signature(SECRET, sent)
+    headers = {
+        "Content-Type": "application/json",
+        "X-GitHub-Delivery": "d-1",
+        "X-Hub-Signature-256": f"sha256={sig}",
+    }
+    assert verify_delivery(headers, sent, SECRET, now=NOW).payload == json.loads(sent)
