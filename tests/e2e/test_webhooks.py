@@ -134,7 +134,7 @@ def test_ratchet_hook_refuses_an_unknown_run_and_a_deployed_store(tmp_path):
 def test_the_docs_recipe_signs_the_bytes_it_sends_as_github_does():
     """docs/webhooks.md's line: `printf '%s' "$body" | openssl dgst -sha256 -hmac "$SECRET"`
     is the HMAC of the body's exact bytes under the secret's text, and `--data-binary "$body"`
-    sends those bytes (tests/e2e/test_webhooks.py runs the line against `ratchet serve`)."""
+    sends those bytes (the first test runs the whole line against `ratchet serve`)."""
     line = docs_line()
     body = re.search(r"body='([^']*)'", line)
     signing = re.search(r"sig=\$\((.*?)\);", line)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -93,7 +93,8 @@ class HookServices:
     keys: HookKeys
     desk: EventDesk
     logger: Any = None
-    throttle: Throttle | None = field(default=None)
+    throttle: Throttle | None = None
+    """`ratchet serve`'s; none on AWS, where API Gateway throttles the route."""
 
 
 def build_app(services: Callable[[], HookServices]) -> APIGatewayRestResolver:
