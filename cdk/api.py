@@ -55,6 +55,8 @@ ROUTES = (
     Route("POST", "/runs/{run_id}/retry", "api"),
     Route("POST", "/runs/{run_id}/cancel", "api"),
     Route("POST", "/runs/{run_id}/fork", "api"),
+    Route("POST", "/runs/{run_id}/events/{name}", "api"),
+    Route("POST", "/runs/{run_id}/wake", "api"),
     Route("GET", "/runs/{run_id}/steps/{step}/prompt", "api"),
     Route("GET", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/approvals/{approval_id}", "approvals", public=True),

@@ -116,6 +116,21 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     return {"explanation": "created"}
 
 
+def wait_kind(request: Mapping[str, Any]) -> str:
+    """`person`, `event` or `timer`: `ratchet.state.wait_kind` for a wait as JSON, dumped
+    (with its `kind`) or stored (a head leaves the fields at their defaults out, `kind`
+    among them; a record from before there were other waits has none): each kind has a
+    field the others lack. A unit test holds the two equal."""
+    kind = request.get("kind")
+    if kind in ("event", "timer"):
+        return str(kind)
+    if "name" in request:
+        return "event"
+    if "until" in request or "seconds" in request:
+        return "timer"
+    return "person"
+
+
 def _waits_for(wait: Mapping[str, Any] | None) -> str:
     """What the step's record says it waits for, from its stored JSON (a record written
     before other waits existed holds an approval request with no `kind`)."""

@@ -32,6 +32,8 @@ SIGNED = {
     ("POST", "/runs/{run_id}/retry"),
     ("POST", "/runs/{run_id}/cancel"),
     ("POST", "/runs/{run_id}/fork"),
+    ("POST", "/runs/{run_id}/events/{name}"),
+    ("POST", "/runs/{run_id}/wake"),
     ("GET", "/runs/{run_id}/steps/{step}/prompt"),
 }
 APPROVAL_ROUTES = {

@@ -26,6 +26,7 @@ RATCHET = [
     "Checkpoint",
     "Client",
     "Done",
+    "EventSent",
     "ForkRefused",
     "PermanentError",
     "RatchetError",

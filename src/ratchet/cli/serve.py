@@ -56,7 +56,12 @@ def serve(
         ("/approvals/", approvals),
         ("/slack/", approvals),
         ("/runs", build_runs_app(lambda: runs)),
-        ("/dashboard", dashboard_app(runs.client, services.desk, operator=operator_name())),
+        (
+            "/dashboard",
+            dashboard_app(
+                runs.client, services.desk, operator=operator_name(), mailbox=runtime.mailbox
+            ),
+        ),
     ]
     # Webhooks: serve has no throttle of its own, so the hook route brings one (per hook).
     hook_desk = runtime.event_desk(

@@ -64,9 +64,15 @@ from ratchet.waits import (
 
 
 class EventInvalid(InvalidInput):
-    """A payload the wait's schema refuses; the message names the field."""
+    """A payload the wait's schema refuses; the message names the field, and `field` is it
+    (`data.conclusion`; `data` for the payload as a whole), for an API to name apart from
+    words that quote what was sent."""
 
     http_status = 422
+
+    def __init__(self, message: str, *, field: str = "data") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Settles(Protocol):
@@ -344,5 +350,5 @@ def check_payload(schema: dict[str, Any], data: Any, *, name: str) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is None:
         return
-    where = ".".join(str(p) for p in error.absolute_path) or "(the payload)"
-    raise EventInvalid(f"data.{where}: {error.message} (the {name!r} wait's schema)"[:500])
+    field = ".".join(["data", *(str(p) for p in error.absolute_path)])
+    raise EventInvalid(f"{field}: {error.message} (the {name!r} wait's schema)"[:500], field=field)
