@@ -29,6 +29,8 @@ PLACEHOLDER_FUNCTIONS = {
     "NotifyFunctionArn": "notify",
     "DecideFunctionArn": "decide",
     "MarkFailedFunctionArn": "mark_failed",
+    "OpenWaitFunctionArn": "open_wait",
+    "RecordWaitFunctionArn": "record_wait",
     "RolloverFunctionArn": "rollover",
 }
 """ASL placeholder -> the function (see `functions.py`) whose ARN fills it in."""

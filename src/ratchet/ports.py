@@ -496,6 +496,39 @@ class WaitBook(Protocol):
     def next_due(self) -> datetime | None: ...
 
 
+HOOK_ID_PATTERN = r"^[a-f0-9]{32}$"
+"""A webhook's id: 128 bits of an HMAC under the deployment's hook key (`ratchet.waiting.hooks`)."""
+
+
+class Hook(BaseModel):
+    """A signed webhook URL for one event name of one run: `POST /hooks/<hook_id>`. The id
+    opens nothing by itself (every delivery is signed with the hook's secret, derived from
+    the id and never stored), so the record holds no secret."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hook_id: str = Field(pattern=HOOK_ID_PATTERN)
+    run_id: str
+    name: str
+    created_at: datetime
+
+
+class HookBook(Protocol):
+    """Where hooks are kept (a table of the SQLite store locally; an item of its own partition
+    in the checkpoints table on AWS), looked up by the id a delivery's URL carries.
+
+    Contract (`tests/conformance/test_hook_book_contract.py`):
+    - `add` stores the hook if its id is new and returns it with True; if the id exists it
+      returns the stored one with False and changes nothing (the id is derived from the run
+      and the name, so adding a hook twice finds the first).
+    - `get` reads one back by id, or None; it never writes.
+    """
+
+    def add(self, hook: Hook) -> tuple[Hook, bool]: ...
+
+    def get(self, hook_id: str) -> Hook | None: ...
+
+
 class Notifier(Protocol):
     """Tells people that a run waits for them (email, Slack, a local outbox). A notifier
     sends to the recipients of its own channel in the notice and ignores the rest."""

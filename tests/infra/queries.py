@@ -14,6 +14,9 @@ HANDLERS = {
     "api": "ratchet_functions.api.handler",
     "rollover": "ratchet_functions.rollover.handler",
     "approvals": "ratchet_functions.approvals.handler",
+    "open_wait": "ratchet_functions.open_wait.handler",
+    "record_wait": "ratchet_functions.record_wait.handler",
+    "hooks": "ratchet_functions.hooks.handler",
 }
 
 

@@ -19,7 +19,17 @@ from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
 from tests.infra.queries import HANDLERS, environment, function_id, function_names
 from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
 
-CORE_FUNCTIONS = {"step", "notify", "decide", "mark_failed", "api", "approvals"}
+CORE_FUNCTIONS = {
+    "step",
+    "notify",
+    "decide",
+    "mark_failed",
+    "api",
+    "approvals",
+    "open_wait",
+    "record_wait",
+    "hooks",
+}
 POWERTOOLS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
 
 EVERY_FUNCTION = {
@@ -40,6 +50,8 @@ UNCONFIGURED = {
     "notify": {"public_url", "link_key_secret_arn"},
     # Checks links, and builds the page's form on the same URL.
     "approvals": {"public_url", "link_key_secret_arn"},
+    # Derives each hook's secret to check a delivery's signature.
+    "hooks": {"hook_key_secret_arn"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {

@@ -89,7 +89,16 @@ def test_each_function_reaches_only_its_tables(synthesized: Synthesized) -> None
         assert _dynamodb_tables(statements) == {ids[role] for role in TABLES_USED[name]}, name
 
 
-def test_only_the_step_reaches_the_blobs_and_only_under_the_prefix(
+BLOB_ACTIONS = {
+    "step": ["s3:GetObject", "s3:PutObject"],
+    "open_wait": ["s3:GetObject"],
+    "hooks": ["s3:GetObject", "s3:PutObject"],
+}
+"""The step stores and reads blobs; open_wait reads an event's large payload to check it; the
+hooks function stores a delivery's large payload (and reads it back to check it)."""
+
+
+def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix(
     synthesized: Synthesized,
 ) -> None:
     for name in function_names(synthesized):
@@ -98,11 +107,11 @@ def test_only_the_step_reaches_the_blobs_and_only_under_the_prefix(
             for s in statements_of_function(synthesized, name)
             if any(a.startswith("s3:") for a in as_list(s["Action"]))
         ]
-        if name != "step":
+        if name not in BLOB_ACTIONS:
             assert s3 == []
             continue
         (statement,) = s3
-        assert sorted(as_list(statement["Action"])) == ["s3:GetObject", "s3:PutObject"]
+        assert sorted(as_list(statement["Action"])) == BLOB_ACTIONS[name]
         bucket_arn, suffix = statement["Resource"]["Fn::Join"][1]
         assert suffix == "/blobs/*"
         assert synthesized.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
@@ -132,3 +141,61 @@ def test_functions_may_write_only_their_own_log_group(synthesized: Synthesized) 
             if any(a.startswith("logs:") for a in as_list(s["Action"]))
         ]
         assert [s["Resource"] for s in logs] == [{"Fn::GetAtt": [own_group, "Arn"]}]
+
+
+def _states_actions(synth: Synthesized, name: str) -> list[tuple[list[str], Any]]:
+    return [
+        (sorted(as_list(s["Action"])), s["Resource"])
+        for s in statements_of_function(synth, name)
+        if any(a.startswith("states:") for a in as_list(s["Action"]))
+    ]
+
+
+def test_the_wait_functions_touch_the_run_items_one_by_one_and_only_open_wait_answers_a_task(
+    synthesized: Synthesized,
+) -> None:
+    """open_wait keeps a token and answers its own task; record_wait only settles a wait. Both
+    read and write the checkpoints table item by item: no scan, batch or delete."""
+    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
+    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    for function in ("open_wait", "record_wait"):
+        dynamodb = [
+            sorted(as_list(s["Action"]))
+            for s in statements_of_function(synthesized, function)
+            if any(a.startswith("dynamodb:") for a in as_list(s["Action"]))
+        ]
+        assert dynamodb == [
+            ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+        ], function
+    ((actions, resource),) = _states_actions(synthesized, "open_wait")
+    assert actions == ["states:SendTaskSuccess"]
+    assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"
+    assert _states_actions(synthesized, "record_wait") == []
+
+
+def test_the_hooks_function_may_do_exactly_what_a_delivery_needs(synthesized: Synthesized) -> None:
+    """A public function (anyone may call it): the checkpoints table item by item (the hook
+    item, the run's head and mailbox, one commit; no scan, batch or delete), blobs under the
+    prefix, the hook key and no other secret, and SendTaskSuccess on this state machine."""
+    statements = statements_of_function(synthesized, "hooks")
+    actions = {a for s in statements for a in as_list(s["Action"])}
+    assert actions - {a for a in actions if a.startswith(("logs:", "xray:"))} == {
+        "dynamodb:GetItem",
+        "dynamodb:Query",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "s3:GetObject",
+        "s3:PutObject",
+        "secretsmanager:GetSecretValue",
+        "secretsmanager:DescribeSecret",
+        "states:SendTaskSuccess",
+    }
+    secrets = [s["Resource"] for s in statements if "secretsmanager:GetSecretValue" in s["Action"]]
+    keys = synthesized.of_type("AWS::SecretsManager::Secret")
+    (hook_key,) = [k for k in keys if k.startswith("WebhooksHookKey")]
+    assert secrets == [{"Ref": hook_key}]
+    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
+    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    ((states, resource),) = _states_actions(synthesized, "hooks")
+    assert states == ["states:SendTaskSuccess"]
+    assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"

@@ -68,13 +68,15 @@ def test_every_placeholder_is_filled_with_its_function(synthesized: Synthesized)
         assert props["DefinitionSubstitutions"][placeholder] == {"Fn::GetAtt": [function, "Arn"]}
 
 
-def test_approval_waits_for_a_task_token_handed_to_notify() -> None:
+def test_approvals_and_events_wait_for_a_task_token_handed_to_their_function() -> None:
     document = json.loads(ASL.read_text(encoding="utf-8"))
     waits = [s for s in _states(document) if s.get("Resource") == LAMBDA_INVOKE_WAIT]
 
-    assert waits, "no lambda:invoke.waitForTaskToken task"
+    assert sorted(state["Parameters"]["FunctionName"] for state in waits) == [
+        "${NotifyFunctionArn}",
+        "${OpenWaitFunctionArn}",
+    ]
     for state in waits:
-        assert state["Parameters"]["FunctionName"] == "${NotifyFunctionArn}"
         assert "$$.Task.Token" in json.dumps(state["Parameters"]["Payload"])
 
 

@@ -21,8 +21,12 @@ from ratchet.handlers.payloads import (
     LoopOutcome,
     MarkFailedRequest,
     NotifyRequest,
+    OpenWaitRequest,
+    RecordWaitRequest,
+    RecordWaitResult,
     StepRequest,
     StepResult,
+    WaitPlan,
 )
 from ratchet.state import MAX_ATTEMPTS
 
@@ -35,6 +39,8 @@ SUBSTITUTIONS = {
     "NotifyFunctionArn",
     "DecideFunctionArn",
     "MarkFailedFunctionArn",
+    "OpenWaitFunctionArn",
+    "RecordWaitFunctionArn",
 }
 """Exactly what the CDK stack fills in."""
 
@@ -189,6 +195,8 @@ def _model_fields(model: type[BaseModel]) -> set[str]:
         ("AwaitApproval", NotifyRequest),
         ("RecordDecision", DecideRequest),
         ("MarkFailed", MarkFailedRequest),
+        ("AwaitEvent", OpenWaitRequest),
+        ("RecordWait", RecordWaitRequest),
     ],
 )
 def test_each_task_sends_exactly_the_fields_its_handler_reads(state: str, model: type[BaseModel]):
@@ -308,3 +316,69 @@ def test_a_busy_store_is_retried_and_never_reaches_the_catch_all():
 
     assert len(busy) == 1
     assert busy[0]["MaxAttempts"] >= MAX_ATTEMPTS
+
+
+# --- waits for an event or a time ---------------------------------------------------------------
+
+
+def test_a_waiting_run_parks_by_its_waits_kind_and_a_person_as_before():
+    waiting = [c for c in STATES["Route"]["Choices"] if c["StringEquals"] == "waiting"]
+    (route,) = waiting
+    park = STATES[route["Next"]]
+
+    assert park["Type"] == "Choice"
+    by_kind = {c["StringEquals"]: c["Next"] for c in park["Choices"]}
+    assert {c["Variable"] for c in park["Choices"]} == {"$.loop.wait.kind"}
+    assert by_kind == {"person": "AwaitApproval", "event": "AwaitEvent", "timer": "Sleep"}
+    assert set(by_kind) == set(get_args(WaitPlan.model_fields["kind"].annotation))
+    assert STATES[park["Default"]]["Type"] == "Fail"
+    assert STATES["Step"]["ResultSelector"]["wait.$"] == "$.Payload.wait"
+
+
+def test_an_event_wait_parks_on_a_task_token_for_at_most_the_plans_timeout():
+    await_event = STATES["AwaitEvent"]
+
+    assert await_event["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert _payload("AwaitEvent")["task_token.$"] == "$$.Task.Token"
+    assert _payload("AwaitEvent")["step.$"] == "$.loop.step"
+    assert await_event["TimeoutSecondsPath"] == "$.loop.wait.timeout_seconds"
+    assert "timeout_seconds" in WaitPlan.model_fields
+    # The answer carries nothing the run needs (its head does): it is not kept.
+    assert await_event["ResultPath"] is None
+    assert await_event["Next"] == "Step"
+    timeout = _catcher("AwaitEvent", "States.Timeout")
+    assert (timeout["Next"], timeout["ResultPath"]) == ("RecordWait", None)
+    retried = {e for r in await_event["Retry"] for e in r["ErrorEquals"]}
+    assert not retried & {"States.ALL", "States.Timeout", "States.TaskFailed"}
+    assert await_event["Catch"][-1] == {
+        "ErrorEquals": ["States.ALL"],
+        "ResultPath": "$.error",
+        "Next": "MarkFailed",
+    }
+
+
+def test_a_timer_sleeps_in_a_wait_state_until_the_plans_time_then_records_it():
+    sleep = STATES["Sleep"]
+
+    assert sleep["Type"] == "Wait"
+    assert sleep["TimestampPath"] == "$.loop.wait.wake_at"
+    assert "wake_at" in WaitPlan.model_fields
+    assert sleep["Next"] == "RecordWait"
+
+
+def test_record_wait_settles_what_the_park_was_for_then_steps_again():
+    record = STATES["RecordWait"]
+
+    assert _payload("RecordWait") == {
+        "run_id.$": "$.run_id",
+        "step.$": "$.loop.step",
+        "kind.$": "$.loop.wait.kind",
+    }
+    assert record["ResultPath"] is None
+    assert record["Next"] == "Step"
+    assert record["Catch"][-1]["Next"] == "MarkFailed"
+    assert "recorded" in RecordWaitResult.model_fields
+
+
+def test_the_step_knows_when_its_execution_started():
+    assert _payload("Step")["started_at.$"] == "$$.Execution.StartTime"

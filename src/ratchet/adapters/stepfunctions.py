@@ -27,11 +27,13 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.errors import ApprovalClosed, ApprovalExpired, StoreBusy
-from ratchet.state import RunState, utcnow
+from ratchet.state import RunState, WaitSettled, utcnow
 from ratchet.untrusted import loads
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Approval, Verdict, expired_verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mypy_boto3_stepfunctions import SFNClient
 
 # --- execution names ------------------------------------------------------------------------------
@@ -64,8 +66,15 @@ def first_generation(retry: int) -> int:
 
 def is_execution_of(name: str, run_id: str) -> bool:
     """Whether `name` is the name of one of the run's executions (any generation)."""
+    return generation_of(name, run_id) is not None
+
+
+def generation_of(name: str, run_id: str) -> int | None:
+    """The generation of the run's execution `name`; None if it is not one of the run's."""
     found = _NAME.fullmatch(name)
-    return found is not None and execution_name(run_id, int(found.group(1))) == name
+    if found is None or execution_name(run_id, int(found.group(1))) != name:
+        return None
+    return int(found.group(1))
 
 
 # --- the answer's schema --------------------------------------------------------------------------
@@ -245,6 +254,74 @@ class StepFunctionsResumer:
             raise
         self._tokens.forget_token(approval.run_id, approval.approval_id)
         return run  # as it stands until `RecordDecision` records the answer
+
+
+# --- waking an execution parked on an event or a time ---------------------------------------------
+
+WAIT_SETTLED_OUTPUT = '{"settled":true}'
+"""SendTaskSuccess's output for a settled event wait. `AwaitEvent` drops it (ResultPath null):
+the run's head holds what settled the wait, and `Step` reads it there."""
+_TASK_OVER = ("TaskTimedOut", "InvalidToken", "TaskDoesNotExist")
+"""What Step Functions says of a token whose task is over: answered already, timed out (a
+chunk ran out), or its execution stopped."""
+_BUSY = ("ThrottlingException", "ServiceUnavailable", "InternalFailure")
+
+
+class WaitTokens(Protocol):
+    """Where the token of each execution parked on an event wait is kept (`AwsWaitTokens`)."""
+
+    def task_token(self, run_id: str, step: int) -> str | None: ...
+
+    def forget(self, run_id: str, step: int, task_token: str) -> None: ...
+
+
+class StepFunctionsNudge:
+    """`Nudge` on AWS: wakes the execution parked on a wait the event desk settled.
+
+    An event wait's execution waits for its task token (`AwaitEvent`): the nudge answers it
+    with SendTaskSuccess and drops it; the execution goes on to `Step`, which finds the run
+    runnable. A token whose task is over (answered by open_wait itself, timed out, stopped)
+    means the execution moved on: nothing to do. A sleeping execution sits in a `Wait` state,
+    which nothing can interrupt: a run woken early (`how == "woken"`) has its execution
+    restarted instead (`relaunch`: the successor starts, the sleeper is stopped). Failures
+    are `StoreBusy` for now; the desk has settled the wait durably either way, and a parked
+    execution left unwoken finds it settled when its park ends."""
+
+    def __init__(
+        self,
+        tokens: WaitTokens,
+        stepfunctions: SFNClient | None,
+        *,
+        relaunch: Callable[[str], object] | None = None,
+    ) -> None:
+        self._tokens = tokens
+        self._sfn = stepfunctions
+        self._relaunch = relaunch
+
+    def __call__(self, head: RunState, settled: WaitSettled) -> None:
+        if settled.how in ("event", "timeout"):
+            self.resume(head.run_id, settled.step)
+        elif settled.how == "woken" and self._relaunch is not None:
+            self._relaunch(head.run_id)
+
+    def resume(self, run_id: str, step: int) -> bool:
+        """Answer the execution parked on the run's event wait at `step`, if one is: True if
+        a token was kept (answered now, or found over), False if none was."""
+        if self._sfn is None:
+            raise RuntimeError("this runtime was built without a Step Functions client")
+        token = self._tokens.task_token(run_id, step)
+        if token is None:
+            return False
+        try:
+            self._sfn.send_task_success(taskToken=token, output=WAIT_SETTLED_OUTPUT)
+        except ClientError as failed:
+            code = _code(failed)
+            if code in _BUSY:
+                raise StoreBusy(f"Step Functions is busy: {code}") from None
+            if code not in _TASK_OVER:
+                raise
+        self._tokens.forget(run_id, step, token)
+        return True
 
 
 def _code(error: ClientError) -> str:

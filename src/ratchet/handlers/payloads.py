@@ -10,12 +10,15 @@ are the ones the ASL's paths name: rename one and the state machine breaks.
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from ratchet.adapters.stepfunctions import execution_name
 from ratchet.engine import Outcome, StepOutcome
+from ratchet.state import ApprovalRequest, EventWait, RunState, TimerWait, utcnow
 
 MAX_REASON_CHARS = 2000
 """How much of a failure's error and cause the run keeps as its `error`."""
@@ -35,6 +38,26 @@ _LOOP_OUTCOME: dict[Outcome, LoopOutcome] = {
 }
 
 
+WAIT_CHUNK_SECONDS = 7 * 24 * 3600
+"""The longest one park of an event wait or a timer lasts (a week). A wait may last a year
+(`MAX_WAIT_SECONDS`), as long as an execution may live, so no park is as long as the wait: the
+execution parks for at most a chunk, and when the chunk ends before the wait is due the loop
+goes round (`RecordWait` records nothing, `Step` finds the run still waiting and parks again).
+A week keeps the loop's cost out of sight (one Step and one RecordWait invocation, about a
+dozen history events, 52 times a year) and keeps the margin an old execution needs before it
+rolls over (`PARK_ROLLOVER_AGE`) small against its year. Read at each step, so a test may set
+it short."""
+
+EXECUTION_MAX_AGE = timedelta(days=365)
+"""Step Functions ends a Standard execution a year after it started, parked or not."""
+PARK_ROLLOVER_AGE = EXECUTION_MAX_AGE - timedelta(days=30)
+"""An execution this old rolls over before it parks for an event or a time, so its successor
+parks instead: a park of a chunk, and the steps that follow it, end well inside the year.
+Person waits keep their own path (an approval's task times out with the request)."""
+
+WaitKind = Literal["person", "event", "timer"]
+
+
 class _Payload(BaseModel):
     # The ASL adds nothing the models do not name; anything else is a wiring mistake.
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +68,62 @@ class StepRequest(_Payload):
     generation: int = Field(default=0, ge=0)
     iteration: int = Field(default=0, ge=0)
     """Steps this execution has taken so far."""
+    started_at: datetime | None = None
+    """When this execution started (`$$.Execution.StartTime`): an old one rolls over before
+    it parks (`PARK_ROLLOVER_AGE`). None from a definition older than the field."""
+
+    @field_validator("started_at")
+    @classmethod
+    def _as_utc(cls, value: datetime | None) -> datetime | None:
+        # Step Functions writes UTC with a `Z`; a time with no zone is UTC too.
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class WaitPlan(_Payload):
+    """How the execution parks a waiting run, which the state machine routes on
+    (`$.loop.wait`): a person's request through `AwaitApproval`, an event through
+    `AwaitEvent` (a task token, timing out after `timeout_seconds`), a time through `Sleep` (a
+    `Wait` state until `wake_at`). An event's or a timer's park lasts at most
+    `WAIT_CHUNK_SECONDS`; the run's real due time stays in its head, which `RecordWait`
+    checks."""
+
+    kind: WaitKind
+    wake_at: datetime | None = None
+    """A timer's park ends then: its time, or a chunk from now if that is sooner."""
+    timeout_seconds: int | None = Field(default=None, ge=1)
+    """An event's park times out after this: the seconds left until the wait's own timeout,
+    or a chunk if that is sooner or it has none."""
+
+    @field_serializer("wake_at")
+    def _timestamp(self, value: datetime | None) -> str | None:
+        # The form a Wait state's TimestampPath takes everywhere (moto's interpreter accepts
+        # only `Z`), rounded up: a park that ends before the time only goes round once more.
+        if value is None:
+            return None
+        utc = value.astimezone(UTC)
+        if utc.microsecond:
+            utc = utc.replace(microsecond=0) + timedelta(seconds=1)
+        return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @classmethod
+    def of(cls, head: RunState, now: datetime) -> WaitPlan:
+        """The park of the run's wait, as it stands at `now`. A wait already due parks for
+        no time (a past `wake_at`, a 1 s timeout), so `RecordWait` settles it at once."""
+        request = head.waiting.request if head.waiting is not None else None
+        chunk = timedelta(seconds=WAIT_CHUNK_SECONDS)
+        if isinstance(request, TimerWait):
+            wake_at = now + chunk if request.until is None else min(request.until, now + chunk)
+            return cls(kind="timer", wake_at=wake_at)
+        if isinstance(request, EventWait):
+            seconds = float(WAIT_CHUNK_SECONDS)
+            if request.expires_at is not None:
+                seconds = min(seconds, (request.expires_at - now).total_seconds())
+            return cls(kind="event", timeout_seconds=max(1, math.ceil(seconds)))
+        if isinstance(request, ApprovalRequest):
+            return cls(kind="person")
+        raise ValueError(f"run {head.run_id!r} is waiting with no request to park on")
 
 
 class StepResult(_Payload):
@@ -56,17 +135,40 @@ class StepResult(_Payload):
     iteration: int
     next_execution: str | None = None
     """The successor's execution name, when the outcome is `rollover`."""
+    wait: WaitPlan | None = None
+    """How to park, when the outcome is `waiting`."""
 
     @classmethod
-    def after(cls, request: StepRequest, taken: StepOutcome, *, rollover_after: int) -> StepResult:
-        """The loop's next move. Continue-as-new happens only between two steps that both
-        continue: the step just taken is committed, so the successor starts at the next one."""
+    def after(
+        cls,
+        request: StepRequest,
+        taken: StepOutcome,
+        *,
+        rollover_after: int,
+        now: datetime | None = None,
+    ) -> StepResult:
+        """The loop's next move. Continue-as-new happens between two steps that both
+        continue (the step just taken is committed, so the successor starts at the next one),
+        and before an old execution parks for an event or a time (the successor finds the run
+        waiting and parks in its stead)."""
+        now = now or utcnow()
         iteration = request.iteration + 1
         outcome = _LOOP_OUTCOME[taken.outcome]
+        wait = None
+        if taken.outcome is Outcome.WAITING:
+            if taken.head is None:
+                raise ValueError(f"run {taken.run_id!r}: a waiting outcome without its head")
+            wait = WaitPlan.of(taken.head, now)
         next_execution = None
-        if taken.outcome is Outcome.CONTINUE and iteration >= rollover_after:
+        if (taken.outcome is Outcome.CONTINUE and iteration >= rollover_after) or (
+            wait is not None
+            and wait.kind != "person"
+            and request.started_at is not None
+            and now - request.started_at >= PARK_ROLLOVER_AGE
+        ):
             outcome = "rollover"
             next_execution = execution_name(request.run_id, request.generation + 1)
+            wait = None
         return cls(
             outcome=outcome,
             run_id=taken.run_id,
@@ -75,6 +177,7 @@ class StepResult(_Payload):
             generation=request.generation,
             iteration=iteration,
             next_execution=next_execution,
+            wait=wait,
         )
 
 
@@ -112,6 +215,44 @@ class DecideResult(_Payload):
     step: int
     recorded: bool
     """False when the run was no longer waiting: someone decided first, nothing changed."""
+
+
+class OpenWaitRequest(_Payload):
+    """The `AwaitEvent` task's payload. The token is a bearer credential for the execution:
+    it is stored in the run's wait item, never logged and never returned."""
+
+    run_id: str
+    step: int = Field(ge=0)
+    """The step the run waits at: the token answers this wait and no later one."""
+    task_token: str = Field(min_length=1, repr=False)
+
+
+class OpenWaitResult(_Payload):
+    """What the open_wait function returns (the task itself waits for its token)."""
+
+    run_id: str
+    step: int
+    settled: bool
+    """True when the wait was settled already (an event in the mailbox, taken now or before
+    the execution parked): the function answered its own token and the run goes on."""
+
+
+class RecordWaitRequest(_Payload):
+    """The `RecordWait` task's payload: a park ended by its own clock (a `Sleep` that ended, an
+    `AwaitEvent` that timed out), which settles the wait only if it is really due."""
+
+    run_id: str
+    step: int = Field(ge=0)
+    kind: Literal["event", "timer"]
+
+
+class RecordWaitResult(_Payload):
+    run_id: str
+    status: str
+    step: int
+    recorded: bool
+    """False when nothing was settled: a chunk that ended before the wait was due, or a wait
+    that another writer settled first (an event, a wake, a cancel)."""
 
 
 class TaskFailure(BaseModel):

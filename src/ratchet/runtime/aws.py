@@ -22,14 +22,17 @@ from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackNotifier
 from ratchet.adapters.stepfunctions import (
     ExecutionInput,
+    StepFunctionsNudge,
     StepFunctionsResumer,
     execution_name,
     first_generation,
+    generation_of,
     start_execution,
 )
 from ratchet.agents import declared_events
@@ -187,6 +190,73 @@ class AwsRuntime:
     def resumer(self, book: AwsApprovals) -> StepFunctionsResumer:
         """What answers a parked execution with the token `book` keeps for it."""
         return StepFunctionsResumer(book, self._stepfunctions() if self._stepfunctions else None)
+
+    def wait_tokens(self) -> AwsWaitTokens:
+        """The tokens of executions parked on an event wait, in the checkpoints table."""
+        return AwsWaitTokens(
+            self.dynamodb,
+            self.settings.checkpoints_table,
+            retention_days=self.settings.checkpoint_retention_days,
+        )
+
+    def nudge(self) -> StepFunctionsNudge:
+        """What wakes a parked execution once the event desk settled its run's wait: the
+        token of an event wait answered, a sleeping run's execution restarted."""
+        return StepFunctionsNudge(
+            self.wait_tokens(),
+            self._stepfunctions() if self._stepfunctions else None,
+            relaunch=self.relaunch,
+        )
+
+    def relaunch(self, run_id: str) -> str | None:
+        """Restart the execution of a run woken from a sleep: start its successor, which takes
+        the run's next step at once, then stop the sleeper. A `Wait` state cannot be cut
+        short, and the sleeper would otherwise wake only at its time.
+
+        The successor's generation follows the highest running one, as a rollover's would
+        (the sleeper has not rolled over, so that name is free; if another waker took it, the
+        successor runs already). Started first, so a start that fails leaves the sleeper to
+        find the run woken when its park ends, not a run that nothing works. A sleeper that
+        has just woken by itself and is in its next step meanwhile loses the run to the
+        successor by the store's conditional writes. Returns the successor's name, or None
+        when no execution works the run (it is worked in process, or by nothing: a woken run
+        is runnable for whoever works it next)."""
+        machine = self.settings.state_machine_arn
+        if not machine or self._stepfunctions is None:
+            return None
+        sfn = self._stepfunctions()
+        running = self._running_executions(sfn, machine, run_id)
+        if not running:
+            return None
+        generation = max(g for g, _ in running) + 1
+        execution = ExecutionInput(
+            run_id=run_id,
+            generation=generation,
+            iteration=0,
+            approval_timeout_seconds=self.settings.approval_timeout_seconds,
+        )
+        start_execution(sfn, machine, execution)
+        for _, arn in running:
+            # Closed meanwhile (it found the run woken and rolled over or ended): nothing to stop.
+            with suppress(sfn.exceptions.ExecutionDoesNotExist):
+                sfn.stop_execution(
+                    executionArn=arn, error="Woken", cause="woken early: a successor goes on"
+                )
+        return execution_name(run_id, generation)
+
+    @staticmethod
+    def _running_executions(sfn: SFNClient, machine: str, run_id: str) -> list[tuple[int, str]]:
+        """The run's running executions: (generation, ARN)."""
+        found: list[tuple[int, str]] = []
+        pages = sfn.get_paginator("list_executions").paginate(
+            stateMachineArn=machine, statusFilter="RUNNING"
+        )
+        for page in pages:
+            for execution in page["executions"]:
+                generation = generation_of(execution["name"], run_id)
+                if generation is not None:
+                    found.append((generation, execution["executionArn"]))
+        return found
 
     def approval_desk(
         self, *, link_key: SecretStr, ses: Any = None, slack_bot_token: SecretStr | None = None
