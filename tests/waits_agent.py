@@ -32,8 +32,12 @@ class Nothing(BaseModel):
     pass
 
 
-def wait_ci(args: Nothing, ctx: ToolContext) -> ToolResult:
-    return wait_for_event("ci-finished", timeout=7200, schema=CiResult, webhook=True)
+class WaitArgs(BaseModel):
+    webhook: bool = True
+
+
+def wait_ci(args: WaitArgs, ctx: ToolContext) -> ToolResult:
+    return wait_for_event("ci-finished", timeout=7200, schema=CiResult, webhook=args.webhook)
 
 
 def nap(args: Nothing, ctx: ToolContext) -> ToolResult:
@@ -53,7 +57,7 @@ def policy(view: StepView) -> ToolCall | Done:
     """Wait for CI, then merge and nap as the params say, then finish with what CI said."""
     done = [m.tool for m in view.messages]
     if "wait_ci" not in done:
-        return ToolCall(name="wait_ci", arguments={})
+        return ToolCall(name="wait_ci", arguments={"webhook": view.params.get("webhook", True)})
     if view.params.get("merge") and "merge" not in done:
         return ToolCall(name="merge", arguments={})
     if view.params.get("nap") and "nap" not in done:
@@ -64,14 +68,14 @@ def policy(view: StepView) -> ToolCall | Done:
 agent = Agent(
     name="waits",
     tools=[
-        Tool("wait_ci", "Wait for CI to finish.", Nothing, wait_ci),
+        Tool("wait_ci", "Wait for CI to finish.", WaitArgs, wait_ci),
         Tool("nap", "Nap for two seconds.", Nothing, nap),
         Tool("merge", "Merge the pull request.", Nothing, merge, side_effect=True),
     ],
     resources=lambda ctx: ctx.data,
     goal="Wait for CI",
     policy=policy,
-    default_params={"nap": False, "merge": False},
+    default_params={"nap": False, "merge": False, "webhook": True},
     events=["ci-finished"],
 )
 AGENT = f"{__name__}:agent"

@@ -426,3 +426,16 @@ def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
     [settled] = local.results_of(run_id)
     assert settled.blob is not None
     assert json.loads(local.runtime.blobs.get(settled.blob)) == big
+
+
+def test_a_webhook_delivery_kept_early_is_not_taken_by_a_wait_without_webhooks(local):
+    run_id = local.start(webhook=False)
+    desk = local.desk()
+    desk.send(run_id, "ci-finished", PASSED, event_id="hooked", source="webhook")
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.WAITING  # not settled by the webhook's delivery
+    refused = local.runtime.mailbox.get(run_id, "hooked")
+    assert refused is not None
+    assert refused.refused == "the wait takes no webhook deliveries (webhook=False)"
+    assert desk.send(run_id, "ci-finished", PASSED, event_id="api").status == "delivered"

@@ -198,4 +198,13 @@ def parked_line(runtime: Any, run_id: str) -> str | None:
         link = approval_link(runtime, run_id)
         return f"{run_id} waits for a person; approve or reject at: {link}"
     wait = readout.wait_of(head.waiting.model_dump(mode="json"))
-    return readout.wait_announcement(run_id, wait)
+    said = readout.wait_announcement(run_id, wait)
+    request = head.waiting.request
+    if getattr(request, "webhook", False):
+        from ratchet.runtime.hooks import hook_url
+
+        # The URL only: `ratchet hook RUN NAME` shows its secret to whoever asks for it.
+        name = str(getattr(request, "name", ""))
+        url = hook_url(runtime, run_id, name)
+        said += f"; or deliver it to {url} (ratchet hook {run_id} {name})"
+    return said

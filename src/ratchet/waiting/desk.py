@@ -203,6 +203,13 @@ class EventDesk:
             event = self.mailbox.next_for(run_id, wait.name)
             if event is None:
                 return None
+            if event.source == "webhook" and not wait.webhook:
+                # A delivery to the run's hook, kept before this wait opened: this wait takes
+                # its event from signed senders of the runs API only, so not this one.
+                self.mailbox.refuse(
+                    run_id, event.event_id, "the wait takes no webhook deliveries (webhook=False)"
+                )
+                continue
             if wait.answer_schema is not None:
                 try:
                     check_payload(wait.answer_schema, self._payload(event), name=wait.name)
