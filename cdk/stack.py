@@ -45,10 +45,8 @@ TABLES_USED = {
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
-TABLE_ACTIONS = {
-    name: ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem")
-    for name in ("open_wait", "record_wait")
-}
+ITEM_ACTIONS = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem")
+TABLE_ACTIONS = dict.fromkeys(("open_wait", "record_wait"), ITEM_ACTIONS)
 """Functions granted only these actions on their tables rather than all of reading and writing:
 items read by key or by a run's partition, put and updated one by one or in a transaction
 (TransactWriteItems is authorised item by item); never scanned, batched or deleted."""
