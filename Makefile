@@ -46,6 +46,7 @@ screenshot: $(VENV)/.synced $(CHROMIUM)
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost
 	$(VENV)/bin/python -m bench.follow_cost
+	$(VENV)/bin/python -m bench.waits
 
 # Breaks each guarantee's code on purpose, one committed mutation (mutants/*.toml) at a time, and
 # runs the tests that guard it: every mutant must be killed (bench/mutants.py). Minutes, not in

@@ -1,4 +1,5 @@
-"""The REST API: the runs API for programs (IAM-signed) and the approval routes for people.
+"""The REST API: the runs API for programs (IAM-signed), the approval routes for people, and the
+webhook route for senders that sign their deliveries (GitHub, Stripe, CI).
 
 Programs (services, scripts, CI jobs) call the `/runs` routes with SigV4 (IAM) signatures: no
 key to distribute or rotate, every call attributable to a principal in CloudTrail, and access
@@ -7,7 +8,9 @@ granted with an ordinary `execute-api:Invoke` policy.
 People answer approvals from an email link or a Slack button, with no AWS credentials, so those
 routes are public: the approval page checks the link's HMAC signature and expiry, the Slack
 route checks Slack's request signature and age, both are throttled far below the stage's rate,
-and there is no route that lists approvals (an id is 128 random bits).
+and there is no route that lists approvals (an id is 128 random bits). The webhook route is
+public on the same terms: each delivery is signed with its hook's secret, and no route lists
+hooks.
 """
 
 from __future__ import annotations
@@ -52,10 +55,13 @@ ROUTES = (
     Route("POST", "/runs/{run_id}/retry", "api"),
     Route("POST", "/runs/{run_id}/cancel", "api"),
     Route("POST", "/runs/{run_id}/fork", "api"),
+    Route("POST", "/runs/{run_id}/events/{name}", "api"),
+    Route("POST", "/runs/{run_id}/wake", "api"),
     Route("GET", "/runs/{run_id}/steps/{step}/prompt", "api"),
     Route("GET", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/slack/interactions", "approvals", public=True),
+    Route("POST", "/hooks/{hook_id}", "hooks", public=True),
 )
 
 _REFUSAL = '{"error": $context.error.messageString, "problems": []}'
@@ -78,6 +84,13 @@ _PUBLIC = {
         "Slack calls this without AWS credentials: the handler accepts only requests whose "
         "X-Slack-Signature (HMAC-SHA256 with the app's signing secret) matches and whose "
         "timestamp is under 5 minutes old; the method is throttled to {rate} requests/s."
+    ),
+    "/hooks/{hook_id}": (
+        "GitHub, Stripe or a CI server delivers an event here without AWS credentials: the "
+        "handler accepts only deliveries signed with HMAC-SHA256 under the hook's secret "
+        "(derived from a key in Secrets Manager and the hook's 128-bit id), within 5 minutes "
+        "when the sender signs a time, once per delivery id; the method is throttled to "
+        "{rate} requests/s."
     ),
 }
 
@@ -178,8 +191,9 @@ class RunsApi(Construct):
             "AwsSolutions-APIG3",
             (
                 "No WAF: the /runs routes need a valid SigV4 signature, which API Gateway "
-                "checks before any function runs; the public approval routes do nothing "
-                "without a valid HMAC link signature or Slack signature and are throttled to "
+                "checks before any function runs; the public approval and webhook routes do "
+                "nothing without a valid HMAC link, Slack or webhook signature and are "
+                "throttled to "
                 f"{PUBLIC_THROTTLE_RATE_PER_SECOND} requests/s. Associate a web ACL with a "
                 "rate-based rule if they are ever flooded."
             ),
@@ -191,8 +205,8 @@ class RunsApi(Construct):
                 "No request validation at the gateway, by design: its validator cannot say "
                 "which field is wrong. Every request reaches a function that checks it in full: "
                 "the /runs function validates bodies, paths and queries against its models and "
-                "answers a 400 naming the field; the approval routes check their link or Slack "
-                "signature before they read anything else."
+                "answers a 400 naming the field; the approval and webhook routes check their "
+                "link, Slack or webhook signature before they read anything else."
             ),
         )
         role = self.rest_api.node.find_child("CloudWatchRole")

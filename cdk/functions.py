@@ -88,6 +88,14 @@ RECORD_WAIT = FunctionSpec(
     "Settles a wait whose park ended, if it is due: a timer's time, an event wait's timeout.",
     timeout=Duration.seconds(30),
 )
+HOOKS = FunctionSpec(
+    "hooks",
+    "Signed webhook deliveries (GitHub, Stripe, CI): each becomes an event of its run.",
+    # GitHub gives up on a delivery after 10 s; it takes a few DynamoDB calls and, when it
+    # settles a wait, one Step Functions call. Memory buys CPU for the cold start (imports).
+    timeout=Duration.seconds(10),
+    memory_mb=1024,
+)
 ROLLOVER = FunctionSpec(
     "rollover",
     "Starts the next execution of a long run (continue-as-new).",

@@ -18,6 +18,7 @@ from cdk.api import STAGE, RunsApi
 from cdk.approvals import ApprovalChannels
 from cdk.config import DeployConfig, profiled_model
 from cdk.functions import Functions
+from cdk.hooks import Webhooks
 from cdk.nag import acknowledge
 from cdk.storage import Storage
 from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
@@ -42,11 +43,16 @@ TABLES_USED = {
     "open_wait": ("checkpoints",),
     # Reads the run's head; settles a wait that is due (head and record).
     "record_wait": ("checkpoints",),
+    # Reads the hook item (its own partition, `hook#<id>`) and the run's head; keeps the
+    # delivery in the run's mailbox and settles its wait in one commit; drops the wait's token.
+    "hooks": ("checkpoints",),
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
-ITEM_ACTIONS = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem")
-TABLE_ACTIONS = dict.fromkeys(("open_wait", "record_wait"), ITEM_ACTIONS)
+TABLE_ACTIONS = dict.fromkeys(
+    ("open_wait", "record_wait", "hooks"),
+    ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+)
 """Functions granted only these actions on their tables rather than all of reading and writing:
 items read by key or by a run's partition, put and updated one by one or in a transaction
 (TransactWriteItems is authorised item by item); never scanned, batched or deleted."""
@@ -54,6 +60,15 @@ items read by key or by a run's partition, put and updated one by one or in a tr
 READS_BLOBS = ("open_wait",)
 """Besides the step (which stores them): an event wait's schema is checked against a large
 payload the sender kept in the blob store, read back by its hash."""
+
+STORES_BLOBS = ("hooks",)
+"""Besides the step: a webhook delivery's payload over the inline size goes to the blob store
+by its hash (and is read back to check it against the wait's schema)."""
+
+NUDGES_WAITS = ("open_wait", "hooks")
+"""SendTaskSuccess only, with the token of an execution parked on an event wait: open_wait
+answers its own task when the wait was settled before it kept the token; the hooks function
+wakes the execution whose wait a delivery settled."""
 
 READS_ANTHROPIC_KEY = ("step", "api")
 """The step calls Claude; the API refuses a Claude run when no key is configured."""
@@ -89,6 +104,7 @@ class RatchetStack(Stack):
         state_machine_name = f"{self.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
         specs += [functions.API, functions.APPROVALS, functions.OPEN_WAIT, functions.RECORD_WAIT]
+        specs.append(functions.HOOKS)
         if "rollover" in definition.functions:
             specs.append(functions.ROLLOVER)
         lambdas = Functions(
@@ -181,15 +197,16 @@ class RatchetStack(Stack):
 
         for name in ANSWERS_EXECUTIONS:
             state_machine.grant_task_response(lambdas[name])
-        # open_wait answers its own parked task when the wait was settled before it kept the
-        # token: SendTaskSuccess only. The machine's ARN from its name, as the machine calls
-        # the function (its ARN would make each depend on the other).
-        lambdas["open_wait"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["states:SendTaskSuccess"],
-                resources=[state_machine_arn(self, state_machine_name)],
+        # Answering an event wait's parked task: SendTaskSuccess only (`NUDGES_WAITS`). The
+        # machine's ARN from its name, as the machine calls open_wait (its ARN would make each
+        # depend on the other).
+        for name in NUDGES_WAITS:
+            lambdas[name].add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["states:SendTaskSuccess"],
+                    resources=[state_machine_arn(self, state_machine_name)],
+                )
             )
-        )
         if config.agents_json:
             for name in READS_AGENTS:
                 lambdas[name].add_environment(contract.AGENTS, config.agents_json)
@@ -199,6 +216,7 @@ class RatchetStack(Stack):
         channels = ApprovalChannels(
             self, "Approvals", config=config, functions=lambdas, public_url=public_url
         )
+        webhooks = Webhooks(self, "Webhooks", functions=lambdas)
 
         CfnOutput(self, "RunsUrl", value=api.rest_api.url_for_path("/runs"))
         CfnOutput(
@@ -224,6 +242,18 @@ class RatchetStack(Stack):
             "LinkKeySecretArn",
             description="The secret that signs approval links (rotate by hand: docs/deploy.md)",
             value=channels.link_key.secret_arn,
+        )
+        CfnOutput(
+            self,
+            "HooksUrl",
+            description="Webhook URLs start with this (a run's: ratchet.runtime.hooks)",
+            value=f"{public_url}/hooks/",
+        )
+        CfnOutput(
+            self,
+            "HookKeySecretArn",
+            description="The secret webhook ids and secrets derive from (rotating it revokes all)",
+            value=webhooks.hook_key.secret_arn,
         )
         CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
         CfnOutput(
@@ -281,6 +311,7 @@ class RatchetStack(Stack):
         objects = storage.blobs.arn_for_objects(f"{contract.BLOB_PREFIX}*")
         grants = {"step": ["s3:GetObject", "s3:PutObject"]}
         grants |= {name: ["s3:GetObject"] for name in READS_BLOBS}
+        grants |= {name: ["s3:GetObject", "s3:PutObject"] for name in STORES_BLOBS}
         bucket = self.get_logical_id(cast(CfnElement, storage.blobs.node.default_child))
         for name, actions in grants.items():
             lambdas[name].add_to_role_policy(

@@ -4,12 +4,13 @@ The public API. A project imports from here and from `ratchet.tools`, and from n
 every other module is internal and may move between releases (tests/unit/test_public_face.py
 pins both faces' names).
 
-- running: `connect(url)` gives a `Client` (`run`, `start`, `wait`, `approve`, `reject`, `get`,
-  `history`, `state_at`, `runs`, `verify`, ...), whose answers are pydantic models (`Run`, ...);
+- running: `connect(url)` gives a `Client` (`run`, `start`, `wait`, `approve`, `reject`,
+  `send_event`, `wake`, `get`, `history`, `state_at`, `runs`, `verify`, ...), whose answers
+  are pydantic models (`Run`, `EventSent`, ...);
 - defining agents: `Agent`, `tool`, `ToolContext`, `RunContext`, the waits a tool returns
-  (`ask_person`, `wait_for_event`, `sleep`, `sleep_until`), and what a scripted policy
-  returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts, the model port
-  for a model of your own).
+  (`ask_person`, `wait_for_reply`, `wait_for_event`, `sleep`, `sleep_until`), and what a
+  scripted policy returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts,
+  the model port for a model of your own).
 
 Names load on first use, so `import ratchet` (and the `ratchet` command) stays fast. The
 imports below are for type checkers and readers; `_EXPORTS` says where each name loads from at
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
     from ratchet.client import Checkpoint as Checkpoint
     from ratchet.client import Client as Client
+    from ratchet.client import EventSent as EventSent
     from ratchet.client import Run as Run
     from ratchet.client import RunListed as RunListed
     from ratchet.client import Started as Started
@@ -51,11 +53,13 @@ if TYPE_CHECKING:
     from ratchet.tools import sleep_until as sleep_until
     from ratchet.tools import tool as tool
     from ratchet.tools import wait_for_event as wait_for_event
+    from ratchet.tools import wait_for_reply as wait_for_reply
 
 _EXPORTS = {
     "ratchet.client": (
         "Checkpoint",
         "Client",
+        "EventSent",
         "Run",
         "RunListed",
         "Started",
@@ -82,6 +86,7 @@ _EXPORTS = {
         "sleep_until",
         "tool",
         "wait_for_event",
+        "wait_for_reply",
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -36,6 +36,7 @@ from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.state import (
     Created,
+    EventWait,
     PersonDecided,
     RunOptions,
     RunState,
@@ -45,6 +46,7 @@ from ratchet.state import (
     Usage,
     WaitSettled,
     utcnow,
+    wait_kind,
 )
 from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
@@ -54,14 +56,17 @@ if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
     from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
     from ratchet.tools import RunContext
+    from ratchet.waiting.desk import EventDesk
 
 __all__ = [
     "Checkpoint",
     "Client",
+    "EventSent",
     "Run",
     "RunListed",
     "Started",
     "UsageTotals",
+    "Wait",
     "WaitTimedOut",
 ]
 
@@ -78,12 +83,70 @@ class AnswerModel(BaseModel):
 
 
 class WaitingFor(AnswerModel):
-    """What a waiting run asked a person."""
+    """What a waiting run asked, in words (a person's request, or what an event or timer
+    wait is: `Run.wait` says which)."""
 
     step: int
     prompt: str
     details: dict[str, Any]
     since: datetime
+
+
+WaitKind = Literal["person", "event", "timer"]
+
+
+class Wait(AnswerModel):
+    """What a waiting run waits for: a person, an event, or a time."""
+
+    kind: WaitKind
+    step: int
+    """The step that waits (its result is what settles the wait)."""
+    since: datetime
+    prompt: str
+    """The wait in words: the person's question, `Waiting for the event 'ci-finished' until
+    ...`, `Sleeping until ...`."""
+    name: str | None
+    """The event's name, for an event wait: send it with `Client.send_event`."""
+    until: datetime | None
+    """When the wait settles by itself: a timer's time (`Client.wake` settles it sooner), an
+    event wait's timeout; None for a person (the request's expiry is its approval's) and an
+    event wait without a timeout."""
+    answer_schema: dict[str, Any] | None
+    """The JSON schema the event's payload (or the person's answer) must match; None: any."""
+
+    @classmethod
+    def of(cls, state: RunState) -> Wait | None:
+        waiting = state.waiting
+        if waiting is None or state.status is not RunStatus.WAITING:
+            return None
+        request = waiting.request
+        return cls(
+            kind=cast(WaitKind, wait_kind(request)),
+            step=waiting.step,
+            since=waiting.since,
+            prompt=request.prompt,
+            name=request.name if isinstance(request, EventWait) else None,
+            until=waiting.due,
+            answer_schema=request.answer_schema,
+        )
+
+
+class EventSent(AnswerModel):
+    """What sending an event answers; a retry with the same `event_id` gets the same answer
+    (`duplicate` then true)."""
+
+    run_id: str
+    name: str
+    event_id: str
+    """The id given, or the one made for it: send again with it to be sure it was taken."""
+    status: Literal["delivered", "queued", "refused"]
+    """`delivered`: the run waited for it, and it settled the wait (at `step`); `queued`:
+    kept in the run's mailbox until a wait for its name takes it; `refused`: kept, but the
+    wait it reached refused its payload (`refused` says why)."""
+    step: int | None
+    """The step whose wait it settled; None while it waits in the mailbox."""
+    duplicate: bool
+    refused: str | None
 
 
 class UsageTotals(AnswerModel):
@@ -123,7 +186,10 @@ class Run(AnswerModel):
     input: dict[str, Any]
     """The run's params: its input, with the agent's defaults filled in."""
     waiting: WaitingFor | None
-    """What the run asks a person, while it waits."""
+    """What the run waits for, in words, while it waits."""
+    wait: Wait | None
+    """What the run waits for, while it waits: its kind, an event's name, when it settles by
+    itself."""
     usage: UsageTotals
     """What the run's model calls used, summed over its steps."""
     cost_usd: float | None
@@ -156,6 +222,7 @@ class Run(AnswerModel):
             )
             if waiting
             else None,
+            wait=Wait.of(state),
             usage=UsageTotals.of(state.usage),
             cost_usd=estimate(state.options.model, state.usage),
             created_at=state.created_at,
@@ -342,6 +409,11 @@ class Runtime(Protocol):
         recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
         ...
 
+    def event_desk(self, engine: Engine) -> EventDesk:
+        """The desk every event and wake goes through (`ratchet.waiting.desk`), settling
+        waits with `engine`; on AWS it also wakes the execution parked on the wait."""
+        ...
+
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
         finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
@@ -526,6 +598,49 @@ class Client:
             run_id, verdict, channel=self.channel, worker_id=self.worker_id, logger=self.logger
         )
         return self.get(run_id)
+
+    # --- events and timers -------------------------------------------------------------------
+
+    def send_event(
+        self, run_id: str, name: str, data: Any = None, *, event_id: str | None = None
+    ) -> EventSent:
+        """Send the event `name` (payload `data`, any JSON value) to the run: delivered now if
+        the run waits for an event of that name (a worker, or `work`, resumes it), else kept
+        in its mailbox until a wait for it takes it. Taken once per `event_id` (default: a new
+        id): sending again with the same id answers the same, `duplicate` set. Raises, with
+        nothing written: `InvalidInput` (a bad name or id, `data` that is not JSON),
+        `PayloadTooLarge`, `RunNotFound`, `RunEnded` (a finished run), `EventNotAwaited`
+        (the agent declares its events, not this one), `EventInvalid` (the wait's schema
+        refuses `data`, naming the field) or `MailboxFull`."""
+        check_run_id(run_id)
+        sent = self._event_desk().send(
+            run_id, name, data, event_id=event_id, source=_SOURCES.get(self.channel, self.channel)
+        )
+        answer = EventSent.model_validate(sent.answer())
+        self.logger.info(
+            "event sent",
+            extra={
+                "run_id": run_id,
+                "event": answer.name,
+                "event_id": answer.event_id,
+                "status": answer.status,
+                "duplicate": answer.duplicate,
+            },
+        )
+        return answer
+
+    def wake(self, run_id: str, *, by: str | None = None) -> Run:
+        """Wake a sleeping run now (`sleep`, `sleep_until`): its step's result says who woke
+        it and when; a worker (or `work`) resumes it. `NotSleeping` if it does not sleep (it
+        waits for a person or an event, or not at all); `by` is bounded as a decision's is
+        (`InvalidInput`)."""
+        steering = _Steering.checked("wake", by=by or _operator())
+        check_run_id(run_id)
+        return Run.of(self._event_desk().wake(run_id, by=steering.by))
+
+    def _event_desk(self) -> EventDesk:
+        engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)
+        return self.runtime.event_desk(engine)
 
     # --- steering ---------------------------------------------------------------------------
 
@@ -779,6 +894,11 @@ class _Steering(BaseModel):
         except ValidationError as error:
             field, message = request_problems(error)[0]
             raise InvalidInput(f"bad {what}: {field}: {message}") from None
+
+
+_SOURCES = {"python": "client"}
+"""What an event's mailbox entry says it came through, by the client's channel (`cli`,
+`api` as they are)."""
 
 
 def _fork_id(source: str) -> str:

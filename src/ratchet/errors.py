@@ -424,3 +424,9 @@ class InjectedFault(RuntimeError):
     Deliberately not a RatchetError: it stands for an unexpected crash, which the engine must
     survive without having been told about it.
     """
+
+
+class WaitRequestInvalid(PermanentError, ValueError):
+    """A wait a tool asked for that no retry can make valid: a sleep of -1 s or of ten
+    years, a naive `sleep_until` time, an event name that is not one. The run fails at once,
+    saying which, instead of trying the step twice more."""

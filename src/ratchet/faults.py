@@ -24,6 +24,9 @@ class FaultPoint(StrEnum):
     AFTER_TOOL = "after_tool"
     BEFORE_COMMIT = "before_commit"
     AFTER_COMMIT = "after_commit"
+    AFTER_EVENT_ACCEPTED = "after_event_accepted"
+    """In the event desk: the event is in the run's mailbox, not yet delivered (the step is
+    the one the run is at)."""
 
 
 class FaultAction(StrEnum):

@@ -10,7 +10,8 @@ cancelled) whose head is older than the retention keeps exactly what loading it 
 head, its static part, its first record (the state it was created with) and every record and
 ledger entry from its window's first step on (`stored.window_start`). So it still loads, shows
 and can be retried as before; only its older history goes. Running and waiting runs are never
-touched. Blobs that no remaining head, record, ledger entry or approval references are deleted.
+touched. Blobs that no remaining head, record, ledger entry, approval or mailbox event
+references are deleted.
 
 The backend (`ratchet.ports.HousekeepingStore`, for SQLite
 `ratchet.adapters.sqlite.housekeeping.SqliteHousekeeping`) only reads and writes rows; what to

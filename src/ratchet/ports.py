@@ -212,8 +212,9 @@ class HousekeepingStore(Protocol):
         ...
 
     def blob_references(self, trims: Mapping[str, int]) -> set[str]:
-        """The sha256 of every blob a head, record, ledger entry or approval references,
-        leaving out the records `trim_run` deletes for `trims` (run id: keep-from step)."""
+        """The sha256 of every blob a head, record, ledger entry, approval or mailbox event
+        references, leaving out the records `trim_run` deletes for `trims` (run id: keep-from
+        step)."""
         ...
 
     def locked(self) -> AbstractContextManager[object]:
@@ -493,6 +494,39 @@ class WaitBook(Protocol):
     def answered(self) -> list[OpenWait]: ...
 
     def next_due(self) -> datetime | None: ...
+
+
+HOOK_ID_PATTERN = r"^[a-f0-9]{32}$"
+"""A webhook's id: 128 bits of an HMAC under the deployment's hook key (`ratchet.waiting.hooks`)."""
+
+
+class Hook(BaseModel):
+    """A signed webhook URL for one event name of one run: `POST /hooks/<hook_id>`. The id
+    opens nothing by itself (every delivery is signed with the hook's secret, derived from
+    the id and never stored), so the record holds no secret."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hook_id: str = Field(pattern=HOOK_ID_PATTERN)
+    run_id: str
+    name: str
+    created_at: datetime
+
+
+class HookBook(Protocol):
+    """Where hooks are kept (a table of the SQLite store locally; an item of its own partition
+    in the checkpoints table on AWS), looked up by the id a delivery's URL carries.
+
+    Contract (`tests/conformance/test_hook_book_contract.py`):
+    - `add` stores the hook if its id is new and returns it with True; if the id exists it
+      returns the stored one with False and changes nothing (the id is derived from the run
+      and the name, so adding a hook twice finds the first).
+    - `get` reads one back by id, or None; it never writes.
+    """
+
+    def add(self, hook: Hook) -> tuple[Hook, bool]: ...
+
+    def get(self, hook_id: str) -> Hook | None: ...
 
 
 class Notifier(Protocol):

@@ -65,6 +65,9 @@ MAX_APPROVAL_REQUEST_BYTES = 16 * 1024
 """An `ask_person` request (prompt and details, as JSON) is shown in full to a person and kept
 in the head while the run waits; a larger one fails the attempt with the reason."""
 
+EXPIRED_BY = "nobody"
+"""Who decided a request nobody answered in time, on either runtime."""
+
 MAX_ERROR_CHARS = 2000
 """An error kept on the run (and in its `attempt_failed` record) is cut to this length."""
 
@@ -232,6 +235,9 @@ class ApprovalRequest(_Model):
     answer_schema: dict[str, Any] | None = None
     """The JSON schema of the answer the person gives when approving (`ask_person(...,
     answer=Model)`), or None: a plain yes or no."""
+    reply: bool | None = None
+    """True for `wait_for_reply`: the person writes a reply (the answer's `reply` field) and
+    sends it, or declines; the page and the message say so. None for an approval."""
 
 
 EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -557,7 +563,10 @@ def preview_of(event: StepCompleted) -> ToolOutput:
 
 
 def answer_in_place(
-    results: list[ToolOutput], asked_at: int, event: PersonDecided | WaitSettled
+    results: list[ToolOutput],
+    asked_at: int,
+    event: PersonDecided | WaitSettled,
+    asked: ApprovalRequest | EventWait | TimerWait | None = None,
 ) -> tuple[list[ToolOutput], str]:
     """The window's results once a person answered the step that asked (`asked_at`), or its
     wait for an event or a time settled, and the new last result: the answer (`settled_text`),
@@ -566,14 +575,29 @@ def answer_in_place(
     reads back (`ratchet.stored.with_window`, what the next step's prompt is rendered from) both
     answer through this, so the prompt the model gets and `ratchet replay` cannot tell the
     answer differently."""
-    text = settled_text(event)
+    text = settled_text(event, asked)
     answered = [r.model_copy(update={"text": text}) if r.step == asked_at else r for r in results]
     return answered, text
 
 
-def settled_text(event: PersonDecided | WaitSettled) -> str:
-    """What the model reads as the waiting step's result, however the wait settled."""
-    return event.text if isinstance(event, WaitSettled) else decision_text(event)
+def settled_text(
+    event: PersonDecided | WaitSettled,
+    asked: ApprovalRequest | EventWait | TimerWait | None = None,
+) -> str:
+    """What the model reads as the waiting step's result, however the wait settled (`asked`:
+    what the step asked, when the reader knows it)."""
+    if isinstance(event, WaitSettled):
+        return event.text
+    if not (isinstance(asked, ApprovalRequest) and asked.reply):
+        return decision_text(event)
+    given = event.answer.get("reply") if event.answer is not None else None
+    if event.approved and isinstance(given, str):
+        return f"Reply from {event.by}: {given}"
+    if not event.approved:
+        if event.by == EXPIRED_BY:
+            return f"No reply: {event.comment or 'the request expired'}."
+        return f"No reply: {event.by} declined" + (f": {event.comment}" if event.comment else ".")
+    return decision_text(event)
 
 
 def decision_text(event: PersonDecided) -> str:

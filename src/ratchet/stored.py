@@ -106,6 +106,7 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
     results: dict[int, ToolOutput] = {}
     last_result: str | None = None
     asked_at: int | None = None  # the step waiting for a person: the fold's `waiting.step`
+    asked: Any = None  # what it asked: the fold's `waiting.request`
     for event in recent:
         if isinstance(event, Created):
             # A run forked from another starts with the window its source had, and waits
@@ -115,13 +116,15 @@ def with_window(state: RunState, recent: Iterable[CheckpointEvent]) -> RunState:
             results = {r.step: r for r in seeded.tool_results if r.step >= first}
             last_result = seeded.last_result
             asked_at = seeded.waiting.step if seeded.waiting is not None else None
+            asked = seeded.waiting.request if seeded.waiting is not None else None
         elif isinstance(event, StepCompleted) and first <= event.step <= state.step:
             messages.append(message_of(event))
             results[event.step] = preview_of(event)
             last_result = results[event.step].text
             asked_at = event.step if event.wait is not None else None
+            asked = event.wait
         elif isinstance(event, PersonDecided | WaitSettled) and asked_at is not None:
-            answered, last_result = answer_in_place(list(results.values()), asked_at, event)
+            answered, last_result = answer_in_place(list(results.values()), asked_at, event, asked)
             results = {r.step: r for r in answered}
             asked_at = None
     if state.step == 0 or not messages:

@@ -74,7 +74,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     words ("step committed", "person decided by dana: approved: ok", ...)."""
     kind = event["kind"]
     if kind == "step":
-        said = "step committed" + ("; asked a person" if event.get("wait") is not None else "")
+        said = "step committed" + _waits_for(event.get("wait"))
         call = event["call"]
         return {
             "tool": call["name"],
@@ -92,6 +92,17 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
             "comment": comment,
             "explanation": f"{said}: {comment}" if comment else said,
         }
+    if kind == "settled":
+        how = event["how"]
+        name = event.get("name")
+        sent = f" ({event['event_id']})" if event.get("event_id") else ""
+        said = {
+            "event": f"event {name!r} arrived{sent}",
+            "timeout": f"no {name!r} event in time",
+            "due": "woke: the time came",
+            "woken": f"woken early by {event.get('by')}",
+        }.get(how, f"wait settled: {how}")
+        return {"by": event.get("by"), "result": event["text"], "explanation": said}
     if kind == "attempt_failed":
         error = event["error"]
         said = f"attempt {event['attempt']} at step {event['step']} failed: {error}"
@@ -103,6 +114,34 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "retried":
         return {"by": event["by"], "explanation": f"retried by {event['by']}"}
     return {"explanation": "created"}
+
+
+def wait_kind(request: Mapping[str, Any]) -> str:
+    """`person`, `event` or `timer`: `ratchet.state.wait_kind` for a wait as JSON, dumped
+    (with its `kind`) or stored (a head leaves the fields at their defaults out, `kind`
+    among them; a record from before there were other waits has none): each kind has a
+    field the others lack. A unit test holds the two equal."""
+    kind = request.get("kind")
+    if kind in ("event", "timer"):
+        return str(kind)
+    if "name" in request:
+        return "event"
+    if "until" in request or "seconds" in request:
+        return "timer"
+    return "person"
+
+
+def _waits_for(wait: Mapping[str, Any] | None) -> str:
+    """What the step's record says it waits for, from its stored JSON (a record written
+    before other waits existed holds an approval request with no `kind`)."""
+    if wait is None:
+        return ""
+    if wait.get("kind") == "event" or "name" in wait:
+        return f"; waits for the event {wait['name']!r}"
+    if wait.get("kind") == "timer" or "until" in wait or "seconds" in wait:
+        until = wait.get("until")
+        return f"; sleeps until {until}" if until else "; sleeps"
+    return "; asked a person"
 
 
 def version_gaps(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,11 +33,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from ratchet.errors import ForkRefused, ModelOutputInvalid, ModelUnavailable, PermanentError
+from ratchet.errors import (
+    ForkRefused,
+    ModelOutputInvalid,
+    ModelUnavailable,
+    PermanentError,
+    WaitRequestInvalid,
+)
 from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
 from ratchet.state import (
+    EVENT_NAME_PATTERN,
     MAX_WAIT_SECONDS,
     MIN_SLEEP_SECONDS,
     RECENT_STEPS,
@@ -82,6 +90,7 @@ __all__ = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 
 
@@ -152,6 +161,34 @@ def ask_person(
     )
 
 
+class Reply(BaseModel):
+    """What a person sends back to `wait_for_reply`: their reply, as text."""
+
+    reply: str = Field(min_length=1, max_length=10_000, description="Your reply.")
+
+
+def wait_for_reply(
+    message: str, *, details: Mapping[str, Any] | None = None, **more_details: Any
+) -> ToolResult:
+    """Return this from a tool to send `message` to a person and park the run until they
+    reply: the same signed, single-use link an approval sends (by email, Slack, or locally the
+    outbox and the printed link) opens a page where they write their reply and send it, or
+    decline. The reply becomes the step's result (`Reply from dana: Tuesday works`); a
+    decline, or no answer before the request expires, reads `No reply: ...`. Looking at the
+    page changes nothing; sending decides once."""
+    from ratchet.approvals.answers import answer_schema
+
+    return ToolResult(
+        output=f"Waiting for a reply: {message}",
+        wait_for=ApprovalRequest(
+            prompt=message,
+            details={**(details or {}), **more_details},
+            answer_schema=answer_schema(Reply),
+            reply=True,
+        ),
+    )
+
+
 def wait_for_event(
     name: str,
     *,
@@ -170,6 +207,13 @@ def wait_for_event(
     (naming the field). With `timeout` (seconds, or a `timedelta`; 1 s to a year) the run
     goes on without it once that passes, the step's result saying so (`No 'ci-finished'
     event within 2 h.`). While it waits the run holds no process and, on AWS, no compute."""
+    if not isinstance(name, str) or not re.fullmatch(EVENT_NAME_PATTERN, name):
+        raise WaitRequestInvalid(
+            f"an event name is 1-64 letters, digits and . _ : - (starting with a letter or "
+            f"digit), not {name!r}"
+        )
+    if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise WaitRequestInvalid(f"schema must be a pydantic model class, not {schema!r}")
     seconds = _seconds(timeout, what="timeout") if timeout is not None else None
     request = EventWait(
         name=name,
@@ -197,10 +241,10 @@ def sleep_until(when: datetime) -> ToolResult:
     """Return this from a tool to park the run until `when` (a timezone-aware `datetime`, at
     most a year ahead); a time already past goes on at once. As `sleep` otherwise."""
     if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
-        raise ValueError(f"sleep_until needs a timezone-aware datetime, not {when!r}")
+        raise WaitRequestInvalid(f"sleep_until needs a timezone-aware datetime, not {when!r}")
     due = when.astimezone(UTC)
     if (due - utcnow()).total_seconds() > MAX_WAIT_SECONDS:
-        raise ValueError(f"sleep_until {due.isoformat()} is more than a year ahead")
+        raise WaitRequestInvalid(f"sleep_until {due.isoformat()} is more than a year ahead")
     return ToolResult(
         output=f"Sleeping until {due:%Y-%m-%d %H:%M:%S} UTC.", wait_for=TimerWait(until=due)
     )
@@ -214,7 +258,7 @@ def _seconds(value: float | timedelta, *, what: str) -> float:
         or not math.isfinite(seconds)
         or not MIN_SLEEP_SECONDS <= seconds <= MAX_WAIT_SECONDS
     ):
-        raise ValueError(
+        raise WaitRequestInvalid(
             f"{what} must be from {MIN_SLEEP_SECONDS} second to a year "
             f"({MAX_WAIT_SECONDS:,} s), not {value!r}"
         )

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ratchet.state import (
     EVENT_NAME_PATTERN,
+    EXPIRED_BY,
     BlobRef,
     EventWait,
     PersonDecided,
@@ -114,10 +115,6 @@ class Verdict(PersonDecided):
     the answer itself."""
 
 
-EXPIRED_BY = "nobody"
-"""Who decided a request nobody answered in time, on either runtime."""
-
-
 def expired_verdict(timeout_seconds: int) -> Verdict:
     """What a run records when its request expired unanswered: a rejection by nobody, so the
     agent goes on knowing that no one said yes."""
@@ -165,9 +162,12 @@ class ApprovalNotice(BaseModel):
     """For a Slack channel asked a structured question: a link to the page, signed for the
     channel (Slack's buttons cannot carry an answer; a modal would, and is not built)."""
 
+    reply: bool = False
+    """Set for `wait_for_reply`: the person is asked to reply, not to approve."""
+
     @property
     def subject(self) -> str:
-        return f"Approval needed: {self.prompt}"[:200]
+        return f"{'Reply' if self.reply else 'Approval'} needed: {self.prompt}"[:200]
 
 
 # --- events sent to a run -------------------------------------------------------------------

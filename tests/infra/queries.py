@@ -16,6 +16,7 @@ HANDLERS = {
     "approvals": "ratchet_functions.approvals.handler",
     "open_wait": "ratchet_functions.open_wait.handler",
     "record_wait": "ratchet_functions.record_wait.handler",
+    "hooks": "ratchet_functions.hooks.handler",
 }
 
 

@@ -32,13 +32,17 @@ SIGNED = {
     ("POST", "/runs/{run_id}/retry"),
     ("POST", "/runs/{run_id}/cancel"),
     ("POST", "/runs/{run_id}/fork"),
+    ("POST", "/runs/{run_id}/events/{name}"),
+    ("POST", "/runs/{run_id}/wake"),
     ("GET", "/runs/{run_id}/steps/{step}/prompt"),
 }
-PUBLIC = {
+APPROVAL_ROUTES = {
     ("GET", "/approvals/{approval_id}"),
     ("POST", "/approvals/{approval_id}"),
     ("POST", "/slack/interactions"),
 }
+HOOK_ROUTES = {("POST", "/hooks/{hook_id}")}
+PUBLIC = APPROVAL_ROUTES | HOOK_ROUTES
 
 
 def _only(synth: Synthesized, resource_type: str) -> dict[str, Any]:
@@ -110,16 +114,20 @@ def test_each_route_proxies_to_the_function_that_serves_it(synthesized: Synthesi
 
     for route in SIGNED:
         assert _integrated_function(methods[route]) == api, route
-    for route in PUBLIC:
+    for route in APPROVAL_ROUTES:
         assert _integrated_function(methods[route]) == approvals, route
+    for route in HOOK_ROUTES:
+        assert _integrated_function(methods[route]) == function_id(synthesized, "hooks"), route
 
 
-def test_the_public_routes_are_exactly_those_the_approvals_handler_serves(
+def test_the_public_routes_are_exactly_those_the_approvals_and_hooks_handlers_serve(
     synthesized: Synthesized,
 ) -> None:
     from ratchet.handlers.approvals import app
+    from ratchet.handlers.hooks import app as hooks_app
 
-    assert _handler_routes(app) == PUBLIC
+    assert _handler_routes(app) == APPROVAL_ROUTES
+    assert _handler_routes(hooks_app) == HOOK_ROUTES
 
 
 def test_the_signed_routes_are_exactly_those_the_api_handler_serves() -> None:
@@ -133,6 +141,9 @@ def test_nothing_lists_approvals(synthesized: Synthesized) -> None:
     paths = {path for _, path in _methods(synthesized)}
     assert not {"/approvals", "/slack"} & paths
     assert not [p for p in paths if p.startswith("/approvals/") and p != "/approvals/{approval_id}"]
+    # Nor hooks: a hook id opens nothing by itself, but none is handed out either.
+    assert "/hooks" not in paths
+    assert not [p for p in paths if p.startswith("/hooks/") and p != "/hooks/{hook_id}"]
 
 
 def test_public_routes_are_throttled_far_below_the_stage(synthesized: Synthesized) -> None:

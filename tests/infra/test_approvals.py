@@ -20,16 +20,32 @@ from tests.infra.synth import (
 
 TASK_RESPONSE = {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"}
 LINK_KEY = "link key"
+HOOK_KEY = "hook key"
 
 
-def _link_key_id(synth: Synthesized) -> str:
-    (secret_id,) = synth.of_type("AWS::SecretsManager::Secret")
+def _own_secret_id(synth: Synthesized, construct: str) -> str:
+    (secret_id,) = [
+        s for s in synth.of_type("AWS::SecretsManager::Secret") if s.startswith(construct)
+    ]
     return secret_id
 
 
+def _link_key_id(synth: Synthesized) -> str:
+    return _own_secret_id(synth, "Approvals")
+
+
+def _named(synth: Synthesized, secret: Any) -> str:
+    """A secret's ARN, or `LINK_KEY` / `HOOK_KEY` for the stack's own."""
+    own = {
+        LINK_KEY: {"Ref": _link_key_id(synth)},
+        HOOK_KEY: {"Ref": _own_secret_id(synth, "Webhooks")},
+    }
+    return next((name for name, ref in own.items() if secret == ref), secret)
+
+
 def _secrets_read(synth: Synthesized, name: str) -> set[str]:
-    """The secrets the function may read: ARNs, or `LINK_KEY` for the stack's own."""
-    link_key = {"Ref": _link_key_id(synth)}
+    """The secrets the function may read: ARNs, or `LINK_KEY` / `HOOK_KEY` for the stack's
+    own."""
     read: set[str] = set()
     for statement in statements_of_function(synth, name):
         actions = as_list(statement["Action"])
@@ -37,7 +53,7 @@ def _secrets_read(synth: Synthesized, name: str) -> set[str]:
             continue
         assert set(actions) == {"secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"}
         for resource in as_list(statement["Resource"]):
-            read.add(LINK_KEY if resource == link_key else resource)
+            read.add(_named(synth, resource))
     return read
 
 
@@ -79,6 +95,8 @@ def test_each_function_reads_exactly_the_secrets_it_uses(
         "api": {LINK_KEY},
         "notify": {LINK_KEY},
         "approvals": {LINK_KEY},
+        # The hooks function derives each hook's secret; it never holds the link key.
+        "hooks": {HOOK_KEY},
     }
     if which == "configured":
         expected["step"] = {ANTHROPIC_SECRET}
@@ -97,10 +115,9 @@ def test_a_function_is_told_the_arn_of_each_secret_it_may_read_and_no_other(
     synthesized: Synthesized, configured: Synthesized, which: str
 ) -> None:
     synth = synthesized if which == "bare" else configured
-    link_key = {"Ref": _link_key_id(synth)}
     for name in function_names(synth):
         told = {
-            LINK_KEY if value == link_key else value
+            _named(synth, value)
             for key, value in environment(synth, name).items()
             if key.endswith("_SECRET_ARN")
         }
@@ -136,9 +153,9 @@ def test_only_the_approval_page_and_the_api_answer_parked_executions(
     synth = synthesized if which == "bare" else configured
     (machine,) = synth.of_type("AWS::StepFunctions::StateMachine")
     answering: set[str] = set()
-    # open_wait answers only its own event wait's task, with SendTaskSuccess alone
-    # (tests/infra/test_iam.py).
-    for name in function_names(synth) - {"open_wait"}:
+    # open_wait answers only its own event wait's task, and the hooks function the task of
+    # the wait a delivery settled, with SendTaskSuccess alone (tests/infra/test_iam.py).
+    for name in function_names(synth) - {"open_wait", "hooks"}:
         for statement in statements_of_function(synth, name):
             actions = set(as_list(statement["Action"]))
             if not actions & TASK_RESPONSE:

@@ -28,6 +28,7 @@ CORE_FUNCTIONS = {
     "approvals",
     "open_wait",
     "record_wait",
+    "hooks",
 }
 POWERTOOLS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
 
@@ -49,6 +50,8 @@ UNCONFIGURED = {
     "notify": {"public_url", "link_key_secret_arn"},
     # Checks links, and builds the page's form on the same URL.
     "approvals": {"public_url", "link_key_secret_arn"},
+    # Derives each hook's secret to check a delivery's signature.
+    "hooks": {"hook_key_secret_arn"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {

@@ -89,11 +89,16 @@ def test_each_function_reaches_only_its_tables(synthesized: Synthesized) -> None
         assert _dynamodb_tables(statements) == {ids[role] for role in TABLES_USED[name]}, name
 
 
-BLOB_ACTIONS = {"step": ["s3:GetObject", "s3:PutObject"], "open_wait": ["s3:GetObject"]}
-"""The step stores and reads blobs; open_wait reads an event's large payload to check it."""
+BLOB_ACTIONS = {
+    "step": ["s3:GetObject", "s3:PutObject"],
+    "open_wait": ["s3:GetObject"],
+    "hooks": ["s3:GetObject", "s3:PutObject"],
+}
+"""The step stores and reads blobs; open_wait reads an event's large payload to check it; the
+hooks function stores a delivery's large payload (and reads it back to check it)."""
 
 
-def test_only_the_step_and_open_wait_reach_the_blobs_and_only_under_the_prefix(
+def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix(
     synthesized: Synthesized,
 ) -> None:
     for name in function_names(synthesized):
@@ -166,3 +171,31 @@ def test_the_wait_functions_touch_the_run_items_one_by_one_and_only_open_wait_an
     assert actions == ["states:SendTaskSuccess"]
     assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"
     assert _states_actions(synthesized, "record_wait") == []
+
+
+def test_the_hooks_function_may_do_exactly_what_a_delivery_needs(synthesized: Synthesized) -> None:
+    """A public function (anyone may call it): the checkpoints table item by item (the hook
+    item, the run's head and mailbox, one commit; no scan, batch or delete), blobs under the
+    prefix, the hook key and no other secret, and SendTaskSuccess on this state machine."""
+    statements = statements_of_function(synthesized, "hooks")
+    actions = {a for s in statements for a in as_list(s["Action"])}
+    assert actions - {a for a in actions if a.startswith(("logs:", "xray:"))} == {
+        "dynamodb:GetItem",
+        "dynamodb:Query",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "s3:GetObject",
+        "s3:PutObject",
+        "secretsmanager:GetSecretValue",
+        "secretsmanager:DescribeSecret",
+        "states:SendTaskSuccess",
+    }
+    secrets = [s["Resource"] for s in statements if "secretsmanager:GetSecretValue" in s["Action"]]
+    keys = synthesized.of_type("AWS::SecretsManager::Secret")
+    (hook_key,) = [k for k in keys if k.startswith("WebhooksHookKey")]
+    assert secrets == [{"Ref": hook_key}]
+    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
+    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    ((states, resource),) = _states_actions(synthesized, "hooks")
+    assert states == ["states:SendTaskSuccess"]
+    assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"

@@ -94,3 +94,17 @@ def test_the_follow_bench_reads_only_what_was_written_since() -> None:
     # created, a record a step, finished
     assert [(row[0], row[1]) for row in rows] == [("5", "7"), ("20", "22")]
     assert all(row[-1].endswith("x") for row in rows)
+
+
+def test_the_waits_bench_prints_its_figures_and_the_sweep_reads_no_heads() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.waits", "--runs", "20"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out = done.stdout
+    assert "settled" in out
+    assert "20 runs waiting for events" in out
+    assert "send_event" in out

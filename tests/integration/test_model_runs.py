@@ -249,7 +249,7 @@ def test_the_request_caches_the_prefix_and_sends_the_step_prompt_byte_for_byte(s
         ]
         assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
         # The agent's tools, then the runtime's `remember`; the last one closes the cached prefix
-        assert [t["name"] for t in body["tools"]] == ["write_note", "remember"]
+        assert [t["name"] for t in body["tools"]] == ["write_note", "remember", "sleep"]
         [turn] = body["messages"]
         assert turn == {"role": "user", "content": render_step_prompt(view_of(before))}
     # The second step's prompt differs (it lists the first step), the cached prefix does not.

@@ -32,12 +32,16 @@ def test_every_route_is_documented_with_its_refusals():
         ("/runs/{run_id}/retry", "post"),
         ("/runs/{run_id}/cancel", "post"),
         ("/runs/{run_id}/fork", "post"),
+        ("/runs/{run_id}/events/{name}", "post"),
+        ("/runs/{run_id}/wake", "post"),
         ("/runs/{run_id}/steps/{step}/prompt", "get"),
     }
-    for operations in paths.values():
+    for path, operations in paths.items():
         for operation in operations.values():
             responses = operation["responses"]
-            assert "422" not in responses, "validation errors are answered as 400"
+            # Validation errors are answered as 400; a 422 is only a payload an event wait's
+            # schema refuses.
+            assert ("422" in responses) == (path == "/runs/{run_id}/events/{name}"), path
             refused = {"$ref": "#/components/schemas/RequestRefused"}
             for code, response in responses.items():
                 if int(code) >= 400:
@@ -67,3 +71,22 @@ def test_the_document_names_the_iam_signature_it_needs():
     assert document["components"]["securitySchemes"]["sigv4"]["x-amazon-apigateway-authtype"] == (
         "awsSigv4"
     )
+
+
+def test_an_event_is_answered_200_delivered_or_202_queued_with_what_the_desk_said():
+    operation = openapi_document()["paths"]["/runs/{run_id}/events/{name}"]["post"]
+
+    assert {"200", "202", "404", "409", "413", "422", "429"} <= set(operation["responses"])
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body["anyOf"][0] == {"$ref": "#/components/schemas/SendEvent"}
+    schemas = openapi_document()["components"]["schemas"]
+    assert set(schemas["SendEvent"]["properties"]) == {"data", "event_id"}
+    assert set(schemas["EventSent"]["required"]) == {
+        "run_id",
+        "name",
+        "event_id",
+        "status",
+        "step",
+        "duplicate",
+        "refused",
+    }

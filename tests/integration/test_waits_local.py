@@ -4,26 +4,43 @@ payload in the waiting step's result exactly once, and the mailbox empty."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from ratchet.engine import Engine
 from ratchet.errors import (
     EventNotAwaited,
     InvalidInput,
     NotSleeping,
+    NotWaiting,
     PayloadTooLarge,
     RunEnded,
     RunNotFound,
 )
+from ratchet.housekeeping import BLOB_GRACE, collect_garbage
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.state import RunOptions, RunState, RunStatus, StepCompleted, WaitSettled, utcnow
+from ratchet.state import (
+    INLINE_BYTES,
+    RunOptions,
+    RunState,
+    RunStatus,
+    StepCompleted,
+    TimerWait,
+    WaitSettled,
+    utcnow,
+)
+from ratchet.tools import Agent, Tool, ToolCall, sleep_until, wait_for_event
+from ratchet.tools import sleep as sleep_for
 from ratchet.waiting.desk import EventDesk, EventInvalid
 from ratchet.worker import Worker
 from tests.waits_agent import AGENT, agent
@@ -303,3 +320,122 @@ def test_a_refused_event_changes_nothing(local, run_id, name, data, event_id, er
     with pytest.raises(error, match=message):
         local.desk().send(run_id, name, data, event_id=event_id)
     assert local.tables() == before
+
+
+def test_a_wait_is_settled_only_by_what_it_waits_for(local):
+    from ratchet.state import PersonDecided
+    from ratchet.waits import timer_due
+
+    run_id = local.start()
+    local.work(run_id)
+    head = local.head(run_id)
+    with pytest.raises(NotWaiting, match="waiting for an event"):
+        local.engine.decide_waiting(head, PersonDecided(approved=True, by="dana"), step=1)
+    with pytest.raises(NotWaiting, match="waiting for an event"):
+        local.engine.decide_waiting(head, timer_due(TimerWait(seconds=2), 1, utcnow()), step=1)
+    assert local.head(run_id).version == head.version
+
+
+def test_the_history_says_what_each_wait_was_and_how_it_settled(local):
+    from ratchet.summary import described
+
+    run_id = local.start(nap=True)
+    local.work(run_id)
+    local.desk().send(run_id, "ci-finished", PASSED, event_id="d-1")
+    local.work(run_id)
+    local.desk().wake(run_id, by="dana")
+    said = [
+        described(json.loads(c.event.model_dump_json(exclude_none=True)))["explanation"]
+        for c in local.runtime.store.list_checkpoints(run_id)
+    ]
+    assert said[:2] == ["created", "step committed; waits for the event 'ci-finished'"]
+    assert "event 'ci-finished' arrived (d-1)" in said
+    assert any(s.startswith("step committed; sleeps until 20") for s in said)
+    assert said[-1] == "woken early by dana"
+
+
+BAD_WAITS = {
+    "negative sleep": lambda: sleep_for(-1),
+    "ten-year sleep": lambda: sleep_for(10 * 365 * 86400),
+    "naive time": lambda: sleep_until(datetime(2030, 1, 1)),
+    "bad event name": lambda: wait_for_event("ci finished"),
+    "zero timeout": lambda: wait_for_event("ci", timeout=0),
+}
+
+
+class Case(BaseModel):
+    case: str
+
+
+bad_wait_agent = Agent(
+    name="bad-wait",
+    tools=[Tool("bad", "Ask for a bad wait.", Case, lambda args, ctx: BAD_WAITS[args.case]())],
+    policy=lambda view: ToolCall(name="bad", arguments={"case": view.params["case"]}),
+    default_params={"case": ""},
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("negative sleep", "a sleep must be from 1 second to a year (31,536,000 s), not -1"),
+        ("ten-year sleep", "a sleep must be from 1 second to a year"),
+        ("naive time", "sleep_until needs a timezone-aware"),
+        ("bad event name", "an event name is 1-64 letters"),
+        ("zero timeout", "timeout must be from 1 second"),
+    ],
+)
+def test_a_wait_no_retry_can_make_valid_fails_the_run_at_once(local, case, message):
+    options = RunOptions(model="scripted", params={"case": case})
+    agent_ref = f"{__name__}:bad_wait_agent"
+    assert local.engine.start(RunState(run_id="b", agent=agent_ref, goal="x", options=options))
+    local.work("b")
+    head = local.head("b")
+    assert head.status is RunStatus.FAILED
+    assert head.attempts == 1  # at once, not after three strikes
+    assert message in (head.error or "")
+
+
+# --- housekeeping -------------------------------------------------------------------------------
+
+
+def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
+    # Given an event too large to keep inline, sent before the run waits (so only the
+    # mailbox references its blob), and the blob older than gc's grace period
+    big = {"conclusion": "success", "url": "https://ci.example/" + "x" * (2 * INLINE_BYTES)}
+    run_id = local.start()
+    assert local.desk().send(run_id, "ci-finished", big, event_id="big").status == "queued"
+    blobs = Path(f"{local.runtime.root}.blobs")
+    [blob] = list(blobs.glob("*/*"))
+    then = time.time() - 2 * BLOB_GRACE.total_seconds()
+    os.utime(blob, (then, then))
+
+    # When gc runs
+    report = collect_garbage(
+        local.runtime.housekeeping,
+        blobs,
+        older_than=timedelta(days=1),
+        now=utcnow(),
+        dry_run=False,
+    )
+
+    # Then the blob stays, and the wait that takes the event reads its payload from it
+    assert (report.blobs_deleted, report.blobs_kept) == (0, 1)
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.DONE
+    [settled] = local.results_of(run_id)
+    assert settled.blob is not None
+    assert json.loads(local.runtime.blobs.get(settled.blob)) == big
+
+
+def test_a_webhook_delivery_kept_early_is_not_taken_by_a_wait_without_webhooks(local):
+    run_id = local.start(webhook=False)
+    desk = local.desk()
+    desk.send(run_id, "ci-finished", PASSED, event_id="hooked", source="webhook")
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.WAITING  # not settled by the webhook's delivery
+    refused = local.runtime.mailbox.get(run_id, "hooked")
+    assert refused is not None
+    assert refused.refused == "the wait takes no webhook deliveries (webhook=False)"
+    assert desk.send(run_id, "ci-finished", PASSED, event_id="api").status == "delivered"

@@ -20,11 +20,12 @@ from botocore.exceptions import (
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.items import is_transient, store_error
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
+from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.errors import StaleVersion, StoreBusy, StoreUnavailable
 from ratchet.ports import LedgerEntry
 from ratchet.state import utcnow
-from ratchet.waits import Approval, ApprovalStatus, Verdict
+from ratchet.waits import Approval, ApprovalStatus, SentEvent, Verdict
 
 ENDPOINT = "https://dynamodb.us-east-1.amazonaws.com"
 
@@ -133,6 +134,14 @@ def _approval() -> Approval:
     )
 
 
+def _mailbox(client: _Failing) -> DynamoMailbox:
+    return DynamoMailbox(client, "ratchet-checkpoints")  # type: ignore[arg-type]
+
+
+def _event() -> SentEvent:
+    return SentEvent(run_id="r", event_id="e1", name="ci-finished", received_at=utcnow())
+
+
 def _verdict() -> Verdict:
     return Verdict(approved=True, by="dana")
 
@@ -157,6 +166,11 @@ def _entry() -> LedgerEntry:
         lambda client: _book(client).close("r", 1, ApprovalStatus.CLOSED, at=utcnow()),
         lambda client: _book(client).task_token(_approval()),
         lambda client: _book(client).forget_token("r", "a1a1a1a1a1a1a1a1"),
+        lambda client: _mailbox(client).post(_event()),
+        lambda client: _mailbox(client).get("r", "e1"),
+        lambda client: _mailbox(client).of_run("r"),
+        lambda client: _mailbox(client).next_for("r", "ci-finished"),
+        lambda client: _mailbox(client).refuse("r", "e1", "no"),
     ],
     ids=[
         "load_head",
@@ -172,6 +186,11 @@ def _entry() -> LedgerEntry:
         "approval-close",
         "approval-task_token",
         "approval-forget_token",
+        "mailbox-post",
+        "mailbox-get",
+        "mailbox-of_run",
+        "mailbox-next_for",
+        "mailbox-refuse",
     ],
 )
 @pytest.mark.parametrize(

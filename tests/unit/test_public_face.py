@@ -26,6 +26,7 @@ RATCHET = [
     "Checkpoint",
     "Client",
     "Done",
+    "EventSent",
     "ForkRefused",
     "PermanentError",
     "RatchetError",
@@ -49,6 +50,7 @@ RATCHET = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 TOOLS = [
     "Agent",
@@ -77,6 +79,7 @@ TOOLS = [
     "sleep_until",
     "tool",
     "wait_for_event",
+    "wait_for_reply",
 ]
 FACES = {"ratchet", "ratchet.tools"}
 

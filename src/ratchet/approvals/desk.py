@@ -178,6 +178,7 @@ class ApprovalDesk:
             emails=[self._invitation(approval, to) for to in emails],
             slack_channel=slack,
             answer_schema=run.waiting.request.answer_schema,
+            reply=bool(getattr(run.waiting.request, "reply", False)),
             # Slack's buttons carry no answer: the channel gets a link to the page, signed
             # for the channel, so whoever reads it answers in the channel's name.
             slack_invitation=self._invitation(approval, slack)

@@ -101,11 +101,22 @@ def answer_schema_of(view: ApprovalView) -> dict[str, Any] | None:
     return run.waiting.request.answer_schema
 
 
-def _answer_fieldset(schema: dict[str, Any], given: Mapping[str, Sequence[str]]) -> str:
+def asks_for_reply(view: ApprovalView) -> bool:
+    """Whether the waiting request asks for a reply (`wait_for_reply`), not an approval."""
+    run = view.run
+    if run is None or run.waiting is None or run.step != view.approval.step:
+        return False
+    return bool(getattr(run.waiting.request, "reply", False))
+
+
+def _answer_fieldset(
+    schema: dict[str, Any], given: Mapping[str, Sequence[str]], *, reply: bool = False
+) -> str:
     """A form field per answer field. The browser's own checks are off (the form is
     `novalidate`): the server checks every answer, and its refusal names the field."""
     rows = "".join(_answer_input(f, given.get(FORM_PREFIX + f.name)) for f in answer_fields(schema))
-    return f"<fieldset><legend>Your answer (needed to approve)</legend>{rows}</fieldset>"
+    legend = "Your reply" if reply else "Your answer (needed to approve)"
+    return f"<fieldset><legend>{legend}</legend>{rows}</fieldset>"
 
 
 def _answer_input(field: AnswerField, given: Sequence[str] | None) -> str:
@@ -172,7 +183,9 @@ def request_page(
     who = e(view.recipient or "")
     given = given or {}
     schema = answer_schema_of(view)
+    reply = asks_for_reply(view)
     comment = (given.get("comment") or [""])[0]
+    send, decline = ("Send reply", "Decline") if reply else ("Approve", "Reject")
     banner = (
         f"<div class='banner bad' role='alert'><b>Not decided:</b> {e(refused)}. "
         "Nothing was changed.</div>"
@@ -182,25 +195,34 @@ def request_page(
     form = (
         banner
         + f"<form method='post' action='{e(action)}'"
-        + (" novalidate>" + _answer_fieldset(schema, given) if schema is not None else ">")
+        + (
+            " novalidate>" + _answer_fieldset(schema, given, reply=reply)
+            if schema is not None
+            else ">"
+        )
         + f"<label for='comment'>Comment (optional)</label>"
         f"<textarea id='comment' name='comment' maxlength='{MAX_COMMENT_CHARS}'>"
         f"{e(comment)}</textarea>"
         "<div class='buttons'>"
-        "<button class='approve' type='submit' name='decision' value='approve'>Approve</button>"
-        "<button class='reject' type='submit' name='decision' value='reject'>Reject</button>"
+        f"<button class='approve' type='submit' name='decision' value='approve'>{send}</button>"
+        f"<button class='reject' type='submit' name='decision' value='reject'>{decline}</button>"
         "</div></form>"
         f"<p class='note'>You decide as <b>{who}</b>. Nothing happens until you press a "
         "button; each request can be decided once.</p>"
     )
-    return _page("Approval needed", _request_summary(view) + form)
+    return _page("Reply needed" if reply else "Approval needed", _request_summary(view) + form)
 
 
-def outcome_page(view: ApprovalView, *, just_now: bool) -> str:
+def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> str:
+    """What the decision did (`just_now`), or what it was; `reply` for a `wait_for_reply`
+    request, as the person saw it before deciding."""
     approval = view.approval
     approved = approval.status is ApprovalStatus.APPROVED
     if just_now:
-        verb = "Approved" if approved else "Rejected"
+        if reply:
+            verb = "Reply sent" if approved else "Declined"
+        else:
+            verb = "Approved" if approved else "Rejected"
         banner = (
             f"<div class='banner {'ok' if approved else 'bad'}'>{verb} by "
             f"{html.escape(approval.decided_by or '')}. The run resumes with your answer.</div>"

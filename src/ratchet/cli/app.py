@@ -25,7 +25,7 @@ import typer
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.cli import decisions, housekeeping, inspection, runs, serve
+from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, serve, waits
 from ratchet.cli.context import err, global_options, say
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
@@ -42,6 +42,9 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "approve": decisions.approve,
     "reject": decisions.reject,
     "link": decisions.link,
+    "send": waits.send,
+    "wake": waits.wake,
+    "hook": hooks.hook,
     "serve": serve.serve,
     "verify": inspection.verify,
     "migrate": housekeeping.migrate,

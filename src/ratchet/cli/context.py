@@ -82,6 +82,9 @@ _ON_AWS = {
     "through POST /runs/RUN/approve on the stack's API",
     "reject": "on AWS a person decides through the emailed link or Slack, and a program "
     "through POST /runs/RUN/reject on the stack's API",
+    "send": "use POST /runs/RUN/events/NAME on the stack's API, which also wakes the "
+    "parked execution",
+    "wake": "use POST /runs/RUN/wake on the stack's API, which also wakes the parked execution",
     "demo": "the demo runs on a local store of its own",
     "link": "on AWS approval links are sent by email or Slack when a run parks",
     "serve": "on AWS the stack's API serves the approval pages",

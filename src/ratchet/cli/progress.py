@@ -89,7 +89,14 @@ def line_of_state(state: RunState, *, ms: float | None, before: int = 0) -> Step
         tool = message.tool if own and message is not None else None
         result = output.text if output is not None and output.step == state.step else ""
         if state.waiting is not None:
-            result = f"waiting for a person: {state.waiting.request.prompt}"
+            prompt = state.waiting.request.prompt
+            # "waiting for a person: Drop ...", "waiting for the event 'x' until ...",
+            # "sleeping until ...".
+            result = (
+                f"waiting for a person: {prompt}"
+                if state.waiting.kind == "person"
+                else prompt[:1].lower() + prompt[1:]
+            )
     # The recent steps' arguments too: a worker that takes over a run mid-way starts from 0.
     params = state.options.params
     for recent in state.messages:

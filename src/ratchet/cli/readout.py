@@ -27,6 +27,7 @@ from ratchet.summary import (
     shorten,
     usage_totals,
     version_gaps,
+    wait_kind,
 )
 from ratchet.untrusted import for_terminal, json_for_terminal
 
@@ -48,7 +49,9 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
     options = head["options"]
     status = head.get("status", "running")
     step = head.get("step", 0)
-    request = head["waiting"]["request"] if head.get("waiting") else None
+    waiting = head.get("waiting")
+    wait = wait_of(waiting) if waiting else None
+    request = waiting["request"] if waiting else None
     usage = usage_totals(head.get("usage"))
     return {
         "run_id": head["run_id"],
@@ -63,8 +66,9 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "model": options["model"],
         "max_steps": options["max_steps"],
         "input": options.get("params") or None,
-        "waiting": request["prompt"] if request else None,
-        "waiting_details": dict(request.get("details") or {}) if request else None,
+        "waiting": wait["prompt"] if wait else None,
+        "waiting_details": _details(request, wait["kind"]) if request and wait else None,
+        "wait": wait,
         "usage": usage,
         "cost_usd": estimate(options["model"], usage),
         "updated_at": iso(head["updated_at"]),
@@ -94,6 +98,10 @@ def status_text(payload: Mapping[str, Any]) -> str:
         if cost is not None
         else None,
     }
+    wait = payload.get("wait")
+    if wait is not None and wait["kind"] != "person":
+        shown["waiting"] = wait_hint(payload["run_id"], wait)
+    shown["wait"] = None  # said in words on the `waiting` line
     lines = {name: value for name, value in shown.items() if value is not None}
     width = max(map(len, lines))
     return "".join(
@@ -110,12 +118,74 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _details(request: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    """A person's request shows its details as it always has (`{}` for none); an event
+    wait only the details it has, and a timer none."""
+    details = dict(request.get("details") or {})
+    return details if kind == "person" or details else None
+
+
 def usage_text(usage: Mapping[str, Any]) -> str:
     return (
         f"{usage['input_tokens']:,} in, {usage['output_tokens']:,} out, "
         f"{usage['cache_read_tokens']:,} cache read, {usage['cache_write_tokens']:,} cache "
         f"write over {usage['calls']:,} calls ({usage['cached_share']:.0%} of input cached)"
     )
+
+
+# --- waits ------------------------------------------------------------------------------------
+
+
+def wait_of(waiting: Mapping[str, Any]) -> dict[str, Any]:
+    """What a waiting run waits for, from its head's `waiting`: the kind, the step, since
+    when, the event's name, when it settles by itself (a timer's time, an event's timeout;
+    None for a person, whose request's expiry its approval keeps), and the prompt in words
+    (`EventWait.prompt`, `TimerWait.prompt`)."""
+    request = waiting["request"]
+    kind = wait_kind(request)
+    due = {"event": request.get("expires_at"), "timer": request.get("until")}.get(kind)
+    name = request["name"] if kind == "event" else None
+    if kind == "event":
+        prompt = f"Waiting for the event {name!r}" + (f" until {when(due)}" if due else "")
+    elif kind == "timer":
+        prompt = f"Sleeping until {when(due)}" if due else "Sleeping"
+    else:
+        prompt = request["prompt"]
+    return {
+        "kind": kind,
+        "step": waiting["step"],
+        "since": iso(waiting["since"]),
+        "name": name,
+        "until": iso(due) if due else None,
+        "prompt": prompt,
+    }
+
+
+def when(moment: str | datetime) -> str:
+    """A time as a person reads it: `2026-12-02 10:00:00 UTC`."""
+    at = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def wait_hint(run_id: str, wait: Mapping[str, Any]) -> str:
+    """What an event or a timer wait is, and the command that settles it:
+    `for the event 'ci-finished' (until ...; send it: ratchet send r1 ci-finished --data JSON)`,
+    `sleeping until ... (wake it: ratchet wake r1)`. (Run ids and event names hold no
+    character a shell reads.)"""
+    until = wait.get("until")
+    if wait["kind"] == "timer":
+        sleeping = f"sleeping until {when(until)}" if until else "sleeping"
+        return f"{sleeping} (wake it: ratchet wake {run_id})"
+    name = wait["name"]
+    expiry = f"until {when(until)}" if until else "no timeout"
+    return f"for the event {name!r} ({expiry}; send it: ratchet send {run_id} {name} --data JSON)"
+
+
+def wait_announcement(run_id: str, wait: Mapping[str, Any]) -> str:
+    """What `ratchet worker` and `ratchet run` say when a run parks on an event or a time."""
+    if wait["kind"] == "timer":
+        return f"{run_id} is {wait_hint(run_id, wait)}; a worker resumes it then"
+    return f"{run_id} waits {wait_hint(run_id, wait)}"
 
 
 # --- history ----------------------------------------------------------------------------------

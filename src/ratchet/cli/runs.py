@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ratchet.cli import readout
 from ratchet.cli.context import (
     approval_link,
     check_run_id,
@@ -33,6 +34,7 @@ from ratchet.cli.options import (
     not_empty,
 )
 from ratchet.cli.progress import ProgressPrinter, line_of_state
+from ratchet.cli.waits import parked_line
 from ratchet.errors import InvalidInput, JsonOverLimit, StoreUnavailable
 from ratchet.untrusted import loads
 
@@ -215,11 +217,12 @@ def run(
         with ProgressPrinter(as_json=as_json) as printer:
             _work_showing_progress(client, worked_id, printer)
         final = client.head(worked_id)
-        link = (
-            approval_link(client.runtime, final.run_id)
-            if final.status is RunStatus.WAITING
-            else None
+        waits_for_person = (
+            final.status is RunStatus.WAITING
+            and final.waiting is not None
+            and final.waiting.kind == "person"
         )
+        link = approval_link(client.runtime, final.run_id) if waits_for_person else None
     finally:
         client.close()
     _say_where_it_stands(final, link, as_json=as_json)
@@ -263,9 +266,9 @@ def worker(
     printer = ProgressPrinter(as_json=as_json)
 
     def announce(run_id: str) -> None:
-        printer.say(
-            f"{run_id} waits for a person; approve or reject at: {approval_link(runtime, run_id)}"
-        )
+        said = parked_line(runtime, run_id)
+        if said is not None:
+            printer.say(said)
 
     work = Worker(
         engine,
@@ -432,10 +435,13 @@ def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) ->
     say(f"{final.run_id}: {_status_text(final)}")
     if final.summary:
         say(final.summary, lines=True)
-    if final.status is RunStatus.WAITING and final.waiting:
+    if final.status is RunStatus.WAITING and final.waiting and final.waiting.kind == "person":
         say(f"Waiting for a person: {final.waiting.request.prompt}")
         say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
         say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
+    elif final.status is RunStatus.WAITING and final.waiting:
+        wait = readout.wait_of(final.waiting.model_dump(mode="json"))
+        say(readout.wait_announcement(final.run_id, wait))
     if final.status is RunStatus.FAILED:
         say(f"run failed: {final.error}", console=err)
         raise typer.Exit(1)

@@ -28,13 +28,16 @@ def serve(
         str, typer.Option("--host", callback=not_empty, help="Interface to listen on.")
     ] = "127.0.0.1",
 ) -> None:
-    """Serve the approval pages and the runs API locally (as the deployed API does), and the
-    runs dashboard at /dashboard."""
+    """Serve the approval pages, the runs API and webhooks (/hooks/) locally (as the deployed
+    API does), and the runs dashboard at /dashboard."""
     # The web apps, waitress and the local runtime: loaded only to serve (see ratchet.cli.context).
+    from ratchet.runtime.hooks import local_hooks
     from ratchet.runtime.local import LocalRuntime
     from ratchet.runtime.services import approval_services, local_runs_services
     from ratchet.web.approvals import build_app
     from ratchet.web.dashboard import local_app as dashboard_app
+    from ratchet.web.hooks import BODY_LIMIT, Throttle
+    from ratchet.web.hooks import build_app as build_hooks_app
     from ratchet.web.runs import build_app as build_runs_app
     from ratchet.web.serve import server
 
@@ -53,9 +56,20 @@ def serve(
         ("/approvals/", approvals),
         ("/slack/", approvals),
         ("/runs", build_runs_app(lambda: runs)),
-        ("/dashboard", dashboard_app(runs.client, services.desk, operator=operator_name())),
+        (
+            "/dashboard",
+            dashboard_app(
+                runs.client, services.desk, operator=operator_name(), mailbox=runtime.mailbox
+            ),
+        ),
     ]
-    httpd = server(routes, host=host, port=port)
+    # Webhooks: serve has no throttle of its own, so the hook route brings one (per hook).
+    hook_desk = runtime.event_desk(
+        runtime.engine(worker_id=f"serve:{cli_worker_id()}", logger=logger)
+    )
+    hooks = local_hooks(runtime).services(hook_desk, logger=logger, throttle=Throttle())
+    routes.append(("/hooks/", build_hooks_app(lambda: hooks)))
+    httpd = server(routes, host=host, port=port, body_limits=[BODY_LIMIT])
     out.print(f"Serving approvals on http://{host}:{httpd.server_port}")
     out.print(f"The runs dashboard: http://{host}:{httpd.server_port}/dashboard")
     out.print(f"Approval links point at {runtime.settings.public_url} (RATCHET_PUBLIC_URL)")

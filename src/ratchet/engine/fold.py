@@ -136,7 +136,8 @@ def _after_decision(state: RunState, event: PersonDecided | WaitSettled) -> dict
     asked_at = state.waiting.step if state.waiting else state.step
     # The person's answer (the event, the time's coming) becomes the result of the step that
     # waited for it.
-    results, text = answer_in_place(state.tool_results, asked_at, event)
+    asked = state.waiting.request if state.waiting else None
+    results, text = answer_in_place(state.tool_results, asked_at, event, asked)
     return {
         "status": RunStatus.RUNNING,
         "waiting": None,

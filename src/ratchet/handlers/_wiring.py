@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ratchet.engine import Engine
     from ratchet.waiting.desk import EventDesk
     from ratchet.web.approvals import ApprovalServices
+    from ratchet.web.hooks import HookServices
     from ratchet.web.runs import RunsServices
 
 SERVICE = "ratchet"
@@ -166,3 +167,24 @@ def event_desk(context: LambdaContext) -> EventDesk:
     """The event desk, settling with a fresh engine and waking parked executions with the
     runtime's nudge (their tokens answered, a sleeper restarted)."""
     return runtime().event_desk(engine(context))
+
+
+HOOK_KEY_MISSING = (
+    "RATCHET_HOOK_KEY_SECRET_ARN is not set: webhooks need the hook key (the stack sets it)"
+)
+
+
+def hook_key() -> SecretStr:
+    """The key webhook ids and secrets derive from, read once per container; never logged."""
+    arn = settings().hook_key_secret_arn
+    if not arn:
+        raise RuntimeError(HOOK_KEY_MISSING)
+    return _secret(arn)
+
+
+def hook_services(context: LambdaContext) -> HookServices:
+    """The webhook route's services: the hook items, the key, and the event desk (whose nudge
+    answers the token of the execution parked on the wait a delivery settles)."""
+    from ratchet.runtime.hooks import aws_hook_services
+
+    return aws_hook_services(runtime(), key=hook_key(), desk=event_desk(context), logger=logger)

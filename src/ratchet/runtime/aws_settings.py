@@ -27,6 +27,7 @@ ENVIRONMENT = {
     "checkpoint_retention_days": "RATCHET_CHECKPOINT_RETENTION_DAYS",
     "public_url": "RATCHET_PUBLIC_URL",
     "link_key_secret_arn": "RATCHET_LINK_KEY_SECRET_ARN",
+    "hook_key_secret_arn": "RATCHET_HOOK_KEY_SECRET_ARN",
     "email_sender": "RATCHET_EMAIL_SENDER",
     "notify_emails": "RATCHET_NOTIFY_EMAILS",
     "notify_slack_channel": "RATCHET_NOTIFY_SLACK_CHANNEL",
@@ -59,6 +60,10 @@ class AwsSettings(BaseModel):
     """The API's base URL (stage included): where approval links point."""
     link_key_secret_arn: str | None = None
     """The Secrets Manager secret whose value signs approval links (the stack creates it)."""
+    hook_key_secret_arn: str | None = None
+    """The Secrets Manager secret whose value webhook ids and secrets derive from (the stack
+    creates it; `ratchet.waiting.hooks`). A key of its own: the hook function never holds the
+    key that signs approval links, nor the reverse."""
     email_sender: str | None = None
     """The SES identity approval emails are sent from; none: no email."""
     notify_emails: list[str] = Field(default_factory=list)

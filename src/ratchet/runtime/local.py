@@ -29,6 +29,7 @@ from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
+from ratchet.adapters.sqlite.hooks import SqliteHookBook
 from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
@@ -44,6 +45,7 @@ from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
+from ratchet.waiting.hooks import HookKeys
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
@@ -209,6 +211,17 @@ class LocalRuntime:
         return SqliteWaitBook(self.db)
 
     @property
+    def hook_book(self) -> SqliteHookBook:
+        return SqliteHookBook(self.db)
+
+    @property
+    def hook_keys(self) -> HookKeys:
+        """Hook ids and secrets, derived from a key kept beside the store (`<store>.hook-key`,
+        made on first use, owner-only, as the approval link key is): its own key, so that
+        rotating one revokes only its own (links, or hooks)."""
+        return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
+
+    @property
     def housekeeping(self) -> SqliteHousekeeping:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
         return SqliteHousekeeping(self.db)
@@ -312,6 +325,7 @@ class LocalRuntime:
             blobs=self.blobs,
             engine=engine,
             events_of=declared_events,
+            faults=FaultPlan.parse(self.settings.fault),
         )
 
     def wait_settler(self, engine: Engine) -> Callable[[datetime], list[str]]:

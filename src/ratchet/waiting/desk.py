@@ -38,6 +38,7 @@ from ratchet.errors import (
     RunNotFound,
     StaleVersion,
 )
+from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import BlobStore, CheckpointStore, Consumption, Mailbox, WaitBook
 from ratchet.state import (
     EVENT_NAME_PATTERN,
@@ -63,9 +64,15 @@ from ratchet.waits import (
 
 
 class EventInvalid(InvalidInput):
-    """A payload the wait's schema refuses; the message names the field."""
+    """A payload the wait's schema refuses; the message names the field, and `field` is it
+    (`data.conclusion`; `data` for the payload as a whole), for an API to name apart from
+    words that quote what was sent."""
 
     http_status = 422
+
+    def __init__(self, message: str, *, field: str = "data") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Settles(Protocol):
@@ -125,6 +132,7 @@ class EventDesk:
     """The event names an agent declares (`Agent.events`), or None: any name is kept."""
     nudge: Nudge | None = None
     clock: Callable[[], datetime] = utcnow
+    faults: FaultPlan = NO_FAULTS
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -179,6 +187,7 @@ class EventDesk:
             source=source,
         )
         stored, created = self.mailbox.post(event)
+        self.faults.hit(FaultPoint.AFTER_EVENT_ACCEPTED, run.step)
         self.deliver(run_id)
         return Sent(self.mailbox.get(run_id, event_id) or stored, duplicate=not created)
 
@@ -194,6 +203,13 @@ class EventDesk:
             event = self.mailbox.next_for(run_id, wait.name)
             if event is None:
                 return None
+            if event.source == "webhook" and not wait.webhook:
+                # A delivery to the run's hook, kept before this wait opened: this wait takes
+                # its event from signed senders of the runs API only, so not this one.
+                self.mailbox.refuse(
+                    run_id, event.event_id, "the wait takes no webhook deliveries (webhook=False)"
+                )
+                continue
             if wait.answer_schema is not None:
                 try:
                     check_payload(wait.answer_schema, self._payload(event), name=wait.name)
@@ -341,5 +357,5 @@ def check_payload(schema: dict[str, Any], data: Any, *, name: str) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is None:
         return
-    where = ".".join(str(p) for p in error.absolute_path) or "(the payload)"
-    raise EventInvalid(f"data.{where}: {error.message} (the {name!r} wait's schema)"[:500])
+    field = ".".join(["data", *(str(p) for p in error.absolute_path)])
+    raise EventInvalid(f"{field}: {error.message} (the {name!r} wait's schema)"[:500], field=field)

@@ -126,7 +126,9 @@ class ApprovalRoutes:
             # The decision was undone (the request is pending again): the person may retry.
             page = pages.problem_page("Busy, please try again", "AWS is busy for the moment.")
             return _html(HTTPStatus.SERVICE_UNAVAILABLE, page)
-        return _html(HTTPStatus.OK, pages.outcome_page(view, just_now=True))
+        # What was asked is the request as the person saw it: the run has moved on since.
+        reply = pages.asks_for_reply(asked)
+        return _html(HTTPStatus.OK, pages.outcome_page(view, just_now=True, reply=reply))
 
     def slack_interaction(self) -> Response[str]:
         """A button pressed in Slack, by a user Slack's signature vouches for."""

@@ -1,8 +1,9 @@
 """The runs dashboard of `ratchet serve`: server-rendered pages that only read.
 
     GET /dashboard?status=                        runs by status, most recently updated first
-    GET /dashboard/runs/{run_id}                  the run's timeline, its charts, its pending
-                                                  approval's link
+    GET /dashboard/runs/{run_id}                  the run's timeline, its charts, what it
+                                                  waits for (a pending approval's link, an
+                                                  event, a time)
     GET /dashboard/runs/{run_id}/steps/{step}     the state as of that step
     GET /dashboard/runs/{run_id}/steps/{step}/prompt   the prompt that step's model saw
 
@@ -38,6 +39,7 @@ from ratchet.client import (
     RunListed,
 )
 from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
+from ratchet.ports import Mailbox
 from ratchet.state import RunState, RunStatus
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
@@ -66,6 +68,8 @@ class DashboardServices:
     client: Client
     desk: ApprovalDesk
     operator: str
+    mailbox: Mailbox | None = None
+    """The runs' mailboxes, to count the events a waiting run has not taken yet."""
 
 
 # --- what the pages show ---------------------------------------------------------------------
@@ -102,7 +106,11 @@ class Timeline:
     approvals: Sequence[Approval]
     pending: PendingApproval | None
     waits_without_request: bool = False
-    """The run waits but no request is open (its worker died before opening one)."""
+    """The run waits for a person but no request is open (its worker died before opening
+    one)."""
+    mailbox_pending: int | None = None
+    """Events in the run's mailbox that no wait has taken, while it waits for an event or a
+    time (None: not counted)."""
 
 
 @dataclass(frozen=True)
@@ -234,9 +242,13 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
     }
     approvals = desk.book.of_run(run_id)
     waiting = head.status is RunStatus.WAITING and head.waiting is not None
+    for_person = waiting and head.waiting is not None and head.waiting.kind == "person"
+    pending_events = None
+    if waiting and not for_person and services.mailbox is not None:
+        pending_events = sum(event.is_pending for event in services.mailbox.of_run(run_id))
     open_now = [a for a in approvals if a.status is ApprovalStatus.PENDING and a.step == head.step]
     pending = None
-    if waiting and open_now:
+    if for_person and open_now:
         approval = open_now[-1]
         expired = approval.is_expired(desk.clock())
         pending = PendingApproval(
@@ -252,7 +264,8 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
         gaps=version_gaps([c.version for c in checkpoints], head.version),
         approvals=approvals,
         pending=pending,
-        waits_without_request=waiting and not open_now,
+        waits_without_request=for_person and not open_now,
+        mailbox_pending=pending_events,
     )
 
 
@@ -414,6 +427,44 @@ def _summary(run: Run) -> str:
     return "<dl>" + "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts) + "</dl>"
 
 
+def _waiting_for_the_world(timeline: Timeline) -> str:
+    """What a run waiting for an event or a time waits for, when that settles by itself, the
+    events its mailbox holds, and how to settle it now."""
+    run, wait = timeline.run, timeline.run.wait
+    if wait is None or wait.kind == "person":
+        return ""
+    run_id = e(run.run_id)
+    held = timeline.mailbox_pending
+    mailbox = (
+        ""
+        if held is None
+        else f"<p id='mailbox'>{held} event{'' if held == 1 else 's'} in its mailbox not "
+        "taken by a wait yet.</p>"
+    )
+    if wait.kind == "timer":
+        until = f"until <b>{_time(wait.until)}</b>" if wait.until else "(no time set)"
+        return (
+            "<h2>Sleeping</h2>"
+            f"<div class='banner info' id='waiting' data-kind='timer'><p>Step {wait.step} "
+            f"sleeps {until}; a worker resumes the run then.</p>{mailbox}"
+            f"<p class='note'>Wake it now: <code>ratchet wake {run_id}</code> or "
+            f"<code>POST /runs/{run_id}/wake</code>.</p></div>"
+        )
+    name = e(wait.name or "")
+    expiry = (
+        f"until <b>{_time(wait.until)}</b>, then it goes on without it"
+        if wait.until
+        else "with no timeout"
+    )
+    return (
+        "<h2>Waiting for an event</h2>"
+        f"<div class='banner info' id='waiting' data-kind='event'><p>Step {wait.step} waits "
+        f"for the event <b>{name}</b> {expiry}.</p>{mailbox}"
+        f"<p class='note'>Send it: <code>ratchet send {run_id} {name} --data JSON</code> or "
+        f"<code>POST /runs/{run_id}/events/{name}</code>.</p></div>"
+    )
+
+
 def _pending(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
     if timeline.waits_without_request:
@@ -535,7 +586,7 @@ def run_page(timeline: Timeline) -> str:
     body = (
         "<nav><a href='/dashboard'>All runs</a></nav>"
         f"<h1>Run {e(run.run_id)}</h1>"
-        f"{_summary(run)}{_pending(timeline)}"
+        f"{_summary(run)}{_pending(timeline)}{_waiting_for_the_world(timeline)}"
         "<h2>Over the run</h2><div class='charts'>"
         + chart(
             "Step duration",
@@ -721,8 +772,10 @@ class _Plot:
         return parts
 
 
-def local_app(client: Client, desk: ApprovalDesk, *, operator: str) -> APIGatewayRestResolver:
+def local_app(
+    client: Client, desk: ApprovalDesk, *, operator: str, mailbox: Mailbox | None = None
+) -> APIGatewayRestResolver:
     """The dashboard as `ratchet serve` mounts it: one client and desk for every request
-    (the server answers one request at a time)."""
-    services = DashboardServices(client=client, desk=desk, operator=operator)
+    (the server answers one request at a time), and the runs' mailboxes."""
+    services = DashboardServices(client=client, desk=desk, operator=operator, mailbox=mailbox)
     return build_app(lambda: services)

@@ -10,12 +10,18 @@
     POST /runs/{run_id}/retry                a failed run: fresh attempts at the failed step
     POST /runs/{run_id}/cancel               {"reason"?}: a running or waiting run ends cancelled
     POST /runs/{run_id}/fork                 {"from_step", "run_id"?}: a new run from a step
+    POST /runs/{run_id}/events/{name}        {"data"?, "event_id"?}: send the run an event
+    POST /runs/{run_id}/wake                 {"by"?}: wake a sleeping run now
     GET  /runs/{run_id}/steps/{step}/prompt  the prompt the step's model saw, from the records
 
 Starting is idempotent by run id, end to end: the run is created only if it does not exist, and
 on AWS the execution's name derives from the run id, so a retried request (say, after a
 timeout between the two writes) starts whatever is missing and answers 200 with the run as it
 stands. The caller who decides is the request's IAM identity, never a field of the body.
+
+Sending an event is idempotent by its `event_id`: a retry answers what the first send did
+(`duplicate` set), and the event is delivered at most once: 200 when it settled the run's wait,
+202 when it is kept in the run's mailbox until a wait for its name takes it.
 
 Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
 the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
@@ -50,7 +56,7 @@ from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.metrics import MetricUnit
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import (
@@ -58,6 +64,7 @@ from ratchet.client import (
     Checkpoint,
     CheckpointsExpired,
     Client,
+    EventSent,
     NoCheckpointAtStep,
     Run,
     RunListed,
@@ -69,23 +76,30 @@ from ratchet.errors import (
     ApprovalError,
     ApprovalExpired,
     ApprovalNotFound,
+    EventNotAwaited,
     ForkRefused,
     InvalidInput,
     JsonOverLimit,
     JsonTooLarge,
+    MailboxFull,
     NotCancellable,
     NotRetryable,
+    NotSleeping,
+    PayloadTooLarge,
+    RunEnded,
     RunNotFound,
     RunUnreadable,
     StoreBusy,
     StoreDamaged,
     StoreUnavailable,
     UnsupportedSchema,
+    WaitError,
 )
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
-from ratchet.state import RUN_ID_PATTERN, RunState, RunStatus
+from ratchet.state import EVENT_NAME_PATTERN, RUN_ID_PATTERN, RunState, RunStatus
 from ratchet.untrusted import loads
-from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
+from ratchet.waiting.desk import EventInvalid
+from ratchet.waits import EVENT_ID_PATTERN, MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
@@ -197,6 +211,33 @@ class Fork(BaseModel):
     """The fork's id (default: `<source>-fork-<random>`)."""
 
 
+class SendEvent(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data: JsonValue = Field(
+        default=None,
+        description="The event's payload, any JSON value (at most 256 KiB as JSON): checked "
+        "against the waiting step's schema, if it has one.",
+    )
+    event_id: str | None = Field(
+        default=None,
+        pattern=EVENT_ID_PATTERN,
+        description="The event's id, to send it again safely (a retry is taken once and "
+        "answered the same); default: a new id.",
+    )
+
+
+class Wake(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_BY_CHARS // 2,
+        description="Who wakes the run, for the record, beside the request's IAM identity.",
+    )
+
+
 class RunSetGoing(AnswerModel):
     """A run retried or forked: where it stands, and what works it now."""
 
@@ -220,6 +261,13 @@ RunId = Annotated[
     Path(
         pattern=RUN_ID_PATTERN.pattern,
         description="1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+    ),
+]
+EventName = Annotated[
+    str,
+    Path(
+        pattern=EVENT_NAME_PATTERN,
+        description="1-64 letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
     ),
 ]
 
@@ -319,6 +367,18 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         summary="Fork a run from one of its steps",
         operation_id="forkRun",
     )(routes.fork)
+    app.post(
+        "/runs/<run_id>/events/<name>",
+        responses=_responses(200, 202, 400, 404, 409, 413, 415, 422, 429),
+        summary="Send a run an event",
+        operation_id="sendEvent",
+    )(routes.send_event)
+    app.post(
+        "/runs/<run_id>/wake",
+        responses=_responses(200, 400, 403, 404, 409, 413, 415),
+        summary="Wake a sleeping run",
+        operation_id="wakeRun",
+    )(routes.wake)
     app.get(
         "/runs/<run_id>/steps/<step>/prompt",
         responses=_responses(200, 400, 404, 410),
@@ -332,6 +392,8 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     app.exception_handler(RunRequestInvalid)(refusals.invalid_run)
     app.exception_handler(JsonOverLimit)(refusals.unbounded_body)
     app.exception_handler(InvalidInput)(refusals.invalid_input)
+    app.exception_handler(EventInvalid)(refusals.event_invalid)
+    app.exception_handler(WaitError)(refusals.not_taken)
     app.exception_handler(AgentNotFound)(refusals.broken_agent)
     app.exception_handler([NotRetryable, NotCancellable])(refusals.wrong_status)
     app.exception_handler(RunNotFound)(refusals.no_run)
@@ -485,6 +547,32 @@ class RunsRoutes:
             ),
         )
 
+    def send_event(
+        self, run_id: RunId, name: EventName, body: Annotated[SendEvent | None, Body()] = None
+    ) -> Response[EventSent]:
+        _require_json(self.app)
+        wired = self.services()
+        given = body or SendEvent()
+        sent = wired.client.send_event(run_id, name, given.data, event_id=given.event_id)
+        _count(wired, "DuplicateEvents" if sent.duplicate else "EventsSent")
+        queued = sent.status == "queued"
+        return Response(
+            status_code=HTTPStatus.ACCEPTED if queued else HTTPStatus.OK,
+            content_type=content_types.APPLICATION_JSON,
+            body=sent,
+        )
+
+    def wake(self, run_id: RunId, body: Annotated[Wake | None, Body()] = None) -> RunView:
+        _require_json(self.app)
+        wired = self.services()
+        caller = _caller(self.app, wired)
+        # The signed identity is always on record; a name given in the body goes beside it.
+        by = caller if body is None or body.by is None else f"{body.by} (via {caller})"
+        woken = wired.client.wake(run_id, by=by[:MAX_BY_CHARS])
+        _count(wired, "RunsWoken")
+        wired.logger.info("run woken", extra={"run_id": run_id, "step": woken.step})
+        return RunView.of_run(woken)
+
     def get_step_prompt(self, run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
         with _rebuilding("step", "the prompt"):
             prompt = self.services().client.replay(run_id, step=step)
@@ -552,6 +640,18 @@ class RunsRefusals:
         self.services().logger.warning("invalid input", extra={"error": str(error)})
         return self.refuse(HTTPStatus.BAD_REQUEST, "invalid request", [])
 
+    def event_invalid(self, error: EventInvalid) -> Response[str]:
+        # "data.conclusion: 'maybe' is not one of ..." (the wait's schema refused it): the
+        # field is named, the words are not repeated, since they quote what was sent.
+        problem = Problem(field=error.field, message="does not match the waiting step's schema")
+        return self.refuse(error.http_status, "the wait's schema refuses the payload", [problem])
+
+    def not_taken(self, error: WaitError) -> Response[str]:
+        field, message = _WAIT_PROBLEMS.get(type(error), ("run_id", "cannot be taken now"))
+        if isinstance(error, PayloadTooLarge):
+            message = str(error).removeprefix("data: ")  # sizes only: nothing sent is quoted
+        return self.refuse(error.http_status, message, [Problem(field=field, message=message)])
+
     def broken_agent(self, error: AgentNotFound) -> Response[str]:
         # The name was registered, so the deployment is at fault, not the caller.
         self.services().logger.error(
@@ -610,6 +710,16 @@ _APPROVAL_MESSAGES: dict[type[ApprovalError], str] = {
     ApprovalExpired: "the approval request has expired",
 }
 """What the API says for each; `ApprovalDecided` says who decided, and when."""
+
+
+_WAIT_PROBLEMS: dict[type[WaitError], tuple[str, str]] = {
+    RunEnded: ("run_id", "the run has ended: it takes no more events"),
+    EventNotAwaited: ("name", "the run's agent waits for no event of this name"),
+    MailboxFull: ("run_id", "the run's mailbox is full: it must take some of its events first"),
+    PayloadTooLarge: ("data", "the payload is too large"),
+    NotSleeping: ("run_id", "the run is not sleeping"),
+}
+"""The field each refusal of an event or a wake names, and what the API says of it."""
 
 
 class _Refusal(Exception):
@@ -736,9 +846,12 @@ def openapi_document(routes: APIGatewayRestResolver | None = None) -> dict[str, 
     document: dict[str, Any] = json.loads(generated)
     # Powertools documents a 422 for every validated route; this app answers a 400 with
     # `RequestRefused` instead (see `invalid_request`), which each route lists.
+    # (A route that answers a 422 itself, a payload its wait's schema refuses, keeps its own.)
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            if responses.get("422", {}).get("description") == "Validation Error":
+                del responses["422"]
     schemas = document.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)

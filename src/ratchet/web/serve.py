@@ -15,6 +15,7 @@ runs one request at a time: the local store is one SQLite connection.
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import threading
 import uuid
@@ -27,6 +28,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from waitress import wasyncore
 from waitress.server import create_server
 from werkzeug.datastructures import Headers
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request, Response
 
 from ratchet.errors import InvalidInput
@@ -88,29 +90,42 @@ def proxy_event(request: Request) -> dict[str, Any]:
     }
 
 
-def wsgi_app(routes: Sequence[Route]) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+BodyLimit = tuple[str, int]
+"""A path prefix and the most bytes of body its routes take (others take `MAX_BODY_BYTES`)."""
+
+
+def wsgi_app(
+    routes: Sequence[Route], *, body_limits: Sequence[BodyLimit] = ()
+) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
     # The routes share the runtime's one SQLite connection (and its transactions): one request
     # at a time, from whichever thread the server runs it on.
     one_at_a_time = threading.Lock()
 
     def application(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         with one_at_a_time:
-            return _answer(routes, environ, start_response)
+            return _answer(routes, body_limits, environ, start_response)
 
     return application
 
 
 def _answer(
-    routes: Sequence[Route], environ: dict[str, Any], start_response: Any
+    routes: Sequence[Route],
+    body_limits: Sequence[BodyLimit],
+    environ: dict[str, Any],
+    start_response: Any,
 ) -> Iterable[bytes]:
     request = Request(environ)
-    request.max_content_length = MAX_BODY_BYTES
+    limit = next((n for prefix, n in body_limits if request.path.startswith(prefix)), None)
+    request.max_content_length = MAX_BODY_BYTES if limit is None else limit
     app = next((a for prefix, a in routes if request.path.startswith(prefix)), None)
     if app is None:
         response = Response("not found\n", status=404, content_type="text/plain")
         return response(environ, start_response)
     try:
+        # A body over the limit is refused on its Content-Length, before it is read.
         event = proxy_event(request)
+    except RequestEntityTooLarge:
+        return _too_large(request.max_content_length)(environ, start_response)
     except UnicodeDecodeError:
         response = Response("the body is not UTF-8\n", status=400, content_type="text/plain")
         return response(environ, start_response)
@@ -128,6 +143,12 @@ def _answer(
     # Content-Type only to a response that has none.
     response = Response(data, status=int(answer["statusCode"]), headers=headers)
     return response(environ, start_response)
+
+
+def _too_large(limit: int) -> Response:
+    error = f"body: over the {limit:,}-byte limit"
+    body = json.dumps({"error": error, "problems": [{"field": "body", "message": error}]})
+    return Response(body, status=413, content_type="application/json")
 
 
 class LocalServer:
@@ -159,7 +180,12 @@ class LocalServer:
 
 
 def server(
-    routes: Sequence[Route], *, host: str, port: int, idle_seconds: int = IDLE_SECONDS
+    routes: Sequence[Route],
+    *,
+    host: str,
+    port: int,
+    idle_seconds: int = IDLE_SECONDS,
+    body_limits: Sequence[BodyLimit] = (),
 ) -> LocalServer:
     """The server of `routes` on `host:port` (0: any free port). Raises `InvalidInput` if the
     address cannot be used."""
@@ -175,4 +201,4 @@ def server(
         listening.close()
         reason = getattr(error, "strerror", None) or str(error)
         raise InvalidInput(f"cannot listen on {host}:{port}: {reason}") from None
-    return LocalServer(wsgi_app(routes), listening, idle_seconds)
+    return LocalServer(wsgi_app(routes, body_limits=body_limits), listening, idle_seconds)

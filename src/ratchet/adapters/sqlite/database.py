@@ -130,6 +130,16 @@ CREATE TABLE IF NOT EXISTS open_waits (
 CREATE INDEX IF NOT EXISTS open_waits_due ON open_waits (due_at) WHERE due_at IS NOT NULL;
 """
 
+HOOKS_SCHEMA = """
+-- ratchet.adapters.sqlite.hooks keeps the webhooks here: the id a delivery's URL carries, and
+-- the run and event name it delivers to. No secret: each is derived from the id and the key.
+CREATE TABLE IF NOT EXISTS hooks (
+    hook_id TEXT PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    record  TEXT NOT NULL
+) WITHOUT ROWID;
+"""
 
 RATCHET_APPLICATION_ID = 0x52744368
 """`PRAGMA application_id` of a Ratchet store ("RtCh"): written when Ratchet makes the store,
@@ -307,7 +317,7 @@ class SqliteDatabase:
                 connection.execute("PRAGMA synchronous=FULL")
             if create:
                 connection.executescript(
-                    _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA
+                    _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA + HOOKS_SCHEMA
                 )
                 if not marked:
                     connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")

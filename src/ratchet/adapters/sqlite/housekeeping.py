@@ -121,6 +121,10 @@ class SqliteHousekeeping:
         ]
         if "approvals" in tables:
             queries.append("SELECT CAST(record AS BLOB) FROM approvals")
+        if "mailbox" in tables:
+            # An event sent before its wait is referenced by its mailbox row alone until a
+            # commit consumes it (and its checkpoint names the blob).
+            queries.append("SELECT CAST(record AS BLOB) FROM mailbox")
         found: set[str] = set()
         for query in queries:
             for (text,) in connection.execute(query):

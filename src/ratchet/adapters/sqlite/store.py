@@ -373,11 +373,12 @@ class SqliteWaitBook:
         run was not yet waiting, or by a sender that stopped before delivering it)."""
         if not self._db.has_table("open_waits"):
             return []
+        # From the pending events (few: most are taken the moment they arrive) to the waits
+        # they answer, so the sweep's cost follows the mailbox, not the number of waiting runs.
         rows = self._db.connection.execute(
-            "SELECT w.run_id, w.step, w.kind, w.name, w.due_at FROM open_waits AS w "
-            "WHERE w.kind = 'event' AND EXISTS (SELECT 1 FROM mailbox AS m WHERE "
-            "m.run_id = w.run_id AND m.name = w.name AND m.consumed_step IS NULL "
-            "AND m.refused IS NULL)"
+            "SELECT DISTINCT w.run_id, w.step, w.kind, w.name, w.due_at FROM mailbox AS m "
+            "CROSS JOIN open_waits AS w ON w.run_id = m.run_id AND w.name = m.name "
+            "WHERE m.consumed_step IS NULL AND m.refused IS NULL AND w.kind = 'event'"
         ).fetchall()
         return [_open_wait(row) for row in rows]
 

@@ -1,0 +1,1 @@
+"""A pull-request agent that waits on the world (see agent.py)."""

@@ -1,0 +1,79 @@
+"""What the read commands say of a wait (`ratchet.cli.readout`, `ratchet.summary`, which load
+no pydantic) is what the models say: the kind `ratchet.state.wait_kind` gives and the prompt
+each wait has, from a head as it is dumped and as a store keeps it (no field at its default,
+`kind` among them)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from ratchet import summary
+from ratchet.cli import readout
+from ratchet.client import Wait
+from ratchet.state import (
+    ApprovalRequest,
+    EventWait,
+    RunState,
+    RunStatus,
+    TimerWait,
+    Waiting,
+    wait_kind,
+)
+from ratchet.stored import head_json
+
+AT = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+REQUESTS: list[ApprovalRequest | EventWait | TimerWait] = [
+    ApprovalRequest(prompt="Drop the table?", details={"rows": 2}),
+    EventWait(name="ci-finished", timeout_seconds=7200, expires_at=AT),
+    EventWait(name="deploy.done"),
+    TimerWait(seconds=60, until=AT),
+    TimerWait(until=AT),
+]
+
+
+def _head(request: ApprovalRequest | EventWait | TimerWait) -> RunState:
+    return RunState(
+        run_id="r1",
+        agent="a",
+        goal="g",
+        status=RunStatus.WAITING,
+        step=3,
+        waiting=Waiting(step=3, request=request, since=AT),
+    )
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: type(r).__name__)
+def test_a_wait_reads_as_the_models_say_whether_dumped_or_stored(request_):
+    state = _head(request_)
+    dumped = state.model_dump(mode="json")["waiting"]
+    stored = json.loads(head_json(state))["waiting"]
+    model = Wait.of(state)
+    assert model is not None
+
+    for waiting in (dumped, stored):
+        assert summary.wait_kind(waiting["request"]) == wait_kind(request_)
+        said = readout.wait_of(waiting)
+        assert said["kind"] == model.kind
+        assert said["name"] == model.name
+        assert said["prompt"] == request_.prompt == model.prompt
+        assert said["until"] == (model.until.isoformat() if model.until else None)
+        assert said["step"] == 3
+
+
+def test_an_event_and_a_timer_say_how_to_settle_them():
+    event = readout.wait_of(_head(REQUESTS[1]).model_dump(mode="json")["waiting"])
+    endless = readout.wait_of(_head(REQUESTS[2]).model_dump(mode="json")["waiting"])
+    timer = readout.wait_of(_head(REQUESTS[3]).model_dump(mode="json")["waiting"])
+
+    assert readout.wait_hint("r1", event) == (
+        "for the event 'ci-finished' (until 2026-12-02 10:00:00 UTC; send it: ratchet send "
+        "r1 ci-finished --data JSON)"
+    )
+    assert readout.wait_hint("r1", endless).startswith("for the event 'deploy.done' (no timeout;")
+    assert readout.wait_hint("r1", timer) == (
+        "sleeping until 2026-12-02 10:00:00 UTC (wake it: ratchet wake r1)"
+    )
+    assert readout.wait_announcement("r1", timer).endswith("; a worker resumes it then")
