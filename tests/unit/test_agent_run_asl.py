@@ -211,8 +211,15 @@ def test_the_loop_reads_only_fields_the_step_returns_and_rolls_over_with_a_full_
     assert _fields(STATES["Rollover"]["Parameters"]["Input"]) == _model_fields(ExecutionInput)
     begin = _fields(STATES["Begin"]["Parameters"]) - {"loop"}
     assert begin | {"iteration"} == _model_fields(ExecutionInput)
-    outcomes = {c["StringEquals"] for c in STATES["Route"]["Choices"]}
+    outcomes = {_rule(c)["$.loop.outcome"] for c in STATES["Route"]["Choices"]}
     assert outcomes == set(get_args(LoopOutcome))
+
+
+def _rule(choice: dict[str, Any]) -> dict[str, str]:
+    """A Choice rule as {variable: the string it equals}, an `And` of them flattened."""
+    rules = choice.get("And", [choice])
+    assert all(set(r) - {"Next"} == {"Variable", "StringEquals"} for r in rules), choice
+    return {r["Variable"]: r["StringEquals"] for r in rules}
 
 
 VERDICT_STATES = {
@@ -322,16 +329,21 @@ def test_a_busy_store_is_retried_and_never_reaches_the_catch_all():
 
 
 def test_a_waiting_run_parks_by_its_waits_kind_and_a_person_as_before():
-    waiting = [c for c in STATES["Route"]["Choices"] if c["StringEquals"] == "waiting"]
-    (route,) = waiting
-    park = STATES[route["Next"]]
+    rules = [(_rule(c), c["Next"]) for c in STATES["Route"]["Choices"]]
+    waiting = [(r, then) for r, then in rules if r["$.loop.outcome"] == "waiting"]
 
-    assert park["Type"] == "Choice"
-    by_kind = {c["StringEquals"]: c["Next"] for c in park["Choices"]}
-    assert {c["Variable"] for c in park["Choices"]} == {"$.loop.wait.kind"}
-    assert by_kind == {"person": "AwaitApproval", "event": "AwaitEvent", "timer": "Sleep"}
-    assert set(by_kind) == set(get_args(WaitPlan.model_fields["kind"].annotation))
-    assert STATES[park["Default"]]["Type"] == "Fail"
+    assert waiting == [
+        ({"$.loop.outcome": "waiting", "$.loop.wait.kind": "event"}, "AwaitEvent"),
+        ({"$.loop.outcome": "waiting", "$.loop.wait.kind": "timer"}, "Sleep"),
+        ({"$.loop.outcome": "waiting"}, "AwaitApproval"),
+    ]
+    assert set(get_args(WaitPlan.model_fields["kind"].annotation)) == {"person", "event", "timer"}
+    # $.loop.wait is null unless the run waits: no rule reads it before every other
+    # outcome has had its own.
+    first_reading = next(i for i, (r, _) in enumerate(rules) if "$.loop.wait.kind" in r)
+    assert {r["$.loop.outcome"] for r, _ in rules[:first_reading]} == set(get_args(LoopOutcome)) - {
+        "waiting"
+    }
     assert STATES["Step"]["ResultSelector"]["wait.$"] == "$.Payload.wait"
 
 

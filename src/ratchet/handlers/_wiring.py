@@ -166,8 +166,7 @@ def engine(context: LambdaContext) -> Engine:
 def event_desk(context: LambdaContext) -> EventDesk:
     """The event desk, settling with a fresh engine and waking parked executions with the
     runtime's nudge (their tokens answered, a sleeper restarted)."""
-    aws = runtime()
-    return aws.event_desk(engine(context), nudge=aws.nudge())
+    return runtime().event_desk(engine(context))
 
 
 HOOK_KEY_MISSING = (

@@ -22,7 +22,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from ratchet.errors import NotWaiting, StaleVersion
-from ratchet.handlers._wiring import engine, logger, metrics, tracer
+from ratchet.handlers._wiring import engine, logger, metrics, runtime, tracer
 from ratchet.handlers.payloads import RecordWaitRequest, RecordWaitResult
 from ratchet.state import EventWait, RunState, RunStatus, TimerWait, WaitSettled, utcnow
 from ratchet.waits import event_timed_out, timer_due
@@ -37,6 +37,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 
 def record_wait(request: RecordWaitRequest, context: LambdaContext) -> RecordWaitResult:
+    if request.kind == "event":
+        # The park timed out, so its token answers nothing now; a next park keeps its own.
+        runtime().wait_tokens().drop(request.run_id, request.step)
     ratchet = engine(context)
     head = ratchet.load(request.run_id)
     settled = due_settlement(head, request, utcnow())

@@ -176,8 +176,12 @@ class AwsRuntime:
 
     def event_desk(self, engine: Engine, nudge: Nudge | None = None) -> EventDesk:
         """Events sent to runs (the runs API, webhooks, `ratchet send` on deployed tables),
-        settled with `engine`; `nudge` wakes the execution parked on a wait the desk settled
-        (None: a run worked in process, which reads its head again by itself)."""
+        settled with `engine`; `nudge` wakes the execution parked on a wait the desk settled.
+        By default, with a Step Functions client, this runtime's own (`nudge()`), so every
+        sender wakes the execution, whoever built the desk; it finds nothing to wake for a
+        run worked in process, which reads its head again by itself. Without a client, none."""
+        if nudge is None and self._stepfunctions is not None:
+            nudge = self.nudge()
         return EventDesk(
             store=self.store,
             mailbox=self.mailbox(),
@@ -380,13 +384,15 @@ class AwsRuntime:
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """Cancel the run, close its pending approval requests (dropping the parked task's
-        token, so no link can answer it), then stop its running execution, if this runtime
-        knows the state machine and has a Step Functions client. If the stop fails, the run
-        is cancelled all the same: the execution's next step finds it so and ends."""
+        token, so no link can answer it) and drop an event wait's token, then stop its
+        running execution, if this runtime knows the state machine and has a Step Functions
+        client. If the stop fails, the run is cancelled all the same: the execution's next
+        step finds it so and ends."""
         from ratchet.waits import ApprovalStatus
 
         head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
         self.approvals().close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
+        self.wait_tokens().drop(run_id, head.step)
         machine = self.settings.state_machine_arn
         if machine and self._stepfunctions is not None:
             self._stop_executions(self._stepfunctions(), machine, run_id, head.summary or "")

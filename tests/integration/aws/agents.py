@@ -15,7 +15,19 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from ratchet.tools import Agent, Decision, Done, StepView, Tool, ToolCall, ToolContext
+from ratchet.tools import (
+    Agent,
+    Decision,
+    Done,
+    StepView,
+    Tool,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    sleep,
+    wait_for_event,
+)
+from tests.waits_agent import CiResult
 
 ROWS = 3
 
@@ -100,3 +112,54 @@ def _agent(name: str, handler: Callable[[WriteRow, ToolContext], str]) -> Agent:
 rows = _agent("rows", WORLD.write)
 failing = _agent("failing", _always_fails_at_3)
 gated = _agent("gated", _gated)
+
+
+# --- waits on the world: an event, a time -------------------------------------------------------
+
+
+class WaitFor(BaseModel):
+    timeout: float | None = None
+
+
+class Nap(BaseModel):
+    seconds: float
+
+
+def _wait_ci(args: WaitFor, ctx: ToolContext) -> ToolResult:
+    return wait_for_event("ci-finished", timeout=args.timeout, schema=CiResult)
+
+
+def _nap(args: Nap, ctx: ToolContext) -> ToolResult:
+    return sleep(args.seconds)
+
+
+def _once_then_done(
+    tool: str, arguments: Callable[[StepView], dict[str, object]]
+) -> Callable[[StepView], Decision]:
+    def policy(view: StepView) -> Decision:
+        if tool not in [m.tool for m in view.messages]:
+            return ToolCall(name=tool, arguments=arguments(view))
+        return Done(summary=f"finished after: {view.last_result}")
+
+    return policy
+
+
+events = Agent(
+    name="events",
+    tools=[Tool("wait_ci", "Wait for CI to finish.", WaitFor, _wait_ci)],
+    goal="Wait for CI",
+    policy=_once_then_done("wait_ci", lambda view: {"timeout": view.params["timeout"]}),
+    default_params={"timeout": None},
+    events=["ci-finished"],
+)
+"""Waits once for `ci-finished` (its params' `timeout`, seconds; none: for ever), then ends
+with the wait's result as its summary."""
+
+sleeper = Agent(
+    name="sleeper",
+    tools=[Tool("nap", "Sleep a while.", Nap, _nap)],
+    goal="Sleep",
+    policy=_once_then_done("nap", lambda view: {"seconds": view.params["seconds"]}),
+    default_params={"seconds": 2},
+)
+"""Sleeps once for its params' `seconds`, then ends with the sleep's result as its summary."""

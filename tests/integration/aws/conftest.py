@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.handlers import _wiring, api, approvals, decide, mark_failed, notify, step
+from ratchet.handlers import (
+    _wiring,
+    api,
+    approvals,
+    decide,
+    mark_failed,
+    notify,
+    open_wait,
+    record_wait,
+    step,
+)
 from tests.fake_slack import FakeSlack
 from tests.integration.aws.harness import Stack, assert_no_token_in, deployed
 
@@ -58,7 +68,7 @@ LOG_EVENT = "POWERTOOLS_LOGGER_LOG_EVENT"
 
 
 def _import_handlers_anew() -> None:
-    for module in (step, notify, decide, mark_failed, api, approvals):
+    for module in (step, notify, decide, mark_failed, api, approvals, open_wait, record_wait):
         importlib.reload(module)
 
 

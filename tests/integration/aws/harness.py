@@ -2,11 +2,11 @@
 Step Functions engine, with every Lambda task dispatched in-process to the real handler and
 DynamoDB on moto.
 
-Two things stand in for AWS here, each as close to it as this allows; three gaps in moto's port
+Two things stand in for AWS here, each as close to it as this allows; four gaps in moto's port
 of the interpreter are filled (`_start_execution_parameters_fix`,
-`_send_task_failure_cause_fix`, `_closed_task_fix`), moto's DynamoDB is kept to one call at a
-time (`_one_dynamodb_call_at_a_time`), and the definition is parsed once per process
-(`_parse_once`), which is most of what keeps the folder fast:
+`_send_task_failure_cause_fix`, `_closed_task_fix`, `_wait_until_the_time_fix`), moto's
+DynamoDB is kept to one call at a time (`_one_dynamodb_call_at_a_time`), and the definition is
+parsed once per process (`_parse_once`), which is most of what keeps the folder fast:
 
 - Lambda: moto runs functions in Docker, which CI lacks, so `InProcessLambda` answers
   `Invoke` by calling the handler as the Python runtime would, errors included (the
@@ -29,11 +29,13 @@ as API Gateway's REST proxy integration calls them (`Stack.open`, `Stack.submit`
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import html
 import io
 import itertools
 import json
+import math
 import os
 import re
 import secrets
@@ -65,16 +67,20 @@ from moto.core.responses import EmptyResult
 from moto.dynamodb.responses import DynamoHandler
 from moto.ses.models import ses_backends
 from moto.stepfunctions.parser.api import ExecutionStatus
+from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+    FailureEventException,
+)
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_sfn import (  # noqa: E501
     StateTaskServiceSfn,
 )
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function.timestamp import Timestamp
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.responses import StepFunctionResponse
 
 from ratchet import faults
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.errors import InjectedFault
-from ratchet.handlers import _wiring, api, decide, mark_failed, notify, step
+from ratchet.handlers import _wiring, api, decide, mark_failed, notify, open_wait, record_wait, step
 from ratchet.handlers import approvals as approval_routes
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from ratchet.state import PersonDecided, RunState, RunStatus
@@ -93,7 +99,10 @@ SENDER = f"ratchet@{MAIL_DOMAIN}"
 APPROVER = f"alice@{MAIL_DOMAIN}"
 """Who the deployment asks by default: every run that parks emails this address a link."""
 SLACK_CHANNEL = "#approvals"
-AGENTS = {name: f"tests.integration.aws.agents:{name}" for name in ("rows", "failing", "gated")}
+AGENTS = {
+    name: f"tests.integration.aws.agents:{name}"
+    for name in ("rows", "failing", "gated", "events", "sleeper")
+}
 """The agents this deployment registers (RATCHET_AGENTS), besides the built-in scenarios."""
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
@@ -103,6 +112,8 @@ FUNCTIONS: dict[str, tuple[str, ModuleType]] = {
     "NotifyFunctionArn": ("ratchet-notify", notify),
     "DecideFunctionArn": ("ratchet-decide", decide),
     "MarkFailedFunctionArn": ("ratchet-mark-failed", mark_failed),
+    "OpenWaitFunctionArn": ("ratchet-open-wait", open_wait),
+    "RecordWaitFunctionArn": ("ratchet-record-wait", record_wait),
 }
 """Substitution variable of the definition -> (function name, handler module). Each module's
 `handler` is looked up when the stack is deployed: a test that reloads the handlers (to
@@ -271,6 +282,24 @@ def _closed_task_fix() -> Any:
         send_task_success=once(StepFunctionResponse.send_task_success),
         send_task_failure=once(StepFunctionResponse.send_task_failure),
     )
+
+
+def _wait_until_the_time_fix() -> Any:
+    """A `Wait` state with a timestamp ends at that time or after it. moto 5.2 counts the
+    seconds to it from the local clock (not UTC) and rounds them down, so its Wait may end up
+    to a second before the time (and hours off, on a machine that is not on UTC). Count them
+    from UTC and round up."""
+
+    def wait_seconds(self: Timestamp, env: Any) -> int:
+        self.string.eval(env=env)
+        text: str = env.stack.pop()
+        until = self._from_timestamp_string(timestamp=text)
+        if until is None:
+            raise FailureEventException(self._create_failure_event(env, text))
+        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+        return math.ceil((until - now).total_seconds())
+
+    return mock.patch.object(Timestamp, "_get_wait_seconds", wait_seconds)
 
 
 def _awaited(backend: Any, token: str) -> bool:
@@ -453,11 +482,13 @@ class Stack:
         return str(item["task_token"]["S"])
 
     def tokens(self, *run_ids: str) -> list[str]:
-        """Every task token the state machine handed out so far (for these runs)."""
+        """Every task token the state machine handed out so far (for these runs): to notify
+        (a person's approval) and to open_wait (an event wait)."""
         return [
             e["task_token"]
             for name, e in self.lambdas.invocations
-            if name == "ratchet-notify" and (not run_ids or e["run_id"] in run_ids)
+            if name in ("ratchet-notify", "ratchet-open-wait")
+            and (not run_ids or e["run_id"] in run_ids)
         ]
 
     def items(self) -> dict[str, list[dict[str, Any]]]:
@@ -854,6 +885,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         _start_execution_parameters_fix(),
         _send_task_failure_cause_fix(),
         _closed_task_fix(),
+        _wait_until_the_time_fix(),
         _one_dynamodb_call_at_a_time(),
         _parse_once(),
         mock.patch.object(faults, "os", _FaultsOs()),

@@ -246,7 +246,9 @@ def test_an_unregistered_agent_is_refused_without_importing_anything(
     (field,) = body.keys() - {"goal"}
     assert answer["problems"][0]["field"] == field
     known = (
-        "failing, gated, migration, notebook, rows" if field == "agent" else "migration, notebook"
+        "events, failing, gated, migration, notebook, rows, sleeper"
+        if field == "agent"
+        else "migration, notebook"
     )
     assert f"unknown {field}: use one of {known}" in answer["error"]
     assert "ratchet_tripwire" not in json.dumps(answer)

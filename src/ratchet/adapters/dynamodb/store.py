@@ -13,6 +13,8 @@ The item layout is a contract shared with the stack (`cdk/`) and the handlers:
   - `MAIL#<event id>` and `MAILBOX`: the run's mailbox (`ratchet.adapters.dynamodb.mailbox`);
     a commit that consumes an event updates its item (`Commit.consumes`), and nothing else
     here reads them.
+  - `WAIT#<step, 10 digits>`: the task token of an execution parked on the run's event wait
+    (`ratchet.adapters.dynamodb.waits`); this module ignores them.
 - idempotency table (`ratchet.adapters.dynamodb.ledger`): a commit completes its step's key.
 
 Reads are strongly consistent. Every write that depends on something read is conditional, and

@@ -87,6 +87,22 @@ class AwsWaitTokens:
             if error_code(error) != "ConditionalCheckFailedException":
                 raise
 
+    @translated_errors
+    def drop(self, run_id: str, step: int) -> None:
+        """Drop whatever token is kept for the run's wait at `step`: its park is over (timed
+        out, or the run was cancelled), and no newer park of that step holds the item yet."""
+        try:
+            # Conditional: an update of a missing item would create it.
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key(run_id, step),
+                UpdateExpression="REMOVE task_token",
+                ConditionExpression="attribute_exists(sk)",
+            )
+        except ClientError as error:
+            if error_code(error) != "ConditionalCheckFailedException":
+                raise
+
     @staticmethod
     def _key(run_id: str, step: int) -> dict[str, AttributeValueTypeDef]:
         return {"run_id": {"S": run_id}, "sk": {"S": wait_sk(step)}}
