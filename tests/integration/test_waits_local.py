@@ -201,6 +201,11 @@ def test_the_same_event_sent_twenty_times_at_once_is_delivered_once(local, tmp_p
     for t in threads:
         t.join()
     assert len(answers) == 20
+    duplicates = sum(bool(a["duplicate"]) for a in answers)
+    print(
+        f"one event id sent {len(answers)} times at once: {len(local.results_of(run_id))} "
+        f"delivered, {duplicates} answered as duplicates"
+    )
     assert sum(not a["duplicate"] for a in answers) == 1
     assert {a["event_id"] for a in answers} == {"same"}
     assert len(local.results_of(run_id)) == 1
