@@ -29,6 +29,17 @@ class FaultPoint(StrEnum):
     the one the run is at)."""
 
 
+STEP_POINTS = (
+    FaultPoint.BEFORE_MODEL,
+    FaultPoint.AFTER_MODEL,
+    FaultPoint.AFTER_DECISION,
+    FaultPoint.AFTER_TOOL,
+    FaultPoint.BEFORE_COMMIT,
+    FaultPoint.AFTER_COMMIT,
+)
+"""The points inside an engine step (the others are in the event desk)."""
+
+
 class FaultAction(StrEnum):
     RAISE = "raise"
     KILL = "kill"

@@ -74,6 +74,7 @@ def test_claude_drives_the_migration_through_a_crash_and_an_approval(tmp_path):
     assert [t["name"] for t in body["tools"]] == [
         "inspect_table", "copy_batch", "request_approval", "drop_table", "send_email",
         "remember",  # the runtime's own: pins a fact into every later prompt
+        "sleep",  # the runtime's own: parks the run for a while
     ]  # fmt: skip
     prompt = body["messages"][0]["content"]
     head_of_template = step_prompt_template().split("<goal>")[0]

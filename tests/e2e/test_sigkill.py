@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ratchet.faults import FaultPoint
+from ratchet.faults import STEP_POINTS, FaultPoint
 from ratchet.state import RunStatus
 from tests.processes import Cli
 
@@ -28,7 +28,7 @@ def _comparable(report: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in report.items() if k != "keys_delivered"}
 
 
-KILLS = [(point, 2) for point in FaultPoint] + [(FaultPoint.AFTER_TOOL, 6)]
+KILLS = [(point, 2) for point in STEP_POINTS] + [(FaultPoint.AFTER_TOOL, 6)]
 
 
 @pytest.mark.parametrize(("point", "step"), KILLS)

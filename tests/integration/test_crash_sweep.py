@@ -12,7 +12,7 @@ import pytest
 
 from ratchet.engine import Outcome
 from ratchet.errors import InjectedFault
-from ratchet.faults import FaultPlan, FaultPoint
+from ratchet.faults import STEP_POINTS, FaultPlan, FaultPoint
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.scenarios.migration import agent as migration
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
@@ -90,7 +90,7 @@ def crash_free(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return effects
 
 
-@pytest.mark.parametrize("point", list(FaultPoint))
+@pytest.mark.parametrize("point", STEP_POINTS)
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_point_resumes_to_the_same_effects(tmp_path, crash_free, point, step):
     _start(tmp_path)

@@ -155,6 +155,10 @@ _RATCHET_TABLES = frozenset(
         "approvals",
         "workers",
         "run_data",
+        "mailbox",
+        "open_waits",
+        "hooks",
+        "sqlite_sequence",  # SQLite's own, for the mailbox's AUTOINCREMENT order of arrival
     }
 )
 _RUNS_COLUMNS = ("run_id", "version", "status", "step", "attempts", "state", "updated_at")
