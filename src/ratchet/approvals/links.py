@@ -41,22 +41,38 @@ class LinkClaims:
     expires_at: datetime
 
 
+MIN_KEY_BYTES = 16
+"""The shortest signing key Ratchet takes (approval links, webhook secrets)."""
+
+
+class LazyKey:
+    """A signing key, or a function that gets it, read on first use and checked then: so that
+    what never signs (a decision without a link, a store nobody makes a hook for) never
+    needs, or makes, a key file. `what` names the key in the refusal of a short one."""
+
+    def __init__(self, key: bytes | Callable[[], bytes], *, what: str) -> None:
+        self._source = key
+        self._what = what
+        self._loaded: bytes | None = None
+
+    def __call__(self) -> bytes:
+        if self._loaded is None:
+            key = self._source() if callable(self._source) else self._source
+            if len(key) < MIN_KEY_BYTES:
+                raise ValueError(f"{self._what} needs at least {MIN_KEY_BYTES} bytes")
+            self._loaded = key
+        return self._loaded
+
+
 class LinkSigner:
     def __init__(self, key: bytes | Callable[[], bytes]) -> None:
         """`key` is the secret, or a function that gets it when a link is first signed or
         checked (so that deciding without a link never needs, or makes, a key)."""
-        self._key_source = key
-        self._loaded: bytes | None = None
+        self._lazy_key = LazyKey(key, what="an approval link key")
 
     @property
     def _key(self) -> bytes:
-        if self._loaded is None:
-            source = self._key_source
-            key = source() if callable(source) else source
-            if len(key) < 16:
-                raise ValueError("an approval link key needs at least 16 bytes")
-            self._loaded = key
-        return self._loaded
+        return self._lazy_key()
 
     def url(self, public_url: str, claims: LinkClaims) -> str:
         query = urlencode(

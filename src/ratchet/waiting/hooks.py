@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
+from ratchet.approvals.links import LazyKey
 from ratchet.errors import InvalidInput, JsonOverLimit, PayloadTooLarge, RunNotFound, WaitError
 from ratchet.ports import HOOK_ID_PATTERN, Hook, HookBook
 from ratchet.state import MAX_EVENT_BYTES, EventWait, RunStatus
@@ -46,7 +47,6 @@ from ratchet.waiting.desk import EventDesk, Sent, check_event_id, check_event_na
 
 REPLAY_WINDOW_SECONDS = 300
 """How far a signed timestamp may be from the server's clock, past or future."""
-MIN_KEY_BYTES = 16
 _ID_LABEL = b"ratchet-hook-id-v1"
 _SECRET_LABEL = b"ratchet-hook-secret-v1"
 _SIGNATURE = re.compile(r"sha256=([0-9a-f]{64})")
@@ -118,18 +118,11 @@ class HookKeys:
     def __init__(self, key: bytes | Callable[[], bytes]) -> None:
         """`key`, or a function that gets it when an id or secret is first needed (so that a
         store nobody makes a hook for never needs, or makes, a key file)."""
-        self._key_source = key
-        self._loaded: bytes | None = None
+        self._lazy_key = LazyKey(key, what="a hook key")
 
     @property
     def _key(self) -> bytes:
-        if self._loaded is None:
-            source = self._key_source
-            key = source() if callable(source) else source
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(f"a hook key needs at least {MIN_KEY_BYTES} bytes")
-            self._loaded = key
-        return self._loaded
+        return self._lazy_key()
 
     def hook_id(self, run_id: str, name: str) -> str:
         """The hook of `name` on `run_id`: the same each time, unguessable without the key."""
