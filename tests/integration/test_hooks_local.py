@@ -11,19 +11,17 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from werkzeug.test import Client, EnvironBuilder, TestResponse, run_wsgi_app
 
-from ratchet.engine import Engine
 from ratchet.errors import EventNotAwaited, InvalidInput, RunEnded, RunNotFound
 from ratchet.observability import json_logger
 from ratchet.runtime.hooks import Hooks, OpenedHook, hook_url, local_hooks
-from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.state import MAX_EVENT_BYTES, RunOptions, RunState, RunStatus, WaitSettled, utcnow
+from ratchet.runtime.local import LocalRuntime
+from ratchet.state import MAX_EVENT_BYTES, RunStatus
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import (
     REPLAY_WINDOW_SECONDS,
@@ -33,21 +31,13 @@ from ratchet.waiting.hooks import (
 )
 from ratchet.web.hooks import BODY_LIMIT, Throttle, build_app
 from ratchet.web.serve import wsgi_app
-from ratchet.worker import Worker
 from tests.hooks_agent import AGENT, agent
+from tests.integration.test_waits_local import Local as WaitsLocal
 
 LOG = logging.getLogger("ratchet.tests.hooks")
 PASSED = {"conclusion": "success", "url": "https://ci.example/runs/1"}
 DELIVERY = "72d3162e-cc78-11e3-81ab-4c9367dc0958"
 """A delivery id as GitHub sends them (a GUID)."""
-
-
-@dataclass
-class Clock:
-    now: datetime
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @dataclass
@@ -60,12 +50,16 @@ class Ticks:
         return self.now
 
 
-class Local:
+class Local(WaitsLocal):
+    """The waits harness, with the hooks agent, the hook route as `ratchet serve` mounts it,
+    and the log lines it writes."""
+
+    agent = agent
+    agent_ref = AGENT
+
     def __init__(self, root: Path) -> None:
+        super().__init__(root)
         self.root = root
-        self.url = f"sqlite:///{root}/s.db"
-        self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
-        self.clock = Clock(utcnow())
         self.ticks = Ticks()
         self.log_stream = io.StringIO()
         # The logger `ratchet serve` uses (Powertools, JSON lines), on a stream of the test's.
@@ -78,20 +72,11 @@ class Local:
         app = build_app(lambda: self.services)
         self.client = Client(wsgi_app([("/hooks/", app)], body_limits=[BODY_LIMIT]))
 
-    @property
-    def engine(self) -> Engine:
-        return self.runtime.engine(worker_id="worker", logger=LOG)
-
-    def desk(self) -> EventDesk:
-        desk = self.runtime.event_desk(self.runtime.engine(worker_id="serve", logger=self.logger))
+    def desk(self, runtime: LocalRuntime | None = None) -> EventDesk:
+        runtime = runtime or self.runtime
+        desk = runtime.event_desk(runtime.engine(worker_id="serve", logger=self.logger))
         desk.clock = self.clock
         return desk
-
-    def start(self, run_id: str = "run-1", **params: object) -> str:
-        options = RunOptions(model="scripted", params=params)
-        state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=options)
-        assert self.engine.start(state)
-        return run_id
 
     def park(self, run_id: str = "run-1", **params: object) -> OpenedHook:
         """Start a run, work it until it waits for `ci-finished`, and make its hook."""
@@ -100,34 +85,6 @@ class Local:
         self.work(run_id)
         assert self.head(run_id).status is RunStatus.WAITING
         return opened
-
-    def work(self, run_id: str) -> None:
-        engine = self.engine
-        Worker(
-            engine,
-            self.runtime.leases,
-            LOG,
-            clock=self.clock,
-            settle_waits=self.runtime.wait_settler(engine),
-        ).run(until_idle=True, run_id=run_id)
-
-    def head(self, run_id: str) -> RunState:
-        state = self.runtime.store.load_head(run_id)
-        assert state is not None
-        return state
-
-    def results_of(self, run_id: str) -> list[WaitSettled]:
-        return [
-            c.event
-            for c in self.runtime.store.list_checkpoints(run_id)
-            if isinstance(c.event, WaitSettled)
-        ]
-
-    def tables(self) -> dict[str, list[tuple[object, ...]]]:
-        """Every row of every table of the store, to compare before and after."""
-        db = self.runtime.db.connection
-        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {n: sorted(db.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
 
     def post(self, hook: OpenedHook | str, body: bytes, headers: dict[str, str]) -> TestResponse:
         path = f"/hooks/{hook.hook.hook_id if isinstance(hook, OpenedHook) else hook}"
@@ -282,7 +239,9 @@ def _unsigned(local: Local, hook: OpenedHook) -> TestResponse:
 
 def _other_secret(local: Local, hook: OpenedHook) -> TestResponse:
     body = github_body(PASSED)
-    return local.post(hook, body, github_headers(hook.secret[:-1] + "0", body))
+    # Another secret for sure: the last digit changed (the key, and so the secret, is random).
+    other = hook.secret[:-1] + ("1" if hook.secret.endswith("0") else "0")
+    return local.post(hook, body, github_headers(other, body))
 
 
 def _changed_body(local: Local, hook: OpenedHook) -> TestResponse:

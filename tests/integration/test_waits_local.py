@@ -58,6 +58,12 @@ class Clock:
 
 
 class Local:
+    """A store, the runtime on it, a clock the tests move, and the waits agent (`agent`;
+    another harness may name its own)."""
+
+    agent = agent
+    agent_ref = AGENT
+
     def __init__(self, root: Path) -> None:
         self.url = f"sqlite:///{root}/s.db"
         self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
@@ -75,7 +81,8 @@ class Local:
 
     def start(self, run_id: str = "run-1", **params: object) -> str:
         options = RunOptions(model="scripted", params=params)
-        state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=options)
+        goal = self.agent.goal
+        state = RunState(run_id=run_id, agent=self.agent_ref, goal=goal, options=options)
         assert self.engine.start(state)
         return run_id
 
