@@ -420,3 +420,27 @@ def test_dynamodb_keeps_a_pending_event_and_expires_a_read_one_with_its_record(b
     assert expiry["MAIL#ev-1"] == str(epoch_seconds(commit.checkpoint.created_at + retention))
     assert expiry["MAIL#ev-1"] == expiry[f"CP#{commit.checkpoint.version:012d}"]
     assert abs(int(expiry["MAIL#ev-2"]) - epoch_seconds(refused_at + retention)) <= 5
+
+
+@pytest.mark.parametrize("backend", ["dynamodb"], indirect=True)
+def test_a_dynamodb_post_that_read_a_stale_count_takes_the_next_free_place(backend, monkeypatch):
+    """The race the bound rests on, made to happen: a post reads the counter, another post
+    goes in, and only then does the first write. Its condition on the counter fails, it reads
+    again, and it goes in at the next free place; no two events share a place."""
+    mailbox = backend.mailbox
+    for event_id in ("ev-1", "ev-2"):
+        mailbox.post(sent(event_id))
+    read = mailbox._accepted
+    reads: list[int] = []
+
+    def stale_first(run_id: str) -> int:
+        count = read(run_id)
+        reads.append(count)
+        return count - 1 if len(reads) == 1 else count
+
+    monkeypatch.setattr(mailbox, "_accepted", stale_first)
+    assert mailbox.post(sent("ev-3"))[1]
+
+    assert reads == [2, 2]
+    items = [i for i in backend.everything()[0] if i["sk"]["S"].startswith("MAIL#")]
+    assert sorted(int(i["seq"]["N"]) for i in items) == [1, 2, 3]
