@@ -57,6 +57,7 @@ ROUTES = (
     Route("POST", "/runs/{run_id}/fork", "api"),
     Route("POST", "/runs/{run_id}/events/{name}", "api"),
     Route("POST", "/runs/{run_id}/wake", "api"),
+    Route("POST", "/runs/{run_id}/hooks/{name}", "api"),
     Route("GET", "/runs/{run_id}/steps/{step}/prompt", "api"),
     Route("GET", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/approvals/{approval_id}", "approvals", public=True),

@@ -18,8 +18,9 @@ from cdk.nag import acknowledge
 HOOK_KEY_CHARS = 64
 """Alphanumeric: ~380 bits, far beyond what HMAC-SHA256 can use."""
 
-READS_HOOK_KEY = ("hooks",)
-"""The hooks function checks each delivery's signature with the hook's derived secret."""
+READS_HOOK_KEY = ("hooks", "api")
+"""The hooks function checks each delivery's signature with the hook's derived secret; the api
+function opens a run's hook (`POST /runs/{id}/hooks/{name}`), whose answer holds its secret."""
 
 
 class Webhooks(Construct):
@@ -39,8 +40,9 @@ class Webhooks(Construct):
             (
                 "Rotating the hook key changes every webhook's id and secret, so every sender "
                 "(GitHub, Stripe, CI) would have to be configured anew: it is rotated by hand "
-                "when needed. It never leaves Secrets Manager and the hooks function, and a "
-                "secret derived from it is shown only to whoever makes the hook."
+                "when needed. It never leaves Secrets Manager and the hooks and api functions, "
+                "and a secret derived from it is shown only to whoever opens the hook (an "
+                "IAM-signed request)."
             ),
         )
         for name in READS_HOOK_KEY:

@@ -263,7 +263,7 @@ class RatchetStack(Stack):
             value=(
                 f"dynamodb://{storage.checkpoints.table_name}"
                 f"?ledger={storage.idempotency.table_name}&app={storage.app.table_name}"
-                f"&region={self.region}"
+                f"&region={self.region}&machine={state_machine.state_machine_arn}"
             ),
         )
         CfnOutput(self, "BlobBucket", value=storage.blobs.bucket_name)

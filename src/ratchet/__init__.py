@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ratchet.client import Checkpoint as Checkpoint
     from ratchet.client import Client as Client
     from ratchet.client import EventSent as EventSent
+    from ratchet.client import HookOpened as HookOpened
     from ratchet.client import Run as Run
     from ratchet.client import RunListed as RunListed
     from ratchet.client import Started as Started
@@ -60,6 +61,7 @@ _EXPORTS = {
         "Checkpoint",
         "Client",
         "EventSent",
+        "HookOpened",
         "Run",
         "RunListed",
         "Started",

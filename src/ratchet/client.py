@@ -55,6 +55,7 @@ from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
     from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
+    from ratchet.runtime.hooks import Hooks
     from ratchet.tools import RunContext
     from ratchet.waiting.desk import EventDesk
 
@@ -62,6 +63,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "EventSent",
+    "HookOpened",
     "Run",
     "RunListed",
     "Started",
@@ -147,6 +149,21 @@ class EventSent(AnswerModel):
     """The step whose wait it settled; None while it waits in the mailbox."""
     duplicate: bool
     refused: str | None
+
+
+class HookOpened(AnswerModel):
+    """A run's webhook for one event name: where a sender (GitHub, Stripe, a CI server)
+    delivers the event, and the secret it signs each delivery with (docs/webhooks.md). The
+    same run and name always give the same hook; the secret is for the sender's settings
+    only (it is never logged)."""
+
+    run_id: str
+    name: str
+    hook_id: str
+    url: str
+    """`<public url>/hooks/<hook id>`: needs no AWS signature, only a signed delivery."""
+    secret: str = Field(repr=False)
+    """HMAC-SHA256 key of the deliveries (64 hex characters): GitHub's webhook Secret."""
 
 
 class UsageTotals(AnswerModel):
@@ -414,6 +431,11 @@ class Runtime(Protocol):
         waits with `engine`; on AWS it also wakes the execution parked on the wait."""
         ...
 
+    def hooks(self, agents: AgentRegistry) -> Hooks:
+        """The runtime's webhooks (`ratchet.runtime.hooks`), whose event names are checked
+        against what the agents in `agents` declare."""
+        ...
+
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
         finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
@@ -637,6 +659,25 @@ class Client:
         steering = _Steering.checked("wake", by=by or _operator())
         check_run_id(run_id)
         return Run.of(self._event_desk().wake(run_id, by=steering.by))
+
+    def hook(self, run_id: str, name: str) -> HookOpened:
+        """The run's webhook for the event `name` (made if it is new; the same each time): its
+        URL and signing secret, for the sender that delivers the event (docs/webhooks.md).
+        Raises, with nothing written: `InvalidInput` (a bad run id or name), `RunNotFound`,
+        `RunEnded`, `EventNotAwaited` (the agent declares its events, not this one),
+        `WebhooksNotTaken` (the run waits for `name` now with `webhook=False`)."""
+        check_run_id(run_id)
+        opened = self.runtime.hooks(self.agents).open(run_id, name)
+        self.logger.info(
+            "hook opened", extra={"run_id": run_id, "event": name, "hook_id": opened.hook.hook_id}
+        )
+        return HookOpened(
+            run_id=run_id,
+            name=name,
+            hook_id=opened.hook.hook_id,
+            url=opened.url,
+            secret=opened.secret,
+        )
 
     def _event_desk(self) -> EventDesk:
         engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)

@@ -434,7 +434,7 @@ def test_a_dynamodb_post_that_read_a_stale_count_takes_the_next_free_place(backe
     reads: list[int] = []
 
     def stale_first(run_id: str) -> int:
-        count = read(run_id)
+        count = int(read(run_id))
         reads.append(count)
         return count - 1 if len(reads) == 1 else count
 

@@ -34,6 +34,7 @@ SIGNED = {
     ("POST", "/runs/{run_id}/fork"),
     ("POST", "/runs/{run_id}/events/{name}"),
     ("POST", "/runs/{run_id}/wake"),
+    ("POST", "/runs/{run_id}/hooks/{name}"),
     ("GET", "/runs/{run_id}/steps/{step}/prompt"),
 }
 APPROVAL_ROUTES = {

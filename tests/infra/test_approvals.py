@@ -92,7 +92,8 @@ def test_each_function_reads_exactly_the_secrets_it_uses(
 ) -> None:
     synth = synthesized if which == "bare" else configured
     expected: dict[str, set[str]] = {
-        "api": {LINK_KEY},
+        # The api function opens a run's hook (POST /runs/{id}/hooks/{name}), secret included.
+        "api": {LINK_KEY, HOOK_KEY},
         "notify": {LINK_KEY},
         "approvals": {LINK_KEY},
         # The hooks function derives each hook's secret; it never holds the link key.
@@ -100,7 +101,7 @@ def test_each_function_reads_exactly_the_secrets_it_uses(
     }
     if which == "configured":
         expected["step"] = {ANTHROPIC_SECRET}
-        expected["api"] = {LINK_KEY, ANTHROPIC_SECRET}
+        expected["api"] = {LINK_KEY, HOOK_KEY, ANTHROPIC_SECRET}
         # The bot token posts messages; the approvals function updates them through Slack's
         # response_url, which needs no token. The signing secret only checks Slack's requests.
         expected["notify"] = {LINK_KEY, SLACK_BOT_TOKEN_SECRET}

@@ -22,6 +22,7 @@ from moto import mock_aws
 
 from ratchet.agents import AgentRegistry
 from ratchet.handlers import _wiring
+from ratchet.handlers import api as api_function
 from ratchet.handlers import hooks as hooks_function
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from ratchet.runtime.hooks import OpenedHook, aws_hooks
@@ -67,6 +68,20 @@ class Deployed:
         _wiring.runtime().wait_tokens().keep(run_id, parked.step, TOKEN, at=parked.updated_at)
         hooks = aws_hooks(_wiring.runtime(), key=_wiring.hook_key(), agents=AgentRegistry())
         return hooks.open(run_id, "ci-finished")
+
+    def open_through_api(self, run_id: str, name: str) -> tuple[int, Any]:
+        """`POST /runs/{run_id}/hooks/{name}` to the api function, IAM-signed as API Gateway
+        passes it on."""
+        event = api_event(
+            "POST",
+            f"/runs/{run_id}/hooks/{name}",
+            None,
+            resource="/runs/{run_id}/hooks/{name}",
+            stage="v1",
+        )
+        event["requestContext"]["identity"]["userArn"] = "arn:aws:iam::123456789012:user/ci"
+        answer = api_function.handler(event, FakeContext("ratchet-api", "arn:ratchet-api"))
+        return answer["statusCode"], json.loads(answer["body"])
 
     def items(self) -> list[dict[str, Any]]:
         return scan(self.dynamodb, SETTINGS.checkpoints_table)
@@ -318,3 +333,47 @@ def test_the_function_logs_no_secret_signature_or_payload_even_told_to_log_event
     assert "webhook delivery taken" in logged
     for secret in (hook.secret, headers["X-Hub-Signature-256"].removeprefix("sha256="), marker):
         assert secret not in logged
+
+
+def test_the_api_opens_the_runs_hook_and_its_secret_signs_a_delivery(deployed, capfd):
+    handler = _wiring.logger.registered_handler
+    assert isinstance(handler, logging.StreamHandler)
+    deployed.monkeypatch.setattr(handler, "stream", _Stdout())
+    deployed.start()
+    parked = deployed.work("run-1")
+    _wiring.runtime().wait_tokens().keep("run-1", parked.step, TOKEN, at=parked.updated_at)
+    capfd.readouterr()
+    status, opened = deployed.open_through_api("run-1", "ci-finished")
+    made = aws_hooks(_wiring.runtime(), key=_wiring.hook_key(), agents=AgentRegistry())
+    expected = made.open("run-1", "ci-finished")
+    assert (status, opened) == (
+        200,
+        {
+            "run_id": "run-1",
+            "name": "ci-finished",
+            "hook_id": expected.hook.hook_id,
+            "url": f"{PUBLIC_URL}/hooks/{expected.hook.hook_id}",
+            "secret": expected.secret,
+        },
+    )
+    out, err = capfd.readouterr()
+    assert expected.hook.hook_id in out + err
+    assert expected.secret not in out + err
+
+    assert deployed.deliver(expected, *github(opened["secret"]))[0] == 200
+    assert deployed.head("run-1").status is RunStatus.RUNNING
+
+
+def test_the_api_refuses_a_hook_for_no_run_or_an_undeclared_name_and_writes_nothing(deployed):
+    # The deployment registers the hooks agent, so the API knows the events it declares.
+    deployed.monkeypatch.setenv(ENVIRONMENT["agents"], json.dumps({"hooks": AGENT}))
+    _clear_wiring()
+    deployed.start()
+    before = deployed.items()
+    for run_id, name, expected in [
+        ("nope", "ci-finished", (404, "run_id")),
+        ("run-1", "deploy", (404, "name")),
+    ]:
+        status, refused = deployed.open_through_api(run_id, name)
+        assert (status, refused["problems"][0]["field"]) == expected
+    assert deployed.items() == before

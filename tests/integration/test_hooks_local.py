@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from werkzeug.test import Client, EnvironBuilder, TestResponse, run_wsgi_app
 
+from ratchet.agents import AgentRegistry
+from ratchet.client import Client as RatchetClient
 from ratchet.errors import EventNotAwaited, InvalidInput, RunEnded, RunNotFound
 from ratchet.observability import json_logger
 from ratchet.runtime.hooks import Hooks, OpenedHook, hook_url, local_hooks
 from ratchet.runtime.local import LocalRuntime
+from ratchet.runtime.services import local_runs_services
 from ratchet.state import MAX_EVENT_BYTES, RunStatus
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import (
@@ -29,6 +32,7 @@ from ratchet.waiting.hooks import (
     generic_signature,
     github_signature,
 )
+from ratchet.web import runs
 from ratchet.web.hooks import BODY_LIMIT, Throttle, build_app
 from ratchet.web.serve import wsgi_app
 from tests.hooks_agent import AGENT, agent
@@ -71,6 +75,16 @@ class Local(WaitsLocal):
         )
         app = build_app(lambda: self.services)
         self.client = Client(wsgi_app([("/hooks/", app)], body_limits=[BODY_LIMIT]))
+        # The runs API as `ratchet serve` mounts it, logging to the same stream; it knows the
+        # hooks agent (as a project's registered agents), so it checks the events it declares.
+        api = local_runs_services(
+            self.runtime, worker_id="serve", logger=self.logger, agents=AgentRegistry.local()
+        )
+        self.api = Client(wsgi_app([("/runs", runs.build_app(lambda: api))]))
+
+    def open_through_api(self, run_id: str, name: str) -> tuple[int, dict[str, Any]]:
+        answer = self.api.post(f"/runs/{run_id}/hooks/{name}", content_type="application/json")
+        return answer.status_code, answer.get_json()
 
     def desk(self, runtime: LocalRuntime | None = None) -> EventDesk:
         runtime = runtime or self.runtime
@@ -467,6 +481,73 @@ def test_a_run_that_ended_gets_no_hook(local):
     assert local.tables() == before
 
 
+def test_the_runs_api_opens_the_same_hook_and_its_secret_signs_a_delivery(local):
+    local.start()
+    status, opened = local.open_through_api("run-1", "ci-finished")
+    made = local.hooks.open("run-1", "ci-finished")
+    assert (status, opened) == (
+        200,
+        {
+            "run_id": "run-1",
+            "name": "ci-finished",
+            "hook_id": made.hook.hook_id,
+            "url": made.url,
+            "secret": made.secret,
+        },
+    )
+    # The Python API answers the same, and shows no secret in its repr.
+    hooked = RatchetClient(local.runtime).hook("run-1", "ci-finished")
+    assert hooked.model_dump() == opened
+    assert made.secret not in repr(hooked)
+
+    local.work("run-1")
+    assert local.github(made).status_code == 200
+    local.work("run-1")
+    assert local.head("run-1").status is RunStatus.DONE
+
+
+@pytest.mark.parametrize(
+    ("run_id", "name", "status", "field"),
+    [
+        ("nope", "ci-finished", 404, "run_id"),
+        ("run-1", "deploy-done", 404, "name"),
+        ("run-1", "bad name!", 400, "name"),
+    ],
+)
+def test_the_runs_api_refuses_a_hook_naming_the_field_and_writes_nothing(
+    local, run_id, name, status, field
+):
+    local.start()
+    before = local.tables()
+    code, refused = local.open_through_api(run_id, name)
+    assert (code, [p["field"] for p in refused["problems"]]) == (status, [field])
+    assert local.tables() == before
+
+
+def test_the_runs_api_refuses_a_hook_for_an_ended_run_or_a_wait_without_webhooks(local):
+    local.start("trusted", trusted=True)
+    local.work("trusted")
+    before = local.tables()
+    code, refused = local.open_through_api("trusted", "ci-finished")
+    assert (code, refused["problems"][0]["field"]) == (403, "name")
+    assert local.tables() == before
+    hook = local.park()
+    local.github(hook)
+    local.work("run-1")
+    assert local.head("run-1").status is RunStatus.DONE
+    before = local.tables()
+    code, refused = local.open_through_api("run-1", "ci-finished")
+    assert (code, refused["problems"][0]["field"]) == (409, "run_id")
+    assert local.tables() == before
+
+
+def test_the_runs_api_takes_only_json_for_a_hook(local):
+    local.start()
+    answer = local.api.post("/runs/run-1/hooks/ci-finished", data="x", content_type="text/plain")
+    assert answer.status_code == 415
+    assert local.hooks.book.get(local.hooks.keys.hook_id("run-1", "ci-finished")) is None
+
+
 # --- what is logged -----------------------------------------------------------------------------
 
 
@@ -496,3 +577,15 @@ def test_no_log_line_holds_the_secret_a_signature_or_the_payload(local, caplog):
     assert "webhook delivery refused" in logged
     for secret in (hook.secret, signature.removeprefix("sha256="), marker):
         assert secret not in logged
+
+
+def test_opening_a_hook_through_the_api_logs_its_id_and_not_its_secret(local, caplog):
+    caplog.set_level(logging.DEBUG)
+    local.start()
+    status, opened = local.open_through_api("run-1", "ci-finished")
+    assert status == 200
+    lines = [local.log_stream.getvalue()]
+    lines += [f"{r.getMessage()} {r.__dict__!r}" for r in caplog.records]
+    logged = "\n".join(lines)
+    assert opened["hook_id"] in logged
+    assert opened["secret"] not in logged

@@ -34,6 +34,7 @@ def test_every_route_is_documented_with_its_refusals():
         ("/runs/{run_id}/fork", "post"),
         ("/runs/{run_id}/events/{name}", "post"),
         ("/runs/{run_id}/wake", "post"),
+        ("/runs/{run_id}/hooks/{name}", "post"),
         ("/runs/{run_id}/steps/{step}/prompt", "get"),
     }
     for path, operations in paths.items():
@@ -90,3 +91,12 @@ def test_an_event_is_answered_200_delivered_or_202_queued_with_what_the_desk_sai
         "duplicate",
         "refused",
     }
+
+
+def test_opening_a_hook_takes_no_body_and_answers_its_url_and_secret():
+    operation = openapi_document()["paths"]["/runs/{run_id}/hooks/{name}"]["post"]
+
+    assert {"200", "400", "403", "404", "409", "415"} <= set(operation["responses"])
+    assert "requestBody" not in operation
+    schemas = openapi_document()["components"]["schemas"]
+    assert set(schemas["HookOpened"]["required"]) == {"run_id", "name", "hook_id", "url", "secret"}

@@ -28,6 +28,7 @@ RATCHET = [
     "Done",
     "EventSent",
     "ForkRefused",
+    "HookOpened",
     "PermanentError",
     "RatchetError",
     "Run",

@@ -32,6 +32,14 @@ def test_region_and_endpoint_are_optional_and_may_be_percent_encoded():
     assert encoded.endpoint == "http://localhost:8000"
 
 
+def test_the_state_machine_is_optional_and_reaches_the_runtimes_settings():
+    arn = "arn:aws:states:eu-west-1:123456789012:stateMachine:RatchetRuns-a1B2"
+    store = DynamoDbStore.parse(f"{GOOD}&region=eu-west-1&machine={arn}")
+    assert (DynamoDbStore.parse(GOOD).machine, store.machine) == (None, arn)
+    runtime = store.open(anthropic_api_key=None)
+    assert runtime.settings.state_machine_arn == arn  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("url", "mention"),
     [
@@ -47,6 +55,8 @@ def test_region_and_endpoint_are_optional_and_may_be_percent_encoded():
         (f"{GOOD}&region=Mars", "region"),
         (f"{GOOD}&endpoint=file:///tmp/db", "endpoint"),
         (f"{GOOD}&endpoint=localhost:8000", "endpoint"),
+        (f"{GOOD}&machine=ratchet-machine", "state machine's ARN"),
+        (f"{GOOD}&machine=arn:aws:lambda:eu-west-1:123456789012:function:f", "machine"),
         ("dynamodb://ratchet-checkpoints?ledger", "malformed"),
     ],
 )

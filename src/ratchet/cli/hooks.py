@@ -25,8 +25,9 @@ def hook(run_id: RunArgument, name: NameArgument, as_json: JsonOption = False) -
 
     if settings().store.startswith(DYNAMODB_SCHEME):
         raise InvalidInput(
-            "ratchet hook needs a local sqlite:// store, not a dynamodb:// one: on AWS a "
-            "run's hook is made where the run parks (its URL is on the stack's API)"
+            "ratchet hook needs a local sqlite:// store, not a dynamodb:// one: on AWS open "
+            "a run's hook through the stack's runs API, POST /runs/RUN/hooks/NAME "
+            "(IAM-signed; the answer holds the URL and secret)"
         )
     runtime = open_runtime(create=False)
     try:

@@ -98,6 +98,7 @@ def runtime() -> AwsRuntime:
         s3=boto3.client("s3", config=_CLIENT_CONFIG) if settings().blob_bucket else None,
         anthropic_api_key=anthropic_api_key(),
         stepfunctions=stepfunctions,
+        hook_key=hook_key,
     )
 
 

@@ -104,10 +104,13 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
 
 # --- the tables of a deployed stack ------------------------------------------------------------
 
-DYNAMODB_FORM = "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]"
+DYNAMODB_FORM = "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&machine=ARN][&endpoint=URL]"
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{3,255}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
-_DYNAMODB_PARAMETERS = {"ledger", "app", "region", "endpoint"}
+_STATE_MACHINE_ARN = re.compile(
+    r"^arn:aws[a-z-]*:states:[a-z0-9-]+:\d{12}:stateMachine:[A-Za-z0-9_-]{1,80}$"
+)
+_DYNAMODB_PARAMETERS = {"ledger", "app", "region", "endpoint", "machine"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,10 @@ class DynamoDbStoreUrl:
     app: str
     region: str | None = None
     endpoint: str | None = None
+    machine: str | None = None
+    """The stack's state machine (its `StateMachineArn` output): with it, `ratchet wake`
+    restarts the execution a woken run sleeps in, and `ratchet retry` starts one; without it
+    a woken run goes on when its sleep would have ended."""
 
     @classmethod
     def parse(cls, url: str) -> DynamoDbStoreUrl:
@@ -153,9 +160,15 @@ class DynamoDbStoreUrl:
         endpoint = values.get("endpoint") or None
         if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
             raise InvalidInput(f"the endpoint in store URL {url!r} must be an http(s) URL")
+        machine = values.get("machine") or None
+        if machine is not None and not _STATE_MACHINE_ARN.fullmatch(machine):
+            raise InvalidInput(
+                f"the machine in store URL {url!r} must be a state machine's ARN "
+                "(arn:aws:states:REGION:ACCOUNT:stateMachine:NAME, the stack's StateMachineArn)"
+            )
         if parts.path not in ("", "/") or parts.fragment:
             raise InvalidInput(f"malformed store URL {url!r}: use {DYNAMODB_FORM}")
-        return cls(parts.netloc, values["ledger"], values["app"], region, endpoint)
+        return cls(parts.netloc, values["ledger"], values["app"], region, endpoint, machine)
 
     def open(self, *, anthropic_api_key: SecretStr | None) -> Runtime:
         """The AWS runtime on these tables, with clients for a person waiting on a command: a
@@ -192,7 +205,10 @@ class DynamoDbStoreUrl:
             )
 
         aws_settings = AwsSettings(
-            checkpoints_table=self.checkpoints, idempotency_table=self.ledger, app_table=self.app
+            checkpoints_table=self.checkpoints,
+            idempotency_table=self.ledger,
+            app_table=self.app,
+            state_machine_arn=self.machine,
         )
         return AwsRuntime(
             aws_settings,

@@ -35,11 +35,12 @@ from ratchet.adapters.stepfunctions import (
     generation_of,
     start_execution,
 )
-from ratchet.agents import declared_events
+from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
+    InvalidInput,
     StaleVersion,
     StepAttemptFailed,
     StoreBusy,
@@ -58,6 +59,8 @@ from ratchet.waits import Verdict
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_stepfunctions import SFNClient
+
+    from ratchet.runtime.hooks import Hooks
 
 SCRATCH = Path("/tmp/ratchet-scratch")
 """Lambda's only writable disk, and the container's alone: never a place for agent data."""
@@ -79,14 +82,17 @@ class AwsRuntime:
         s3: Any = None,
         anthropic_api_key: SecretStr | None = None,
         stepfunctions: Callable[[], SFNClient] | None = None,
+        hook_key: Callable[[], SecretStr] | None = None,
     ) -> None:
         """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
         none is given, a default one is made here. Without a bucket, a tool output that needs
         a blob fails its step with a clear error. `stepfunctions` makes the client that
-        answers a run parked by the state machine (`decide`), when one is needed."""
+        answers a run parked by the state machine (`decide`), when one is needed; `hook_key`
+        reads the key webhooks derive from, when a hook is first opened (`hooks`)."""
         self.settings = settings
         self.dynamodb = dynamodb
         self._stepfunctions = stepfunctions
+        self._hook_key = hook_key
         self.anthropic_configured = anthropic_api_key is not None
         self.store = DynamoDbCheckpointStore(
             dynamodb,
@@ -173,6 +179,19 @@ class AwsRuntime:
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
         )
+
+    def hooks(self, agents: AgentRegistry) -> Hooks:
+        """The deployment's webhooks (`POST /runs/{id}/hooks/{name}`), reached on the stack's
+        API (`RATCHET_PUBLIC_URL`); `InvalidInput` if this runtime was given no hook key or no
+        public URL (the stack gives both to the api function)."""
+        from ratchet.runtime.hooks import aws_hooks
+
+        if self._hook_key is None:
+            raise InvalidInput(
+                "webhooks need the stack's hook key (RATCHET_HOOK_KEY_SECRET_ARN): open a "
+                "run's hook through the stack's runs API, POST /runs/{id}/hooks/{name}"
+            )
+        return aws_hooks(self, key=self._hook_key(), agents=agents)
 
     def event_desk(self, engine: Engine, nudge: Nudge | None = None) -> EventDesk:
         """Events sent to runs (the runs API, webhooks, `ratchet send` on deployed tables),

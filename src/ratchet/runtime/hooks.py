@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from ratchet.agents import AgentRegistry, declared_events
+from ratchet.agents import LOCAL, AgentRegistry, declared_events
 from ratchet.errors import EventNotAwaited, RunEnded, RunNotFound
 from ratchet.ports import CheckpointStore, Hook, HookBook
 from ratchet.state import EventWait, RunStatus, utcnow
@@ -95,12 +95,15 @@ class Hooks:
         )
 
 
-def local_hooks(runtime: LocalRuntime) -> Hooks:
+def local_hooks(runtime: LocalRuntime, agents: AgentRegistry = LOCAL) -> Hooks:
+    """The hooks of a local store; `agents` those whose declared events a hook's name must be
+    one of (an agent it cannot load declares none)."""
     return Hooks(
         book=runtime.hook_book,
         keys=runtime.hook_keys,
         store=runtime.store,
         public_url=runtime.settings.public_url,
+        events_of=lambda agent: declared_events(agent, agents),
     )
 
 
@@ -108,7 +111,7 @@ def aws_hooks(runtime: AwsRuntime, *, key: SecretStr, agents: AgentRegistry) -> 
     """The hooks of a deployment: items of their own partitions in the checkpoints table,
     derived from the hook key (`RATCHET_HOOK_KEY_SECRET_ARN`, read by the caller), reached on
     the API (`RATCHET_PUBLIC_URL`); `agents` the deployment's, whose declared events a hook's
-    name must be one of. For whatever announces a parked run's hook on AWS."""
+    name must be one of. What `POST /runs/{id}/hooks/{name}` opens (`AwsRuntime.hooks`)."""
     return Hooks(
         book=_dynamodb_book(runtime),
         keys=HookKeys(key.get_secret_value().encode("utf-8")),

@@ -35,7 +35,7 @@ from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
-from ratchet.agents import declared_events
+from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine import Binding, Engine
@@ -49,6 +49,7 @@ from ratchet.waiting.hooks import HookKeys
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
+    from ratchet.runtime.hooks import Hooks
     from ratchet.worker import StepReport
 from ratchet.runtime.models import Bindings
 from ratchet.state import RunOptions, RunState, utcnow
@@ -220,6 +221,13 @@ class LocalRuntime:
         made on first use, owner-only, as the approval link key is): its own key, so that
         rotating one revokes only its own (links, or hooks)."""
         return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
+
+    def hooks(self, agents: AgentRegistry) -> Hooks:
+        """The store's webhooks (`ratchet hook`, `POST /runs/{id}/hooks/{name}`), reached on
+        `RATCHET_PUBLIC_URL` (`ratchet serve`'s)."""
+        from ratchet.runtime.hooks import local_hooks
+
+        return local_hooks(self, agents)
 
     @property
     def housekeeping(self) -> SqliteHousekeeping:

@@ -12,6 +12,7 @@
     POST /runs/{run_id}/fork                 {"from_step", "run_id"?}: a new run from a step
     POST /runs/{run_id}/events/{name}        {"data"?, "event_id"?}: send the run an event
     POST /runs/{run_id}/wake                 {"by"?}: wake a sleeping run now
+    POST /runs/{run_id}/hooks/{name}         the run's webhook for an event: URL and secret
     GET  /runs/{run_id}/steps/{step}/prompt  the prompt the step's model saw, from the records
 
 Starting is idempotent by run id, end to end: the run is created only if it does not exist, and
@@ -21,7 +22,9 @@ stands. The caller who decides is the request's IAM identity, never a field of t
 
 Sending an event is idempotent by its `event_id`: a retry answers what the first send did
 (`duplicate` set), and the event is delivered at most once: 200 when it settled the run's wait,
-202 when it is kept in the run's mailbox until a wait for its name takes it.
+202 when it is kept in the run's mailbox until a wait for its name takes it. Opening a hook is
+idempotent too: the same run and name always answer the same URL and secret (docs/webhooks.md),
+which only this signed route shows; no route lists hooks.
 
 Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
 the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
@@ -65,6 +68,7 @@ from ratchet.client import (
     CheckpointsExpired,
     Client,
     EventSent,
+    HookOpened,
     NoCheckpointAtStep,
     Run,
     RunListed,
@@ -99,6 +103,7 @@ from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import EVENT_NAME_PATTERN, RUN_ID_PATTERN, RunState, RunStatus
 from ratchet.untrusted import loads
 from ratchet.waiting.desk import EventInvalid
+from ratchet.waiting.hooks import WebhooksNotTaken
 from ratchet.waits import EVENT_ID_PATTERN, MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 
 OPENAPI_TITLE = "Ratchet runs API"
@@ -379,6 +384,12 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
         summary="Wake a sleeping run",
         operation_id="wakeRun",
     )(routes.wake)
+    app.post(
+        "/runs/<run_id>/hooks/<name>",
+        responses=_responses(200, 400, 403, 404, 409, 415),
+        summary="Open a run's webhook for an event",
+        operation_id="openHook",
+    )(routes.open_hook)
     app.get(
         "/runs/<run_id>/steps/<step>/prompt",
         responses=_responses(200, 400, 404, 410),
@@ -573,6 +584,13 @@ class RunsRoutes:
         wired.logger.info("run woken", extra={"run_id": run_id, "step": woken.step})
         return RunView.of_run(woken)
 
+    def open_hook(self, run_id: RunId, name: EventName) -> HookOpened:
+        _require_json(self.app)
+        wired = self.services()
+        opened = wired.client.hook(run_id, name)
+        _count(wired, "HooksOpened")
+        return opened
+
     def get_step_prompt(self, run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
         with _rebuilding("step", "the prompt"):
             prompt = self.services().client.replay(run_id, step=step)
@@ -718,6 +736,7 @@ _WAIT_PROBLEMS: dict[type[WaitError], tuple[str, str]] = {
     MailboxFull: ("run_id", "the run's mailbox is full: it must take some of its events first"),
     PayloadTooLarge: ("data", "the payload is too large"),
     NotSleeping: ("run_id", "the run is not sleeping"),
+    WebhooksNotTaken: ("name", "the run waits for this event with a wait that takes no webhook"),
 }
 """The field each refusal of an event or a wake names, and what the API says of it."""
 
