@@ -44,8 +44,15 @@ EVERY_FUNCTION = {
 """Every handler builds `AwsSettings`, whose table names are required."""
 UNCONFIGURED = {
     # Starts executions; decides approvals through the desk, which builds links.
-    # ... and refuses at start a Bedrock model the step may not invoke (`[]`: none granted).
-    "api": {"state_machine_arn", "public_url", "link_key_secret_arn", "bedrock_models"},
+    # ... and refuses at start a Bedrock model the step may not invoke (`[]`: none granted);
+    # opens a run's webhook (POST /runs/{id}/hooks/{name}), whose secret derives from the key.
+    "api": {
+        "state_machine_arn",
+        "public_url",
+        "link_key_secret_arn",
+        "hook_key_secret_arn",
+        "bedrock_models",
+    },
     # Signs links into the messages it sends.
     "notify": {"public_url", "link_key_secret_arn"},
     # Checks links, and builds the page's form on the same URL.
