@@ -20,7 +20,7 @@ from cdk.config import DeployConfig, profiled_model
 from cdk.functions import Functions
 from cdk.hooks import Webhooks
 from cdk.nag import acknowledge
-from cdk.storage import Storage
+from cdk.storage import RUNS_INDEX_NAME, Storage
 from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +56,25 @@ TABLE_ACTIONS = dict.fromkeys(
 """Functions granted only these actions on their tables rather than all of reading and writing:
 items read by key or by a run's partition, put and updated one by one or in a transaction
 (TransactWriteItems is authorised item by item); never scanned, batched or deleted."""
+
+READ_WRITE_ACTIONS = (
+    "dynamodb:BatchGetItem",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:ConditionCheckItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+    "dynamodb:UpdateItem",
+)
+"""Reading and writing a table's items (CDK's `grant_read_write_data` less the streams, which
+no table has), granted on the table alone: `Table.grant` would add every index of the table."""
+
+LISTS_RUNS = ("api",)
+"""Queries the checkpoints table's runs index for a page of runs (`GET /runs`); no other
+function reads the index."""
 
 READS_BLOBS = ("open_wait",)
 """Besides the step (which stores them): an event wait's schema is checked against a large
@@ -131,10 +150,17 @@ class RatchetStack(Stack):
         }
         for name, function in lambdas.by_name.items():
             for table in TABLES_USED[name]:
-                if name in TABLE_ACTIONS:
-                    tables[table].grant(function, *TABLE_ACTIONS[name])
-                else:
-                    tables[table].grant_read_write_data(function)
+                iam.Grant.add_to_principal(
+                    grantee=function,
+                    actions=list(TABLE_ACTIONS.get(name, READ_WRITE_ACTIONS)),
+                    resource_arns=[tables[table].table_arn],
+                )
+        for name in LISTS_RUNS:
+            iam.Grant.add_to_principal(
+                grantee=lambdas[name],
+                actions=["dynamodb:Query"],
+                resource_arns=[f"{storage.checkpoints.table_arn}/index/{RUNS_INDEX_NAME}"],
+            )
 
         self._grant_blobs(lambdas, storage)
         if config.bedrock_models:

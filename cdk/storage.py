@@ -43,6 +43,9 @@ def _table(
     )
 
 
+RUNS_INDEX_NAME = "runs-by-status"
+
+
 class Storage(Construct):
     """The run's durable state. Data survives the stack: the tables and buckets are retained."""
 
@@ -55,6 +58,15 @@ class Storage(Construct):
             partition_key="run_id",
             sort_key="sk",
             ttl_attribute=TTL_ATTRIBUTE,
+        )
+        # Run heads by status and last change, for a page of the runs list without a Scan
+        # (ratchet.adapters.dynamodb.items.RUNS_INDEX): only head items carry its keys.
+        self.checkpoints.add_global_secondary_index(
+            index_name=RUNS_INDEX_NAME,
+            partition_key=dynamodb.Attribute(name="list_pk", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="list_sk", type=dynamodb.AttributeType.STRING),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=["status", "step", "version", "updated_at", "agent"],
         )
         self.idempotency = _table(
             self, "Idempotency", partition_key="key", ttl_attribute=TTL_ATTRIBUTE

@@ -47,15 +47,34 @@ def create_tables(client: DynamoDBClient, *, checkpoints: str, idempotency: str,
     for role, name in names.items():
         spec = TABLES[role]
         keys = [spec.partition_key, *([spec.sort_key] if spec.sort_key else [])]
+        index_keys = [k for index in spec.indexes for k in (index.partition_key, index.sort_key)]
+        indexes: list[Any] = [
+            {
+                "IndexName": index.name,
+                "KeySchema": [
+                    {"AttributeName": index.partition_key, "KeyType": "HASH"},
+                    {"AttributeName": index.sort_key, "KeyType": "RANGE"},
+                ],
+                "Projection": {
+                    "ProjectionType": "INCLUDE",
+                    "NonKeyAttributes": list(index.projected),
+                },
+            }
+            for index in spec.indexes
+        ]
+        extra: dict[str, Any] = {"GlobalSecondaryIndexes": indexes} if indexes else {}
         try:
             client.create_table(
                 TableName=name,
                 BillingMode="PAY_PER_REQUEST",
-                AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in keys],
+                AttributeDefinitions=[
+                    {"AttributeName": k, "AttributeType": "S"} for k in [*keys, *index_keys]
+                ],
                 KeySchema=[
                     {"AttributeName": k, "KeyType": "HASH" if i == 0 else "RANGE"}
                     for i, k in enumerate(keys)
                 ],
+                **extra,
             )
         except ClientError as error:
             if error_code(error) != "ResourceInUseException":

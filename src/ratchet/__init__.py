@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ratchet.client import HookOpened as HookOpened
     from ratchet.client import Run as Run
     from ratchet.client import RunListed as RunListed
+    from ratchet.client import RunPage as RunPage
     from ratchet.client import Started as Started
     from ratchet.client import WaitTimedOut as WaitTimedOut
     from ratchet.errors import RatchetError as RatchetError
@@ -64,6 +65,7 @@ _EXPORTS = {
         "HookOpened",
         "Run",
         "RunListed",
+        "RunPage",
         "Started",
         "WaitTimedOut",
     ),

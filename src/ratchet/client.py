@@ -17,7 +17,10 @@ through this same client.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import getpass
+import json
 import logging
 import socket
 import time
@@ -32,6 +35,7 @@ from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.ports import RunCursor
 from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.state import (
@@ -66,6 +70,7 @@ __all__ = [
     "HookOpened",
     "Run",
     "RunListed",
+    "RunPage",
     "Started",
     "UsageTotals",
     "Wait",
@@ -298,6 +303,41 @@ class RunListed(AnswerModel):
     damage: str | None = None
     """Why a damaged run cannot be read (the column and what is wrong with it); None
     otherwise."""
+    agent: str | None = None
+    """The run's agent (from `Client.runs_page`; None from `Client.runs`)."""
+
+
+class RunPage(AnswerModel):
+    """One page of runs, most recently changed first."""
+
+    runs: list[RunListed]
+    next: str | None
+    """Give it as `after` for the next page; None on the last page."""
+
+
+MAX_PAGE_RUNS = 100
+_CURSOR_PARTS = 2
+
+
+def page_cursor(updated_at: datetime, run_id: str) -> str:
+    """An opaque `next` token: where a page ended (the last run's change time and id)."""
+    text = json.dumps([updated_at.isoformat(), run_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def parse_cursor(token: str) -> RunCursor:
+    """`InvalidInput` for a token no page gave."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        parts = json.loads(raw)
+        if not isinstance(parts, list) or len(parts) != _CURSOR_PARTS:
+            raise ValueError
+        moment, run_id = datetime.fromisoformat(parts[0]), check_run_id(parts[1])
+        if moment.tzinfo is None:
+            raise ValueError
+    except (ValueError, TypeError, InvalidInput, binascii.Error):
+        raise InvalidInput("after: not a token that a page of runs gave as its next") from None
+    return RunCursor(moment, run_id)
 
 
 class WaitTimedOut(RatchetError):
@@ -888,6 +928,43 @@ class Client:
             (r for r in listed if wanted is None or r.status is wanted),
             key=lambda r: r.updated_at,
             reverse=True,
+        )
+
+    def runs_page(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+    ) -> RunPage:
+        """A page of at most `limit` runs (1-100), most recently changed first, only those in
+        `status` if given, each with its agent; `after` is the `next` of the page before. It
+        reads the page's runs, not every run the store holds (on DynamoDB an index, not a
+        Scan). `InvalidInput` for a bad status, limit or token."""
+        wanted = _status(status) if status is not None else None
+        if not 1 <= limit <= MAX_PAGE_RUNS:
+            raise InvalidInput(f"limit: {limit} is not between 1 and {MAX_PAGE_RUNS}")
+        cursor = parse_cursor(after) if after is not None else None
+        found = self.runtime.store.list_page(
+            status=wanted.value if wanted is not None else None, limit=limit + 1, after=cursor
+        )
+        listed = [
+            RunListed(
+                run_id=r.run_id,
+                status="damaged" if damage else RunStatus(r.status),
+                step=r.step,
+                version=r.version,
+                updated_at=r.updated_at,
+                damage=damage,
+                agent=r.agent,
+            )
+            for r in found[:limit]
+            for damage in [r.damage or _status_damage(r.status)]
+        ]
+        more = len(found) > limit
+        last = listed[-1] if listed and more else None
+        return RunPage(
+            runs=listed, next=page_cursor(last.updated_at, last.run_id) if last else None
         )
 
     def verify(self, run_id: str) -> dict[str, Any]:

@@ -76,6 +76,17 @@ class RunSummary:
     damage: str | None = None
     """Why the run cannot be read, if the store can tell from its row (text that is not
     UTF-8, a head that is not JSON, a status that is not a run status): listed as damaged."""
+    agent: str | None = None
+    """The run's agent, where the store lists it (`list_page`); None from `list_runs`."""
+
+
+@dataclass(frozen=True)
+class RunCursor:
+    """Where a page of runs ended: the next page lists the runs changed before this one (by
+    `updated_at`, then `run_id`, both descending)."""
+
+    updated_at: datetime
+    run_id: str
 
 
 class CheckpointStore(Protocol):
@@ -115,6 +126,15 @@ class CheckpointStore(Protocol):
         ...
 
     def list_runs(self) -> list[RunSummary]: ...
+
+    def list_page(
+        self, *, status: str | None = None, limit: int, after: RunCursor | None = None
+    ) -> list[RunSummary]:
+        """At most `limit` runs, most recently changed first (ties by run id, descending),
+        only those in `status` if given, only those before `after` if given; each with its
+        agent. What it reads grows with `limit`, not with the runs or steps the store holds
+        (SQLite reads the runs table, one row per run; DynamoDB queries an index of heads)."""
+        ...
 
 
 class LedgerStatus(StrEnum):

@@ -13,7 +13,14 @@ import pytest
 
 from ratchet.engine.fold import apply_event
 from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
-from ratchet.ports import MAX_ITEM_BYTES, Commit, LedgerCompletion, LedgerEntry, LedgerStatus
+from ratchet.ports import (
+    MAX_ITEM_BYTES,
+    Commit,
+    LedgerCompletion,
+    LedgerEntry,
+    LedgerStatus,
+    RunCursor,
+)
 from ratchet.state import (
     ApprovalRequest,
     AttemptFailed,
@@ -226,6 +233,38 @@ def test_list_runs_reports_each_run_once(backend):
 
     assert set(runs) == {"a", "b"}
     assert runs["a"].status == RunStatus.RUNNING
+
+
+def test_runs_are_paged_newest_first_each_once_and_by_status(backend):
+    base = utcnow() - timedelta(hours=1)
+    # Twelve runs; "r03" and "r04" changed at the same moment (ordered by id), and "r07"'s
+    # step makes it the newest.
+    moments = {f"r{n:02d}": base + timedelta(seconds=n if n != 4 else 3) for n in range(12)}
+    for run_id, moment in moments.items():
+        state, created = new_run(run_id)
+        state = state.model_copy(update={"updated_at": moment, "created_at": moment})
+        backend.store.create_run(state, created)
+    _write(backend, backend.store.load_head("r07"), "step")
+    _write(backend, _write(backend, backend.store.load_head("r02"), "step"), "done")
+
+    pages, cursor = [], None
+    while True:
+        page = backend.store.list_page(limit=5, after=cursor)
+        pages.append([r.run_id for r in page])
+        if len(page) < 5:
+            break
+        cursor = RunCursor(page[-1].updated_at, page[-1].run_id)
+    listed = [run_id for page in pages for run_id in page]
+    heads = {run_id: backend.store.load_head(run_id) for run_id in moments}
+    assert listed == sorted(heads, key=lambda r: (heads[r].updated_at, r), reverse=True)
+    assert listed[:2] == ["r02", "r07"]
+    assert listed.index("r04") == listed.index("r03") - 1
+    assert [len(p) for p in pages] == [5, 5, 2]
+    assert [r.agent for r in backend.store.list_page(limit=1)] == ["fake"]
+    done = backend.store.list_page(status=RunStatus.DONE.value, limit=5)
+    assert [r.run_id for r in done] == ["r02"]
+    running = backend.store.list_page(status=RunStatus.RUNNING.value, limit=20)
+    assert [r.run_id for r in running] == [r for r in listed if r != "r02"]
 
 
 # --- IdempotencyLedger -------------------------------------------------------------------------
@@ -467,6 +506,18 @@ def assert_listed(backend, heads: dict[str, RunState], after: str) -> None:
         assert sorted(r.run_id for r in listed if r.status == status) == sorted(
             run_id for run_id, head in heads.items() if head.status is status
         ), f"the runs listed as {status.value} after {after}"
+        # A page of one status (DynamoDB: the runs index, whose keys each commit moves).
+        paged = backend.store.list_page(status=status.value, limit=100)
+        assert sorted(r.run_id for r in paged) == sorted(
+            run_id for run_id, head in heads.items() if head.status is status
+        ), f"the page of {status.value} runs after {after}"
+    page = backend.store.list_page(limit=100)
+    assert {
+        r.run_id: (RunStatus(r.status), r.step, r.version, r.agent, r.updated_at) for r in page
+    } == {
+        run_id: (head.status, head.step, head.version, head.agent, head.updated_at)
+        for run_id, head in heads.items()
+    }, f"the page of every run after {after}"
 
 
 @pytest.mark.parametrize("life", sorted(LIVES))

@@ -25,12 +25,27 @@ def test_table_keys_and_ttl_are_the_ones_the_adapter_uses(
     table = synthesized.resources[tables_by_role(synthesized)[role]]["Properties"]
 
     keys = [spec.partition_key, *([spec.sort_key] if spec.sort_key else [])]
+    index_keys = [k for index in spec.indexes for k in (index.partition_key, index.sort_key)]
+    assert table.get("GlobalSecondaryIndexes", []) == [
+        {
+            "IndexName": index.name,
+            "KeySchema": [
+                {"AttributeName": index.partition_key, "KeyType": "HASH"},
+                {"AttributeName": index.sort_key, "KeyType": "RANGE"},
+            ],
+            "Projection": {
+                "NonKeyAttributes": list(index.projected),
+                "ProjectionType": "INCLUDE",
+            },
+        }
+        for index in spec.indexes
+    ]
     assert table["KeySchema"] == [
         {"AttributeName": key, "KeyType": "HASH" if i == 0 else "RANGE"}
         for i, key in enumerate(keys)
     ]
     assert sorted(table["AttributeDefinitions"], key=lambda a: a["AttributeName"]) == sorted(
-        ({"AttributeName": key, "AttributeType": "S"} for key in keys),
+        ({"AttributeName": key, "AttributeType": "S"} for key in [*keys, *index_keys]),
         key=lambda a: a["AttributeName"],
     )
     if spec.ttl_attribute is None:

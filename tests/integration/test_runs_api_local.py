@@ -163,6 +163,17 @@ def test_the_runs_are_listed_recent_first_and_by_status(served: Served):
     assert stamps == sorted(stamps, reverse=True)
     assert [r["run_id"] for r in waiting["runs"]] == ["d"]
     assert two["runs"] == listed["runs"][:2]
+    assert {r["agent"] for r in listed["runs"]} == {"notebook", "migration"}
+    assert listed["next"] is None
+    _, rest = served.call("GET", f"/runs?limit=2&after={two['next']}")
+    assert rest["runs"] == listed["runs"][2:]
+    assert rest["next"] is None
+
+
+@pytest.mark.parametrize("token", ["nonsense", "W10", "x" * 513])
+def test_a_page_token_no_page_gave_is_refused_naming_after(served: Served, token: str):
+    status, refused = served.call("GET", f"/runs?after={token}")
+    assert (status, [p["field"] for p in refused["problems"]]) == (400, ["after"])
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ RATCHET = [
     "RunData",
     "RunListed",
     "RunNotFound",
+    "RunPage",
     "RunRequestInvalid",
     "RunState",
     "RunStatus",

@@ -1,7 +1,7 @@
 """The runs API for programs (API Gateway REST, proxy integration, IAM-signed).
 
     POST /runs                               start a run: 201 created, 200 it existed
-    GET  /runs?status=&limit=                recent runs first
+    GET  /runs?status=&limit=&after=         recent runs first, a page at a time (`next`)
     GET  /runs/{run_id}                      where a run stands
     GET  /runs/{run_id}/history              one row per checkpoint
     GET  /runs/{run_id}/checkpoints/{step}   the run's state as of that step's last checkpoint
@@ -155,6 +155,8 @@ class RunStarted(AnswerModel):
 class RunList(AnswerModel):
     runs: list[RunListed]
     """Most recently updated first."""
+    next: str | None = None
+    """More runs follow: ask for them with `after=<next>`."""
 
 
 # Where a run stands: the Python API's `Run`, under the name the OpenAPI document gives it.
@@ -443,9 +445,25 @@ class RunsRoutes:
         self,
         status: Annotated[RunStatus | None, Query(description="Only runs in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
+        after: Annotated[
+            str | None,
+            Query(
+                max_length=512,
+                description="The `next` of the page before: the runs changed before its last",
+            ),
+        ] = None,
     ) -> RunList:
-        found = self.services().client.runs(status=status)
-        return RunList(runs=found[:limit])
+        # A page from the store's index of runs (on DynamoDB a Query, not a Scan).
+        try:
+            page = self.services().client.runs_page(status=status, limit=limit, after=after)
+        except InvalidInput:
+            raise _Refusal(
+                HTTPStatus.BAD_REQUEST,
+                "not a page token",
+                "after",
+                "use the next of a page of runs",
+            ) from None
+        return RunList(runs=page.runs, next=page.next)
 
     def get_run(self, run_id: RunId) -> RunView:
         return RunView.of(self.services().client.head(run_id))

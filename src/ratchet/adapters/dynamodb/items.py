@@ -38,14 +38,34 @@ DEFAULT_RETENTION_DAYS = 30
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    """A global secondary index: its keys (strings) and the attributes it projects."""
+
+    name: str
+    partition_key: str
+    sort_key: str
+    projected: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TableSpec:
     partition_key: str
     sort_key: str | None = None
     ttl_attribute: str | None = None
+    indexes: tuple[IndexSpec, ...] = ()
 
+
+RUNS_INDEX = IndexSpec(
+    "runs-by-status",
+    partition_key="list_pk",
+    sort_key="list_sk",
+    projected=("status", "step", "version", "updated_at", "agent"),
+)
+"""Run heads by status and last change (`DynamoDbCheckpointStore.list_page`): only head items
+carry its keys, so it holds one small item per run, never a step record."""
 
 TABLES: Mapping[str, TableSpec] = {
-    "checkpoints": TableSpec("run_id", "sk", TTL_ATTRIBUTE),
+    "checkpoints": TableSpec("run_id", "sk", TTL_ATTRIBUTE, (RUNS_INDEX,)),
     "idempotency": TableSpec("key", None, TTL_ATTRIBUTE),
     "app": TableSpec("pk", "sk", None),
 }

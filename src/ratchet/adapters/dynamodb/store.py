@@ -25,9 +25,11 @@ turns away is `StoreBusy` or `StoreUnavailable` (`ratchet.adapters.dynamodb.item
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import time
-from collections.abc import Mapping
-from datetime import datetime, timedelta
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
@@ -35,6 +37,7 @@ from botocore.exceptions import ClientError
 from ratchet import stored
 from ratchet.adapters.dynamodb.items import (
     DEFAULT_RETENTION_DAYS,
+    RUNS_INDEX,
     TTL_ATTRIBUTE,
     cancellation_reasons,
     check_size,
@@ -47,7 +50,7 @@ from ratchet.adapters.dynamodb.items import (
 )
 from ratchet.adapters.dynamodb.mailbox import consumption
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
-from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunSummary
+from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunCursor, RunSummary
 from ratchet.state import (
     RECENT_STEPS,
     CheckpointEvent,
@@ -69,6 +72,24 @@ _CONDITION_FAILED = "ConditionalCheckFailed"
 
 LAST_VERSION = 10**12 - 1
 """The highest version a checkpoint's sort key can hold (12 digits)."""
+
+
+LIST_SHARDS = 4
+"""Partitions of the runs index per status. Each commit moves a run's index item (a delete and
+a put, ~2 write units: it projects ~150 B, not the state), and one index partition key takes
+about 1,000 write units a second, so one status's runs may commit ~500 steps a second per
+shard: 2,000 across four. A page reads each shard's newest items and merges them."""
+
+
+def list_partition(status: str, run_id: str) -> str:
+    shard = int.from_bytes(hashlib.sha256(run_id.encode("utf-8")).digest()[:4], "big")
+    return f"runs#{status}#{shard % LIST_SHARDS}"
+
+
+def list_sort_key(updated_at: datetime, run_id: str) -> str:
+    """Orders as (updated_at, run_id): the time in one fixed-width UTC form, so that text
+    order is time order (`isoformat` drops zero microseconds)."""
+    return f"{updated_at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}#{run_id}"
 
 
 def checkpoint_sk(version: int) -> str:
@@ -229,7 +250,8 @@ class DynamoDbCheckpointStore:
                     # request, is billed, so this costs no write unit).
                     "UpdateExpression": "SET #version = :version, #status = :status, "
                     "#step = :step, #attempts = :attempts, #state = :state, "
-                    "#updated_at = :updated_at, #static = if_not_exists(#static, :static)",
+                    "#updated_at = :updated_at, #static = if_not_exists(#static, :static), "
+                    "#list_pk = :list_pk, #list_sk = :list_sk, #agent = :agent",
                     "ConditionExpression": "#version = :expected",
                     "ExpressionAttributeNames": {
                         "#version": "version",
@@ -239,6 +261,9 @@ class DynamoDbCheckpointStore:
                         "#state": "state",
                         "#updated_at": "updated_at",
                         "#static": "static",
+                        "#list_pk": "list_pk",
+                        "#list_sk": "list_sk",
+                        "#agent": "agent",
                     },
                     "ExpressionAttributeValues": {
                         ":version": head_item["version"],
@@ -248,6 +273,9 @@ class DynamoDbCheckpointStore:
                         ":state": head_item["state"],
                         ":updated_at": head_item["updated_at"],
                         ":static": text_attribute(stored.static_json(head)),
+                        ":list_pk": head_item["list_pk"],
+                        ":list_sk": head_item["list_sk"],
+                        ":agent": head_item["agent"],
                         ":expected": number_attribute(commit.expected_version),
                     },
                     "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
@@ -333,6 +361,64 @@ class DynamoDbCheckpointStore:
         ]
         return sorted(runs, key=lambda run: run.updated_at)
 
+    @translated_errors
+    def list_page(
+        self, *, status: str | None = None, limit: int, after: RunCursor | None = None
+    ) -> list[RunSummary]:
+        """Queries of the runs index, one per shard of each status asked for, read newest
+        first a little at a time and merged: a page reads about `limit` items plus one
+        read's worth per shard, however many runs and steps the table holds."""
+        statuses = [status] if status is not None else [s.value for s in RunStatus]
+        before = list_sort_key(after.updated_at, after.run_id) if after is not None else None
+        chunk = max(1, -(-limit // LIST_SHARDS)) + 1
+        streams = [
+            self._index_stream(f"runs#{s}#{shard}", before, chunk)
+            for s in statuses
+            for shard in range(LIST_SHARDS)
+        ]
+        merged = heapq.merge(*streams, key=lambda item: item["list_sk"]["S"], reverse=True)
+        page: list[RunSummary] = []
+        for item in merged:
+            page.append(
+                RunSummary(
+                    run_id=item["run_id"]["S"],
+                    status=item["status"]["S"],
+                    step=int(item["step"]["N"]),
+                    version=int(item["version"]["N"]),
+                    updated_at=datetime.fromisoformat(item["updated_at"]["S"]),
+                    agent=item["agent"]["S"] if "agent" in item else None,
+                )
+            )
+            if len(page) == limit:
+                break
+        return page
+
+    def _index_stream(self, partition: str, before: str | None, chunk: int) -> Iterator[Any]:
+        """One index partition's items, newest first, read `chunk` at a time as the merge
+        asks for them (a generator: a shard the page does not reach is read no further)."""
+        condition = "#pk = :pk" + (" AND #sk < :before" if before is not None else "")
+        names = {"#pk": "list_pk"}
+        values = {":pk": text_attribute(partition)}
+        if before is not None:
+            names["#sk"] = "list_sk"
+            values[":before"] = text_attribute(before)
+        start: Any = None
+        while True:
+            page = self._client.query(
+                TableName=self._table,
+                IndexName=RUNS_INDEX.name,
+                KeyConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ScanIndexForward=False,
+                Limit=chunk,
+                **({"ExclusiveStartKey": start} if start else {}),
+            )
+            yield from page.get("Items", [])
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
+
     # --- items -----------------------------------------------------------------------------
 
     @staticmethod
@@ -350,6 +436,11 @@ class DynamoDbCheckpointStore:
             "attempts": number_attribute(state.attempts),
             "state": text_attribute(state_json),
             "updated_at": text_attribute(state.updated_at.isoformat()),
+            "agent": text_attribute(state.agent),
+            # The runs index's keys (RUNS_INDEX): the run's status and shard, then its last
+            # change. Every commit sets them, so the index holds each run once, as it stands.
+            "list_pk": text_attribute(list_partition(state.status.value, state.run_id)),
+            "list_sk": text_attribute(list_sort_key(state.updated_at, state.run_id)),
         }
 
     def _checkpoint_item(

@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
+-- Runs by last change, newest first, for a page of the runs list (list_page).
+CREATE INDEX IF NOT EXISTS runs_by_change ON runs (updated_at, run_id, status);
 -- The part of each run's head that no step changes (goal, options), written once: see
 -- ratchet.stored. A run made before it existed keeps its whole head in runs.state.
 CREATE TABLE IF NOT EXISTS run_static (
@@ -440,12 +442,14 @@ class RowTexts:
             self.damage = self.damage or f"column {column!r} holds text that is not UTF-8"
             return raw.decode("utf-8", "replace")
 
-    def json(self, column: str, value: bytes | str) -> None:
+    def json(self, column: str, value: bytes | str) -> Any:
+        """The column's JSON, parsed; None (and the damage noted) if it holds none."""
         text = self.text(column, value)
         try:
-            json.loads(text)
+            return json.loads(text)
         except ValueError:
             self.damage = self.damage or f"column {column!r} holds no JSON"
+            return None
 
     def status(self, value: bytes | str) -> str:
         text = self.text("status", value)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ratchet import stored
 from ratchet.adapters.sqlite.database import RUN_STATUSES, RowTexts, SqliteDatabase, check_size
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion, StoreDamaged
-from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunSummary
+from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunCursor, RunSummary
 from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
 
 
@@ -268,6 +268,30 @@ class SqliteCheckpointStore:
         """Every run, each with the damage its row shows (text as bytes, decoded here: one
         run's damaged row must not hide the others). A damaged step record shows only when
         the run is read."""
+        return self._summaries("ORDER BY r.updated_at", ())
+
+    def list_page(
+        self, *, status: str | None = None, limit: int, after: RunCursor | None = None
+    ) -> list[RunSummary]:
+        """Through the `runs_by_change` index: the page's rows, not every run's."""
+        where, parameters = [], []
+        if status is not None:
+            where.append("r.status = ?")
+            parameters.append(status)
+        if after is not None:
+            stamp = after.updated_at.isoformat()
+            where.append("(r.updated_at < ? OR (r.updated_at = ? AND r.run_id < ?))")
+            parameters += [stamp, stamp, after.run_id]
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        return self._summaries(
+            f"{clause}ORDER BY r.updated_at DESC, r.run_id DESC LIMIT ?",
+            (*parameters, limit),
+            with_agent=True,
+        )
+
+    def _summaries(
+        self, tail: str, parameters: tuple[object, ...], *, with_agent: bool = False
+    ) -> list[RunSummary]:
         connection = self._db.connection
         has_static = connection.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_static'"
@@ -280,7 +304,8 @@ class SqliteCheckpointStore:
         rows = connection.execute(
             "SELECT CAST(r.run_id AS BLOB), CAST(r.status AS BLOB), r.step, r.version, "
             f"CAST(r.updated_at AS BLOB), CAST(r.state AS BLOB), {static} "
-            "FROM runs AS r ORDER BY r.updated_at"
+            f"FROM runs AS r {tail}",
+            parameters,
         ).fetchall()
         runs = []
         for run_id, status, step, version, updated_at, head, static_head in rows:
@@ -292,10 +317,19 @@ class SqliteCheckpointStore:
                 version,
                 texts.time("updated_at", updated_at),
             )
-            texts.json("state", head)
+            parsed = texts.json("state", head)
+            agent = parsed.get("agent") if isinstance(parsed, dict) else None
             if static_head is not None:
-                texts.json("run_static.state", static_head)
-            runs.append(replace(summary, damage=texts.damage))
+                parsed_static = texts.json("run_static.state", static_head)
+                if isinstance(parsed_static, dict):
+                    agent = parsed_static.get("agent", agent)
+            runs.append(
+                replace(
+                    summary,
+                    damage=texts.damage,
+                    agent=agent if with_agent and isinstance(agent, str) else None,
+                )
+            )
         return runs
 
     @staticmethod

@@ -1,0 +1,168 @@
+"""Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
+of the runs index (`list_page`), side by side, for tables of 100 and 1,000 runs (and more with
+`--runs`), each run with `--steps` step records beside its head.
+
+    python -m bench.many_runs [--runs 100 1000] [--steps 20] [--limit 50]
+
+For each table it prints the items the table holds, then for the Scan and for a page of done
+runs (a third of them) and a page of every status: the items DynamoDB read (`ScannedCount`,
+what a request is billed by), their ratio to the Scan's, the requests, and moto's time. The
+items read are what DynamoDB would read; moto's times are not DynamoDB's (moto answers a Query
+of an index by going through the whole table, so there a page is no faster than the Scan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from moto import mock_aws
+
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.state import Created, Finished, RunState, RunStatus, StoredCheckpoint, utcnow
+from tests.dynamodb_support import REGION, SETTINGS, create_tables
+
+
+@dataclass
+class Reads:
+    """The items each Query or Scan read, and the requests, from botocore's after-call event."""
+
+    items: int = 0
+    requests: int = 0
+
+    def __call__(self, parsed: dict[str, Any], **_: Any) -> None:
+        self.requests += 1
+        self.items += int(parsed.get("ScannedCount", 0))
+
+
+@dataclass(frozen=True)
+class Measured:
+    items: int
+    requests: int
+    milliseconds: float
+    listed: int
+
+
+def measure(reads: Reads, read: Callable[[], list[Any]]) -> Measured:
+    reads.items = reads.requests = 0
+    started = time.perf_counter()
+    listed = read()
+    elapsed = (time.perf_counter() - started) * 1000
+    return Measured(reads.items, reads.requests, elapsed, len(listed))
+
+
+def fill(client: Any, store: DynamoDbCheckpointStore, runs: int, steps: int) -> int:
+    """`runs` runs (every third done) with `steps` step records each; the table's item count."""
+    for n in range(runs):
+        run_id = f"run-{n:05d}"
+        state = RunState(run_id=run_id, agent="bench", goal="list me")
+        created = StoredCheckpoint(
+            run_id=run_id,
+            version=1,
+            step=0,
+            status=state.status,
+            worker_id="b",
+            event=Created(state=state),
+        )
+        store.create_run(state, created)
+        if n % 3 == 0:
+            _finish(store, state)
+    records: list[Any] = [
+        {
+            "PutRequest": {
+                "Item": {
+                    "run_id": {"S": f"run-{n:05d}"},
+                    "sk": {"S": f"CP#{v:012d}"},
+                    "event": {"S": "x" * 300},
+                }
+            }
+        }
+        for n in range(runs)
+        for v in range(100, 100 + steps)
+    ]
+    for start in range(0, len(records), 25):
+        client.batch_write_item(
+            RequestItems={SETTINGS.checkpoints_table: records[start : start + 25]}
+        )
+    return int(client.scan(TableName=SETTINGS.checkpoints_table, Select="COUNT")["Count"])
+
+
+def _finish(store: DynamoDbCheckpointStore, state: RunState) -> None:
+    from ratchet.engine.fold import apply_event
+    from ratchet.ports import Commit
+
+    event = Finished(status=RunStatus.DONE, summary="listed")
+    at = utcnow()
+    head = apply_event(state, event, version=2, at=at)
+    record = StoredCheckpoint(
+        run_id=state.run_id,
+        version=2,
+        step=0,
+        status=head.status,
+        worker_id="b",
+        created_at=at,
+        event=event,
+    )
+    store.commit(Commit(head=head, checkpoint=record, expected_version=1))
+
+
+def bench(runs: int, steps: int, limit: int) -> dict[str, Any]:
+    with mock_aws():
+        client = boto3.client(
+            "dynamodb", region_name=REGION, aws_access_key_id="b", aws_secret_access_key="b"
+        )
+        create_tables(
+            client,
+            checkpoints=SETTINGS.checkpoints_table,
+            idempotency=SETTINGS.idempotency_table,
+            app=SETTINGS.app_table,
+        )
+        store = DynamoDbCheckpointStore(
+            client, table=SETTINGS.checkpoints_table, ledger_table=SETTINGS.idempotency_table
+        )
+        items = fill(client, store, runs, steps)
+        reads = Reads()
+        client.meta.events.register("after-call.dynamodb.Scan", reads)
+        client.meta.events.register("after-call.dynamodb.Query", reads)
+        return {
+            "runs": runs,
+            "items": items,
+            "scan": measure(reads, store.list_runs),
+            "done": measure(reads, lambda: store.list_page(status="done", limit=limit)),
+            "every": measure(reads, lambda: store.list_page(limit=limit)),
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--limit", type=int, default=50)
+    args = parser.parse_args(argv)
+    print(
+        f"Listing runs on DynamoDB (moto): the Scan against a page of {args.limit} from the "
+        f"runs index; {args.steps} step records a run"
+    )
+    print(
+        f"{'runs':>7} {'items':>8} | {'Scan read':>9} {'ms':>8} | "
+        f"{'done page read':>14} {'reqs':>4} {'ms':>7} {'of Scan':>7} | "
+        f"{'any page read':>13} {'reqs':>4} {'ms':>7} {'of Scan':>7}"
+    )
+    for runs in args.runs:
+        row = bench(runs, args.steps, args.limit)
+        scan, done, every = row["scan"], row["done"], row["every"]
+        print(
+            f"{runs:>7,} {row['items']:>8,} | {scan.items:>9,} {scan.milliseconds:>8.1f} | "
+            f"{done.items:>14,} {done.requests:>4} {done.milliseconds:>7.1f} "
+            f"{done.items / scan.items:>6.3f}x | "
+            f"{every.items:>13,} {every.requests:>4} {every.milliseconds:>7.1f} "
+            f"{every.items / scan.items:>6.3f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Listing runs on DynamoDB (moto) without a Scan: a page of runs is a few Queries of the runs
+index, and the items they read grow with the page, not with the runs or the step records the
+table holds. Every request the store makes is counted."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from ratchet.adapters.dynamodb.store import LIST_SHARDS, DynamoDbCheckpointStore
+from ratchet.client import Client
+from ratchet.errors import InvalidInput
+from ratchet.runtime.aws import AwsRuntime
+from ratchet.state import RunState, RunStatus
+from tests.conformance.test_store_contract import _write, new_run
+from tests.dynamodb_support import REGION, SETTINGS, create_tables
+
+RUNS = 120
+STEPS = 20
+"""Step records per run, written beside each head as a run's steps would be."""
+
+
+@dataclass
+class Counting:
+    """A DynamoDB client that counts the requests made through it, and the items each Query
+    and Scan read (their `ScannedCount`)."""
+
+    client: Any
+    calls: Counter[str] = field(default_factory=Counter)
+    read: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.client, name)
+        if not callable(call) or name.startswith("_"):
+            return call
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            answer = call(*args, **kwargs)
+            if name in ("query", "scan"):
+                self.read += answer.get("ScannedCount", 0)
+            return answer
+
+        return counted
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.read = 0
+
+
+@dataclass
+class Table:
+    counting: Counting
+    store: DynamoDbCheckpointStore
+    done: list[str]
+
+    @property
+    def client(self) -> Any:
+        """The counting client, where a boto3 client is expected."""
+        return self.counting
+
+    def head(self, run_id: str) -> RunState:
+        head = self.store.load_head(run_id)
+        assert head is not None
+        return head
+
+
+@pytest.fixture(scope="module")
+def table() -> Iterator[Table]:
+    with mock_aws():
+        client = boto3.client(
+            "dynamodb",
+            region_name=REGION,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        create_tables(
+            client,
+            checkpoints=SETTINGS.checkpoints_table,
+            idempotency=SETTINGS.idempotency_table,
+            app=SETTINGS.app_table,
+        )
+        counting = Counting(client)
+        store = DynamoDbCheckpointStore(
+            cast(Any, counting),
+            table=SETTINGS.checkpoints_table,
+            ledger_table=SETTINGS.idempotency_table,
+        )
+        table = Table(counting, store, [])
+        for n in range(RUNS):
+            run_id = f"run-{n:04d}"
+            store.create_run(*new_run(run_id))
+            if n % 3 == 0:
+                _write(store_backend(store), table.head(run_id), "done")
+                table.done.append(run_id)
+        # The step records a long run leaves (what a Scan would read through).
+        records: list[Any] = [
+            {
+                "run_id": {"S": f"run-{n:04d}"},
+                "sk": {"S": f"CP#{v:012d}"},
+                "event": {"S": "x" * 300},
+            }
+            for n in range(RUNS)
+            for v in range(100, 100 + STEPS)
+        ]
+        for start in range(0, len(records), 25):
+            batch: list[Any] = [{"PutRequest": {"Item": i}} for i in records[start : start + 25]]
+            client.batch_write_item(RequestItems={SETTINGS.checkpoints_table: batch})
+        yield table
+
+
+@dataclass
+class store_backend:  # noqa: N801 - what `_write` takes: an object with a `store`
+    store: DynamoDbCheckpointStore
+
+
+def test_a_page_of_done_runs_queries_the_index_and_reads_about_the_page(table: Table):
+    heads = {run_id: table.head(run_id) for run_id in table.done}
+    newest = sorted(heads, key=lambda r: (heads[r].updated_at, r), reverse=True)
+    table.counting.reset()
+    page = table.store.list_page(status=RunStatus.DONE.value, limit=25)
+
+    assert [r.run_id for r in page] == newest[:25]
+    assert all(r.agent == "fake" and r.status == "done" for r in page)
+    calls = dict(table.counting.calls)
+    assert "scan" not in calls
+    assert calls["query"] <= LIST_SHARDS * 3
+    # The page, plus at most one read's worth per shard it did not need: never the table's
+    # 2,520 items, nor its 40 done runs.
+    chunk = -(-25 // LIST_SHARDS) + 1
+    print(f"\nA page of 25 done runs: {calls['query']} queries, {table.counting.read} items read")
+    assert 25 <= table.counting.read <= 25 + LIST_SHARDS * chunk
+
+
+def test_every_run_is_listed_once_across_pages_newest_first(table: Table):
+    client = Client(AwsRuntime(SETTINGS, table.client))
+    table.counting.reset()
+    seen: list[str] = []
+    after = None
+    while True:
+        page = client.runs_page(limit=50, after=after)
+        seen += [r.run_id for r in page.runs]
+        after = page.next
+        if after is None:
+            break
+    assert sorted(seen) == [f"run-{n:04d}" for n in range(RUNS)]
+    assert len(seen) == len(set(seen)) == RUNS
+    assert "scan" not in table.counting.calls
+    print(f"\n{RUNS} runs in pages of 50: {table.counting.read} items read")
+    # Each page reads its runs (and the one past them) plus a read's worth per shard.
+    pages = -(-RUNS // 50)
+    assert table.counting.read <= RUNS + pages * (1 + len(RunStatus) * LIST_SHARDS * 14)
+
+
+def test_a_token_no_page_gave_is_refused(table: Table):
+    client = Client(AwsRuntime(SETTINGS, table.client))
+    for token in ("nonsense", "W10", "WyJ4IiwieSJd"):
+        with pytest.raises(InvalidInput, match="after"):
+            client.runs_page(after=token)
+    with pytest.raises(InvalidInput, match="limit"):
+        client.runs_page(limit=0)
