@@ -35,7 +35,7 @@ from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
 from ratchet.errors import InvalidInput, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.ports import RunCursor
+from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
 from ratchet.state import (
@@ -391,6 +391,19 @@ def _status(value: RunStatus | str) -> RunStatus:
 
 
 _STATUSES = frozenset(status.value for status in RunStatus)
+
+
+def _listed(summary: RunSummary) -> RunListed:
+    damage = summary.damage or _status_damage(summary.status)
+    return RunListed(
+        run_id=summary.run_id,
+        status="damaged" if damage else RunStatus(summary.status),
+        step=summary.step,
+        version=summary.version,
+        updated_at=summary.updated_at,
+        damage=damage,
+        agent=summary.agent,
+    )
 
 
 def _status_damage(status: str) -> str | None:
@@ -912,18 +925,7 @@ class Client:
     def runs(self, *, status: RunStatus | str | None = None) -> list[RunListed]:
         """Every run in the store, most recently updated first; only those in `status`."""
         wanted = _status(status) if status is not None else None
-        listed = [
-            RunListed(
-                run_id=r.run_id,
-                status="damaged" if damage else RunStatus(r.status),
-                step=r.step,
-                version=r.version,
-                updated_at=r.updated_at,
-                damage=damage,
-            )
-            for r in self.runtime.store.list_runs()
-            for damage in [r.damage or _status_damage(r.status)]
-        ]
+        listed = [_listed(r) for r in self.runtime.store.list_runs()]
         return sorted(
             (r for r in listed if wanted is None or r.status is wanted),
             key=lambda r: r.updated_at,
@@ -948,19 +950,7 @@ class Client:
         found = self.runtime.store.list_page(
             status=wanted.value if wanted is not None else None, limit=limit + 1, after=cursor
         )
-        listed = [
-            RunListed(
-                run_id=r.run_id,
-                status="damaged" if damage else RunStatus(r.status),
-                step=r.step,
-                version=r.version,
-                updated_at=r.updated_at,
-                damage=damage,
-                agent=r.agent,
-            )
-            for r in found[:limit]
-            for damage in [r.damage or _status_damage(r.status)]
-        ]
+        listed = [_listed(r) for r in found[:limit]]
         more = len(found) > limit
         last = listed[-1] if listed and more else None
         return RunPage(

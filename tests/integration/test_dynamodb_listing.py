@@ -13,12 +13,12 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from bench.many_runs import fill
 from ratchet.adapters.dynamodb.store import LIST_SHARDS, DynamoDbCheckpointStore
 from ratchet.client import Client
 from ratchet.errors import InvalidInput
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.state import RunState, RunStatus
-from tests.conformance.test_store_contract import _write, new_run
 from tests.dynamodb_support import REGION, SETTINGS, create_tables
 
 RUNS = 120
@@ -92,32 +92,11 @@ def table() -> Iterator[Table]:
             table=SETTINGS.checkpoints_table,
             ledger_table=SETTINGS.idempotency_table,
         )
-        table = Table(counting, store, [])
-        for n in range(RUNS):
-            run_id = f"run-{n:04d}"
-            store.create_run(*new_run(run_id))
-            if n % 3 == 0:
-                _write(store_backend(store), table.head(run_id), "done")
-                table.done.append(run_id)
-        # The step records a long run leaves (what a Scan would read through).
-        records: list[Any] = [
-            {
-                "run_id": {"S": f"run-{n:04d}"},
-                "sk": {"S": f"CP#{v:012d}"},
-                "event": {"S": "x" * 300},
-            }
-            for n in range(RUNS)
-            for v in range(100, 100 + STEPS)
-        ]
-        for start in range(0, len(records), 25):
-            batch: list[Any] = [{"PutRequest": {"Item": i}} for i in records[start : start + 25]]
-            client.batch_write_item(RequestItems={SETTINGS.checkpoints_table: batch})
+        # Every third run done, each with the step records a long run leaves beside its head
+        # (what a Scan reads through): the bench's table, smaller.
+        fill(client, store, RUNS, STEPS)
+        table = Table(counting, store, [f"run-{n:05d}" for n in range(0, RUNS, 3)])
         yield table
-
-
-@dataclass
-class store_backend:  # noqa: N801 - what `_write` takes: an object with a `store`
-    store: DynamoDbCheckpointStore
 
 
 def test_a_page_of_done_runs_queries_the_index_and_reads_about_the_page(table: Table):
@@ -127,12 +106,12 @@ def test_a_page_of_done_runs_queries_the_index_and_reads_about_the_page(table: T
     page = table.store.list_page(status=RunStatus.DONE.value, limit=25)
 
     assert [r.run_id for r in page] == newest[:25]
-    assert all(r.agent == "fake" and r.status == "done" for r in page)
+    assert all(r.agent == "bench" and r.status == "done" for r in page)
     calls = dict(table.counting.calls)
     assert "scan" not in calls
     assert calls["query"] <= LIST_SHARDS * 3
     # The page, plus at most one read's worth per shard it did not need: never the table's
-    # 2,520 items, nor its 40 done runs.
+    # 2,680 items, nor all its 40 done runs.
     chunk = -(-25 // LIST_SHARDS) + 1
     print(f"\nA page of 25 done runs: {calls['query']} queries, {table.counting.read} items read")
     assert 25 <= table.counting.read <= 25 + LIST_SHARDS * chunk
@@ -149,7 +128,7 @@ def test_every_run_is_listed_once_across_pages_newest_first(table: Table):
         after = page.next
         if after is None:
             break
-    assert sorted(seen) == [f"run-{n:04d}" for n in range(RUNS)]
+    assert sorted(seen) == [f"run-{n:05d}" for n in range(RUNS)]
     assert len(seen) == len(set(seen)) == RUNS
     assert "scan" not in table.counting.calls
     print(f"\n{RUNS} runs in pages of 50: {table.counting.read} items read")

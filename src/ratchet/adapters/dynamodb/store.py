@@ -92,6 +92,19 @@ def list_sort_key(updated_at: datetime, run_id: str) -> str:
     return f"{updated_at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}#{run_id}"
 
 
+def _summary(item: Mapping[str, Any]) -> RunSummary:
+    """A head item (or its runs index item) as the store lists it; the agent where the item
+    projects it (`list_runs` reads none)."""
+    return RunSummary(
+        run_id=item["run_id"]["S"],
+        status=item["status"]["S"],
+        step=int(item["step"]["N"]),
+        version=int(item["version"]["N"]),
+        updated_at=datetime.fromisoformat(item["updated_at"]["S"]),
+        agent=item["agent"]["S"] if "agent" in item else None,
+    )
+
+
 def checkpoint_sk(version: int) -> str:
     """Zero-padded so that the sort key orders records by version."""
     return f"{CHECKPOINT_PREFIX}{version:012d}"
@@ -348,17 +361,7 @@ class DynamoDbCheckpointStore:
             ExpressionAttributeValues={":head": text_attribute(HEAD_SK)},
             ConsistentRead=True,
         )
-        runs = [
-            RunSummary(
-                run_id=item["run_id"]["S"],
-                status=item["status"]["S"],
-                step=int(item["step"]["N"]),
-                version=int(item["version"]["N"]),
-                updated_at=datetime.fromisoformat(item["updated_at"]["S"]),
-            )
-            for page in pages
-            for item in page.get("Items", [])
-        ]
+        runs = [_summary(item) for page in pages for item in page.get("Items", [])]
         return sorted(runs, key=lambda run: run.updated_at)
 
     @translated_errors
@@ -379,16 +382,7 @@ class DynamoDbCheckpointStore:
         merged = heapq.merge(*streams, key=lambda item: item["list_sk"]["S"], reverse=True)
         page: list[RunSummary] = []
         for item in merged:
-            page.append(
-                RunSummary(
-                    run_id=item["run_id"]["S"],
-                    status=item["status"]["S"],
-                    step=int(item["step"]["N"]),
-                    version=int(item["version"]["N"]),
-                    updated_at=datetime.fromisoformat(item["updated_at"]["S"]),
-                    agent=item["agent"]["S"] if "agent" in item else None,
-                )
-            )
+            page.append(_summary(item))
             if len(page) == limit:
                 break
         return page
