@@ -292,10 +292,16 @@ def test_reading_runs_answers_the_documented_shapes(stack: Stack):
     status, listed = call("GET", "/runs")
     assert status == 200
     assert [r["run_id"] for r in listed["runs"]] == ["read-2", "read-1"], "recent first"
-    assert set(listed["runs"][0]) == {"run_id", "status", "step", "version", "updated_at", "damage"}
+    fields = {"run_id", "status", "step", "version", "updated_at", "damage", "agent"}
+    assert set(listed["runs"][0]) == fields
     assert {r["damage"] for r in listed["runs"]} == {None}, "no run is damaged"
+    assert listed["runs"][0]["agent"] == "migration"
+    assert listed["next"] is None
     assert call("GET", "/runs", query={"status": "done"})[1]["runs"][0]["run_id"] == "read-1"
-    assert len(call("GET", "/runs", query={"limit": "1"})[1]["runs"]) == 1
+    first = call("GET", "/runs", query={"limit": "1"})[1]
+    assert [r["run_id"] for r in first["runs"]] == ["read-2"]
+    rest = call("GET", "/runs", query={"limit": "1", "after": first["next"]})[1]
+    assert ([r["run_id"] for r in rest["runs"]], rest["next"]) == (["read-1"], None)
 
     status, run = call("GET", "/runs/read-2")
     assert status == 200
