@@ -88,7 +88,10 @@ def fill(client: Any, store: DynamoDbCheckpointStore, runs: int, steps: int) -> 
         client.batch_write_item(
             RequestItems={SETTINGS.checkpoints_table: records[start : start + 25]}
         )
-    return int(client.scan(TableName=SETTINGS.checkpoints_table, Select="COUNT")["Count"])
+    pages = client.get_paginator("scan").paginate(
+        TableName=SETTINGS.checkpoints_table, Select="COUNT"
+    )
+    return sum(int(page["Count"]) for page in pages)
 
 
 def _finish(store: DynamoDbCheckpointStore, state: RunState) -> None:
