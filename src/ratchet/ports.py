@@ -132,8 +132,9 @@ class CheckpointStore(Protocol):
     ) -> list[RunSummary]:
         """At most `limit` runs, most recently changed first (ties by run id, descending),
         only those in `status` if given, only those before `after` if given; each with its
-        agent. What it reads grows with `limit`, not with the runs or steps the store holds
-        (SQLite reads the runs table, one row per run; DynamoDB queries an index of heads)."""
+        agent. What it reads never grows with the step records the store holds: SQLite reads
+        the runs table (a row per run), DynamoDB a page of an index of heads (about `limit`
+        items, however many runs the table holds)."""
         ...
 
 

@@ -45,8 +45,6 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status);
--- Runs by last change, newest first, for a page of the runs list (list_page).
-CREATE INDEX IF NOT EXISTS runs_by_change ON runs (updated_at, run_id, status);
 -- The part of each run's head that no step changes (goal, options), written once: see
 -- ratchet.stored. A run made before it existed keeps its whole head in runs.state.
 CREATE TABLE IF NOT EXISTS run_static (

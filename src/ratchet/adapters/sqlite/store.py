@@ -273,7 +273,10 @@ class SqliteCheckpointStore:
     def list_page(
         self, *, status: str | None = None, limit: int, after: RunCursor | None = None
     ) -> list[RunSummary]:
-        """Through the `runs_by_change` index: the page's rows, not every run's."""
+        """One pass over the runs table (a row per run, never a step record), sorted. No
+        index on `updated_at`: every step changes it, and keeping one would add a page (1 KiB)
+        to each step's WAL writes (`bench.step_cost`: 12,419 B a step without, 13,467 B with)
+        to speed a read that a local store, of thousands of runs, does in milliseconds."""
         where, parameters = [], []
         if status is not None:
             where.append("r.status = ?")
