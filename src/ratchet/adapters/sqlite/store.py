@@ -268,7 +268,7 @@ class SqliteCheckpointStore:
         """Every run, each with the damage its row shows (text as bytes, decoded here: one
         run's damaged row must not hide the others). A damaged step record shows only when
         the run is read."""
-        return self._summaries("ORDER BY r.updated_at", ())
+        return self._summaries("FROM runs AS r ORDER BY r.updated_at", ())
 
     def list_page(
         self, *, status: str | None = None, limit: int, after: RunCursor | None = None
@@ -279,22 +279,26 @@ class SqliteCheckpointStore:
         to speed a read that a local store, of thousands of runs, does in milliseconds."""
         where, parameters = [], []
         if status is not None:
-            where.append("r.status = ?")
+            where.append("status = ?")
             parameters.append(status)
         if after is not None:
             stamp = after.updated_at.isoformat()
-            where.append("(r.updated_at < ? OR (r.updated_at = ? AND r.run_id < ?))")
+            where.append("(updated_at < ? OR (updated_at = ? AND run_id < ?))")
             parameters += [stamp, stamp, after.run_id]
         clause = f"WHERE {' AND '.join(where)} " if where else ""
+        # The page's ids first, sorted on two short columns; only its rows' heads are read.
         return self._summaries(
-            f"{clause}ORDER BY r.updated_at DESC, r.run_id DESC LIMIT ?",
+            f"FROM (SELECT run_id FROM runs {clause}ORDER BY updated_at DESC, run_id DESC "
+            "LIMIT ?) AS page JOIN runs AS r USING (run_id) "
+            "ORDER BY r.updated_at DESC, r.run_id DESC",
             (*parameters, limit),
             with_agent=True,
         )
 
     def _summaries(
-        self, tail: str, parameters: tuple[object, ...], *, with_agent: bool = False
+        self, source: str, parameters: tuple[object, ...], *, with_agent: bool = False
     ) -> list[RunSummary]:
+        """The summaries of the runs `source` (a FROM clause naming `runs AS r`) selects."""
         connection = self._db.connection
         has_static = connection.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_static'"
@@ -307,7 +311,7 @@ class SqliteCheckpointStore:
         rows = connection.execute(
             "SELECT CAST(r.run_id AS BLOB), CAST(r.status AS BLOB), r.step, r.version, "
             f"CAST(r.updated_at AS BLOB), CAST(r.state AS BLOB), {static} "
-            f"FROM runs AS r {tail}",
+            f"{source}",
             parameters,
         ).fetchall()
         runs = []
