@@ -1,8 +1,8 @@
 """Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
-of the runs index (`list_page`), side by side, for tables of 100 and 1,000 runs (and more with
+of the runs index (`list_page`), side by side, for tables of 100 and 300 runs (and more with
 `--runs`), each run with `--steps` step records beside its head.
 
-    python -m bench.many_runs [--runs 100 1000] [--steps 20] [--limit 50]
+    python -m bench.many_runs [--runs 100 300] [--steps 20] [--limit 50]
 
 For each table it prints the items the table holds, then for the Scan and for a page of done
 runs (a third of them) and a page of every status: the items DynamoDB read (`ScannedCount`,
@@ -142,7 +142,7 @@ def bench(runs: int, steps: int, limit: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--runs", type=int, nargs="+", default=[100, 300])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--limit", type=int, default=50)
     args = parser.parse_args(argv)
