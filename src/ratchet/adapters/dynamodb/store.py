@@ -81,9 +81,14 @@ about 1,000 write units a second, so one status's runs may commit ~500 steps a s
 shard: 2,000 across four. A page reads each shard's newest items and merges them."""
 
 
-def list_partition(status: str, run_id: str) -> str:
-    shard = int.from_bytes(hashlib.sha256(run_id.encode("utf-8")).digest()[:4], "big")
-    return f"runs#{status}#{shard % LIST_SHARDS}"
+def list_partition(status: str, run_id: str | None = None, *, shard: int | None = None) -> str:
+    """The runs index partition of a run in `status` (its shard from its id's hash), or of
+    `shard` itself."""
+    if shard is None:
+        assert run_id is not None
+        digest = hashlib.sha256(run_id.encode("utf-8")).digest()
+        shard = int.from_bytes(digest[:4], "big") % LIST_SHARDS
+    return f"runs#{status}#{shard}"
 
 
 def list_sort_key(updated_at: datetime, run_id: str) -> str:
@@ -375,13 +380,19 @@ class DynamoDbCheckpointStore:
         before = list_sort_key(after.updated_at, after.run_id) if after is not None else None
         chunk = max(1, -(-limit // LIST_SHARDS)) + 1
         streams = [
-            self._index_stream(f"runs#{s}#{shard}", before, chunk)
+            self._index_stream(list_partition(s, shard=shard), before, chunk)
             for s in statuses
             for shard in range(LIST_SHARDS)
         ]
         merged = heapq.merge(*streams, key=lambda item: item["list_sk"]["S"], reverse=True)
         page: list[RunSummary] = []
+        seen: set[str] = set()
         for item in merged:
+            # The index is eventually consistent: for a moment after a commit that changed a
+            # run's status it may hold the run under both statuses. The newer one is listed.
+            if item["run_id"]["S"] in seen:
+                continue
+            seen.add(item["run_id"]["S"])
             page.append(_summary(item))
             if len(page) == limit:
                 break
