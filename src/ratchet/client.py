@@ -304,7 +304,8 @@ class RunListed(AnswerModel):
     """Why a damaged run cannot be read (the column and what is wrong with it); None
     otherwise."""
     agent: str | None = None
-    """The run's agent (from `Client.runs_page`; None from `Client.runs`)."""
+    """The run's agent; None for a run whose stored row does not say (see
+    `ratchet.ports.RunSummary.agent`)."""
 
 
 class RunPage(AnswerModel):

@@ -77,7 +77,8 @@ class RunSummary:
     """Why the run cannot be read, if the store can tell from its row (text that is not
     UTF-8, a head that is not JSON, a status that is not a run status): listed as damaged."""
     agent: str | None = None
-    """The run's agent, where the store lists it (`list_page`); None from `list_runs`."""
+    """The run's agent; None where the store's row does not say (a damaged row, or a DynamoDB
+    head last written before heads kept it)."""
 
 
 @dataclass(frozen=True)

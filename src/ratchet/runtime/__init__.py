@@ -123,9 +123,9 @@ class DynamoDbStoreUrl:
     region: str | None = None
     endpoint: str | None = None
     machine: str | None = None
-    """The stack's state machine (its `StateMachineArn` output): with it, `ratchet wake`
-    restarts the execution a woken run sleeps in, and `ratchet retry` starts one; without it
-    a woken run goes on when its sleep would have ended."""
+    """The stack's state machine (its `StateMachineArn` output): with it,
+    `ratchet.connect(url).wake(run)` restarts the execution the woken run sleeps in; without
+    it the run goes on when its sleep would have ended."""
 
     @classmethod
     def parse(cls, url: str) -> DynamoDbStoreUrl:

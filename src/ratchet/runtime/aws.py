@@ -182,8 +182,9 @@ class AwsRuntime:
 
     def hooks(self, agents: AgentRegistry) -> Hooks:
         """The deployment's webhooks (`POST /runs/{id}/hooks/{name}`), reached on the stack's
-        API (`RATCHET_PUBLIC_URL`); `InvalidInput` if this runtime was given no hook key or no
-        public URL (the stack gives both to the api function)."""
+        API (`RATCHET_PUBLIC_URL`); `InvalidInput` if this runtime was given no hook key (a
+        `dynamodb://` store opened by the CLI or `ratchet.connect`: the stack gives the key to
+        the api function only)."""
         from ratchet.runtime.hooks import aws_hooks
 
         if self._hook_key is None:

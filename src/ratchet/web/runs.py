@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import (
+    MAX_PAGE_RUNS,
     AnswerModel,
     Checkpoint,
     CheckpointsExpired,
@@ -109,7 +110,7 @@ from ratchet.waits import EVENT_ID_PATTERN, MAX_BY_CHARS, MAX_COMMENT_CHARS, Ver
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
 DEFAULT_LIST_LIMIT = 20
-MAX_LIST_LIMIT = 100
+MAX_LIST_LIMIT = MAX_PAGE_RUNS
 MAX_BODY_CHARS = 1024 * 1024
 """The longest request body taken: a run's goal (64 KB, each character possibly a six-character
 JSON escape) and input (16 KB) with room to spare."""

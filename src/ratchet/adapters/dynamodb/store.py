@@ -81,13 +81,13 @@ about 1,000 write units a second, so one status's runs may commit ~500 steps a s
 shard: 2,000 across four. A page reads each shard's newest items and merges them."""
 
 
-def list_partition(status: str, run_id: str | None = None, *, shard: int | None = None) -> str:
-    """The runs index partition of a run in `status` (its shard from its id's hash), or of
-    `shard` itself."""
-    if shard is None:
-        assert run_id is not None
-        digest = hashlib.sha256(run_id.encode("utf-8")).digest()
-        shard = int.from_bytes(digest[:4], "big") % LIST_SHARDS
+def list_shard(run_id: str) -> int:
+    """The run's shard of the runs index, from its id's hash: the same for each status."""
+    digest = hashlib.sha256(run_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") % LIST_SHARDS
+
+
+def list_partition(status: str, shard: int) -> str:
     return f"runs#{status}#{shard}"
 
 
@@ -98,8 +98,8 @@ def list_sort_key(updated_at: datetime, run_id: str) -> str:
 
 
 def _summary(item: Mapping[str, Any]) -> RunSummary:
-    """A head item (or its runs index item) as the store lists it; the agent where the item
-    projects it (`list_runs` reads none)."""
+    """A head item (or its runs index item) as the store lists it; no agent for a head last
+    written before heads kept it."""
     return RunSummary(
         run_id=item["run_id"]["S"],
         status=item["status"]["S"],
@@ -354,7 +354,7 @@ class DynamoDbCheckpointStore:
         pages = self._client.get_paginator("scan").paginate(
             TableName=self._table,
             FilterExpression="#sk = :head",
-            ProjectionExpression="#run_id, #status, #step, #version, #updated_at",
+            ProjectionExpression="#run_id, #status, #step, #version, #updated_at, #agent",
             ExpressionAttributeNames={
                 "#sk": "sk",
                 "#run_id": "run_id",
@@ -362,6 +362,7 @@ class DynamoDbCheckpointStore:
                 "#step": "step",
                 "#version": "version",
                 "#updated_at": "updated_at",
+                "#agent": "agent",
             },
             ExpressionAttributeValues={":head": text_attribute(HEAD_SK)},
             ConsistentRead=True,
@@ -380,7 +381,7 @@ class DynamoDbCheckpointStore:
         before = list_sort_key(after.updated_at, after.run_id) if after is not None else None
         chunk = max(1, -(-limit // LIST_SHARDS)) + 1
         streams = [
-            self._index_stream(list_partition(s, shard=shard), before, chunk)
+            self._index_stream(list_partition(s, shard), before, chunk)
             for s in statuses
             for shard in range(LIST_SHARDS)
         ]
@@ -444,7 +445,7 @@ class DynamoDbCheckpointStore:
             "agent": text_attribute(state.agent),
             # The runs index's keys (RUNS_INDEX): the run's status and shard, then its last
             # change. Every commit sets them, so the index holds each run once, as it stands.
-            "list_pk": text_attribute(list_partition(state.status.value, state.run_id)),
+            "list_pk": text_attribute(list_partition(state.status.value, list_shard(state.run_id))),
             "list_sk": text_attribute(list_sort_key(state.updated_at, state.run_id)),
         }
 

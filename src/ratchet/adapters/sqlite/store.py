@@ -292,12 +292,9 @@ class SqliteCheckpointStore:
             "LIMIT ?) AS page JOIN runs AS r USING (run_id) "
             "ORDER BY r.updated_at DESC, r.run_id DESC",
             (*parameters, limit),
-            with_agent=True,
         )
 
-    def _summaries(
-        self, source: str, parameters: tuple[object, ...], *, with_agent: bool = False
-    ) -> list[RunSummary]:
+    def _summaries(self, source: str, parameters: tuple[object, ...]) -> list[RunSummary]:
         """The summaries of the runs `source` (a FROM clause naming `runs AS r`) selects."""
         connection = self._db.connection
         has_static = connection.execute(
@@ -334,7 +331,7 @@ class SqliteCheckpointStore:
                 replace(
                     summary,
                     damage=texts.damage,
-                    agent=agent if with_agent and isinstance(agent, str) else None,
+                    agent=agent if isinstance(agent, str) else None,
                 )
             )
         return runs
