@@ -111,6 +111,13 @@ CATALOGUE: list[Case] = [
         "(see: ratchet list --help)",
     ),
     case(
+        "list-after-not-a-token",
+        "list",
+        "--after",
+        "not-a-token",
+        line="after: not a token that a page of runs gave as its next",
+    ),
+    case(
         "history-last-a-million",
         "history",
         "r-wait",

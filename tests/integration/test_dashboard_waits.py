@@ -143,3 +143,19 @@ def test_what_a_wait_shows_is_escaped():
     assert "&lt;script&gt;" in banner
     assert "with no timeout" in banner
     assert "id='mailbox'" not in banner, "not counted: nothing said"
+
+
+def test_the_runs_page_reads_the_runs_in_one_query_and_no_step_record(dashboard):
+    for number in range(12):
+        dashboard.start(f"run-{number:02d}")
+    statements: list[str] = []
+    dashboard.runtime.db.connection.set_trace_callback(statements.append)
+    try:
+        page = dashboard.http.get("/dashboard").get_data(as_text=True)
+    finally:
+        dashboard.runtime.db.connection.set_trace_callback(None)
+
+    reads = [s for s in statements if re.search(r"\bFROM runs\b", s)]
+    assert len(reads) == 1, statements
+    assert not [s for s in statements if "checkpoints" in s], statements
+    assert page.count(f"<td>{AGENT}</td>") == 12

@@ -137,8 +137,8 @@ def test_a_run_reads_the_same_on_both_paths(store, run_id, command, as_json):
         ["list", "--status", "failed"],
         ["list", "--status=waiting", "--json"],
         ["list", "--status", "running", "--json"],
-        ["list", "--limit", "3"],
-        ["list", "--limit=2", "--status", "done", "--json"],
+        ["list", "--limit", str(len(RUNS))],
+        ["list", "--limit=10", "--status", "done", "--json"],
         ["history", "done", "--after", "3"],
         ["history", "done", "--after=3", "--json"],
         ["history", "done", "--last", "2", "--json"],
@@ -154,6 +154,30 @@ def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, 
 
     assert said is not None
     assert said == full
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_list_cut_short_goes_to_the_full_cli_which_says_how_to_go_on(store, as_json):
+    url = f"sqlite:///{store}"
+    every = json.loads(both(url, ["list", "--json"])[1])["runs"]
+    seen: list[dict[str, object]] = []
+    args = ["list", "--limit", "4", *(["--json"] if as_json else [])]
+    while True:
+        said, full = both(url, args)
+        assert said is None or said == full  # cut short, or `--after`: the full CLI answers
+        if as_json:
+            page = json.loads(full)
+            seen += page["runs"]
+            token = page["next"]
+        else:
+            *_, last = full.splitlines()
+            token = last.split("--after ")[1] if last.startswith("more: ") else None
+            seen += json.loads(both(url, [*args[:3], "--json", *args[3:]])[1])["runs"]
+        if token is None:
+            break
+        args = ["list", "--limit", "4", "--after", token, *(["--json"] if as_json else [])]
+
+    assert seen == every  # each run once, in the order of the whole list
 
 
 def test_a_history_after_a_version_is_the_tail_of_the_whole_and_explains_only_its_gaps(store):

@@ -18,6 +18,7 @@ from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
 from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:
+    from ratchet.client import Client
     from ratchet.state import RunState
 
 
@@ -84,15 +85,48 @@ def list_runs(
         int | None,
         typer.Option("--limit", min=1, max=MAX_ROWS, help="Only the N most recently updated."),
     ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            callback=not_empty,
+            help="Go on where an earlier list stopped: the token it printed as `next`.",
+        ),
+    ] = None,
 ) -> None:
-    """Every run in the store, most recently updated first."""
+    """Every run in the store, most recently updated first. A list cut short by `--limit`
+    ends with a `next` token; `--after TOKEN` lists the runs after it."""
     client = open_client(create=False, logs=False)
     try:
-        listed = client.runs(status=status)
-        rows = [readout.listed(r.model_dump(mode="json")) for r in listed][:limit]
+        rows, more = _listed_rows(client, status=status, limit=limit, after=after)
     finally:
         client.close()
-    sys.stdout.write(readout.json_text({"runs": rows}) if as_json else readout.list_text(rows))
+    if as_json:
+        sys.stdout.write(readout.json_text({"runs": rows, "next": more}))
+        return
+    sys.stdout.write(readout.list_text(rows))
+    if more is not None:
+        again = f" --status {status}" if status else ""
+        again += f" --limit {limit}" if limit else ""
+        sys.stdout.write(f"more: ratchet list{again} --after {more}\n")
+
+
+def _listed_rows(
+    client: Client, *, status: str | None, limit: int | None, after: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Up to `limit` rows (all, without one), read a page of the store's listing at a time
+    (on DynamoDB an index, never a Scan), and the token of what is left, if any."""
+    from ratchet.client import MAX_PAGE_RUNS  # the run models (see ratchet.cli.context)
+
+    rows: list[dict[str, Any]] = []
+    token = after
+    while True:
+        wanted = MAX_PAGE_RUNS if limit is None else min(MAX_PAGE_RUNS, limit - len(rows))
+        page = client.runs_page(status=status, limit=wanted, after=token)
+        rows += [readout.listed(r.model_dump(mode="json")) for r in page.runs]
+        token = page.next
+        if token is None or (limit is not None and len(rows) >= limit):
+            return rows, token
 
 
 def watch(

@@ -82,8 +82,11 @@ def _say(documents: _Documents, command: _Command) -> str | None:
     if command.name == "list":
         listed = [readout.listed(r) for r in readout.newest_first(documents.runs())]
         rows = [r for r in listed if command.operand is None or r["status"] == command.operand]
-        rows = rows[: command.last]  # `--limit`
-        return readout.json_text({"runs": rows}) if command.as_json else readout.list_text(rows)
+        if command.last is not None and len(rows) > command.last:
+            return None  # cut short by `--limit`: the full CLI pages, and says what is left
+        if command.as_json:
+            return readout.json_text({"runs": rows, "next": None})
+        return readout.list_text(rows)
     run_id = command.operand
     assert run_id is not None
     head = documents.head(run_id)
@@ -263,7 +266,7 @@ class _Documents:
         rows = self.connection.execute(
             "SELECT r.run_id, r.status, r.step, r.version, r.updated_at, r.state, s.state "
             "FROM runs AS r LEFT JOIN run_static AS s ON s.run_id = r.run_id "
-            "ORDER BY r.updated_at"
+            "ORDER BY r.updated_at, r.run_id DESC"  # ties, once reversed: the pages' order
         )
         runs = []
         for run_id, status, step, version, updated_at, head, static in rows:

@@ -159,10 +159,10 @@ class DashboardRoutes:
         if wanted is not None and wanted not in {s.value for s in RunStatus}:
             known = ", ".join(s.value for s in RunStatus)
             return _refused(HTTPStatus.BAD_REQUEST, "No such status", f"use one of {known}")
-        client = self.services().client
-        listed = client.runs()
+        # One read of the store's runs, agents included: the counts and the rows both.
+        listed = self.services().client.runs()
         counts = Counter(r.status for r in listed)
-        rows = _run_rows(client, (r for r in listed if wanted is None or r.status == wanted))
+        rows = _run_rows(r for r in listed if wanted is None or r.status == wanted)
         status = RunStatus(wanted) if wanted else None
         return _page_response(HTTPStatus.OK, runs_page(rows, counts, status))
 
@@ -204,25 +204,15 @@ def _refused(status: int, title: str, message: str) -> Response[str]:
     return _page_response(status, problem_page(title, message))
 
 
-def _run_rows(client: Client, listed: Iterable[RunListed]) -> list[RunRow]:
-    """The listed runs' rows, up to `MAX_RUNS_SHOWN`, each with its agent read from its head
-    (a run collected meanwhile is left out; one whose head cannot be read shows as damaged)."""
+def _run_rows(listed: Iterable[RunListed]) -> list[RunRow]:
+    """The listed runs' rows, up to `MAX_RUNS_SHOWN`: the listing carries each run's agent,
+    so the page reads no head (damage only a step record shows is the run's own page's)."""
     rows: list[RunRow] = []
     for r in listed:
         if len(rows) == MAX_RUNS_SHOWN:
             break
-        if r.damage is not None:
-            rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, r.damage))
-            continue
-        try:
-            agent = client.head(r.run_id).agent
-        except RunNotFound:  # collected between the listing and this read
-            continue
-        except (RunUnreadable, UnsupportedSchema) as error:
-            # Damage the listing cannot see (a step record): the row says so, the rest show.
-            rows.append(RunRow(r.run_id, "?", "damaged", r.step, r.updated_at, str(error)))
-            continue
-        rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at))
+        agent = "?" if r.damage is not None or r.agent is None else r.agent
+        rows.append(RunRow(r.run_id, agent, r.status, r.step, r.updated_at, r.damage))
     return rows
 
 
