@@ -7,7 +7,7 @@ Every `CheckpointStore` and `IdempotencyLedger` backend runs the same conformanc
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -297,9 +297,12 @@ class Leases(Protocol):
         *,
         run_id: str | None = None,
         skip: Collection[str] = (),
+        limit_of: Callable[[str], int | None] | None = None,
     ) -> str | None:
         """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
-        runs in `skip`; None if there is none."""
+        runs in `skip`, and those whose agent already has its bound of runs under a live
+        lease (`limit_of` maps a stored agent reference to it; None: no bound); None if there
+        is none. The find and the take are atomic: no two claims share a run or a slot."""
         ...
 
     def release(self, run_id: str, owner: str) -> None: ...

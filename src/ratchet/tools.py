@@ -337,6 +337,22 @@ cover it plus the engine's own reads and writes, so a limit is always the engine
 never Lambda's."""
 
 
+MAX_CONCURRENT_RUNS = 10_000
+"""The most `Agent.max_concurrent` (and a deployment's override) takes."""
+
+
+def check_max_concurrent(value: object, what: str) -> int | None:
+    """`value` if it is None or a whole number from 1 to `MAX_CONCURRENT_RUNS`; a
+    `ValueError` starting with `what` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be a whole number of runs, not {value!r}")
+    if not 1 <= value <= MAX_CONCURRENT_RUNS:
+        raise ValueError(f"{what} must be from 1 to {MAX_CONCURRENT_RUNS:,}, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Agent:
     """Everything Ratchet needs to run one kind of agent.
@@ -409,6 +425,11 @@ class Agent:
     """The names of the events this agent's runs wait for. When given, an event of another
     name sent to a run is refused (404) instead of kept in its mailbox, where no wait would
     ever read it."""
+    max_concurrent: int | None = None
+    """At most this many runs of the agent work a step at the same time (on one store or
+    deployment); the others wait their turn, without failing and without a model call. None
+    sets no bound. A deployment may override it (`RATCHET_MAX_CONCURRENT`): see
+    docs/limits.md."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -427,6 +448,7 @@ class Agent:
                 f"{MIN_STEP_TIMEOUT_SECONDS:g} to {MAX_STEP_TIMEOUT_SECONDS:g}, not {limit!r}"
             )
 
+        check_max_concurrent(self.max_concurrent, f"agent {self.name!r}: max_concurrent")
         window = self.memory_window
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 50:
             raise ValueError(

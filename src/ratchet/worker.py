@@ -197,6 +197,10 @@ class Worker:
     """Called with the time (by `clock`) before every claim: settles the waits due by then
     (a timer's time, an event wait's timeout) and those whose event is in the mailbox, and
     returns the runs that go on (runnable now, so the claim that follows may take them)."""
+    limits: Callable[[str], int | None] | None = None
+    """The bound on concurrent runs of an agent, by its stored reference (None: no bound):
+    such runs are claimed only while their agent has a free slot, and let go after each step,
+    so the runs waiting their turn take it in order (`ratchet.limits`)."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -253,7 +257,11 @@ class Worker:
             self._settle_waits()
             try:
                 claimed = self.leases.claim(
-                    self.worker_id, self.lease_seconds, run_id=run_id, skip=self.unreadable
+                    self.worker_id,
+                    self.lease_seconds,
+                    run_id=run_id,
+                    skip=self.unreadable,
+                    limit_of=self.limits,
                 )
                 idle = claimed is None and not self.leases.running_runs(
                     run_id, skip=self.unreadable
@@ -348,7 +356,13 @@ class Worker:
         self.logger.info("run claimed", extra={"run_id": run_id, "worker_id": self.worker_id})
         hold = heartbeat.hold(run_id)
         try:
-            self._wait_until(run_id, self._not_before(run_id))
+            head = self._head(run_id)
+            self._wait_until(run_id, head.not_before if head is not None else None)
+            # A run of a bounded agent holds one of its slots: it takes one step, then lets
+            # go, so that the runs waiting for a slot take their turns in order.
+            bounded = head is not None and self.limits is not None and (
+                self.limits(head.agent) is not None
+            )
             while not self.stop.is_set() and not heartbeat.displaced.is_set():
                 if hold.lost.is_set():
                     # Another worker holds the run now. Whatever this worker committed was
@@ -358,7 +372,7 @@ class Worker:
                         extra={"run_id": run_id, "worker_id": self.worker_id},
                     )
                     return
-                if not self._step(run_id):
+                if not self._step(run_id, count_next_attempt=not bounded) or bounded:
                     return
         finally:
             heartbeat.let_go()
@@ -370,11 +384,11 @@ class Worker:
             if not self.engine.abandoned_call_running(run_id):
                 self.leases.release(run_id, self.worker_id)
 
-    def _step(self, run_id: str) -> bool:
+    def _step(self, run_id: str, *, count_next_attempt: bool) -> bool:
         """One step; True if the worker should go on with this run."""
         started = time.perf_counter()
         try:
-            outcome = self.engine.advance(run_id, count_next_attempt=True)
+            outcome = self.engine.advance(run_id, count_next_attempt=count_next_attempt)
         except StaleVersion as stale:
             # Another worker advanced the run under us (our lease had lapsed): it owns the run
             # now and our write changed nothing. Let go.
@@ -478,11 +492,11 @@ class Worker:
             },
         )
 
-    def _not_before(self, run_id: str) -> datetime | None:
-        """The run's `not_before`; None if there is none, or if the head cannot be read now
-        (the step that follows finds out why and deals with it)."""
+    def _head(self, run_id: str) -> RunState | None:
+        """The run's head; None if it cannot be read now (the step that follows finds out why
+        and deals with it)."""
         try:
-            return self.engine.load(run_id).not_before
+            return self.engine.load(run_id)
         except (RatchetError, ValueError):
             return None
 

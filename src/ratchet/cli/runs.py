@@ -280,6 +280,7 @@ def worker(
         on_wait=printer.say,
         expire_approvals=runtime.approval_expiry(engine),
         settle_waits=runtime.wait_settler(engine),
+        limits=runtime.limits(),
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:

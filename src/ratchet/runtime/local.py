@@ -41,6 +41,7 @@ from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.limits import MAX_CONCURRENT_ENV, ConcurrencyLimits, parse_overrides
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.untrusted import is_utf8
@@ -86,6 +87,9 @@ class LocalSettings(BaseModel):
     )
     """How long a command waits on a store another process has locked before it says the
     store is busy. Workers racing on one store need the default; a person may want less."""
+    max_concurrent: dict[str, int] = Field(default_factory=dict)
+    """Bounds on concurrent runs by agent name (`RATCHET_MAX_CONCURRENT`, a JSON object),
+    over each agent's own `max_concurrent`: see `ratchet.limits`."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -93,6 +97,11 @@ class LocalSettings(BaseModel):
         if isinstance(value, str) and not is_utf8(value):
             raise ValueError("not UTF-8 text")
         return value
+
+    @field_validator("max_concurrent", mode="before")
+    @classmethod
+    def _parsed_bounds(cls, value: Any) -> Any:
+        return parse_overrides(value) if isinstance(value, str) else value
 
     @field_validator("fault")
     @classmethod
@@ -130,6 +139,7 @@ class LocalSettings(BaseModel):
             or DEFAULT_APPROVAL_SECONDS,
             busy_timeout_seconds=env.get("RATCHET_BUSY_TIMEOUT_SECONDS")
             or DEFAULT_BUSY_TIMEOUT_SECONDS,
+            max_concurrent=env.get(MAX_CONCURRENT_ENV) or {},
         )
 
 
@@ -143,6 +153,7 @@ _ENV_NAMES = {
     "slack_signing_secret": "RATCHET_SLACK_SIGNING_SECRET",
     "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
+    "max_concurrent": MAX_CONCURRENT_ENV,
 }
 
 
@@ -299,6 +310,10 @@ class LocalRuntime:
             notifiers=[self.outbox],
         )
 
+    def limits(self) -> ConcurrencyLimits:
+        """The bound on each agent's concurrent runs, for this process's workers."""
+        return ConcurrencyLimits(AgentRegistry.local(), self.settings.max_concurrent)
+
     def work(
         self,
         run_id: str,
@@ -323,6 +338,7 @@ class LocalRuntime:
             on_wait=on_wait,
             expire_approvals=self.approval_expiry(engine),
             settle_waits=self.wait_settler(engine),
+            limits=self.limits(),
         ).run(until_idle=True, run_id=run_id)
 
     def event_desk(self, engine: Engine) -> EventDesk:

@@ -38,6 +38,12 @@ CREATE TABLE IF NOT EXISTS workers (
 """
 
 
+_AGENT = "coalesce(json_extract(s.state, '$.agent'), json_extract(r.state, '$.agent'))"
+"""A run's stored agent reference, from its static part (or, for a run made before there was
+one, its head); SQL over `runs AS r LEFT JOIN run_static AS s`."""
+_HELD_AGENT = _AGENT.replace("s.state", "hs.state").replace("r.state", "hr.state")
+
+
 class WorkerIdInUse(InvalidInput):
     """Another live worker holds this worker id; nothing was claimed."""
 
@@ -83,21 +89,53 @@ class SqliteLeases:
         *,
         run_id: str | None = None,
         skip: Collection[str] = (),
+        limit_of: Callable[[str], int | None] | None = None,
     ) -> str | None:
         """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
-        runs in `skip`; None if there is none."""
+        runs in `skip`, and those whose agent (by `limit_of` its stored reference) already has
+        as many runs under a live lease as its bound; None if there is none."""
         check_lease_seconds(seconds)
+        limits = self._limits(limit_of, run_id, skip) if limit_of is not None else {}
         now = self._clock()
         with self._write() as tx:
             # Find and take in one write transaction: SQLite's write lock makes the pair
-            # atomic, so two workers can never both see the same run as free.
+            # atomic, so two workers can never both see the same run as free, and never both
+            # take an agent's last slot (a live lease on one of its runs is a slot).
+            bounded = (
+                f"LEFT JOIN run_static s ON s.run_id = r.run_id "
+                f"LEFT JOIN json_each(?) AS bound ON bound.key = {_AGENT} "
+                if limits
+                else ""
+            )
+            within = (
+                "AND (bound.value IS NULL OR (SELECT count(*) FROM leases h "
+                "JOIN runs hr ON hr.run_id = h.run_id "
+                "LEFT JOIN run_static hs ON hs.run_id = h.run_id "
+                f"WHERE h.expires_at > ? AND hr.status = ? AND h.run_id != r.run_id "
+                f"AND {_HELD_AGENT} = bound.key) < bound.value) "
+                if limits
+                else ""
+            )
+            bound_parameters = (json.dumps(limits),) if limits else ()
+            within_parameters = (now, RunStatus.RUNNING.value) if limits else ()
             row = tx.execute(
                 "SELECT r.run_id FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id "
+                f"{bounded}"
                 "WHERE r.status = ? AND (? IS NULL OR r.run_id = ?) "
                 "AND r.run_id NOT IN (SELECT value FROM json_each(?)) "
                 "AND (l.run_id IS NULL OR l.expires_at <= ? OR l.owner = ?) "
+                f"{within}"
                 "ORDER BY r.updated_at LIMIT 1",
-                (RunStatus.RUNNING.value, run_id, run_id, json.dumps(list(skip)), now, owner),
+                (
+                    *bound_parameters,
+                    RunStatus.RUNNING.value,
+                    run_id,
+                    run_id,
+                    json.dumps(list(skip)),
+                    now,
+                    owner,
+                    *within_parameters,
+                ),
             ).fetchone()
             if row is None:
                 return None
@@ -108,6 +146,20 @@ class SqliteLeases:
                 (row[0], owner, now + seconds),
             )
             return str(row[0])
+
+    def _limits(
+        self, limit_of: Callable[[str], int | None], run_id: str | None, skip: Collection[str]
+    ) -> dict[str, int]:
+        """The bound of each agent with running runs (outside the write transaction: loading
+        an agent the first time imports its module)."""
+        agents = self._db.connection.execute(
+            f"SELECT DISTINCT {_AGENT} FROM runs r LEFT JOIN run_static s "
+            "ON s.run_id = r.run_id WHERE r.status = ? AND (? IS NULL OR r.run_id = ?) "
+            "AND r.run_id NOT IN (SELECT value FROM json_each(?))",
+            (RunStatus.RUNNING.value, run_id, run_id, json.dumps(list(skip))),
+        ).fetchall()
+        limits = {str(a): limit_of(str(a)) for (a,) in agents if isinstance(a, str)}
+        return {agent: bound for agent, bound in limits.items() if bound is not None}
 
     def renew(self, run_id: str, owner: str, seconds: float) -> bool:
         """Extend our lease; False if it lapsed and another worker took the run."""
