@@ -594,3 +594,19 @@ class RunData(Protocol):
     def delete(self, key: str) -> None: ...
 
     def items(self, prefix: str = "") -> list[tuple[str, str]]: ...
+
+
+class Slots(Protocol):
+    """At most `limit` holders of a name's slots at a time (on AWS, the steps of a bounded
+    agent's runs: `ratchet.limits`). A slot lapses `seconds` after it was taken, so a holder
+    that died frees it on its own."""
+
+    def take(self, name: str, limit: int, holder: str, seconds: float) -> bool:
+        """Take one of `name`'s slots for `holder`, atomically against every other taker:
+        True if taken (or `holder` already held one, now renewed), False if all `limit` are
+        held by others whose time has not lapsed."""
+        ...
+
+    def release(self, name: str, holder: str) -> None:
+        """Give back `holder`'s slot of `name`, if it holds one (never another's)."""
+        ...

@@ -360,8 +360,10 @@ class Worker:
             self._wait_until(run_id, head.not_before if head is not None else None)
             # A run of a bounded agent holds one of its slots: it takes one step, then lets
             # go, so that the runs waiting for a slot take their turns in order.
-            bounded = head is not None and self.limits is not None and (
-                self.limits(head.agent) is not None
+            bounded = (
+                head is not None
+                and self.limits is not None
+                and (self.limits(head.agent) is not None)
             )
             while not self.stop.is_set() and not heartbeat.displaced.is_set():
                 if hold.lost.is_set():

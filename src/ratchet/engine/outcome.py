@@ -16,6 +16,9 @@ class Outcome(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
     CANCELLED = "cancelled"
+    QUEUED = "queued"
+    """The run's agent had no free slot (`Agent.max_concurrent`): nothing was done or
+    written, no attempt used; the step is to be tried again a little later."""
 
 
 _OUTCOME_OF_STATUS = {
@@ -38,6 +41,10 @@ class StepOutcome:
     """What the step's checkpoint commit wrote (head, record, ledger); 0 if nothing was."""
     head: RunState | None = field(default=None, compare=False, repr=False)
     """The head the step left, as committed (what a reader of the store would load)."""
+
+    @classmethod
+    def queued(cls, state: RunState) -> StepOutcome:
+        return cls(Outcome.QUEUED, state.run_id, state.step, state.version, 0, state)
 
     @classmethod
     def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:

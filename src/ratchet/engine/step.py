@@ -76,6 +76,7 @@ from ratchet.ports import (
     Consumption,
     IdempotencyLedger,
     LedgerCompletion,
+    Slots,
 )
 from ratchet.state import (
     MAX_ATTEMPTS,
@@ -98,6 +99,7 @@ from ratchet.state import (
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
 
 Binder = Callable[[RunState], Binding]
+SLOT_MARGIN_SECONDS = 60.0
 
 
 class Engine:
@@ -120,8 +122,17 @@ class Engine:
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
+        slots: Slots | None = None,
+        limits: Callable[[str], int | None] | None = None,
     ) -> None:
+        """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
+        step of a bounded agent's run takes one of its slots before any work and gives it
+        back once the step is over; finding none free, it is `Outcome.QUEUED` (on AWS; a
+        local worker's claim bounds its runs instead, see `ratchet.limits`)."""
         self._store = store
+        self._slots = slots
+        self._limits = limits
+        self._logger = logger
         self._clock = clock
         self._bind = bind
         self._unbind = unbind
@@ -200,13 +211,25 @@ class Engine:
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
             return StepOutcome.of(state)
-        step = state.next_step
         if state.step >= state.options.max_steps:
             summary = (
                 f"Stopped at the step cap of {state.options.max_steps} steps before the goal "
                 "was reported done."
             )
             return self._commits.finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
+        bound = self._limits(state.agent) if self._slots and self._limits else None
+        if bound is None:
+            return self._take_step(state, count_next_attempt=count_next_attempt)
+        assert self._slots is not None
+        if not self._slots.take(state.agent, bound, run_id, self._slot_seconds(state)):
+            return StepOutcome.queued(state)
+        try:
+            return self._take_step(state, count_next_attempt=count_next_attempt)
+        finally:
+            self._give_back_slot(state)
+
+    def _take_step(self, state: RunState, *, count_next_attempt: bool) -> StepOutcome:
+        run_id, step = state.run_id, state.next_step
         # Only this engine can have written the version it counted ahead for: if the head is
         # still at it, the attempt is already on record, and nobody else has touched the run.
         if self._counted_ahead.pop(run_id, None) != state.version:
@@ -235,6 +258,26 @@ class Engine:
             return self._record_failure(state, paid_for(failure, attempted.usage))
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head, bytes_written=written)
+
+    def _slot_seconds(self, state: RunState) -> float:
+        """How long a step's slot holds if it is never given back (its holder died): the
+        step's own time limit, and a margin for the engine's reads and writes."""
+        try:
+            limit = self.step_timeout(state)
+        except Exception:  # an agent that cannot be set up: its attempt says why, and counts
+            limit = None
+        return (MAX_STEP_TIMEOUT_SECONDS if limit is None else limit) + SLOT_MARGIN_SECONDS
+
+    def _give_back_slot(self, state: RunState) -> None:
+        assert self._slots is not None
+        try:
+            self._slots.release(state.agent, state.run_id)
+        except Exception:
+            # The step is over whatever happened: the slot lapses at its time instead.
+            self._logger.warning(
+                "slot not given back; it lapses on its own",
+                extra={"run_id": state.run_id, "agent": state.agent},
+            )
 
     def step_timeout(self, state: RunState) -> float | None:
         """The time limit, in seconds, of one step of this run's agent (`None`: no limit).

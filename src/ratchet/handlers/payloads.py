@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -21,9 +22,11 @@ from ratchet.engine import Outcome, StepOutcome
 from ratchet.state import ApprovalRequest, EventWait, RunState, TimerWait, utcnow
 
 MAX_REASON_CHARS = 2000
+DEFAULT_QUEUE_RETRY_SECONDS = 10
+"""A queued step (no slot free) is tried again after 1 to this many seconds, at random."""
 """How much of a failure's error and cause the run keeps as its `error`."""
 
-LoopOutcome = Literal["continue", "waiting", "done", "failed", "rollover"]
+LoopOutcome = Literal["continue", "waiting", "done", "failed", "rollover", "queued"]
 """The engine's outcomes plus `rollover`: continue in a successor execution."""
 
 _LOOP_OUTCOME: dict[Outcome, LoopOutcome] = {
@@ -35,6 +38,9 @@ _LOOP_OUTCOME: dict[Outcome, LoopOutcome] = {
     # it does when the run is done; the run's status says which.
     Outcome.STOPPED: "done",
     Outcome.CANCELLED: "done",
+    # No slot of the run's bounded agent was free: the state machine waits `retry_in`
+    # seconds (a Wait state, no compute) and tries the step again, no attempt used.
+    Outcome.QUEUED: "queued",
 }
 
 
@@ -137,6 +143,8 @@ class StepResult(_Payload):
     """The successor's execution name, when the outcome is `rollover`."""
     wait: WaitPlan | None = None
     """How to park, when the outcome is `waiting`."""
+    retry_in: int | None = None
+    """Seconds to wait before trying the step again, when the outcome is `queued`."""
 
     @classmethod
     def after(
@@ -146,6 +154,8 @@ class StepResult(_Payload):
         *,
         rollover_after: int,
         now: datetime | None = None,
+        queue_retry_seconds: int = DEFAULT_QUEUE_RETRY_SECONDS,
+        rng: random.Random | None = None,
     ) -> StepResult:
         """The loop's next move. Continue-as-new happens between two steps that both
         continue (the step just taken is committed, so the successor starts at the next one),
@@ -159,8 +169,15 @@ class StepResult(_Payload):
             if taken.head is None:
                 raise ValueError(f"run {taken.run_id!r}: a waiting outcome without its head")
             wait = WaitPlan.of(taken.head, now)
+        # Full jitter: runs that found no slot at once do not all come back at once.
+        retry_in = (
+            (rng or random).randint(1, queue_retry_seconds)
+            if taken.outcome is Outcome.QUEUED
+            else None
+        )
         next_execution = None
-        if (taken.outcome is Outcome.CONTINUE and iteration >= rollover_after) or (
+        looping = taken.outcome in (Outcome.CONTINUE, Outcome.QUEUED)
+        if (looping and iteration >= rollover_after) or (
             wait is not None
             and wait.kind != "person"
             and request.started_at is not None
@@ -168,7 +185,7 @@ class StepResult(_Payload):
         ):
             outcome = "rollover"
             next_execution = execution_name(request.run_id, request.generation + 1)
-            wait = None
+            wait = retry_in = None
         return cls(
             outcome=outcome,
             run_id=taken.run_id,
@@ -178,6 +195,7 @@ class StepResult(_Payload):
             iteration=iteration,
             next_execution=next_execution,
             wait=wait,
+            retry_in=retry_in,
         )
 
 

@@ -71,7 +71,16 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     if taken.bytes_written:
         metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
     _stop_if_parked_elsewhere(taken)
-    return StepResult.after(request, taken, rollover_after=settings().rollover_after)
+    if taken.outcome is Outcome.QUEUED:
+        metrics.add_metric(name="QueuedSteps", unit=MetricUnit.Count, value=1)
+        logger.info("no free slot for the run's agent; the step waits its turn")
+    config = settings()
+    return StepResult.after(
+        request,
+        taken,
+        rollover_after=config.rollover_after,
+        queue_retry_seconds=config.queue_retry_seconds,
+    )
 
 
 def end_sandbox() -> NoReturn:

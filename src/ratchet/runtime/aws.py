@@ -21,6 +21,7 @@ from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
+from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
@@ -46,6 +47,7 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.limits import ConcurrencyLimits
 from ratchet.model_names import BEDROCK_PREFIX
 from ratchet.ports import BlobStore, Notifier
 from ratchet.runs import AgentNotRunnable, ModelNotGranted
@@ -115,6 +117,7 @@ class AwsRuntime:
         self._bindings = Bindings(
             self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
         )
+        self._limits = ConcurrencyLimits(AgentRegistry.local(), settings.max_concurrent)
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         """The agent's data lives in the app table (`data`, and `services` for an agent with
@@ -142,6 +145,8 @@ class AwsRuntime:
             worker_id=worker_id,
             logger=logger,
             faults=faults,
+            slots=DynamoDbSlots(self.dynamodb, self.settings.checkpoints_table),
+            limits=self._limits,
         )
 
     def before_prepare(self) -> None:
@@ -361,8 +366,9 @@ class AwsRuntime:
     ) -> None:
         """Work the run in this process, where no state machine does (a script, a test):
         step after step until it is done, waiting or failed. A failed attempt is counted by
-        the engine and retried after a pause; the third ends the run. A stale write means
-        another process advanced the run: it is read again."""
+        the engine and retried after a pause; the third ends the run, and a step queued for
+        its agent's slot is tried again after one. A stale write means another process
+        advanced the run: it is read again."""
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
         pause = RETRY_PAUSE_SECONDS
         while True:
@@ -379,6 +385,10 @@ class AwsRuntime:
                     pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue
             except StoreBusy:
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
+                continue
+            if taken.outcome is Outcome.QUEUED:  # the agent's slots are all taken: wait a turn
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue

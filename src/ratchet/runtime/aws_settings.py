@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.errors import InvalidInput
+from ratchet.handlers.payloads import DEFAULT_QUEUE_RETRY_SECONDS
+from ratchet.limits import parse_overrides
 from ratchet.pricing import check_prices
 
 ENVIRONMENT = {
@@ -37,6 +39,8 @@ ENVIRONMENT = {
     "agents": "RATCHET_AGENTS",
     "bedrock_models": "RATCHET_BEDROCK_MODELS",
     "prices": "RATCHET_PRICES",
+    "max_concurrent": "RATCHET_MAX_CONCURRENT",
+    "queue_retry_seconds": "RATCHET_QUEUE_RETRY_SECONDS",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -92,6 +96,17 @@ class AwsSettings(BaseModel):
             except ValueError as error:
                 raise ValueError(f"not a JSON array of model ids: {error}") from None
         return value
+
+    max_concurrent: dict[str, int] = Field(default_factory=dict)
+    """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
+    (`ratchet.limits`); the stack's `max_concurrent`."""
+    queue_retry_seconds: int = Field(default=DEFAULT_QUEUE_RETRY_SECONDS, ge=1, le=300)
+    """A step that found no free slot is tried again after 1 to this many seconds."""
+
+    @field_validator("max_concurrent", mode="before")
+    @classmethod
+    def _bounds(cls, value: object) -> object:
+        return parse_overrides(value) if isinstance(value, str) else value
 
     @field_validator("prices")
     @classmethod

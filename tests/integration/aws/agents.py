@@ -8,6 +8,7 @@ Lambda invocations to them), so the test reads what the tools did directly.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -109,9 +110,35 @@ def _agent(name: str, handler: Callable[[WriteRow, ToolContext], str]) -> Agent:
     )
 
 
+@dataclass
+class InFlight:
+    """Counts the steps of `bounded` at work at once; holds each in its tool until the test
+    opens the gate, so that a third run must find both slots taken."""
+
+    open: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    now: int = 0
+    most: int = 0
+
+    def work(self, args: WriteRow, ctx: ToolContext) -> str:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            assert self.open.wait(timeout=60), "the test never opened the gate"
+            return WORLD.write(args, ctx)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+IN_FLIGHT = InFlight()
+
+
 rows = _agent("rows", WORLD.write)
 failing = _agent("failing", _always_fails_at_3)
 gated = _agent("gated", _gated)
+bounded = dataclasses.replace(_agent("bounded", IN_FLIGHT.work), max_concurrent=2)
 
 
 # --- waits on the world: an event, a time -------------------------------------------------------
