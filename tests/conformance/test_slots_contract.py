@@ -81,6 +81,16 @@ def test_a_dead_holders_slot_lapses_at_its_time_and_not_before(slots, clock):
     assert list(slots.holders(AGENT)) == ["next"]
 
 
+def test_a_taker_that_read_the_slots_before_another_took_the_last_is_refused(slots, monkeypatch):
+    stale = slots._held(AGENT)  # what a second taker read: every slot free
+    assert slots.take(AGENT, 1, "first", 60)
+    monkeypatch.setattr(slots, "_held", lambda name: stale)
+
+    assert not slots.take(AGENT, 1, "second", 60)  # its write's condition turns it away
+    monkeypatch.undo()
+    assert list(slots.holders(AGENT)) == ["first"]
+
+
 def test_racing_takers_never_share_a_slot(slots):
     barrier = threading.Barrier(12)
     taken: list[str] = []

@@ -24,7 +24,7 @@ from tests.bounded_agent import AGENT
     ],
 )
 def test_an_agent_refuses_a_bound_that_is_not_a_number_of_runs(value, said):
-    with pytest.raises(ValueError, match="^agent 'a': ") as refused:
+    with pytest.raises(ValueError, match=r"^agent 'a': ") as refused:
         Agent(name="a", tools=[], max_concurrent=value)
     assert str(refused.value).endswith(said)
 
