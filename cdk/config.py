@@ -75,6 +75,10 @@ class DeployConfig:
     a JSON object of model id pattern -> `{"input", "output"[, "cache_write", "cache_read"]}`
     in US dollars per million tokens (`src/ratchet/pricing.py`). The API's estimates use
     them; none: the built-in table only."""
+    max_concurrent: str | None = None
+    """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
+    (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as `RATCHET_MAX_CONCURRENT` takes them:
+    the step function reads them (docs/limits.md)."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -241,6 +245,26 @@ def _prices(key: str, raw: Any) -> str:
     return json.dumps(raw, separators=(",", ":"))
 
 
+MAX_CONCURRENT_RUNS = 10_000
+"""`ratchet.tools.MAX_CONCURRENT_RUNS` (tests/infra compares)."""
+
+
+def _max_concurrent(key: str, raw: Any) -> str:
+    """The bounds as the step function reads them (`RATCHET_MAX_CONCURRENT`)."""
+    raw = _json_object(key, raw, '{"support": 5}')
+    for name, bound in raw.items():
+        if (
+            isinstance(bound, bool)
+            or not isinstance(bound, int)
+            or not 1 <= bound <= MAX_CONCURRENT_RUNS
+        ):
+            raise ValueError(
+                f"context {key}: the bound of {name!r} must be a whole number of runs from 1 "
+                f"to {MAX_CONCURRENT_RUNS:,}, not {bound!r}"
+            )
+    return json.dumps(raw, separators=(",", ":"))
+
+
 def _valid_prices(prices: Any) -> bool:
     if not isinstance(prices, dict) or not set(prices) <= set(PRICE_FIELDS):
         return False
@@ -288,6 +312,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "agents": _agents,
     "bedrock_models": _bedrock_models,
     "prices": _prices,
+    "max_concurrent": _max_concurrent,
     "project": _project,
 }
 

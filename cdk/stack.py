@@ -189,6 +189,8 @@ class RatchetStack(Stack):
         )
         if config.prices:
             api_function.add_environment(contract.PRICES, config.prices)
+        if config.max_concurrent:
+            lambdas["step"].add_environment(contract.MAX_CONCURRENT, config.max_concurrent)
         state_machine.grant_start_execution(api_function)
         # Cancelling a run stops its execution, found among the machine's running ones.
         state_machine.grant(api_function, "states:ListExecutions")

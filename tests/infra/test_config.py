@@ -89,6 +89,10 @@ def test_a_custom_public_url_loses_its_trailing_slash() -> None:
         ("ratchet:prices", '{"claude*": {"input": true, "output": 15}}'),
         ("ratchet:publicUrl", "http://approvals.example.com"),
         ("ratchet:publicUrl", "https://approvals.example.com/?x=1"),
+        ("ratchet:maxConcurrent", "support=5"),
+        ("ratchet:maxConcurrent", '{"support": 0}'),
+        ("ratchet:maxConcurrent", '{"support": 10001}'),
+        ("ratchet:maxConcurrent", '{"support": "5"}'),
     ],
 )
 def test_bad_context_fails_the_synth_with_its_key(key: str, value: str) -> None:
@@ -188,3 +192,20 @@ def test_the_price_fields_are_those_the_api_takes() -> None:
     taken = {p.name: p.default is inspect.Parameter.empty for p in parameters}
 
     assert taken == deploy_config.PRICE_FIELDS
+
+
+def test_the_bounds_the_stack_takes_are_the_bounds_the_step_function_takes() -> None:
+    from ratchet import tools
+
+    assert deploy_config.MAX_CONCURRENT_RUNS == tools.MAX_CONCURRENT_RUNS
+    config = _config(**{"ratchet:maxConcurrent": '{"support": 5, "billing": 1}'})
+    assert config.max_concurrent is not None
+    settings = AwsSettings.model_validate(
+        {
+            "checkpoints_table": "ckpt",
+            "idempotency_table": "idem",
+            "app_table": "app",
+            "max_concurrent": config.max_concurrent,
+        }
+    )
+    assert settings.max_concurrent == {"support": 5, "billing": 1}
