@@ -1,6 +1,13 @@
-"""Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
+"""Many runs, two measures side by side.
+
+Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
 of the runs index (`list_page`), side by side, for tables of 100 and 300 runs (and more with
 `--runs`), each run with `--steps` step records beside its head.
+
+Concurrency limits (a SQLite store, 4 workers in this process): 20 runs of
+`tests.bounded_agent` (2 steps of 0.1 s each) with its bound of 3, and the same with no bound,
+side by side: the steps in flight in each tenth of a second, the most at once, and how long the
+20 runs took.
 
     python -m bench.many_runs [--runs 100 300] [--steps 20] [--limit 50]
 
@@ -14,9 +21,13 @@ of an index by going through the whole table, so there a page is no faster than 
 from __future__ import annotations
 
 import argparse
+import logging
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -167,5 +178,78 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
+def in_flight_over_time(bound: int | None, root: Path) -> tuple[list[int], int, float]:
+    """Steps in flight in each 0.1 s, the most at once, and the seconds the 20 runs took."""
+    from ratchet.agents import AgentRegistry
+    from ratchet.limits import ConcurrencyLimits
+    from ratchet.runtime.local import LocalRuntime, LocalSettings
+    from ratchet.state import RunOptions
+    from ratchet.worker import Worker
+    from tests.bounded_agent import AGENT, in_flight
+
+    store = f"sqlite:///{root / 'ratchet.db'}"
+    log = root / "steps.log"
+    quiet = logging.getLogger("bench.many_runs.quiet")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    runtime = LocalRuntime.open(LocalSettings(store=store))
+    engine = runtime.engine(worker_id="bench", logger=quiet)
+    for n in range(20):
+        options = RunOptions(params={"log": str(log), "steps": 2, "hold": 0})
+        engine.start(RunState(run_id=f"r-{n:02d}", agent=AGENT, goal="Work", options=options))
+    runtime.close()
+    overrides = {} if bound is not None else {"bounded": 10_000}
+
+    def work(n: int) -> None:
+        mine = LocalRuntime.open(LocalSettings(store=store))
+        try:
+            Worker(
+                mine.engine(worker_id=f"w{n}", logger=quiet),
+                mine.leases,
+                quiet,
+                poll_seconds=0.01,
+                limits=ConcurrencyLimits(AgentRegistry.local(), overrides),
+            ).run(until_idle=True)
+        finally:
+            mine.close()
+
+    started = time.time()
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.time() - started
+    most, _ = in_flight(log)
+    buckets = [0] * (int(took * 10) + 1)
+    spans: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        what, moment, run_id, _ = line.split()
+        if what == "start":
+            spans[run_id] = float(moment)
+            continue
+        for tenth in range(
+            int((spans[run_id] - started) * 10), int((float(moment) - started) * 10)
+        ):
+            buckets[tenth] += 1
+    return buckets, most, took
+
+
+def concurrency_section() -> None:
+    print()
+    print("Concurrency limits: 20 runs of a 2-step agent, 4 workers (SQLite, in this process)")
+    rows = {}
+    for label, bound in (("max_concurrent=3", 3), ("no bound", None)):
+        with tempfile.TemporaryDirectory() as root:
+            rows[label] = in_flight_over_time(bound, Path(root))
+    print(f"{'':>17} {'most at once':>12} {'seconds':>8}  steps in flight per 0.1 s")
+    for label, (buckets, most, took) in rows.items():
+        series = "".join(str(min(b, 9)) for b in buckets)
+        print(f"{label:>17} {most:>12} {took:>8.2f}  {series}")
+    bounded, free = rows["max_concurrent=3"][2], rows["no bound"][2]
+    print(f"{'bounded / free':>17} {'':>12} {bounded / free:>7.2f}x")
+
+
 if __name__ == "__main__":
     main()
+    concurrency_section()
