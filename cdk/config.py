@@ -36,6 +36,7 @@ INTEGER_BOUNDS = {
     "rollover_after": (1, 3000),
     "approval_timeout_seconds": (1, 365 * 24 * 3600),
     "checkpoint_retention_days": (1, 3650),
+    "queue_retry_seconds": (1, 300),
 }
 """The bounds `ratchet.runtime.aws_settings.AwsSettings` puts on these settings (tests compare)."""
 
@@ -75,6 +76,8 @@ class DeployConfig:
     a JSON object of model id pattern -> `{"input", "output"[, "cache_write", "cache_read"]}`
     in US dollars per million tokens (`src/ratchet/pricing.py`). The API's estimates use
     them; none: the built-in table only."""
+    queue_retry_seconds: int = 10
+    """A step queued for its agent's slot is tried again after 1 to this many seconds."""
     max_concurrent: str | None = None
     """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
     (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as `RATCHET_MAX_CONCURRENT` takes them:
@@ -301,6 +304,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "rollover_after": _integer("rollover_after"),
     "approval_timeout_seconds": _integer("approval_timeout_seconds"),
     "checkpoint_retention_days": _integer("checkpoint_retention_days"),
+    "queue_retry_seconds": _integer("queue_retry_seconds"),
     "anthropic_secret_arn": _SECRET,
     "public_url": lambda key, raw: _matching(_PUBLIC_URL, "an https URL")(key, raw).rstrip("/"),
     "email_sender": _matching(re.compile(EMAIL_PATTERN), "an email address"),

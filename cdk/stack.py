@@ -189,6 +189,9 @@ class RatchetStack(Stack):
         )
         if config.prices:
             api_function.add_environment(contract.PRICES, config.prices)
+        lambdas["step"].add_environment(
+            contract.QUEUE_RETRY_SECONDS, str(config.queue_retry_seconds)
+        )
         if config.max_concurrent:
             lambdas["step"].add_environment(contract.MAX_CONCURRENT, config.max_concurrent)
         state_machine.grant_start_execution(api_function)

@@ -19,6 +19,9 @@ from ratchet.agents import AgentRegistry
 from ratchet.tools import check_max_concurrent
 
 MAX_CONCURRENT_ENV = "RATCHET_MAX_CONCURRENT"
+DEFAULT_QUEUE_RETRY_SECONDS = 10
+"""On AWS a queued step (no slot free) is tried again after 1 to this many seconds, at random
+(`RATCHET_QUEUE_RETRY_SECONDS`, the stack's `ratchet:queueRetrySeconds`)."""
 
 
 def parse_overrides(text: str | None) -> dict[str, int]:

@@ -39,6 +39,7 @@ CONFIGURED = {
     "ratchet:agents": '{"billing": "my_pkg.agents:billing"}',
     "ratchet:publicUrl": "https://approvals.example.com/",
     "ratchet:prices": '{"claude-opus-9*": {"input": 20, "output": 100}}',
+    "ratchet:maxConcurrent": '{"billing": 5}',
 }
 """Every optional context key a deployer may give, as `cdk deploy -c` passes them (strings)."""
 

@@ -59,11 +59,13 @@ UNCONFIGURED = {
     "approvals": {"public_url", "link_key_secret_arn"},
     # Derives each hook's secret to check a delivery's signature.
     "hooks": {"hook_key_secret_arn"},
+    # Waits this long at most before trying a step queued for its agent's slot again.
+    "step": {"queue_retry_seconds"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {
     "api": {"agents", "prices"},
-    "step": {"agents"},
+    "step": {"agents", "max_concurrent"},
     "notify": {
         "email_sender",
         "notify_emails",
@@ -227,6 +229,9 @@ def test_the_settings_the_stack_passes_are_valid_settings(
     if name in {"api", "step"}:
         assert settings.agents is not None
         assert json.loads(settings.agents) == {"billing": "my_pkg.agents:billing"}
+    if name == "step":
+        assert settings.max_concurrent == {"billing": 5}
+        assert settings.queue_retry_seconds == DeployConfig().queue_retry_seconds
     if name == "api":
         assert settings.bedrock_models == ()
         assert settings.prices is not None
@@ -239,6 +244,7 @@ def test_deploy_defaults_are_the_runtime_defaults() -> None:
     assert config.rollover_after == defaults.rollover_after
     assert config.approval_timeout_seconds == defaults.approval_timeout_seconds
     assert config.checkpoint_retention_days == defaults.checkpoint_retention_days
+    assert config.queue_retry_seconds == defaults.queue_retry_seconds
 
 
 def test_the_environment_names_are_the_settings_names() -> None:

@@ -19,11 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from ratchet.adapters.stepfunctions import execution_name
 from ratchet.engine import Outcome, StepOutcome
+from ratchet.limits import DEFAULT_QUEUE_RETRY_SECONDS
 from ratchet.state import ApprovalRequest, EventWait, RunState, TimerWait, utcnow
 
 MAX_REASON_CHARS = 2000
-DEFAULT_QUEUE_RETRY_SECONDS = 10
-"""A queued step (no slot free) is tried again after 1 to this many seconds, at random."""
 """How much of a failure's error and cause the run keeps as its `error`."""
 
 LoopOutcome = Literal["continue", "waiting", "done", "failed", "rollover", "queued"]

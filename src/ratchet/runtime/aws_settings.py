@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.errors import InvalidInput
-from ratchet.handlers.payloads import DEFAULT_QUEUE_RETRY_SECONDS
-from ratchet.limits import parse_overrides
+from ratchet.limits import DEFAULT_QUEUE_RETRY_SECONDS, parse_overrides
 from ratchet.pricing import check_prices
 
 ENVIRONMENT = {

@@ -31,10 +31,11 @@ def test_five_runs_bounded_at_two_never_have_more_than_two_steps_at_work(stack: 
         names.append(started["execution_name"])
 
     deadline = time.monotonic() + 60
-    while not _queued(stack, names):  # two runs hold the slots, in their tools
+    # Two runs hold the slots, in their tools, and a third found none.
+    while not (IN_FLIGHT.now == 2 and _queued(stack, names)):
+        assert IN_FLIGHT.now <= 2, f"{IN_FLIGHT.now} steps of a bound-2 agent at work"
         assert time.monotonic() < deadline, "no run waited for a slot"
         time.sleep(0.05)
-    assert IN_FLIGHT.now == 2
     IN_FLIGHT.open.set()
 
     for name in names:

@@ -38,9 +38,13 @@ CREATE TABLE IF NOT EXISTS workers (
 """
 
 
-_AGENT = "coalesce(json_extract(s.state, '$.agent'), json_extract(r.state, '$.agent'))"
+_AGENT = (
+    "coalesce(CASE WHEN json_valid(s.state) THEN json_extract(s.state, '$.agent') END, "
+    "CASE WHEN json_valid(r.state) THEN json_extract(r.state, '$.agent') END)"
+)
 """A run's stored agent reference, from its static part (or, for a run made before there was
-one, its head); SQL over `runs AS r LEFT JOIN run_static AS s`."""
+one, its head); SQL over `runs AS r LEFT JOIN run_static AS s`. NULL for a damaged row: the
+run is claimed as if unbounded, and the worker that reads it skips it, saying why."""
 _HELD_AGENT = _AGENT.replace("s.state", "hs.state").replace("r.state", "hr.state")
 
 
