@@ -37,6 +37,7 @@ INTEGER_BOUNDS = {
     "approval_timeout_seconds": (1, 365 * 24 * 3600),
     "checkpoint_retention_days": (1, 3650),
     "queue_retry_seconds": (1, 300),
+    "requests_per_minute": (1, 1_000_000),
 }
 """The bounds `ratchet.runtime.aws_settings.AwsSettings` puts on these settings (tests compare)."""
 
@@ -78,6 +79,9 @@ class DeployConfig:
     them; none: the built-in table only."""
     queue_retry_seconds: int = 10
     """A step queued for its agent's slot is tried again after 1 to this many seconds."""
+    requests_per_minute: int | None = None
+    """Model calls a minute shared by every run of the deployment (`ratchet:requestsPerMinute`);
+    none: no limit. The step function counts them (docs/limits.md)."""
     max_concurrent: str | None = None
     """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
     (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as `RATCHET_MAX_CONCURRENT` takes them:
@@ -305,6 +309,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "approval_timeout_seconds": _integer("approval_timeout_seconds"),
     "checkpoint_retention_days": _integer("checkpoint_retention_days"),
     "queue_retry_seconds": _integer("queue_retry_seconds"),
+    "requests_per_minute": _integer("requests_per_minute"),
     "anthropic_secret_arn": _SECRET,
     "public_url": lambda key, raw: _matching(_PUBLIC_URL, "an https URL")(key, raw).rstrip("/"),
     "email_sender": _matching(re.compile(EMAIL_PATTERN), "an email address"),

@@ -51,6 +51,8 @@ BEDROCK_MODELS = "RATCHET_BEDROCK_MODELS"
 """A JSON array of the Bedrock model ids the step may invoke (`[]`: none), so the API refuses
 a run naming another at start."""
 QUEUE_RETRY_SECONDS = "RATCHET_QUEUE_RETRY_SECONDS"
+REQUESTS_PER_MINUTE = "RATCHET_REQUESTS_PER_MINUTE"
+"""The deployment's model calls a minute (`ratchet:requestsPerMinute`): the step's only."""
 MAX_CONCURRENT = "RATCHET_MAX_CONCURRENT"
 """The deployer's bounds on concurrent runs by agent name (`ratchet:maxConcurrent`): read by
 the step function only."""

@@ -194,6 +194,10 @@ class RatchetStack(Stack):
         )
         if config.max_concurrent:
             lambdas["step"].add_environment(contract.MAX_CONCURRENT, config.max_concurrent)
+        if config.requests_per_minute is not None:
+            lambdas["step"].add_environment(
+                contract.REQUESTS_PER_MINUTE, str(config.requests_per_minute)
+            )
         state_machine.grant_start_execution(api_function)
         # Cancelling a run stops its execution, found among the machine's running ones.
         state_machine.grant(api_function, "states:ListExecutions")

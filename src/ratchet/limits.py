@@ -19,6 +19,11 @@ from ratchet.agents import AgentRegistry
 from ratchet.tools import check_max_concurrent
 
 MAX_CONCURRENT_ENV = "RATCHET_MAX_CONCURRENT"
+MAX_REQUESTS_PER_MINUTE = 1_000_000
+"""The most `requests_per_minute` takes: the deployment's model calls a minute, shared by all
+its runs (`RATCHET_REQUESTS_PER_MINUTE`, the stack's `ratchet:requestsPerMinute`). Every step
+counts as one (a step calls the model at most once, and a summary of old steps once more);
+over it, a step waits for the next minute without using an attempt."""
 DEFAULT_QUEUE_RETRY_SECONDS = 10
 """On AWS a queued step (no slot free) is tried again after 1 to this many seconds, at random
 (`RATCHET_QUEUE_RETRY_SECONDS`, the stack's `ratchet:queueRetrySeconds`)."""

@@ -610,3 +610,14 @@ class Slots(Protocol):
     def release(self, name: str, holder: str) -> None:
         """Give back `holder`'s slot of `name`, if it holds one (never another's)."""
         ...
+
+
+class RateLimit(Protocol):
+    """At most `per_minute` requests under a name in each minute of the clock (a fixed
+    window: up to twice that may fall within one minute that straddles two), counted across
+    every process that shares the store."""
+
+    def take(self, name: str, per_minute: int) -> float:
+        """Count one request against this minute's: 0.0 if it is within `per_minute` (and it
+        is counted), else the seconds until the next minute begins (and nothing is)."""
+        ...

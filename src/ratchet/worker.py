@@ -440,6 +440,16 @@ class Worker:
                     "could not open the approval request",
                     extra={"run_id": run_id, "worker_id": self.worker_id},
                 )
+        if outcome.outcome is Outcome.QUEUED:
+            # The deployment's model calls this minute are used up: nothing was done and no
+            # attempt used. Wait for the next minute, holding the run (every run waits alike).
+            seconds = outcome.retry_after or self.poll_seconds
+            self.logger.info(
+                "model call rate limit reached; waiting",
+                extra={"run_id": run_id, "worker_id": self.worker_id, "seconds": seconds},
+            )
+            self._pause(seconds)
+            return True
         if outcome.outcome is not Outcome.CONTINUE:
             self.logger.info(
                 "run left",

@@ -40,6 +40,7 @@ CONFIGURED = {
     "ratchet:publicUrl": "https://approvals.example.com/",
     "ratchet:prices": '{"claude-opus-9*": {"input": 20, "output": 100}}',
     "ratchet:maxConcurrent": '{"billing": 5}',
+    "ratchet:requestsPerMinute": "50",
 }
 """Every optional context key a deployer may give, as `cdk deploy -c` passes them (strings)."""
 

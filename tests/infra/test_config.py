@@ -89,6 +89,7 @@ def test_a_custom_public_url_loses_its_trailing_slash() -> None:
         ("ratchet:prices", '{"claude*": {"input": true, "output": 15}}'),
         ("ratchet:publicUrl", "http://approvals.example.com"),
         ("ratchet:publicUrl", "https://approvals.example.com/?x=1"),
+        ("ratchet:requestsPerMinute", "0"),
         ("ratchet:maxConcurrent", "support=5"),
         ("ratchet:maxConcurrent", '{"support": 0}'),
         ("ratchet:maxConcurrent", '{"support": 10001}'),

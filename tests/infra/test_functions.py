@@ -65,7 +65,7 @@ UNCONFIGURED = {
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {
     "api": {"agents", "prices"},
-    "step": {"agents", "max_concurrent"},
+    "step": {"agents", "max_concurrent", "requests_per_minute"},
     "notify": {
         "email_sender",
         "notify_emails",
@@ -231,6 +231,7 @@ def test_the_settings_the_stack_passes_are_valid_settings(
         assert json.loads(settings.agents) == {"billing": "my_pkg.agents:billing"}
     if name == "step":
         assert settings.max_concurrent == {"billing": 5}
+        assert settings.requests_per_minute == 50
         assert settings.queue_retry_seconds == DeployConfig().queue_retry_seconds
     if name == "api":
         assert settings.bedrock_models == ()

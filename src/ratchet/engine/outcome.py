@@ -41,10 +41,13 @@ class StepOutcome:
     """What the step's checkpoint commit wrote (head, record, ledger); 0 if nothing was."""
     head: RunState | None = field(default=None, compare=False, repr=False)
     """The head the step left, as committed (what a reader of the store would load)."""
+    retry_after: float | None = None
+    """For a queued step held back by the model-call rate limit: the seconds until it may
+    go (None: as soon as a slot of its agent frees)."""
 
     @classmethod
-    def queued(cls, state: RunState) -> StepOutcome:
-        return cls(Outcome.QUEUED, state.run_id, state.step, state.version, 0, state)
+    def queued(cls, state: RunState, *, retry_after: float | None = None) -> StepOutcome:
+        return cls(Outcome.QUEUED, state.run_id, state.step, state.version, 0, state, retry_after)
 
     @classmethod
     def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:

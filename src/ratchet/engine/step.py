@@ -76,6 +76,7 @@ from ratchet.ports import (
     Consumption,
     IdempotencyLedger,
     LedgerCompletion,
+    RateLimit,
     Slots,
 )
 from ratchet.state import (
@@ -100,6 +101,8 @@ from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
 
 Binder = Callable[[RunState], Binding]
 SLOT_MARGIN_SECONDS = 60.0
+MODEL_REQUESTS = "model"
+"""The name the deployment's model-call rate limit counts under (`requests_per_minute`)."""
 
 
 class Engine:
@@ -124,12 +127,20 @@ class Engine:
         abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
         slots: Slots | None = None,
         limits: Callable[[str], int | None] | None = None,
+        rate: RateLimit | None = None,
+        requests_per_minute: int | None = None,
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
         step of a bounded agent's run takes one of its slots before any work and gives it
         back once the step is over; finding none free, it is `Outcome.QUEUED` (on AWS; a
-        local worker's claim bounds its runs instead, see `ratchet.limits`)."""
+        local worker's claim bounds its runs instead, see `ratchet.limits`).
+
+        With `rate` and `requests_per_minute`, every step (each may call the model) counts
+        one request of the deployment's shared limit before its attempt is counted; over it,
+        the step is `Outcome.QUEUED` with the seconds until the next minute."""
         self._store = store
+        self._rate = rate
+        self._requests_per_minute = requests_per_minute
         self._slots = slots
         self._limits = limits
         self._logger = logger
@@ -230,6 +241,10 @@ class Engine:
 
     def _take_step(self, state: RunState, *, count_next_attempt: bool) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
+        if self._rate is not None and self._requests_per_minute is not None:
+            wait = self._rate.take(MODEL_REQUESTS, self._requests_per_minute)
+            if wait > 0:
+                return StepOutcome.queued(state, retry_after=wait)
         # Only this engine can have written the version it counted ahead for: if the head is
         # still at it, the attempt is already on record, and nobody else has touched the run.
         if self._counted_ahead.pop(run_id, None) != state.version:

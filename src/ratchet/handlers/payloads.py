@@ -169,11 +169,12 @@ class StepResult(_Payload):
                 raise ValueError(f"run {taken.run_id!r}: a waiting outcome without its head")
             wait = WaitPlan.of(taken.head, now)
         # Full jitter: runs that found no slot at once do not all come back at once.
-        retry_in = (
-            (rng or random).randint(1, queue_retry_seconds)
-            if taken.outcome is Outcome.QUEUED
-            else None
-        )
+        draw = rng or random
+        retry_in = None
+        if taken.outcome is Outcome.QUEUED:
+            retry_in = draw.randint(1, queue_retry_seconds)
+            if taken.retry_after is not None:  # the next minute of model calls, spread out
+                retry_in += math.ceil(taken.retry_after) - 1
         next_execution = None
         looping = taken.outcome in (Outcome.CONTINUE, Outcome.QUEUED)
         if (looping and iteration >= rollover_after) or (

@@ -21,6 +21,7 @@ from ratchet.adapters.dynamodb.approvals import AwsApprovals
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
+from ratchet.adapters.dynamodb.rate import DynamoDbRateLimit
 from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
@@ -147,6 +148,8 @@ class AwsRuntime:
             faults=faults,
             slots=DynamoDbSlots(self.dynamodb, self.settings.checkpoints_table),
             limits=self._limits,
+            rate=DynamoDbRateLimit(self.dynamodb, self.settings.checkpoints_table),
+            requests_per_minute=self.settings.requests_per_minute,
         )
 
     def before_prepare(self) -> None:
@@ -388,8 +391,8 @@ class AwsRuntime:
                 time.sleep(pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue
-            if taken.outcome is Outcome.QUEUED:  # the agent's slots are all taken: wait a turn
-                time.sleep(pause)
+            if taken.outcome is Outcome.QUEUED:  # no slot, or no model call left this minute
+                time.sleep(taken.retry_after or pause)
                 pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue
             if taken.outcome is not Outcome.CONTINUE:

@@ -14,7 +14,11 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.errors import InvalidInput
-from ratchet.limits import DEFAULT_QUEUE_RETRY_SECONDS, parse_overrides
+from ratchet.limits import (
+    DEFAULT_QUEUE_RETRY_SECONDS,
+    MAX_REQUESTS_PER_MINUTE,
+    parse_overrides,
+)
 from ratchet.pricing import check_prices
 
 ENVIRONMENT = {
@@ -40,6 +44,7 @@ ENVIRONMENT = {
     "prices": "RATCHET_PRICES",
     "max_concurrent": "RATCHET_MAX_CONCURRENT",
     "queue_retry_seconds": "RATCHET_QUEUE_RETRY_SECONDS",
+    "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -101,6 +106,8 @@ class AwsSettings(BaseModel):
     (`ratchet.limits`); the stack's `max_concurrent`."""
     queue_retry_seconds: int = Field(default=DEFAULT_QUEUE_RETRY_SECONDS, ge=1, le=300)
     """A step that found no free slot is tried again after 1 to this many seconds."""
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
+    """The deployment's model calls a minute, shared by every run (`ratchet.limits`)."""
 
     @field_validator("max_concurrent", mode="before")
     @classmethod

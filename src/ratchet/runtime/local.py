@@ -34,6 +34,7 @@ from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
+from ratchet.adapters.sqlite.rate import SqliteRateLimit
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
@@ -41,7 +42,12 @@ from ratchet.approvals.links import LinkSigner, key_file
 from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.limits import MAX_CONCURRENT_ENV, ConcurrencyLimits, parse_overrides
+from ratchet.limits import (
+    MAX_CONCURRENT_ENV,
+    MAX_REQUESTS_PER_MINUTE,
+    ConcurrencyLimits,
+    parse_overrides,
+)
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.untrusted import is_utf8
@@ -90,6 +96,9 @@ class LocalSettings(BaseModel):
     max_concurrent: dict[str, int] = Field(default_factory=dict)
     """Bounds on concurrent runs by agent name (`RATCHET_MAX_CONCURRENT`, a JSON object),
     over each agent's own `max_concurrent`: see `ratchet.limits`."""
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
+    """Model calls a minute shared by every worker on the store
+    (`RATCHET_REQUESTS_PER_MINUTE`): see `ratchet.limits`."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -140,6 +149,7 @@ class LocalSettings(BaseModel):
             busy_timeout_seconds=env.get("RATCHET_BUSY_TIMEOUT_SECONDS")
             or DEFAULT_BUSY_TIMEOUT_SECONDS,
             max_concurrent=env.get(MAX_CONCURRENT_ENV) or {},
+            requests_per_minute=env.get("RATCHET_REQUESTS_PER_MINUTE") or None,
         )
 
 
@@ -154,6 +164,7 @@ _ENV_NAMES = {
     "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
     "max_concurrent": MAX_CONCURRENT_ENV,
+    "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
 }
 
 
@@ -287,6 +298,8 @@ class LocalRuntime:
             worker_id=worker_id,
             logger=logger,
             faults=faults,
+            rate=SqliteRateLimit(self.db),
+            requests_per_minute=self.settings.requests_per_minute,
         )
 
     def bind(self, state: RunState) -> Binding:
