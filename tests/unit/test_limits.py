@@ -57,6 +57,6 @@ def test_the_override_for_an_agents_name_wins_over_its_own_bound():
 
 @pytest.mark.parametrize("text", ["0", "-5", "1000001", "many"])
 def test_a_bad_requests_per_minute_is_one_line_naming_the_setting(text):
-    with pytest.raises(InvalidInput, match="^RATCHET_REQUESTS_PER_MINUTE is not valid: "):
+    with pytest.raises(InvalidInput, match=r"^RATCHET_REQUESTS_PER_MINUTE is not valid: "):
         LocalSettings.from_env({"RATCHET_REQUESTS_PER_MINUTE": text})
     assert LocalSettings.from_env({"RATCHET_REQUESTS_PER_MINUTE": "50"}).requests_per_minute == 50
