@@ -38,6 +38,15 @@ from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
 from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
+from ratchet.schedules import (
+    MAX_SCHEDULES,
+    Schedule,
+    ScheduleBook,
+    ScheduleSpec,
+    new_schedule,
+    parse_every,
+    paused,
+)
 from ratchet.state import (
     Created,
     EventWait,
@@ -674,6 +683,78 @@ class Client:
             run_id, verdict, channel=self.channel, worker_id=self.worker_id, logger=self.logger
         )
         return self.get(run_id)
+
+    # --- schedules ---------------------------------------------------------------------------
+
+    def schedule_add(
+        self,
+        name: str,
+        *,
+        agent: str,
+        cron: str | None = None,
+        every: str | None = None,
+        input: Mapping[str, JsonValue] | None = None,
+        timezone: str = "UTC",
+    ) -> Schedule:
+        """Add a schedule that starts a run of `agent` (with `input`) on the five-field `cron`
+        expression in `timezone`, or `every` interval (`15m`, `2h`, `1d`; a minute at least),
+        fired by the store's workers (`ratchet.schedules`). The agent and input are checked
+        as a start would check them. `InvalidInput` naming the field, and nothing written, if
+        the schedule cannot fire or the name is taken."""
+        fields: dict[str, Any] = {
+            "name": name,
+            "agent": agent,
+            "cron": cron,
+            "input": dict(input or {}),
+            "timezone": timezone,
+        }
+        if every is not None:
+            fields["every_seconds"] = parse_every(every)
+        try:
+            spec = ScheduleSpec.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as error:
+            field, message = request_problems(error)[0]
+            raise InvalidInput(f"{field}: {message}") from None
+        request = RunRequest(agent=spec.agent, input=spec.input)
+        new_run(request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents)
+        book = self._schedules()
+        if len(book.all()) >= MAX_SCHEDULES:
+            raise InvalidInput(f"name: a store keeps at most {MAX_SCHEDULES} schedules")
+        schedule = new_schedule(spec, utcnow())
+        if not book.add(schedule):
+            raise InvalidInput(f"name: a schedule named {name!r} exists; remove it first")
+        return schedule
+
+    def schedules(self) -> list[Schedule]:
+        """The store's schedules, by name."""
+        return self._schedules().all()
+
+    def schedule_pause(self, name: str, *, pause: bool = True) -> Schedule:
+        """Pause the schedule (its fires are skipped until it is resumed), or resume it (it
+        fires next at its first time from now). `InvalidInput` if there is no such schedule."""
+        book = self._schedules()
+        for _ in range(3):  # a worker may move it on meanwhile: read it again
+            schedule = book.get(name)
+            if schedule is None:
+                raise InvalidInput(f"name: no schedule named {name!r}")
+            changed = paused(schedule, utcnow(), pause=pause)
+            if book.replace(changed, expected_next=schedule.next_fire):
+                return changed
+        raise InvalidInput(f"name: schedule {name!r} kept changing; try again")
+
+    def schedule_remove(self, name: str) -> None:
+        """Remove the schedule; the runs it started stay. `InvalidInput` if there is none."""
+        if not self._schedules().remove(name):
+            raise InvalidInput(f"name: no schedule named {name!r}")
+
+    def _schedules(self) -> ScheduleBook:
+        book = getattr(self.runtime, "schedules", None)
+        if book is None:
+            raise InvalidInput(
+                "schedules are kept by a local store and fired by its workers; this store "
+                "keeps none"
+            )
+        return cast("ScheduleBook", book)
 
     # --- events and timers -------------------------------------------------------------------
 

@@ -56,6 +56,8 @@ tried."""
 MAX_WORKER_ID_CHARS = 200
 EXPIRY_CHECK_SECONDS = 5.0
 """How often, by the worker's clock, it looks for approval requests past their deadline."""
+SCHEDULE_CHECK_SECONDS = 1.0
+"""How often, by the worker's clock, it looks for schedules due to fire."""
 
 
 def check_worker_id(worker_id: str) -> str:
@@ -197,6 +199,9 @@ class Worker:
     """Called with the time (by `clock`) before every claim: settles the waits due by then
     (a timer's time, an event wait's timeout) and those whose event is in the mailbox, and
     returns the runs that go on (runnable now, so the claim that follows may take them)."""
+    fire_schedules: Callable[[datetime], Sequence[str]] | None = None
+    """Called with the time (by `clock`) every `SCHEDULE_CHECK_SECONDS` between claims: starts
+    the runs of the schedules due by then and returns their ids (`ratchet.schedules`)."""
     limits: Callable[[str], int | None] | None = None
     """The bound on concurrent runs of an agent, by its stored reference (None: no bound):
     such runs are claimed only while their agent has a free slot, and let go after each step,
@@ -207,6 +212,7 @@ class Worker:
     _waited_for: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _beat_every: float = field(default=0.0, init=False, repr=False)
     _expiry_checked: datetime | None = field(default=None, init=False, repr=False)
+    _schedules_checked: datetime | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -254,6 +260,7 @@ class Worker:
         busy = 0
         while not self.stop.is_set() and not heartbeat.displaced.is_set():
             self._expire_overdue_approvals()
+            self._fire_schedules()
             self._settle_waits()
             try:
                 claimed = self.leases.claim(
@@ -304,6 +311,23 @@ class Worker:
             self.logger.info(
                 "approval expired; the run goes on without a decision",
                 extra={"run_id": run_id, "worker_id": self.worker_id},
+            )
+
+    def _fire_schedules(self) -> None:
+        if self.fire_schedules is None:
+            return
+        now = self.clock()
+        last = self._schedules_checked
+        if last is not None and (now - last).total_seconds() < SCHEDULE_CHECK_SECONDS:
+            return
+        self._schedules_checked = now
+        try:
+            self.fire_schedules(now)
+        except RatchetError as error:
+            # A busy store: the next check fires the same times, under the same run ids.
+            self.logger.warning(
+                "schedules not checked",
+                extra={"worker_id": self.worker_id, "error": str(error)},
             )
 
     def _settle_waits(self) -> None:

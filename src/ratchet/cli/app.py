@@ -25,7 +25,7 @@ import typer
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, serve, waits
+from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, schedules, serve, waits
 from ratchet.cli.context import err, global_options, say
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
@@ -68,6 +68,7 @@ app = typer.Typer(
 app.callback()(global_options)
 for name, command in COMMANDS.items():
     app.command(name)(command)
+app.add_typer(schedules.app, name="schedule")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -281,6 +281,7 @@ def worker(
         expire_approvals=runtime.approval_expiry(engine),
         settle_waits=runtime.wait_settler(engine),
         limits=runtime.limits(),
+        fire_schedules=runtime.schedule_firer(_starter(runtime, worker_id, logger), logger=logger),
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:
@@ -291,6 +292,19 @@ def worker(
     finally:
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
+
+
+def _starter(runtime: Any, worker_id: str, logger: Any) -> Any:
+    """How a worker starts a schedule's fire: the client's own start path, so the run is
+    checked and prepared as any other start."""
+    from ratchet.client import Client
+
+    client = Client(runtime, worker_id=worker_id, logger=logger, channel="cli")
+
+    def start(run_id: str, spec: Any, _: Any) -> None:
+        client.start(run_id=run_id, agent=spec.agent, input=spec.input)
+
+    return start
 
 
 def _new_run(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +35,7 @@ from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
+from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
@@ -50,6 +51,7 @@ from ratchet.limits import (
 )
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
+from ratchet.schedules import Starter, fire_due
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import HookKeys
@@ -322,6 +324,16 @@ class LocalRuntime:
             public_url=self.settings.public_url,
             notifiers=[self.outbox],
         )
+
+    @property
+    def schedules(self) -> SqliteScheduleBook:
+        return SqliteScheduleBook(self.db)
+
+    def schedule_firer(self, start: Starter, *, logger: Any) -> Callable[[datetime], Sequence[str]]:
+        """What a worker calls to fire the store's due schedules, each run started by
+        `start` (the client's own start path)."""
+        book = self.schedules
+        return lambda now: fire_due(book, start, now, logger=logger)
 
     def limits(self) -> ConcurrencyLimits:
         """The bound on each agent's concurrent runs, for this process's workers."""
