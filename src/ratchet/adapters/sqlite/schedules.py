@@ -22,12 +22,12 @@ CREATE TABLE IF NOT EXISTS schedules (
 class SqliteScheduleBook:
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
-        if not db.read_only and not db.has_table("schedules"):
-            # A store made before schedules existed gets the table on first use.
-            db.connection.executescript(SCHEDULES_SCHEMA)
 
     def add(self, schedule: Schedule) -> bool:
         with self._db.write() as tx:
+            # The table is made with the first schedule: a store that has none (a worker
+            # reading it included) is left as it is.
+            tx.execute(SCHEDULES_SCHEMA)
             inserted = tx.execute(
                 "INSERT INTO schedules (name, next_fire, record) VALUES (?, ?, ?) "
                 "ON CONFLICT (name) DO NOTHING",
@@ -50,6 +50,8 @@ class SqliteScheduleBook:
         return [Schedule.model_validate_json(record) for (record,) in rows]
 
     def remove(self, name: str) -> bool:
+        if not self._db.has_table("schedules"):
+            return False
         with self._db.write() as tx:
             return bool(tx.execute("DELETE FROM schedules WHERE name = ?", (name,)).rowcount)
 
