@@ -4,13 +4,16 @@ ledger."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import boto3
 from botocore.exceptions import ClientError
 from moto import mock_aws
+from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.items import TABLES, error_code
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
@@ -178,3 +181,18 @@ class DynamoHarness(Harness):
     @property
     def blobs(self) -> BlobStore:
         return NoBlobStore()
+
+
+@contextmanager
+def serialized_moto_tables() -> Iterator[DynamoDBClient]:
+    """`moto_tables`, its requests served one at a time: moto's DynamoDB is not thread-safe,
+    while DynamoDB serves each request whole, which is all the racing tests need of it."""
+    lock = threading.RLock()
+    original = DynamoHandler.call_action
+
+    def call_action(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    with mock.patch.object(DynamoHandler, "call_action", call_action), moto_tables() as client:
+        yield client

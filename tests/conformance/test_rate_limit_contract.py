@@ -6,17 +6,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-from unittest import mock
 
 import pytest
-from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.rate import DynamoDbRateLimit
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
 from ratchet.ports import RateLimit
-from tests.dynamodb_support import SETTINGS, moto_tables
+from tests.dynamodb_support import SETTINGS, serialized_moto_tables
 
 MINUTE = 28_000_000 * 60  # the start of a minute
 
@@ -45,14 +42,7 @@ def _sqlite(tmp_path: Path, clock: Clock) -> Iterator[Callable[[], RateLimit]]:
 
 
 def _dynamodb(tmp_path: Path, clock: Clock) -> Iterator[Callable[[], RateLimit]]:
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    with mock.patch.object(DynamoHandler, "call_action", call_action), moto_tables() as client:
+    with serialized_moto_tables() as client:
         yield lambda: DynamoDbRateLimit(client, SETTINGS.checkpoints_table, clock=clock)
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
-from unittest import mock
 
 import pytest
-from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.slots import DynamoDbSlots
-from tests.dynamodb_support import SETTINGS, moto_tables
+from tests.dynamodb_support import SETTINGS, serialized_moto_tables
 
 AGENT = "tests.bounded_agent:agent"
 
@@ -32,16 +29,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def slots(clock: Clock) -> Iterator[DynamoDbSlots]:
-    # moto's DynamoDB is not thread-safe, while DynamoDB serves each request whole: one at a
-    # time is what the race below needs of it.
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    with mock.patch.object(DynamoHandler, "call_action", call_action), moto_tables() as client:
+    with serialized_moto_tables() as client:
         yield DynamoDbSlots(client, SETTINGS.checkpoints_table, clock=clock)
 
 

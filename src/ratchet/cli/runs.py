@@ -358,6 +358,22 @@ def _new_run(
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
+def input_object(text: str) -> dict[str, Any]:
+    """`--input` as a JSON object; refused, naming the flag, if it is not one (or is nested
+    too deep to be parsed)."""
+    try:
+        parsed = loads(text, field="--input")
+    except JsonOverLimit:
+        raise
+    except ValueError as error:
+        raise InvalidInput(f"--input is not JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(
+            f"--input must be a JSON object, like '{{\"batches\": 2}}', not {type(parsed).__name__}"
+        )
+    return parsed
+
+
 def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
     """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
     object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
@@ -365,20 +381,7 @@ def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, An
     parsed, naming the flag."""
     if input_json is None and not params:
         return None
-    given: dict[str, Any] = {}
-    if input_json is not None:
-        try:
-            parsed = loads(input_json, field="--input")
-        except JsonOverLimit:
-            raise
-        except ValueError as error:
-            raise InvalidInput(f"--input is not JSON: {error}") from None
-        if not isinstance(parsed, dict):
-            raise InvalidInput(
-                f"--input must be a JSON object, like '{{\"batches\": 2}}', not "
-                f"{type(parsed).__name__}"
-            )
-        given.update(parsed)
+    given: dict[str, Any] = input_object(input_json) if input_json is not None else {}
     for param in params or []:
         name, equals, raw = param.partition("=")
         if not equals or not _PARAM_NAME.fullmatch(name):

@@ -14,7 +14,8 @@ import typer
 from ratchet.cli import readout
 from ratchet.cli.context import open_client, print_json, require_local_store, say
 from ratchet.cli.options import JsonOption, not_empty
-from ratchet.errors import InvalidInput, JsonOverLimit
+from ratchet.cli.runs import input_object
+from ratchet.errors import InvalidInput
 
 app = typer.Typer(
     name="schedule",
@@ -72,7 +73,7 @@ def add(
     require_local_store("schedule add")
     if (cron is None) == (every is None):
         raise InvalidInput("give either --cron or --every")
-    given = _input(input_json)
+    given = input_object(input_json) if input_json is not None else {}
     client = open_client(create=True)
     try:
         schedule = client.schedule_add(
@@ -173,19 +174,3 @@ def _row(schedule: Any) -> dict[str, Any]:
 
 def _when(schedule: Any) -> str:
     return f"{schedule.next_fire:%Y-%m-%d %H:%M:%S} UTC"
-
-
-def _input(text: str | None) -> dict[str, Any]:
-    from ratchet.untrusted import loads
-
-    if text is None:
-        return {}
-    try:
-        parsed = loads(text, field="--input")
-    except JsonOverLimit:
-        raise
-    except ValueError as error:
-        raise InvalidInput(f"--input is not JSON: {error}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput("--input must be a JSON object, like '{\"batches\": 2}'")
-    return parsed
