@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
+from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.client import Client
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.schedules import fire_due
@@ -31,7 +33,13 @@ def _fire(client: Client, at: datetime) -> list[str]:
     def start(run_id, spec, _):
         client.start(run_id=run_id, agent=spec.agent, input=spec.input)
 
-    return list(fire_due(client.runtime.schedules, start, at, logger=LOG))
+    return list(fire_due(_book(client), start, at, logger=LOG))
+
+
+def _book(client: Client) -> SqliteScheduleBook:
+    runtime = client.runtime
+    assert isinstance(runtime, LocalRuntime)
+    return runtime.schedules
 
 
 def _runs(client: Client) -> list[str]:
@@ -56,7 +64,7 @@ def test_a_fire_repeated_after_a_crash_before_the_schedule_moved_starts_no_secon
     client, monkeypatch
 ):
     client.schedule_add("hourly", agent="migration", cron="0 * * * *")
-    book_type = type(client.runtime.schedules)
+    book_type = type(_book(client))
     real_replace = book_type.replace
 
     def crash(self, schedule, *, expected_next):
@@ -95,11 +103,12 @@ def test_a_paused_schedule_skips_its_fires_and_resumed_fires_from_then_on(client
 
 
 def test_a_schedule_that_cannot_start_is_refused_and_nothing_is_written(client):
-    for fields, said in [
+    refusals: list[tuple[dict[str, Any], str]] = [
         ({"agent": "no.such.module:agent", "cron": "0 * * * *"}, "field agent"),
         ({"agent": "migration", "cron": "0 * * * *", "input": {"tables": 3}}, "tables"),
         ({"agent": "migration", "every": "59s"}, "under a minute"),
-    ]:
+    ]
+    for fields, said in refusals:
         with pytest.raises(Exception, match=said):
             client.schedule_add("nightly", **fields)
     assert client.schedules() == []
