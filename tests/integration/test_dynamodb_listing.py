@@ -4,6 +4,7 @@ table holds. Every request the store makes is counted."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class Counting:
     client: Any
     calls: Counter[str] = field(default_factory=Counter)
     read: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """A page's first reads go out from threads of their own."""
 
     def __getattr__(self, name: str) -> Any:
         call = getattr(self.client, name)
@@ -48,10 +51,11 @@ class Counting:
             return call
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
             answer = call(*args, **kwargs)
-            if name in ("query", "scan"):
-                self.read += answer.get("ScannedCount", 0)
+            with self.lock:
+                self.calls[name] += 1
+                if name in ("query", "scan"):
+                    self.read += answer.get("ScannedCount", 0)
             return answer
 
         return counted
@@ -183,3 +187,22 @@ def test_a_run_the_index_still_holds_under_its_old_status_is_listed_once(table: 
             TableName=SETTINGS.checkpoints_table,
             Key={"run_id": {"S": run_id}, "sk": {"S": "STALE-INDEX-ENTRY"}},
         )
+
+
+def test_a_pages_first_reads_of_every_shard_go_out_at_once(table: Table, monkeypatch):
+    # Each partition's first read waits at a barrier for all the others: read one after
+    # another, the first would wait alone until the barrier gives up.
+    partitions = len(RunStatus) * LIST_SHARDS
+    barrier = threading.Barrier(partitions, timeout=10)
+    real = table.store._query_index
+
+    def together(partition: str, before: Any, chunk: int, start: Any) -> Any:
+        if start is None:
+            barrier.wait()
+        return real(partition, before, chunk, start)
+
+    monkeypatch.setattr(table.store, "_query_index", together)
+    page = table.store.list_page(limit=10)
+
+    assert len(page) == 10
+    assert not barrier.broken

@@ -29,6 +29,7 @@ import hashlib
 import heapq
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -380,10 +381,14 @@ class DynamoDbCheckpointStore:
         statuses = [status] if status is not None else [s.value for s in RunStatus]
         before = list_sort_key(after.updated_at, after.run_id) if after is not None else None
         chunk = max(1, -(-limit // LIST_SHARDS)) + 1
+        partitions = [list_partition(s, shard) for s in statuses for shard in range(LIST_SHARDS)]
+        # The merge needs every partition's newest items before it yields one: their first
+        # reads go out at once (24 for a page of any status), the rest as the merge asks.
+        with ThreadPoolExecutor(max_workers=len(partitions)) as pool:
+            firsts = list(pool.map(lambda p: self._query_index(p, before, chunk, None), partitions))
         streams = [
-            self._index_stream(list_partition(s, shard), before, chunk)
-            for s in statuses
-            for shard in range(LIST_SHARDS)
+            self._index_stream(p, before, chunk, first)
+            for p, first in zip(partitions, firsts, strict=True)
         ]
         merged = heapq.merge(*streams, key=lambda item: item["list_sk"]["S"], reverse=True)
         page: list[RunSummary] = []
@@ -399,31 +404,37 @@ class DynamoDbCheckpointStore:
                 break
         return page
 
-    def _index_stream(self, partition: str, before: str | None, chunk: int) -> Iterator[Any]:
-        """One index partition's items, newest first, read `chunk` at a time as the merge
-        asks for them (a generator: a shard the page does not reach is read no further)."""
+    def _index_stream(
+        self, partition: str, before: str | None, chunk: int, first: Any
+    ) -> Iterator[Any]:
+        """One index partition's items, newest first, from its `first` read on, read `chunk`
+        at a time as the merge asks for them (a generator: a shard the page does not reach is
+        read no further)."""
+        page = first
+        while True:
+            yield from page.get("Items", [])
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
+            page = self._query_index(partition, before, chunk, start)
+
+    def _query_index(self, partition: str, before: str | None, chunk: int, start: Any) -> Any:
         condition = "#pk = :pk" + (" AND #sk < :before" if before is not None else "")
         names = {"#pk": "list_pk"}
         values = {":pk": text_attribute(partition)}
         if before is not None:
             names["#sk"] = "list_sk"
             values[":before"] = text_attribute(before)
-        start: Any = None
-        while True:
-            page = self._client.query(
-                TableName=self._table,
-                IndexName=RUNS_INDEX.name,
-                KeyConditionExpression=condition,
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-                ScanIndexForward=False,
-                Limit=chunk,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
-            yield from page.get("Items", [])
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+        return self._client.query(
+            TableName=self._table,
+            IndexName=RUNS_INDEX.name,
+            KeyConditionExpression=condition,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            ScanIndexForward=False,
+            Limit=chunk,
+            **({"ExclusiveStartKey": start} if start else {}),
+        )
 
     # --- items -----------------------------------------------------------------------------
 
