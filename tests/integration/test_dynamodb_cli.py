@@ -199,3 +199,25 @@ def test_a_missing_run_and_a_missing_table_are_one_line_and_exit_2(deployed):
         "store cannot be read",
         "ResourceNotFoundException",
     )
+
+
+def test_migrate_indexes_the_runs_written_before_the_runs_index(deployed):
+    # As a head last written by a Ratchet without the index: no index keys, no agent.
+    for run_id in ("done-1", "wait-1"):
+        deployed.client.update_item(
+            TableName=SETTINGS.checkpoints_table,
+            Key={"run_id": {"S": run_id}, "sk": {"S": "HEAD"}},
+            UpdateExpression="REMOVE list_pk, list_sk, #agent",
+            ExpressionAttributeNames={"#agent": "agent"},
+        )
+    assert deployed.json("list")["runs"] == []  # the list reads only the index
+
+    assert deployed.json("migrate", "--dry-run") == {"indexed": 0, "unlisted": 2, "dry_run": True}
+    assert deployed.json("list")["runs"] == []
+    assert deployed.json("migrate") == {"indexed": 2, "unlisted": 2, "dry_run": False}
+    listed = deployed.json("list")["runs"]
+    assert sorted(r["run_id"] for r in listed) == ["done-1", "wait-1"]
+    assert deployed.json("migrate")["indexed"] == 0  # once indexed, left alone
+    said = deployed.ratchet("migrate")
+    assert said.returncode == 0
+    assert said.stdout.strip() == "indexed 0 runs written before the runs index"

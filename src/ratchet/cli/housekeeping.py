@@ -9,7 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ratchet.cli.context import open_runtime, out, print_json, require_local_store, say
+from ratchet.cli.context import (
+    open_runtime,
+    out,
+    print_json,
+    require_local_store,
+    say,
+    settings,
+)
 from ratchet.cli.options import JsonOption
 from ratchet.errors import InvalidInput
 
@@ -20,10 +27,15 @@ DryRunOption = Annotated[
 
 def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
-    and report per schema version. Exit 1 if a run cannot be read or upgraded."""
+    and report per schema version. Exit 1 if a run cannot be read or upgraded. On a deployed
+    stack's tables (--store dynamodb://...): index the runs written before the runs index."""
     # The run models (see ratchet.cli.context).
     from ratchet.housekeeping import migrate as migrate_heads
+    from ratchet.runtime import DYNAMODB_SCHEME
 
+    if settings().store.startswith(DYNAMODB_SCHEME):
+        _index_unlisted(dry_run=dry_run, as_json=as_json)
+        return
     runtime = _local_store("migrate", write=not dry_run)
     try:
         report = migrate_heads(runtime.housekeeping, dry_run=dry_run)
@@ -103,6 +115,22 @@ def gc(
         out.print(f"  {run_id}  skipped: it changed while gc ran", markup=False)
     for run_id, reason in report.unreadable.items():
         say(f"  {run_id}  unreadable, left as it is: {reason}")
+
+
+def _index_unlisted(*, dry_run: bool, as_json: bool) -> None:
+    """`migrate` on a deployed stack's tables: give the runs index the heads written before it
+    existed (`ratchet list` and `GET /runs` read only the index)."""
+    runtime = open_runtime(create=False)
+    try:
+        count = runtime.store.index_unlisted(dry_run=dry_run)
+    finally:
+        runtime.close()
+    if as_json:
+        print_json({"indexed": 0 if dry_run else count, "unlisted": count, "dry_run": dry_run})
+        return
+    verb = "would index" if dry_run else "indexed"
+    note = " (dry run: nothing changed)" if dry_run else ""
+    out.print(f"{verb} {count} runs written before the runs index{note}")
 
 
 def _local_store(command: str, *, write: bool) -> Any:

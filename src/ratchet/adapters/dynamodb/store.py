@@ -350,6 +350,56 @@ class DynamoDbCheckpointStore:
         return [_checkpoint(item) for page in pages for item in page.get("Items", [])]
 
     @translated_errors
+    def index_unlisted(self, *, dry_run: bool = False) -> int:
+        """Give the runs index the heads last written before it existed (a run's next commit
+        would, but a run that has ended never commits again): one conditional update each, on
+        the version read and only while the head is still unindexed (a commit meanwhile has
+        indexed it). One Scan of the table; the number of heads indexed."""
+        pages = self._client.get_paginator("scan").paginate(
+            TableName=self._table,
+            FilterExpression="#sk = :head AND attribute_not_exists(#list_pk)",
+            ProjectionExpression="#run_id",
+            ExpressionAttributeNames={"#sk": "sk", "#run_id": "run_id", "#list_pk": "list_pk"},
+            ExpressionAttributeValues={":head": text_attribute(HEAD_SK)},
+            ConsistentRead=True,
+        )
+        unlisted = [item["run_id"]["S"] for page in pages for item in page.get("Items", [])]
+        if dry_run:
+            return len(unlisted)
+        indexed = 0
+        for run_id in unlisted:
+            state = self.load_head(run_id)
+            if state is None:
+                continue
+            keys = self._head_item(state, "")
+            try:
+                self._client.update_item(
+                    TableName=self._table,
+                    Key=self._head_key(run_id),
+                    UpdateExpression="SET #list_pk = :list_pk, #list_sk = :list_sk, "
+                    "#agent = :agent",
+                    ConditionExpression="attribute_not_exists(#list_pk) AND #version = :version",
+                    ExpressionAttributeNames={
+                        "#list_pk": "list_pk",
+                        "#list_sk": "list_sk",
+                        "#agent": "agent",
+                        "#version": "version",
+                    },
+                    ExpressionAttributeValues={
+                        ":list_pk": keys["list_pk"],
+                        ":list_sk": keys["list_sk"],
+                        ":agent": keys["agent"],
+                        ":version": number_attribute(state.version),
+                    },
+                )
+            except ClientError as error:
+                if error_code(error) != "ConditionalCheckFailedException":
+                    raise
+                continue  # committed (and so indexed) since it was read
+            indexed += 1
+        return indexed
+
+    @translated_errors
     def list_runs(self) -> list[RunSummary]:
         """Every run's head, oldest update first. A Scan: it reads the whole table."""
         pages = self._client.get_paginator("scan").paginate(
