@@ -756,13 +756,15 @@ CATALOGUE: list[Case] = [
         "(see: ratchet gc --help)",
     ),
     case(
-        "migrate-on-dynamodb",
+        # On a stack's tables migrate indexes the runs written before the runs index; the URL
+        # is checked before anything is read.
+        "migrate-on-dynamodb-without-a-region",
         "--store",
         "dynamodb://runs?ledger=ledger&app=app",
         "migrate",
         store_flag=False,
-        line="ratchet migrate needs a local sqlite:// store, not a dynamodb:// one: there a "
-        "head is upgraded when a step loads it, and stored anew by its next commit",
+        line="the dynamodb:// store needs a region: add &region=REGION to the URL or set "
+        "AWS_REGION",
     ),
     case(
         "migrate-missing-store",

@@ -94,7 +94,6 @@ _ON_AWS = {
     "cancel": "on AWS use POST /runs/RUN/cancel on the stack's API, which also stops the execution",
     "fork": "on AWS use POST /runs/RUN/fork on the stack's API, which also starts the fork's "
     "execution",
-    "migrate": "there a head is upgraded when a step loads it, and stored anew by its next commit",
     "gc": "there the tables' TTL expires old records",
 }
 
