@@ -183,10 +183,11 @@ class DynamoHarness(Harness):
         return NoBlobStore()
 
 
-@contextmanager
-def serialized_moto_tables() -> Iterator[DynamoDBClient]:
-    """`moto_tables`, its requests served one at a time: moto's DynamoDB is not thread-safe,
-    while DynamoDB serves each request whole, which is all the racing tests need of it."""
+def one_dynamodb_call_at_a_time() -> Any:
+    """A patch that has moto serve one DynamoDB request at a time: moto's DynamoDB is not
+    thread-safe (a transaction deep-copies a table another thread's update may be changing),
+    while DynamoDB serves each request whole, so serving them one at a time loses nothing
+    that racing threads (the state machine's, a test's own) need of it."""
     lock = threading.RLock()
     original = DynamoHandler.call_action
 
@@ -194,5 +195,11 @@ def serialized_moto_tables() -> Iterator[DynamoDBClient]:
         with lock:
             return original(self)
 
-    with mock.patch.object(DynamoHandler, "call_action", call_action), moto_tables() as client:
+    return mock.patch.object(DynamoHandler, "call_action", call_action)
+
+
+@contextmanager
+def serialized_moto_tables() -> Iterator[DynamoDBClient]:
+    """`moto_tables`, its requests served one at a time (`one_dynamodb_call_at_a_time`)."""
+    with one_dynamodb_call_at_a_time(), moto_tables() as client:
         yield client

@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
-from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
@@ -20,7 +17,7 @@ from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.ports import CheckpointStore, IdempotencyLedger, Mailbox
-from tests.dynamodb_support import create_tables, scan
+from tests.dynamodb_support import create_tables, one_dynamodb_call_at_a_time, scan
 
 
 @dataclass
@@ -58,16 +55,8 @@ def _sqlite(tmp_path: Any) -> Iterator[Backend]:
 
 
 def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
-    # moto's DynamoDB is not thread-safe, while DynamoDB serves each request whole: requests
-    # are served one at a time, which is all the racing tests need of it.
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    with mock.patch.object(DynamoHandler, "call_action", call_action), mock_aws():
+    # Requests served one at a time, which is all the racing tests need of moto.
+    with one_dynamodb_call_at_a_time(), mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
         create_tables(client, checkpoints="checkpoints", idempotency="idempotency", app="app")
 

@@ -19,7 +19,6 @@ from unittest import mock
 
 import pytest
 from botocore.exceptions import ClientError
-from moto.dynamodb.responses import DynamoHandler
 
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.run_data import MAX_DATA_KEY_BYTES
@@ -27,7 +26,7 @@ from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput, StoreBusy, StoreUnavailable
 from ratchet.ports import MAX_DATA_KEY_CHARS, MAX_DATA_VALUE_BYTES, RunData
-from tests.dynamodb_support import SETTINGS, moto_tables, new_client, scan
+from tests.dynamodb_support import SETTINGS, new_client, scan, serialized_moto_tables
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -45,17 +44,9 @@ class Backend:
 
 @pytest.fixture(scope="module")
 def dynamodb() -> Iterator[DynamoDBClient]:
-    """One moto DynamoDB for the module; each test starts from an empty app table. moto's
-    DynamoDB is not thread-safe, while DynamoDB serves each request whole: requests are
-    served one at a time, which is all the racing tests need of it."""
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    with mock.patch.object(DynamoHandler, "call_action", call_action), moto_tables() as client:
+    """One moto DynamoDB for the module, serving one request at a time; each test starts
+    from an empty app table."""
+    with serialized_moto_tables() as client:
         yield client
 
 

@@ -5,8 +5,9 @@ DynamoDB on moto.
 Two things stand in for AWS here, each as close to it as this allows; four gaps in moto's port
 of the interpreter are filled (`_start_execution_parameters_fix`,
 `_send_task_failure_cause_fix`, `_closed_task_fix`, `_wait_until_the_time_fix`), moto's
-DynamoDB is kept to one call at a time (`_one_dynamodb_call_at_a_time`), and the definition is
-parsed once per process (`_parse_once`), which is most of what keeps the folder fast:
+DynamoDB is kept to one call at a time (`one_dynamodb_call_at_a_time`, in
+`tests.dynamodb_support`), and the definition is parsed once per process (`_parse_once`),
+which is most of what keeps the folder fast:
 
 - Lambda: moto runs functions in Docker, which CI lacks, so `InProcessLambda` answers
   `Invoke` by calling the handler as the Python runtime would, errors included (the
@@ -64,7 +65,6 @@ from moto.core.config import DefaultConfig
 from moto.core.exceptions import AWSError
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.core.responses import EmptyResult
-from moto.dynamodb.responses import DynamoHandler
 from moto.ses.models import ses_backends
 from moto.stepfunctions.parser.api import ExecutionStatus
 from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
@@ -85,7 +85,7 @@ from ratchet.handlers import approvals as approval_routes
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from ratchet.state import PersonDecided, RunState, RunStatus
 from ratchet.waits import Approval, ApprovalStatus
-from tests.dynamodb_support import create_tables
+from tests.dynamodb_support import create_tables, one_dynamodb_call_at_a_time
 from tests.fake_slack import FakeSlack, signed_interaction
 
 ASL = Path(__file__).resolve().parents[3] / "statemachine" / "agent_run.asl.json"
@@ -317,21 +317,6 @@ def _awaited(backend: Any, token: str) -> bool:
 
 
 _TASK_ENDS = {"TaskSucceeded", "TaskFailed", "TaskTimedOut"}
-
-
-def _one_dynamodb_call_at_a_time() -> Any:
-    """moto's DynamoDB is not thread-safe (a transaction deep-copies a table that another
-    thread's update may be changing); the state machine's threads and the test's own calls
-    (an approval page answering while the resumed execution records the decision) meet
-    there. DynamoDB serves each request whole, so serving them one at a time loses nothing."""
-    lock = threading.RLock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    return mock.patch.object(DynamoHandler, "call_action", call_action)
 
 
 def quick_definition(arns: dict[str, str]) -> str:
@@ -886,7 +871,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         _send_task_failure_cause_fix(),
         _closed_task_fix(),
         _wait_until_the_time_fix(),
-        _one_dynamodb_call_at_a_time(),
+        one_dynamodb_call_at_a_time(),
         _parse_once(),
         mock.patch.object(faults, "os", _FaultsOs()),
     ):
