@@ -35,6 +35,10 @@ MAX_EVERY_SECONDS = 366 * 24 * 3600
 MAX_SCHEDULES = 1000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _EVERY = re.compile(r"^([1-9][0-9]{0,7})([smhd])$")
+_JUST_AFTER = timedelta(microseconds=1)
+"""croniter's `get_prev` is strictly before its start: from just after `now`, `now` itself."""
+_CLOCK_CHANGE = timedelta(hours=3)
+"""More than any zone's clock moves at once."""
 _FIRE_LOOKAHEAD = 1000
 """A cron expression's next fire is found in at most this many candidates (the wall-clock
 guard below skips at most a handful)."""
@@ -147,13 +151,32 @@ def next_fire(spec: ScheduleSpec, anchor: datetime, *, after: datetime) -> datet
 
 def latest_due(schedule: Schedule, now: datetime) -> datetime | None:
     """The latest fire time at or before `now` from the schedule's next one on (a worker that
-    was down makes up its missed fires once, for the latest), or None if none is due."""
+    was down makes up its missed fires once, for the latest), or None if none is due. Found
+    from `now` backwards, not by stepping through every fire missed."""
     if schedule.next_fire > now:
         return None
-    due = schedule.next_fire
-    while (later := next_fire(schedule.spec, schedule.anchor, after=due)) <= now:
-        due = later
-    return due
+    spec = schedule.spec
+    if spec.every_seconds is not None:
+        every = timedelta(seconds=spec.every_seconds)
+        last = schedule.anchor + (now - schedule.anchor) // every * every
+        return max(last.astimezone(UTC), schedule.next_fire)
+    assert spec.cron is not None
+    zone = ZoneInfo(spec.timezone)
+    # The wall times around `now`, placed in the zone as `next_fire` places them; a clock
+    # change reorders them (a repeated hour's wall times map before `now`'s, a skipped
+    # hour's after later ones), so the latest at or before `now` is sought within a window
+    # wider than any change, not taken as the first found.
+    wall_now = now.astimezone(zone).replace(tzinfo=None)
+    candidates = croniter(spec.cron, wall_now + _CLOCK_CHANGE + _JUST_AFTER)
+    latest: datetime | None = None
+    for _ in range(_FIRE_LOOKAHEAD):
+        wall_fire: datetime = candidates.get_prev(datetime)
+        fire = wall_fire.replace(tzinfo=zone).astimezone(UTC)
+        if fire <= now and (latest is None or fire > latest):
+            latest = fire
+        if latest is not None and wall_fire < wall_now - _CLOCK_CHANGE:
+            break
+    return max(latest, schedule.next_fire) if latest is not None else schedule.next_fire
 
 
 def fire_run_id(name: str, at: datetime) -> str:
@@ -181,6 +204,10 @@ class ScheduleBook(Protocol):
 
     def all(self) -> list[Schedule]: ...
 
+    def due(self, now: datetime) -> list[Schedule]:
+        """The schedules not paused whose next fire is at or before `now`."""
+        ...
+
     def remove(self, name: str) -> bool: ...
 
     def replace(self, schedule: Schedule, *, expected_next: datetime) -> bool:
@@ -200,9 +227,7 @@ def fire_due(book: ScheduleBook, start: Starter, now: datetime, *, logger: Any) 
     so it is not tried forever; a transient failure (a busy store) is raised, and the next
     pass fires the same time under the same run id."""
     started = []
-    for schedule in book.all():
-        if schedule.paused:
-            continue
+    for schedule in book.due(now):
         due = latest_due(schedule, now)
         if due is None:
             continue

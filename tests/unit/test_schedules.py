@@ -3,7 +3,7 @@ included; the run id a fire derives; and the input `schedule add` refuses."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
@@ -111,3 +111,42 @@ def test_an_interval_under_a_minute_or_unreadable_is_refused(text, said):
         parse_every(text)
     assert parse_every("90s") == 90
     assert parse_every("1d") == 86400
+
+
+def _stepped(schedule, now):
+    """The latest due fire found the long way: every fire from the next one on."""
+    due = schedule.next_fire
+    while (later := next_fire(schedule.spec, schedule.anchor, after=due)) <= now:
+        due = later
+    return due
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "start", "end"),
+    [
+        ("*/30 * * * *", "Europe/Berlin", "2026-03-28T22:00:00+00:00", "2026-03-29T04:00:00+00:00"),
+        ("*/30 * * * *", "Europe/Berlin", "2026-10-24T22:00:00+00:00", "2026-10-25T04:00:00+00:00"),
+        ("30 2 * * *", "Europe/Berlin", "2026-03-27T00:00:00+00:00", "2026-03-31T00:00:00+00:00"),
+        ("0 2 * * *", "America/New_York", "2026-03-07T00:00:00+00:00", "2026-03-10T00:00:00+00:00"),
+        ("0 9 * * 1-5", "UTC", "2026-12-03T00:00:00+00:00", "2026-12-08T00:00:00+00:00"),
+    ],
+)
+def test_the_latest_due_fire_is_the_one_stepping_through_every_fire_finds(cron, zone, start, end):
+    spec = ScheduleSpec(name="s", agent="migration", cron=cron, timezone=zone)
+    schedule = new_schedule(spec, at(start))
+    now = schedule.next_fire
+    while now < at(end):
+        assert latest_due(schedule, now) == _stepped(schedule, now), now
+        assert latest_due(schedule, now + timedelta(minutes=7)) == _stepped(
+            schedule, now + timedelta(minutes=7)
+        )
+        now += timedelta(minutes=10)
+
+
+def test_a_year_of_missed_fires_is_made_up_once_without_stepping_through_them():
+    spec = ScheduleSpec(name="s", agent="migration", cron="* * * * *")
+    schedule = new_schedule(spec, at("2025-12-01T00:00:30+00:00"))
+    assert latest_due(schedule, at("2026-12-01T10:07:45+00:00")) == at("2026-12-01T10:07:00+00:00")
+    every = ScheduleSpec(name="e", agent="migration", every_seconds=60)
+    interval = new_schedule(every, at("2025-12-01T00:00:30+00:00"))
+    assert latest_due(interval, at("2026-12-01T10:07:45+00:00")) == at("2026-12-01T10:07:30+00:00")

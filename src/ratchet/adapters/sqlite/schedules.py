@@ -4,7 +4,7 @@ time one moves it (the run they start is the same one: its id derives from the f
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.schedules import Schedule
@@ -14,6 +14,7 @@ SCHEDULES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS schedules (
     name      TEXT PRIMARY KEY,
     next_fire TEXT NOT NULL,
+    paused    INTEGER NOT NULL,
     record    TEXT NOT NULL
 ) WITHOUT ROWID;
 """
@@ -29,9 +30,14 @@ class SqliteScheduleBook:
             # reading it included) is left as it is.
             tx.execute(SCHEDULES_SCHEMA)
             inserted = tx.execute(
-                "INSERT INTO schedules (name, next_fire, record) VALUES (?, ?, ?) "
+                "INSERT INTO schedules (name, next_fire, paused, record) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name) DO NOTHING",
-                (schedule.name, _stamp(schedule.next_fire), schedule.model_dump_json()),
+                (
+                    schedule.name,
+                    _stamp(schedule.next_fire),
+                    schedule.paused,
+                    schedule.model_dump_json(),
+                ),
             ).rowcount
         return bool(inserted)
 
@@ -49,6 +55,16 @@ class SqliteScheduleBook:
         rows = self._db.connection.execute("SELECT record FROM schedules ORDER BY name")
         return [Schedule.model_validate_json(record) for (record,) in rows]
 
+    def due(self, now: datetime) -> list[Schedule]:
+        """One read of the rows due (what a worker makes every second): not every schedule."""
+        if not self._db.has_table("schedules"):
+            return []
+        rows = self._db.connection.execute(
+            "SELECT record FROM schedules WHERE paused = 0 AND next_fire <= ? ORDER BY name",
+            (_stamp(now),),
+        )
+        return [Schedule.model_validate_json(record) for (record,) in rows]
+
     def remove(self, name: str) -> bool:
         if not self._db.has_table("schedules"):
             return False
@@ -58,9 +74,11 @@ class SqliteScheduleBook:
     def replace(self, schedule: Schedule, *, expected_next: datetime) -> bool:
         with self._db.write() as tx:
             moved = tx.execute(
-                "UPDATE schedules SET next_fire = ?, record = ? WHERE name = ? AND next_fire = ?",
+                "UPDATE schedules SET next_fire = ?, paused = ?, record = ? "
+                "WHERE name = ? AND next_fire = ?",
                 (
                     _stamp(schedule.next_fire),
+                    schedule.paused,
                     schedule.model_dump_json(),
                     schedule.name,
                     _stamp(expected_next),
@@ -70,4 +88,5 @@ class SqliteScheduleBook:
 
 
 def _stamp(moment: datetime) -> str:
-    return moment.isoformat()
+    """A UTC time of fixed width, so that the text sorts as the time does."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
