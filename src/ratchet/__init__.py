@@ -8,7 +8,8 @@ pins both faces' names).
   `send_event`, `wake`, `get`, `history`, `state_at`, `runs`, `verify`, ...), whose answers
   are pydantic models (`Run`, `EventSent`, ...);
 - defining agents: `Agent`, `tool`, `ToolContext`, `RunContext`, the waits a tool returns
-  (`ask_person`, `wait_for_reply`, `wait_for_event`, `sleep`, `sleep_until`), and what a
+  (`ask_person`, `wait_for_reply`, `wait_for_event`, `sleep`, `sleep_until`), the child runs
+  it starts (`start_runs`, `RunSpec`), and what a
   scripted policy returns (`ToolCall`, `Done`); `ratchet.tools` has the rest (a tool's parts,
   the model port for a model of your own).
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from ratchet.tools import PermanentError as PermanentError
     from ratchet.tools import RunContext as RunContext
     from ratchet.tools import RunData as RunData
+    from ratchet.tools import RunSpec as RunSpec
     from ratchet.tools import RunState as RunState
     from ratchet.tools import StepView as StepView
     from ratchet.tools import ToolCall as ToolCall
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from ratchet.tools import ask_person as ask_person
     from ratchet.tools import sleep as sleep
     from ratchet.tools import sleep_until as sleep_until
+    from ratchet.tools import start_runs as start_runs
     from ratchet.tools import tool as tool
     from ratchet.tools import wait_for_event as wait_for_event
     from ratchet.tools import wait_for_reply as wait_for_reply
@@ -80,6 +83,7 @@ _EXPORTS = {
         "PermanentError",
         "RunContext",
         "RunData",
+        "RunSpec",
         "RunState",
         "StepView",
         "ToolCall",
@@ -88,6 +92,7 @@ _EXPORTS = {
         "ask_person",
         "sleep",
         "sleep_until",
+        "start_runs",
         "tool",
         "wait_for_event",
         "wait_for_reply",

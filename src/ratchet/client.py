@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
-from ratchet.errors import InvalidInput, RatchetError, RunNotFound
+from ratchet.errors import InvalidInput, NotCancellable, RatchetError, RunNotFound
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
@@ -48,6 +48,7 @@ from ratchet.schedules import (
     paused,
 )
 from ratchet.state import (
+    ChildrenWait,
     Created,
     EventWait,
     PersonDecided,
@@ -108,11 +109,11 @@ class WaitingFor(AnswerModel):
     since: datetime
 
 
-WaitKind = Literal["person", "event", "timer"]
+WaitKind = Literal["person", "event", "timer", "children"]
 
 
 class Wait(AnswerModel):
-    """What a waiting run waits for: a person, an event, or a time."""
+    """What a waiting run waits for: a person, an event, a time, or child runs."""
 
     kind: WaitKind
     step: int
@@ -129,6 +130,8 @@ class Wait(AnswerModel):
     event wait without a timeout."""
     answer_schema: dict[str, Any] | None
     """The JSON schema the event's payload (or the person's answer) must match; None: any."""
+    children: list[str] | None = None
+    """The child runs a children wait waits for (`start_runs`), in the order started."""
 
     @classmethod
     def of(cls, state: RunState) -> Wait | None:
@@ -144,6 +147,7 @@ class Wait(AnswerModel):
             name=request.name if isinstance(request, EventWait) else None,
             until=waiting.due,
             answer_schema=request.answer_schema,
+            children=list(request.children) if isinstance(request, ChildrenWait) else None,
         )
 
 
@@ -216,6 +220,9 @@ class Run(AnswerModel):
     goal: str
     input: dict[str, Any]
     """The run's params: its input, with the agent's defaults filled in."""
+    parent: str | None = None
+    """The run whose step started this one (`start_runs`); None for a run started from
+    outside."""
     waiting: WaitingFor | None
     """What the run waits for, in words, while it waits."""
     wait: Wait | None
@@ -243,6 +250,7 @@ class Run(AnswerModel):
             model=state.options.model,
             max_steps=state.options.max_steps,
             input=dict(state.options.params),
+            parent=state.parent,
             summary=state.summary,
             error=state.error,
             waiting=WaitingFor(
@@ -832,11 +840,11 @@ class Client:
 
     def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Run:
         """End a running or waiting run as `cancelled`, keeping its checkpoints; its open
-        approval requests are closed and, on AWS, its execution stopped. `NotCancellable` if
-        it has already finished. `by` and `reason` are bounded as a decision's `by` and comment
-        are (`InvalidInput`)."""
+        approval requests are closed and, on AWS, its execution stopped; the child runs it
+        waits for are cancelled with it. `NotCancellable` if it has already finished. `by`
+        and `reason` are bounded as a decision's `by` and comment are (`InvalidInput`)."""
         steering = _Steering.checked("cancel", by=by or _operator(), reason=reason)
-        self.get(run_id)
+        before = self.head(run_id)
         head = self.runtime.cancel(
             run_id,
             by=steering.by,
@@ -844,7 +852,28 @@ class Client:
             worker_id=self.worker_id,
             logger=self.logger,
         )
+        self._cancel_children(before, by=steering.by)
         return Run.of(head)
+
+    def _cancel_children(self, parent: RunState, *, by: str) -> None:
+        """Cancel the children a cancelled run waited for (`start_runs`) that have not
+        ended, a child waiting for a person too (its request closes), and theirs in turn.
+        Children started with `wait="none"` are not waited for, and go on."""
+        waiting = parent.waiting.request if parent.waiting else None
+        if parent.status is not RunStatus.WAITING or not isinstance(waiting, ChildrenWait):
+            return
+        reason = f"its parent run {parent.run_id} was cancelled"
+        for child_id in waiting.children:
+            child = self.runtime.store.load_head(child_id)
+            if child is None or child.is_finished:
+                continue
+            try:
+                self.runtime.cancel(
+                    child_id, by=by, reason=reason, worker_id=self.worker_id, logger=self.logger
+                )
+            except NotCancellable:
+                continue  # ended meanwhile
+            self._cancel_children(child, by=by)
 
     def fork(self, source: str, /, *, from_step: int, run_id: str | None = None) -> Run:
         """A new run (`run_id`, default `<source>-fork-<random>`) whose state is the source's

@@ -430,3 +430,9 @@ class WaitRequestInvalid(PermanentError, ValueError):
     """A wait a tool asked for that no retry can make valid: a sleep of -1 s or of ten
     years, a naive `sleep_until` time, an event name that is not one. The run fails at once,
     saying which, instead of trying the step twice more."""
+
+
+class ChildRunsRefused(PermanentError, ValueError):
+    """Child runs a tool asked for (`start_runs`) that no retry can start: an agent this
+    deployment does not know, input its model refuses, a run nested too deep, a runtime that
+    starts no child runs. Nothing was started; the run fails at once, saying which."""

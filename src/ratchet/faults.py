@@ -22,6 +22,8 @@ class FaultPoint(StrEnum):
     AFTER_MODEL = "after_model"
     AFTER_DECISION = "after_decision"
     AFTER_TOOL = "after_tool"
+    AFTER_CHILDREN_STARTED = "after_children_started"
+    """The step's child runs (`start_runs`) are created, the step not committed."""
     BEFORE_COMMIT = "before_commit"
     AFTER_COMMIT = "after_commit"
     AFTER_EVENT_ACCEPTED = "after_event_accepted"
@@ -37,7 +39,8 @@ STEP_POINTS = (
     FaultPoint.BEFORE_COMMIT,
     FaultPoint.AFTER_COMMIT,
 )
-"""The points inside an engine step (the others are in the event desk)."""
+"""The points inside every engine step (`AFTER_CHILDREN_STARTED` is inside a step that starts
+child runs only; the others are in the event desk)."""
 
 
 class FaultAction(StrEnum):

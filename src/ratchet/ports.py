@@ -22,6 +22,7 @@ from ratchet.state import (
     Decision,
     Message,
     RunState,
+    StartRuns,
     StoredCheckpoint,
     ToolDigest,
     ToolOutput,
@@ -518,6 +519,8 @@ class WaitBook(Protocol):
 
     def answered(self) -> list[OpenWait]: ...
 
+    def children(self) -> list[OpenWait]: ...
+
     def next_due(self) -> datetime | None: ...
 
 
@@ -620,4 +623,26 @@ class RateLimit(Protocol):
     def take(self, name: str, per_minute: int) -> float:
         """Count one request against this minute's: 0.0 if it is within `per_minute` (and it
         is counted), else the seconds until the next minute begins (and nothing is)."""
+        ...
+
+
+class ChildRuns(Protocol):
+    """Runs that runs start (`start_runs`), for the engine: started before the step that
+    starts them commits, and told of their end so their parent's wait settles
+    (`ratchet.children`)."""
+
+    def start(self, parent: RunState, step: int, request: StartRuns) -> list[str]:
+        """Create (and on AWS start) each run `request` names, under the ids derived from
+        the parent's step (`child_run_id`): a child that exists already is left as it is, so
+        a retried step starts none twice. Every spec is checked before any run is created;
+        a spec no run can be started from is `ChildRunsRefused`. Returns the children's
+        ids."""
+        ...
+
+    def after(self, head: RunState) -> None:
+        """Told of a run's head after the engine moved it (or found it ended): a child that
+        ended settles its parent's wait if that was the last (or, with `wait="first"`, the
+        first) it waited for; a parent that just parked on its children settles at once if
+        they have ended already. Never raises for what it could not do: a parent left
+        waiting is settled by the next child, or by the runtime's sweep."""
         ...

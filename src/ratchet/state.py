@@ -14,6 +14,7 @@ back from the step records, the static part (goal, options) is written once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -294,6 +295,80 @@ class TimerWait(_Model):
         return None
 
 
+MAX_CHILDREN = 100
+"""The most runs one step may start (`start_runs`)."""
+MAX_CHILD_DEPTH = 5
+"""How deep runs may nest: a run started by a run started by ... five levels at most."""
+ChildWaitMode = Literal["all", "first"]
+
+
+class ChildrenWait(_Model):
+    """What a step that started child runs (`start_runs(..., wait="all" | "first")`) waits
+    for: all of them to end, or the first one."""
+
+    kind: Literal["children"] = "children"
+    children: list[RunId] = Field(min_length=1, max_length=MAX_CHILDREN)
+    """The child runs' ids, in the order the tool gave them (`child_run_id`)."""
+    wait: ChildWaitMode = "all"
+
+    @property
+    def prompt(self) -> str:
+        count = len(self.children)
+        runs = "run" if count == 1 else "runs"
+        if self.wait == "first":
+            return f"Waiting for the first of {count} child {runs} to end"
+        return f"Waiting for {count} child {runs} to end"
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return {"children": list(self.children)}
+
+    @property
+    def answer_schema(self) -> None:
+        return None
+
+
+ChildWaitChoice = Literal["all", "first", "none"]
+
+
+class RunSpec(_Model):
+    """One run a tool starts (`start_runs`): an agent the deployment knows, by name (locally
+    also `module:attr`), with its input; the goal, model and step cap default as a start's do,
+    except the model, which is the parent's."""
+
+    agent: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] | None = None
+    goal: str | None = Field(default=None, min_length=1, max_length=MAX_GOAL_BYTES)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    max_steps: int | None = Field(default=None, ge=1)
+
+
+class StartRuns(_Model):
+    """What `start_runs` returns for the engine: the runs to start at this step (their ids
+    derived from the step's key) and what the run waits for then."""
+
+    kind: Literal["start_runs"] = "start_runs"
+    runs: list[RunSpec] = Field(min_length=1, max_length=MAX_CHILDREN)
+    wait: ChildWaitChoice = "all"
+
+    def waits_for(self, parent: str, step: int) -> ChildrenWait | None:
+        if self.wait == "none":
+            return None
+        children = [child_run_id(parent, step, i) for i in range(len(self.runs))]
+        return ChildrenWait(children=children, wait=self.wait)
+
+
+def child_run_id(parent: str, step: int, index: int) -> str:
+    """The id of the `index`th run that step `step` of run `parent` starts: its idempotency
+    key with `/` as `.` (`<run>.step-<n>.<i>`), so a retried step starts no second child. An
+    id over 128 characters keeps its start and ends in a hash of the whole."""
+    whole = f"{parent}.step-{step}.{index}"
+    if len(whole) <= 128:
+        return whole
+    digest = hashlib.sha256(whole.encode("utf-8")).hexdigest()[:24]
+    return f"{whole[:96].rstrip('.')}.{digest}.{index}"[:128]
+
+
 def duration_words(seconds: float) -> str:
     """`45 s`, `90 min`, `2 h`, `3 d`: a wait's length, as a result or a status says it."""
     if seconds < 120:
@@ -309,12 +384,15 @@ def _when(at: datetime) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+_WAIT_KINDS = ("event", "timer", "children")
+
+
 def _wait_kind(value: Any) -> str:
     if not isinstance(value, dict):
         kind = getattr(value, "kind", None)
-        return kind if kind in ("event", "timer") else "person"
+        return kind if kind in _WAIT_KINDS else "person"
     kind = value.get("kind")
-    if kind in ("event", "timer"):
+    if kind in _WAIT_KINDS:
         return str(kind)
     # A head is stored without the fields at their default, `kind` among them; and records
     # written before there were other waits hold an approval request with no kind. Each
@@ -323,24 +401,29 @@ def _wait_kind(value: Any) -> str:
         return "event"
     if "until" in value or "seconds" in value:
         return "timer"
+    if "children" in value:
+        return "children"
     return "person"
 
 
 WaitRequest = Annotated[
     Annotated[ApprovalRequest, Tag("person")]
     | Annotated[EventWait, Tag("event")]
-    | Annotated[TimerWait, Tag("timer")],
+    | Annotated[TimerWait, Tag("timer")]
+    | Annotated[ChildrenWait, Tag("children")],
     Discriminator(_wait_kind),
 ]
-"""What a step waits for: a person's decision, an event, or a time."""
+"""What a step waits for: a person's decision, an event, a time, or child runs."""
+
+AnyWait = ApprovalRequest | EventWait | TimerWait | ChildrenWait
 
 
-def wait_kind(request: ApprovalRequest | EventWait | TimerWait) -> str:
-    """`person`, `event` or `timer`."""
+def wait_kind(request: AnyWait) -> str:
+    """`person`, `event`, `timer` or `children`."""
     return _wait_kind(request)
 
 
-def wait_due(request: ApprovalRequest | EventWait | TimerWait) -> datetime | None:
+def wait_due(request: AnyWait) -> datetime | None:
     """When the wait settles by itself: a timer's time, an event wait's timeout (None: a
     person's request, whose expiry its approval keeps, or an event wait without a timeout)."""
     if isinstance(request, TimerWait):
@@ -421,6 +504,11 @@ class RunState(_Model):
     """The last step folded into `memory` (with `model_summary`; 0: none yet)."""
     not_before: datetime | None = None
     """After a failed attempt: the next attempt waits until then (backing off)."""
+    parent: RunId | None = None
+    """The run whose step started this one (`start_runs`), told when this one ends."""
+    parent_step: int | None = None
+    depth: int = Field(default=0, ge=0, le=MAX_CHILD_DEPTH)
+    """0 for a run started from outside; a child's is its parent's plus one."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -476,12 +564,29 @@ class PersonDecided(_Model):
     """The person's answer, checked against the request's `answer_schema`."""
 
 
-SettledHow = Literal["event", "timeout", "due", "woken"]
+SettledHow = Literal["event", "timeout", "due", "woken", "children"]
+
+
+class ChildOutcome(_Model):
+    """Where one child run stood when its parent's wait settled: what the parent's step
+    reads (its status, and its summary or error, each cut to `CHILD_RESULT_CHARS`)."""
+
+    run_id: str
+    agent: str
+    status: RunStatus
+    steps: int = 0
+    summary: str | None = None
+    error: str | None = None
+
+
+CHILD_RESULT_CHARS = 1000
+"""A child's summary or error, as its parent's step result holds it, at most."""
 
 
 class WaitSettled(_Model):
-    """A wait for an event or a time, settled: by the event (`event`), its timeout passing
-    first (`timeout`), the time coming (`due`) or someone waking the run early (`woken`).
+    """A wait for an event, a time or child runs, settled: by the event (`event`), its timeout
+    passing first (`timeout`), the time coming (`due`), someone waking the run early
+    (`woken`), or the child runs it waits for ending (`children`).
     `text` becomes the result of the step that waited, as a person's answer does."""
 
     kind: Literal["settled"] = "settled"
@@ -497,6 +602,8 @@ class WaitSettled(_Model):
     blob: BlobRef | None = None
     by: str | None = None
     """Who woke the run early."""
+    children: list[ChildOutcome] | None = None
+    """How each child run stood when the wait settled (`children`), in the order started."""
 
 
 class AttemptFailed(_Model):
@@ -566,7 +673,7 @@ def answer_in_place(
     results: list[ToolOutput],
     asked_at: int,
     event: PersonDecided | WaitSettled,
-    asked: ApprovalRequest | EventWait | TimerWait | None = None,
+    asked: AnyWait | None = None,
 ) -> tuple[list[ToolOutput], str]:
     """The window's results once a person answered the step that asked (`asked_at`), or its
     wait for an event or a time settled, and the new last result: the answer (`settled_text`),
@@ -582,7 +689,7 @@ def answer_in_place(
 
 def settled_text(
     event: PersonDecided | WaitSettled,
-    asked: ApprovalRequest | EventWait | TimerWait | None = None,
+    asked: AnyWait | None = None,
 ) -> str:
     """What the model reads as the waiting step's result, however the wait settled (`asked`:
     what the step asked, when the reader knows it)."""

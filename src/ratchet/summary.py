@@ -117,17 +117,19 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def wait_kind(request: Mapping[str, Any]) -> str:
-    """`person`, `event` or `timer`: `ratchet.state.wait_kind` for a wait as JSON, dumped
-    (with its `kind`) or stored (a head leaves the fields at their defaults out, `kind`
-    among them; a record from before there were other waits has none): each kind has a
-    field the others lack. A unit test holds the two equal."""
+    """`person`, `event`, `timer` or `children`: `ratchet.state.wait_kind` for a wait as
+    JSON, dumped (with its `kind`) or stored (a head leaves the fields at their defaults out,
+    `kind` among them; a record from before there were other waits has none): each kind has
+    a field the others lack. A unit test holds the two equal."""
     kind = request.get("kind")
-    if kind in ("event", "timer"):
+    if kind in ("event", "timer", "children"):
         return str(kind)
     if "name" in request:
         return "event"
     if "until" in request or "seconds" in request:
         return "timer"
+    if "children" in request:
+        return "children"
     return "person"
 
 
@@ -141,6 +143,10 @@ def _waits_for(wait: Mapping[str, Any] | None) -> str:
     if wait.get("kind") == "timer" or "until" in wait or "seconds" in wait:
         until = wait.get("until")
         return f"; sleeps until {until}" if until else "; sleeps"
+    if wait.get("kind") == "children" or "children" in wait:
+        count = len(wait["children"])
+        which = "the first of" if wait.get("wait") == "first" else "all"
+        return f"; waits for {which} {count} child run{'s' if count != 1 else ''}"
     return "; asked a person"
 
 

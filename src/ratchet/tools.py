@@ -33,7 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ratchet.errors import (
     ForkRefused,
@@ -45,6 +45,7 @@ from ratchet.errors import (
 from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
 from ratchet.state import (
     EVENT_NAME_PATTERN,
+    MAX_CHILDREN,
     MAX_WAIT_SECONDS,
     MIN_SLEEP_SECONDS,
     RECENT_STEPS,
@@ -53,7 +54,9 @@ from ratchet.state import (
     Done,
     EventWait,
     RunOptions,
+    RunSpec,
     RunState,
+    StartRuns,
     TimerWait,
     ToolCall,
     Usage,
@@ -78,6 +81,7 @@ __all__ = [
     "Policy",
     "RunContext",
     "RunData",
+    "RunSpec",
     "RunState",
     "StepView",
     "Tool",
@@ -88,6 +92,7 @@ __all__ = [
     "ask_person",
     "sleep",
     "sleep_until",
+    "start_runs",
     "tool",
     "wait_for_event",
     "wait_for_reply",
@@ -128,10 +133,11 @@ class ToolContext:
 @dataclass(frozen=True)
 class ToolResult:
     """A tool's answer. `wait_for` parks the run until what it names settles: a person's
-    decision (`ask_person`), an event (`wait_for_event`) or a time (`sleep`, `sleep_until`)."""
+    decision (`ask_person`), an event (`wait_for_event`), a time (`sleep`, `sleep_until`) or
+    the child runs it starts (`start_runs`)."""
 
     output: str
-    wait_for: ApprovalRequest | EventWait | TimerWait | None = None
+    wait_for: ApprovalRequest | EventWait | TimerWait | StartRuns | None = None
 
 
 def ask_person(
@@ -247,6 +253,43 @@ def sleep_until(when: datetime) -> ToolResult:
         raise WaitRequestInvalid(f"sleep_until {due.isoformat()} is more than a year ahead")
     return ToolResult(
         output=f"Sleeping until {due:%Y-%m-%d %H:%M:%S} UTC.", wait_for=TimerWait(until=due)
+    )
+
+
+def start_runs(runs: Sequence[RunSpec | Mapping[str, Any]], *, wait: str = "all") -> ToolResult:
+    """Return this from a tool to start child runs (at most 100), each a `RunSpec(agent,
+    input)`, and with `wait="all"` (the default) park the run until every one has ended, with
+    `wait="first"` until the first has; with `wait="none"` the run goes straight on.
+
+    Each child's id derives from the step's idempotency key (`<run>.step-<n>.<i>`), so a
+    retried step starts no second child. While it waits the run holds no process and, on
+    AWS, no compute. The step's result then says how each child ended (done, failed,
+    stopped at its cap, cancelled) with its summary or error; a child still running (the
+    others, with `wait="first"`) is listed as running. Cancelling the run cancels the
+    children it waits for. Children nest at most five deep."""
+    if wait not in ("all", "first", "none"):
+        raise WaitRequestInvalid(f"start_runs: wait is 'all', 'first' or 'none', not {wait!r}")
+    if isinstance(runs, str | bytes | Mapping) or not isinstance(runs, Sequence):
+        raise WaitRequestInvalid("start_runs takes a list of RunSpec")
+    if not 1 <= len(runs) <= MAX_CHILDREN:
+        raise WaitRequestInvalid(
+            f"start_runs: start 1 to {MAX_CHILDREN} runs at a step, not {len(runs)}"
+        )
+    specs: list[RunSpec] = []
+    for i, given in enumerate(runs):
+        try:
+            specs.append(given if isinstance(given, RunSpec) else RunSpec.model_validate(given))
+        except ValidationError as error:
+            problem = error.errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(p) for p in problem["loc"]) or "(spec)"
+            raise WaitRequestInvalid(f"start_runs: run {i}: {where}: {problem['msg']}") from None
+    agents = sorted({spec.agent for spec in specs})
+    shown = ", ".join(agents[:3]) + (", ..." if len(agents) > 3 else "")
+    count = f"{len(specs)} child run{'s' if len(specs) != 1 else ''}"
+    said = {"all": "waiting for all", "first": "waiting for the first", "none": "not waiting"}
+    return ToolResult(
+        output=f"Started {count} ({shown}); {said[wait]}.",
+        wait_for=StartRuns(runs=specs, wait=wait),
     )
 
 

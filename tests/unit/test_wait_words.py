@@ -15,6 +15,7 @@ from ratchet.cli import readout
 from ratchet.client import Wait
 from ratchet.state import (
     ApprovalRequest,
+    ChildrenWait,
     EventWait,
     RunState,
     RunStatus,
@@ -25,16 +26,18 @@ from ratchet.state import (
 from ratchet.stored import head_json
 
 AT = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-REQUESTS: list[ApprovalRequest | EventWait | TimerWait] = [
+REQUESTS: list[ApprovalRequest | EventWait | TimerWait | ChildrenWait] = [
     ApprovalRequest(prompt="Drop the table?", details={"rows": 2}),
     EventWait(name="ci-finished", timeout_seconds=7200, expires_at=AT),
     EventWait(name="deploy.done"),
     TimerWait(seconds=60, until=AT),
     TimerWait(until=AT),
+    ChildrenWait(children=["r1.step-3.0", "r1.step-3.1"]),
+    ChildrenWait(children=["r1.step-3.0"], wait="first"),
 ]
 
 
-def _head(request: ApprovalRequest | EventWait | TimerWait) -> RunState:
+def _head(request: ApprovalRequest | EventWait | TimerWait | ChildrenWait) -> RunState:
     return RunState(
         run_id="r1",
         agent="a",
@@ -61,6 +64,7 @@ def test_a_wait_reads_as_the_models_say_whether_dumped_or_stored(request_):
         assert said["prompt"] == request_.prompt == model.prompt
         assert said["until"] == (model.until.isoformat() if model.until else None)
         assert said["step"] == 3
+        assert said.get("children") == model.children
 
 
 def test_an_event_and_a_timer_say_how_to_settle_them():
@@ -77,3 +81,15 @@ def test_an_event_and_a_timer_say_how_to_settle_them():
         "sleeping until 2026-12-02 10:00:00 UTC (wake it: ratchet wake r1)"
     )
     assert readout.wait_announcement("r1", timer).endswith("; a worker resumes it then")
+
+
+def test_a_children_wait_names_its_children():
+    both = readout.wait_of(_head(REQUESTS[5]).model_dump(mode="json")["waiting"])
+    first = readout.wait_of(json.loads(head_json(_head(REQUESTS[6])))["waiting"])
+
+    assert readout.wait_hint("r1", both) == (
+        "waiting for 2 child runs to end: r1.step-3.0, r1.step-3.1"
+    )
+    assert readout.wait_announcement("r1", first) == (
+        "r1 is waiting for the first of 1 child run to end: r1.step-3.0"
+    )

@@ -278,7 +278,8 @@ class WaitTokens(Protocol):
 class StepFunctionsNudge:
     """`Nudge` on AWS: wakes the execution parked on a wait the event desk settled.
 
-    An event wait's execution waits for its task token (`AwaitEvent`): the nudge answers it
+    An event wait's (and a children wait's) execution waits for its task token
+    (`AwaitEvent`): the nudge answers it
     with SendTaskSuccess and drops it; the execution goes on to `Step`, which finds the run
     runnable. A token whose task is over (answered by open_wait itself, timed out, stopped)
     means the execution moved on: nothing to do. A sleeping execution sits in a `Wait` state,
@@ -299,7 +300,7 @@ class StepFunctionsNudge:
         self._relaunch = relaunch
 
     def __call__(self, head: RunState, settled: WaitSettled) -> None:
-        if settled.how in ("event", "timeout"):
+        if settled.how in ("event", "timeout", "children"):
             self.resume(head.run_id, settled.step)
         elif settled.how == "woken" and self._relaunch is not None:
             self._relaunch(head.run_id)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ratchet.errors import AnswerInvalid, ApprovalClosed, JsonOverLimit
-from ratchet.state import ApprovalRequest, EventWait, RunState, TimerWait
+from ratchet.state import AnyWait, ApprovalRequest, EventWait, RunState, TimerWait
 from ratchet.untrusted import loads
 from ratchet.waits import Verdict
 
@@ -255,13 +255,13 @@ def _check_bounds(field: AnswerField, value: float, refuse: Callable[[str], Answ
         raise refuse(f"must be less than {s['exclusiveMaximum']}, not {value}")
 
 
-def checked_verdict(request: ApprovalRequest | EventWait | TimerWait, verdict: Verdict) -> Verdict:
+def checked_verdict(request: AnyWait, verdict: Verdict) -> Verdict:
     """`verdict`, fit for `request`: an approval of a request that asks for an answer must
     carry one its schema accepts (completed with defaults); a request that asks for none
     takes none. A rejection carries no answer. Raises `AnswerInvalid`; nothing is written.
     A run that waits for an event or a time takes no person's decision: `ApprovalClosed`."""
     if not isinstance(request, ApprovalRequest):
-        what = "an event" if isinstance(request, EventWait) else "a time"
+        what = {EventWait: "an event", TimerWait: "a time"}.get(type(request), "child runs")
         raise ApprovalClosed(f"the run waits for {what}, not for a person's decision")
     schema = request.answer_schema
     if not verdict.approved:

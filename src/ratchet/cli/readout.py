@@ -74,6 +74,7 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "updated_at": iso(head["updated_at"]),
         "failed_step": step + 1 if status == "failed" else None,
         "not_before": iso(head["not_before"]) if head.get("not_before") else None,
+        "parent": head.get("parent"),
     }
 
 
@@ -93,6 +94,9 @@ def status_text(payload: Mapping[str, Any]) -> str:
         "goal": shorten(payload["goal"], GOAL_CHARS),
         "reason": payload["summary"] if stopped else None,
         "failed_step": None,
+        "parent": f"{payload['parent']} (it started this run; ratchet status {payload['parent']})"
+        if payload.get("parent")
+        else None,
         "usage": usage_text(usage) if usage["calls"] else None,
         "cost_usd": f"{cost:.4f} (estimated, list prices of {PRICES_AS_OF})"
         if cost is not None
@@ -145,13 +149,16 @@ def wait_of(waiting: Mapping[str, Any]) -> dict[str, Any]:
     kind = wait_kind(request)
     due = {"event": request.get("expires_at"), "timer": request.get("until")}.get(kind)
     name = request["name"] if kind == "event" else None
+    children = list(request["children"]) if kind == "children" else None
     if kind == "event":
         prompt = f"Waiting for the event {name!r}" + (f" until {when(due)}" if due else "")
     elif kind == "timer":
         prompt = f"Sleeping until {when(due)}" if due else "Sleeping"
+    elif children is not None:
+        prompt = children_prompt(len(children), request.get("wait", "all"))
     else:
         prompt = request["prompt"]
-    return {
+    wait = {
         "kind": kind,
         "step": waiting["step"],
         "since": iso(waiting["since"]),
@@ -159,6 +166,17 @@ def wait_of(waiting: Mapping[str, Any]) -> dict[str, Any]:
         "until": iso(due) if due else None,
         "prompt": prompt,
     }
+    if children is not None:
+        wait["children"] = children
+    return wait
+
+
+def children_prompt(count: int, wait: str) -> str:
+    """`ChildrenWait.prompt`, from the wait's count and mode (a unit test holds them equal)."""
+    runs = "run" if count == 1 else "runs"
+    if wait == "first":
+        return f"Waiting for the first of {count} child {runs} to end"
+    return f"Waiting for {count} child {runs} to end"
 
 
 def when(moment: str | datetime) -> str:
@@ -176,6 +194,9 @@ def wait_hint(run_id: str, wait: Mapping[str, Any]) -> str:
     if wait["kind"] == "timer":
         sleeping = f"sleeping until {when(until)}" if until else "sleeping"
         return f"{sleeping} (wake it: ratchet wake {run_id})"
+    if wait["kind"] == "children":
+        listed = ", ".join(wait["children"][:5]) + (", ..." if len(wait["children"]) > 5 else "")
+        return f"{wait['prompt'][0].lower()}{wait['prompt'][1:]}: {listed}"
     name = wait["name"]
     expiry = f"until {when(until)}" if until else "no timeout"
     return f"for the event {name!r} ({expiry}; send it: ratchet send {run_id} {name} --data JSON)"
@@ -185,6 +206,8 @@ def wait_announcement(run_id: str, wait: Mapping[str, Any]) -> str:
     """What `ratchet worker` and `ratchet run` say when a run parks on an event or a time."""
     if wait["kind"] == "timer":
         return f"{run_id} is {wait_hint(run_id, wait)}; a worker resumes it then"
+    if wait["kind"] == "children":
+        return f"{run_id} is {wait_hint(run_id, wait)}"
     return f"{run_id} waits {wait_hint(run_id, wait)}"
 
 

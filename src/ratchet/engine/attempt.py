@@ -53,11 +53,13 @@ from ratchet.state import (
     MAX_APPROVAL_REQUEST_BYTES,
     MAX_SUMMARY_CHARS,
     PREVIEW_CHARS,
+    AnyWait,
     ApprovalRequest,
     Decision,
     Done,
     EventWait,
     RunState,
+    StartRuns,
     TimerWait,
     ToolCall,
     ToolOutput,
@@ -86,7 +88,7 @@ class Attempted:
 
     decision: Decision
     output: ToolOutput | None = None
-    wait: ApprovalRequest | EventWait | TimerWait | None = None
+    wait: AnyWait | None = None
     usage: Usage | None = None
     """What the attempt's model calls used (None: the recorded decision was reused)."""
     folded: memory.Folded | None = None
@@ -193,7 +195,7 @@ class StepWork:
 
     def act(
         self, state: RunState, binding: Binding, call: ToolCall, clock: StepClock
-    ) -> tuple[ToolOutput, ApprovalRequest | EventWait | TimerWait | None]:
+    ) -> tuple[ToolOutput, ApprovalRequest | EventWait | TimerWait | StartRuns | None]:
         step = state.next_step
         tool = tool_of(binding.agent, call.name)
         if tool is None and call.name == memory.REMEMBER and memory.offers_remember(binding.agent):
@@ -287,12 +289,15 @@ def ask(
     return answer, None
 
 
-def wait_request(tool: str, result: ToolResult) -> ApprovalRequest | EventWait | TimerWait | None:
-    """What the tool's result waits for (a person, an event, a time), checked to be a request
-    a record can keep."""
+def wait_request(
+    tool: str, result: ToolResult
+) -> ApprovalRequest | EventWait | TimerWait | StartRuns | None:
+    """What the tool's result waits for (a person, an event, a time) or starts (child runs,
+    each spec bounded where it is checked, by the start), checked to be a request a record
+    can keep."""
     request = result.wait_for
-    if request is None:
-        return None
+    if request is None or isinstance(request, StartRuns):
+        return request
     if not isinstance(request, ApprovalRequest | EventWait | TimerWait):
         raise ToolFailed(f"{tool} asked to wait with a {type(request).__name__}")
     asked = "asked a person" if isinstance(request, ApprovalRequest) else "asked to wait"

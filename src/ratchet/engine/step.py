@@ -55,9 +55,10 @@ from ratchet.engine.failures import (
     describe,
     paid_for,
 )
-from ratchet.engine.outcome import StepOutcome
+from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.errors import (
     AgentSetupFailed,
+    ChildRunsRefused,
     InjectedFault,
     NotCancellable,
     NotRetryable,
@@ -73,6 +74,7 @@ from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import (
     BlobStore,
     CheckpointStore,
+    ChildRuns,
     Consumption,
     IdempotencyLedger,
     LedgerCompletion,
@@ -81,6 +83,9 @@ from ratchet.ports import (
 )
 from ratchet.state import (
     MAX_ATTEMPTS,
+    PREVIEW_CHARS,
+    AnyWait,
+    ChildrenWait,
     Created,
     Done,
     EventWait,
@@ -89,9 +94,11 @@ from ratchet.state import (
     Retried,
     RunState,
     RunStatus,
+    StartRuns,
     StepCompleted,
     StoredCheckpoint,
     TimerWait,
+    ToolOutput,
     WaitSettled,
     idempotency_key,
     stamped,
@@ -129,6 +136,7 @@ class Engine:
         limits: Callable[[str], int | None] | None = None,
         rate: RateLimit | None = None,
         requests_per_minute: int | None = None,
+        children: ChildRuns | None = None,
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
         step of a bounded agent's run takes one of its slots before any work and gives it
@@ -137,8 +145,14 @@ class Engine:
 
         With `rate` and `requests_per_minute`, every step (each may call the model) counts
         one request of the deployment's shared limit before its attempt is counted; over it,
-        the step is `Outcome.QUEUED` with the seconds until the next minute."""
+        the step is `Outcome.QUEUED` with the seconds until the next minute.
+
+        With `children` (`attach_children`), a tool may start child runs (`start_runs`):
+        they are started before the step commits, and every head this engine moves is told
+        to them, so a child's end settles its parent's wait. Without, such a step fails the
+        run (`ChildRunsRefused`)."""
         self._store = store
+        self._children = children
         self._rate = rate
         self._requests_per_minute = requests_per_minute
         self._slots = slots
@@ -171,6 +185,30 @@ class Engine:
     @property
     def worker_id(self) -> str:
         return self._worker_id
+
+    def attach_children(self, children: ChildRuns) -> None:
+        """Let this engine's runs start child runs through `children` (which settles
+        parents' waits with this engine, so it is built after it)."""
+        self._children = children
+
+    def _told(self, head: RunState | None) -> None:
+        """Tell the children port of a head this engine moved or found ended (see
+        `ChildRuns.after`): a run's end may settle its parent's wait."""
+        if self._children is None or head is None:
+            return
+        if head.parent is None and not isinstance(
+            head.waiting.request if head.waiting else None, ChildrenWait
+        ):
+            return
+        try:
+            self._children.after(head)
+        except Exception:
+            # Durable either way: the parent is settled by the next child's end, or a sweep.
+            self._logger.warning(
+                "parent or children not told of the run's move",
+                extra={"run_id": head.run_id, "parent": head.parent},
+                exc_info=True,
+            )
 
     def abandoned_call_running(self, run_id: str) -> bool:
         """Whether a call of the run's agent that this process abandoned at a step deadline
@@ -219,6 +257,14 @@ class Engine:
         next step a durable write. The caller must `release` the run if it stops before that
         step, or the count would stand for an attempt that never started.
         """
+        outcome = self._advance(run_id, count_next_attempt=count_next_attempt)
+        if outcome.outcome is not Outcome.QUEUED and outcome.outcome is not Outcome.CONTINUE:
+            # Found ended too: a step retried after its run's end told no one (a crash) tells
+            # its parent now; telling twice changes nothing.
+            self._told(outcome.head)
+        return outcome
+
+    def _advance(self, run_id: str, *, count_next_attempt: bool) -> StepOutcome:
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
             return StepOutcome.of(state)
@@ -375,6 +421,7 @@ class Engine:
             Finished(status=RunStatus.FAILED, error=cut(reason), attempts=state.attempts),
             step=state.step,
         )
+        self._told(head)
         return head
 
     def retry(self, run_id: str, *, by: str) -> RunState:
@@ -395,6 +442,7 @@ class Engine:
         summary = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
         finished = Finished(status=RunStatus.CANCELLED, summary=cut(summary))
         head, _ = self._commits.commit(state, finished, step=state.step)
+        self._told(head)
         return head
 
     def decide_waiting(
@@ -442,7 +490,12 @@ class Engine:
         if isinstance(decision, Done):
             return Attempted(decision, usage=usage)
         try:
-            output, wait = self._work.act(state, binding, decision, clock)
+            output, asked = self._work.act(state, binding, decision, clock)
+            wait: AnyWait | None
+            if isinstance(asked, StartRuns):
+                output, wait = self._start_children(state, output, asked)
+            else:
+                wait = asked
             folded = self._work.summarise(state, binding, clock)
         except (StaleVersion, InjectedFault):
             raise
@@ -454,6 +507,23 @@ class Engine:
         if folded is not None:
             usage = added(usage, folded.usage)
         return Attempted(decision, output=output, wait=wait, usage=usage, folded=folded)
+
+    def _start_children(
+        self, state: RunState, output: ToolOutput, request: StartRuns
+    ) -> tuple[ToolOutput, ChildrenWait | None]:
+        """Start the runs the tool asked for, before the step commits: a crash from here on
+        retries the step, which finds them started (their ids derive from its key)."""
+        if self._children is None:
+            raise ChildRunsRefused("this runtime starts no child runs")
+        step = state.next_step
+        started = self._children.start(state, step, request)
+        self._faults.hit(FaultPoint.AFTER_CHILDREN_STARTED, step)
+        if request.wait == "none":
+            listed = ", ".join(started)
+            if len(listed) > PREVIEW_CHARS:
+                listed = listed[: PREVIEW_CHARS - 1] + "…"
+            output = output.model_copy(update={"text": f"{output.text} Their ids: {listed}."})
+        return output, request.waits_for(state.run_id, step)
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
         clock = StepClock(state.run_id, state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
@@ -476,8 +546,13 @@ class Engine:
         return self._commits.record_failure(state, error)
 
 
-_KIND_WORDS = {"person": "a person", "event": "an event", "timer": "a time"}
-_SETTLES = {"event": ("event", "timeout"), "timer": ("due", "woken")}
+_KIND_WORDS = {
+    "person": "a person",
+    "event": "an event",
+    "timer": "a time",
+    "children": "child runs",
+}
+_SETTLES = {"event": ("event", "timeout"), "timer": ("due", "woken"), "children": ("children",)}
 
 
 def _settles(state: RunState, decision: PersonDecided | WaitSettled) -> bool:

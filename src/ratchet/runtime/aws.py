@@ -40,6 +40,7 @@ from ratchet.adapters.stepfunctions import (
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.links import LinkSigner
+from ratchet.children import ChildRunDesk
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
     InvalidInput,
@@ -51,7 +52,7 @@ from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.limits import ConcurrencyLimits
 from ratchet.model_names import BEDROCK_PREFIX
 from ratchet.ports import BlobStore, Notifier
-from ratchet.runs import AgentNotRunnable, ModelNotGranted
+from ratchet.runs import AgentNotRunnable, ModelNotGranted, RunRequest, new_run
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
 from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
@@ -137,7 +138,7 @@ class AwsRuntime:
         return self._bindings(state)
 
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
-        return Engine(
+        engine = Engine(
             store=self.store,
             ledger=self.ledger,
             blobs=self.blobs,
@@ -150,6 +151,38 @@ class AwsRuntime:
             limits=self._limits,
             rate=DynamoDbRateLimit(self.dynamodb, self.settings.checkpoints_table),
             requests_per_minute=self.settings.requests_per_minute,
+        )
+        engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
+        return engine
+
+    def child_runs(self, engine: Engine, *, worker_id: str, logger: Any) -> ChildRunDesk:
+        """The runs a run's step starts (`start_runs`): checked as the API checks a start
+        (the deployment's agents, by name; import paths too where no deployment says, on a
+        laptop), created, and each started in an execution of the state machine named
+        after its id; their ends settled with `engine`, the parked parent's token answered."""
+        from ratchet.client import Client
+
+        agents = (
+            AgentRegistry.deployment(self.settings.agents)
+            if self.settings.agents
+            else AgentRegistry.local()
+        )
+
+        def check(request: RunRequest) -> RunState:
+            return new_run(request, has_anthropic_key=self.anthropic_configured, agents=agents)
+
+        def create(state: RunState) -> None:
+            Client(self, agents=agents, worker_id=worker_id, logger=logger).create(state)
+            if self.settings.state_machine_arn and self._stepfunctions is not None:
+                self.start_execution(state.run_id, logger=logger)
+
+        return ChildRunDesk(
+            store=self.store,
+            engine=engine,
+            new_run=check,
+            create=create,
+            nudge=self.nudge() if self._stepfunctions is not None else None,
+            logger=logger,
         )
 
     def before_prepare(self) -> None:

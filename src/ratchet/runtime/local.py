@@ -40,6 +40,7 @@ from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file
+from ratchet.children import CHILDREN_SWEEP_SECONDS, ChildRunDesk
 from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.faults import NO_FAULTS, FaultPlan
@@ -49,6 +50,7 @@ from ratchet.limits import (
     ConcurrencyLimits,
     parse_overrides,
 )
+from ratchet.runs import RunRequest, new_run
 from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.schedules import Starter, fire_due
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
     from ratchet.runtime.hooks import Hooks
     from ratchet.worker import StepReport
 from ratchet.runtime.models import Bindings
-from ratchet.state import RunOptions, RunState, utcnow
+from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, RunContext
 
 DEFAULT_PORT = 8765
@@ -291,7 +293,7 @@ class LocalRuntime:
         """Locally a model is called with the person's own credentials: nothing to check."""
 
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
-        return Engine(
+        engine = Engine(
             store=self.store,
             ledger=self.ledger,
             blobs=self.blobs,
@@ -302,6 +304,26 @@ class LocalRuntime:
             faults=faults,
             rate=SqliteRateLimit(self.db),
             requests_per_minute=self.settings.requests_per_minute,
+        )
+        engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
+        return engine
+
+    def child_runs(self, engine: Engine, *, worker_id: str, logger: Any) -> ChildRunDesk:
+        """The runs this store's runs start (`start_runs`): checked and created as `ratchet
+        start` creates a run (any agent the CLI could start), their ends settled with
+        `engine`."""
+        from ratchet.client import Client
+
+        agents = AgentRegistry.local()
+
+        def check(request: RunRequest) -> RunState:
+            return new_run(request, has_anthropic_key=self.anthropic_configured, agents=agents)
+
+        def create(state: RunState) -> None:
+            Client(self, agents=agents, worker_id=worker_id, logger=logger).create(state)
+
+        return ChildRunDesk(
+            store=self.store, engine=engine, new_run=check, create=create, logger=logger
         )
 
     def bind(self, state: RunState) -> Binding:
@@ -355,7 +377,7 @@ class LocalRuntime:
         from ratchet.worker import Worker
 
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
-        Worker(
+        worker = Worker(
             engine,
             self.leases,
             logger,
@@ -364,7 +386,31 @@ class LocalRuntime:
             expire_approvals=self.approval_expiry(engine),
             settle_waits=self.wait_settler(engine),
             limits=self.limits(),
-        ).run(until_idle=True, run_id=run_id)
+        )
+        while True:
+            worker.run(until_idle=True, run_id=run_id)
+            # A run waiting for its children: work them here too, as `ratchet run` would be
+            # expected to, until the run goes on (or one waits, for a person, say).
+            head = self.store.load_head(run_id)
+            waiting = head.waiting.request if head and head.waiting else None
+            if head is None or head.status is not RunStatus.WAITING:
+                return
+            if not isinstance(waiting, ChildrenWait):
+                return
+            for child in waiting.children:
+                self.work(
+                    child,
+                    worker_id=worker_id,
+                    logger=logger,
+                    faults=faults,
+                    on_step=on_step,
+                    on_wait=on_wait,
+                )
+                head = self.store.load_head(run_id)
+                if head is None or head.status is not RunStatus.WAITING:
+                    break
+            else:
+                return  # worked every child, and the run still waits (a child waits)
 
     def event_desk(self, engine: Engine) -> EventDesk:
         """Events sent to runs (`ratchet send`, `ratchet serve`), settled with `engine`."""
@@ -379,9 +425,21 @@ class LocalRuntime:
 
     def wait_settler(self, engine: Engine) -> Callable[[datetime], list[str]]:
         """What a worker calls between claims (its `settle_waits`): settle the waits due by
-        then (timers, event timeouts) and those whose event is in the mailbox."""
+        then (timers, event timeouts) and those whose event is in the mailbox; and every
+        `CHILDREN_SWEEP_SECONDS`, the children waits whose children ended without telling
+        (their process died between the end and the telling)."""
         desk, book = self.event_desk(engine), self.wait_book
-        return lambda now: desk.settle_due(book, now)
+        children = self.child_runs(engine, worker_id=engine.worker_id, logger=None)
+        swept: list[datetime] = []
+
+        def settle(now: datetime) -> list[str]:
+            resumed = desk.settle_due(book, now)
+            if not swept or (now - swept[0]).total_seconds() >= CHILDREN_SWEEP_SECONDS:
+                swept[:] = [now]
+                resumed += children.settle_open(book.children())
+            return resumed
+
+        return settle
 
     def approval_expiry(self, engine: Engine) -> Callable[[datetime], list[str]]:
         """What a worker calls to expire the requests nobody answered in time (its

@@ -420,6 +420,16 @@ class SqliteWaitBook:
         ).fetchall()
         return [_open_wait(row) for row in rows]
 
+    def children(self) -> list[OpenWait]:
+        """Runs waiting for their child runs (whose ends tell them; the sweep checks these
+        for an end that could not)."""
+        if not self._db.has_table("open_waits"):
+            return []
+        rows = self._db.connection.execute(
+            "SELECT run_id, step, kind, name, due_at FROM open_waits WHERE kind = 'children'"
+        ).fetchall()
+        return [_open_wait(row) for row in rows]
+
     def next_due(self) -> datetime | None:
         """When the first wait settles by itself, if one does."""
         if not self._db.has_table("open_waits"):
