@@ -84,10 +84,15 @@ STORES_BLOBS = ("hooks",)
 """Besides the step: a webhook delivery's payload over the inline size goes to the blob store
 by its hash (and is read back to check it against the wait's schema)."""
 
-NUDGES_WAITS = ("open_wait", "hooks")
-"""SendTaskSuccess only, with the token of an execution parked on an event wait: open_wait
-answers its own task when the wait was settled before it kept the token; the hooks function
-wakes the execution whose wait a delivery settled."""
+NUDGES_WAITS = ("open_wait", "hooks", "step", "mark_failed")
+"""SendTaskSuccess only, with the token of an execution parked on an event wait (or on its
+child runs): open_wait answers its own task when the wait was settled before it kept the
+token; the hooks function wakes the execution whose wait a delivery settled; the step and
+mark_failed wake a parent whose last child (or first, as it waits) the run they ended was."""
+
+STARTS_CHILDREN = ("step",)
+"""StartExecution on this state machine: a step that starts child runs (`start_runs`) starts
+each in an execution of its own, named after the child's id."""
 
 READS_ANTHROPIC_KEY = ("step", "api")
 """The step calls Claude; the API refuses a Claude run when no key is configured."""
@@ -222,6 +227,14 @@ class RatchetStack(Stack):
             "allows only StopExecution, on this state machine's executions only (a run's "
             "cancel stops its execution).",
         )
+        for name in STARTS_CHILDREN:
+            # The machine's ARN from its name, as for the rollover: the machine invokes the
+            # step, so its ARN would make each depend on the other.
+            own_arn = state_machine_arn(self, state_machine_name)
+            lambdas[name].add_environment(contract.STATE_MACHINE_ARN, own_arn)
+            lambdas[name].add_to_role_policy(
+                iam.PolicyStatement(actions=["states:StartExecution"], resources=[own_arn])
+            )
         if "rollover" in lambdas.by_name:
             own_arn = state_machine_arn(self, state_machine_name)
             rollover = lambdas["rollover"]

@@ -1,7 +1,8 @@
 """Agents for the tests of child runs.
 
 `parent` starts `params.children` runs of `child` at its first step (`start_runs`, waiting as
-`params.wait` says; or the runs `params.specs` names, as they are), then is done, its summary the step's result (how each child ended).
+`params.wait` says; or the runs `params.specs` names, as they are), then is done, its summary
+the step's result (how each child ended).
 `child` works one step (0.05 s, or `params.hold` seconds) and is done with the summary
 `child <i> done`; with `params.fail` its tool raises a `PermanentError` and the run fails;
 with `params.ask` it waits for a person first. Every child's step appends a line to the file

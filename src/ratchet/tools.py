@@ -133,11 +133,13 @@ class ToolContext:
 @dataclass(frozen=True)
 class ToolResult:
     """A tool's answer. `wait_for` parks the run until what it names settles: a person's
-    decision (`ask_person`), an event (`wait_for_event`), a time (`sleep`, `sleep_until`) or
-    the child runs it starts (`start_runs`)."""
+    decision (`ask_person`), an event (`wait_for_event`) or a time (`sleep`, `sleep_until`);
+    `start` starts child runs (`start_runs`) and may park the run until they end."""
 
     output: str
-    wait_for: ApprovalRequest | EventWait | TimerWait | StartRuns | None = None
+    wait_for: ApprovalRequest | EventWait | TimerWait | None = None
+    start: StartRuns | None = None
+    """Child runs to start at this step (`start_runs`), and whether the run waits for them."""
 
 
 def ask_person(
@@ -289,7 +291,7 @@ def start_runs(runs: Sequence[RunSpec | Mapping[str, Any]], *, wait: str = "all"
     said = {"all": "waiting for all", "first": "waiting for the first", "none": "not waiting"}
     return ToolResult(
         output=f"Started {count} ({shown}); {said[wait]}.",
-        wait_for=StartRuns(runs=specs, wait=wait),
+        start=StartRuns(runs=specs, wait=wait),
     )
 
 

@@ -59,8 +59,9 @@ UNCONFIGURED = {
     "approvals": {"public_url", "link_key_secret_arn"},
     # Derives each hook's secret to check a delivery's signature.
     "hooks": {"hook_key_secret_arn"},
-    # Waits this long at most before trying a step queued for its agent's slot again.
-    "step": {"queue_retry_seconds"},
+    # Waits this long at most before trying a step queued for its agent's slot again; starts
+    # the executions of the child runs a step starts.
+    "step": {"queue_retry_seconds", "state_machine_arn"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {

@@ -131,18 +131,41 @@ def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix
         assert synthesized.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
 
 
-def test_only_the_api_starts_executions_of_this_state_machine(synthesized: Synthesized) -> None:
+def test_only_the_api_and_the_step_start_executions_of_this_state_machine(
+    synthesized: Synthesized,
+) -> None:
+    """The API starts runs; the step starts child runs (`start_runs`), on this machine by its
+    name (its ARN would make the machine and the step depend on each other)."""
     (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
-    for name in function_names(synthesized) - {"rollover"}:
+    for function in function_names(synthesized) - {"rollover", "step"}:
         starts = [
             s
-            for s in statements_of_function(synthesized, name)
+            for s in statements_of_function(synthesized, function)
             if "states:StartExecution" in as_list(s["Action"])
         ]
-        if name == "api":
+        if function == "api":
             assert [s["Resource"] for s in starts] == [{"Ref": machine}]
         else:
             assert starts == []
+
+
+def test_the_step_may_start_children_and_it_and_mark_failed_wake_a_parent(
+    synthesized: Synthesized,
+) -> None:
+    """A step starts its child runs' executions; a child's end (the step's commit, or
+    mark_failed's) wakes its parked parent: StartExecution (the step) and SendTaskSuccess on
+    this machine by its name, nothing else of Step Functions."""
+    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
+    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    wanted = {
+        "step": {"states:StartExecution", "states:SendTaskSuccess"},
+        "mark_failed": {"states:SendTaskSuccess"},
+    }
+    for function, actions in wanted.items():
+        granted = _states_actions(synthesized, function)
+        assert {a for given, _ in granted for a in given} == actions, function
+        for _, resource in granted:
+            assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"
 
 
 def test_functions_may_write_only_their_own_log_group(synthesized: Synthesized) -> None:

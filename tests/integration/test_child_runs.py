@@ -61,11 +61,13 @@ def test_a_parent_waiting_for_ten_children_ends_done_with_ten_results(client, tm
     assert run.status is RunStatus.DONE
     children = [child_run_id("p", 1, i) for i in range(10)]
     settled = _settled(client, "p")
-    assert settled.how == "children" and settled.children is not None
+    assert settled.how == "children"
+    assert settled.children is not None
     assert [o.run_id for o in settled.children] == children
     assert [o.status for o in settled.children] == [RunStatus.DONE] * 10
     assert [o.summary for o in settled.children] == [f"child {i} done" for i in range(10)]
-    assert run.summary is not None and run.summary.startswith("All 10 child runs ended: 10 done.")
+    assert run.summary is not None
+    assert run.summary.startswith("All 10 child runs ended: 10 done.")
     assert _worked(log) == dict.fromkeys(children, 1)
     assert {client.get(c).parent for c in children} == {"p"}
 
@@ -77,7 +79,8 @@ def test_a_failing_child_is_reported_as_failed(client):
     outcomes = _settled(client, "p").children
     assert outcomes is not None
     assert [o.status for o in outcomes] == [RunStatus.DONE, RunStatus.FAILED, RunStatus.DONE]
-    assert outcomes[1].error is not None and "child 1 cannot do it" in outcomes[1].error
+    assert outcomes[1].error is not None
+    assert "child 1 cannot do it" in outcomes[1].error
     assert run.summary is not None
     assert "All 3 child runs ended: 2 done, 1 failed." in run.summary
     assert "p.step-1.1 (tests.children_agent:child) failed" in run.summary
@@ -90,7 +93,8 @@ def test_wait_first_goes_on_at_the_first_end_and_lists_the_rest_as_running(clien
     outcomes = _settled(client, "p").children
     assert outcomes is not None
     assert [o.status for o in outcomes] == [RunStatus.DONE, RunStatus.RUNNING, RunStatus.RUNNING]
-    assert run.summary is not None and "2 still running" in run.summary
+    assert run.summary is not None
+    assert "2 still running" in run.summary
 
 
 def test_wait_none_goes_straight_on_and_names_the_children(client):
@@ -121,7 +125,8 @@ def test_a_step_retried_after_its_children_started_starts_none_twice(client, tmp
     assert _worked(log) == dict.fromkeys(children, 1)
     for child in children:  # each child's first checkpoint is the one the first try wrote
         (first, *_) = client.runtime.store.list_checkpoints(child)
-        assert first.worker_id == "crasher" and first.version == 1
+        assert first.worker_id == "crasher"
+        assert first.version == 1
 
 
 def test_cancelling_the_parent_cancels_its_children_one_waiting_for_a_person_too(client):
@@ -152,7 +157,8 @@ def test_a_child_cancelled_alone_is_reported_to_its_parent_as_cancelled(client):
 
     assert client.get("p").status is RunStatus.RUNNING
     outcomes = _settled(client, "p").children
-    assert outcomes is not None and [o.status for o in outcomes] == [RunStatus.CANCELLED]
+    assert outcomes is not None
+    assert [o.status for o in outcomes] == [RunStatus.CANCELLED]
 
 
 @pytest.mark.parametrize(
@@ -168,7 +174,8 @@ def test_a_spec_no_run_starts_from_fails_the_parent_at_once_and_starts_nothing(c
     run = client.run(run_id="p", agent=PARENT, input={"specs": specs})
 
     assert run.status is RunStatus.FAILED
-    assert run.error is not None and said in run.error
+    assert run.error is not None
+    assert said in run.error
     assert client.runtime.store.load_head("p.step-1.0") is None  # checked before any start
 
 
@@ -176,9 +183,8 @@ def test_a_fan_out_over_the_bound_fails_the_parent_with_nothing_started(client):
     run = client.run(run_id="p", agent=PARENT, input={"children": 101})
 
     assert run.status is RunStatus.FAILED
-    assert (
-        run.error is not None and "start_runs: start 1 to 100 runs at a step, not 101" in run.error
-    )
+    assert run.error is not None
+    assert "start_runs: start 1 to 100 runs at a step, not 101" in run.error
     assert [r.run_id for r in client.runs()] == ["p"]
 
 
@@ -191,7 +197,8 @@ def test_runs_nest_at_most_five_deep(client):
     run = client.work("deep")
 
     assert run.status is RunStatus.FAILED
-    assert run.error is not None and "is 5 runs deep, and runs nest at most 5 deep" in run.error
+    assert run.error is not None
+    assert "is 5 runs deep, and runs nest at most 5 deep" in run.error
 
 
 def test_the_settled_text_is_bounded_and_every_outcome_is_kept():
@@ -204,5 +211,6 @@ def test_the_settled_text_is_bounded_and_every_outcome_is_kept():
 
     assert len(settled.text) <= 4000
     assert settled.text.endswith("more (the step's record has each).")
-    assert settled.children is not None and len(settled.children) == 100
+    assert settled.children is not None
+    assert len(settled.children) == 100
     assert all(o.summary is not None and len(o.summary) == 1000 for o in settled.children)

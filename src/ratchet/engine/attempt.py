@@ -296,8 +296,12 @@ def wait_request(
     each spec bounded where it is checked, by the start), checked to be a request a record
     can keep."""
     request = result.wait_for
-    if request is None or isinstance(request, StartRuns):
-        return request
+    if result.start is not None:
+        if request is not None or not isinstance(result.start, StartRuns):
+            raise ToolFailed(f"{tool} asked to start runs and to wait for something else")
+        return result.start
+    if request is None:
+        return None
     if not isinstance(request, ApprovalRequest | EventWait | TimerWait):
         raise ToolFailed(f"{tool} asked to wait with a {type(request).__name__}")
     asked = "asked a person" if isinstance(request, ApprovalRequest) else "asked to wait"

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from ratchet.adapters.dynamodb.approvals import AwsApprovals
     from ratchet.approvals.desk import ApprovalDesk
+    from ratchet.children import ChildRunDesk
     from ratchet.engine import Engine
     from ratchet.waiting.desk import EventDesk
     from ratchet.web.approvals import ApprovalServices
@@ -168,6 +169,13 @@ def event_desk(context: LambdaContext) -> EventDesk:
     """The event desk, settling with a fresh engine and waking parked executions with the
     runtime's nudge (their tokens answered, a sleeper restarted)."""
     return runtime().event_desk(engine(context))
+
+
+def child_runs(context: LambdaContext) -> ChildRunDesk:
+    """The child runs' desk, settling parents' waits with a fresh engine and answering the
+    parked parent's token."""
+    ratchet = engine(context)
+    return runtime().child_runs(ratchet, worker_id=ratchet.worker_id, logger=logger)
 
 
 HOOK_KEY_MISSING = (

@@ -1,4 +1,5 @@
-"""The `AwaitEvent` task: park the execution on the run's event wait until the event comes.
+"""The `AwaitEvent` task: park the execution on the run's event wait until the event comes
+(or on its children wait until its child runs end: the same park, settled by their ends).
 
 The task waits for its token; this function keeps the token where the event desk's nudge finds
 it (the run's wait item), then settles the wait at once if its event is already in the mailbox
@@ -24,9 +25,9 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.handlers._wiring import event_desk, logger, metrics, runtime, tracer
+from ratchet.handlers._wiring import child_runs, event_desk, logger, metrics, runtime, tracer
 from ratchet.handlers.payloads import OpenWaitRequest, OpenWaitResult
-from ratchet.state import EventWait, RunState, RunStatus, utcnow
+from ratchet.state import ChildrenWait, EventWait, RunState, RunStatus, utcnow
 
 
 @logger.inject_lambda_context(clear_state=True)
@@ -40,9 +41,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 def open_wait(request: OpenWaitRequest, context: LambdaContext) -> OpenWaitResult:
     aws = runtime()
     aws.wait_tokens().keep(request.run_id, request.step, request.task_token, at=utcnow())
-    event_desk(context).deliver(request.run_id)
     head = aws.store.load_head(request.run_id)
-    settled = not _waits_for_event(head, request.step)
+    if _waiting_for(head, request.step) is ChildrenWait:
+        # Children that ended before the token was kept (or while no one could tell): their
+        # outcomes settle the wait now.
+        child_runs(context).settle(request.run_id)
+    else:
+        event_desk(context).deliver(request.run_id)
+    head = aws.store.load_head(request.run_id)
+    settled = _waiting_for(head, request.step) is None
     if settled:
         # Settled before the token was kept, or just now by `deliver` (whose own nudge may
         # have answered already: then this answer finds the task over, and does nothing).
@@ -57,11 +64,10 @@ def open_wait(request: OpenWaitRequest, context: LambdaContext) -> OpenWaitResul
     return OpenWaitResult(run_id=request.run_id, step=request.step, settled=settled)
 
 
-def _waits_for_event(head: RunState | None, step: int) -> bool:
-    return (
-        head is not None
-        and head.status is RunStatus.WAITING
-        and head.step == step
-        and head.waiting is not None
-        and isinstance(head.waiting.request, EventWait)
-    )
+def _waiting_for(head: RunState | None, step: int) -> type | None:
+    """What the run waits for at `step` that parks on a token (an event, child runs), if it
+    still does."""
+    if head is None or head.status is not RunStatus.WAITING or head.step != step:
+        return None
+    request = head.waiting.request if head.waiting is not None else None
+    return type(request) if isinstance(request, EventWait | ChildrenWait) else None

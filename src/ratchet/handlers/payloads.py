@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from ratchet.adapters.stepfunctions import execution_name
 from ratchet.engine import Outcome, StepOutcome
 from ratchet.limits import DEFAULT_QUEUE_RETRY_SECONDS
-from ratchet.state import ApprovalRequest, EventWait, RunState, TimerWait, utcnow
+from ratchet.state import ApprovalRequest, ChildrenWait, EventWait, RunState, TimerWait, utcnow
 
 MAX_REASON_CHARS = 2000
 """How much of a failure's error and cause the run keeps as its `error`."""
@@ -89,8 +89,8 @@ class StepRequest(_Payload):
 class WaitPlan(_Payload):
     """How the execution parks a waiting run, which the state machine routes on
     (`$.loop.wait`): a person's request through `AwaitApproval`, an event through
-    `AwaitEvent` (a task token, timing out after `timeout_seconds`), a time through `Sleep` (a
-    `Wait` state until `wake_at`). An event's or a timer's park lasts at most
+    `AwaitEvent` (a task token, timing out after `timeout_seconds`; child runs too), a time
+    through `Sleep` (a `Wait` state until `wake_at`). An event's or a timer's park lasts at most
     `WAIT_CHUNK_SECONDS`; the run's real due time stays in its head, which `RecordWait`
     checks."""
 
@@ -126,6 +126,10 @@ class WaitPlan(_Payload):
             if request.expires_at is not None:
                 seconds = min(seconds, (request.expires_at - now).total_seconds())
             return cls(kind="event", timeout_seconds=max(1, math.ceil(seconds)))
+        if isinstance(request, ChildrenWait):
+            # Parked as an event wait is: on a task token the children's ends answer, for a
+            # chunk at a time (each renewal looks at the children again).
+            return cls(kind="event", timeout_seconds=WAIT_CHUNK_SECONDS)
         if isinstance(request, ApprovalRequest):
             return cls(kind="person")
         raise ValueError(f"run {head.run_id!r} is waiting with no request to park on")

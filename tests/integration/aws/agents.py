@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -20,12 +21,15 @@ from ratchet.tools import (
     Agent,
     Decision,
     Done,
+    PermanentError,
+    RunSpec,
     StepView,
     Tool,
     ToolCall,
     ToolContext,
     ToolResult,
     sleep,
+    start_runs,
     wait_for_event,
 )
 from tests.waits_agent import CiResult
@@ -190,3 +194,52 @@ sleeper = Agent(
     default_params={"seconds": 2},
 )
 """Sleeps once for its params' `seconds`, then ends with the sleep's result as its summary."""
+
+
+# --- child runs ---------------------------------------------------------------------------------
+
+
+class Nothing(BaseModel):
+    pass
+
+
+def _fan_out(args: Nothing, ctx: ToolContext) -> ToolResult:
+    params = ctx.resources
+    child = params["child"]
+    specs = [
+        RunSpec(agent=child, input=_child_input(child, i, params))
+        for i in range(params["children"])
+    ]
+    return start_runs(specs, wait=params["wait"])
+
+
+def _child_input(child: str, i: int, params: dict[str, Any]) -> dict[str, object]:
+    if child == "helper":
+        return {"batches": 1, "fail": i in (params["failing"] or [])}
+    return {}
+
+
+fanout = Agent(
+    name="fanout",
+    tools=[Tool("fan_out", "Start the child runs.", Nothing, _fan_out)],
+    goal="Delegate",
+    policy=_once_then_done("fan_out", lambda view: {}),
+    resources=lambda ctx: ctx.options.params,
+    default_params={"children": 3, "child": "helper", "wait": "all", "failing": []},
+)
+"""Starts `children` runs of the registered agent `child` (`helper`, or `events` to have them
+wait), waits for them as `wait` says, then ends with the wait's result as its summary."""
+
+
+def _helper_row(args: WriteRow, ctx: ToolContext) -> str:
+    if ctx.resources["fail"]:
+        raise PermanentError(f"{ctx.run_id} cannot write its row")
+    return WORLD.write(args, ctx)
+
+
+helper = dataclasses.replace(
+    _agent("helper", _helper_row),
+    default_params={"batches": 1, "fail": False},
+    resources=lambda ctx: ctx.options.params,
+)
+"""Writes its rows (one per step) as `rows` does, or with `fail` fails at once."""
