@@ -875,6 +875,20 @@ class Client:
                 continue  # ended meanwhile
             self._cancel_children(child, by=by)
 
+    def children(self, run_id: str) -> list[Run]:
+        """The child runs the run's steps started (`start_runs`), in the order they were
+        started, each where it stands now (one read of the run's records, one of each
+        child's head). Steps whose records are past their retention are not read."""
+        self.head(run_id)
+        started = [
+            child
+            for checkpoint in self.runtime.store.list_checkpoints(run_id)
+            if isinstance(checkpoint.event, StepCompleted)
+            for child in checkpoint.event.started or []
+        ]
+        heads = (self.runtime.store.load_head(child) for child in dict.fromkeys(started))
+        return [Run.of(head) for head in heads if head is not None]
+
     def fork(self, source: str, /, *, from_step: int, run_id: str | None = None) -> Run:
         """A new run (`run_id`, default `<source>-fork-<random>`) whose state is the source's
         as of step `from_step`: its last step record or decision there. The fork is running,

@@ -549,6 +549,9 @@ class StepCompleted(_Model):
     pushed out of the window with the model (written once here, so a replay reads it back)."""
     memory_through: int | None = None
     """The last step `memory` covers (set with it)."""
+    started: list[str] | None = None
+    """The child runs this step started (`start_runs`), in order, whether or not it waits
+    for them."""
 
 
 class PersonDecided(_Model):

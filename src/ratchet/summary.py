@@ -74,7 +74,10 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
     words ("step committed", "person decided by dana: approved: ok", ...)."""
     kind = event["kind"]
     if kind == "step":
+        started = event.get("started") or []
         said = "step committed" + _waits_for(event.get("wait"))
+        if started and not event.get("wait"):
+            said += f"; started {len(started)} child run{'s' if len(started) != 1 else ''}"
         call = event["call"]
         return {
             "tool": call["name"],

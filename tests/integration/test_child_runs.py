@@ -214,3 +214,25 @@ def test_the_settled_text_is_bounded_and_every_outcome_is_kept():
     assert settled.children is not None
     assert len(settled.children) == 100
     assert all(o.summary is not None and len(o.summary) == 1000 for o in settled.children)
+
+
+def test_the_dashboard_shows_a_runs_parent_and_its_children(client):
+    from werkzeug.test import Client as Http
+
+    from ratchet.web.dashboard import local_app
+    from ratchet.web.serve import wsgi_app
+
+    client.run(run_id="p", agent=PARENT, input={"children": 2, "failing": [1]})
+    runtime = client.runtime
+    desk = runtime.approval_desk(worker_id="serve:test", logger=LOG)
+    http = Http(wsgi_app([("/dashboard", local_app(client, desk, operator="dana"))]))
+
+    parent_page = http.get("/dashboard/runs/p").get_data(as_text=True)
+    child_page = http.get("/dashboard/runs/p.step-1.1").get_data(as_text=True)
+
+    table = parent_page.split("<table id='children'>", 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr><td><a href='/dashboard/runs/p.step-1.") == 2
+    assert "<span class='status s-done'>done</span>" in table
+    assert "child 1 cannot do it" in table
+    assert "<a id='parent' href='/dashboard/runs/p'>p</a>" in child_page
+    assert [c.run_id for c in client.children("p")] == ["p.step-1.0", "p.step-1.1"]

@@ -92,6 +92,8 @@ class Attempted:
     usage: Usage | None = None
     """What the attempt's model calls used (None: the recorded decision was reused)."""
     folded: memory.Folded | None = None
+    started: list[str] | None = None
+    """The child runs the step started (`start_runs`)."""
 
 
 class StepWork:

@@ -391,6 +391,7 @@ class Engine:
             usage=attempted.usage,
             memory=folded.summary if folded else None,
             memory_through=folded.through if folded else None,
+            started=attempted.started,
         )
         head, written = self._commits.commit(
             state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
@@ -492,8 +493,9 @@ class Engine:
         try:
             output, asked = self._work.act(state, binding, decision, clock)
             wait: AnyWait | None
+            children: list[str] | None = None
             if isinstance(asked, StartRuns):
-                output, wait = self._start_children(state, output, asked)
+                output, wait, children = self._start_children(state, output, asked)
             else:
                 wait = asked
             folded = self._work.summarise(state, binding, clock)
@@ -506,11 +508,13 @@ class Engine:
             raise failure from error
         if folded is not None:
             usage = added(usage, folded.usage)
-        return Attempted(decision, output=output, wait=wait, usage=usage, folded=folded)
+        return Attempted(
+            decision, output=output, wait=wait, usage=usage, folded=folded, started=children
+        )
 
     def _start_children(
         self, state: RunState, output: ToolOutput, request: StartRuns
-    ) -> tuple[ToolOutput, ChildrenWait | None]:
+    ) -> tuple[ToolOutput, ChildrenWait | None, list[str]]:
         """Start the runs the tool asked for, before the step commits: a crash from here on
         retries the step, which finds them started (their ids derive from its key)."""
         if self._children is None:
@@ -523,7 +527,7 @@ class Engine:
             if len(listed) > PREVIEW_CHARS:
                 listed = listed[: PREVIEW_CHARS - 1] + "…"
             output = output.model_copy(update={"text": f"{output.text} Their ids: {listed}."})
-        return output, request.waits_for(state.run_id, step)
+        return output, request.waits_for(state.run_id, step), started
 
     def _bound(self, state: RunState, deadline: float) -> Binding:
         clock = StepClock(state.run_id, state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)

@@ -111,6 +111,8 @@ class Timeline:
     mailbox_pending: int | None = None
     """Events in the run's mailbox that no wait has taken, while it waits for an event or a
     time (None: not counted)."""
+    children: Sequence[Run] = ()
+    """The child runs its steps started (`start_runs`), where each stands now."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,7 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
         pending=pending,
         waits_without_request=for_person and not open_now,
         mailbox_pending=pending_events,
+        children=client.children(run_id),
     )
 
 
@@ -402,6 +405,10 @@ def _summary(run: Run) -> str:
         facts.append((said, e(run.summary)))
     if run.error:
         facts.append(("error", e(run.error)))
+    if run.parent:
+        facts.append(
+            ("parent", f"<a id='parent' href='{_run_url(run.parent)}'>{e(run.parent)}</a>")
+        )
     if run.attempts and run.status in (RunStatus.RUNNING, RunStatus.WAITING):
         facts.append(("attempts at the next step", str(run.attempts)))
     usage = run.usage
@@ -417,11 +424,34 @@ def _summary(run: Run) -> str:
     return "<dl>" + "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts) + "</dl>"
 
 
+def _children(timeline: Timeline) -> str:
+    """The child runs the run started, each linked, with where it stands and how it ended."""
+    if not timeline.children:
+        return ""
+    rows = "".join(
+        f"<tr><td><a href='{_run_url(child.run_id)}'>{e(child.run_id)}</a></td>"
+        f"<td>{e(child.agent)}</td><td>{_status(child.status)}</td><td>{child.step}</td>"
+        f"<td class='text'>{e(shorten(child.error or child.summary or '', 300))}</td></tr>"
+        for child in timeline.children
+    )
+    waiting = timeline.run.wait
+    note = (
+        f"<p class='note'>{e(waiting.prompt)}.</p>"
+        if waiting is not None and waiting.kind == "children"
+        else ""
+    )
+    return (
+        f"<h2>Child runs</h2>{note}<table id='children'><thead><tr><th>run</th><th>agent</th>"
+        f"<th>status</th><th>steps</th><th>summary or error</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
 def _waiting_for_the_world(timeline: Timeline) -> str:
     """What a run waiting for an event or a time waits for, when that settles by itself, the
     events its mailbox holds, and how to settle it now."""
     run, wait = timeline.run, timeline.run.wait
-    if wait is None or wait.kind == "person":
+    if wait is None or wait.kind in ("person", "children"):
         return ""
     run_id = e(run.run_id)
     held = timeline.mailbox_pending
@@ -577,6 +607,7 @@ def run_page(timeline: Timeline) -> str:
         "<nav><a href='/dashboard'>All runs</a></nav>"
         f"<h1>Run {e(run.run_id)}</h1>"
         f"{_summary(run)}{_pending(timeline)}{_waiting_for_the_world(timeline)}"
+        f"{_children(timeline)}"
         "<h2>Over the run</h2><div class='charts'>"
         + chart(
             "Step duration",
