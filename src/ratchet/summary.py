@@ -104,6 +104,7 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
             "timeout": f"no {name!r} event in time",
             "due": "woke: the time came",
             "woken": f"woken early by {event.get('by')}",
+            "children": _children_ended(event.get("children") or []),
         }.get(how, f"wait settled: {how}")
         return {"by": event.get("by"), "result": event["text"], "explanation": said}
     if kind == "attempt_failed":
@@ -134,6 +135,14 @@ def wait_kind(request: Mapping[str, Any]) -> str:
     if "children" in request:
         return "children"
     return "person"
+
+
+def _children_ended(children: list[Mapping[str, Any]]) -> str:
+    """`child runs ended: 2 done, 1 failed` (and those still running, for a `first` wait)."""
+    counts: dict[str, int] = {}
+    for child in children:
+        counts[child["status"]] = counts.get(child["status"], 0) + 1
+    return "child runs ended: " + ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def _waits_for(wait: Mapping[str, Any] | None) -> str:
