@@ -21,6 +21,8 @@ class FaultPoint(StrEnum):
     BEFORE_MODEL = "before_model"
     AFTER_MODEL = "after_model"
     AFTER_DECISION = "after_decision"
+    AFTER_CALL_STARTED = "after_call_started"
+    """An at-most-once tool's call is marked started in the ledger; the tool is not called yet."""
     AFTER_TOOL = "after_tool"
     AFTER_CHILDREN_STARTED = "after_children_started"
     """The step's child runs (`start_runs`) are created, the step not committed."""
@@ -39,8 +41,9 @@ STEP_POINTS = (
     FaultPoint.BEFORE_COMMIT,
     FaultPoint.AFTER_COMMIT,
 )
-"""The points inside every engine step (`AFTER_CHILDREN_STARTED` is inside a step that starts
-child runs only; the others are in the event desk)."""
+"""The points inside every engine step (`AFTER_CALL_STARTED` is inside a step calling an
+at-most-once tool only, `AFTER_CHILDREN_STARTED` inside a step that starts child runs; the
+others are in the event desk)."""
 
 
 class FaultAction(StrEnum):

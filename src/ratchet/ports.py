@@ -142,6 +142,9 @@ class CheckpointStore(Protocol):
 
 class LedgerStatus(StrEnum):
     IN_PROGRESS = "in_progress"
+    CALLED = "called"
+    """An at-most-once tool's call started under the key (`start_call`) and recorded no
+    outcome yet: whether it ran is not known until the step commits."""
     COMPLETED = "completed"
 
 
@@ -168,6 +171,9 @@ class IdempotencyLedger(Protocol):
       same `args_hash` it returns the stored entry unchanged (so a retry reuses the recorded
       decision); with another hash it raises `IdempotencyConflict`.
     - `complete` marks the key completed with its result (idempotent for the same result).
+    - `start_call` marks an in-progress key `called`, atomically: True for the one caller
+      that moved it, False if it was `called` already (an earlier attempt started the call)
+      or is completed; `KeyError` if there is no such key.
     """
 
     def begin(self, entry: LedgerEntry) -> LedgerEntry: ...
@@ -175,6 +181,11 @@ class IdempotencyLedger(Protocol):
     def get(self, key: str) -> LedgerEntry | None: ...
 
     def complete(self, key: str, result: str) -> None: ...
+
+    def start_call(self, key: str) -> bool:
+        """Record, before an at-most-once tool is called, that its call starts (see the
+        contract above)."""
+        ...
 
 
 @dataclass(frozen=True)

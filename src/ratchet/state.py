@@ -239,6 +239,9 @@ class ApprovalRequest(_Model):
     reply: bool | None = None
     """True for `wait_for_reply`: the person writes a reply (the answer's `reply` field) and
     sends it, or declines; the page and the message say so. None for an approval."""
+    uncertain: str | None = None
+    """Set (to the tool's name) when the engine asks whether an at-most-once tool's call,
+    started and never recorded, ran (`Tool.at_most_once`): the answer's `ran` says."""
 
 
 EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -504,6 +507,9 @@ class RunState(_Model):
     """The last step folded into `memory` (with `model_summary`; 0: none yet)."""
     not_before: datetime | None = None
     """After a failed attempt: the next attempt waits until then (backing off)."""
+    redo_step: int | None = None
+    """Set when a person said an at-most-once call that step made did not run: the next
+    step makes the same call again, once, with no model call."""
     parent: RunId | None = None
     """The run whose step started this one (`start_runs`), told when this one ends."""
     parent_step: int | None = None
@@ -698,6 +704,8 @@ def settled_text(
     what the step asked, when the reader knows it)."""
     if isinstance(event, WaitSettled):
         return event.text
+    if isinstance(asked, ApprovalRequest) and asked.uncertain:
+        return uncertain_text(event, asked.uncertain)
     if not (isinstance(asked, ApprovalRequest) and asked.reply):
         return decision_text(event)
     given = event.answer.get("reply") if event.answer is not None else None
@@ -708,6 +716,27 @@ def settled_text(
             return f"No reply: {event.comment or 'the request expired'}."
         return f"No reply: {event.by} declined" + (f": {event.comment}" if event.comment else ".")
     return decision_text(event)
+
+
+def call_ran(event: PersonDecided) -> bool | None:
+    """What a person said of an uncertain at-most-once call: True (it ran), False (it did
+    not: it is made again, once), None (they would not say)."""
+    if not event.approved or event.answer is None:
+        return None
+    ran = event.answer.get("ran")
+    return ran if isinstance(ran, bool) else None
+
+
+def uncertain_text(event: PersonDecided, tool: str) -> str:
+    """The uncertain step's result, once a person answered: `dana says send_wire ran: ...`."""
+    ran = call_ran(event)
+    if ran is None:
+        why = f": {event.comment}" if event.comment else ""
+        return f"{event.by} would not say whether {tool} ran{why}; it was not called again."
+    if not ran:
+        return f"{event.by} says {tool} did not run: it is called again, once, at the next step."
+    said = event.answer.get("result") if event.answer else None
+    return f"{event.by} says {tool} ran" + (f": {said}" if said else ".")
 
 
 def decision_text(event: PersonDecided) -> str:

@@ -169,6 +169,17 @@ def ask_person(
     )
 
 
+class CallRan(BaseModel):
+    """What a person answers when an at-most-once tool's call may or may not have run."""
+
+    ran: bool = Field(description="Did the call run (did its effect happen)?")
+    result: str = Field(
+        default="",
+        max_length=2000,
+        description="What it did, if it ran and you know (a confirmation number, ...).",
+    )
+
+
 class Reply(BaseModel):
     """What a person sends back to `wait_for_reply`: their reply, as text."""
 
@@ -320,6 +331,16 @@ class Tool(Generic[ArgsT]):
     args: type[ArgsT]
     handler: Handler[ArgsT]
     side_effect: bool = False
+    at_most_once: bool = False
+    """For a side effect that takes no idempotency key (an SMTP send, a wire through a bank
+    portal): the ledger records that the call starts before it is made, and a step that
+    finds a call started with no outcome recorded (its worker died, its Lambda timed out,
+    the tool raised) never calls it again; the run asks a person whether it ran
+    (docs/at-most-once.md)."""
+
+    def __post_init__(self) -> None:
+        if self.at_most_once and not self.side_effect:
+            raise TypeError(f"tool {self.name!r}: at_most_once is for side_effect=True tools")
 
     @cached_property
     def _spec(self) -> ToolSpec:
@@ -342,12 +363,13 @@ class Tool(Generic[ArgsT]):
 
 
 def tool(
-    *, name: str | None = None, side_effect: bool = False
+    *, name: str | None = None, side_effect: bool = False, at_most_once: bool = False
 ) -> Callable[[Handler[ArgsT]], Tool[ArgsT]]:
     """Make a `Tool` from a function `(args: SomeModel, ctx: ToolContext) -> str | ToolResult`.
 
     The name defaults to the function's, the description to its docstring, and the argument
-    model is read from the first parameter's annotation.
+    model is read from the first parameter's annotation. `at_most_once` (with `side_effect`)
+    is for a call that cannot take the idempotency key: see `Tool.at_most_once`.
     """
 
     def wrap(fn: Handler[ArgsT]) -> Tool[ArgsT]:
@@ -365,6 +387,7 @@ def tool(
             args=cast("type[ArgsT]", args_model),
             handler=fn,
             side_effect=side_effect,
+            at_most_once=at_most_once,
         )
 
     return wrap

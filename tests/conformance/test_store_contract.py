@@ -303,6 +303,38 @@ def test_complete_records_the_result(backend):
     assert backend.ledger.get("r1/step-2") is None
 
 
+def test_start_call_marks_a_key_called_once_and_never_a_completed_one(backend):
+    backend.ledger.begin(entry())
+    backend.ledger.begin(entry("r1/step-2"))
+
+    first, again = backend.ledger.start_call("r1/step-1"), backend.ledger.start_call("r1/step-1")
+    backend.ledger.complete("r1/step-2", "done")
+
+    assert (first, again) == (True, False)
+    called = backend.ledger.get("r1/step-1")
+    assert called is not None
+    assert called.status is LedgerStatus.CALLED
+    assert backend.ledger.start_call("r1/step-2") is False
+    completed = backend.ledger.get("r1/step-2")
+    assert completed is not None
+    assert completed.status is LedgerStatus.COMPLETED
+    with pytest.raises(KeyError):
+        backend.ledger.start_call("r1/step-9")
+
+
+def test_a_called_key_completes_in_the_steps_commit(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    backend.ledger.begin(entry())
+    backend.ledger.start_call("r1/step-1")
+
+    backend.store.commit(step_commit(state, 1))
+
+    completed = backend.ledger.get("r1/step-1")
+    assert completed is not None
+    assert completed.status is LedgerStatus.COMPLETED
+
+
 def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
     state, checkpoint = new_run()
     backend.store.create_run(state, checkpoint)

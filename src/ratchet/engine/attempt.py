@@ -5,6 +5,7 @@ summarise its oldest steps. What it returns, `Attempted`, is what the step's com
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ from ratchet.state import (
     Usage,
     idempotency_key,
 )
-from ratchet.tools import Agent, ToolContext, ToolResult
+from ratchet.tools import Agent, CallRan, ToolContext, ToolResult
 
 INLINE_OUTPUT_BYTES = INLINE_BYTES
 """Tool output up to this size is kept in the step record; larger output goes to a blob."""
@@ -125,6 +126,10 @@ class StepWork:
         key = idempotency_key(state.run_id, step)
         recorded = self._ledger.get(key)
         usage: Usage | None = None
+        if recorded is None and state.redo_step is not None:
+            # A person said the at-most-once call of that step did not run: this step makes
+            # the same call again, under its own key, and asks no model.
+            recorded = self._redo(state, key)
         if recorded is None:
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
             view, prompt = step_prompt(state)
@@ -168,6 +173,23 @@ class StepWork:
             )
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return decision_from(recorded.decision), usage
+
+    def _redo(self, state: RunState, key: str) -> LedgerEntry | None:
+        assert state.redo_step is not None
+        earlier = self._ledger.get(idempotency_key(state.run_id, state.redo_step))
+        if earlier is None:  # its record expired: the model decides afresh
+            return None
+        entry = LedgerEntry(
+            key=key,
+            run_id=state.run_id,
+            step=state.next_step,
+            args_hash=earlier.args_hash,
+            decision=earlier.decision,
+        )
+        try:
+            return self._ledger.begin(entry)
+        except IdempotencyConflict as conflict:
+            raise StaleVersion(state.run_id, state.version) from conflict
 
     def summarise(
         self, state: RunState, binding: Binding, clock: StepClock
@@ -216,13 +238,20 @@ class StepWork:
             raise RecordedDecisionInvalid(
                 f"recorded arguments no longer fit {tool.name}: {error}"
             ) from None
+        key = idempotency_key(state.run_id, step)
         context = ToolContext(
             run_id=state.run_id,
             step=step,
-            idempotency_key=idempotency_key(state.run_id, step),
+            idempotency_key=key,
             attempt=state.attempts,
             resources=binding.resources,
         )
+        if tool.at_most_once:
+            # Durably before the call: a later attempt that finds it started never calls
+            # again; it asks a person whether the call ran.
+            if not self._ledger.start_call(key):
+                return uncertain(step, tool.name, key, arguments_of(call, self._blobs))
+            self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
 
         def run_tool() -> ToolResult:
             if state.options.tool_latency_ms:
@@ -289,6 +318,34 @@ def ask(
     if isinstance(answer, ModelReply):
         return answer.decision, answer.usage
     return answer, None
+
+
+UNCERTAIN_ARGUMENTS_CHARS = 2000
+
+
+def uncertain(
+    step: int, tool: str, key: str, arguments: dict[str, Any]
+) -> tuple[ToolOutput, ApprovalRequest]:
+    """The result of an at-most-once call found started with no outcome recorded: not called
+    again, and a person asked whether it ran (`CallRan`)."""
+    from ratchet.approvals.answers import answer_schema
+
+    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+    if len(shown) > UNCERTAIN_ARGUMENTS_CHARS:
+        shown = shown[: UNCERTAIN_ARGUMENTS_CHARS - 1] + "…"
+    output = ToolOutput(
+        step=step,
+        tool=tool,
+        text=f"{tool} may or may not have run at step {step}: its call started and no outcome "
+        "was recorded, so it is not called again. A person is asked whether it ran.",
+    )
+    request = ApprovalRequest(
+        prompt=f"{tool} may or may not have run at step {step} with these arguments: did it?",
+        details={"tool": tool, "step": step, "arguments": shown, "idempotency_key": key},
+        answer_schema=answer_schema(CallRan),
+        uncertain=tool,
+    )
+    return output, request
 
 
 def wait_request(

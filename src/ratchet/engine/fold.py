@@ -11,6 +11,7 @@ from datetime import datetime
 from ratchet.engine.memory import REMEMBER
 from ratchet.state import (
     MAX_PINNED_FACTS,
+    ApprovalRequest,
     AttemptFailed,
     CheckpointEvent,
     Created,
@@ -27,6 +28,7 @@ from ratchet.state import (
     Waiting,
     WaitSettled,
     answer_in_place,
+    call_ran,
     message_of,
     preview_of,
 )
@@ -114,6 +116,7 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
         "waiting": waiting,
         "not_before": None,
         "usage": _plus(state.usage, event.usage),
+        "redo_step": None,
     }
     if event.memory is not None and event.memory_through is not None:
         update["memory"] = event.memory
@@ -138,11 +141,18 @@ def _after_decision(state: RunState, event: PersonDecided | WaitSettled) -> dict
     # waited for it.
     asked = state.waiting.request if state.waiting else None
     results, text = answer_in_place(state.tool_results, asked_at, event, asked)
+    redo = (
+        isinstance(event, PersonDecided)
+        and isinstance(asked, ApprovalRequest)
+        and asked.uncertain is not None
+        and call_ran(event) is False
+    )
     return {
         "status": RunStatus.RUNNING,
         "waiting": None,
         "last_result": text,
         "tool_results": results,
+        "redo_step": asked_at if redo else None,
     }
 
 

@@ -243,3 +243,44 @@ helper = dataclasses.replace(
     resources=lambda ctx: ctx.options.params,
 )
 """Writes its rows (one per step) as `rows` does, or with `fail` fails at once."""
+
+
+# --- an at-most-once tool -------------------------------------------------------------------
+
+
+@dataclass
+class Bank:
+    """The wires a portal with no idempotency key received (every real call is one)."""
+
+    sent: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, args: WriteRow, ctx: ToolContext) -> str:
+        with self.lock:
+            self.sent.append(ctx.run_id)
+        return f"wired {args.n}"
+
+    def sent_by(self, run_id: str) -> int:
+        with self.lock:
+            return self.sent.count(run_id)
+
+
+BANK = Bank()
+
+
+wires = Agent(
+    name="wires",
+    tools=[
+        Tool(
+            "send_wire",
+            "Send a wire (the portal takes no idempotency key).",
+            WriteRow,
+            BANK.send,
+            side_effect=True,
+            at_most_once=True,
+        )
+    ],
+    goal="Pay",
+    policy=_once_then_done("send_wire", lambda view: {"n": 120}),
+)
+"""Sends one wire through an at-most-once tool, then ends with its result as its summary."""

@@ -101,7 +101,17 @@ APPROVER = f"alice@{MAIL_DOMAIN}"
 SLACK_CHANNEL = "#approvals"
 AGENTS = {
     name: f"tests.integration.aws.agents:{name}"
-    for name in ("rows", "failing", "gated", "events", "sleeper", "bounded", "fanout", "helper")
+    for name in (
+        "rows",
+        "failing",
+        "gated",
+        "events",
+        "sleeper",
+        "bounded",
+        "fanout",
+        "helper",
+        "wires",
+    )
 }
 """The agents this deployment registers (RATCHET_AGENTS), besides the built-in scenarios."""
 

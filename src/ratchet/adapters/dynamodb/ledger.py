@@ -127,6 +127,30 @@ class DynamoDbLedger:
             raise
 
 
+    @translated_errors
+    def start_call(self, key: str) -> bool:
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={"key": text_attribute(key)},
+                UpdateExpression="SET #status = :called",
+                ConditionExpression="#status = :in_progress",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={
+                    ":called": text_attribute(LedgerStatus.CALLED.value),
+                    ":in_progress": text_attribute(LedgerStatus.IN_PROGRESS.value),
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            if error_code(error) != "ConditionalCheckFailedException":
+                raise
+            if cast("dict[str, Any]", error.response).get("Item") is None:
+                raise KeyError(f"no idempotency record for {key!r}") from None
+            return False
+        return True
+
+
 def _ledger_entry(item: Mapping[str, AttributeValueTypeDef]) -> LedgerEntry:
     # A completion written for a key that was never begun carries no decision (see
     # `_ledger_completion`); it reads back with an empty one rather than failing.

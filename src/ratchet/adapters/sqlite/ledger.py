@@ -67,6 +67,18 @@ class SqliteLedger:
         if not changed:
             raise KeyError(f"no idempotency record for {key!r}")
 
+    def start_call(self, key: str) -> bool:
+        with self._db.write() as tx:
+            moved = tx.execute(
+                "UPDATE idempotency SET status = ? WHERE key = ? AND status = ?",
+                (LedgerStatus.CALLED.value, key, LedgerStatus.IN_PROGRESS.value),
+            ).rowcount
+            if moved:
+                return True
+            if self._read(tx, key) is None:
+                raise KeyError(f"no idempotency record for {key!r}")
+        return False
+
     @staticmethod
     def _read(connection: sqlite3.Connection, key: str) -> LedgerEntry | None:
         row = connection.execute(
