@@ -8,6 +8,17 @@ level of a `ratchet.toml` (the same keys)::
     agents = { billing = "billing_agent.agent:agent" }   # name -> module:attr
     source = "src"                    # folder(s) holding the packages to ship; default "."
     requirements = ["httpx==0.28.1"]  # what the agents need beyond Ratchet (PEP 508)
+    secrets = { PAYMENTS_API_KEY = "secretsmanager:payments/api-key" }   # or ssm:/a/b, an ARN
+    environment = { PAYMENTS_URL = "https://pay.example.com" }           # plain values
+
+    [[tool.ratchet.permissions]]      # IAM statements for the step function, Allow only
+    actions = ["execute-api:Invoke"]
+    resources = ["arn:aws:execute-api:eu-west-1:123456789012:a1b2c3/prod/POST/refunds"]
+    reason = "..."                    # required when an action or a resource has a *
+
+`secrets` and `environment` reach the step function only (where the tools run); each secret
+is readable by it alone, fetched once per container and given to the agent as
+`RunContext.secrets`, never logged and never in a run's state.
 
 Every mistake is reported with the file and the key it is in, before anything is built.
 
@@ -24,7 +35,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +78,73 @@ def check_agent(name: str, target: object) -> str | None:
     return None
 
 
+SETTING_NAME_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
+"""A secret's or an environment variable's name, as the agent reads it."""
+RESERVED_PREFIXES = ("AWS_", "RATCHET_", "POWERTOOLS_", "LAMBDA_", "_X_AMZN", "OTEL_")
+RESERVED_NAMES = frozenset({"PATH", "PYTHONPATH", "HOME", "LANG", "TZ", "ANTHROPIC_API_KEY"})
+SECRET_REFERENCE = re.compile(
+    r"^(secretsmanager:[A-Za-z0-9/_+=.@-]{1,512}"
+    r"|ssm:/?[A-Za-z0-9/_.-]{1,1011}"
+    r"|arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+"
+    r"|arn:aws[a-z-]*:ssm:[a-z0-9-]+:\d{12}:parameter/[A-Za-z0-9/_.-]+)$"
+)
+IAM_ACTION = re.compile(r"^[a-z0-9-]+:[A-Za-z0-9*?]+$")
+IAM_RESOURCE = re.compile(r"^(\*|arn:[^\s]+)$")
+
+
+def check_setting_name(name: str) -> str | None:
+    """Why `name` cannot be a secret's or environment variable's name, or None."""
+    if not re.fullmatch(SETTING_NAME_PATTERN, name):
+        return f"{name!r} is not a name (capital letters, digits and '_', starting with a letter)"
+    if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
+        return f"{name!r} is Lambda's, Ratchet's or Python's own: choose another name"
+    return None
+
+
+class Permission(BaseModel):
+    """One IAM statement the step function is given, for the agent's tools: Allow only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    actions: list[str] = Field(min_length=1, max_length=50)
+    resources: list[str] = Field(min_length=1, max_length=50)
+    reason: str | None = Field(default=None, min_length=10, max_length=1000)
+    """Why a wildcard is needed: required when an action or a resource holds a `*`, and
+    recorded as the cdk-nag acknowledgement of that wildcard."""
+
+    @field_validator("actions")
+    @classmethod
+    def _actions(cls, value: list[str]) -> list[str]:
+        for action in value:
+            if not IAM_ACTION.fullmatch(action):
+                raise ValueError(f"{action!r} is not an IAM action (service:Action)")
+            if action.split(":", 1)[1] == "*":
+                raise ValueError(f"{action!r} allows every action of a service: name them")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: list[str]) -> list[str]:
+        for resource in value:
+            if not IAM_RESOURCE.fullmatch(resource):
+                raise ValueError(f"{resource!r} is not an ARN (or '*')")
+        return value
+
+    @property
+    def wildcards(self) -> list[str]:
+        """The cdk-nag findings this statement raises: each action and resource with a `*`."""
+        return [f"Action::{a}" for a in self.actions if "*" in a] + [
+            f"Resource::{r}" for r in self.resources if "*" in r
+        ]
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.wildcards and self.reason is None:
+            raise ValueError(
+                f"{', '.join(w.split('::', 1)[1] for w in self.wildcards)} holds a wildcard: "
+                "say why in reason (at least 10 characters), or name what the tools use"
+            )
+
+
 class _Table(BaseModel):
     """The keys as written; paths are checked against the file's folder afterwards."""
 
@@ -75,6 +153,34 @@ class _Table(BaseModel):
     agents: dict[str, str] = Field(default_factory=dict)
     source: list[str] = Field(default_factory=lambda: ["."], min_length=1)
     requirements: list[str] = Field(default_factory=list)
+    secrets: dict[str, str] = Field(default_factory=dict, max_length=50)
+    environment: dict[str, str] = Field(default_factory=dict, max_length=50)
+    permissions: list[Permission] = Field(default_factory=list, max_length=20)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, reference in value.items():
+            problem = check_setting_name(name)
+            if problem:
+                raise ValueError(problem)
+            if not SECRET_REFERENCE.fullmatch(reference):
+                raise ValueError(
+                    f"{name}: {reference!r} names no secret: give secretsmanager:NAME, "
+                    "ssm:/PARAMETER, or the ARN of either"
+                )
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            problem = check_setting_name(name)
+            if problem:
+                raise ValueError(problem)
+            if len(text.encode("utf-8")) > 4096:
+                raise ValueError(f"{name}: a value is at most 4 KB (Lambda's whole environment)")
+        return value
 
     @field_validator("agents", mode="before")
     @classmethod
@@ -137,6 +243,11 @@ class Project:
     source: tuple[Path, ...]
     """Absolute folders."""
     requirements: tuple[str, ...]
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """Name the agent reads (`RunContext.secrets[NAME]`) -> `secretsmanager:NAME`,
+    `ssm:/PARAMETER` or an ARN of either."""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    permissions: tuple[Permission, ...] = ()
 
     @classmethod
     def load(cls, location: Path) -> Project:
@@ -164,7 +275,15 @@ class Project:
             agents=dict(sorted(parsed.agents.items())),
             source=tuple(_folders(parsed.source, config_file, prefix)),
             requirements=tuple(parsed.requirements),
+            secrets=dict(sorted(parsed.secrets.items())),
+            environment=dict(sorted(parsed.environment.items())),
+            permissions=tuple(parsed.permissions),
         )
+        twice = sorted(set(project.secrets) & set(project.environment))
+        if twice:
+            raise project.error(
+                f"environment.{twice[0]}", "is a secret's name too: name each setting once"
+            )
         project._check_agents_ship()
         return project
 
@@ -242,7 +361,10 @@ def _describe(error: ValidationError, config_file: Path, prefix: str) -> str:
     for item in error.errors(include_url=False):
         key = ".".join(str(part) for part in item["loc"]) or "(table)"
         if item["type"] == "extra_forbidden":
-            message = "unknown key (the keys are agents, source, requirements)"
+            message = (
+                "unknown key (the keys are agents, source, requirements, secrets, environment, "
+                "permissions)"
+            )
         else:
             message = str(item["msg"]).removeprefix("Value error, ")
         problems.append(f"{config_file}: {prefix}{key}: {message}")

@@ -4,6 +4,7 @@ channels, wired."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ from cdk.config import DeployConfig, profiled_model
 from cdk.functions import Functions
 from cdk.hooks import Webhooks
 from cdk.nag import acknowledge
+from cdk.project import Project
 from cdk.storage import RUNS_INDEX_NAME, Storage
 from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
 
@@ -259,6 +261,9 @@ class RatchetStack(Stack):
             for name in READS_AGENTS:
                 lambdas[name].add_environment(contract.AGENTS, config.agents_json)
 
+        if config.project is not None:
+            self._give_the_tools(lambdas, config.project)
+
         api = RunsApi(self, "Runs", handlers=lambdas.by_name)
         public_url = config.public_url or api.default_url
         channels = ApprovalChannels(
@@ -315,6 +320,54 @@ class RatchetStack(Stack):
             ),
         )
         CfnOutput(self, "BlobBucket", value=storage.blobs.bucket_name)
+
+    def _give_the_tools(self, lambdas: Functions, project: Project) -> None:
+        """What the project's tools need, on the step function alone (where they run): read
+        access to each of its secrets (and `RATCHET_SECRETS`, how to fetch them), its plain
+        environment, and its IAM statements, each wildcard acknowledged with its reason."""
+        step, role = lambdas["step"], lambdas.roles["step"]
+        fetched: dict[str, str] = {}
+        for name, reference in project.secrets.items():
+            kind, arn = self._secret_arn(reference)
+            fetched[name] = f"{kind}:{arn}" if kind == "secretsmanager" else f"ssm:{arn}"
+            action = (
+                "secretsmanager:GetSecretValue" if kind == "secretsmanager" else "ssm:GetParameter"
+            )
+            step.add_to_role_policy(iam.PolicyStatement(actions=[action], resources=[arn]))
+        if fetched:
+            step.add_environment(contract.SECRETS, json.dumps(fetched, separators=(",", ":")))
+        for name, value in project.environment.items():
+            step.add_environment(name, value)
+        for permission in project.permissions:
+            step.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=list(permission.actions), resources=list(permission.resources)
+                )
+            )
+            for finding in permission.wildcards:
+                acknowledge(role, f"AwsSolutions-IAM5[{finding}]", permission.reason or "")
+
+    def _secret_arn(self, reference: str) -> tuple[str, str]:
+        """`secretsmanager` or `ssm`, and the ARN a grant names, of a project's secret."""
+        if reference.startswith("arn:"):
+            kind = reference.split(":")[2]
+            if kind == "secretsmanager" and not re.search(r"-[A-Za-z0-9]{6}$", reference):
+                reference += "-??????"  # a name's ARN: Secrets Manager adds six characters
+            return kind, reference
+        kind, name = reference.split(":", 1)
+        if kind == "secretsmanager":
+            return kind, self.format_arn(
+                service="secretsmanager",
+                resource="secret",
+                resource_name=f"{name}-??????",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+        return kind, self.format_arn(
+            service="ssm",
+            resource="parameter",
+            resource_name=name.lstrip("/"),
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
 
     def _grant_bedrock(self, lambdas: Functions, models: tuple[str, ...]) -> None:
         """The step calls Claude on Bedrock (`bedrock:<id>` runs): InvokeModel on exactly the

@@ -115,6 +115,11 @@ class RunContext:
     data: RunData | None = None
     """The run's durable key-value data (`RunData`), kept by the runtime's own store on every
     runtime; None only where a caller built a context by hand."""
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    """The project's secrets by name (`secrets["PAYMENTS_API_KEY"]`): on AWS those its
+    `[tool.ratchet] secrets` declares, fetched on first use and cached per container; locally
+    the environment variable of each name. Hand them to clients in `resources`; never put
+    one in a tool's result or a run's input (docs/your-agent-on-aws.md)."""
 
 
 @dataclass(frozen=True)

@@ -200,11 +200,16 @@ def test_configured_each_function_gets_exactly_the_settings_it_reads(
     assert set(environment(configured, name)) == expected | POWERTOOLS
 
 
-def test_every_setting_but_slacks_own_api_url_reaches_some_function(
+def test_every_setting_but_slacks_own_api_url_and_the_projects_secrets_reaches_some_function(
     configured: Synthesized,
 ) -> None:
+    # The project's secrets reach the step only with a project that declares some
+    # (tests/infra/test_project_settings.py).
     given = {key for name in CORE_FUNCTIONS for key in environment(configured, name)}
-    assert set(ENVIRONMENT.values()) - given == {ENVIRONMENT["slack_api_url"]}
+    assert set(ENVIRONMENT.values()) - given == {
+        ENVIRONMENT["slack_api_url"],
+        ENVIRONMENT["secrets"],
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))

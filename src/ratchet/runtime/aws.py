@@ -26,6 +26,7 @@ from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
+from ratchet.adapters.secrets import AwsSecrets
 from ratchet.adapters.ses import SesNotifier
 from ratchet.adapters.slack import SlackNotifier
 from ratchet.adapters.stepfunctions import (
@@ -120,6 +121,9 @@ class AwsRuntime:
             self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
         )
         self._limits = ConcurrencyLimits(AgentRegistry.local(), settings.max_concurrent)
+        self._secrets = AwsSecrets(
+            settings.secrets, secretsmanager=_client("secretsmanager"), ssm=_client("ssm")
+        )
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         """The agent's data lives in the app table (`data`, and `services` for an agent with
@@ -131,6 +135,7 @@ class AwsRuntime:
             workdir=SCRATCH / run_id,
             services={"dynamodb": self.dynamodb, "app_table": self.settings.app_table},
             data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id),
+            secrets=self._secrets,
         )
 
     def bind(self, state: RunState) -> Binding:
@@ -484,3 +489,17 @@ class AwsRuntime:
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both
         runtimes alike."""
+
+
+def _client(service: str) -> Callable[[], Any]:
+    """A boto3 client of `service`, made once, when a secret is first read."""
+    made: list[Any] = []
+
+    def client() -> Any:
+        if not made:
+            import boto3
+
+            made.append(boto3.client(service))  # type: ignore[call-overload]
+        return made[0]
+
+    return client

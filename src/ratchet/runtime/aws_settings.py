@@ -45,8 +45,11 @@ ENVIRONMENT = {
     "max_concurrent": "RATCHET_MAX_CONCURRENT",
     "queue_retry_seconds": "RATCHET_QUEUE_RETRY_SECONDS",
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
+    "secrets": "RATCHET_SECRETS",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
+
+_KINDS = ("secretsmanager", "ssm")
 
 # A loop iteration costs ~7 history events (Task scheduled/started/succeeded, Choice
 # entered/exited, ...); an execution is capped at 25,000. 1,000 iterations leave a wide margin.
@@ -108,6 +111,24 @@ class AwsSettings(BaseModel):
     """A step that found no free slot is tried again after 1 to this many seconds."""
     requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     """The deployment's model calls a minute, shared by every run (`ratchet.limits`)."""
+
+    secrets: dict[str, str] = Field(default_factory=dict)
+    """The project's secrets (`[tool.ratchet] secrets`), for the step function: name ->
+    `secretsmanager:<ARN>` or `ssm:<parameter>` (`ratchet.adapters.secrets.AwsSecrets`)."""
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secret_references(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise ValueError(f"not a JSON object of secret references: {error}") from None
+        if isinstance(value, dict):
+            for name, reference in value.items():
+                if not (isinstance(reference, str) and reference.split(":", 1)[0] in _KINDS):
+                    raise ValueError(f"{name}: not a secretsmanager: or ssm: reference")
+        return value
 
     @field_validator("max_concurrent", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from pydantic import (
 
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.outbox import OutboxNotifier
+from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
@@ -270,6 +271,7 @@ class LocalRuntime:
             options=options,
             workdir=Path(f"{self.root}.data") / run_id,
             data=SqliteRunData(self.db, run_id),
+            secrets=EnvironmentSecrets(),
         )
 
     @property
