@@ -46,6 +46,8 @@ class Seeded:
     run_ids: list[str]
     """Every run, `run-00000` on, in id order (their change times are shuffled)."""
     done: list[str]
+    changed: dict[str, datetime]
+    """Each run's last change, as its head and index item hold it."""
     items: int
     """Items written: heads and step records."""
 
@@ -68,11 +70,12 @@ def seed_runs(
     latest = now or datetime.now(UTC)
     moments = random.Random(runs).sample(range(runs), runs)
     steps_of = _step_records(run_id(0), steps, latest)
+    changed = {run_id(n): latest - timedelta(seconds=moments[n]) for n in range(runs)}
     written = 0
     batch: list[Item] = []
     for number in range(runs):
-        changed = latest - timedelta(seconds=moments[number])
-        for item in _run_items(run_id(number), number, steps, steps_of, changed):
+        run = run_id(number)
+        for item in _run_items(run, number, steps, steps_of, changed[run]):
             batch.append(item)
             if len(batch) == BATCH:
                 written += _write(client, table, batch)
@@ -81,6 +84,7 @@ def seed_runs(
     return Seeded(
         run_ids=[run_id(n) for n in range(runs)],
         done=[run_id(n) for n in range(0, runs, DONE_EVERY)],
+        changed=changed,
         items=written,
     )
 
