@@ -1,21 +1,26 @@
 """Many runs, two measures side by side.
 
 Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
-of the runs index (`list_page`), side by side, for tables of 100 and 300 runs (and more with
-`--runs`), each run with `--steps` step records beside its head.
+of the runs index (`list_page`), side by side, for tables of 100, 1,000 and 10,000 runs (others
+with `--runs`), each run with `--steps` step records (10 by default) beside its head. The
+tables are filled as `tests.dynamodb_seed` fills them, with BatchWriteItem, the items the
+store's commits would leave (10,000 runs of 10 steps: ~123,000 items in ~25 s).
 
 Concurrency limits (a SQLite store, 4 workers in this process): 20 runs of
 `tests.bounded_agent` (2 steps of 0.1 s each) with its bound of 3, and the same with no bound,
 side by side: the steps in flight in each tenth of a second, the most at once, and how long the
 20 runs took.
 
-    python -m bench.many_runs [--runs 100 300] [--steps 20] [--limit 50]
+    python -m bench.many_runs [--runs 100 1000 10000] [--steps 10] [--limit 50]
 
 For each table it prints the items the table holds, then for the Scan and for a page of done
 runs (a third of them) and a page of every status: the items DynamoDB read (`ScannedCount`,
-what a request is billed by), their ratio to the Scan's, the requests, and moto's time. The
-items read are what DynamoDB would read; moto's times are not DynamoDB's (moto answers a Query
-of an index by going through the whole table, so there a page is no faster than the Scan).
+what a request is billed by), their share of the Scan's (1/N: N times fewer), the requests
+(the Scan pages through the table a MB at a time, as DynamoDB's does), and moto's time. The
+items read are what DynamoDB would read; moto's times are not DynamoDB's: moto answers a Query
+of an index by going through the whole table, so there a page is slower than it would be, and
+it sorts the whole table for each page of a Scan, so its Scan's time grows with the square of
+the table (10,000 runs of 10 steps take it ~60 s; `--steps 20`, ~3 minutes).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +39,8 @@ import boto3
 from moto import mock_aws
 
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
-from ratchet.state import Created, Finished, RunState, RunStatus, StoredCheckpoint, utcnow
+from ratchet.state import RunState
+from tests.dynamodb_seed import seed_runs
 from tests.dynamodb_support import REGION, SETTINGS, create_tables
 
 
@@ -44,10 +50,13 @@ class Reads:
 
     items: int = 0
     requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """A page's first reads go out from threads of their own."""
 
     def __call__(self, parsed: dict[str, Any], **_: Any) -> None:
-        self.requests += 1
-        self.items += int(parsed.get("ScannedCount", 0))
+        with self.lock:
+            self.requests += 1
+            self.items += int(parsed.get("ScannedCount", 0))
 
 
 @dataclass(frozen=True)
@@ -66,62 +75,9 @@ def measure(reads: Reads, read: Callable[[], list[Any]]) -> Measured:
     return Measured(reads.items, reads.requests, elapsed, len(listed))
 
 
-def fill(client: Any, store: DynamoDbCheckpointStore, runs: int, steps: int) -> int:
-    """`runs` runs (every third done) with `steps` step records each; the table's item count."""
-    for n in range(runs):
-        run_id = f"run-{n:05d}"
-        state = RunState(run_id=run_id, agent="bench", goal="list me")
-        created = StoredCheckpoint(
-            run_id=run_id,
-            version=1,
-            step=0,
-            status=state.status,
-            worker_id="b",
-            event=Created(state=state),
-        )
-        store.create_run(state, created)
-        if n % 3 == 0:
-            _finish(store, state)
-    records: list[Any] = [
-        {
-            "PutRequest": {
-                "Item": {
-                    "run_id": {"S": f"run-{n:05d}"},
-                    "sk": {"S": f"CP#{v:012d}"},
-                    "event": {"S": "x" * 300},
-                }
-            }
-        }
-        for n in range(runs)
-        for v in range(100, 100 + steps)
-    ]
-    for start in range(0, len(records), 25):
-        client.batch_write_item(
-            RequestItems={SETTINGS.checkpoints_table: records[start : start + 25]}
-        )
-    pages = client.get_paginator("scan").paginate(
-        TableName=SETTINGS.checkpoints_table, Select="COUNT"
-    )
-    return sum(int(page["Count"]) for page in pages)
-
-
-def _finish(store: DynamoDbCheckpointStore, state: RunState) -> None:
-    from ratchet.engine.fold import apply_event
-    from ratchet.ports import Commit
-
-    event = Finished(status=RunStatus.DONE, summary="listed")
-    at = utcnow()
-    head = apply_event(state, event, version=2, at=at)
-    record = StoredCheckpoint(
-        run_id=state.run_id,
-        version=2,
-        step=0,
-        status=head.status,
-        worker_id="b",
-        created_at=at,
-        event=event,
-    )
-    store.commit(Commit(head=head, checkpoint=record, expected_version=1))
+def share(page: Measured, scan: Measured) -> str:
+    """The page's items read as a share of the Scan's: 1/N, the Scan reading N times more."""
+    return f"1/{scan.items / page.items:,.0f}"
 
 
 def bench(runs: int, steps: int, limit: int) -> dict[str, Any]:
@@ -138,14 +94,16 @@ def bench(runs: int, steps: int, limit: int) -> dict[str, Any]:
         store = DynamoDbCheckpointStore(
             client, table=SETTINGS.checkpoints_table, ledger_table=SETTINGS.idempotency_table
         )
-        items = fill(client, store, runs, steps)
+        items = seed_runs(client, table=SETTINGS.checkpoints_table, runs=runs, steps=steps).items
         reads = Reads()
         client.meta.events.register("after-call.dynamodb.Scan", reads)
         client.meta.events.register("after-call.dynamodb.Query", reads)
+        scan = measure(reads, store.list_runs)
+        assert scan.listed == runs, f"the Scan found {scan.listed} of {runs} heads"
         return {
             "runs": runs,
             "items": items,
-            "scan": measure(reads, store.list_runs),
+            "scan": scan,
             "done": measure(reads, lambda: store.list_page(status="done", limit=limit)),
             "every": measure(reads, lambda: store.list_page(limit=limit)),
         }
@@ -153,8 +111,8 @@ def bench(runs: int, steps: int, limit: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[100, 300])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--runs", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--limit", type=int, default=50)
     args = parser.parse_args(argv)
     print(
@@ -162,19 +120,20 @@ def main(argv: list[str] | None = None) -> None:
         f"runs index; {args.steps} step records a run"
     )
     print(
-        f"{'runs':>7} {'items':>8} | {'Scan read':>9} {'ms':>8} | "
-        f"{'done page read':>14} {'reqs':>4} {'ms':>7} {'of Scan':>7} | "
-        f"{'any page read':>13} {'reqs':>4} {'ms':>7} {'of Scan':>7}"
+        f"{'runs':>7} {'items':>8} | {'Scan read':>9} {'reqs':>4} {'ms':>8} | "
+        f"{'done page read':>14} {'reqs':>4} {'ms':>7} {'of Scan':>8} | "
+        f"{'any page read':>13} {'reqs':>4} {'ms':>7} {'of Scan':>8}"
     )
     for runs in args.runs:
         row = bench(runs, args.steps, args.limit)
         scan, done, every = row["scan"], row["done"], row["every"]
         print(
-            f"{runs:>7,} {row['items']:>8,} | {scan.items:>9,} {scan.milliseconds:>8.1f} | "
+            f"{runs:>7,} {row['items']:>8,} | {scan.items:>9,} {scan.requests:>4} "
+            f"{scan.milliseconds:>8.1f} | "
             f"{done.items:>14,} {done.requests:>4} {done.milliseconds:>7.1f} "
-            f"{done.items / scan.items:>6.3f}x | "
+            f"{share(done, scan):>8} | "
             f"{every.items:>13,} {every.requests:>4} {every.milliseconds:>7.1f} "
-            f"{every.items / scan.items:>6.3f}x"
+            f"{share(every, scan):>8}"
         )
 
 

@@ -3,7 +3,7 @@
 Debian's Chromium, driven by Playwright, against a real `ratchet serve` process and runs made
 by real `ratchet` processes: one done, one failed, one cancelled, and one whose worker was
 SIGKILLed mid-step and which another worker resumed until it waits for a person. The run list
-counts and filters them; the resumed run's timeline shows the failed attempt and the step
+shows and filters them; the resumed run's timeline shows the failed attempt and the step
 committed on the retry, its charts, and the link to its pending approval, which opens the
 approval page; reading the dashboard writes nothing.
 
@@ -113,23 +113,22 @@ def test_the_dashboard_lists_runs_and_shows_a_resumed_runs_timeline(local, brows
     assert response is not None
     assert response.status == 200
 
-    # Then every run is listed with its agent and status, and each status is counted
+    # Then every run is listed with its agent and status
     expect(page).to_have_title("Runs · Ratchet")
     for run_id, status in RUNS.items():
         row = page.locator("tbody tr").filter(has=page.get_by_role("link", name=run_id))
         expect(row).to_have_count(1)
         expect(row.locator("td").nth(2)).to_have_text(status)
     expect(page.locator("tbody tr").filter(has_text="notes-done")).to_contain_text("notebook")
-    for status in ("done", "failed", "cancelled", "waiting"):
-        expect(page.get_by_role("link", name=f"{status} 1", exact=True)).to_be_visible()
-    expect(page.get_by_role("link", name="all 4", exact=True)).to_be_visible()
+    expect(page.locator("tbody tr")).to_have_count(len(RUNS))
     _screenshot_if_asked(page, "dashboard-runs.png")
 
     # And a status filters the list
-    page.get_by_role("link", name="failed 1", exact=True).click()
+    page.get_by_role("link", name="failed", exact=True).click()
     expect(page.locator("tbody tr")).to_have_count(1)
     expect(page.locator("tbody tr")).to_contain_text("copy-failed")
-    page.get_by_role("link", name="all 4", exact=True).click()
+    page.get_by_role("link", name="all", exact=True).click()
+    expect(page.locator("tbody tr")).to_have_count(len(RUNS))
 
     # When they open the resumed run
     page.get_by_role("link", name=RESUMED, exact=True).click()

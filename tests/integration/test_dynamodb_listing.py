@@ -15,7 +15,6 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from bench.many_runs import fill
 from ratchet.adapters.dynamodb.store import (
     LIST_SHARDS,
     DynamoDbCheckpointStore,
@@ -27,6 +26,7 @@ from ratchet.client import Client
 from ratchet.errors import InvalidInput
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.state import RunState, RunStatus
+from tests.dynamodb_seed import seed_runs
 from tests.dynamodb_support import REGION, SETTINGS, create_tables
 
 RUNS = 120
@@ -105,9 +105,8 @@ def table() -> Iterator[Table]:
         )
         # Every third run done, each with the step records a long run leaves beside its head
         # (what a Scan reads through): the bench's table, smaller.
-        fill(client, store, RUNS, STEPS)
-        table = Table(counting, store, [f"run-{n:05d}" for n in range(0, RUNS, 3)])
-        yield table
+        seeded = seed_runs(client, table=SETTINGS.checkpoints_table, runs=RUNS, steps=STEPS)
+        yield Table(counting, store, seeded.done)
 
 
 def test_a_page_of_done_runs_queries_the_index_and_reads_about_the_page(table: Table):

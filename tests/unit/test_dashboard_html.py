@@ -98,12 +98,23 @@ def test_a_malicious_run_id_result_and_decision_are_escaped_on_the_run_page():
 def test_the_run_list_escapes_ids_and_agents_and_links_each_run():
     rows = [RunRow(EVIL_ID, f"agent{EVIL}", RunStatus.FAILED, 3, NOW)]
 
-    page = runs_page(rows, {RunStatus.FAILED: 1}, status=None)
+    page = runs_page(rows, status=None, older=None)
 
     _no_markup_from_the_run(page)
     assert "href='/dashboard/runs/r1%27%3E%3Cimg" in page
-    assert "failed 1" in page
-    assert "all 1" in page
+    assert "<a class='count' href='/dashboard?status=failed'>failed</a>" in page
+    assert "<a class='count on' href='/dashboard'>all</a>" in page
+    assert "id='older'" not in page, "the last page links to no older one"
+
+
+def test_a_page_with_older_runs_links_to_the_next_page_of_its_status():
+    rows = [RunRow("r1", "agent", RunStatus.RUNNING, 3, NOW)]
+
+    page = runs_page(rows, status=RunStatus.RUNNING, older="WyIy'x")
+
+    assert "<a id='older' href='/dashboard?status=running&amp;after=WyIy%27x'>" in page
+    assert "<a class='count on' href='/dashboard?status=running'>running</a>" in page
+    assert "reloads every 5 s" in page, "a running run on the page may move"
 
 
 def test_the_state_and_prompt_pages_escape_what_the_run_recorded():
@@ -225,7 +236,7 @@ def test_a_page_of_a_run_that_may_still_move_reloads_itself(status, seconds):
     )
     rows = [RunRow("r1", "a", status, 1, NOW)]
 
-    pages = [run_page(timeline), runs_page(rows, {status: 1}, status=None)]
+    pages = [run_page(timeline), runs_page(rows, status=None, older=None)]
 
     reloads = [re.findall(r"<meta http-equiv='refresh' content='(\d+)'>", page) for page in pages]
     assert reloads == [[str(seconds)] if seconds else []] * 2

@@ -116,6 +116,60 @@ def checkpoint_sk(version: int) -> str:
     return f"{CHECKPOINT_PREFIX}{version:012d}"
 
 
+def committed_head_item(state: RunState, state_json: str) -> Item:
+    """The head's item as a commit sets it: every attribute but `static`, which only
+    `created_head_item` writes."""
+    return {
+        "run_id": text_attribute(state.run_id),
+        "sk": text_attribute(HEAD_SK),
+        "version": number_attribute(state.version),
+        "status": text_attribute(state.status.value),
+        "step": number_attribute(state.step),
+        "attempts": number_attribute(state.attempts),
+        "state": text_attribute(state_json),
+        "updated_at": text_attribute(state.updated_at.isoformat()),
+        "agent": text_attribute(state.agent),
+        # The runs index's keys (RUNS_INDEX): the run's status and shard, then its last
+        # change. Every commit sets them, so the index holds each run once, as it stands.
+        "list_pk": text_attribute(list_partition(state.status.value, list_shard(state.run_id))),
+        "list_sk": text_attribute(list_sort_key(state.updated_at, state.run_id)),
+    }
+
+
+def created_head_item(state: RunState) -> Item:
+    """The head's whole item, as `create_run` writes it and every later commit leaves it."""
+    # The static part rides in the head item, written at creation only: a commit's update
+    # sets the changing attributes and leaves it as it is.
+    return {
+        **committed_head_item(state, stored.head_json(state)),
+        "static": text_attribute(stored.static_json(state)),
+    }
+
+
+def checkpoint_item(
+    checkpoint: StoredCheckpoint, *, other_bytes: int, retention: timedelta
+) -> tuple[Item, int]:
+    """The record's item, expiring `retention` after it was written, and its own logical
+    bytes (the SQLite row's, for the receipt)."""
+    event_json = stored.event_json(checkpoint.event)
+    own_bytes = text_bytes(
+        checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
+    )
+    item: Item = {
+        "run_id": text_attribute(checkpoint.run_id),
+        "sk": text_attribute(checkpoint_sk(checkpoint.version)),
+        "version": number_attribute(checkpoint.version),
+        "step": number_attribute(checkpoint.step),
+        "status": text_attribute(checkpoint.status.value),
+        "worker_id": text_attribute(checkpoint.worker_id),
+        "bytes": number_attribute(own_bytes + other_bytes),
+        "created_at": text_attribute(checkpoint.created_at.isoformat()),
+        "event": text_attribute(event_json),
+        TTL_ATTRIBUTE: number_attribute(epoch_seconds(checkpoint.created_at + retention)),
+    }
+    return item, own_bytes
+
+
 class DynamoDbCheckpointStore:
     """`CheckpointStore` on DynamoDB (see `ratchet.ports` for the contract it honours).
 
@@ -141,13 +195,11 @@ class DynamoDbCheckpointStore:
 
     @translated_errors
     def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
-        state_json = stored.head_json(state)
-        static_json = stored.static_json(state)
-        # The static part rides in the head item, written here only: a commit's update sets
-        # the changing attributes and leaves it as it is.
-        head = {**self._head_item(state, state_json), "static": text_attribute(static_json)}
-        record, _ = self._checkpoint_item(
-            checkpoint, other_bytes=text_bytes(state_json, static_json)
+        head = created_head_item(state)
+        record, _ = checkpoint_item(
+            checkpoint,
+            other_bytes=text_bytes(head["state"]["S"], head["static"]["S"]),
+            retention=self._retention,
         )
         check_size(f"run {state.run_id} head", head)
         check_size(f"run {state.run_id} checkpoint", record)
@@ -250,9 +302,9 @@ class DynamoDbCheckpointStore:
         head = commit.head
         state_json = stored.head_json(head)
         result = commit.completes.result if commit.completes else None
-        head_item = self._head_item(head, state_json)
-        record, record_bytes = self._checkpoint_item(
-            commit.checkpoint, other_bytes=text_bytes(state_json, result)
+        head_item = committed_head_item(head, state_json)
+        record, record_bytes = checkpoint_item(
+            commit.checkpoint, other_bytes=text_bytes(state_json, result), retention=self._retention
         )
         check_size(f"run {head.run_id} head", head_item)
         check_size(f"run {head.run_id} step {commit.checkpoint.step} record", record)
@@ -371,7 +423,7 @@ class DynamoDbCheckpointStore:
             state = self.load_head(run_id)
             if state is None:
                 continue
-            keys = self._head_item(state, "")
+            keys = committed_head_item(state, "")
             try:
                 self._client.update_item(
                     TableName=self._table,
@@ -491,46 +543,6 @@ class DynamoDbCheckpointStore:
     @staticmethod
     def _head_key(run_id: str) -> Item:
         return {"run_id": text_attribute(run_id), "sk": text_attribute(HEAD_SK)}
-
-    @staticmethod
-    def _head_item(state: RunState, state_json: str) -> Item:
-        return {
-            "run_id": text_attribute(state.run_id),
-            "sk": text_attribute(HEAD_SK),
-            "version": number_attribute(state.version),
-            "status": text_attribute(state.status.value),
-            "step": number_attribute(state.step),
-            "attempts": number_attribute(state.attempts),
-            "state": text_attribute(state_json),
-            "updated_at": text_attribute(state.updated_at.isoformat()),
-            "agent": text_attribute(state.agent),
-            # The runs index's keys (RUNS_INDEX): the run's status and shard, then its last
-            # change. Every commit sets them, so the index holds each run once, as it stands.
-            "list_pk": text_attribute(list_partition(state.status.value, list_shard(state.run_id))),
-            "list_sk": text_attribute(list_sort_key(state.updated_at, state.run_id)),
-        }
-
-    def _checkpoint_item(
-        self, checkpoint: StoredCheckpoint, *, other_bytes: int
-    ) -> tuple[Item, int]:
-        """The record's item, and its own logical bytes (the SQLite row's, for the receipt)."""
-        event_json = stored.event_json(checkpoint.event)
-        own_bytes = text_bytes(
-            checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
-        )
-        item: Item = {
-            "run_id": text_attribute(checkpoint.run_id),
-            "sk": text_attribute(checkpoint_sk(checkpoint.version)),
-            "version": number_attribute(checkpoint.version),
-            "step": number_attribute(checkpoint.step),
-            "status": text_attribute(checkpoint.status.value),
-            "worker_id": text_attribute(checkpoint.worker_id),
-            "bytes": number_attribute(own_bytes + other_bytes),
-            "created_at": text_attribute(checkpoint.created_at.isoformat()),
-            "event": text_attribute(event_json),
-            TTL_ATTRIBUTE: number_attribute(epoch_seconds(checkpoint.created_at + self._retention)),
-        }
-        return item, own_bytes
 
     @staticmethod
     def _put_new(table: str, item: Item, partition_key: str) -> Any:
