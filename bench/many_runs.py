@@ -1,4 +1,4 @@
-"""Many runs, two measures side by side.
+"""Many runs, three measures side by side.
 
 Listing runs on DynamoDB (moto, in this process): the Scan that `list_runs` is against a page
 of the runs index (`list_page`), side by side, for tables of 100, 1,000 and 10,000 runs (others
@@ -10,6 +10,9 @@ Concurrency limits (a SQLite store, 4 workers in this process): 20 runs of
 `tests.bounded_agent` (2 steps of 0.1 s each) with its bound of 3, and the same with no bound,
 side by side: the steps in flight in each tenth of a second, the most at once, and how long the
 20 runs took.
+
+Child runs (`bench.fan_out`, last): a parent starting 10 and 100 children, 4 workers, the time
+from its starting step to its resumption.
 
     python -m bench.many_runs [--runs 100 1000 10000] [--steps 10] [--limit 50]
 
@@ -210,5 +213,8 @@ def concurrency_section() -> None:
 
 
 if __name__ == "__main__":
+    from bench.fan_out import fan_out_section
+
     main()
     concurrency_section()
+    fan_out_section()

@@ -236,3 +236,13 @@ def test_the_dashboard_shows_a_runs_parent_and_its_children(client):
     assert "child 1 cannot do it" in table
     assert "<a id='parent' href='/dashboard/runs/p'>p</a>" in child_page
     assert [c.run_id for c in client.children("p")] == ["p.step-1.0", "p.step-1.1"]
+
+
+def test_the_fan_out_bench_measures_a_parent_of_ten_children(tmp_path):
+    from bench.fan_out import fan_out
+
+    measured = fan_out(10, tmp_path)
+
+    assert measured.all_done
+    assert measured.worked_twice == 0
+    assert 0 < measured.to_resumption <= measured.to_end
