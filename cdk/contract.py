@@ -47,6 +47,8 @@ SLACK_BOT_TOKEN_SECRET_ARN = "RATCHET_SLACK_BOT_TOKEN_SECRET_ARN"
 SLACK_SIGNING_SECRET_ARN = "RATCHET_SLACK_SIGNING_SECRET_ARN"
 AGENTS = "RATCHET_AGENTS"
 """A JSON object of the agents the API may start: `{"name": "module:attr"}`."""
+MODELS = "RATCHET_MODELS"
+"""A JSON object of the project's own models: `{"name": "module:attr"}`."""
 SECRETS = "RATCHET_SECRETS"
 """The project's secrets, for the step function: a JSON object of the name the agent reads ->
 `secretsmanager:<ARN>` or `ssm:<parameter name>` (`RunContext.secrets`)."""

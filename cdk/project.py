@@ -153,9 +153,25 @@ class _Table(BaseModel):
     agents: dict[str, str] = Field(default_factory=dict)
     source: list[str] = Field(default_factory=lambda: ["."], min_length=1)
     requirements: list[str] = Field(default_factory=list)
+    models: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(default_factory=dict, max_length=50)
     environment: dict[str, str] = Field(default_factory=dict, max_length=50)
     permissions: list[Permission] = Field(default_factory=list, max_length=20)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name, target in value.items():
+                if not re.fullmatch(AGENT_NAME_PATTERN, str(name)):
+                    raise ValueError(
+                        f"{name!r} is not a model name (letters, digits, '.', '_', '-')"
+                    )
+                if name == "scripted" or str(name).startswith("claude-"):
+                    raise ValueError(f"{name!r} is a built-in model's name")
+                if not isinstance(target, str) or not re.fullmatch(IMPORT_PATH_PATTERN, target):
+                    raise ValueError(f"{name!r} must map to 'module:attr', not {target!r}")
+        return value
 
     @field_validator("secrets")
     @classmethod
@@ -243,6 +259,8 @@ class Project:
     source: tuple[Path, ...]
     """Absolute folders."""
     requirements: tuple[str, ...]
+    models: Mapping[str, str] = field(default_factory=dict)
+    """Models of the project's own: name a run gives as its `model` -> `module:attr`."""
     secrets: Mapping[str, str] = field(default_factory=dict)
     """Name the agent reads (`RunContext.secrets[NAME]`) -> `secretsmanager:NAME`,
     `ssm:/PARAMETER` or an ARN of either."""
@@ -275,6 +293,7 @@ class Project:
             agents=dict(sorted(parsed.agents.items())),
             source=tuple(_folders(parsed.source, config_file, prefix)),
             requirements=tuple(parsed.requirements),
+            models=dict(sorted(parsed.models.items())),
             secrets=dict(sorted(parsed.secrets.items())),
             environment=dict(sorted(parsed.environment.items())),
             permissions=tuple(parsed.permissions),
@@ -325,11 +344,13 @@ class Project:
     def _check_agents_ship(self) -> None:
         shipped = self.top_level()
         folders = ", ".join(repr(str(f)) for f in self.source)
-        for name, target in self.agents.items():
+        named = [("agents", n, t) for n, t in self.agents.items()]
+        named += [("models", n, t) for n, t in self.models.items()]
+        for key, name, target in named:
             top = target.split(":", 1)[0].split(".", 1)[0]
             if top not in shipped:
                 raise self.error(
-                    f"agents.{name}",
+                    f"{key}.{name}",
                     f"{target!r} needs the package or module {top!r}, which is in no source "
                     f"folder ({folders})",
                 )
@@ -362,8 +383,8 @@ def _describe(error: ValidationError, config_file: Path, prefix: str) -> str:
         key = ".".join(str(part) for part in item["loc"]) or "(table)"
         if item["type"] == "extra_forbidden":
             message = (
-                "unknown key (the keys are agents, source, requirements, secrets, environment, "
-                "permissions)"
+                "unknown key (the keys are agents, source, requirements, models, secrets, "
+                "environment, permissions)"
             )
         else:
             message = str(item["msg"]).removeprefix("Value error, ")

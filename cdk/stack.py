@@ -336,6 +336,10 @@ class RatchetStack(Stack):
             step.add_to_role_policy(iam.PolicyStatement(actions=[action], resources=[arn]))
         if fetched:
             step.add_environment(contract.SECRETS, json.dumps(fetched, separators=(",", ":")))
+        if project.models:
+            models = json.dumps(dict(project.models), separators=(",", ":"))
+            for name in READS_AGENTS:  # the API checks a run's model; the step builds it
+                lambdas[name].add_environment(contract.MODELS, models)
         for name, value in project.environment.items():
             step.add_environment(name, value)
         for permission in project.permissions:

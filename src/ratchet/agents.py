@@ -43,6 +43,9 @@ class AgentRegistry:
     registered: Mapping[str, str] = field(default_factory=lambda: SCENARIOS)
     import_paths: bool = False
     """Whether a `module:attr` reference that no name maps to may be imported as it is."""
+    models: Mapping[str, str] = field(default_factory=dict)
+    """Models of the deployment's own (`RATCHET_MODELS`: name -> `module:attr`), which a run
+    names as it names an agent; a run records the target."""
 
     @classmethod
     def local(cls) -> AgentRegistry:
@@ -50,26 +53,20 @@ class AgentRegistry:
         return cls(import_paths=True)
 
     @classmethod
-    def deployment(cls, agents_json: str | None) -> AgentRegistry:
+    def deployment(cls, agents_json: str | None, models_json: str | None = None) -> AgentRegistry:
         """The built-in names plus the deployment's (`RATCHET_AGENTS`: a JSON object of
-        `{"name": "module:attr"}`), and nothing else. A malformed registry is the deployer's
-        error and says so; it never falls back to importing what a caller names."""
-        if not agents_json:
-            return cls()
-        try:
-            parsed = json.loads(agents_json)
-        except ValueError:
-            raise ValueError('RATCHET_AGENTS is not JSON: use {"name": "module:attr"}') from None
-        if not isinstance(parsed, dict):
-            raise ValueError("RATCHET_AGENTS must be a JSON object of name -> module:attr")
-        for name, target in parsed.items():
-            if not AGENT_NAME.fullmatch(name):
-                raise ValueError(f"RATCHET_AGENTS: {name!r} is not an agent name")
-            if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
-                raise ValueError(f"RATCHET_AGENTS: {name!r} must map to 'module:attr'")
+        `{"name": "module:attr"}`), and its own models (`RATCHET_MODELS`, the same form), and
+        nothing else. A malformed registry is the deployer's error and says so; it never falls
+        back to importing what a caller names."""
+        agents = _registered("RATCHET_AGENTS", agents_json)
+        for name in agents:
             if name in SCENARIOS:
                 raise ValueError(f"RATCHET_AGENTS: {name!r} is a built-in scenario's name")
-        return cls(MappingProxyType({**SCENARIOS, **parsed}))
+        models = _registered("RATCHET_MODELS", models_json)
+        for name in models:
+            if name == "scripted" or name.startswith("claude-"):
+                raise ValueError(f"RATCHET_MODELS: {name!r} is a built-in model's name")
+        return cls(MappingProxyType({**SCENARIOS, **agents}), models=MappingProxyType(models))
 
     @property
     def names(self) -> list[str]:
@@ -106,6 +103,24 @@ class AgentRegistry:
 
 
 LOCAL = AgentRegistry.local()
+
+
+def _registered(variable: str, text: str | None) -> dict[str, str]:
+    """`{"name": "module:attr"}` from the environment variable `variable`, checked."""
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise ValueError(f'{variable} is not JSON: use {{"name": "module:attr"}}') from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{variable} must be a JSON object of name -> module:attr")
+    for name, target in parsed.items():
+        if not AGENT_NAME.fullmatch(name):
+            raise ValueError(f"{variable}: {name!r} is not a name")
+        if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
+            raise ValueError(f"{variable}: {name!r} must map to 'module:attr'")
+    return parsed
 
 
 def load_agent(reference: str) -> Agent:

@@ -257,7 +257,7 @@ def new_run(
     reference = request.agent or request.scenario or DEFAULT_AGENT
     # A scenario is a built-in agent; the CLI has always taken either field for either.
     if field == "scenario" and not agents.import_paths:
-        agents = AgentRegistry()
+        agents = AgentRegistry(models=agents.models)
     try:
         stored = agents.stored_reference(reference)
     except AgentNotFound as unknown:
@@ -272,6 +272,8 @@ def new_run(
             raise  # a registered agent that does not load: the deployment's fault, not the caller's
         raise RunRequestInvalid(str(unloadable), field, cli=str(unloadable)) from None
     model = request.model or (DEFAULT_CLAUDE_MODEL if has_anthropic_key else SCRIPTED)
+    # A model the deployment registers is named like an agent; the run records its target.
+    model = agents.models.get(model, model)
     _check_model_request(agent, model, has_anthropic_key=has_anthropic_key, agents=agents)
     params = _params(agent, request)
     try:
@@ -356,11 +358,13 @@ def _check_model_request(
             )
     if kind is ModelKind.IMPORTED:
         # Importing runs the module's code: only where the person naming it runs code anyway,
-        # as with agents. A deployment takes no model by import path (yet).
-        if not agents.import_paths:
+        # as with agents, or a model the deployment registered by name.
+        if not agents.import_paths and model not in agents.models.values():
+            registered = ", ".join(sorted(agents.models))
             raise RunRequestInvalid(
-                "this deployment takes no module:attr models: use 'scripted', 'claude-...' or "
-                "'bedrock:<model id>'",
+                "this deployment takes no module:attr models: use 'scripted', 'claude-...', "
+                "'bedrock:<model id>'"
+                + (f" or a model it registers ({registered})" if registered else ""),
                 "model",
             )
         try:

@@ -203,12 +203,13 @@ def test_configured_each_function_gets_exactly_the_settings_it_reads(
 def test_every_setting_but_slacks_own_api_url_and_the_projects_secrets_reaches_some_function(
     configured: Synthesized,
 ) -> None:
-    # The project's secrets reach the step only with a project that declares some
-    # (tests/infra/test_project_settings.py).
+    # The project's secrets and models reach the functions only with a project that declares
+    # some (tests/infra/test_project_settings.py).
     given = {key for name in CORE_FUNCTIONS for key in environment(configured, name)}
     assert set(ENVIRONMENT.values()) - given == {
         ENVIRONMENT["slack_api_url"],
         ENVIRONMENT["secrets"],
+        ENVIRONMENT["models"],
     }
 
 

@@ -159,3 +159,29 @@ def test_a_wildcard_with_its_reason_is_granted_and_acknowledged(tmp_path):
 def test_cdk_nag_stays_clean_with_the_examples_settings(with_project):
     report = AwsSolutionsChecks().validate_scope(with_project.stack)
     assert [v.rule_name for v in report.violations] == []
+
+
+def test_the_projects_own_models_reach_the_api_and_the_step(tmp_path):
+    folder = _project(tmp_path, 'models = { house = "acme:model" }\n')
+
+    synth = synthesize(context={"ratchet:project": str(folder)})
+
+    told = {name for name in function_names(synth) if "RATCHET_MODELS" in _variables(synth, name)}
+    assert told == {"api", "step"}
+    assert json.loads(_variables(synth, "step")["RATCHET_MODELS"]) == {"house": "acme:model"}
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('models = { scripted = "acme:model" }\n', "models: 'scripted' is a built-in model's name"),
+        (
+            'models = { house = "nowhere:model" }\n',
+            "models.house: 'nowhere:model' needs the package",
+        ),
+    ],
+)
+def test_a_bad_model_names_the_key(tmp_path, table, said):
+    folder = _project(tmp_path, table)
+    with pytest.raises(ProjectError, match=said):
+        Project.load(folder)

@@ -106,7 +106,7 @@ def runtime() -> AwsRuntime:
 @cache
 def agents() -> AgentRegistry:
     """The agents this deployment registered (`RATCHET_AGENTS`), parsed once per container."""
-    return AgentRegistry.deployment(settings().agents)
+    return AgentRegistry.deployment(settings().agents, settings().models)
 
 
 @cache

@@ -168,7 +168,7 @@ class AwsRuntime:
         from ratchet.client import Client
 
         agents = (
-            AgentRegistry.deployment(self.settings.agents)
+            AgentRegistry.deployment(self.settings.agents, self.settings.models)
             if self.settings.agents
             else AgentRegistry.local()
         )

@@ -46,6 +46,7 @@ ENVIRONMENT = {
     "queue_retry_seconds": "RATCHET_QUEUE_RETRY_SECONDS",
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
     "secrets": "RATCHET_SECRETS",
+    "models": "RATCHET_MODELS",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -86,6 +87,9 @@ class AwsSettings(BaseModel):
     agents: str | None = None
     """The agents the API may start, besides the built-in scenarios: a JSON object of
     `{"name": "package.module:attr"}` (the deployment registers them; callers name them)."""
+    models: str | None = None
+    """The deployment's own models (`[tool.ratchet] models`), as `agents`: a JSON object of
+    `{"name": "package.module:attr"}` that runs name."""
     bedrock_models: tuple[str, ...] | None = None
     """The Bedrock model ids the step function may invoke (`ratchet:bedrockModels`), a JSON
     array, so the API refuses a run naming another before it starts; None where no stack said

@@ -114,6 +114,8 @@ AGENTS = {
     )
 }
 """The agents this deployment registers (RATCHET_AGENTS), besides the built-in scenarios."""
+MODELS = {"house": "tests.fixtures.house_model:model"}
+"""The models of the deployment's own (RATCHET_MODELS), which runs name."""
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
@@ -869,6 +871,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     monkeypatch.setenv(ENVIRONMENT["email_sender"], SENDER)
     monkeypatch.setenv(ENVIRONMENT["notify_emails"], APPROVER)
     monkeypatch.setenv(ENVIRONMENT["agents"], json.dumps(AGENTS))
+    monkeypatch.setenv(ENVIRONMENT["models"], json.dumps(MODELS))
     lambdas = InProcessLambda({name: module.handler for name, module in FUNCTIONS.values()})
     config: DefaultConfig = {
         "lambda": {"use_docker": False},

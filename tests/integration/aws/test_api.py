@@ -550,3 +550,20 @@ def _verified(stack: Stack, run_id: str) -> dict[str, Any]:
 
     state = stack.head(run_id)
     return migration.verify(_wiring.runtime().context(run_id, state.options), state)
+
+
+def test_a_model_the_deployment_registers_is_started_by_name_and_runs(stack: Stack):
+    status, started = stack.post_run(
+        {"scenario": "notebook", "goal": "Say hi", "run_id": "house-1", "model": "house"}
+    )
+
+    assert status == 201, started
+    assert stack.finished(started["execution_name"], timeout=60)["status"] == "SUCCEEDED"
+    head = stack.head("house-1")
+    assert head.options.model == "tests.fixtures.house_model:model"
+    assert head.summary == "decided by the house model"
+    refused, answer = stack.post_run(
+        {"scenario": "notebook", "goal": "g", "model": "tests.fixtures.house_model:other"}
+    )
+    assert refused == 400
+    assert answer["problems"][0]["field"] == "model"
