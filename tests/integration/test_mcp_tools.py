@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -32,16 +30,10 @@ from ratchet.state import RunOptions, RunStatus
 from ratchet.tools import McpServer
 from tests import mcp_agent
 from tests.mcp_agent import AGENT, SERVER_SCRIPT
+from tests.mcp_processes import free_port, wait_listening
 
 LOG = logging.getLogger("ratchet.tests.mcp")
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Shop:
@@ -66,15 +58,7 @@ class Shop:
             stdout=subprocess.DEVNULL,
             stderr=self._err,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                assert self.process.poll() is None, "the MCP server exited as it started"
-                time.sleep(0.05)
-        raise AssertionError("the MCP server did not listen within 20 s")
+        wait_listening(self.process, self.port)
 
     def stop(self) -> None:
         if self.process is not None:
