@@ -126,7 +126,6 @@ class DynamoDbLedger:
                 raise KeyError(f"no idempotency record for {key!r}") from None
             raise
 
-
     @translated_errors
     def start_call(self, key: str) -> bool:
         try:
