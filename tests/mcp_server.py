@@ -19,6 +19,7 @@ import signal
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 IDEMPOTENCY_KEY = "ratchet/idempotency_key"
@@ -52,6 +53,9 @@ def build(log: Path, *, changed: bool, die_in: str | None) -> MCPServer:
         def refund(order_id: str, amount: int, ctx: Context) -> str:
             """Refund part of an order (applied once per idempotency key)."""
             record("refund", {"order_id": order_id, "amount": amount}, ctx)
+            if amount > 120:
+                # A ToolError's words reach the caller; any other exception's are masked.
+                raise ToolError(f"{amount} EUR is more than order {order_id}'s total")
             return f"refunded {amount} EUR on {order_id}"
 
     else:

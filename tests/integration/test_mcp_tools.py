@@ -183,6 +183,21 @@ def test_a_read_only_tool_gets_no_key_and_a_side_effect_gets_the_steps_key_in_me
     ]
 
 
+def test_an_error_the_tool_reports_is_the_steps_result_for_the_model(monkeypatch, shop, runtime):
+    shop.start()
+    use_server(monkeypatch, McpServer(url=shop.url))
+    start(runtime, "too-much", [["refund", {"order_id": "A-1", "amount": 500}]])
+
+    outcome, failures = advance(runtime, "too-much")
+
+    head = runtime.store.load_head("too-much")
+    assert head is not None
+    assert (outcome, failures) == (Outcome.DONE, [])
+    assert head.summary is not None
+    assert head.summary.startswith("refund reported an error: ")
+    assert "500 EUR is more than order A-1's total" in head.summary
+
+
 def test_arguments_the_pinned_schema_refuses_never_reach_the_server(monkeypatch, shop, runtime):
     shop.start()
     use_server(monkeypatch, McpServer(url=shop.url))
