@@ -5,7 +5,7 @@ Every call it serves is appended to `--log` as a JSON line (the tool, its argume
 `ratchet/idempotency_key` its request's `_meta` carried and any `Authorization` header),
 before the tool acts, so a test reads exactly what the server received, across restarts.
 `--changed` is the same server after a deploy: `refund` gone, `lookup_order` described anew,
-`close_account` added.
+`admin.close_account` added (a name MCP allows and model APIs do not).
 `--die-in TOOL` makes the process die (SIGKILL) in the middle of that tool's call, after
 logging it: the effect happened, and the caller never hears back.
 """
@@ -60,7 +60,7 @@ def build(log: Path, *, changed: bool, die_in: str | None) -> MCPServer:
 
     else:
 
-        @server.tool(annotations=ToolAnnotations(destructive_hint=True))
+        @server.tool(name="admin.close_account", annotations=ToolAnnotations(destructive_hint=True))
         def close_account(customer: str, ctx: Context) -> str:
             """Close a customer's account."""
             record("close_account", {"customer": customer}, ctx)

@@ -16,6 +16,7 @@ the engine's threads or left half-open by a call its step abandoned.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,8 @@ IDEMPOTENCY_KEY_META = "ratchet/idempotency_key"
 """The `_meta` key of every side-effecting call: the step's idempotency key, `<run>/step-<n>`,
 the same on every attempt of the step."""
 PIN_PREFIX = "mcp-tools/"
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""The tool names a model API takes (Anthropic's); MCP allows more (`.`, `/`)."""
 CONNECT_SECONDS = 30.0
 
 _T = TypeVar("_T")
@@ -131,6 +134,12 @@ def pins_for(agent: Agent) -> dict[str, str]:
                 )
             listed = [t for t in listed if t.name in server.tools]
         for pinned in listed:
+            if not TOOL_NAME.fullmatch(pinned.name):
+                raise ValueError(
+                    f"MCP server {server.name!r} has a tool named {pinned.name!r}, which a "
+                    "model API refuses (1-64 letters, digits, _ and -): leave it out with "
+                    "McpServer(tools=[...])"
+                )
             if pinned.name in seen:
                 raise ValueError(
                     f"MCP server {server.name!r} has a tool {pinned.name!r}, as has "

@@ -157,6 +157,32 @@ def test_the_tools_are_pinned_at_the_start_and_a_changed_server_does_not_change_
     assert [c["tool"] for c in shop.calls()] == ["lookup_order"]
 
 
+def test_a_new_run_takes_the_servers_new_list_and_only_the_tools_it_names(
+    monkeypatch, shop, runtime
+):
+    shop.start("--changed")
+    use_server(monkeypatch, McpServer(url=shop.url, name="shop"))
+    with pytest.raises(McpToolsUnavailable, match=r"a tool named 'admin\.close_account'"):
+        start(runtime, "all", [])
+
+    chosen = McpServer(url=shop.url, name="shop", tools=["send_wire", "lookup_order"])
+    use_server(monkeypatch, chosen)
+    start(runtime, "chosen", [])
+    head = runtime.store.load_head("chosen")
+    assert head is not None
+    bound = Bindings(runtime.context, anthropic_api_key=None)(head).agent
+    assert [(t.name, t.description) for t in bound.tools] == [
+        ("lookup_order", "Look up any order, fast."),
+        ("send_wire", "Send a wire through the bank (which takes no idempotency key)."),
+    ]
+
+    use_server(monkeypatch, McpServer(url=shop.url, name="shop", tools=["refund"]))
+    with pytest.raises(McpToolsUnavailable, match=r"MCP server 'shop' .* has no tool 'refund'"):
+        start(runtime, "gone", [])
+    assert runtime.store.load_head("all") is None
+    assert runtime.store.load_head("gone") is None
+
+
 def test_a_read_only_tool_gets_no_key_and_a_side_effect_gets_the_steps_key_in_meta(
     monkeypatch, shop, runtime
 ):
