@@ -42,6 +42,9 @@ PIN_PREFIX = "mcp-tools/"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """The tool names a model API takes (Anthropic's); MCP allows more (`.`, `/`)."""
 CONNECT_SECONDS = 30.0
+MAX_LIST_PAGES = 100
+"""A server's tool list on more pages than this is refused: a paginator that never ends must
+not hang a run's start."""
 
 _T = TypeVar("_T")
 
@@ -164,7 +167,7 @@ def bind_tools(agent: Agent, data: RunData | None) -> Agent:
     if not agent.mcp:
         return agent
     if data is None:
-        raise McpServerUnavailable(
+        raise ValueError(
             f"agent {agent.name!r} takes MCP tools, and this run has no data to read them from"
         )
     tools: list[Tool[Any]] = []
@@ -204,45 +207,55 @@ def list_tools(server: McpServer) -> list[PinnedTool]:
 
     async def listing() -> list[PinnedTool]:
         async with _connected(server) as client:
-            tools: list[PinnedTool] = []
-            cursor: str | None = None
-            while True:
-                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                tools.extend(_pinned(tool) for tool in page.tools)
-                cursor = page.next_cursor
-                if cursor is None:
-                    return tools
+            return [_pinned(tool) for tool in await _listed(server, client)]
 
     return _run(server, "listing its tools", listing)
 
 
 def call_tool(server: McpServer, name: str, arguments: dict[str, Any], *, key: str | None) -> str:
-    """One call, as text for the model. A result the server marks as an error is the step's
-        result (the tool ran and said why it failed, for the model to read), unless the tool is no
-        longer listed: then `McpToolGone`. `key`, the step's idempotency key, goes in the request's
-    `_meta` (side-effecting tools only)."""
+    """One call, as text for the model; `key`, the step's idempotency key, goes in the
+    request's `_meta` (side-effecting tools only). A result the server marks as an error is
+    the step's result (the tool ran and said why it failed, for the model to read). A tool the
+    server no longer lists, whether it answers with such a result or with a protocol error
+    (MCP's `Unknown tool`), is `McpToolGone`: no retry can bring it back."""
     meta = cast("RequestParamsMeta", {IDEMPOTENCY_KEY_META: key}) if key is not None else None
 
     async def calling() -> str:
         async with _connected(server) as client:
-            result = await client.call_tool(name, arguments, meta=meta)
-            if not result.is_error:
-                return _text(result)
-            page: mcp_types.ListToolsResult | None = None
-            listed: set[str] = set()
-            cursor: str | None = None
-            while page is None or cursor is not None:
-                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                listed.update(tool.name for tool in page.tools)
-                cursor = page.next_cursor
-            if name not in listed:
-                raise McpToolGone(
-                    f"MCP server {server.name!r} ({server.where}) no longer has the tool "
-                    f"{name!r} this run pinned when it started: the run cannot call it"
-                )
-            return f"{name} reported an error: {_text(result)}"
+            try:
+                result = await client.call_tool(name, arguments, meta=meta)
+            except MCPError:
+                await _still_listed(server, client, name)
+                raise
+            if result.is_error:
+                await _still_listed(server, client, name)
+                return f"{name} reported an error: {_text(result)}"
+            return _text(result)
 
     return _run(server, f"calling {name}", calling)
+
+
+async def _listed(server: McpServer, client: Client) -> list[mcp_types.Tool]:
+    tools: list[mcp_types.Tool] = []
+    cursor: str | None = None
+    for _ in range(MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+    raise McpServerUnavailable(
+        f"MCP server {server.name!r} ({server.where}) lists its tools on more than "
+        f"{MAX_LIST_PAGES} pages"
+    )
+
+
+async def _still_listed(server: McpServer, client: Client, name: str) -> None:
+    if all(tool.name != name for tool in await _listed(server, client)):
+        raise McpToolGone(
+            f"MCP server {server.name!r} ({server.where}) no longer has the tool {name!r} "
+            "this run pinned when it started: the run cannot call it"
+        )
 
 
 @asynccontextmanager
@@ -276,6 +289,7 @@ def _run(server: McpServer, doing: str, work: Callable[[], Awaitable[_T]]) -> _T
         return anyio.run(work)
     except (
         McpToolGone,
+        McpServerUnavailable,
         MCPError,
         OSError,
         TimeoutError,
@@ -285,7 +299,7 @@ def _run(server: McpServer, doing: str, work: Callable[[], Awaitable[_T]]) -> _T
         # The SDK's task groups wrap a transport's failure in an exception group: what went
         # wrong is its first leaf. Anything else there (a bug) is raised as it came.
         reason = _first(error)
-        if isinstance(reason, McpToolGone):
+        if isinstance(reason, McpToolGone | McpServerUnavailable):
             raise reason from None
         if not isinstance(reason, MCPError | OSError | TimeoutError | httpx2.HTTPError):
             raise
