@@ -37,7 +37,14 @@ from ratchet.errors import InvalidInput, NotCancellable, RatchetError, RunNotFou
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
-from ratchet.runs import RunRequest, RunRequestInvalid, check_run_id, new_run, request_problems
+from ratchet.runs import (
+    McpToolsUnavailable,
+    RunRequest,
+    RunRequestInvalid,
+    check_run_id,
+    new_run,
+    request_problems,
+)
 from ratchet.schedules import (
     MAX_SCHEDULES,
     Schedule,
@@ -598,9 +605,31 @@ class Client:
         agent = self.agents.load(state.agent)
         self.runtime.check_agent(agent)
         self.runtime.check_model(state.options.model)
+        self._pin_mcp_tools(agent, state)
         self._prepare(agent, state)
         created = self.runtime.engine(worker_id=self.worker_id, logger=self.logger).start(state)
         return Started(run=self.get(state.run_id), created=created)
+
+    def _pin_mcp_tools(self, agent: Agent, state: RunState) -> None:
+        """List the agent's MCP servers once, at the run's start, and pin their tools in its
+        data, where every binding of the run reads them (`ratchet.mcp`)."""
+        if not agent.mcp:
+            return
+        from ratchet.errors import McpServerUnavailable
+        from ratchet.mcp import pins_for
+
+        try:
+            pins = pins_for(agent)
+        except (McpServerUnavailable, ValueError) as error:
+            raise McpToolsUnavailable(
+                f"agent {agent.name!r} cannot start: {error}; nothing was written"
+            ) from None
+        data = self.runtime.context(state.run_id, state.options).data
+        if data is None:
+            raise McpToolsUnavailable(f"agent {agent.name!r}: this runtime keeps no run data")
+        self.runtime.before_prepare()
+        for key, value in pins.items():
+            data.put_once(key, value)
 
     def _prepare(self, agent: Agent, state: RunState) -> None:
         prepare = agent.prepare

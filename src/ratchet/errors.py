@@ -361,6 +361,17 @@ class StepErrored(StepAttemptFailed):
     the ledger, or committing the step (an I/O error, a bug). The cause is in the message."""
 
 
+class McpServerUnavailable(RatchetError):
+    """An MCP server could not be reached, or broke off, while its tools were listed (a run's
+    start, which is then refused with nothing written) or one was called (a failed attempt,
+    retried as any other; an at-most-once call is then not made again, a person is asked)."""
+
+
+class McpToolGone(PermanentError):
+    """A tool pinned in the run is no longer on its MCP server: retrying cannot bring it back,
+    so the run fails at once, naming the tool and the server."""
+
+
 TERMINAL_ERRORS: tuple[type[Exception], ...] = (
     CheckpointTooLarge,
     IdempotencyConflict,

@@ -180,6 +180,15 @@ class AgentNotRunnable(RunRequestInvalid):
         super().__init__(message, "agent", cli=message)
 
 
+class McpToolsUnavailable(RunRequestInvalid):
+    """The agent's MCP tools could not be listed and pinned for the new run (a server down,
+    a tool it was to take missing, two tools of one name): refused before anything was
+    written, naming the request's `agent`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "agent", cli=message)
+
+
 class ModelNotGranted(RunRequestInvalid):
     """A Bedrock model this deployment's step function may not invoke: refused before the run
     starts (its first step would be denied), naming the request's `model`."""

@@ -72,6 +72,7 @@ __all__ = [
     "Decision",
     "Done",
     "ForkRefused",
+    "McpServer",
     "Model",
     "ModelOutputInvalid",
     "ModelReply",
@@ -398,6 +399,83 @@ def tool(
     return wrap
 
 
+MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """An MCP server whose tools an agent takes (`Agent(mcp=[...])`, docs/mcp.md): over
+    streamable HTTP (`url`, with `headers` such as an `Authorization`), or locally over stdio
+    (`command` and `args`, started for each call; a deployment on AWS takes HTTP only).
+
+    Its tools are listed once, when a run starts, and pinned in the run's data: a server that
+    changes its list later does not change a running run's tools. Each tool's annotations
+    decide how it is called: `readOnlyHint` makes it a plain tool; any other is a side effect,
+    sent the step's idempotency key in the request's `_meta` (`ratchet/idempotency_key`);
+    and one not marked `idempotentHint`, on a server that does not say it honours the key
+    (`honours_idempotency_key`), is at most once (`Tool.at_most_once`). `tools` keeps only
+    the tools it names; `timeout_seconds` bounds each request to the server."""
+
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Sent with every HTTP request; never written to the run (keep secrets here, not in
+    the URL)."""
+    command: str | None = None
+    args: Sequence[str] = ()
+    env: Mapping[str, str] | None = None
+    name: str = ""
+    """What the run's data and messages call the server; by default taken from the URL's
+    host and path or the command and its script. Two servers of one agent need two names."""
+    honours_idempotency_key: bool = False
+    """The server applies each `ratchet/idempotency_key` at most once: its tools are then
+    retried with the key after a crash, instead of asking a person."""
+    tools: Sequence[str] | None = None
+    timeout_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("McpServer takes either url= (streamable HTTP) or command= (stdio)")
+        if self.url is not None and not re.match(r"https?://", self.url):
+            raise ValueError(f"McpServer url must be http:// or https://, not {self.url!r}")
+        if self.headers and self.url is None:
+            raise ValueError("McpServer headers are for url= servers")
+        name = self.name or _server_name(self)
+        if not MCP_SERVER_NAME.fullmatch(name):
+            raise ValueError(
+                f"McpServer name must be 1-64 letters, digits and . _ - (starting with a "
+                f"letter or digit), not {name!r}"
+            )
+        object.__setattr__(self, "name", name)
+        if not (0 < self.timeout_seconds <= MAX_STEP_TIMEOUT_SECONDS):
+            raise ValueError(
+                f"McpServer {name!r}: timeout_seconds must be from 0 to "
+                f"{MAX_STEP_TIMEOUT_SECONDS:g}, not {self.timeout_seconds!r}"
+            )
+
+    @property
+    def stdio(self) -> bool:
+        return self.command is not None
+
+    @property
+    def where(self) -> str:
+        """The server as a person knows it: its URL (without query), or its command."""
+        if self.url is not None:
+            return self.url.split("?", 1)[0]
+        return " ".join([self.command or "", *self.args])
+
+
+def _server_name(server: McpServer) -> str:
+    """A default name: the URL's host, port and path (`mcp.example.com-mcp`), or the command
+    and the script it runs (`python-server.py`, `mcp-server-github`)."""
+    if server.url is not None:
+        text = re.sub(r"^https?://([^@/]*@)?", "", server.url.split("?", 1)[0])
+    else:
+        script = [arg for arg in server.args[:1] if not arg.startswith("-")]
+        text = "-".join(Path(word).name for word in [server.command or "", *script])
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-._")
+    return name[:64].rstrip("-._")
+
+
 Policy = Callable[[StepView], Decision]
 """A scripted model: decides the next step from the same bounded view Claude gets."""
 
@@ -498,6 +576,9 @@ class Agent:
     """The names of the events this agent's runs wait for. When given, an event of another
     name sent to a run is refused (404) instead of kept in its mailbox, where no wait would
     ever read it."""
+    mcp: Sequence[McpServer] = ()
+    """MCP servers whose tools this agent takes beside `tools`: listed when a run starts and
+    pinned in its data (see `McpServer`; the `mcp` extra, `ratchet-agents[mcp]`)."""
     max_concurrent: int | None = None
     """At most this many runs of the agent work a step at the same time (on one store or
     deployment); the others wait their turn, without failing and without a model call. None
@@ -509,6 +590,12 @@ class Agent:
         duplicates = {n for n in names if names.count(n) > 1}
         if duplicates:
             raise ValueError(f"agent {self.name!r} has duplicate tool names: {sorted(duplicates)}")
+        servers = [server.name for server in self.mcp]
+        if len(set(servers)) != len(servers):
+            raise ValueError(
+                f"agent {self.name!r} has two MCP servers named alike ({sorted(servers)}): "
+                "give each McpServer a name="
+            )
         limit = self.step_timeout_seconds
         if limit is not None and not (
             isinstance(limit, int | float)

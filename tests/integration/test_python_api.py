@@ -25,7 +25,16 @@ from ratchet.client import Client, Run
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.runs import AgentNotRunnable, RunRequestInvalid
 from ratchet.state import RunStatus
-from ratchet.tools import Agent, Done, RunContext, StepView, ToolCall, ToolContext, tool
+from ratchet.tools import (
+    Agent,
+    Done,
+    McpServer,
+    RunContext,
+    StepView,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from tests.dynamodb_support import REGION, create_tables, moto_server, scan
 
 pytest.importorskip("flask", reason="moto's server mode needs moto[server] (flask, flask-cors)")
@@ -83,6 +92,15 @@ disk_agent = Agent(
     resources=lambda run: run.workdir,
     prepare=_prepare_disk,
     needs_local_disk=True,
+)
+
+stdio_agent = Agent(
+    name="stdio-tools",
+    goal="Use a local MCP server.",
+    tools=[],
+    mcp=[McpServer(command="mcp-server-shop", args=["--stdio"])],
+    policy=_note_then_finish,
+    prepare=_prepare_disk,
 )
 
 
@@ -420,6 +438,18 @@ def test_an_agent_that_needs_a_local_disk_is_refused_on_dynamodb_and_nothing_is_
         assert store.snapshot() == before
         with pytest.raises(RunNotFound):
             client.get("on-disk")
+
+
+def test_an_agent_with_a_stdio_mcp_server_is_refused_on_dynamodb_and_nothing_is_written(
+    moto_endpoint, monkeypatch, offline
+):
+    store = _dynamodb_store(moto_endpoint, monkeypatch)
+    before = store.snapshot()
+    with store.connect() as client:
+        with pytest.raises(AgentNotRunnable, match=r"stdio MCP server \(mcp-server-shop\)"):
+            client.start(run_id="stdio", agent=f"{THIS_MODULE}:stdio_agent")
+
+        assert store.snapshot() == before
 
 
 def test_an_agent_that_needs_a_local_disk_runs_on_sqlite(tmp_path, offline):

@@ -62,6 +62,7 @@ TOOLS = [
     "Decision",
     "Done",
     "ForkRefused",
+    "McpServer",
     "Model",
     "ModelOutputInvalid",
     "ModelReply",

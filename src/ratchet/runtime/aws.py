@@ -200,6 +200,13 @@ class AwsRuntime:
                 "which a Lambda function does not keep between steps: it runs locally only. "
                 "Keep its data in RunContext.data to run it on AWS"
             )
+        stdio = [server.name for server in agent.mcp if server.stdio]
+        if stdio:
+            raise AgentNotRunnable(
+                f"agent {agent.name!r} takes tools from a stdio MCP server ({stdio[0]}), "
+                "which a Lambda function cannot start: on AWS give it the server's URL "
+                "(McpServer(url=...))"
+            )
 
     def check_model(self, model: str) -> None:
         granted = self.settings.bedrock_models

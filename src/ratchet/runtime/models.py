@@ -123,6 +123,11 @@ class Bindings:
         if binding is None:
             agent = self._agents.load(state.agent)
             context = self._context(state.run_id, state.options)
+            if agent.mcp:
+                # The tools pinned when the run started, the same in every process.
+                from ratchet.mcp import bind_tools
+
+                agent = bind_tools(agent, context.data)
             resources = agent.resources(context) if agent.resources else None
             model = build_model(
                 agent,
