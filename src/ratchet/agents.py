@@ -58,11 +58,11 @@ class AgentRegistry:
         `{"name": "module:attr"}`), and its own models (`RATCHET_MODELS`, the same form), and
         nothing else. A malformed registry is the deployer's error and says so; it never falls
         back to importing what a caller names."""
-        agents = _registered("RATCHET_AGENTS", agents_json)
+        agents = _registered("RATCHET_AGENTS", agents_json, "an agent name")
         for name in agents:
             if name in SCENARIOS:
                 raise ValueError(f"RATCHET_AGENTS: {name!r} is a built-in scenario's name")
-        models = _registered("RATCHET_MODELS", models_json)
+        models = _registered("RATCHET_MODELS", models_json, "a model name")
         for name in models:
             if name == "scripted" or name.startswith("claude-"):
                 raise ValueError(f"RATCHET_MODELS: {name!r} is a built-in model's name")
@@ -105,7 +105,7 @@ class AgentRegistry:
 LOCAL = AgentRegistry.local()
 
 
-def _registered(variable: str, text: str | None) -> dict[str, str]:
+def _registered(variable: str, text: str | None, noun: str) -> dict[str, str]:
     """`{"name": "module:attr"}` from the environment variable `variable`, checked."""
     if not text:
         return {}
@@ -117,7 +117,7 @@ def _registered(variable: str, text: str | None) -> dict[str, str]:
         raise ValueError(f"{variable} must be a JSON object of name -> module:attr")
     for name, target in parsed.items():
         if not AGENT_NAME.fullmatch(name):
-            raise ValueError(f"{variable}: {name!r} is not a name")
+            raise ValueError(f"{variable}: {name!r} is not {noun}")
         if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
             raise ValueError(f"{variable}: {name!r} must map to 'module:attr'")
     return parsed
