@@ -19,13 +19,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from bench import trace_cost, trace_picture, traced_agent
 from ratchet import tracing
 from ratchet.client import Client
 from ratchet.errors import InjectedFault, StepAttemptFailed
 from ratchet.faults import FaultPlan
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunStatus, StepCompleted
-from tests import tracing_agent
 
 LOG = logging.getLogger("ratchet.tests.tracing")
 
@@ -71,8 +71,8 @@ def _children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[Reada
 def _start_notes(client: Client, root: Path, *, flaky_step: int = 0) -> str:
     run = client.start(
         run_id="notes",
-        agent=tracing_agent.AGENT,
-        model=tracing_agent.MODEL,
+        agent=traced_agent.AGENT,
+        model=traced_agent.MODEL,
         input={"notes": str(root / "notes.txt"), "flaky_step": flaky_step},
     )
     return run.run_id
@@ -97,7 +97,7 @@ def test_a_failed_attempt_is_its_own_span_and_the_retry_is_attempt_2(tmp_path, s
     assert [e.name for e in failed.events] == ["exception"]
     assert "ConnectionError" in str(failed.events[0].attributes)
     assert _attrs(failed)[tracing.RUN_ID] == run_id
-    assert _attrs(failed)[tracing.AGENT] == "tests.tracing_agent:agent"
+    assert _attrs(failed)[tracing.AGENT] == traced_agent.AGENT
     assert retried.status.status_code is StatusCode.UNSET
     assert _attrs(retried)[tracing.OUTCOME] == "continue"
     # The model is asked once: the retry reuses the decision recorded before the tool failed.
@@ -110,7 +110,7 @@ def test_a_failed_attempt_is_its_own_span_and_the_retry_is_attempt_2(tmp_path, s
         tracing.STEP: 2,
         tracing.ATTEMPT: 1,
         "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": tracing_agent.MODEL,
+        "gen_ai.request.model": traced_agent.MODEL,
         "ratchet.model.task": "decide",
         "gen_ai.usage.input_tokens": 1200 + 3000 + 400,
         "gen_ai.usage.output_tokens": 80,
@@ -254,3 +254,33 @@ def test_a_run_in_a_process_without_opentelemetry_imports_none_of_it(tmp_path):
     # Then its steps imported nothing of OpenTelemetry: tracing off costs a dictionary lookup.
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_cost_bench_compares_each_mode_with_tracing_off(capsys):
+    # Each mode in a process of its own; the bench itself checks off imports no OpenTelemetry
+    # and on exports three spans a step.
+    figures = trace_cost.run(steps=20, warmup=2, rounds=1)
+
+    assert set(figures) == {"off", "api", "on"}
+    printed = capsys.readouterr().out
+    assert "off: wall" in printed
+    assert "(x1.00)" in printed
+    assert all(f["wall_us"] > 0 and f["cpu_us"] > 0 for f in figures.values())
+
+
+def test_the_picture_draws_the_retry_the_approval_and_the_link(tmp_path, capsys):
+    picture = tmp_path / "trace.svg"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trace, "_TRACER_PROVIDER", None)
+        patch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", trace.Once())
+        trace_picture.main(["--svg", str(picture)])
+
+    waterfall = capsys.readouterr().out
+    assert "ratchet.step 2 (attempt 1)" in waterfall
+    assert "error ToolFailed" in waterfall
+    assert "ratchet.step 2 (attempt 2)" in waterfall
+    assert "link -> ratchet.step 3 (attempt 1)" in waterfall
+    drawn = picture.read_text()
+    assert drawn.startswith("<svg")
+    assert drawn.count("marker-end") == 2  # the settling's link and the resuming step's

@@ -1,4 +1,5 @@
-"""A small agent for the trace tests: `note` writes a line into `params.notes` (failing once
+"""The agent whose trace docs/tracing.md draws (`bench.trace_picture`) and the trace tests
+(tests/integration/test_tracing.py) read: `note` writes a line into `params.notes` (failing once
 at the step `params.flaky_step`, as a flaky API would), then `ask` asks a person, then one more
 note, and the run is done. Its model (`MODEL`) is the policy reporting a fixed usage, cache
 reads and writes included, so the model spans have tokens to show."""
