@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from opentelemetry.util._once import Once
 
 from bench import trace_cost, trace_picture, traced_agent
 from ratchet import tracing
@@ -273,7 +274,7 @@ def test_the_picture_draws_the_retry_the_approval_and_the_link(tmp_path, capsys)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(trace, "_TRACER_PROVIDER", None)
-        patch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", trace.Once())
+        patch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
         trace_picture.main(["--svg", str(picture)])
 
     waterfall = capsys.readouterr().out
