@@ -9,14 +9,10 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from opentelemetry.util._once import Once
 
@@ -27,46 +23,15 @@ from ratchet.errors import InjectedFault, StepAttemptFailed
 from ratchet.faults import FaultPlan
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunStatus, StepCompleted
+from tests import tracing_support
+from tests.tracing_support import attrs, children, named, step_span
 
 LOG = logging.getLogger("ratchet.tests.tracing")
-
-
-@pytest.fixture
-def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """The process's global tracer provider, for this test only: an SDK provider exporting
-    to memory (as `opentelemetry-instrument` would set one, exporting over OTLP)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
-    yield exporter
-    provider.shutdown()
+spans = tracing_support.spans
 
 
 def _runtime(root: Path) -> LocalRuntime:
     return LocalRuntime.open(LocalSettings(store=f"sqlite:///{root / 'ratchet.db'}"))
-
-
-def _named(spans: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
-    return [s for s in spans if s.name == name]
-
-
-def _attrs(span: ReadableSpan) -> dict[str, object]:
-    return dict(span.attributes or {})
-
-
-def _step(spans: Sequence[ReadableSpan], step: int, attempt: int = 1) -> ReadableSpan:
-    (found,) = [
-        s
-        for s in _named(spans, "ratchet.step")
-        if _attrs(s)[tracing.STEP] == step and _attrs(s)[tracing.ATTEMPT] == attempt
-    ]
-    return found
-
-
-def _children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
-    assert parent.context is not None
-    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
 def _start_notes(client: Client, root: Path, *, flaky_step: int = 0) -> str:
@@ -92,21 +57,21 @@ def test_a_failed_attempt_is_its_own_span_and_the_retry_is_attempt_2(tmp_path, s
     engine.advance(run_id)
     finished = spans.get_finished_spans()
 
-    failed, retried = _step(finished, 2, attempt=1), _step(finished, 2, attempt=2)
+    failed, retried = step_span(finished, 2, attempt=1), step_span(finished, 2, attempt=2)
     assert failed.status.status_code is StatusCode.ERROR
-    assert _attrs(failed)[tracing.ERROR_TYPE] == "ToolFailed"
+    assert attrs(failed)[tracing.ERROR_TYPE] == "ToolFailed"
     assert [e.name for e in failed.events] == ["exception"]
     assert "ConnectionError" in str(failed.events[0].attributes)
-    assert _attrs(failed)[tracing.RUN_ID] == run_id
-    assert _attrs(failed)[tracing.AGENT] == traced_agent.AGENT
+    assert attrs(failed)[tracing.RUN_ID] == run_id
+    assert attrs(failed)[tracing.AGENT] == traced_agent.AGENT
     assert retried.status.status_code is StatusCode.UNSET
-    assert _attrs(retried)[tracing.OUTCOME] == "continue"
+    assert attrs(retried)[tracing.OUTCOME] == "continue"
     # The model is asked once: the retry reuses the decision recorded before the tool failed.
-    assert _attrs(failed)[tracing.DECISION] == "model"
-    assert _attrs(retried)[tracing.DECISION] == "reused"
-    (chat,) = [s for s in _children(finished, failed) if s.name.startswith("chat ")]
+    assert attrs(failed)[tracing.DECISION] == "model"
+    assert attrs(retried)[tracing.DECISION] == "reused"
+    (chat,) = [s for s in children(finished, failed) if s.name.startswith("chat ")]
     assert chat.kind is trace.SpanKind.CLIENT
-    assert _attrs(chat) == {
+    assert attrs(chat) == {
         tracing.RUN_ID: run_id,
         tracing.STEP: 2,
         tracing.ATTEMPT: 1,
@@ -118,12 +83,12 @@ def test_a_failed_attempt_is_its_own_span_and_the_retry_is_attempt_2(tmp_path, s
         "gen_ai.usage.cache_read.input_tokens": 3000,
         "gen_ai.usage.cache_creation.input_tokens": 400,
     }
-    assert not [s for s in _children(finished, retried) if s.name.startswith("chat ")]
-    (tool_failed,) = _named(_children(finished, failed), "execute_tool note")
-    (tool_ok,) = _named(_children(finished, retried), "execute_tool note")
-    assert _attrs(tool_failed)[tracing.TOOL_OUTCOME] == "error"
+    assert not [s for s in children(finished, retried) if s.name.startswith("chat ")]
+    (tool_failed,) = named(children(finished, failed), "execute_tool note")
+    (tool_ok,) = named(children(finished, retried), "execute_tool note")
+    assert attrs(tool_failed)[tracing.TOOL_OUTCOME] == "error"
     assert tool_failed.status.status_code is StatusCode.ERROR
-    assert _attrs(tool_ok) == {
+    assert attrs(tool_ok) == {
         tracing.RUN_ID: run_id,
         tracing.STEP: 2,
         tracing.ATTEMPT: 2,
@@ -133,7 +98,7 @@ def test_a_failed_attempt_is_its_own_span_and_the_retry_is_attempt_2(tmp_path, s
         tracing.IDEMPOTENCY_KEY: f"{run_id}/step-2",
         tracing.TOOL_OUTCOME: "ok",
     }
-    assert [s.name for s in _children(finished, tool_ok)] == ["notes.write"]
+    assert [s.name for s in children(finished, tool_ok)] == ["notes.write"]
     runtime.close()
 
 
@@ -157,20 +122,18 @@ def test_a_crash_after_the_tool_is_recorded_on_its_attempt_and_the_next_attempt_
     fresh.engine(worker_id="clean", logger=LOG).advance(run_id)
     finished = spans.get_finished_spans()
 
-    crashed, resumed = _step(finished, 2, attempt=1), _step(finished, 2, attempt=2)
+    crashed, resumed = step_span(finished, 2, attempt=1), step_span(finished, 2, attempt=2)
     assert crashed.status.status_code is StatusCode.ERROR
-    assert _attrs(crashed)[tracing.ERROR_TYPE] == "InjectedFault"
-    assert tracing.OUTCOME not in _attrs(crashed)
+    assert attrs(crashed)[tracing.ERROR_TYPE] == "InjectedFault"
+    assert tracing.OUTCOME not in attrs(crashed)
     # The tool's own span ended well: the crash came after it, and the next attempt calls it
     # again with the same key (which is what makes that safe).
-    (first_call,) = _named(_children(finished, crashed), "execute_tool note")
-    (second_call,) = _named(_children(finished, resumed), "execute_tool note")
-    assert _attrs(first_call)[tracing.TOOL_OUTCOME] == "ok"
-    assert (
-        _attrs(first_call)[tracing.IDEMPOTENCY_KEY] == _attrs(second_call)[tracing.IDEMPOTENCY_KEY]
-    )
-    assert _attrs(resumed)[tracing.DECISION] == "reused"
-    assert _attrs(resumed)[tracing.OUTCOME] == "continue"
+    (first_call,) = named(children(finished, crashed), "execute_tool note")
+    (second_call,) = named(children(finished, resumed), "execute_tool note")
+    assert attrs(first_call)[tracing.TOOL_OUTCOME] == "ok"
+    assert attrs(first_call)[tracing.IDEMPOTENCY_KEY] == attrs(second_call)[tracing.IDEMPOTENCY_KEY]
+    assert attrs(resumed)[tracing.DECISION] == "reused"
+    assert attrs(resumed)[tracing.OUTCOME] == "continue"
     fresh.close()
 
 
@@ -188,13 +151,13 @@ def test_the_step_that_resumes_after_an_approval_links_to_the_step_that_parked(t
     assert client.work(run_id).status is RunStatus.DONE
     finished = spans.get_finished_spans()
 
-    parked, resuming = _step(finished, 3), _step(finished, 4)
+    parked, resuming = step_span(finished, 3), step_span(finished, 4)
     assert parked.context is not None
     assert resuming.context is not None
-    assert _attrs(parked)[tracing.OUTCOME] == "waiting"
-    assert _attrs(parked)[tracing.WAITS_FOR] == "person"
-    (asked,) = _named(_children(finished, parked), "execute_tool ask")
-    assert _attrs(asked)[tracing.TOOL_OUTCOME] == "waits:person"
+    assert attrs(parked)[tracing.OUTCOME] == "waiting"
+    assert attrs(parked)[tracing.WAITS_FOR] == "person"
+    (asked,) = named(children(finished, parked), "execute_tool ask")
+    assert attrs(asked)[tracing.TOOL_OUTCOME] == "waits:person"
     # The head kept the parking step's span, and the resuming step links to it.
     assert waiting.parked_span.trace_id == f"{parked.context.trace_id:032x}"
     assert waiting.parked_span.span_id == f"{parked.context.span_id:016x}"
@@ -205,15 +168,15 @@ def test_the_step_that_resumes_after_an_approval_links_to_the_step_that_parked(t
     )
     assert dict(link.attributes or {}) == {"ratchet.link": "resumes", tracing.STEP: 3}
     # So does the settling of the wait: the person's decision.
-    (settled,) = _named(finished, "ratchet.settle")
-    assert _attrs(settled) == {
+    (settled,) = named(finished, "ratchet.settle")
+    assert attrs(settled) == {
         tracing.RUN_ID: run_id,
         tracing.STEP: 3,
         "ratchet.settled.how": "decided",
     }
     assert [lk.context.span_id for lk in settled.links] == [parked.context.span_id]
     # The link is the resuming step's only: the step after it links to nothing.
-    assert not _step(finished, 5).links
+    assert not step_span(finished, 5).links
     done = runtime.store.load_head(run_id)
     assert done is not None
     assert done.parked_span is None
