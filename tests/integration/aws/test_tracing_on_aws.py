@@ -30,7 +30,7 @@ def test_a_parked_run_resumed_on_aws_links_its_resuming_step_to_the_parking_one(
     assert stack.head("otel").status is RunStatus.DONE
     finished = [s for s in spans.get_finished_spans() if attrs(s).get(tracing.RUN_ID) == "otel"]
     steps = named(finished, "ratchet.step")
-    assert sorted(attrs(s)[tracing.STEP] for s in steps) == [1, 2, 3, 4, 5, 6]
+    assert sorted(int(str(attrs(s)[tracing.STEP])) for s in steps) == [1, 2, 3, 4, 5, 6]
     parked, resuming = step_span(finished, 3), step_span(finished, 4)
     assert attrs(parked)[tracing.WAITS_FOR] == "person"
     assert parked.context is not None
