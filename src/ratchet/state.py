@@ -463,6 +463,14 @@ class Waiting(_Model):
         return wait_due(self.request)
 
 
+class SpanLink(_Model):
+    """An OpenTelemetry span's context, as hex: the span of a step that parked its run, kept
+    so the step that resumes links to it (`ratchet.tracing`)."""
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+
+
 class ToolDigest(_Model):
     """Older calls of one tool, summarised so the state stays bounded."""
 
@@ -510,6 +518,9 @@ class RunState(_Model):
     redo_step: int | None = None
     """Set when a person said an at-most-once call that step made did not run: the next
     step makes the same call again, once, with no model call."""
+    parked_span: SpanLink | None = None
+    """With tracing on: the span of the step that parked the run (its record's `span`), kept
+    until the next step commits, whose spans link to it."""
     parent: RunId | None = None
     """The run whose step started this one (`start_runs`), told when this one ends."""
     parent_step: int | None = None
@@ -558,6 +569,9 @@ class StepCompleted(_Model):
     started: list[str] | None = None
     """The child runs this step started (`start_runs`), in order, whether or not it waits
     for them."""
+    span: SpanLink | None = None
+    """With tracing on, a step that parks (`wait`) keeps its span here: the step that resumes
+    links to it."""
 
 
 class PersonDecided(_Model):

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ratchet import tracing
 from ratchet.engine import memory
 from ratchet.engine.deadline import StepClock
 from ratchet.engine.decisions import (
@@ -118,19 +119,27 @@ class StepWork:
         self._worker_id = worker_id
 
     def decide(
-        self, state: RunState, binding: Binding, clock: StepClock
+        self,
+        state: RunState,
+        binding: Binding,
+        clock: StepClock,
+        span: tracing.Span = tracing.OFF,
     ) -> tuple[Decision, Usage | None]:
         """The step's decision, and what the model call cost (None: the decision recorded by
-        an earlier attempt is reused, and no model is called)."""
+        an earlier attempt is reused, and no model is called). `span`, the step's, is told
+        which (`tracing.DECISION`)."""
         step = state.next_step
         key = idempotency_key(state.run_id, step)
         recorded = self._ledger.get(key)
         usage: Usage | None = None
+        how = "reused"
         if recorded is None and state.redo_step is not None:
             # A person said the at-most-once call of that step did not run: this step makes
             # the same call again, under its own key, and asks no model.
             recorded = self._redo(state, key)
+            how = "redo"
         if recorded is None:
+            how = "model"
             self._faults.hit(FaultPoint.BEFORE_MODEL, step)
             view, prompt = step_prompt(state)
             self._log.debug(
@@ -144,6 +153,7 @@ class StepWork:
                 tools=memory.tool_specs(binding.agent),
                 view=view,
                 doing="in the model call",
+                state=state,
             )
             try:
                 decision = validated(answer, binding.agent)
@@ -171,6 +181,7 @@ class StepWork:
                 "decision reused",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
+        span.set({tracing.DECISION: how})
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return decision_from(recorded.decision), usage
 
@@ -209,6 +220,8 @@ class StepWork:
             view=view,
             doing="summarising the window",
             during=" while summarising",
+            state=state,
+            task="summarise",
         )
         if not isinstance(decision, Done) or not decision.summary.strip():
             refused = ModelOutputInvalid(
@@ -246,26 +259,33 @@ class StepWork:
             attempt=state.attempts,
             resources=binding.resources,
         )
-        if tool.at_most_once:
-            # Durably before the call: a later attempt that finds it started never calls
-            # again; it asks a person whether the call ran.
-            if not self._ledger.start_call(key):
-                return uncertain(step, tool.name, key, arguments_of(call, self._blobs))
-            self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
+        with tracing.tool_span(
+            state.run_id, step, state.attempts, tool=tool.name, key=key
+        ) as called:
+            if tool.at_most_once:
+                # Durably before the call: a later attempt that finds it started never calls
+                # again; it asks a person whether the call ran.
+                if not self._ledger.start_call(key):
+                    called.set({tracing.TOOL_OUTCOME: "uncertain"})
+                    return uncertain(step, tool.name, key, arguments_of(call, self._blobs))
+                self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
 
-        def run_tool() -> ToolResult:
-            if state.options.tool_latency_ms:
-                self._sleep(state.options.tool_latency_ms / 1000)
-            return tool(args, context)
+            def run_tool() -> ToolResult:
+                if state.options.tool_latency_ms:
+                    self._sleep(state.options.tool_latency_ms / 1000)
+                return tool(args, context)
 
-        try:
-            result = clock.run(run_tool, f"in tool {tool.name}")
-        except StepTimedOut:
-            raise
-        except Exception as error:  # user code: any failure is this attempt's failure
-            raise ToolFailed(
-                f"{tool.name} raised {describe(error)}", transient=is_transient(error)
-            ) from error
+            try:
+                result = clock.run(run_tool, f"in tool {tool.name}")
+            except StepTimedOut:
+                called.set({tracing.TOOL_OUTCOME: "timed_out"})
+                raise
+            except Exception as error:  # user code: any failure is this attempt's failure
+                called.set({tracing.TOOL_OUTCOME: "error"})
+                raise ToolFailed(
+                    f"{tool.name} raised {describe(error)}", transient=is_transient(error)
+                ) from error
+            called.set({tracing.TOOL_OUTCOME: _tool_outcome(result)})
         self._faults.hit(FaultPoint.AFTER_TOOL, step)
         return self._output(step, tool.name, result), wait_request(tool.name, result)
 
@@ -292,11 +312,35 @@ def ask(
     tools: list[ToolSpec],
     view: StepView,
     doing: str,
+    state: RunState,
     during: str = "",
+    task: str = "decide",
 ) -> tuple[object, Usage | None]:
     """One call of the agent's model under the step's clock, with the agent's settings: its
-    answer (unchecked) and what it used. An error of the adapter's own (user code) is
-    `ModelFailed`, "the model raised ...{during}"."""
+    answer (unchecked) and what it used, in a span of the call (`task`: what it was asked).
+    An error of the adapter's own (user code) is `ModelFailed`, "the model raised
+    ...{during}"."""
+    with tracing.model_span(
+        state.run_id, state.next_step, state.attempts, model=state.options.model, task=task
+    ) as called:
+        answer, usage = _ask(
+            binding, clock, prompt=prompt, tools=tools, view=view, doing=doing, during=during
+        )
+        if usage is not None:
+            called.set(tracing.usage_attributes(usage))
+        return answer, usage
+
+
+def _ask(
+    binding: Binding,
+    clock: StepClock,
+    *,
+    prompt: str,
+    tools: list[ToolSpec],
+    view: StepView,
+    doing: str,
+    during: str,
+) -> tuple[object, Usage | None]:
     agent = binding.agent
     request = ModelRequest(
         prompt=prompt,
@@ -346,6 +390,18 @@ def uncertain(
         uncertain=tool,
     )
     return output, request
+
+
+def _tool_outcome(result: object) -> str:
+    """`ok`, or what the call's result asks (as the tool gave it; `wait_request` checks it):
+    `waits:person`, `waits:event`, `waits:timer`, `starts_runs`."""
+    if not isinstance(result, ToolResult):
+        return "ok"
+    if result.start is not None:
+        return "starts_runs"
+    if result.wait_for is None:
+        return "ok"
+    return f"waits:{getattr(result.wait_for, 'kind', 'person')}"
 
 
 def wait_request(

@@ -11,6 +11,8 @@ and the run is not failed while it runs (`wait_for_abandoned`, `AbandonedCallRun
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import queue
 import threading
 import time
@@ -127,7 +129,9 @@ class _AgentThread:
         self._stop = weakref.finalize(self, self._jobs.put, None)
 
     def run(self, work: Callable[[], T], deadline: float | None) -> T:
-        job = _Job(work)
+        # In the caller's context: what the agent's code does nests under the engine's span
+        # of the call (an instrumented HTTP client's spans, say), as if it ran on the caller.
+        job = _Job(functools.partial(contextvars.copy_context().run, work))
         self._jobs.put(job)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not job.done.wait(timeout):

@@ -117,6 +117,7 @@ def _after_step(state: RunState, event: StepCompleted, at: datetime) -> dict[str
         "not_before": None,
         "usage": _plus(state.usage, event.usage),
         "redo_step": None,
+        "parked_span": event.span,
     }
     if event.memory is not None and event.memory_through is not None:
         update["memory"] = event.memory

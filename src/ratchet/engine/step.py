@@ -39,6 +39,7 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
+from ratchet import tracing
 from ratchet.engine.attempt import Attempted, Binding, StepWork
 from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.commits import Commits
@@ -300,9 +301,24 @@ class Engine:
                 return self._commits.fail_run(state, Finished(status=RunStatus.FAILED, error=error))
             version = self._store.begin_attempt(run_id, state.version)
             state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
+        with tracing.step_span(
+            run_id, step, state.attempts, agent=state.agent, resumes=state.parked_span
+        ) as span:
+            outcome = self._attempt_and_commit(state, span, count_next_attempt=count_next_attempt)
+            span.set({tracing.OUTCOME: outcome.outcome.value})
+            if outcome.outcome is Outcome.FAILED:
+                span.failed(outcome.head.error if outcome.head and outcome.head.error else "failed")
+            elif outcome.outcome is Outcome.WAITING and outcome.head and outcome.head.waiting:
+                span.set({tracing.WAITS_FOR: outcome.head.waiting.kind})
+            return outcome
+
+    def _attempt_and_commit(
+        self, state: RunState, span: tracing.Span, *, count_next_attempt: bool
+    ) -> StepOutcome:
+        step = state.next_step
         started = time.perf_counter()
         try:
-            attempted = self._attempt(state)
+            attempted = self._attempt(state, span)
         except (StaleVersion, InjectedFault):
             raise
         except Exception as error:
@@ -310,7 +326,11 @@ class Engine:
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
         try:
             head, written = self._commit_step(
-                state, attempted, count_next_attempt=count_next_attempt, started=started
+                state,
+                attempted,
+                count_next_attempt=count_next_attempt,
+                started=started,
+                span=span,
             )
         except (StaleVersion, InjectedFault):
             raise
@@ -349,7 +369,13 @@ class Engine:
         ).agent.step_timeout_seconds
 
     def _commit_step(
-        self, state: RunState, attempted: Attempted, *, count_next_attempt: bool, started: float
+        self,
+        state: RunState,
+        attempted: Attempted,
+        *,
+        count_next_attempt: bool,
+        started: float,
+        span: tracing.Span = tracing.OFF,
     ) -> tuple[RunState, int]:
         """Commit what the attempt decided and did (`started`: its `time.perf_counter()`);
         returns the new head and the bytes written."""
@@ -392,6 +418,7 @@ class Engine:
             memory=folded.summary if folded else None,
             memory_through=folded.through if folded else None,
             started=attempted.started,
+            span=span.link() if wait is not None else None,
         )
         head, written = self._commits.commit(
             state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
@@ -472,12 +499,14 @@ class Engine:
         if not _settles(state, decision):
             kind = state.waiting.kind if state.waiting else "nothing"
             raise NotWaiting(state.run_id, f"waiting for {_KIND_WORDS.get(kind, kind)}")
-        head, _ = self._commits.commit(state, decision, step=state.step, consumes=consumes)
+        how = decision.how if isinstance(decision, WaitSettled) else "decided"
+        with tracing.settle_span(state.run_id, state.step, how=how, parked=state.parked_span):
+            head, _ = self._commits.commit(state, decision, step=state.step, consumes=consumes)
         return head
 
     # --- one step --------------------------------------------------------------------------
 
-    def _attempt(self, state: RunState) -> Attempted:
+    def _attempt(self, state: RunState, span: tracing.Span = tracing.OFF) -> Attempted:
         """Decide and act: what the step's commit records. The agent's code runs under the
         agent's time limit, counted from the start of the attempt."""
         started = time.monotonic()
@@ -487,7 +516,7 @@ class Engine:
             state.run_id, state.next_step, limit, None if limit is None else started + limit
         )
         clock.wait_for_abandoned()
-        decision, usage = self._work.decide(state, binding, clock)
+        decision, usage = self._work.decide(state, binding, clock, span)
         if isinstance(decision, Done):
             return Attempted(decision, usage=usage)
         try:
