@@ -7,6 +7,7 @@ base install runs scripted and `module:attr` models without them.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from pydantic import SecretStr
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine import Binding
+from ratchet.engine.deadline import await_on_loop
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.model_names import (
     BEDROCK_PREFIX,
@@ -124,6 +126,10 @@ class Bindings:
             agent = self._agents.load(state.agent)
             context = self._context(state.run_id, state.options)
             resources = agent.resources(context) if agent.resources else None
+            if inspect.isawaitable(resources):
+                # An async hook: awaited on the process's event loop, where the run's async
+                # tools run, so a client it opens (an `httpx.AsyncClient`) is on their loop.
+                resources = await_on_loop(resources)
             model = build_model(
                 agent,
                 state.options.model,
