@@ -145,6 +145,17 @@ class _Job:
     value: Any = None
     error: BaseException | None = None
 
+    def outcome(self) -> Any:
+        """What the finished job returned, or what it raised, for its caller to raise."""
+        if isinstance(self.error, Exception):
+            raise self.error
+        if self.error is not None:
+            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on its thread by its
+            # code, not by the process's signal handlers, which run on the caller's): a failure
+            # of the attempt like any other, never the end of the caller.
+            raise AgentCodeExited(self.error) from self.error
+        return self.value
+
 
 def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
     while (job := jobs.get()) is not None:
@@ -178,14 +189,7 @@ class _AgentThread:
         if not job.done.wait(timeout):
             self._stop()
             raise _Overran(job)
-        if isinstance(job.error, Exception):
-            raise job.error
-        if job.error is not None:
-            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on this thread by its
-            # code, not by the process's signal handlers, which run on the caller's): a failure
-            # of the attempt like any other, never the end of the caller.
-            raise AgentCodeExited(job.error) from job.error
-        value: T = job.value
+        value: T = job.outcome()
         return value
 
 
@@ -240,11 +244,7 @@ class AgentLoop:
             # cancellation, `done` waits for its real end.
             self.loop.call_soon_threadsafe(lambda: tasks[0].cancel())
             raise _Cancelled(job, ended=job.done.wait(CANCEL_GRACE_SECONDS))
-        if isinstance(job.error, Exception):
-            raise job.error
-        if job.error is not None:
-            raise AgentCodeExited(job.error) from job.error
-        value: T = job.value
+        value: T = job.outcome()
         return value
 
 
