@@ -8,6 +8,7 @@ base install runs scripted and `module:attr` models without them.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -114,14 +115,19 @@ class Bindings:
         self._base_url = anthropic_base_url
         self._limit = limit
         self._bound: dict[str, Binding] = {}
+        self._lock = threading.Lock()
 
     def forget(self, run_id: str) -> None:
         """Drop the run's binding (after a timed-out step, whose thread may still use it);
         its resources are not closed here: the abandoned step may still hold them."""
-        self._bound.pop(run_id, None)
+        with self._lock:
+            self._bound.pop(run_id, None)
 
     def __call__(self, state: RunState) -> Binding:
-        binding = self._bound.get(state.run_id)
+        # The lock keeps the book whole between a shared client's threads; the hooks run
+        # outside it (two threads binding one run at once is left to the leases).
+        with self._lock:
+            binding = self._bound.get(state.run_id)
         if binding is None:
             agent = self._agents.load(state.agent)
             context = self._context(state.run_id, state.options)
@@ -136,7 +142,9 @@ class Bindings:
                 anthropic_api_key=self._api_key,
                 anthropic_base_url=self._base_url,
             )
-            if len(self._bound) >= self._limit:
-                self._bound.pop(next(iter(self._bound)))
-            binding = self._bound[state.run_id] = Binding(agent, model, resources)
+            binding = Binding(agent, model, resources)
+            with self._lock:
+                if len(self._bound) >= self._limit:
+                    self._bound.pop(next(iter(self._bound)))
+                self._bound[state.run_id] = binding
         return binding
