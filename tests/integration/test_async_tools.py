@@ -380,3 +380,40 @@ def test_an_async_tool_error_keeps_its_cause(tmp_path):
     with pytest.raises(ToolFailed, match="slow raised ZeroDivisionError: division by zero") as e:
         engine.advance("run")
     assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+SLOW = SlowCoroutine()
+
+
+@tool()
+async def slow_with_pool(args: Nothing, ctx: ToolContext) -> str:
+    """Take long on the first call."""
+    assert isinstance(ctx.resources, Pool)
+    return await SLOW(args, ctx)
+
+
+slow_pooled = Agent(
+    name="slow-pooled",
+    goal="Be slow once.",
+    tools=[slow_with_pool],
+    policy=lambda view: ToolCall(name="slow_with_pool") if view.step == 1 else Done(summary="ok"),
+    resources=open_pool,
+    step_timeout_seconds=LIMIT,
+)
+
+
+def test_a_cancelled_coroutine_that_ended_leaves_the_run_its_resources(tmp_path):
+    OPENED.clear()
+    runtime = _runtime(tmp_path)
+    Client(runtime).start(run_id="slow", agent=f"{__name__}:slow_pooled")
+    engine = runtime.engine(worker_id="w", logger=LOG)
+    try:
+        with pytest.raises(StepTimedOut, match="cancelled and has ended"):
+            engine.advance("slow")
+        assert engine.advance("slow").outcome is Outcome.CONTINUE
+        assert engine.advance("slow").outcome is Outcome.DONE
+    finally:
+        runtime.close()
+
+    assert SLOW.calls == 2
+    assert [pool.run_id for pool in OPENED] == ["slow"], "the retry reused the run's resources"
