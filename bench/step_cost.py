@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -57,7 +57,7 @@ from ratchet.engine import Binder, Binding, Engine, Outcome
 from ratchet.observability import json_logger
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunState, idempotency_key
-from ratchet.tools import ToolContext, ToolResult
+from ratchet.tools import Handler, ToolContext, ToolResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RUN_ID = "bench-run"
@@ -144,10 +144,9 @@ class ToolClock:
             if close is not None:
                 close()
 
-    def _metered(
-        self, handler: Callable[[Any, ToolContext], ToolResult | str]
-    ) -> Callable[[Any, ToolContext], ToolResult | str]:
-        def metered(args: Any, ctx: ToolContext) -> ToolResult | str:
+    def _metered(self, handler: Handler[Any]) -> Handler[Any]:
+        # The bench's tools are sync: what a handler returns is its whole work.
+        def metered(args: Any, ctx: ToolContext) -> ToolResult | str | Awaitable[ToolResult | str]:
             # Reading the counters happens inside the tool's span, so it is not the engine's.
             wall, cpu, written = (
                 time.perf_counter(),

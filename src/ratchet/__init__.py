@@ -6,7 +6,8 @@ pins both faces' names).
 
 - running: `connect(url)` gives a `Client` (`run`, `start`, `wait`, `approve`, `reject`,
   `send_event`, `wake`, `get`, `history`, `state_at`, `runs`, `verify`, ...), whose answers
-  are pydantic models (`Run`, `EventSent`, ...);
+  are pydantic models (`Run`, `EventSent`, ...); it is safe to share between threads, and
+  `AsyncClient(client)` gives asyncio code the same methods as coroutines;
 - defining agents: `Agent`, `tool`, `ToolContext`, `RunContext`, the waits a tool returns
   (`ask_person`, `wait_for_reply`, `wait_for_event`, `sleep`, `sleep_until`), the child runs
   it starts (`start_runs`, `RunSpec`), and what a
@@ -26,6 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ratchet.client import AsyncClient as AsyncClient
     from ratchet.client import Checkpoint as Checkpoint
     from ratchet.client import Client as Client
     from ratchet.client import EventSent as EventSent
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "ratchet.client": (
+        "AsyncClient",
         "Checkpoint",
         "Client",
         "EventSent",

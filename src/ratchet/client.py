@@ -17,15 +17,19 @@ through this same client.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
 import getpass
+import inspect
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, cast
 
@@ -72,6 +76,7 @@ from ratchet.state import (
 from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
+from ratchet.worker import MAX_WORKER_ID_CHARS
 
 if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
@@ -81,6 +86,7 @@ if TYPE_CHECKING:
     from ratchet.waiting.desk import EventDesk
 
 __all__ = [
+    "AsyncClient",
     "Checkpoint",
     "Client",
     "EventSent",
@@ -524,7 +530,13 @@ class Runtime(Protocol):
 
 
 class Client:
-    """Runs on one store, through its `Runtime`. Not thread-safe: one client per thread.
+    """Runs on one store, through its `Runtime`.
+
+    Safe to share between threads: on SQLite each thread gets a connection of its own, and
+    on AWS the boto3 clients are shared, as boto3 allows. Each thread that works runs (`run`,
+    `work`) does so as a worker of its own (`worker_id` plus the thread's name, off the main
+    thread), so two threads never work one run at once: the second finds it held and
+    returns where it stands. For asyncio code, `AsyncClient`.
 
     `agents` says which agents may be started: by default the built-in scenarios and any
     `module:attr` (this process runs the code anyway); a service that starts runs for callers
@@ -654,7 +666,7 @@ class Client:
 
     def _work(self, run_id: str) -> Run:
         """`work` for a run just read or created: no read to check that it exists."""
-        self.runtime.work(run_id, worker_id=self.worker_id, logger=self.logger, faults=self.faults)
+        self.runtime.work(run_id, worker_id=self._worker(), logger=self.logger, faults=self.faults)
         return self.get(run_id)
 
     def wait(
@@ -1128,6 +1140,14 @@ class Client:
             )
         return result
 
+    def _worker(self) -> str:
+        """Who works runs from this thread: a thread of its own is a worker of its own, since
+        a lease held by one worker id lets that id in again."""
+        thread = threading.current_thread()
+        if thread is threading.main_thread():
+            return self.worker_id
+        return f"{self.worker_id}/{thread.name}"[:MAX_WORKER_ID_CHARS]
+
     # --- lifetime ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -1138,6 +1158,46 @@ class Client:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class AsyncClient:
+    """A `Client` for asyncio code: every public method of `Client`, as a coroutine
+    (`await client.run(...)`, `await client.approve(...)`), with the same arguments and
+    answers.
+
+    Each call runs the `Client`'s method on a thread of the running loop's default executor
+    (`asyncio.to_thread`), so a call never blocks the loop, and many may run at once on the
+    one shared, thread-safe `Client`. Cancelling an awaited call stops the waiting, not the
+    call: the thread finishes what it started (a step it works is committed or not, as for
+    any worker). An agent's own async tools run on Ratchet's event loop, not the caller's.
+
+        client = AsyncClient(ratchet.connect("sqlite:///runs.db"))
+        runs = await asyncio.gather(*(client.run(agent="billing", input=i) for i in inputs))
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self.client, name) if not name.startswith("_") else None
+        if method is None or not inspect.ismethod(method):
+            raise AttributeError(f"{type(self).__name__!r} has no method {name!r}")
+
+        @functools.wraps(method)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+
+        return call
+
+    def __dir__(self) -> list[str]:
+        methods = [n for n in dir(Client) if not n.startswith("_") and callable(getattr(Client, n))]
+        return sorted({*super().__dir__(), *methods})
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.to_thread(self.client.close)
 
 
 class _Steering(BaseModel):

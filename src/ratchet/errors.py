@@ -314,7 +314,12 @@ class StepTimedOut(StepAttemptFailed):
     """The step's agent code (hooks, model call, tool) did not finish within the agent's
     `step_timeout_seconds`. The engine abandoned it: whatever it returns later is discarded
     and can never be committed. Also raised for an attempt that spent its time waiting for
-    such an abandoned call to end, without calling anything beside it."""
+    such an abandoned call to end, without calling anything beside it.
+
+    `still_running` is False only for a coroutine that was cancelled at the deadline and has
+    ended: nothing of the attempt runs any more (its resources are free for the next)."""
+
+    still_running: bool = True
 
 
 class AbandonedCallRunning(RatchetError):

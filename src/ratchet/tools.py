@@ -10,6 +10,10 @@ A tool is a plain function with a pydantic argument model::
         \"\"\"Copy one batch of rows into the new table.\"\"\"
         return db.copy(args.batch, key=ctx.idempotency_key)
 
+A handler may be `async def` (`await client.get(...)` with an `httpx.AsyncClient`, say): it
+runs on the process's one event loop, under the same step deadline, and is cancelled when it
+overruns (docs/tools.md).
+
 A side-effecting tool must apply each `ctx.idempotency_key` at most once: a step that crashed
 after its tool call is retried with the same key and the same arguments. An agent bundles the
 tools with a goal, an optional scripted policy (for offline runs) and optional hooks that open
@@ -26,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -327,7 +331,7 @@ def _seconds(value: float | timedelta, *, what: str) -> float:
     return float(seconds)
 
 
-Handler = Callable[[ArgsT, ToolContext], "ToolResult | str"]
+Handler = Callable[[ArgsT, ToolContext], "ToolResult | str | Awaitable[ToolResult | str]"]
 
 
 @dataclass(frozen=True)
@@ -363,15 +367,44 @@ class Tool(Generic[ArgsT]):
     def parse(self, arguments: Mapping[str, Any]) -> ArgsT:
         return self.args.model_validate(dict(arguments))
 
+    @cached_property
+    def is_async(self) -> bool:
+        """Whether the handler is `async def`: the engine awaits it on the process's event
+        loop, where a call over the step's deadline is cancelled."""
+        handler = self.handler
+        # A callable object's `async def __call__` counts too (3.11's inspect does not see it).
+        call = None if inspect.isroutine(handler) else type(handler).__call__
+        return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+
     def __call__(self, args: ArgsT, ctx: ToolContext) -> ToolResult:
+        """Call a sync handler (an async one: `call_async`)."""
+        if self.is_async:
+            raise TypeError(f"tool {self.name!r} is async def: await tool.call_async(args, ctx)")
+        return self._result(self.handler(args, ctx))
+
+    async def call_async(self, args: ArgsT, ctx: ToolContext) -> ToolResult:
+        """Await an async handler (a sync one is called as `__call__` calls it)."""
         result = self.handler(args, ctx)
+        if self.is_async and inspect.isawaitable(result):
+            result = await result
+        return self._result(result)
+
+    def _result(self, result: object) -> ToolResult:
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited, on purpose: no "never awaited" warning
+            raise TypeError(
+                f"tool {self.name!r} returned {type(result).__name__}, an awaitable, not its "
+                "result: a missing `await` (or a handler that should be `async def`)?"
+            )
         return result if isinstance(result, ToolResult) else ToolResult(output=str(result))
 
 
 def tool(
     *, name: str | None = None, side_effect: bool = False, at_most_once: bool = False
 ) -> Callable[[Handler[ArgsT]], Tool[ArgsT]]:
-    """Make a `Tool` from a function `(args: SomeModel, ctx: ToolContext) -> str | ToolResult`.
+    """Make a `Tool` from a function `(args: SomeModel, ctx: ToolContext) -> str | ToolResult`,
+    plain or `async def`.
 
     The name defaults to the function's, the description to its docstring, and the argument
     model is read from the first parameter's annotation. `at_most_once` (with `side_effect`)
@@ -509,7 +542,8 @@ class Agent:
     """Everything Ratchet needs to run one kind of agent.
 
     `goal` is the default goal, formatted with the run's `params` (`--goal` overrides it).
-    `resources(ctx)` opens what the tools need once per process and run; `prepare(ctx)` runs
+    `resources(ctx)` opens what the tools need once per process and run (an `async def` hook
+    is awaited on the process's event loop, where async tools run); `prepare(ctx)` runs
     once when the run is started (it must be idempotent); `verify(ctx)` returns the agent's
     invariants for the run as a dict with at least `ok`.
 
@@ -538,7 +572,10 @@ class Agent:
     abandoned it the run's next attempt waits for it to end (within its own limit) before
     running the agent's code again, and the run is not marked failed while it runs (a worker
     stops instead, keeping the run's lease, and the process's end ends the call). Across
-    processes only the idempotency key guards a tool. `None` sets no limit.
+    processes only the idempotency key guards a tool. An `async def` tool is different: it
+    runs on the process's event loop, and over the limit it is cancelled; once it has ended
+    (within a second of the cancellation) nothing is fenced and the next attempt may run at
+    once, with the same resources. `None` sets no limit.
     """
 
     name: str
@@ -546,7 +583,7 @@ class Agent:
     goal: str = ""
     policy: Policy | None = None
     default_params: Mapping[str, Any] = field(default_factory=dict)
-    resources: Callable[[RunContext], Any] | None = None
+    resources: Callable[[RunContext], Any] | Callable[[RunContext], Awaitable[Any]] | None = None
     prepare: Callable[[RunContext], None] | None = None
     verify: Callable[[RunContext, RunState], dict[str, Any]] | None = None
     fork: Callable[[RunContext, RunContext, int], None] | None = None

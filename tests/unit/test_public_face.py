@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RATCHET = [
     "Agent",
+    "AsyncClient",
     "Checkpoint",
     "Client",
     "Done",

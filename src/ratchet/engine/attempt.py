@@ -5,6 +5,7 @@ summarise its oldest steps. What it returns, `Attempted`, is what the step's com
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -270,13 +271,23 @@ class StepWork:
                     return uncertain(step, tool.name, key, arguments_of(call, self._blobs))
                 self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
 
+            latency = state.options.tool_latency_ms / 1000
+
             def run_tool() -> ToolResult:
-                if state.options.tool_latency_ms:
-                    self._sleep(state.options.tool_latency_ms / 1000)
+                if latency:
+                    self._sleep(latency)
                 return tool(args, context)
 
+            async def run_async_tool() -> ToolResult:
+                if latency:
+                    await asyncio.sleep(latency)
+                return await tool.call_async(args, context)
+
             try:
-                result = clock.run(run_tool, f"in tool {tool.name}")
+                if tool.is_async:
+                    result = clock.run_async(run_async_tool, f"in tool {tool.name}")
+                else:
+                    result = clock.run(run_tool, f"in tool {tool.name}")
             except StepTimedOut:
                 called.set({tracing.TOOL_OUTCOME: "timed_out"})
                 raise

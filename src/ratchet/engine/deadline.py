@@ -7,17 +7,26 @@ step's deadline is abandoned: since only the calling thread commits, whatever it
 never written. Python cannot stop the abandoned call, so this process fences it off: the run's
 next attempt waits for it before running the agent's code again (`StepClock.wait_for_abandoned`),
 and the run is not failed while it runs (`wait_for_abandoned`, `AbandonedCallRunning`).
+
+A coroutine (an `async def` tool, an async `resources` hook) runs instead on the process's one
+event loop (`agent_loop`), on a daemon thread of its own started on first use: one per worker
+process or Lambda container, so a client a hook opened there serves the tools on that same
+loop. Unlike a thread, a coroutine can be stopped: one over its deadline is cancelled, and if it
+truly ends within `CANCEL_GRACE_SECONDS` it is not fenced (nothing of it runs any more); one that
+holds out (it caught the cancellation, or blocks the loop) is fenced as an abandoned call is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
+import os
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +35,10 @@ from ratchet.errors import StepTimedOut
 ABANDONED_GRACE_SECONDS = 30.0
 """Before failing a run by its strikes, how long the engine waits for a call of the run that
 this process abandoned at a step deadline to end (see `AbandonedCallRunning`)."""
+
+CANCEL_GRACE_SECONDS = 1.0
+"""How long a coroutine cancelled at its deadline has to end (its `finally` blocks, a client's
+close) before it counts as still running, and is fenced as an abandoned thread is."""
 
 T = TypeVar("T")
 
@@ -74,6 +87,38 @@ class StepClock:
                 "if any, is discarded"
             ) from None
 
+    def run_async(self, work: Callable[[], Coroutine[Any, Any, T]], doing: str) -> T:
+        """Await the coroutine `work()` makes on the process's event loop (`work` is called
+        there too, so no agent code runs on the caller's thread); one over the deadline is
+        cancelled and `StepTimedOut`, fenced only if it does not end when cancelled."""
+        try:
+            return agent_loop().run(work, self.deadline)
+        except _Cancelled as cancelled:
+            if cancelled.ended:
+                ended = StepTimedOut(
+                    f"step {self.step} timed out after {self.limit:g} s ({doing}); the "
+                    "coroutine was cancelled and has ended"
+                )
+                ended.still_running = False
+                raise ended from None
+            _ABANDONED.add(self.run_id, cancelled.job)
+            raise StepTimedOut(
+                f"step {self.step} timed out after {self.limit:g} s ({doing}); the coroutine "
+                f"was cancelled but had not ended {CANCEL_GRACE_SECONDS:g} s later (it caught "
+                "the cancellation, or blocks the event loop); the late result, if any, is "
+                "discarded"
+            ) from None
+
+
+def await_on_loop(awaitable: Awaitable[T]) -> T:
+    """Wait, on this thread, for `awaitable` on the process's event loop (an async
+    `resources` hook's result), under no deadline of its own: the caller's clock bounds it."""
+
+    async def awaited() -> T:
+        return await awaitable
+
+    return agent_loop().run(awaited, None)
+
 
 def abandoned_call_running(run_id: str) -> bool:
     """Whether a call of the run's agent that this process abandoned is still running."""
@@ -101,6 +146,17 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
     error: BaseException | None = None
+
+    def outcome(self) -> Any:
+        """What the finished job returned, or what it raised, for its caller to raise."""
+        if isinstance(self.error, Exception):
+            raise self.error
+        if self.error is not None:
+            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on its thread by its
+            # code, not by the process's signal handlers, which run on the caller's): a failure
+            # of the attempt like any other, never the end of the caller.
+            raise AgentCodeExited(self.error) from self.error
+        return self.value
 
 
 def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
@@ -137,18 +193,85 @@ class _AgentThread:
         if not job.done.wait(timeout):
             self._stop()
             raise _Overran(job)
-        if isinstance(job.error, Exception):
-            raise job.error
-        if job.error is not None:
-            # The agent's own `SystemExit` or `KeyboardInterrupt` (raised on this thread by its
-            # code, not by the process's signal handlers, which run on the caller's): a failure
-            # of the attempt like any other, never the end of the caller.
-            raise AgentCodeExited(job.error) from job.error
-        value: T = job.value
+        value: T = job.outcome()
         return value
 
 
 _agent_threads = threading.local()
+
+
+# --- the process's event loop -----------------------------------------------------------------
+
+
+class _Cancelled(Exception):
+    def __init__(self, job: _Job, *, ended: bool) -> None:
+        super().__init__()
+        self.job = job
+        self.ended = ended
+
+
+class AgentLoop:
+    """One asyncio event loop on a daemon thread, for the agent's coroutines of every run this
+    process works. Each call waits on its caller's thread; the loop interleaves the
+    coroutines of many callers, so a coroutine that blocks (a sync sleep, a sync client)
+    holds up every other."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="ratchet-agent-loop", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, work: Callable[[], Coroutine[Any, Any, T]], deadline: float | None) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("agent code on Ratchet's event loop cannot wait for that loop")
+        job = _Job(work)
+        tasks: list[asyncio.Task[None]] = []
+
+        async def guarded() -> None:
+            try:
+                job.value = await work()
+            except BaseException as error:  # handed to the caller, as on the agent's thread
+                job.error = error
+
+        def start() -> None:
+            task = self.loop.create_task(guarded())
+            # Set when the task has really ended, cancelled before it began included.
+            task.add_done_callback(lambda _: job.done.set())
+            tasks.append(task)
+
+        self.loop.call_soon_threadsafe(start)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not job.done.wait(timeout):
+            # Scheduled after `start`, so the task exists; whatever the coroutine does with the
+            # cancellation, `done` waits for its real end.
+            self.loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+            raise _Cancelled(job, ended=job.done.wait(CANCEL_GRACE_SECONDS))
+        value: T = job.outcome()
+        return value
+
+
+_loop_lock = threading.Lock()
+_loop: AgentLoop | None = None
+
+
+def agent_loop() -> AgentLoop:
+    """The process's event loop for agent coroutines, started on first use."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = AgentLoop()
+        return _loop
+
+
+def _forget_loop() -> None:
+    # A forked child has the parent's loop object but not its thread: it starts its own.
+    global _loop, _loop_lock
+    _loop, _loop_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop)
 
 
 # --- the fence of abandoned calls -----------------------------------------------------------

@@ -572,9 +572,9 @@ class Engine:
 
     def _record_failure(self, state: RunState, error: StepAttemptFailed) -> StepOutcome:
         """Record the failed attempt and raise it, or fail the run (`Commits.record_failure`)."""
-        if isinstance(error, StepTimedOut) and self._unbind is not None:
+        if isinstance(error, StepTimedOut) and error.still_running and self._unbind is not None:
             # The abandoned step may still be using the run's resources: the next attempt
-            # gets its own.
+            # gets its own. (A cancelled coroutine that has ended uses nothing any more.)
             self._unbind(state.run_id)
         return self._commits.record_failure(state, error)
 

@@ -7,6 +7,8 @@ base install runs scripted and `module:attr` models without them.
 
 from __future__ import annotations
 
+import inspect
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,6 +17,7 @@ from pydantic import SecretStr
 from ratchet.adapters.scripted import ScriptedModel
 from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine import Binding
+from ratchet.engine.deadline import await_on_loop
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.model_names import (
     BEDROCK_PREFIX,
@@ -112,14 +115,19 @@ class Bindings:
         self._base_url = anthropic_base_url
         self._limit = limit
         self._bound: dict[str, Binding] = {}
+        self._lock = threading.Lock()
 
     def forget(self, run_id: str) -> None:
         """Drop the run's binding (after a timed-out step, whose thread may still use it);
         its resources are not closed here: the abandoned step may still hold them."""
-        self._bound.pop(run_id, None)
+        with self._lock:
+            self._bound.pop(run_id, None)
 
     def __call__(self, state: RunState) -> Binding:
-        binding = self._bound.get(state.run_id)
+        # The lock keeps the book whole between a shared client's threads; the hooks run
+        # outside it (two threads binding one run at once is left to the leases).
+        with self._lock:
+            binding = self._bound.get(state.run_id)
         if binding is None:
             agent = self._agents.load(state.agent)
             context = self._context(state.run_id, state.options)
@@ -129,13 +137,19 @@ class Bindings:
 
                 agent = bind_tools(agent, context.data)
             resources = agent.resources(context) if agent.resources else None
+            if inspect.isawaitable(resources):
+                # An async hook: awaited on the process's event loop, where the run's async
+                # tools run, so a client it opens (an `httpx.AsyncClient`) is on their loop.
+                resources = await_on_loop(resources)
             model = build_model(
                 agent,
                 state.options.model,
                 anthropic_api_key=self._api_key,
                 anthropic_base_url=self._base_url,
             )
-            if len(self._bound) >= self._limit:
-                self._bound.pop(next(iter(self._bound)))
-            binding = self._bound[state.run_id] = Binding(agent, model, resources)
+            binding = Binding(agent, model, resources)
+            with self._lock:
+                if len(self._bound) >= self._limit:
+                    self._bound.pop(next(iter(self._bound)))
+                self._bound[state.run_id] = binding
         return binding

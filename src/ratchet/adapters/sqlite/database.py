@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -268,14 +269,19 @@ _UNDECODABLE = re.compile(r"Could not decode to UTF-8 column '([^']{0,64})'")
 
 
 class SqliteDatabase:
-    """One connection to a Ratchet SQLite file, shared by the store, ledger and leases.
+    """Connections to a Ratchet SQLite file, shared by the store, ledger and leases.
 
     A file is used only if it is a Ratchet store: marked with Ratchet's `application_id`, or
     made by an earlier Ratchet (Ratchet's tables only, `runs` of Ratchet's shape), which is then
     marked when opened to write. With `create`, a missing or empty file becomes a new store.
     Anything else is refused before a byte of it changes. A lock held longer than
-    `busy_timeout` seconds is `StoreBusy`. The connection serves the thread that opened it;
-    with `any_thread`, any thread, one at a time (the caller serialises: see `ratchet serve`)."""
+    `busy_timeout` seconds is `StoreBusy`.
+
+    Each thread gets a connection of its own, opened on its first use (`connection`), so one
+    database, and the `Client` above it, may be used from many threads at once: a thread's
+    transactions are its own, and SQLite's file lock orders their writes as it orders other
+    processes'. With `any_thread`, every thread shares one connection, one at a time (the
+    caller serialises: see `ratchet serve`)."""
 
     def __init__(
         self,
@@ -292,23 +298,12 @@ class SqliteDatabase:
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.read_only = not create and not _writable(path)
+        self._any_thread = any_thread
+        self._lock = threading.Lock()
+        self._threads = threading.local()
+        self._opened: dict[threading.Thread, sqlite3.Connection] = {}
+        connection = self._connect()
         try:
-            connection = sqlite3.connect(
-                _read_only_uri(path) if self.read_only else path,
-                isolation_level=None,
-                timeout=busy_timeout,
-                factory=_Connection,
-                uri=self.read_only,
-                check_same_thread=not any_thread,
-            )
-        except sqlite3.DatabaseError as error:
-            raise StoreUnavailable(f"cannot use {path} as a Ratchet store: {error}") from None
-        assert isinstance(connection, _Connection)
-        connection.store_path = path
-        connection.busy_timeout = busy_timeout
-        self.connection: sqlite3.Connection = connection
-        try:
-            connection.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             marked = self._check_ownership(create=create)
             if create and not marked:
                 # A new store: small pages, so that a step's two commits append little to the
@@ -317,8 +312,8 @@ class SqliteDatabase:
                 connection.execute(f"PRAGMA page_size={PAGE_SIZE}")
             if not self.read_only:
                 # Only now, knowing the file is ours: switching to WAL rewrites the file header.
+                # The mode is the file's, so the connections opened later find it.
                 connection.execute("PRAGMA journal_mode=WAL")
-                connection.execute("PRAGMA synchronous=FULL")
             if create:
                 connection.executescript(
                     _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA + HOOKS_SCHEMA
@@ -326,8 +321,54 @@ class SqliteDatabase:
                 if not marked:
                     connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")
         except BaseException:
+            self.close()
+            raise
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (with `any_thread`, the one shared by all)."""
+        if self._any_thread:
+            return self._shared
+        connection: sqlite3.Connection | None = getattr(self._threads, "connection", None)
+        if connection is None:
+            connection = self._connect()
+        return connection
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            connection = sqlite3.connect(
+                _read_only_uri(self.path) if self.read_only else self.path,
+                isolation_level=None,
+                timeout=self.busy_timeout,
+                factory=_Connection,
+                uri=self.read_only,
+                # Each connection serves one thread (or, with any_thread, one at a time); any
+                # thread may close it (`close`).
+                check_same_thread=False,
+            )
+        except sqlite3.DatabaseError as error:
+            raise StoreUnavailable(f"cannot use {self.path} as a Ratchet store: {error}") from None
+        assert isinstance(connection, _Connection)
+        connection.store_path = self.path
+        connection.busy_timeout = self.busy_timeout
+        try:
+            connection.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            if not self.read_only:
+                # The connection's setting, not the file's: nothing is written.
+                connection.execute("PRAGMA synchronous=FULL")
+        except BaseException:
             connection.close()
             raise
+        if self._any_thread:
+            self._shared = connection
+        else:
+            self._threads.connection = connection
+        with self._lock:
+            # A thread that has ended takes its connection with it.
+            for thread in [t for t in self._opened if not t.is_alive()]:
+                self._opened.pop(thread).close()
+            self._opened[threading.current_thread()] = connection
+        return connection
 
     def _check_ownership(self, *, create: bool) -> bool:
         """Whether the file carries Ratchet's marker; `StoreUnavailable` if it is not a
@@ -401,7 +442,11 @@ class SqliteDatabase:
         )
 
     def close(self) -> None:
-        self.connection.close()
+        """Close every thread's connection: call it once the threads using it are done."""
+        with self._lock:
+            opened, self._opened = list(self._opened.values()), {}
+        for connection in opened:
+            connection.close()
 
 
 def _writable(path: Path) -> bool:
