@@ -102,6 +102,7 @@ class DeployConfig:
         project = values.get("project")
         if project is not None:
             values["agents"] = _merged_agents(values.get("agents", {}), project)
+            _check_scheduled_agents(values["agents"], project)
         config = cls(**values)
         config._check_combinations()
         return config
@@ -300,6 +301,19 @@ def _merged_agents(from_context: Mapping[str, str], project: Project) -> dict[st
             f"{project.config_file} ({project.key_prefix}agents): name each agent once"
         )
     return {**from_context, **project.agents}
+
+
+def _check_scheduled_agents(agents: Mapping[str, str], project: Project) -> None:
+    """A fire starts its run as `POST /runs` does, which starts only what the deployment
+    registers: a name of `agents`, its `module:attr`, or a built-in scenario."""
+    startable = {*agents, *agents.values(), *BUILT_IN_AGENTS}
+    for index, spec in enumerate(project.schedules):
+        if spec.agent not in startable:
+            known = ", ".join(sorted({*agents, *BUILT_IN_AGENTS}))
+            raise project.error(
+                f"schedules.{index}.agent",
+                f"{spec.agent!r} is not an agent this deployment registers ({known})",
+            )
 
 
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")

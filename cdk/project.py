@@ -16,6 +16,17 @@ level of a `ratchet.toml` (the same keys)::
     resources = ["arn:aws:execute-api:eu-west-1:123456789012:a1b2c3/prod/POST/refunds"]
     reason = "..."                    # required when an action or a resource has a *
 
+    [[tool.ratchet.schedules]]        # one EventBridge Scheduler schedule each (docs/schedules.md)
+    name = "nightly"
+    agent = "billing"                 # an agent the deployment registers
+    cron = "0 2 * * *"                # or every = "15m"; as `ratchet schedule add` takes them
+    timezone = "Europe/Berlin"        # optional, default UTC
+    input = { account = "eu" }        # optional
+
+A schedule is checked by `ratchet.schedules.ScheduleSpec`, the model `ratchet schedule add`
+checks a local schedule with, and its rule must have an EventBridge Scheduler form
+(`cdk/schedule_expressions.py`).
+
 `secrets` and `environment` reach the step function only (where the tools run); each secret
 is readable by it alone, fetched once per container and given to the agent as
 `RunContext.secrets`, never logged and never in a run's state.
@@ -35,13 +46,17 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+
+from cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
+from ratchet.errors import InvalidInput
+from ratchet.schedules import ScheduleSpec, parse_every
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """`ratchet.agents.AGENT_NAME`: a name the API may start."""
@@ -145,6 +160,24 @@ class Permission(BaseModel):
             )
 
 
+MAX_PROJECT_SCHEDULES = 100
+"""Each schedule is one resource of the stack, which CloudFormation caps at 500 in all."""
+
+
+class _ScheduleTable(BaseModel):
+    """A `[[tool.ratchet.schedules]]` entry as written; `Project.load` checks it as a
+    `ScheduleSpec`, which spells the interval in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    agent: str
+    cron: str | None = None
+    every: str | None = None
+    input: dict[str, JsonValue] = Field(default_factory=dict)
+    timezone: str = "UTC"
+
+
 class _Table(BaseModel):
     """The keys as written; paths are checked against the file's folder afterwards."""
 
@@ -157,6 +190,7 @@ class _Table(BaseModel):
     secrets: dict[str, str] = Field(default_factory=dict, max_length=50)
     environment: dict[str, str] = Field(default_factory=dict, max_length=50)
     permissions: list[Permission] = Field(default_factory=list, max_length=20)
+    schedules: list[_ScheduleTable] = Field(default_factory=list, max_length=MAX_PROJECT_SCHEDULES)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -266,6 +300,8 @@ class Project:
     `ssm:/PARAMETER` or an ARN of either."""
     environment: Mapping[str, str] = field(default_factory=dict)
     permissions: tuple[Permission, ...] = ()
+    schedules: tuple[ScheduleSpec, ...] = ()
+    """Each deployed as one EventBridge Scheduler schedule, in the order written."""
 
     @classmethod
     def load(cls, location: Path) -> Project:
@@ -298,6 +334,7 @@ class Project:
             environment=dict(sorted(parsed.environment.items())),
             permissions=tuple(parsed.permissions),
         )
+        project = replace(project, schedules=tuple(project._schedules(parsed.schedules)))
         twice = sorted(set(project.secrets) & set(project.environment))
         if twice:
             raise project.error(
@@ -305,6 +342,45 @@ class Project:
             )
         project._check_agents_ship()
         return project
+
+    def _schedules(self, entries: list[_ScheduleTable]) -> Iterator[ScheduleSpec]:
+        """Each entry checked as `ratchet schedule add` checks it, and as Scheduler will take
+        it: the first problem of each, in one line naming its key."""
+        named: dict[str, int] = {}
+        for index, entry in enumerate(entries):
+            key = f"schedules.{index}"
+            spec = self._schedule(key, entry)
+            if spec.name in named:
+                raise self.error(
+                    f"{key}.name",
+                    f"{spec.name!r} names schedules.{named[spec.name]} too: name each once",
+                )
+            named[spec.name] = index
+            try:
+                if spec.cron is not None:
+                    eventbridge_cron(spec.cron)
+                else:
+                    eventbridge_rate(spec.every_seconds or 0)
+            except NotExpressible as error:
+                raise self.error(f"{key}.{'cron' if spec.cron else 'every'}", str(error)) from None
+            yield spec
+
+    def _schedule(self, key: str, entry: _ScheduleTable) -> ScheduleSpec:
+        fields = entry.model_dump(exclude={"every"}, exclude_none=True)
+        if entry.every is not None:
+            try:
+                fields["every_seconds"] = parse_every(entry.every)
+            except InvalidInput as error:
+                raise self.error(f"{key}.every", str(error).removeprefix("every: ")) from None
+        try:
+            return ScheduleSpec.model_validate(fields)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in first["loc"])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            if not field:  # the check of the whole entry: neither rule, or both
+                field = "cron"
+            raise self.error(f"{key}.{field}", message) from None
 
     def error(self, key: str, message: str) -> ProjectError:
         return ProjectError(f"{self.config_file}: {self.key_prefix}{key}: {message}")
@@ -381,10 +457,12 @@ def _describe(error: ValidationError, config_file: Path, prefix: str) -> str:
     problems = []
     for item in error.errors(include_url=False):
         key = ".".join(str(part) for part in item["loc"]) or "(table)"
-        if item["type"] == "extra_forbidden":
+        if item["type"] == "extra_forbidden" and item["loc"][0] == "schedules":
+            message = "unknown key (a schedule's are name, agent, cron, every, input, timezone)"
+        elif item["type"] == "extra_forbidden":
             message = (
                 "unknown key (the keys are agents, source, requirements, models, secrets, "
-                "environment, permissions)"
+                "environment, permissions, schedules)"
             )
         else:
             message = str(item["msg"]).removeprefix("Value error, ")
