@@ -63,3 +63,7 @@ MAX_CONCURRENT = "RATCHET_MAX_CONCURRENT"
 the step function only."""
 PRICES = "RATCHET_PRICES"
 """The deployer's prices for cost estimates (`ratchet:prices`)."""
+
+SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
+"""The context attribute EventBridge Scheduler replaces with a fire's time in the target's
+input (`ratchet.handlers.schedule.SCHEDULED_TIME`)."""

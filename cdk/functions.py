@@ -7,7 +7,7 @@ come from `contract.py`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +96,13 @@ HOOKS = FunctionSpec(
     timeout=Duration.seconds(10),
     memory_mb=1024,
 )
+SCHEDULE = FunctionSpec(
+    "schedule",
+    "Starts the run of a schedule's fire (EventBridge Scheduler), once per fire time.",
+    # A start as POST /runs makes it: a few DynamoDB calls, the agent's `prepare`, and one
+    # Step Functions call.
+    timeout=Duration.seconds(29),
+)
 ROLLOVER = FunctionSpec(
     "rollover",
     "Starts the next execution of a long run (continue-as-new).",
@@ -133,6 +140,10 @@ class Functions(Construct):
 
     def __getitem__(self, name: str) -> lambda_.Function:
         return self.by_name[name]
+
+    def among(self, names: Iterable[str]) -> list[lambda_.Function]:
+        """Those of `names` this stack has (the schedule function only with schedules)."""
+        return [self.by_name[name] for name in names if name in self.by_name]
 
     def _function(
         self, spec: FunctionSpec, code: lambda_.Code, environment: Mapping[str, str]

@@ -22,6 +22,7 @@ from cdk.functions import Functions
 from cdk.hooks import Webhooks
 from cdk.nag import acknowledge
 from cdk.project import Project
+from cdk.schedules import Schedules
 from cdk.storage import RUNS_INDEX_NAME, Storage
 from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
 
@@ -48,6 +49,8 @@ TABLES_USED = {
     # Reads the hook item (its own partition, `hook#<id>`) and the run's head; keeps the
     # delivery in the run's mailbox and settles its wait in one commit; drops the wait's token.
     "hooks": ("checkpoints",),
+    # Creates a fire's run as the API creates one (a scenario's `prepare` seeds the app table).
+    "schedule": ("checkpoints", "idempotency", "app"),
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
@@ -96,8 +99,9 @@ STARTS_CHILDREN = ("step",)
 """StartExecution on this state machine: a step that starts child runs (`start_runs`) starts
 each in an execution of its own, named after the child's id."""
 
-READS_ANTHROPIC_KEY = ("step", "api")
-"""The step calls Claude; the API refuses a Claude run when no key is configured."""
+READS_ANTHROPIC_KEY = ("step", "api", "schedule")
+"""The step calls Claude; the API refuses a Claude run when no key is configured, and a run it
+starts defaults to Claude when one is: a schedule's fire starts its runs as the API does."""
 
 ANSWERS_EXECUTIONS = ("approvals", "api")
 """SendTaskSuccess/SendTaskFailure with a parked execution's token: the approval page and Slack
@@ -107,9 +111,13 @@ stores the token; decide runs after the answer."""
 BEDROCK_ACTIONS = ("bedrock:InvokeModel",)
 """What the step needs to call Claude on Bedrock: one synchronous call per step, no streaming."""
 
-READS_AGENTS = ("api", "step")
-"""The API starts only agents the deployment registered, by name (`RATCHET_AGENTS`); the step
-loads run agents, so it is given the same registry."""
+READS_AGENTS = ("api", "step", "schedule")
+"""The API (and a schedule's fire) starts only agents the deployment registered, by name
+(`RATCHET_AGENTS`); the step loads run agents, so it is given the same registry."""
+
+STARTS_RUNS = ("api", "schedule")
+"""Create runs and start their executions (StartExecution on the machine); refuse at start a
+Bedrock model the step may not invoke (`RATCHET_BEDROCK_MODELS`)."""
 
 
 class RatchetStack(Stack):
@@ -133,6 +141,9 @@ class RatchetStack(Stack):
         specs.append(functions.HOOKS)
         if "rollover" in definition.functions:
             specs.append(functions.ROLLOVER)
+        scheduled = config.project.schedules if config.project is not None else ()
+        if scheduled:
+            specs.append(functions.SCHEDULE)
         lambdas = Functions(
             self,
             "Functions",
@@ -176,9 +187,9 @@ class RatchetStack(Stack):
             secret = secretsmanager.Secret.from_secret_complete_arn(
                 self, "AnthropicApiKey", config.anthropic_secret_arn
             )
-            for name in READS_ANTHROPIC_KEY:
-                lambdas[name].add_environment(contract.ANTHROPIC_SECRET_ARN, secret.secret_arn)
-                secret.grant_read(lambdas[name])
+            for reader in lambdas.among(READS_ANTHROPIC_KEY):
+                reader.add_environment(contract.ANTHROPIC_SECRET_ARN, secret.secret_arn)
+                secret.grant_read(reader)
 
         workflow = AgentRunStateMachine(
             self,
@@ -189,11 +200,14 @@ class RatchetStack(Stack):
         )
         state_machine = workflow.state_machine
         api_function = lambdas["api"]
-        api_function.add_environment(contract.STATE_MACHINE_ARN, state_machine.state_machine_arn)
-        # The API refuses at start a run the step could not serve: a Bedrock model not granted.
-        api_function.add_environment(
-            contract.BEDROCK_MODELS, json.dumps(list(config.bedrock_models), separators=(",", ":"))
-        )
+        for starter in lambdas.among(STARTS_RUNS):
+            starter.add_environment(contract.STATE_MACHINE_ARN, state_machine.state_machine_arn)
+            # A start refuses a run the step could not serve: a Bedrock model not granted.
+            starter.add_environment(
+                contract.BEDROCK_MODELS,
+                json.dumps(list(config.bedrock_models), separators=(",", ":")),
+            )
+            state_machine.grant_start_execution(starter)
         if config.prices:
             api_function.add_environment(contract.PRICES, config.prices)
         lambdas["step"].add_environment(
@@ -205,7 +219,6 @@ class RatchetStack(Stack):
             lambdas["step"].add_environment(
                 contract.REQUESTS_PER_MINUTE, str(config.requests_per_minute)
             )
-        state_machine.grant_start_execution(api_function)
         # Cancelling a run stops its execution, found among the machine's running ones.
         state_machine.grant(api_function, "states:ListExecutions")
         api_function.add_to_role_policy(
@@ -258,8 +271,10 @@ class RatchetStack(Stack):
                 )
             )
         if config.agents_json:
-            for name in READS_AGENTS:
-                lambdas[name].add_environment(contract.AGENTS, config.agents_json)
+            for reader in lambdas.among(READS_AGENTS):
+                reader.add_environment(contract.AGENTS, config.agents_json)
+        if scheduled:
+            Schedules(self, "Schedules", specs=scheduled, function=lambdas["schedule"])
 
         if config.project is not None:
             self._give_the_tools(lambdas, config.project)
