@@ -17,6 +17,7 @@ HANDLERS = {
     "open_wait": "ratchet_functions.open_wait.handler",
     "record_wait": "ratchet_functions.record_wait.handler",
     "hooks": "ratchet_functions.hooks.handler",
+    "schedule": "ratchet_functions.schedule.handler",
 }
 
 

@@ -85,7 +85,11 @@ def test_the_stack_has_the_core_functions_and_those_the_definition_calls(
     assert function_names(synthesized) == CORE_FUNCTIONS | called
 
 
-@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+ENTRY_POINTS = CORE_FUNCTIONS | {"schedule"}
+"""Beside the core functions, the schedule function, deployed with a project's schedules."""
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_each_handler_is_a_function_in_the_package(name: str) -> None:
     module, attribute = HANDLERS[name].rsplit(".", 1)
     source = REPO_ROOT / "lambdas" / Path(*module.split(".")).with_suffix(".py")
@@ -98,7 +102,7 @@ def test_each_handler_is_a_function_in_the_package(name: str) -> None:
     assert attribute in defined
 
 
-@pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_each_entry_point_hands_its_event_to_the_librarys_handler(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
