@@ -70,7 +70,7 @@ def start_fire(fire: ScheduledFire, *, request_id: str) -> FireStarted:
         logger.error("schedule fire refused", extra={**where, "error": str(refused)})
         return FireStarted(run_id=run_id, created=False, execution_name=None, refused=str(refused))
     metrics.add_metric(name="ScheduleFires", unit=MetricUnit.Count, value=1)
-    logger.info("schedule fired", extra={**where, "created": started.created})
+    logger.info("schedule fired", extra={**where, "run_created": started.created})
     return FireStarted(
         run_id=run_id, created=started.created, execution_name=started.execution_name
     )
