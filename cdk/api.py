@@ -59,6 +59,12 @@ ROUTES = (
     Route("POST", "/runs/{run_id}/wake", "api"),
     Route("POST", "/runs/{run_id}/hooks/{name}", "api"),
     Route("GET", "/runs/{run_id}/steps/{step}/prompt", "api"),
+    # A local store's schedules; on AWS each answers 404, naming where schedules are declared.
+    Route("GET", "/schedules", "api"),
+    Route("POST", "/schedules", "api"),
+    Route("POST", "/schedules/{name}/pause", "api"),
+    Route("POST", "/schedules/{name}/resume", "api"),
+    Route("DELETE", "/schedules/{name}", "api"),
     Route("GET", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/approvals/{approval_id}", "approvals", public=True),
     Route("POST", "/slack/interactions", "approvals", public=True),

@@ -37,7 +37,16 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
-from ratchet.errors import InvalidInput, NotCancellable, RatchetError, RunNotFound
+from ratchet.errors import (
+    InvalidInput,
+    NotCancellable,
+    RatchetError,
+    RunNotFound,
+    ScheduleExists,
+    ScheduleInvalid,
+    ScheduleNotFound,
+    SchedulesNotKept,
+)
 from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
@@ -748,8 +757,10 @@ class Client:
         """Add a schedule that starts a run of `agent` (with `input`) on the five-field `cron`
         expression in `timezone`, or `every` interval (`15m`, `2h`, `1d`; a minute at least),
         fired by the store's workers (`ratchet.schedules`). The agent and input are checked
-        as a start would check them. `InvalidInput` naming the field, and nothing written, if
-        the schedule cannot fire or the name is taken."""
+        as a start would check them. `ScheduleInvalid` naming the field (`ScheduleExists` for a
+        name taken), and nothing written, if the schedule cannot fire; `SchedulesNotKept` on a
+        store that keeps no schedules (AWS: they are deployed from the project)."""
+        book = self._schedules()
         fields: dict[str, Any] = {
             "name": name,
             "agent": agent,
@@ -763,15 +774,15 @@ class Client:
             spec = ScheduleSpec.model_validate({k: v for k, v in fields.items() if v is not None})
         except ValidationError as error:
             field, message = request_problems(error)[0]
-            raise InvalidInput(f"{field}: {message}") from None
+            # The one check of the whole spec is that it has one rule: cron, or every.
+            raise ScheduleInvalid("cron" if field == "(body)" else field, message) from None
         request = RunRequest(agent=spec.agent, input=spec.input)
         new_run(request, has_anthropic_key=self.runtime.anthropic_configured, agents=self.agents)
-        book = self._schedules()
         if len(book.all()) >= MAX_SCHEDULES:
-            raise InvalidInput(f"name: a store keeps at most {MAX_SCHEDULES} schedules")
+            raise ScheduleInvalid("name", f"a store keeps at most {MAX_SCHEDULES} schedules")
         schedule = new_schedule(spec, utcnow())
         if not book.add(schedule):
-            raise InvalidInput(f"name: a schedule named {name!r} exists; remove it first")
+            raise ScheduleExists("name", f"a schedule named {name!r} exists; remove it first")
         return schedule
 
     def schedules(self) -> list[Schedule]:
@@ -785,7 +796,7 @@ class Client:
         for _ in range(3):  # a worker may move it on meanwhile: read it again
             schedule = book.get(name)
             if schedule is None:
-                raise InvalidInput(f"name: no schedule named {name!r}")
+                raise ScheduleNotFound("name", f"no schedule named {name!r}")
             changed = paused(schedule, utcnow(), pause=pause)
             if book.replace(changed, expected_next=schedule.next_fire):
                 return changed
@@ -794,12 +805,12 @@ class Client:
     def schedule_remove(self, name: str) -> None:
         """Remove the schedule; the runs it started stay. `InvalidInput` if there is none."""
         if not self._schedules().remove(name):
-            raise InvalidInput(f"name: no schedule named {name!r}")
+            raise ScheduleNotFound("name", f"no schedule named {name!r}")
 
     def _schedules(self) -> ScheduleBook:
         book = getattr(self.runtime, "schedules", None)
         if book is None:
-            raise InvalidInput(
+            raise SchedulesNotKept(
                 "schedules are kept by a local store and fired by its workers; this store "
                 "keeps none"
             )

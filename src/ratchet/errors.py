@@ -172,6 +172,29 @@ class AgentNotFound(RatchetError):
     """An --agent or --scenario reference did not resolve to an Agent."""
 
 
+class ScheduleInvalid(InvalidInput):
+    """A schedule refused before anything was written: `str()` is `<field>: <why>`, which
+    may quote what was given (the CLI's line); `field` is the one at fault."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class ScheduleExists(ScheduleInvalid):
+    """The store has a schedule of that name."""
+
+
+class ScheduleNotFound(ScheduleInvalid):
+    """The store has no schedule of that name."""
+
+
+class SchedulesNotKept(InvalidInput):
+    """This runtime keeps no schedules: on AWS they are declared in the project's
+    `[tool.ratchet] schedules` and deployed with the stack as EventBridge Scheduler's."""
+
+
 class Superseded(RatchetError):
     """Another execution already parks this run for a person: this one stops, changing
     nothing. The state machine catches this name."""

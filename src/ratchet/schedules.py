@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from ratchet.errors import InvalidInput, is_transient
+from ratchet.errors import InvalidInput, ScheduleInvalid, is_transient
 
 SCHEDULE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MIN_EVERY_SECONDS = 60
@@ -45,15 +45,15 @@ guard below skips at most a handful)."""
 
 
 def parse_every(text: str) -> int:
-    """`90s`, `15m`, `2h`, `1d` as seconds; `InvalidInput` naming `every` otherwise."""
+    """`90s`, `15m`, `2h`, `1d` as seconds; `ScheduleInvalid` naming `every` otherwise."""
     found = _EVERY.fullmatch(text.strip())
     if found is None:
-        raise InvalidInput(f"every: {text!r} is not an interval: use 15m, 2h, 1d or 90s")
+        raise ScheduleInvalid("every", f"{text!r} is not an interval: use 15m, 2h, 1d or 90s")
     seconds = int(found.group(1)) * _UNITS[found.group(2)]
     if seconds < MIN_EVERY_SECONDS:
-        raise InvalidInput(f"every: {text} is under a minute, the shortest interval")
+        raise ScheduleInvalid("every", f"{text} is under a minute, the shortest interval")
     if seconds > MAX_EVERY_SECONDS:
-        raise InvalidInput(f"every: {text} is over 366 days, the longest interval")
+        raise ScheduleInvalid("every", f"{text} is over 366 days, the longest interval")
     return seconds
 
 

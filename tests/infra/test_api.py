@@ -36,6 +36,11 @@ SIGNED = {
     ("POST", "/runs/{run_id}/wake"),
     ("POST", "/runs/{run_id}/hooks/{name}"),
     ("GET", "/runs/{run_id}/steps/{step}/prompt"),
+    ("GET", "/schedules"),
+    ("POST", "/schedules"),
+    ("POST", "/schedules/{name}/pause"),
+    ("POST", "/schedules/{name}/resume"),
+    ("DELETE", "/schedules/{name}"),
 }
 APPROVAL_ROUTES = {
     ("GET", "/approvals/{approval_id}"),

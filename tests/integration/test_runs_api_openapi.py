@@ -36,6 +36,11 @@ def test_every_route_is_documented_with_its_refusals():
         ("/runs/{run_id}/wake", "post"),
         ("/runs/{run_id}/hooks/{name}", "post"),
         ("/runs/{run_id}/steps/{step}/prompt", "get"),
+        ("/schedules", "get"),
+        ("/schedules", "post"),
+        ("/schedules/{name}/pause", "post"),
+        ("/schedules/{name}/resume", "post"),
+        ("/schedules/{name}", "delete"),
     }
     for path, operations in paths.items():
         for operation in operations.values():

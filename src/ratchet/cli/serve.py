@@ -52,10 +52,12 @@ def serve(
     )
     approvals = build_app(lambda: services)
     runs = local_runs_services(runtime, worker_id=f"serve:{cli_worker_id()}", logger=logger)
+    runs_app = build_runs_app(lambda: runs)
     routes = [
         ("/approvals/", approvals),
         ("/slack/", approvals),
-        ("/runs", build_runs_app(lambda: runs)),
+        ("/runs", runs_app),
+        ("/schedules", runs_app),
         (
             "/dashboard",
             dashboard_app(

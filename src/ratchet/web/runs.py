@@ -14,6 +14,8 @@
     POST /runs/{run_id}/wake                 {"by"?}: wake a sleeping run now
     POST /runs/{run_id}/hooks/{name}         the run's webhook for an event: URL and secret
     GET  /runs/{run_id}/steps/{step}/prompt  the prompt the step's model saw, from the records
+    GET, POST /schedules; POST /schedules/{name}/pause|resume; DELETE /schedules/{name}
+                                             a local store's schedules (`ratchet.web.schedules`)
 
 Starting is idempotent by run id, end to end: the run is created only if it does not exist, and
 on AWS the execution's name derives from the run id, so a retried request (say, after a
@@ -401,6 +403,9 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     )(routes.get_step_prompt)
 
     refusals = RunsRefusals(app, services)
+    from ratchet.web import schedules  # its routes are written in terms of this module's
+
+    schedules.register(app, services, refusals)
     app.exception_handler(RequestValidationError)(refusals.invalid_request)
     app.exception_handler(RequestUnsupportedContentType)(refusals.not_json)
     app.exception_handler(RunRequestInvalid)(refusals.invalid_run)

@@ -2,7 +2,8 @@
 the stack synthesizes is created in EventBridge Scheduler as CloudFormation would create it,
 and its target's input, with the fire's time filled in as Scheduler fills it in, is delivered
 to the schedule function: the fire's run (its id derived from the schedule and the time) is
-created and worked by one execution; the same fire delivered again starts nothing more."""
+created and worked by one execution; the same fire delivered again starts nothing more. The
+API's schedule routes say where schedules on AWS are declared."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from ratchet.handlers import schedule
 from ratchet.handlers.schedule import SCHEDULED_TIME
 from ratchet.schedules import fire_run_id
 from ratchet.state import RunStatus
+from ratchet.web.schedules import SCHEDULES_ON_AWS
 from tests.infra.queries import function_id
 from tests.infra.synth import Synthesized, synthesize
 from tests.infra.test_schedules import write_project
 from tests.integration.aws.harness import REGION, FakeContext, Stack, _placeholder_zip
+from tests.integration.aws.test_api import call
 
 SCHEDULES = """
 [[tool.ratchet.schedules]]
@@ -128,3 +131,25 @@ def test_a_fire_the_start_refuses_is_answered_not_retried_and_writes_nothing(sta
     assert answer["created"] is False
     assert stack.items() == before
     assert stack.executions() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/schedules", None),
+        ("POST", "/schedules", {"name": "nightly", "agent": "rows", "every": "1h"}),
+        ("POST", "/schedules/nightly/pause", None),
+        ("DELETE", "/schedules/nightly", None),
+    ],
+)
+def test_the_apis_schedule_routes_answer_404_saying_where_schedules_are_declared(
+    stack: Stack, method: str, path: str, body: dict[str, Any] | None
+):
+    before = stack.items()
+
+    status, refused = call(method, path, body)
+
+    assert status == 404
+    assert refused["problems"] == [{"field": "(path)", "message": SCHEDULES_ON_AWS}]
+    assert "[tool.ratchet] schedules" in SCHEDULES_ON_AWS
+    assert stack.items() == before
