@@ -2,9 +2,8 @@
 
 `cdk/` does not import `ratchet` (the Lambda code is only an asset; `ratchet.schedules`, for its
 checks, is the one exception), so the environment variable names are repeated here; tests/infra
-compares them with
-`ratchet.runtime.aws_settings.ENVIRONMENT`, so a rename on either side fails a test instead of a
-deployed function.
+compares them with `ratchet.runtime.aws_settings.ENVIRONMENT`, so a rename on either side fails
+a test instead of a deployed function.
 """
 
 from __future__ import annotations
