@@ -27,6 +27,8 @@ _ANY = "*"
 _DAY_NAMES = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 _FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12))
 _DAY_OF_MONTH, _DAY_OF_WEEK = 2, 4
+MAX_EXPRESSION_CHARS = 256
+"""The longest `ScheduleExpression` Scheduler takes."""
 
 
 class NotExpressible(ValueError):
@@ -60,7 +62,13 @@ def eventbridge_cron(cron: str) -> str:
         fields[_DAY_OF_MONTH] = "?"
         weekdays = _weekdays(day_of_week, cron)
     minute, hour, month_day, month = fields
-    return f"cron({minute} {hour} {month_day} {month} {weekdays} *)"
+    expression = f"cron({minute} {hour} {month_day} {month} {weekdays} *)"
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise NotExpressible(
+            f"{cron!r} lists more values than EventBridge Scheduler's {MAX_EXPRESSION_CHARS} "
+            "characters hold: use ranges or steps that run to the end of the field"
+        )
+    return expression
 
 
 def eventbridge_rate(seconds: int) -> str:

@@ -24,6 +24,7 @@ from ratchet.schedules import ScheduleSpec
 RETRY_WITHIN = Duration.hours(1)
 """How long a fire is worth delivering late: after an hour it is dropped (docs/schedules.md)."""
 SCHEDULER_RETRIES = 5
+MAX_DESCRIPTION_CHARS = 512
 FUNCTION_RETRIES = 2
 """Lambda's retries of a failed asynchronous invocation (its most)."""
 
@@ -77,7 +78,9 @@ class Schedules(Construct):
         return scheduler.CfnSchedule(
             self,
             spec.name,  # unique, and the logical id's readable part
-            description=f"Ratchet schedule {spec.name}: {spec.rule}, starts {spec.agent}",
+            description=f"Ratchet schedule {spec.name}: {spec.rule}, starts {spec.agent}"[
+                :MAX_DESCRIPTION_CHARS
+            ],
             schedule_expression=schedule_expression(spec),
             # A rate counts from when the schedule was created, whatever the zone.
             schedule_expression_timezone=spec.timezone if spec.cron is not None else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from cdk import schedule_expressions
 from cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
 
 # (five-field cron, as crontab(5) and the local workers read it; EventBridge Scheduler's form)
@@ -61,6 +62,17 @@ def test_a_cron_expression_scheduler_cannot_say_is_refused_in_one_line(cron, sai
 
     assert said in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_an_expression_longer_than_scheduler_takes_is_refused(monkeypatch: pytest.MonkeyPatch):
+    # The longest five-field cron found writes 238 characters (runs of two across every
+    # field); the bound stands against Scheduler refusing one at deploy time instead.
+    long = "0-58/3,1-58/3 0-22/3,1-22/3 1-31/3,2-31/3 1-12/3,2-12/3 *"
+    assert len(eventbridge_cron(long)) == 238
+    monkeypatch.setattr(schedule_expressions, "MAX_EXPRESSION_CHARS", 237)
+
+    with pytest.raises(NotExpressible, match="lists more values than EventBridge Scheduler's"):
+        eventbridge_cron(long)
 
 
 @pytest.mark.parametrize(
