@@ -65,8 +65,8 @@ def test_a_cron_expression_scheduler_cannot_say_is_refused_in_one_line(cron, sai
 
 
 def test_an_expression_longer_than_scheduler_takes_is_refused(monkeypatch: pytest.MonkeyPatch):
-    # The longest five-field cron found writes 238 characters (runs of two across every
-    # field); the bound stands against Scheduler refusing one at deploy time instead.
+    # Runs of two in every field write 238 characters, near the bound; it stands so that
+    # Scheduler never refuses one at deploy time, after the synth passed.
     long = "0-58/3,1-58/3 0-22/3,1-22/3 1-31/3,2-31/3 1-12/3,2-12/3 *"
     assert len(eventbridge_cron(long)) == 238
     monkeypatch.setattr(schedule_expressions, "MAX_EXPRESSION_CHARS", 237)
