@@ -353,8 +353,9 @@ class RatchetStack(Stack):
             step.add_environment(contract.SECRETS, json.dumps(fetched, separators=(",", ":")))
         if project.models:
             models = json.dumps(dict(project.models), separators=(",", ":"))
-            for name in READS_AGENTS:  # the API checks a run's model; the step builds it
-                lambdas[name].add_environment(contract.MODELS, models)
+            # The API (and a schedule's fire) checks a run's model; the step builds it.
+            for reader in lambdas.among(READS_AGENTS):
+                reader.add_environment(contract.MODELS, models)
         for name, value in project.environment.items():
             step.add_environment(name, value)
         for permission in project.permissions:

@@ -59,7 +59,9 @@ def write_project(folder: Path, schedules: str) -> Path:
 
 @pytest.fixture(scope="module")
 def scheduled(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    project = write_project(tmp_path_factory.mktemp("project"), SCHEDULES)
+    project = write_project(
+        tmp_path_factory.mktemp("project"), 'models = { house = "acme.agents:model" }\n' + SCHEDULES
+    )
     return synthesize(
         context={"ratchet:project": str(project), "ratchet:anthropicSecretArn": ANTHROPIC_SECRET}
     )
@@ -183,6 +185,7 @@ def test_the_schedule_function_reads_the_settings_a_start_needs(scheduled):
         "checkpoint_retention_days",
         "state_machine_arn",
         "agents",
+        "models",
         "bedrock_models",
     }
     given = set(environment(scheduled, "schedule"))
