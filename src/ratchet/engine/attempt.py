@@ -162,21 +162,14 @@ class StepWork:
                 paid_for(invalid, usage)
                 raise
             self._faults.hit(FaultPoint.AFTER_MODEL, step)
-            entry = LedgerEntry(
-                key=key,
-                run_id=state.run_id,
-                step=step,
-                # The hash is of the full decision, so the same key with other arguments is
-                # refused even when both are kept by reference.
+            # The hash is of the full decision, so the same key with other arguments is
+            # refused even when both are kept by reference.
+            recorded = self._record(
+                state,
+                key,
                 args_hash=payload_hash(payload_of(decision)),
                 decision=payload_of(by_reference(decision, self._blobs)),
             )
-            try:
-                recorded = self._ledger.begin(entry)
-            except IdempotencyConflict as conflict:
-                # Another worker decided this step first (our lease lapsed mid-call): its
-                # decision stands, and our version is stale. Stop without acting.
-                raise StaleVersion(state.run_id, state.version) from conflict
         else:
             self._log.debug(
                 "decision reused",
@@ -191,16 +184,24 @@ class StepWork:
         earlier = self._ledger.get(idempotency_key(state.run_id, state.redo_step))
         if earlier is None:  # its record expired: the model decides afresh
             return None
+        return self._record(state, key, args_hash=earlier.args_hash, decision=earlier.decision)
+
+    def _record(
+        self, state: RunState, key: str, *, args_hash: str, decision: dict[str, Any]
+    ) -> LedgerEntry:
+        """Record the step's decision under its key before acting on it."""
         entry = LedgerEntry(
             key=key,
             run_id=state.run_id,
             step=state.next_step,
-            args_hash=earlier.args_hash,
-            decision=earlier.decision,
+            args_hash=args_hash,
+            decision=decision,
         )
         try:
             return self._ledger.begin(entry)
         except IdempotencyConflict as conflict:
+            # Another worker decided this step first (our lease lapsed mid-call): its decision
+            # stands, and our version is stale. Stop without acting.
             raise StaleVersion(state.run_id, state.version) from conflict
 
     def summarise(
