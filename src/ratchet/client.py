@@ -52,9 +52,11 @@ from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
 from ratchet.runs import (
     McpToolsUnavailable,
+    RunConflict,
     RunRequest,
     RunRequestInvalid,
     check_run_id,
+    conflicting_fields,
     new_run,
     request_problems,
 )
@@ -622,6 +624,9 @@ class Client:
         checkpoint is written."""
         existing = self.runtime.store.load_head(state.run_id)
         if existing is not None:
+            differs = conflicting_fields(existing, state)
+            if differs:
+                raise RunConflict(state.run_id, *differs)
             return Started(run=Run.of(existing), created=False)
         agent = self.agents.load(state.agent)
         self.runtime.check_agent(agent)

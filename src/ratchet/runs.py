@@ -86,8 +86,8 @@ class RunRequest(BaseModel):
 
     run_id: Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN.pattern)] | None = Field(
         default=None,
-        description="A stable id: 1-128 letters, digits, '.', '_', ':' or '-'. Starting the "
-        "same id again changes nothing.",
+        description="A stable id: 1-128 letters, digits, '.', '_', ':' or '-'. The same "
+        "request under it again changes nothing; another agent, goal or input is a 409.",
     )
     scenario: NameText | None = Field(
         default=None, description="A built-in agent: migration, notebook."
@@ -170,6 +170,34 @@ class RunRequestInvalid(InvalidInput):
             return self._cli
         flags = ", ".join(cli_flag(f) for f in self.fields)
         return f"{self.message} ({flags})" if flags else self.message
+
+
+class RunConflict(RunRequestInvalid):
+    """A start under the id of a run that exists with another agent, goal or input: the same
+    request again changes nothing, a different one under a taken id is refused (409 in the
+    API), naming what differs."""
+
+    http_status = 409
+
+    def __init__(self, run_id: str, *fields: str) -> None:
+        differs = ", ".join(fields)
+        super().__init__(
+            f"run {run_id!r} exists with another {differs}: starting it again changes nothing "
+            "only with the same request; choose another run id",
+            *fields,
+        )
+
+
+def conflicting_fields(existing: RunState, wanted: RunState) -> tuple[str, ...]:
+    """The request's fields in which `wanted` differs from the run that holds its id."""
+    differs = []
+    if existing.agent != wanted.agent:
+        differs.append("agent")
+    if existing.goal != wanted.goal:
+        differs.append("goal")
+    if existing.options.params != wanted.options.params:
+        differs.append("input")
+    return tuple(differs)
 
 
 class AgentNotRunnable(RunRequestInvalid):

@@ -173,11 +173,14 @@ def test_start_prints_the_run_id_and_a_second_start_changes_nothing(tmp_path):
     history = cli.json("history", "r1")
     before = snapshot(cli.db.parent)
 
-    again = cli("start", "--scenario", "migration", "--run-id", "r1", "--batches", "3")
+    again = cli("start", "--scenario", "migration", "--run-id", "r1", "--batches", BATCHES)
+    other = cli("start", "--scenario", "migration", "--run-id", "r1", "--batches", "3")
 
     assert again.returncode == 0, again.stderr
     assert again.stdout == "r1\n"
     assert "already exists" in again.stderr
+    assert other.returncode == 2
+    assert "exists with another goal, input" in other.stderr
     assert cli.json("history", "r1") == history
     assert snapshot(cli.db.parent) == before
 

@@ -326,11 +326,15 @@ def test_a_rejected_run_goes_on_knowing_the_answer_was_no(store, client):
 
 
 def test_starting_an_existing_id_again_changes_nothing(store, client):
+    """The same request again is a no-op; another under the taken id is refused (a conflict),
+    and neither writes anything."""
     run_id = f"twice-{store.kind}"
     first = _start_migration(client, run_id)
     before = store.snapshot()
 
-    again = client.start(run_id=run_id, scenario="migration", input={"batches": 7})
+    again = _start_migration(client, run_id)
+    with pytest.raises(RunRequestInvalid, match="exists with another goal, input"):
+        client.start(run_id=run_id, scenario="migration", input={"batches": 7})
 
     assert again == first
     assert store.snapshot() == before

@@ -104,7 +104,11 @@ def test_a_run_started_through_the_api_is_worked_and_decided_through_it(served: 
         201,
         {"run_id": "m1", "status": "running", "step": 0, "execution_name": None, "created": True},
     )
-    assert served.call("POST", "/runs", {"scenario": "migration", "run_id": "m1"})[0] == 200
+    again = {"scenario": "migration", "batches": 2, "run_id": "m1"}
+    assert served.call("POST", "/runs", again)[0] == 200
+    status, conflict = served.call("POST", "/runs", {"scenario": "migration", "run_id": "m1"})
+    assert status == 409
+    assert [p["field"] for p in conflict["problems"]] == ["goal", "input"]
 
     served.work()
     status, run = served.call("GET", "/runs/m1")

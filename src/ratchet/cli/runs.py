@@ -409,9 +409,13 @@ def _exists(run_id: str) -> bool:
 
 
 def _start(state: RunState) -> bool:
+    from ratchet.runs import RunRequestInvalid
+
     client = open_client(create=True)
     try:
         return bool(client.create(state).created)
+    except RunRequestInvalid as refused:  # a taken id under another request
+        raise InvalidInput(refused.for_cli()) from None
     finally:
         client.close()
 

@@ -319,7 +319,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     routes = RunsRoutes(app, services)
     app.post(
         "/runs",
-        responses=_responses(200, 201, 400, 413, 415),
+        responses=_responses(200, 201, 400, 409, 413, 415),
         summary="Start a run",
         operation_id="startRun",
     )(routes.start_run)
@@ -668,7 +668,8 @@ class RunsRefusals:
 
     def invalid_run(self, error: RunRequestInvalid) -> Response[str]:
         problems = [Problem(field=f, message=error.message) for f in error.fields]
-        return self.refuse(HTTPStatus.BAD_REQUEST, str(error), problems)
+        status = HTTPStatus(getattr(error, "http_status", HTTPStatus.BAD_REQUEST))
+        return self.refuse(status, str(error), problems)
 
     def unbounded_body(self, error: JsonOverLimit) -> Response[str]:
         if isinstance(error, JsonTooLarge):

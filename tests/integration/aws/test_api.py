@@ -58,12 +58,16 @@ def _store(stack: Stack) -> Any:
 
 
 def test_a_duplicate_start_answers_with_the_existing_run_and_starts_nothing(stack: Stack):
+    """The same request again is a no-op; another under the taken id is a 409 naming what
+    differs. Neither starts an execution."""
     status, first = stack.post_run({"agent": ROWS, "run_id": "dup"})
     assert (status, first["created"]) == (201, True)
     assert stack.finished(first["execution_name"])["status"] == "SUCCEEDED"
 
-    status, again = stack.post_run({"agent": ROWS, "run_id": "dup", "goal": "something else"})
+    status, again = stack.post_run({"agent": ROWS, "run_id": "dup"})
+    conflict, refused = stack.post_run({"agent": ROWS, "run_id": "dup", "goal": "something else"})
 
+    assert (conflict, [p["field"] for p in refused["problems"]]) == (409, ["goal"])
     assert status == 200
     assert again == {
         "run_id": "dup",
