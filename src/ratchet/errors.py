@@ -116,6 +116,10 @@ class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
 
 
+class StoreMissing(StoreUnavailable):
+    """There is no store at the path (nothing has started a run there)."""
+
+
 class StoreDamaged(StoreUnavailable):
     """A row or page of the store cannot be read: text that is not UTF-8, a damaged page. Where
     the damaged row belongs to one run, the adapter says `RunUnreadable` for that run instead,

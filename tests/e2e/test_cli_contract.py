@@ -585,3 +585,13 @@ def test_an_agent_reference_that_is_not_an_agent_is_refused(user_agent, referenc
 
     assert not user_agent.db.parent.exists()
     assert not (user_agent.cwd / "effects.txt").exists()
+
+
+def test_a_worker_that_stops_when_idle_makes_no_store_where_there_is_none(tmp_path):
+    cli = fresh(tmp_path)
+
+    idle = cli("worker", "--until-idle")
+
+    assert idle.returncode == 0, idle.stderr
+    assert idle.stderr.strip().splitlines()[-1].startswith("nothing to work: no Ratchet store at")
+    assert not (tmp_path / "store").exists()

@@ -35,7 +35,7 @@ from ratchet.cli.options import (
 )
 from ratchet.cli.progress import ProgressPrinter, line_of_state
 from ratchet.cli.waits import parked_line
-from ratchet.errors import InvalidInput, JsonOverLimit, StoreUnavailable
+from ratchet.errors import InvalidInput, JsonOverLimit, StoreMissing, StoreUnavailable
 from ratchet.untrusted import loads
 
 if TYPE_CHECKING:
@@ -257,7 +257,13 @@ def worker(
     # Before the store is opened (and made): a bad value must leave nothing behind.
     check_lease_seconds(lease_seconds, name="--lease-seconds")
     worker_id = check_worker_id(worker_id) if worker_id is not None else cli_worker_id()
-    runtime = open_runtime(create=True)
+    try:
+        # Only a worker that waits for runs makes a store; one that stops when idle has
+        # nothing to do where there is none, and leaves no file behind.
+        runtime = open_runtime(create=not until_idle)
+    except StoreMissing as missing:
+        err.print(f"nothing to work: {missing}")
+        return
     logger = stderr_logger()
     engine = runtime.engine(
         worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)

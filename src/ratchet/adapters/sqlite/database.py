@@ -30,6 +30,7 @@ from ratchet.errors import (
     RatchetError,
     StoreBusy,
     StoreDamaged,
+    StoreMissing,
     StoreUnavailable,
 )
 from ratchet.ports import MAX_ITEM_BYTES
@@ -294,7 +295,7 @@ class SqliteDatabase:
         self.path = path
         self.busy_timeout = busy_timeout
         if not create and not path.exists():
-            raise StoreUnavailable(f"no Ratchet store at {path} (start a run first)")
+            raise StoreMissing(f"no Ratchet store at {path} (start a run first)")
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.read_only = not create and not _writable(path)
