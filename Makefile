@@ -2,6 +2,7 @@
 UV_VERSION := 0.13.8
 UV := .tools/bin/uv
 VENV := .venv
+DEMO_VENV := .venv-demo
 NODE_TOOLS := node_modules/.installed
 CDK := node_modules/.bin/cdk
 CHROMIUM := /usr/bin/chromium
@@ -19,8 +20,10 @@ CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJE
 
 .PHONY: demo test lint typecheck unit screenshot bench mutants compare synth deploy clean
 
-demo: $(VENV)/.synced
-	$(VENV)/bin/ratchet demo
+# The demo needs Ratchet's own dependencies only (about 40 MB), not the dev extra's CDK, moto,
+# Playwright and type checker: it gets a venv of its own.
+demo: $(DEMO_VENV)/.synced
+	$(DEMO_VENV)/bin/ratchet demo
 
 test: lint typecheck unit
 
@@ -79,6 +82,10 @@ $(VENV)/.synced: $(UV) pyproject.toml uv.lock
 	$(UV) sync --frozen --extra dev --compile-bytecode
 	touch $@
 
+$(DEMO_VENV)/.synced: $(UV) pyproject.toml uv.lock
+	UV_PROJECT_ENVIRONMENT=$(DEMO_VENV) $(UV) sync --frozen --compile-bytecode
+	touch $@
+
 # Debian's Chromium, which Playwright drives through its executable_path: Playwright's own
 # browser downloads come from a host that CI cannot reach.
 $(CHROMIUM):
@@ -97,4 +104,4 @@ $(NODE_TOOLS): package.json package-lock.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache node_modules cdk.out
+	rm -rf $(VENV) $(DEMO_VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache node_modules cdk.out
