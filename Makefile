@@ -18,7 +18,7 @@ CDK_CONTEXT := $(if $(ANTHROPIC_SECRET_ARN),--context ratchet:anthropicSecretArn
 # [tool.ratchet] table (docs/your-agent-on-aws.md).
 CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJECT))
 
-.PHONY: demo test lint typecheck unit screenshot bench mutants compare synth deploy clean
+.PHONY: demo test lint typecheck unit screenshot bench mutants compare synth deploy dist clean
 
 # The demo needs Ratchet's own dependencies only (about 40 MB), not the dev extra's CDK, moto,
 # Playwright and type checker: it gets a venv of its own.
@@ -74,6 +74,12 @@ synth: $(VENV)/.synced $(NODE_TOOLS)
 deploy: $(VENV)/.synced $(NODE_TOOLS)
 	$(CDK) deploy --require-approval never $(CDK_CONTEXT)
 
+# The wheel and sdist a release publishes (.github/workflows/release.yml), into dist/:
+# `pip install dist/ratchet_agents-*.whl` installs Ratchet in a project of your own.
+dist: $(UV)
+	rm -rf dist
+	$(UV) build --out-dir dist
+
 $(UV):
 	python3 -m venv .tools
 	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
@@ -104,4 +110,4 @@ $(NODE_TOOLS): package.json package-lock.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache node_modules cdk.out
+	rm -rf $(VENV) $(DEMO_VENV) .tools .ratchet .mypy_cache .ruff_cache .pytest_cache node_modules cdk.out dist

@@ -1,5 +1,6 @@
-"""`pip install ratchet-agents` with no extras: a fresh virtual environment, the project built
-from this tree and installed with the base dependencies `uv.lock` pins, none of the AWS SDK, the
+"""`pip install ratchet-agents` with no extras, as the README says to until the package is on the
+index: a fresh virtual environment, the wheel `uv build` makes from this tree installed with
+the base dependencies `uv.lock` pins, none of the AWS SDK, the
 X-Ray SDK or the Anthropic SDK. Its own `ratchet` runs an agent offline and serves the runs API:
 everything local works without the extras (issue 8, "Packaging")."""
 
@@ -113,11 +114,15 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> BareInstall:
         "--no-annotate", "--format", "requirements.txt", "--output-file", str(constraints),
     )  # fmt: skip
     _uv("venv", "--quiet", "--python", sys.executable, str(venv))
-    # --refresh-package: uv caches a local project's wheel by its pyproject.toml alone, so
-    # without it an edit to the code could be tested as the previous build.
+    # The wheel a release publishes, built from this tree into a folder of its own (so no
+    # earlier build can be the one installed), not an install from the source folder: a file
+    # the wheel leaves out fails here, not for the first user.
+    dist = root / "dist"
+    _uv("build", "--quiet", "--wheel", "--out-dir", str(dist), str(REPO_ROOT))
+    (wheel,) = dist.glob("ratchet_agents-*-py3-none-any.whl")
     _uv(
         "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-        "--constraint", str(constraints), "--refresh-package", "ratchet-agents", str(REPO_ROOT),
+        "--constraint", str(constraints), str(wheel),
     )  # fmt: skip
     workdir = root / "work"
     workdir.mkdir()
