@@ -223,6 +223,28 @@ def test_the_store_can_come_from_ratchet_store(tmp_path):
     assert json.loads(status.stdout)["run_id"] == "e1"
 
 
+def test_the_store_is_a_plain_path_and_the_options_go_before_or_after_the_command(tmp_path):
+    """`--store runs.db` after the command, `--json` before it, `RATCHET_STORE=runs.db`: the
+    file `runs.db` in the current folder, as `sqlite:///runs.db` would name it."""
+    cli = fresh(tmp_path)
+    cli.env = _environment()
+
+    started = cli("start", "--scenario", "migration", "--run-id", "p1", "--store", "runs.db",
+                  store=False)  # fmt: skip
+    worked = cli("worker", "--until-idle", "--store", "runs.db", store=False)
+    status = cli("--json", "status", "p1", "--store", "runs.db", store=False)
+    cli.env = _environment(RATCHET_STORE="runs.db")
+    history = cli("history", "p1", "--json", store=False)
+
+    assert started.returncode == worked.returncode == 0, started.stderr + worked.stderr
+    assert (tmp_path / "runs.db").is_file()
+    assert not (tmp_path / ".ratchet").exists()
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["status"] == "waiting"
+    assert history.returncode == 0, history.stderr
+    assert json.loads(history.stdout)["run_id"] == "p1"
+
+
 def test_the_default_store_is_under_the_current_directory(tmp_path):
     cli = fresh(tmp_path)
 

@@ -156,6 +156,27 @@ def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, 
     assert said == full
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "done", "--store", "{path}"],
+        ["status", "done", "--store={path}", "--json"],
+        ["--json", "status", "done", "--store", "{url}"],
+        ["--store", "{path}", "--json", "history", "done"],
+        ["list", "--status", "done", "--store", "{path}"],
+    ],
+)
+def test_options_typed_anywhere_and_a_bare_path_read_the_same_on_both_paths(store, args):
+    """`--store` after the command, `--json` before it and a store given as a file's path."""
+    typed = [a.format(path=store, url=f"sqlite:///{store}") for a in args]
+    _, expected = both(f"sqlite:///{store}", [a for a in args if "{" not in a and a != "--store"])
+
+    said, full = both("sqlite:///elsewhere.db", typed)  # the options, not the setting, name it
+
+    assert said is not None
+    assert said == full == expected
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_list_cut_short_goes_to_the_full_cli_which_says_how_to_go_on(store, as_json):
     url = f"sqlite:///{store}"
@@ -292,7 +313,7 @@ def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store
         "for args in (['status', 'done'], ['history', 'broken', '--json'], ['list']):\n"
         "    main(args)\n"
         "heavy = {'pydantic', 'typer', 'rich', 'ratchet.state'}\n"
-        "quick = {'ratchet.cli.quick', 'ratchet.cli.readout'}\n"
+        "quick = {'ratchet.cli.quick', 'ratchet.cli.readout', 'ratchet.cli.argv'}\n"
         "full = {m for m in sys.modules if m.startswith('ratchet.cli.') and m not in quick}\n"
         "loaded = heavy & set(sys.modules) | full\n"
         "print('LOADED', sorted(loaded))\n"

@@ -26,6 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, schedules, serve, waits
+from ratchet.cli.argv import arrange
 from ratchet.cli.context import err, global_options, say
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_text(args)
-        code = app(args=args, prog_name="ratchet", standalone_mode=False)
+        code = app(args=arrange(args), prog_name="ratchet", standalone_mode=False)
     except NoArgsIsHelpError as error:
         error.show()
         sys.exit(2)

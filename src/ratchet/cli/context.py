@@ -19,6 +19,7 @@ from rich.console import Console
 from ratchet.cli.options import StoreOption
 from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
+from ratchet.store_urls import store_url
 from ratchet.untrusted import for_terminal
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def settings(store: str | None = None) -> Any:
     from ratchet.runtime.local import LocalSettings  # the run models (see above)
 
     from_env = LocalSettings.from_env()
-    chosen = store or _Globals.store
+    chosen = store_url(store or _Globals.store or "") or None
     return from_env.model_copy(update={"store": chosen}) if chosen else from_env
 
 
@@ -101,7 +102,7 @@ _ON_AWS = {
 def require_local_store(command: str) -> None:
     """The commands that write, or work on the store itself, take a local store only: refuse
     a dynamodb:// one before touching anything, saying what to do on AWS instead."""
-    from ratchet.runtime import DYNAMODB_SCHEME
+    from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
         raise InvalidInput(

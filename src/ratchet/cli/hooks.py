@@ -20,8 +20,8 @@ NameArgument = Annotated[
 def hook(run_id: RunArgument, name: NameArgument, as_json: JsonOption = False) -> None:
     """Print the webhook URL and secret that deliver the run's NAME event (ratchet serve takes
     the deliveries), and a curl line that sends a signed one."""
-    from ratchet.runtime import DYNAMODB_SCHEME
     from ratchet.runtime.hooks import local_hooks  # the run models (see ratchet.cli.context)
+    from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
         raise InvalidInput(

@@ -31,7 +31,7 @@ def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
     stack's tables (--store dynamodb://...): index the runs written before the runs index."""
     # The run models (see ratchet.cli.context).
     from ratchet.housekeeping import migrate as migrate_heads
-    from ratchet.runtime import DYNAMODB_SCHEME
+    from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
         _index_unlisted(dry_run=dry_run, as_json=as_json)

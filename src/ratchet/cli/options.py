@@ -35,8 +35,9 @@ StoreOption = Annotated[
         "--store",
         callback=not_empty,
         envvar="RATCHET_STORE",
-        help="Store URL. Default: sqlite:///.ratchet/ratchet.db. Read commands also take "
-        "dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL].",
+        help="Store URL, or a SQLite file's path. Default: sqlite:///.ratchet/ratchet.db. Read "
+        "commands also take dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]. "
+        "Before or after the command.",
         show_default=False,
     ),
 ]

@@ -21,6 +21,9 @@ import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 
+from ratchet.cli.argv import arrange
+from ratchet.store_urls import DEFAULT_STORE, SQLITE_SCHEME, store_url
+
 TYPE_CHECKING = False  # neither `typing` nor `pathlib` load here: they take longer than a read
 if TYPE_CHECKING:
     from typing import Any
@@ -40,8 +43,6 @@ SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
 MAX_ROWS = 100_000
 """`ratchet.cli.options.MAX_ROWS`, the most `list --limit` and `history --last` take: past it,
 the full CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
-DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
-SQLITE_SCHEME = "sqlite:///"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -60,7 +61,7 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     """What the read command `args` prints, or None when the full CLI should answer."""
     if any(name.startswith("RATCHET_") and name not in SETTINGS_READ for name in environ):
         return None
-    command = _read_command(args, environ.get("RATCHET_STORE") or DEFAULT_STORE)
+    command = _read_command(arrange(list(args)), environ.get("RATCHET_STORE") or DEFAULT_STORE)
     if command is None:
         return None
     documents = _Documents.open(command.store)
@@ -120,6 +121,7 @@ def _read_command(args: Sequence[str], store: str) -> _Command | None:
         store, rest = rest[1], rest[2:]
     elif rest and rest[0].startswith("--store="):
         store, rest = rest[0].removeprefix("--store="), rest[1:]
+    store = store_url(store)
     if not rest or rest[0] not in _OPTIONS:
         return None
     name, tokens = rest[0], iter(rest[1:])

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.store_urls import DEFAULT_STORE, DYNAMODB_SCHEME, SQLITE_SCHEME, store_url
 from ratchet.untrusted import is_utf8
 
 if TYPE_CHECKING:
@@ -39,10 +40,6 @@ if TYPE_CHECKING:
 
     from ratchet.client import Client, Runtime
     from ratchet.runtime.local import LocalSettings
-
-SQLITE_SCHEME = "sqlite:///"
-DYNAMODB_SCHEME = "dynamodb://"
-DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
 
 def connect(
@@ -52,8 +49,8 @@ def connect(
     environ: Mapping[str, str] | None = None,
     worker_id: str | None = None,
 ) -> Client:
-    """A client on the store at `url`: `sqlite:///path.db` (made if missing, unless
-    `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
+    """A client on the store at `url`: `sqlite:///path.db` or the file's plain path (made if
+    missing, unless `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
     region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
     The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
     # Loaded here, not with the package: a worker or a Lambda handler opens a runtime without
@@ -77,7 +74,7 @@ def open_runtime(
     store reads its `LocalSettings` (an Anthropic key, the approval pages' public URL, ...), a
     dynamodb:// store the Anthropic key (boto3 reads the AWS_* variables itself)."""
     env = os.environ if environ is None else environ
-    store = url if url is not None else env.get("RATCHET_STORE") or DEFAULT_STORE
+    store = store_url(url if url is not None else env.get("RATCHET_STORE") or DEFAULT_STORE)
     if store.startswith(DYNAMODB_SCHEME):
         return DynamoDbStoreUrl.parse(store).open(anthropic_api_key=_anthropic_api_key(env))
     from ratchet.runtime.local import LocalSettings
@@ -89,7 +86,9 @@ def open_runtime(
 def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
     """The runtime `settings.store` names (see `open_runtime`), for an entry point that has read
     its settings already (the CLI): of them, a dynamodb:// store takes the Anthropic key only."""
-    url = settings.store
+    url = store_url(settings.store)
+    if url != settings.store:
+        settings = settings.model_copy(update={"store": url})
     if url.startswith(DYNAMODB_SCHEME):
         return DynamoDbStoreUrl.parse(url).open(anthropic_api_key=settings.anthropic_api_key)
     if url.startswith(SQLITE_SCHEME):

@@ -52,9 +52,9 @@ from ratchet.limits import (
     parse_overrides,
 )
 from ratchet.runs import RunRequest, new_run
-from ratchet.runtime import DEFAULT_STORE
 from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
 from ratchet.schedules import Starter, fire_due
+from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import HookKeys
@@ -142,7 +142,7 @@ class LocalSettings(BaseModel):
     @classmethod
     def _from(cls, env: Mapping[str, str]) -> LocalSettings:
         return cls(
-            store=env.get("RATCHET_STORE") or DEFAULT_STORE,
+            store=store_url(env.get("RATCHET_STORE") or DEFAULT_STORE),
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             anthropic_base_url=env.get("ANTHROPIC_BASE_URL") or None,
             fault=env.get("RATCHET_FAULT") or None,

@@ -1,0 +1,19 @@
+"""Where a store is, as the CLI, `RATCHET_STORE` and `ratchet.connect` take it.
+
+A store is named by URL (`sqlite:///runs.db`, `dynamodb://TABLE?...`), or, for a local store,
+by its plain file path: `runs.db` and `/srv/ratchet/runs.db` mean `sqlite:///runs.db` and
+`sqlite:////srv/ratchet/runs.db`. Nothing here loads more than the standard library's
+string methods: the quick read commands (`ratchet.cli.quick`) use it too.
+"""
+
+SQLITE_SCHEME = "sqlite:///"
+DYNAMODB_SCHEME = "dynamodb://"
+DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
+
+
+def store_url(store: str) -> str:
+    """`store` as a URL: a value with no scheme (no `://`) is the path of a SQLite file; any
+    other value is returned as it is, for the runtime to take or refuse."""
+    if "://" in store or not store.strip():
+        return store
+    return SQLITE_SCHEME + store
