@@ -360,3 +360,20 @@ def test_the_console_script_is_the_quick_entry_point():
     script = Path(sys.executable).with_name("ratchet").read_text(encoding="utf-8")
 
     assert "from ratchet.cli.quick import main" in script
+
+
+@pytest.mark.parametrize("columns", ["80", "132"])
+def test_help_reads_the_same_on_both_paths_on_a_terminal_80_columns_wide_or_wider(columns):
+    """The quick path prints the help kept in `src/ratchet/cli/help.txt`; when this fails, the
+    commands changed: `COLUMNS=80 python -m ratchet.cli --help > src/ratchet/cli/help.txt`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", columns)
+        said = quick.help_text(os.environ)
+        code, full, problem = full_cli(["--help"])
+
+    assert code == 0, problem
+    assert said == full
+
+
+def test_a_narrower_terminal_gets_its_help_from_the_full_cli():
+    assert quick.help_text({"COLUMNS": "79"}) is None

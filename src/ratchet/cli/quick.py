@@ -47,7 +47,7 @@ the full CLI refuses the count, whichever path is asked (a unit test holds the t
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    said = answer(args, os.environ)
+    said = help_text(os.environ) if args == ["--help"] else answer(args, os.environ)
     if said is None:
         from ratchet.cli.app import main as full
 
@@ -55,6 +55,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     sys.stdout.write(said)
     sys.stdout.flush()
+
+
+HELP_FILE = "help.txt"
+"""`ratchet --help` as the full CLI prints it 80 columns wide or wider, kept beside this module:
+`COLUMNS=80 python -m ratchet.cli --help > src/ratchet/cli/help.txt` writes it again, and
+`tests/integration/test_quick_reads.py` fails when the two differ."""
+HELP_COLUMNS = 80
+"""Click wraps help at the terminal's width, up to 80 columns: from 80 on it never changes."""
+
+
+def help_text(environ: Mapping[str, str]) -> str | None:
+    """What `ratchet --help` prints, or None on a terminal too narrow for the kept text."""
+    if _columns(environ) < HELP_COLUMNS:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(__file__), HELP_FILE), encoding="utf-8") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def _columns(environ: Mapping[str, str]) -> int:
+    """The width `shutil.get_terminal_size` gives click: `COLUMNS`, else the terminal's, else 80."""
+    given = environ.get("COLUMNS", "")
+    if given.isascii() and given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return HELP_COLUMNS
+    return columns or HELP_COLUMNS
 
 
 def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
