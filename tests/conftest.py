@@ -1,0 +1,18 @@
+"""What every test shares: no test may leave a fault plan in this process's environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_fault_plan_outlives_its_test() -> Iterator[None]:
+    """A `RATCHET_FAULT` put in `os.environ` by hand (not through monkeypatch) would crash the
+    steps of every later test in the same worker process, far from the test that set it."""
+    before = os.environ.get("RATCHET_FAULT")
+    yield
+    after = os.environ.get("RATCHET_FAULT")
+    assert after == before, f"the test left RATCHET_FAULT={after!r} in the environment"
