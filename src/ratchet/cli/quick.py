@@ -15,17 +15,23 @@ output equal, byte for byte.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
 
+from ratchet import quickjson as json
 from ratchet.cli.argv import arrange
 from ratchet.store_urls import DEFAULT_STORE, SQLITE_SCHEME, store_url
 
-TYPE_CHECKING = False  # neither `typing` nor `pathlib` load here: they take longer than a read
+# Nothing here loads a module that takes longer to load than a read takes to answer: not
+# `typing` nor `pathlib`, nor `json` or `re` (`ratchet.quickjson` reads and writes JSON as
+# `json` does), nor `sqlite3`'s Python half (its `dbapi2` loads `datetime` and `collections`
+# to register adapters this path never uses; `_sqlite3` is the C module it wraps, loaded by the
+# reads alone, since it loads `functools`, which `--help` has no need of).
+# tests/integration/test_quick_reads.py checks which modules a read loads.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from sqlite3 import Connection
     from typing import Any
 
 SCHEMA_VERSION = 4
@@ -98,10 +104,12 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     documents = _Documents.open(command.store)
     if documents is None:
         return None
+    import _sqlite3
+
     try:
         with documents:
             return _say(documents, command)
-    except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
+    except (_sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
@@ -216,7 +224,7 @@ class _Command:
 class _Documents:
     """A SQLite store read as JSON documents, in one read transaction."""
 
-    def __init__(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
     @classmethod
@@ -226,18 +234,20 @@ class _Documents:
         path = store[len(SQLITE_SCHEME) :]
         if not os.path.isfile(path):
             return None
+        import _sqlite3
+
         try:
             # mode=rw: never create the file (the full CLI says there is no store).
-            connection = sqlite3.connect(
+            connection = _sqlite3.connect(
                 f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
             )
-        except sqlite3.Error:
+        except _sqlite3.Error:
             return None
         try:
             (application_id,) = connection.execute("PRAGMA application_id").fetchone()
             if application_id == APPLICATION_ID:
                 return cls(connection)
-        except sqlite3.Error:
+        except _sqlite3.Error:
             pass
         connection.close()
         return None
