@@ -20,6 +20,9 @@ Two things keep the figures honest on a shared, noisy machine:
 - Interleaving. Each round runs one process of each case, in turn; a figure is the median over
   rounds, so a burst of load on the machine lands on every case alike.
 
+Last, it times a poll of `ratchet watch RUN` on a run that has not moved (`WatchPoll.head`, in
+one process: a watch is one long process), beside the head read each poll made before.
+
 Compare the figures of one run of the bench, not across runs.
 """
 
@@ -93,34 +96,42 @@ def main() -> None:
     for name, seconds in figures.items():
         target = "" if name == BARE else f"{HELP_TARGET if 'help' in name else READ_TARGET:.0f}x"
         print(f"{name:<28}{seconds * 1000:>8.1f}{seconds / bare:>7.2f}x{target:>8}")
-    if polls is not None:
-        print(f"{'watch: a poll, no change':<28}{polls * 1000:>8.2f}  (in the watching process)")
+    print(
+        f"ratchet watch RUN, a poll of a run that has not moved: {polls['poll'] * 1e6:.1f} µs "
+        f"(a head read, what each poll read before: {polls['head'] * 1e6:.1f} µs)"
+    )
 
 
-def _poll_seconds(cwd: Path, env: dict[str, str]) -> float | None:
-    """The median time of one of `ratchet watch`'s polls of a run that has not moved, measured
-    in a child (the store's settings are the child's), in seconds."""
+def _poll_seconds(cwd: Path, env: dict[str, str]) -> dict[str, float]:
+    """The median time, in seconds, of one of `ratchet watch`'s polls of a run nobody writes
+    to (`WatchPoll.head`), and of a read of its head (what every poll read before), each
+    measured 200 times in a child process on the bench's store."""
     code = (
-        "import statistics, time\n"
-        "from ratchet.cli.inspection import watch_poller\n"
-        "poll = watch_poller('bench')\n"
-        "poll()\n"
-        "taken = []\n"
-        "for _ in range(50):\n"
-        "    started = time.perf_counter(); poll(); taken.append(time.perf_counter() - started)\n"
-        "poll.close()\n"
-        "print(statistics.median(taken))\n"
+        "import os, statistics, sys, time\n"
+        "import ratchet\n"
+        "from ratchet.cli.inspection import WatchPoll\n"
+        "store = os.environ['RATCHET_STORE']\n"
+        "client = ratchet.connect(store)\n"
+        "poll = WatchPoll(client, 'bench', store)\n"
+        "for name, read in (('poll', poll.head), ('head', lambda: client.head('bench'))):\n"
+        "    read()\n"
+        "    taken = []\n"
+        "    for _ in range(200):\n"
+        "        started = time.perf_counter(); read()\n"
+        "        taken.append(time.perf_counter() - started)\n"
+        "    print(name, statistics.median(taken))\n"
+        "poll.close(); client.close()\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=cwd,
         env=env,
-        check=False,
+        check=True,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    return float(done.stdout) if done.returncode == 0 else None
+    return {name: float(seconds) for name, seconds in map(str.split, done.stdout.splitlines())}
 
 
 if __name__ == "__main__":

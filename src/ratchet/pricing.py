@@ -169,10 +169,10 @@ def _overrides(raw: str) -> dict[str, Prices]:
 
 
 def _read_overrides(raw: str) -> dict[str, Prices]:
-    from ratchet.errors import InvalidInput  # loads only to refuse: the quick path needs none
-
     if not raw.strip():
         return {}
+    from ratchet.errors import InvalidInput  # only with prices set: the quick path loads none
+
     text = raw
     if not raw.lstrip().startswith("{"):
         try:

@@ -229,28 +229,8 @@ class _Documents:
 
     @classmethod
     def open(cls, store: str) -> _Documents | None:
-        if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
-            return None
-        path = store[len(SQLITE_SCHEME) :]
-        if not os.path.isfile(path):
-            return None
-        import _sqlite3
-
-        try:
-            # mode=rw: never create the file (the full CLI says there is no store).
-            connection = _sqlite3.connect(
-                f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
-            )
-        except _sqlite3.Error:
-            return None
-        try:
-            (application_id,) = connection.execute("PRAGMA application_id").fetchone()
-            if application_id == APPLICATION_ID:
-                return cls(connection)
-        except _sqlite3.Error:
-            pass
-        connection.close()
-        return None
+        connection = _connect(store)
+        return None if connection is None else cls(connection)
 
     def __enter__(self) -> _Documents:
         self.connection.execute("BEGIN")
@@ -326,6 +306,59 @@ class _Documents:
                 }
             )
         return runs
+
+
+class RunMarks:
+    """A run's version and status, read from a SQLite store in one row read: what
+    `ratchet watch` polls between reads of the run, so that a poll of a run that has not
+    moved costs a query, not a head read with its window's records and their validation.
+    Every write of a run raises its version, so the same mark means nothing was written."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    @classmethod
+    def open(cls, store: str) -> RunMarks | None:
+        """The marks of `store`, or None if it is not a SQLite store this path reads."""
+        connection = _connect(store)
+        return None if connection is None else cls(connection)
+
+    def of(self, run_id: str) -> tuple[int, str] | None:
+        """The run's version and status as stored now; None if there is no such run."""
+        row = self.connection.execute(
+            "SELECT version, status FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _connect(store: str) -> Connection | None:
+    """A connection to the Ratchet store `store` names, if it is a SQLite file (never one
+    that creates it), in autocommit: each statement reads what is committed."""
+    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+        return None
+    path = store[len(SQLITE_SCHEME) :]
+    if not os.path.isfile(path):
+        return None
+    import _sqlite3
+
+    try:
+        # mode=rw: never create the file (the full CLI says there is no store).
+        connection = _sqlite3.connect(
+            f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
+        )
+    except _sqlite3.Error:
+        return None
+    try:
+        (application_id,) = connection.execute("PRAGMA application_id").fetchone()
+        if application_id == APPLICATION_ID:
+            return connection
+    except _sqlite3.Error:
+        pass
+    connection.close()
+    return None
 
 
 def _uri_path(path: str) -> str:
