@@ -7,10 +7,11 @@ here is a change to the deployed contract.
 from __future__ import annotations
 
 import errno
-from datetime import datetime
 
 TYPE_CHECKING = False  # `typing` is not loaded: the quick read commands import this module
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from ratchet.state import Usage
 
 

@@ -18,17 +18,14 @@ mapping patterns to prices, and its entries are matched before the built-in ones
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
-from fnmatch import fnmatchcase
-from functools import lru_cache
-from itertools import chain
+from _collections_abc import Mapping  # what `collections.abc` imports (at startup already)
 
-from ratchet.errors import InvalidInput
+from ratchet import quickjson as json
 
-# Neither pydantic (until `RATCHET_PRICES` is set) nor `typing` nor `dataclasses` load here:
-# `ratchet status` prices a run on its quick path (`ratchet.cli.quick`).
+# Neither pydantic (until `RATCHET_PRICES` is set) nor `typing`, `dataclasses`, `functools`,
+# `fnmatch` (nor the `re` it loads) nor `json` load here: `ratchet status` prices a run on its
+# quick path (`ratchet.cli.quick`).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -125,8 +122,31 @@ def estimate(
 def prices_for(model: str, environ: Mapping[str, str] | None = None) -> Prices | None:
     env = os.environ if environ is None else environ
     name = model.removeprefix("bedrock:")
-    table = chain(_overrides(env.get(PRICES_VARIABLE) or "").items(), BUILT_IN.items())
-    return next((prices for pattern, prices in table if fnmatchcase(name, pattern)), None)
+    table = [*_overrides(env.get(PRICES_VARIABLE) or "").items(), *BUILT_IN.items()]
+    return next((prices for pattern, prices in table if matches(name, pattern)), None)
+
+
+def matches(name: str, pattern: str) -> bool:
+    """`fnmatch.fnmatchcase(name, pattern)`. A pattern whose only wildcard is `*` (every
+    built-in one) is matched here, piece by piece; one with `?` or `[` by `fnmatch`."""
+    if "?" in pattern or "[" in pattern:
+        from fnmatch import fnmatchcase
+
+        return fnmatchcase(name, pattern)
+    first, *middle, last = pattern.split("*") if "*" in pattern else (pattern, None)
+    if last is None:
+        return name == pattern
+    if len(name) < len(first) + len(last) or not name.startswith(first):
+        return False
+    if not name.endswith(last):
+        return False
+    start, end = len(first), len(name) - len(last)
+    for piece in middle:  # each as early as it comes: later pieces have the most room left
+        found = name.find(piece, start, end)
+        if found < 0:
+            return False
+        start = found + len(piece)
+    return True
 
 
 def check_prices(raw: str) -> None:
@@ -134,10 +154,25 @@ def check_prices(raw: str) -> None:
     _overrides(raw)
 
 
-@lru_cache(maxsize=4)
+_KEPT_OVERRIDES = 4
+_overrides_of: dict[str, dict[str, Prices]] = {}
+"""`RATCHET_PRICES` values read, by value (the last `_KEPT_OVERRIDES`): a process prices each
+run of a list with the same one."""
+
+
 def _overrides(raw: str) -> dict[str, Prices]:
+    if raw not in _overrides_of:
+        if len(_overrides_of) >= _KEPT_OVERRIDES:
+            del _overrides_of[next(iter(_overrides_of))]
+        _overrides_of[raw] = _read_overrides(raw)
+    return _overrides_of[raw]
+
+
+def _read_overrides(raw: str) -> dict[str, Prices]:
     if not raw.strip():
         return {}
+    from ratchet.errors import InvalidInput  # only with prices set: the quick path loads none
+
     text = raw
     if not raw.lstrip().startswith("{"):
         try:
@@ -161,6 +196,8 @@ def _checked(pattern: str, prices: object) -> Prices:
     """One entry of `RATCHET_PRICES`, validated (pydantic loads here, only when it is set)."""
     from pydantic import ValidationError
 
+    from ratchet.errors import InvalidInput
+
     try:
         given = _prices_input().model_validate(prices)
     except ValidationError as error:
@@ -172,9 +209,18 @@ def _checked(pattern: str, prices: object) -> Prices:
     return Prices(**given.model_dump())
 
 
-@lru_cache(maxsize=1)
+_prices_model: Any = None
+
+
 def _prices_input() -> Any:
     """The pydantic model of one `RATCHET_PRICES` entry: `Prices`, checked."""
+    global _prices_model
+    if _prices_model is None:
+        _prices_model = _prices_model_class()
+    return _prices_model
+
+
+def _prices_model_class() -> Any:
     from pydantic import BaseModel, ConfigDict, Field
 
     class PricesInput(BaseModel):

@@ -8,13 +8,15 @@ the quick read commands (`ratchet.cli.quick`) answer through them straight from 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
+from ratchet import quickjson as json  # `json`'s text, without loading `re`
 
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from datetime import datetime
     from typing import Any
+else:  # the C type that `datetime.datetime` is, without the module's pure-Python half
+    from _datetime import datetime
 
 USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "calls")
 _EVENTS_WITH_USAGE = frozenset({"step", "attempt_failed", "finished"})

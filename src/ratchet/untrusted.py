@@ -10,19 +10,16 @@
   escaped (`for_terminal`): a control character or a bidirectional override would otherwise
   move the cursor, clear the screen, retitle the window or reorder what a person reads.
 
-Nothing here loads more than `json` and `re` (which `json` loads anyway): the quick read
-commands (`ratchet.cli.quick`) use it too.
+The quick read commands (`ratchet.cli.quick`) escape what they print here too, so nothing
+loads at import: the terminal half works with `str.translate`, and `json` and `re` load when
+the JSON half is first used (`json` loads `re` anyway).
 """
 
 from __future__ import annotations
 
-import json
-import re
-
-from ratchet.errors import JsonTooDeep, JsonTooLarge
-
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
+    import re
     from typing import Any
 
 MAX_JSON_DEPTH = 64
@@ -34,17 +31,28 @@ most 16 KB as compact JSON, its goal 64 KB)."""
 
 # A string (to its end when unterminated: then it is not JSON, and `json` says so) or a bracket.
 # Everything else is skipped by the regex engine, so a scan costs a Python step per bracket.
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
+_TOKENS_PATTERN = r'"(?:[^"\\]|\\.)*"?|[\[\]{}]'
+_tokens: re.Pattern[str] | None = None
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+def _json_tokens() -> re.Pattern[str]:
+    global _tokens
+    if _tokens is None:
+        import re
+
+        _tokens = re.compile(_TOKENS_PATTERN, re.DOTALL)
+    return _tokens
 
 
 def is_utf8(text: str) -> bool:
     """Whether `text` can be written as UTF-8. Python decodes bytes that are not UTF-8 (in
     `os.environ`, `sys.argv`) as lone surrogates, which no store, log line, HTTP header or
-    terminal can take."""
-    return _LONE_SURROGATE.search(text) is None
+    terminal can take (nor can UTF-8: nothing else fails to encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_text(
@@ -54,11 +62,13 @@ def check_text(
     `max_depth` (`JsonTooDeep`), without parsing it: brackets are counted outside strings.
     Either names `field`; with `field=""` (a request body) the error names the top-level key
     that holds the deep value, or `(body)`."""
+    from ratchet.errors import JsonTooDeep, JsonTooLarge
+
     if len(text) > max_chars:
         raise JsonTooLarge(field or "(body)", f"over {max_chars:,} characters of JSON")
     depth = 0
     key = ""
-    for match in _TOKENS.finditer(text):
+    for match in _json_tokens().finditer(text):
         token = match.group()
         if token[0] == '"':
             if depth == 1:
@@ -77,6 +87,8 @@ def loads(
 ) -> Any:
     """`json.loads(text)` once `check_text` took it. Raises `JsonTooLarge` or `JsonTooDeep`
     (both `ValueError`s, like text that is not JSON)."""
+    import json
+
     check_text(text, field=field, max_chars=max_chars, max_depth=max_depth)
     return json.loads(text)
 
@@ -84,6 +96,8 @@ def loads(
 def check_depth(value: Any, *, field: str, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Refuse a value whose dicts, lists and tuples nest deeper than `max_depth`
     (`JsonTooDeep`, naming `field`), walking it without recursion."""
+    from ratchet.errors import JsonTooDeep
+
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
@@ -101,6 +115,8 @@ def check_depth(value: Any, *, field: str, max_depth: int = MAX_JSON_DEPTH) -> N
 def within_depth(value: Any) -> Any:
     """`value`, for a pydantic `BeforeValidator` on a field of free-form JSON: `ValueError`
     if it nests deeper than `MAX_JSON_DEPTH` (pydantic names the field)."""
+    from ratchet.errors import JsonTooDeep
+
     try:
         check_depth(value, field="the value")
     except JsonTooDeep as deep:
@@ -115,6 +131,8 @@ def _too_deep(max_depth: int) -> str:
 def _key_name(text: str, key: str) -> str:
     if text.lstrip()[:1] != "{" or not key:
         return "(body)"
+    import json
+
     try:
         name = json.loads(key)
     except ValueError:
@@ -124,11 +142,19 @@ def _key_name(text: str, key: str) -> str:
 
 # --- terminals ---------------------------------------------------------------------------------
 
-_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_UNSAFE = [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F)]
+_UNSAFE += range(0x2066, 0x206A)
 """C0 controls but tab and newline, DEL, C1 controls, and the bidirectional embeddings,
 overrides and isolates."""
-_UNSAFE_ON_A_LINE = re.compile(f"[\t\n{_UNSAFE}]")
-_UNSAFE_IN_TEXT = re.compile(f"[{_UNSAFE}]")
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+_ESCAPES_IN_TEXT = {code: _escaped(code) for code in _UNSAFE}
+_ESCAPES_ON_A_LINE = {**_ESCAPES_IN_TEXT, 0x09: "\\x09", 0x0A: "\\x0a"}
+_ESCAPES_IN_JSON = {code: f"\\u{code:04x}" for code in _UNSAFE if code >= 0x7F}
 
 
 def for_terminal(text: str, *, lines: bool = False) -> str:
@@ -137,19 +163,12 @@ def for_terminal(text: str, *, lines: bool = False) -> str:
     unless `lines` (text laid out over lines, where they only move to the next column or
     line). Every human-facing output of the CLI passes what it prints of stored or
     tool-given text through here."""
-    unsafe = _UNSAFE_IN_TEXT if lines else _UNSAFE_ON_A_LINE
-    return unsafe.sub(_escape, text) if unsafe.search(text) else text
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    if text.isprintable():  # every character escaped here is one Python does not print
+        return text
+    return text.translate(_ESCAPES_IN_TEXT if lines else _ESCAPES_ON_A_LINE)
 
 
 def json_for_terminal(text: str) -> str:
     """JSON text (from `json.dumps`, which escapes C0 already) with DEL, C1 and bidirectional
     controls escaped as `\\uXXXX`: the same JSON value, nothing a terminal acts on."""
-    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text if text.isprintable() else text.translate(_ESCAPES_IN_JSON)

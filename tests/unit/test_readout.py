@@ -44,19 +44,25 @@ def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does()
 @pytest.mark.parametrize(
     ("args", "command"),
     [
-        (["status", "r1"], ("status", "STORE", "r1", False, 0, None)),
-        (["status", "--json", "r1"], ("status", "STORE", "r1", True, 0, None)),
-        (["history", "r1", "--json"], ("history", "STORE", "r1", True, 0, None)),
-        (["history", "r1", "--after", "7"], ("history", "STORE", "r1", False, 7, None)),
-        (["history", "--last=3", "r1", "--after=2"], ("history", "STORE", "r1", False, 2, 3)),
+        (["status", "r1"], ("status", "sqlite:///d.db", "r1", False, 0, None)),
+        (["status", "--json", "r1"], ("status", "sqlite:///d.db", "r1", True, 0, None)),
+        (["history", "r1", "--json"], ("history", "sqlite:///d.db", "r1", True, 0, None)),
+        (["history", "r1", "--after", "7"], ("history", "sqlite:///d.db", "r1", False, 7, None)),
+        (
+            ["history", "--last=3", "r1", "--after=2"],
+            ("history", "sqlite:///d.db", "r1", False, 2, 3),
+        ),
         (["--store", "sqlite:///x.db", "list"], ("list", "sqlite:///x.db", None, False, 0, None)),
         (
             ["--store=sqlite:///x.db", "list", "--json"],
             ("list", "sqlite:///x.db", None, True, 0, None),
         ),
-        (["list", "--status", "done"], ("list", "STORE", "done", False, 0, None)),
-        (["list", "--status=failed", "--json"], ("list", "STORE", "failed", True, 0, None)),
-        (["list", "--limit", "5"], ("list", "STORE", None, False, 0, 5)),
+        (["list", "--status", "done"], ("list", "sqlite:///d.db", "done", False, 0, None)),
+        (
+            ["list", "--status=failed", "--json"],
+            ("list", "sqlite:///d.db", "failed", True, 0, None),
+        ),
+        (["list", "--limit", "5"], ("list", "sqlite:///d.db", None, False, 0, 5)),
         (["list", "--limit", "0"], None),
         (["list", "--last", "5"], None),
         (["history", "r1", "--limit", "5"], None),
@@ -79,7 +85,7 @@ def test_usage_totals_fill_absent_counts_and_share_the_cache_as_the_model_does()
     ],
 )
 def test_the_quick_path_takes_only_the_read_forms_it_knows(args, command):
-    read = quick._read_command(args, "STORE")
+    read = quick._read_command(args, "sqlite:///d.db")
 
     shape = None
     if read is not None:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ratchet.cli import readout
-from ratchet.cli.context import open_client, out, print_json, say
+from ratchet.cli.context import open_client, out, print_json, say, settings
 from ratchet.cli.options import MAX_ROWS, MAX_STEPS, JsonOption, RunArgument, not_empty
 from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
+from ratchet.cli.quick import RunMarks
 from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:
@@ -144,12 +145,13 @@ def watch(
     from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
 
     client = open_client(create=False, logs=False)
+    poll = WatchPoll(client, run_id, settings().store)
     printed = 0
     seen_version = 0
     try:
         with ProgressPrinter(as_json=as_json) as printer:
             while True:
-                head = client.head(run_id)
+                head = poll.head()
                 if head.version != seen_version:
                     # Only what was written since the last read: one range read a poll.
                     for checkpoint in client.history(run_id, after=printed):
@@ -162,9 +164,36 @@ def watch(
                     break
                 time.sleep(interval)
     finally:
+        poll.close()
         client.close()
     if head.status is RunStatus.FAILED:
         raise typer.Exit(1)
+
+
+class WatchPoll:
+    """What `watch` reads of the run each poll: its head, read again only when the run has
+    moved. On a SQLite store a poll first reads the run's version and status alone
+    (`ratchet.cli.quick.RunMarks`, one row): the same mark as the last poll's means no write
+    since, and the head read then is kept. On another store each poll reads the head."""
+
+    def __init__(self, client: Client, run_id: str, store: str) -> None:
+        self.client, self.run_id = client, run_id
+        self.marks = RunMarks.open(store)
+        self.mark: tuple[int, str] | None = None
+        self.last: RunState | None = None
+
+    def head(self) -> RunState:
+        # The mark is read before the head: the head kept is never older than the mark, and
+        # any write after it changes the next poll's mark.
+        mark = self.marks.of(self.run_id) if self.marks is not None else None
+        if self.last is None or mark is None or mark != self.mark:
+            self.last = self.client.head(self.run_id)
+            self.mark = mark
+        return self.last
+
+    def close(self) -> None:
+        if self.marks is not None:
+            self.marks.close()
 
 
 def show(

@@ -15,17 +15,23 @@ output equal, byte for byte.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
 
+from ratchet import quickjson as json
 from ratchet.cli.argv import arrange
 from ratchet.store_urls import DEFAULT_STORE, SQLITE_SCHEME, store_url
 
-TYPE_CHECKING = False  # neither `typing` nor `pathlib` load here: they take longer than a read
+# Nothing here loads a module that takes longer to load than a read takes to answer: not
+# `typing` nor `pathlib`, nor `json` or `re` (`ratchet.quickjson` reads and writes JSON as
+# `json` does), nor `sqlite3`'s Python half (its `dbapi2` loads `datetime` and `collections`
+# to register adapters this path never uses; `_sqlite3` is the C module it wraps, loaded by the
+# reads alone, since it loads `functools`, which `--help` has no need of).
+# tests/integration/test_quick_reads.py checks which modules a read loads.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from sqlite3 import Connection
     from typing import Any
 
 SCHEMA_VERSION = 4
@@ -98,10 +104,12 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     documents = _Documents.open(command.store)
     if documents is None:
         return None
+    import _sqlite3
+
     try:
         with documents:
             return _say(documents, command)
-    except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
+    except (_sqlite3.Error, ValueError, KeyError, TypeError, AttributeError):
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
@@ -216,31 +224,13 @@ class _Command:
 class _Documents:
     """A SQLite store read as JSON documents, in one read transaction."""
 
-    def __init__(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
     @classmethod
     def open(cls, store: str) -> _Documents | None:
-        if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
-            return None
-        path = store[len(SQLITE_SCHEME) :]
-        if not os.path.isfile(path):
-            return None
-        try:
-            # mode=rw: never create the file (the full CLI says there is no store).
-            connection = sqlite3.connect(
-                f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
-            )
-        except sqlite3.Error:
-            return None
-        try:
-            (application_id,) = connection.execute("PRAGMA application_id").fetchone()
-            if application_id == APPLICATION_ID:
-                return cls(connection)
-        except sqlite3.Error:
-            pass
-        connection.close()
-        return None
+        connection = _connect(store)
+        return None if connection is None else cls(connection)
 
     def __enter__(self) -> _Documents:
         self.connection.execute("BEGIN")
@@ -316,6 +306,59 @@ class _Documents:
                 }
             )
         return runs
+
+
+class RunMarks:
+    """A run's version and status, read from a SQLite store in one row read: what
+    `ratchet watch` polls between reads of the run, so that a poll of a run that has not
+    moved costs a query, not a head read with its window's records and their validation.
+    Every write of a run raises its version, so the same mark means nothing was written."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    @classmethod
+    def open(cls, store: str) -> RunMarks | None:
+        """The marks of `store`, or None if it is not a SQLite store this path reads."""
+        connection = _connect(store)
+        return None if connection is None else cls(connection)
+
+    def of(self, run_id: str) -> tuple[int, str] | None:
+        """The run's version and status as stored now; None if there is no such run."""
+        row = self.connection.execute(
+            "SELECT version, status FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _connect(store: str) -> Connection | None:
+    """A connection to the Ratchet store `store` names, if it is a SQLite file (never one
+    that creates it), in autocommit: each statement reads what is committed."""
+    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+        return None
+    path = store[len(SQLITE_SCHEME) :]
+    if not os.path.isfile(path):
+        return None
+    import _sqlite3
+
+    try:
+        # mode=rw: never create the file (the full CLI says there is no store).
+        connection = _sqlite3.connect(
+            f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
+        )
+    except _sqlite3.Error:
+        return None
+    try:
+        (application_id,) = connection.execute("PRAGMA application_id").fetchone()
+        if application_id == APPLICATION_ID:
+            return connection
+    except _sqlite3.Error:
+        pass
+    connection.close()
+    return None
 
 
 def _uri_path(path: str) -> str:

@@ -12,12 +12,10 @@ default.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 
+from ratchet import quickjson as json  # `json`'s text, without loading `re`
 from ratchet.pricing import PRICES_AS_OF, estimate
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
@@ -33,7 +31,11 @@ from ratchet.untrusted import for_terminal, json_for_terminal
 
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from datetime import datetime
     from typing import Any
+else:  # the C type that `datetime.datetime` is, without the module's pure-Python half
+    from _datetime import datetime
 
 GOAL_CHARS = 200
 """`ratchet status` shows the goal cut to this many characters (`--json` has all of it)."""
