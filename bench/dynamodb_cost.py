@@ -117,6 +117,12 @@ class StepCost:
     def by_operation(self, role: str | None = None) -> Counter[str]:
         return Counter(r.operation for r in self._of(role))
 
+    def write_units_by_operation(self, role: str | None = None) -> Counter[str]:
+        units: Counter[str] = Counter()
+        for request in self._of(role):
+            units[request.operation] += write_units(request, self.items_after)
+        return units
+
     def bytes(self, role: str | None = None) -> int:
         return sum(r.bytes for r in self._of(role))
 
@@ -298,8 +304,11 @@ def report(costs: list[StepCost], seconds: float) -> str:
             )
     early, late = shown[0], shown[-1]
     growth = late.bytes(ENGINE) / early.bytes(ENGINE)
+    units = late.write_units_by_operation(ENGINE)
     lines += [
         "",
+        f"engine write units at step {late.step}: "
+        + ", ".join(f"{op} {units[op]}" for op in operations if units[op]),
         f"engine bytes, step {late.step} over step {early.step}: {growth:.3f} "
         f"({late.bytes(ENGINE) - early.bytes(ENGINE):+,} bytes)",
         f"{len(costs)} steps in {seconds:.1f} s (moto in-process: no network, no real latency)",
