@@ -1,0 +1,255 @@
+"""The figures the docs quote are what the commands named beside them print (issue 20).
+
+Each test runs the command a figure names, as a user would, parses what it prints, and reads
+the figure out of the doc's own sentence or table row, so a figure that drifts from its command,
+or a sentence reworded so it no longer says which command, fails here. Counts must match
+exactly; byte sizes within 1% (a number one digit wider moves them a few bytes); timings are
+compared as ratios over `python -c pass` measured in the same run, never as times, and within a
+factor of the documented overhead, because these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DEPLOY = ROOT / "docs" / "deploy.md"
+BYTES_TOLERANCE = 0.01
+OVERHEAD_FACTOR = 2.0
+OVERHEAD_SLACK = 0.25
+"""A timed command's overhead over `python -c pass` (its ratio minus 1) may be OVERHEAD_FACTOR
+times the documented one (or OVERHEAD_SLACK more, for a small one), or the documented one over
+OVERHEAD_FACTOR, before the figure counts as far from the doc."""
+
+pytestmark = pytest.mark.slow
+
+
+def _printed(module: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"python -m {module} failed:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def _doc(path: Path) -> str:
+    """The doc's text with its line breaks and runs of spaces read as one space, so a figure
+    found in a sentence does not depend on where the paragraph wraps."""
+    return re.sub(r"\s+", " ", path.read_text(encoding="utf-8"))
+
+
+def _one(pattern: str, text: str, where: str) -> re.Match[str]:
+    found = re.search(pattern, text)
+    assert found, f"{where} no longer says {pattern!r}: reword the test with the doc"
+    return found
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+# --- DynamoDB: python -m bench.dynamodb_cost --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One `engine` row of bench.dynamodb_cost's table: a step's requests to the engine's
+    tables, by operation, their bytes and their write units."""
+
+    step: int
+    operations: Mapping[str, int]
+    bytes: int
+    write_units: int
+
+
+@dataclass(frozen=True)
+class DynamoDbFigures:
+    rows: Mapping[int, EngineRow]
+    write_units_by_operation: Mapping[str, int]
+
+
+def _dynamodb_figures(printed: str) -> DynamoDbFigures:
+    lines = printed.splitlines()
+    header = next(
+        line.split() for line in lines if line.split()[:3] == ["step", "role", "requests"]
+    )
+    operations = header[3:-2]
+    rows: dict[int, EngineRow] = {}
+    for line in lines:
+        cells = line.split()
+        if len(cells) == len(header) and cells[1] == "engine":
+            counts = [int(c) for c in cells[3:-2]]
+            assert sum(counts) == int(cells[2]), line
+            rows[int(cells[0])] = EngineRow(
+                step=int(cells[0]),
+                operations={op: n for op, n in zip(operations, counts, strict=True) if n},
+                bytes=_number(cells[-2]),
+                write_units=int(cells[-1]),
+            )
+    units = _one(r"engine write units at step \d+: (?P<units>.+)", printed, "bench.dynamodb_cost")
+    by_operation = {op: int(n) for op, n in (part.split() for part in units["units"].split(", "))}
+    assert rows, printed
+    return DynamoDbFigures(rows=rows, write_units_by_operation=by_operation)
+
+
+@pytest.fixture(scope="module")
+def dynamodb() -> DynamoDbFigures:
+    return _dynamodb_figures(_printed("bench.dynamodb_cost"))
+
+
+def _operations(listed: str) -> dict[str, int]:
+    """`1 GetItem, 1 Query, ...` as {operation: count}."""
+    return {op: int(n) for n, op in (part.split() for part in listed.split(", "))}
+
+
+def test_deploy_md_quotes_the_requests_a_step_sends(dynamodb: DynamoDbFigures) -> None:
+    row = _one(
+        r"\| DynamoDB requests per step \(engine\) \| (?P<target>\d+) \| (?P<total>\d+) "
+        r"\((?P<listed>[^)]+)\), the same at steps (?P<steps>[\d, and]+) \| "
+        r"`python -m bench\.dynamodb_cost` \|",
+        _doc(DEPLOY),
+        "docs/deploy.md",
+    )
+    steps = [int(s) for s in re.findall(r"\d+", row["steps"])]
+    assert sorted(steps) == sorted(dynamodb.rows)
+    for step in steps:
+        assert dynamodb.rows[step].operations == _operations(row["listed"]), step
+    assert sum(_operations(row["listed"]).values()) == int(row["total"])
+    prose = _one(r"Each step sends (?P<n>\d+) requests to the engine's tables", _doc(DEPLOY), "")
+    assert int(prose["n"]) == int(row["total"])
+
+
+def test_deploy_md_quotes_the_bytes_a_step_sends(dynamodb: DynamoDbFigures) -> None:
+    row = _one(
+        r"\| DynamoDB request bytes per step \(engine\) \| \| (?P<figures>[^|]+) \| same bench \|",
+        _doc(DEPLOY),
+        "docs/deploy.md",
+    )
+    quoted = re.findall(r"([\d,]+) at step (\d+)", row["figures"])
+    assert {int(step) for _, step in quoted} == set(dynamodb.rows)
+    for size, step in quoted:
+        measured = dynamodb.rows[int(step)].bytes
+        assert abs(measured - _number(size)) <= BYTES_TOLERANCE * measured, (step, measured)
+
+
+def test_the_docs_quote_the_write_units_a_step_costs(dynamodb: DynamoDbFigures) -> None:
+    deploy = _doc(DEPLOY)
+    row = _one(
+        r"\| DynamoDB write units per step \(engine\) \| (?P<target>\d+) \| (?P<total>\d+) "
+        r"\((?P<listed>[^)]+)\) at steps [\d, and]+, from item sizes \| same bench \|",
+        deploy,
+        "docs/deploy.md",
+    )
+    listed = {op: int(n) for op, n in (part.split() for part in row["listed"].split(", "))}
+    assert listed == dynamodb.write_units_by_operation
+    units = {r.write_units for r in dynamodb.rows.values()}
+    assert units == {int(row["total"])}, "the write units differ between the steps shown"
+    table = _one(r"\| \*\*per step\*\* \| \*\*(?P<wru>\d+) WRU", deploy, "docs/deploy.md")
+    assert int(table["wru"]) in units
+    readme = _one(
+        r"On DynamoDB a step costs (?P<wru>\d+) write units \([^)]*\), as "
+        r"`python -m bench\.dynamodb_cost` computes",
+        _doc(README),
+        "README.md",
+    )
+    assert int(readme["wru"]) in units
+
+
+# --- The CLI's start: python -m bench.cli_start ----------------------------------------------
+
+
+def _cli_ratios(printed: str) -> dict[str, float]:
+    return {
+        found["command"].strip(): float(found["ratio"])
+        for found in re.finditer(
+            r"^(?P<command>(?:python|ratchet)\b.*?)\s+[\d.]+\s+(?P<ratio>[\d.]+)x",
+            printed,
+            re.MULTILINE,
+        )
+    }
+
+
+def _near(measured: float, documented: tuple[float, float]) -> bool:
+    """Whether a measured ratio's overhead over `python -c pass` is near the documented
+    range's (see OVERHEAD_FACTOR)."""
+    low, high = (r - 1 for r in documented)
+    overhead = measured - 1
+    return low / OVERHEAD_FACTOR <= overhead <= max(high * OVERHEAD_FACTOR, high + OVERHEAD_SLACK)
+
+
+def _cli_rounds() -> Iterator[dict[str, float]]:
+    """bench.cli_start's ratios, a second run only if the first is far from the doc: one run
+    on a shared machine can be slow for reasons of its own, two in a row cannot be luck."""
+    for _ in range(2):
+        yield _cli_ratios(_printed("bench.cli_start", "--runs", "5"))
+
+
+def test_the_readme_quotes_how_fast_the_cli_reads_and_helps() -> None:
+    sentence = _one(
+        r"`python -m bench\.cli_start` measured [\d.]+ to [\d.]+ ms for the reads "
+        r"\((?P<low>[\d.]+)x to (?P<high>[\d.]+)x a bare `python -c pass`, [\d.]+ ms\) and "
+        r"[\d.]+ ms for `ratchet --help` \((?P<help>[\d.]+)x\)",
+        _doc(README),
+        "README.md",
+    )
+    reads = (float(sentence["low"]), float(sentence["high"]))
+    help_ratio = float(sentence["help"])
+    far: list[str] = []
+    for ratios in _cli_rounds():
+        assert {"python -c pass", "ratchet --help", "ratchet list"} <= set(ratios), ratios
+        far = [
+            f"{command}: {ratio:.2f}x"
+            for command, ratio in ratios.items()
+            if command != "python -c pass"
+            and not _near(ratio, (help_ratio, help_ratio) if "help" in command else reads)
+        ]
+        if not far:
+            return
+    pytest.fail(
+        f"the README says reads {reads[0]}x to {reads[1]}x and --help {help_ratio}x; "
+        f"bench.cli_start printed, twice: {', '.join(far)}"
+    )
+
+
+# --- The parsers themselves ------------------------------------------------------------------
+
+
+def test_the_parsers_read_what_the_benches_print() -> None:
+    """The parsers above, on output of the benches' own shape, so a failure of the tests above
+    reads as a figure off, not a parser's blind spot."""
+    dynamodb = _dynamodb_figures(
+        "\n".join(
+            [
+                " step    role  requests GetItem PutItem Query bytes  WRU",
+                "   10  engine         3       1       1     1  5,888   10",
+                "   10     app         1       1       0     0    100    0",
+                "   10   total         4       2       1     1  5,988   10",
+                "",
+                "engine write units at step 10: PutItem 1, Query 0",
+            ]
+        )
+    )
+    assert dynamodb.rows[10] == EngineRow(10, {"GetItem": 1, "PutItem": 1, "Query": 1}, 5888, 10)
+    assert dynamodb.write_units_by_operation == {"PutItem": 1, "Query": 0}
+    ratios = _cli_ratios(
+        "median over 5 rounds\ncommand  ms  x bare  target\n"
+        "python -c pass                   7.2   1.00x        \n"
+        "ratchet status RUN --json       12.0   1.66x      2x\n"
+    )
+    assert ratios == {"python -c pass": 1.0, "ratchet status RUN --json": 1.66}
+    assert _near(1.66, (1.64, 1.72))
+    assert not _near(2.6, (1.64, 1.72))
+    assert not _near(1.1, (1.64, 1.72))
