@@ -7,7 +7,9 @@ It makes a store of its own in a temporary directory, with one migration run wai
 person, and times the installed console script (the one beside this Python). Every figure is
 also a ratio over `python -c pass`, beside its target: a read command within 2x,
 `--help` within 4x. The read commands and `--help` answer through `ratchet.cli.quick`, which
-loads neither pydantic, typer nor rich (nor `re`, `json` or `sqlite3`'s Python half).
+loads neither pydantic, typer nor rich (nor `re`, `json` or `sqlite3`'s Python half); beside
+each is the same command through the full CLI (`python -m ratchet.cli`), the path it took
+before the quick reads, timed in the same rounds.
 
 Two things keep the figures honest on a shared, noisy machine:
 
@@ -43,6 +45,8 @@ READ_TARGET = 2.0
 HELP_TARGET = 4.0
 """`ratchet --help` within this many times `python -c pass`."""
 BARE = "python -c pass"
+FULL = "full: "
+"""The key prefix of a case run through the full CLI (`python -m ratchet.cli`)."""
 
 
 def main() -> None:
@@ -66,14 +70,17 @@ def main() -> None:
             capture_output=True,
             timeout=120,
         )
-        cases = {
-            BARE: [sys.executable, "-c", "pass"],
-            "ratchet --help": [str(RATCHET), "--help"],
-            "ratchet status RUN": [str(RATCHET), "status", "bench"],
-            "ratchet status RUN --json": [str(RATCHET), "status", "bench", "--json"],
-            "ratchet history RUN": [str(RATCHET), "history", "bench"],
-            "ratchet list": [str(RATCHET), "list"],
+        commands = {
+            "ratchet --help": ["--help"],
+            "ratchet status RUN": ["status", "bench"],
+            "ratchet status RUN --json": ["status", "bench", "--json"],
+            "ratchet history RUN": ["history", "bench"],
+            "ratchet list": ["list"],
         }
+        full = [sys.executable, "-m", "ratchet.cli"]
+        cases = {BARE: [sys.executable, "-c", "pass"]}
+        cases |= {name: [str(RATCHET), *args] for name, args in commands.items()}
+        cases |= {FULL + name: [*full, *args] for name, args in commands.items()}
 
         def timed(command: list[str]) -> float:
             # No timeout: with one, `subprocess` waits by polling with sleeps that double from
@@ -92,10 +99,20 @@ def main() -> None:
     figures = {name: statistics.median(seconds) for name, seconds in taken.items()}
     bare = figures[BARE]
     print(f"median over {runs} rounds, one process of each case a round (bytecode warm)")
-    print(f"{'command':<28}{'ms':>8}{'x bare':>8}{'target':>8}")
+    print(f"{'command':<28}{'ms':>8}{'x bare':>8}{'target':>8}{'full CLI ms':>14}{'x bare':>8}")
     for name, seconds in figures.items():
-        target = "" if name == BARE else f"{HELP_TARGET if 'help' in name else READ_TARGET:.0f}x"
-        print(f"{name:<28}{seconds * 1000:>8.1f}{seconds / bare:>7.2f}x{target:>8}")
+        if name.startswith(FULL):
+            continue
+        line = f"{name:<28}{seconds * 1000:>8.1f}{seconds / bare:>7.2f}x"
+        if name != BARE:
+            target = HELP_TARGET if "help" in name else READ_TARGET
+            slow = figures[FULL + name]
+            line += f"{target:>7.0f}x{slow * 1000:>14.1f}{slow / bare:>7.2f}x"
+        print(line.rstrip())
+    print(
+        "full CLI: the same command through `python -m ratchet.cli` (pydantic, typer, rich and "
+        "the runtime), the path every command took before the quick reads"
+    )
     print(
         f"ratchet watch RUN, a poll of a run that has not moved: {polls['poll'] * 1e6:.1f} µs "
         f"(a head read, what each poll read before: {polls['head'] * 1e6:.1f} µs)"
