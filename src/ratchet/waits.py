@@ -66,6 +66,14 @@ class Approval(BaseModel):
     """How it was decided: `link`, `slack`, `api` or `cli`."""
     prompt: str = Field(default="", max_length=PROMPT_KEPT_CHARS)
     """What the agent asked (its start), so a decided request still says what it was."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """The request's details (`ask_person(..., details=...)`: what and why), as asked. Bounded
+    by the request's own limit (`MAX_APPROVAL_REQUEST_BYTES`)."""
+    tool: str | None = None
+    """The tool whose call asked (the step's decision); None for a request an older Ratchet
+    opened, or one with no call behind it."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """That call's arguments, as its step record keeps them (a preview of large ones)."""
     answer: dict[str, Any] | None = None
     """The answer given with the approval, for a request that asked for one."""
 

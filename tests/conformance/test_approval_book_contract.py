@@ -167,6 +167,27 @@ def test_settle_decides_a_pending_approval_and_records_who_when_how_and_why(
     assert backend.book.get("run-1", opened.approval_id) == settled
 
 
+def test_a_decided_approval_still_holds_what_was_asked(backend):
+    # The approval page shows the request once the run has moved on: from the record alone.
+    asked = approval().model_copy(
+        update={
+            "prompt": "Refund A-1042?",
+            "details": {"reason": "damaged in transit", "amount": {"eur": 120}},
+            "tool": "refund",
+            "arguments": {"order_id": "A-1042", "lines": [1, 2]},
+        }
+    )
+    opened = backend.book.open(asked)
+
+    settled = backend.book.settle(opened, APPROVE, channel="link", at=T0 + timedelta(hours=1))
+
+    kept = backend.book.get("run-1", opened.approval_id)
+    assert kept == settled
+    assert kept is not None
+    assert (kept.prompt, kept.details) == (asked.prompt, asked.details)
+    assert (kept.tool, kept.arguments) == (asked.tool, asked.arguments)
+
+
 def test_settle_decides_once_and_a_second_decision_changes_nothing(backend):
     # Two people (or a person and a replayed POST) both read the request while it was pending;
     # the first to write wins.

@@ -53,6 +53,7 @@ SCRUBBED = {"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "RATCHET_FAULT", "RATCHET
 COMMAND_TIMEOUT = 60
 SERVER_START_SECONDS = 20
 UI_TIMEOUT_MS = 15_000
+WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"  # when a person decided, as the page says it
 
 
 @dataclass
@@ -205,20 +206,73 @@ def _detail(page: Page, name: str) -> Locator:
     return page.locator("tr").filter(has=page.locator("th", has_text=name)).locator("td")
 
 
-def _open_pending_request(page: Page, link: str) -> None:
+def _open_pending_request(page: Page, link: str, run_id: str) -> None:
     response = page.goto(link)
     assert response is not None
     assert response.status == 200
     expect(page).to_have_title("Approval needed · Ratchet")
+    _shows_what_was_asked(page, run_id, verb="asks")
+    expect(page.locator("#before li")).to_have_text(
+        [
+            "Step 1, inspect_table: legacy_orders has 2,000 rows (2 batches of 1,000).",
+            "Step 2, copy_batch: Copied 1,000 rows (ids 1-1,000) in batch 1.",
+            "Step 3, copy_batch: Copied 1,000 rows (ids 1,001-2,000) in batch 2.",
+        ]
+    )
+    expect(page.get_by_text(f"You decide as {OPERATOR}.")).to_be_visible()
+    expect(page.get_by_role("button", name="Approve")).to_be_visible()
+    expect(page.get_by_role("button", name="Reject")).to_be_visible()
+
+
+def _shows_what_was_asked(page: Page, run_id: str, *, verb: str) -> None:
+    """The request as it was asked: which step asks, the question, the call and its
+    details; the same before and after the decision."""
+    expect(page.locator("#asker")).to_have_text(
+        f"Step {WAITING_STEP} of run {run_id}, agent migration, {verb}:"
+    )
     expect(page.get_by_role("heading", level=1)).to_have_text(PROMPT)
+    expect(_detail(page, "tool call")).to_have_text(
+        f'request_approval(action="Drop legacy_orders", reason="{PROMPT.split(". ")[1]}")'
+    )
     expect(_detail(page, "action")).to_have_text("Drop legacy_orders")
     expect(_detail(page, "reason")).to_have_text(
         "All 2 batches (2,000 rows) are copied into orders"
     )
-    expect(page.get_by_text("Last completed steps:")).to_be_visible()
-    expect(page.get_by_text(f"You decide as {OPERATOR}.")).to_be_visible()
-    expect(page.get_by_role("button", name="Approve")).to_be_visible()
-    expect(page.get_by_role("button", name="Reject")).to_be_visible()
+
+
+_LINES_SCRIPT = """element => {
+    const lines = [];
+    let top = null;
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (let i = 0; i < node.length; i++) {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            const box = range.getBoundingClientRect();
+            if (box.width === 0 && box.height === 0) continue;
+            if (top === null || box.top > top + box.height / 2) {
+                lines.push("");
+                top = box.top;
+            }
+            lines[lines.length - 1] += node.data[i];
+        }
+    }
+    return lines;
+}"""
+
+
+def rendered_lines(element: Locator) -> list[str]:
+    """The element's text as the browser laid it out, a string per line."""
+    lines = element.evaluate(_LINES_SCRIPT)
+    assert isinstance(lines, list)
+    return [str(line) for line in lines]
+
+
+def breaks_between_words(lines: list[str]) -> bool:
+    """Whether text laid out on `lines` wraps only at a space or after a comma, never inside
+    a name or a word."""
+    return all(line.endswith((" ", ",")) for line in lines[:-1])
 
 
 def _screenshot_if_asked(page: Page) -> None:
@@ -247,12 +301,15 @@ def _step_result(local: Local, run_id: str, step: int) -> str:
     return text
 
 
-def _already_decided(page: Page, link: str, verb: str) -> None:
+def _already_decided(page: Page, link: str, run_id: str, verb: str) -> None:
     response = page.goto(link)
     assert response is not None
     assert response.status == 409
     expect(page).to_have_title("Already decided · Ratchet")
-    expect(page.get_by_text(f"This request was {verb} by {OPERATOR}")).to_be_visible()
+    expect(page.locator("#decided")).to_have_text(
+        re.compile(rf"Already decided\. This request was {verb} by {OPERATOR} at {WHEN}\.")
+    )
+    _shows_what_was_asked(page, run_id, verb="asked")
     expect(page.get_by_role("button")).to_have_count(0)
 
 
@@ -264,14 +321,17 @@ def test_approving_from_the_link_resumes_the_run_and_drops_the_table(local, brow
     page = browser.new_page()
 
     # When the person opens the link, reads the request and approves with a comment
-    _open_pending_request(page, link)
+    _open_pending_request(page, link, run_id)
     _screenshot_if_asked(page)
     page.get_by_label("Comment (optional)").fill("Copy checked against the nightly export.")
     page.get_by_role("button", name="Approve").click()
 
     # Then the page confirms, the next worker finishes the run, and legacy_orders is gone
     expect(page).to_have_title("Approved · Ratchet")
-    expect(page.get_by_text(f"Approved by {OPERATOR}. The run resumes")).to_be_visible()
+    expect(page.locator("#decided")).to_have_text(
+        re.compile(rf"Approved by {OPERATOR} at {WHEN}\. The run resumes")
+    )
+    _shows_what_was_asked(page, run_id, verb="asked")
     expect(page.get_by_text("Comment: Copy checked against the nightly export.")).to_be_visible()
     assert local.status(run_id)["status"] != "waiting"
     local.ok("worker", "--until-idle")
@@ -283,7 +343,7 @@ def test_approving_from_the_link_resumes_the_run_and_drops_the_table(local, brow
     approval = _step_result(local, run_id, WAITING_STEP)
     assert re.match(rf"Approved by {OPERATOR}\b", approval)
     assert "Copy checked against the nightly export." in approval
-    _already_decided(page, link, "approved")
+    _already_decided(page, link, run_id, "approved")
 
 
 def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, browser):
@@ -294,13 +354,16 @@ def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, brow
     page = browser.new_page()
 
     # When the person opens the link and rejects, giving a reason
-    _open_pending_request(page, link)
+    _open_pending_request(page, link, run_id)
     page.get_by_label("Comment (optional)").fill("Finance still reads legacy_orders.")
     page.get_by_role("button", name="Reject").click()
 
     # Then the page confirms, and the run records the rejection and goes on without the drop
     expect(page).to_have_title("Rejected · Ratchet")
-    expect(page.get_by_text(f"Rejected by {OPERATOR}. The run resumes")).to_be_visible()
+    expect(page.locator("#decided")).to_have_text(
+        re.compile(rf"Rejected by {OPERATOR} at {WHEN}\. The run resumes")
+    )
+    _shows_what_was_asked(page, run_id, verb="asked")
     local.ok("worker", "--until-idle")
     status = local.status(run_id)
     assert status["status"] == "done"
@@ -312,7 +375,7 @@ def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, brow
     rejection = _step_result(local, run_id, WAITING_STEP)
     assert rejection.startswith("Rejected")
     assert "Finance still reads legacy_orders." in rejection
-    _already_decided(page, link, "rejected")
+    _already_decided(page, link, run_id, "rejected")
 
 
 def test_answering_a_structured_question_through_the_form(local, browser):
@@ -359,3 +422,21 @@ def test_answering_a_structured_question_through_the_form(local, browser):
     answer = f'Approved by {OPERATOR}: {{"amount": 120, "reason": "late"}}'
     assert status["summary"] == f"refund decided: {answer}"
     assert _step_result(local, run_id, 1) == answer
+
+
+def test_a_narrow_page_wraps_the_tool_call_between_words(local, tmp_path):
+    # Given a request whose call is wider than a phone's screen
+    run_id = "migrate-orders-narrow"
+    link = local.park_migration(run_id)
+
+    # When it is opened 360 pixels wide
+    with chromium(tmp_path / "narrow-profile", width=360, height=640) as narrow:
+        page = narrow.new_page()
+        page.goto(link)
+        call = _detail(page, "tool call")
+        lines = rendered_lines(call)
+
+    # Then the call wraps, at spaces and after commas only: each name is whole on its line
+    assert len(lines) > 1, lines
+    assert breaks_between_words(lines), lines
+    assert lines[0].startswith('request_approval(action="'), lines

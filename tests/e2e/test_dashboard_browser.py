@@ -14,6 +14,7 @@ run's page to docs/dashboard-runs.png and docs/dashboard-run.png.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -29,7 +30,9 @@ from tests.e2e.test_approval_browser import (
     RATCHET,
     WAITING_STEP,
     Local,
+    breaks_between_words,
     chromium,
+    rendered_lines,
     serving,
 )
 
@@ -140,12 +143,22 @@ def test_the_dashboard_lists_runs_and_shows_a_resumed_runs_timeline(local, brows
     expect(steps).to_have_count(WAITING_STEP)
     retried = page.locator(f"#timeline tbody tr.retried[data-step='{CRASH_STEP}']")
     expect(retried).to_have_count(1)
-    expect(retried).to_contain_text("retried after 1 failed attempt")
+    expect(retried).to_contain_text("2 (retried: the worker died during attempt 1)")
     expect(retried).to_contain_text("copy_batch")
     expect(retried).to_contain_text("finisher")
     first = page.locator("#timeline tbody tr[data-step='1']").filter(has_text="step committed")
     expect(first).to_contain_text("doomed")
-    expect(page.locator("#timeline tbody tr.gap")).not_to_have_count(0)
+    # And the doomed worker's attempt is said to have died, just before the retry's record
+    died = page.locator("#timeline tbody tr.gap").filter(has_text="the worker died")
+    expect(died).to_have_text(
+        re.compile(
+            rf"^\d+\s*Attempt 1 at step {CRASH_STEP}: the worker died during this attempt "
+            r"\(the attempt was counted, but no record was written\)$"
+        )
+    )
+    expect(page.locator("#timeline tbody tr.gap").first).to_contain_text(
+        "Attempt 1 at step 1 counted before its work started"
+    )
 
     # And the charts of step duration and bytes written are drawn, one mark per step/write
     charts = page.locator("svg.chart")
@@ -154,7 +167,24 @@ def test_the_dashboard_lists_runs_and_shows_a_resumed_runs_timeline(local, brows
     checkpoints = page.locator("#timeline tbody tr[data-version]").count()
     expect(page.locator("svg[aria-label='Bytes written'] circle.dot")).to_have_count(checkpoints)
     expect(page.locator("svg[aria-label='Step duration']")).to_contain_text("ms")
+    # Each chart says what its x axis counts, in its title and under the axis
+    for name, axis in (("Step duration", "step"), ("Bytes written", "checkpoint version")):
+        svg = page.locator(f"svg[aria-label='{name}']")
+        expect(svg.locator("text.title")).to_have_text(f"{name} by {axis}")
+        expect(svg.locator("text.x-axis")).to_have_text(axis)
+        expect(svg.locator("text.x-axis")).to_be_visible()
     _screenshot_if_asked(page, "dashboard-run.png")
+
+    # And on a narrow screen a tool call wraps between words, never inside a name
+    page.set_viewport_size({"width": 420, "height": 800})
+    asking = page.locator(f"#timeline tbody tr[data-step='{WAITING_STEP}']").filter(
+        has_text="asked a person"
+    )
+    lines = rendered_lines(asking.locator("td").nth(3))
+    assert len(lines) > 2, lines
+    assert breaks_between_words(lines), lines
+    assert lines[0].startswith("request_approval("), lines
+    page.set_viewport_size({"width": 1180, "height": 600})
 
     # And the state at a step is one click away, with the prompt its model saw
     page.locator(f"#timeline tbody tr[data-step='{CRASH_STEP}'] td").nth(1).get_by_role(

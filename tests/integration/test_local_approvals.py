@@ -356,6 +356,24 @@ def test_a_replayed_post_is_refused_as_already_decided(local, parked):
     assert local.tables() == after_first
 
 
+def test_a_decided_link_still_shows_what_was_asked_after_the_run_finished(local, parked):
+    # Given a decided request, and a run that went on to finish
+    post(local, parked.link, "decision=approve&comment=fine")
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).status is RunStatus.DONE
+
+    # When the link is opened again
+    page = local.client.get(parked.link).get_data(as_text=True)
+
+    # Then it shows the call and the details the request kept when it was opened
+    kept = local.approval(parked)
+    assert (kept.tool, kept.arguments, kept.details) == ("ask", {"text": "may I?"}, DETAILS)
+    assert "ask(text=&quot;may I?&quot;)" in page
+    for name, value in DETAILS.items():
+        shown = html.escape(value if isinstance(value, str) else json.dumps(value))
+        assert f"<th>{html.escape(name)}</th><td><code>{shown}</code>" in page
+
+
 def test_opening_a_decided_link_says_who_decided(local, parked):
     post(local, parked.link, "decision=reject&comment=no")
     before = local.tables()

@@ -240,3 +240,108 @@ def test_a_page_of_a_run_that_may_still_move_reloads_itself(status, seconds):
 
     reloads = [re.findall(r"<meta http-equiv='refresh' content='(\d+)'>", page) for page in pages]
     assert reloads == [[str(seconds)] if seconds else []] * 2
+
+
+# --- issue 20: what a row says, once and in words ----------------------------------------------
+
+
+def _timeline(checkpoints: list[Checkpoint], gaps: list[tuple[int, int]]) -> Timeline:
+    return Timeline(
+        run=_run("r1", version=max(c.version for c in checkpoints)),
+        checkpoints=checkpoints,
+        attempts={c.version: c.attempt for c in checkpoints if c.attempt is not None},
+        gaps=gaps,
+        approvals=[],
+        pending=None,
+    )
+
+
+def _row(page: str, version: int | str) -> str:
+    found = re.search(rf"<tr[^>]*>(?:<td>|<td [^>]*>){version}</td>.*?</tr>", page)
+    assert found is not None, version
+    return re.sub(r"<[^>]+>", " ", found.group(0))
+
+
+def test_a_decision_row_names_who_decided_once_with_the_comment_cut():
+    comment = "Checked against the nightly export. " * 10
+    decided = Checkpoint(
+        version=2,
+        step=1,
+        status=RunStatus.RUNNING,
+        event="decided",
+        worker="w1",
+        bytes=10,
+        time=NOW,
+        by="root",
+        comment=comment,
+        explanation=f"person decided by root: approved: {comment}",
+    )
+
+    row = _row(run_page(_timeline([_step(1, 1), decided], [])), 2)
+
+    assert row.count("decided by") == 1
+    assert "person decided by root: approved: Checked against" in row
+    assert comment not in row  # cut to the preview
+
+
+def _attempt(version: int, step: int, attempt: int, event: str = "step") -> Checkpoint:
+    if event == "step":
+        return _step(version, step).model_copy(update={"attempt": attempt})
+    # A failed attempt is written at the run's committed step, the one before.
+    return Checkpoint(
+        version=version,
+        step=step - 1,
+        status=RunStatus.RUNNING,
+        event="attempt_failed",
+        worker="w1",
+        bytes=10,
+        time=NOW,
+        attempt=attempt,
+        error="boom",
+        explanation=f"attempt {attempt} at step {step} failed: boom",
+    )
+
+
+def test_the_versions_before_a_killed_workers_retry_say_the_worker_died():
+    # Given step 2 committed on attempt 2, and no record of attempt 1: its worker was killed
+    checkpoints = [_attempt(1, 1, 1), _attempt(3, 2, 2)]
+
+    page = run_page(_timeline(checkpoints, [(2, 2)]))
+
+    said = (
+        "2 Attempt 1 at step 2: the worker died during this attempt "
+        "(the attempt was counted, but no record was written)"
+    )
+    assert " ".join(_row(page, 2).split()) == said
+    assert "2 (retried: the worker died during attempt 1)" in _row(page, 3)
+    assert "attempt counted (no record)" not in page
+
+
+def test_an_attempt_that_failed_with_a_record_is_not_said_to_have_died():
+    # Given attempt 1 at step 2 failed (recorded), then attempt 2 was counted and committed
+    checkpoints = [_attempt(1, 1, 1), _attempt(2, 2, 1, "attempt_failed"), _attempt(4, 2, 2)]
+
+    page = run_page(_timeline(checkpoints, [(3, 3)]))
+
+    assert "died" not in page
+    assert "Attempt 2 at step 2 counted before its work started" in _row(page, 3)
+    assert "2 (retried after 1 failed attempt)" in _row(page, 4)
+
+
+def test_the_latest_versions_with_no_record_yet_are_said_to_be_counted_attempts():
+    page = run_page(_timeline([_attempt(1, 1, 1)], [(2, 3)]))
+
+    assert "Attempts counted (or given back) at the next step" in _row(page, "2..3")
+
+
+def test_each_chart_says_what_its_x_axis_counts():
+    timeline = _timeline([_attempt(1, 1, 1), _attempt(2, 2, 1)], [])
+
+    page = run_page(timeline)
+
+    titles = [re.sub(r"<[^>]+>", "", t) for t in re.findall(r"<text class='title'.*?</text>", page)]
+    assert titles == ["Step duration by step", "Bytes written by checkpoint version"]
+    assert re.findall(r"<text class='x-axis'[^>]*>(.*?)</text>", page) == [
+        "step",
+        "checkpoint version",
+    ]

@@ -122,8 +122,14 @@ class ApprovalDesk:
         now = self.clock()
         # A run started with its own timeout (locally, `--approval-timeout`) keeps to it.
         timeout_seconds = run.options.approval_timeout_seconds or timeout_seconds
+        # The request keeps what was asked, the call and its details, for its page once
+        # decided: by then the run has moved on and its head no longer says.
+        asking = next((m for m in reversed(run.messages) if m.step == run.step), None)
         candidate = Approval(
             prompt=_clip(run.waiting.request.prompt, PROMPT_KEPT_CHARS),
+            details=run.waiting.request.details,
+            tool=asking.tool if asking else None,
+            arguments=asking.arguments if asking else {},
             approval_id=secrets.token_urlsafe(16),
             run_id=run_id,
             step=run.step,

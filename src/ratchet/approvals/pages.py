@@ -6,10 +6,12 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ratchet.approvals.answers import FORM_PREFIX, AnswerField, answer_fields
 from ratchet.approvals.desk import RECENT_STEPS_SHOWN, ApprovalView, decided_text
+from ratchet.state import ApprovalRequest
 from ratchet.waits import MAX_COMMENT_CHARS, ApprovalStatus
 
 HEADERS = {
@@ -34,7 +36,8 @@ box-shadow:0 1px 3px rgba(0,0,0,.12)}
 h1{font-size:22px;margin:0 0 8px}.meta{color:#5b6475;font-size:14px;margin:0 0 20px}
 table{border-collapse:collapse;margin:12px 0;width:100%}th,td{text-align:left;padding:6px 8px;
 border-bottom:1px solid #e6e8ec;vertical-align:top;font-size:14px}th{width:30%;color:#5b6475}
-code{white-space:pre-wrap;word-break:break-word}ol{padding-left:20px;font-size:14px;color:#394150}
+code{white-space:pre-wrap;word-break:normal;overflow-wrap:break-word}
+ul.steps{list-style:none;padding-left:0;font-size:14px;color:#394150}ul.steps li{margin:3px 0}
 label{font-size:14px;font-weight:600;color:#394150}
 textarea{width:100%;box-sizing:border-box;min-height:80px;font:inherit;padding:8px}
 .buttons{display:flex;gap:12px;margin-top:14px}button{font:inherit;font-size:16px;
@@ -62,33 +65,74 @@ def _value(value: Any) -> str:
     return html.escape(text)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What the request asked: its question, the call that asked and the request's details."""
+
+    prompt: str
+    details: Mapping[str, Any]
+    tool: str | None
+    arguments: Mapping[str, Any]
+
+
+def _asked(view: ApprovalView) -> _Asked:
+    """The request as the waiting run holds it, or, once the run has moved on (decided), as
+    the request kept it when it was opened."""
+    approval, run = view.approval, view.run
+    call = next((m for m in (run.messages if run else ()) if m.step == approval.step), None)
+    tool = approval.tool or (call.tool if call else None)
+    arguments = approval.arguments or (call.arguments if call and not approval.tool else {})
+    if view.run_waits_for_it and run is not None and run.waiting is not None:
+        request = run.waiting.request
+        if isinstance(request, ApprovalRequest):
+            return _Asked(request.prompt, request.details, tool, arguments)
+    return _Asked(approval.prompt or "Approval request", approval.details, tool, arguments)
+
+
+def _call_text(tool: str, arguments: Mapping[str, Any]) -> str:
+    """`refund(order_id="A-1", amount=120)`, escaped, with a break opportunity after each
+    comma, so a narrow page wraps it between arguments and never inside a name."""
+    pairs = (
+        html.escape(f"{name}={json.dumps(value, ensure_ascii=False, default=str)}")
+        for name, value in arguments.items()
+    )
+    return f"{html.escape(tool)}({',<wbr> '.join(pairs)})"
+
+
 def _request_summary(view: ApprovalView) -> str:
     e = html.escape
     approval, run = view.approval, view.run
-    parts = [f"<p class='meta'>Run <b>{e(approval.run_id)}</b>, step {approval.step}"]
+    asked = _asked(view)
+    verb = "asked" if approval.status.is_decided else "asks"
+    agent = f", agent {e(run.agent)}," if run is not None else ""
+    parts = [
+        f"<p class='meta' id='asker'>Step {approval.step} of run <b>{e(approval.run_id)}</b>"
+        f"{agent} {verb}:</p>",
+        f"<h1>{e(asked.prompt)}</h1>",
+    ]
+    rows = []
+    if asked.tool:
+        call = _call_text(asked.tool, asked.arguments)
+        rows.append(f"<tr><th>tool call</th><td><code class='call'>{call}</code></td></tr>")
+    rows += [
+        f"<tr><th>{e(str(k))}</th><td><code>{_value(v)}</code></td></tr>"
+        for k, v in asked.details.items()
+    ]
+    if rows:
+        parts.append(f"<table id='asked'>{''.join(rows)}</table>")
     if run is not None:
-        parts.append(f" · agent {e(run.agent)}")
-    parts.append(f" · expires {e(approval.expires_at.strftime('%Y-%m-%d %H:%M UTC'))}</p>")
-    if run is not None and run.waiting is not None and run.step == approval.step:
-        request = run.waiting.request
-        parts.append(f"<h1>{e(request.prompt)}</h1>")
-        if request.details:
-            rows = "".join(
-                f"<tr><th>{e(str(k))}</th><td><code>{_value(v)}</code></td></tr>"
-                for k, v in request.details.items()
-            )
-            parts.append(f"<table>{rows}</table>")
-    else:
-        parts.append(f"<h1>{e(approval.prompt or 'Approval request')}</h1>")
-    if run is not None:
-        # The waiting step's own result only repeats the question.
-        done = [r for r in run.tool_results if r.step != approval.step]
+        # The asking step's own result only repeats the question; steps after it (the run
+        # went on once decided) are not what the person was asked about.
+        done = [r for r in run.tool_results if r.step < approval.step]
         recent = done[-RECENT_STEPS_SHOWN:]
         if recent:
             items = "".join(
-                f"<li value='{r.step}'><b>{e(r.tool)}</b>: {e(r.text[:300])}</li>" for r in recent
+                f"<li>Step {r.step}, <b>{e(r.tool)}</b>: {e(r.text[:300])}</li>" for r in recent
             )
-            parts.append(f"<p class='note'>Last completed steps:</p><ol>{items}</ol>")
+            parts.append(
+                f"<p class='note'>The last steps before step {approval.step}:</p>"
+                f"<ul class='steps' id='before'>{items}</ul>"
+            )
         parts.append(f"<p class='note'>Goal: {e(run.goal[:500])}</p>")
     return "".join(parts)
 
@@ -208,7 +252,8 @@ def request_page(
         f"<button class='reject' type='submit' name='decision' value='reject'>{decline}</button>"
         "</div></form>"
         f"<p class='note'>You decide as <b>{who}</b>. Nothing happens until you press a "
-        "button; each request can be decided once.</p>"
+        "button; each request can be decided once. It expires "
+        f"{e(view.approval.expires_at.strftime('%Y-%m-%d %H:%M UTC'))}.</p>"
     )
     return _page("Reply needed" if reply else "Approval needed", _request_summary(view) + form)
 
@@ -223,14 +268,19 @@ def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> 
             verb = "Reply sent" if approved else "Declined"
         else:
             verb = "Approved" if approved else "Rejected"
+        when = approval.decided_at.strftime(" at %Y-%m-%d %H:%M UTC") if approval.decided_at else ""
         banner = (
-            f"<div class='banner {'ok' if approved else 'bad'}'>{verb} by "
-            f"{html.escape(approval.decided_by or '')}. The run resumes with your answer.</div>"
+            f"<div class='banner {'ok' if approved else 'bad'}' id='decided'>{verb} by "
+            f"{html.escape(approval.decided_by or '')}{when}. The run resumes with your "
+            "answer.</div>"
         )
         title = verb
     else:
         said = html.escape(decided_text(approval))
-        banner = f"<div class='banner info'><b>Already decided.</b> This request was {said}.</div>"
+        banner = (
+            f"<div class='banner info' id='decided'><b>Already decided.</b> This request was "
+            f"{said}.</div>"
+        )
         title = "Already decided"
     if approval.answer is not None:
         rows = "".join(
@@ -240,7 +290,8 @@ def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> 
         banner += f"<p class='note'>Answer:</p><table class='answer'>{rows}</table>"
     if approval.comment:
         banner += f"<p class='note'>Comment: {html.escape(approval.comment)}</p>"
-    return _page(title, _request_summary(view) + banner)
+    # Who decided and when first, then what they decided on: the request as it was asked.
+    return _page(title, banner + _request_summary(view))
 
 
 def problem_page(title: str, message: str) -> str:

@@ -280,9 +280,10 @@ h1{font-size:22px;margin:0 0 6px}h2{font-size:17px;margin:22px 0 8px}
 .meta,.note{color:#5b6475;font-size:13px}nav{font-size:13px;margin-bottom:12px}
 table{border-collapse:collapse;width:100%;margin:8px 0}
 th,td{text-align:left;padding:5px 7px;border-bottom:1px solid #e6e8ec;vertical-align:top;
-font-size:13px}td.text{overflow-wrap:anywhere}th{color:#5b6475;font-weight:600}
+font-size:13px}th{color:#5b6475;font-weight:600}
+td.text,code,pre{word-break:normal;overflow-wrap:break-word}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;
-white-space:pre-wrap;word-break:break-word}
+white-space:pre-wrap}.wide{overflow-x:auto}
 pre{background:#f6f8fa;padding:12px;border-radius:6px}
 .counts{display:flex;flex-wrap:wrap;gap:8px;margin:10px 0 4px}
 .count{padding:6px 12px;border-radius:16px;background:#eef0f3;font-size:13px;
@@ -512,11 +513,47 @@ def _pending(timeline: Timeline) -> str:
     )
 
 
-def _attempt_text(attempt: int) -> str:
+def _attempt_text(attempt: int, died: Sequence[int] = ()) -> str:
     if attempt <= 1:
         return "1"
     failed = attempt - 1
-    return f"{attempt} (retried after {failed} failed attempt{'s' if failed > 1 else ''})"
+    if len(died) == failed:
+        return f"{attempt} (retried: the worker died during attempt {_and(died)})"
+    said = f"{attempt} (retried after {failed} failed attempt{'s' if failed > 1 else ''}"
+    return said + (f"; the worker died during attempt {_and(died)})" if died else ")")
+
+
+def _and(numbers: Sequence[int]) -> str:
+    words = [str(n) for n in numbers]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _died(checkpoints: Sequence[Checkpoint]) -> dict[int, list[int]]:
+    """By step record version: the attempts before it at its step whose worker died (killed,
+    or gone silent until its lease ran out). Each was counted before its work started, a write
+    to the head alone, and left no record: an attempt that fails in the worker's hands leaves
+    an `attempt_failed` record (written at the run's committed step, the step before)."""
+    failed = {(c.step + 1, c.attempt) for c in checkpoints if c.event == "attempt_failed"}
+    return {
+        c.version: [n for n in range(1, c.attempt) if (c.step, n) not in failed]
+        for c in checkpoints
+        if c.event == "step" and c.attempt is not None and c.attempt > 1
+    }
+
+
+def _gap_text(after: Checkpoint | None, died: Sequence[int]) -> str:
+    """The versions with no record just before `after` (None: the latest), in words."""
+    if after is None or after.event != "step" or after.attempt is None:
+        return UNRECORDED_VERSIONS[0].upper() + UNRECORDED_VERSIONS[1:]
+    if died:
+        return (
+            f"Attempt {_and(died)} at step {after.step}: the worker died during this attempt "
+            "(the attempt was counted, but no record was written)"
+        )
+    return (
+        f"Attempt {after.attempt} at step {after.step} counted before its work started "
+        "(a write to the head alone, with no record of its own)"
+    )
 
 
 def _timeline_rows(timeline: Timeline) -> str:
@@ -524,16 +561,21 @@ def _timeline_rows(timeline: Timeline) -> str:
     shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
     first_shown = shown[0].version if shown else 0
     gaps = [(first, last) for first, last in timeline.gaps if first >= first_shown]
+    spans = {(f"{first}" if first == last else f"{first}..{last}"): last for first, last in gaps}
+    by_version = {c.version: c for c in shown}
+    died = _died(timeline.checkpoints)
     rows: list[str] = []
     for item in interleaved([c.version for c in shown], gaps):
         if isinstance(item, str):
+            after = by_version.get(spans[item] + 1)
+            said = _gap_text(after, died.get(after.version, []) if after else [])
             rows.append(
-                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>attempt counted "
-                f"(no record): {e(UNRECORDED_VERSIONS)}</td></tr>"
+                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>{e(said)}</td></tr>"
             )
             continue
         c = shown[item]
         attempt = timeline.attempts.get(c.version)
+        died_before = died.get(c.version, [])
         css = "failed" if c.event in ("attempt_failed",) or c.error else ""
         if attempt is not None and attempt > 1:
             css = "retried"
@@ -541,22 +583,23 @@ def _timeline_rows(timeline: Timeline) -> str:
         if c.tool:
             arguments = argument_summary(c.arguments, ARGUMENT_CHARS)
             call = f"<b>{e(c.tool)}</b>(<code>{e(arguments)}</code>)"
-        decided = ""
-        if c.event == "decided" and c.by:
-            decided = f"<br>decided by <b>{e(c.by)}</b>"
-            if c.comment:
-                decided += f": {e(shorten(c.comment, RESULT_PREVIEW_CHARS))}"
+        what = e(c.explanation or c.event)
+        if c.event == "decided" and c.comment:
+            # The explanation names who decided and ends with the comment, whole: the
+            # comment is shown cut, once.
+            said = c.explanation.removesuffix(f": {c.comment}")
+            what = f"{e(said)}: {e(shorten(c.comment, RESULT_PREVIEW_CHARS))}"
         state_link = f"<a href='{e(_step_url(run_id, c.step))}'>{c.step}</a>"
         rows.append(
             f"<tr class='{css}' data-version='{c.version}' data-step='{c.step}'>"
             f"<td>{c.version}</td><td>{state_link}</td>"
-            f"<td>{e(c.explanation or c.event)}{decided}</td>"
+            f"<td>{what}</td>"
             f"<td class='text'>{call}</td>"
             f"<td class='text'>{e(shorten(c.result or '', RESULT_PREVIEW_CHARS))}</td>"
             f"<td>{e(c.worker)}</td>"
             f"<td>{'' if c.duration_ms is None else f'{c.duration_ms:,.1f} ms'}</td>"
             f"<td>{c.bytes:,}</td>"
-            f"<td>{'' if attempt is None else e(_attempt_text(attempt))}</td>"
+            f"<td>{'' if attempt is None else e(_attempt_text(attempt, died_before))}</td>"
             f"<td>{_time(c.time)[11:19]}</td></tr>"
         )
     return "".join(rows)
@@ -626,10 +669,11 @@ def run_page(timeline: Timeline) -> str:
         )
         + "</div>"
         f"<h2>Timeline</h2>{_older_note(timeline)}{retried_note}"
-        "<table id='timeline'><thead><tr><th>version</th><th>step</th><th>what happened</th>"
+        "<div class='wide'><table id='timeline'><thead><tr><th>version</th><th>step</th>"
+        "<th>what happened</th>"
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
-        f"<tbody>{_timeline_rows(timeline)}</tbody></table>"
+        f"<tbody>{_timeline_rows(timeline)}</tbody></table></div>"
         "<p class='note'>A step's number links to the run's state as of that step.</p>"
         f"{_approvals(timeline.approvals)}"
     )
@@ -726,13 +770,17 @@ def _axes(title: str, *, x_label: str, y_label: str) -> list[str]:
         f"<svg xmlns='http://www.w3.org/2000/svg' class='chart' role='img' width='{_WIDTH}' "
         f"height='{_HEIGHT}' viewBox='0 0 {_WIDTH} {_HEIGHT}' aria-label='{e(title)}'>",
         f"<title>{e(title)}</title>",
-        f"<text x='{_LEFT}' y='18' font-size='13' font-weight='600' fill='#1d2330'>"
-        f"{e(title)}</text>",
+        # Each chart says what its x axis counts, in its title: one is by step, the other
+        # by checkpoint version (every write), and the two differ wherever a step wrote
+        # more than one checkpoint.
+        f"<text class='title' x='{_LEFT}' y='18' font-size='13' font-weight='600' "
+        f"fill='#1d2330'>{e(title)}<tspan font-weight='400' fill='#5b6475'> by "
+        f"{e(x_label)}</tspan></text>",
         f"<line x1='{_LEFT}' y1='{_TOP}' x2='{_LEFT}' y2='{_PLOT_BOTTOM}' stroke='#5b6475'/>",
         f"<line x1='{_LEFT}' y1='{_PLOT_BOTTOM}' x2='{_WIDTH - _RIGHT}' y2='{_PLOT_BOTTOM}' "
         "stroke='#5b6475'/>",
-        f"<text x='{_LEFT + _PLOT_W / 2}' y='{_HEIGHT - 6}' font-size='11' fill='#5b6475' "
-        f"text-anchor='middle'>{e(x_label)}</text>",
+        f"<text class='x-axis' x='{_LEFT + _PLOT_W / 2}' y='{_HEIGHT - 6}' font-size='12' "
+        f"fill='#394150' text-anchor='middle'>{e(x_label)}</text>",
         f"<text x='14' y='{_TOP + _PLOT_H / 2}' font-size='11' fill='#5b6475' "
         f"text-anchor='middle' transform='rotate(-90 14 {_TOP + _PLOT_H / 2})'>"
         f"{e(y_label)}</text>",
