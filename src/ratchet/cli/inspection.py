@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ratchet.cli import readout
-from ratchet.cli.context import open_client, out, print_json, say, settings
+from ratchet.cli.context import open_client, out, print_json, settings
 from ratchet.cli.options import MAX_ROWS, MAX_STEPS, JsonOption, RunArgument, not_empty
 from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
 from ratchet.cli.quick import RunMarks
@@ -221,17 +221,14 @@ def show(
 
 
 def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """Check the run's invariants (for migration: rows, duplicates, emails). Exit 1 if not ok."""
+    """Check the run's invariants (for migration: rows, duplicates, emails), a line each. Exit 1
+    if not ok."""
     client = open_client(create=False)
     try:
         payload: dict[str, Any] = {"run_id": run_id, **client.verify(run_id)}
     finally:
         client.close()
-    if as_json:
-        print_json(payload)
-    else:
-        for name, value in payload.items():
-            say(f"{name:>16}  {value}")
+    sys.stdout.write(readout.json_text(payload) if as_json else readout.verify_text(payload))
     if not payload.get("ok"):
         raise typer.Exit(1)
 
