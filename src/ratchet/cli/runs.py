@@ -13,8 +13,10 @@ from ratchet.cli import readout
 from ratchet.cli.context import (
     approval_link,
     check_run_id,
+    cli_logger,
     cli_worker_id,
     err,
+    logs_on_terminal,
     open_client,
     open_runtime,
     out,
@@ -22,7 +24,6 @@ from ratchet.cli.context import (
     require_local_store,
     say,
     settings,
-    stderr_logger,
 )
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
@@ -214,7 +215,7 @@ def run(
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
-        with ProgressPrinter(as_json=as_json) as printer:
+        with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
             _work_showing_progress(client, worked_id, printer)
         final = client.head(worked_id)
         waits_for_person = (
@@ -264,12 +265,12 @@ def worker(
     except StoreMissing as missing:
         err.print(f"nothing to work: {missing}")
         return
-    logger = stderr_logger()
+    logger = cli_logger()
     engine = runtime.engine(
         worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
     )
 
-    printer = ProgressPrinter(as_json=as_json)
+    printer = ProgressPrinter(as_json=as_json, live=not logs_on_terminal())
 
     def announce(run_id: str) -> None:
         said = parked_line(runtime, run_id)
