@@ -127,10 +127,14 @@ def line_of_checkpoint(
     """The line `ratchet watch` prints for one checkpoint of the run's history."""
     where = position(params, checkpoint.step, checkpoint.arguments, before)
     result = checkpoint.result if checkpoint.event == "step" else checkpoint.explanation
-    failed = checkpoint.status.value == "failed" and checkpoint.event == "finished"
+    # A failed attempt, or the failure that ends the run, is at the step after the last
+    # committed one, which its record is filed under.
+    attempted = checkpoint.event == "attempt_failed" or (
+        checkpoint.status.value == "failed" and checkpoint.event == "finished"
+    )
     return StepLine(
         run_id=run_id,
-        step=checkpoint.step + 1 if failed else checkpoint.step,
+        step=checkpoint.step + 1 if attempted else checkpoint.step,
         status=checkpoint.status.value,
         tool=checkpoint.tool,
         arguments=argument_summary(checkpoint.arguments) if checkpoint.tool else "",
