@@ -77,9 +77,9 @@ class Lines(Protocol):
 
 class AppendedLines:
     """A log file appended to, opened (its directory made) at the first line written, so that
-    a command that logs nothing leaves no file behind. Line-buffered: each line is one write,
-    whole, between the lines other processes append. A file that cannot be opened sends the
-    lines to stderr instead, rather than losing them."""
+    a command that logs nothing leaves no file behind. Opened to append, line-buffered: each
+    line goes out as it is logged, after whatever other processes appended meanwhile. A file
+    that cannot be opened sends the lines to stderr instead, rather than losing them."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -69,3 +69,11 @@ def test_the_store_is_a_url_and_the_top_level_help_says_so():
 
     assert "  --store URL " in shown
     assert "  --log-json " in shown
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p not in ("serve", "demo")])
+def test_every_value_an_option_takes_is_named_not_typed(path):
+    shown = _help(path)
+
+    assert "<str>" not in shown
+    assert " range>" not in shown
