@@ -450,8 +450,14 @@ def is_terminal(error: BaseException | None) -> bool:
 
 def is_transient(error: BaseException | None) -> bool:
     """True if `error`, or its cause, may pass by itself: a busy store, a dropped connection,
-    a momentarily full or failing disk, a model rate limit."""
+    a momentarily full or failing disk, a model rate limit. Never for what no retry can fix
+    (`TERMINAL_ERRORS`), whatever it was raised from: a `PermanentError("card declined")`
+    raised from a dropped connection is permanent."""
+    if is_terminal(error):
+        return False
     while error is not None:
+        if isinstance(error, TERMINAL_ERRORS):
+            return False
         if isinstance(error, StepAttemptFailed) and error.transient:
             return True
         if isinstance(error, (StoreBusy, ConnectionError, TimeoutError)):

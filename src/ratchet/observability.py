@@ -1,7 +1,8 @@
 """The structured logger every entry point uses: Powertools Logger, one JSON object a line.
 
 Built on demand (never at import time) so `ratchet status` does not pay for it, and so the
-stream is the caller's choice: stderr for the CLI, whose stdout is for results.
+stream is the caller's choice: the CLI's stdout is for results, and its log lines go to stderr
+or, on a terminal, to a file beside the store (`AppendedLines`).
 
 Every line goes out through `redacted_json`, so a Step Functions task token (a bearer
 credential for its execution) never reaches a log, whatever the logger is asked to log: an
@@ -14,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import IO, Any
+import sys
+from pathlib import Path
+from typing import Any, Protocol
 
 _loggers: dict[int, Any] = {}
 
@@ -64,7 +67,39 @@ def redacted_json(log: object) -> str:
     )
 
 
-def json_logger(stream: IO[str], *, level: str = "INFO") -> Any:
+class Lines(Protocol):
+    """Where a logger writes its lines: a text stream, or `AppendedLines`."""
+
+    def write(self, text: str, /) -> Any: ...
+
+    def flush(self) -> None: ...
+
+
+class AppendedLines:
+    """A log file appended to, opened (its directory made) at the first line written, so that
+    a command that logs nothing leaves no file behind. Opened to append, line-buffered: each
+    line goes out as it is logged, after whatever other processes appended meanwhile. A file
+    that cannot be opened sends the lines to stderr instead, rather than losing them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def write(self, text: str) -> int:
+        if self._file is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("a", encoding="utf-8", buffering=1)
+            except OSError:
+                self._file = sys.stderr
+        return int(self._file.write(text))
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+
+def json_logger(stream: Lines, *, level: str = "INFO") -> Any:
     from aws_lambda_powertools import Logger
 
     key = id(stream)

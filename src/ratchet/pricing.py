@@ -120,10 +120,28 @@ def estimate(
 
 
 def prices_for(model: str, environ: Mapping[str, str] | None = None) -> Prices | None:
+    found = priced(model, environ)
+    return found[0] if found is not None else None
+
+
+def price_source(model: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where `estimate` takes `model`'s prices from, in words: `RATCHET_PRICES` when one of
+    its entries matches, else the built-in list prices and their date; None for no price."""
+    found = priced(model, environ)
+    return found[1] if found is not None else None
+
+
+def priced(model: str, environ: Mapping[str, str] | None = None) -> tuple[Prices, str] | None:
+    """`model`'s prices and where they come from (`price_source`), or None."""
     env = os.environ if environ is None else environ
     name = model.removeprefix("bedrock:")
-    table = [*_overrides(env.get(PRICES_VARIABLE) or "").items(), *BUILT_IN.items()]
-    return next((prices for pattern, prices in table if matches(name, pattern)), None)
+    for pattern, prices in _overrides(env.get(PRICES_VARIABLE) or "").items():
+        if matches(name, pattern):
+            return prices, f"prices from {PRICES_VARIABLE}"
+    for pattern, prices in BUILT_IN.items():
+        if matches(name, pattern):
+            return prices, f"list prices of {PRICES_AS_OF}"
+    return None
 
 
 def matches(name: str, pattern: str) -> bool:

@@ -169,7 +169,51 @@ def test_watch_of_a_failed_run_exits_1(cli):
     cli("run", "--agent", "breaker:agent", "--run-id", "f1", code=1)
 
     done = cli("watch", "f1", code=1)
-    assert "failed -> finished: failed: step 2 failed" in done.stdout.splitlines()[-1]
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("f1  step 2  failed -> finished: failed: step 2 failed"), last
+
+
+FLAKY_AGENT = """
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ratchet.state import Done, ToolCall
+from ratchet.tools import Agent, tool
+
+
+class Nothing(BaseModel):
+    pass
+
+
+@tool()
+def flaky(args: Nothing, ctx) -> str:
+    \"\"\"Fail the first time.\"\"\"
+    tried = Path("tried")
+    if not tried.exists():
+        tried.write_text("1")
+        raise RuntimeError("not yet")
+    return "worked"
+
+
+def policy(view):
+    return Done(summary="fine") if view.messages else ToolCall(name="flaky", arguments={})
+
+
+agent = Agent(name="flaky", goal="Try twice.", tools=[flaky], policy=policy)
+"""
+
+
+def test_watch_names_a_failed_attempt_by_the_step_it_tried(cli):
+    (cli.cwd / "flaky.py").write_text(FLAKY_AGENT, encoding="utf-8")
+    cli("run", "--agent", "flaky:agent", "--run-id", "t1")
+
+    lines = cli("watch", "t1").stdout.splitlines()
+
+    assert lines[0] == "t1  step 0  running -> created"
+    assert lines[1].startswith("t1  step 1  running -> attempt 1 at step 1 failed: "), lines
+    assert lines[2].startswith("t1  step 1  flaky() -> worked"), lines
+    assert lines[3].startswith("t1  done -> finished: done: fine"), lines
 
 
 def test_history_explains_every_version(cli):

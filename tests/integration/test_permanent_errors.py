@@ -4,6 +4,7 @@ tool stays one counted attempt of three."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,39 @@ def test_a_policy_raising_permanent_error_fails_the_run_at_once(harness):
         "step 1 failed and cannot succeed on retry: PermanentError: the goal names no order"
     )
     assert lookup.calls == []
+
+
+def _declined_over_a_dropped_connection(args: Order) -> str:
+    try:
+        raise ConnectionError("connection reset by peer")
+    except ConnectionError as dropped:
+        raise PermanentError(f"card declined for {args.order_id}") from dropped
+
+
+def test_a_permanent_error_raised_from_a_transient_one_is_logged_as_not_transient(harness, caplog):
+    # Given a tool that gives up for good, its PermanentError raised from a dropped connection
+    lookup = Lookup(_declined_over_a_dropped_connection)
+
+    # When the step fails
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        outcome = engine_with(harness, lookup).advance("run")
+
+    # Then the run fails at once, and the failure is logged as what it is: permanent
+    assert outcome.outcome is Outcome.FAILED
+    (failed,) = [r for r in caplog.records if r.getMessage() == "step attempt failed"]
+    assert (failed.step, failed.error_type, failed.transient) == (1, "ToolFailed", False)
+    assert lookup.calls == ["A-100"]
+
+
+def test_a_transient_cause_alone_is_still_logged_as_transient(harness, caplog):
+    def dropped(args: Order) -> str:
+        raise ConnectionError("connection reset by peer")
+
+    with caplog.at_level(logging.WARNING, logger=LOG.name), pytest.raises(ToolFailed):
+        engine_with(harness, Lookup(dropped)).advance("run")
+
+    (failed,) = [r for r in caplog.records if r.getMessage() == "step attempt failed"]
+    assert failed.transient is True
 
 
 def _decided_then_crashed(harness: Harness) -> None:

@@ -164,6 +164,8 @@ def test_the_run_list_and_parts_of_a_history_read_the_same_on_both_paths(store, 
         ["--json", "status", "done", "--store", "{url}"],
         ["--store", "{path}", "--json", "history", "done"],
         ["list", "--status", "done", "--store", "{path}"],
+        ["status", "done", "--log-json", "--store", "{path}"],
+        ["--log-json", "history", "done", "--store", "{path}", "--json"],
     ],
 )
 def test_options_typed_anywhere_and_a_bare_path_read_the_same_on_both_paths(store, args):
@@ -236,6 +238,14 @@ def test_the_store_holds_what_the_comparison_needs(store):
     assert kinds == {"created", "step", "decided", "attempt_failed", "finished", "retried"}
     assert priced["cost_usd"] > 0
     assert "attempt counted (no record)" in both(url, ["history", "done"])[1]
+
+
+def test_a_run_priced_by_ratchet_prices_names_them_the_same_on_both_paths(store):
+    said, full = both(f"sqlite:///{store}", ["status", "priced"])
+
+    assert said == full
+    cost = next(line for line in full.splitlines() if line.lstrip().startswith("cost_usd"))
+    assert cost.endswith("(estimated, prices from RATCHET_PRICES)"), cost
 
 
 def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, capsys):

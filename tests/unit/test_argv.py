@@ -18,6 +18,16 @@ from ratchet.store_urls import store_url
         (["--json", "status", "r1"], ["status", "r1", "--json"]),
         (["--store", "a.db", "--json", "list"], ["--store", "a.db", "list", "--json"]),
         (["schedule", "list", "--store", "a.db"], ["--store", "a.db", "schedule", "list"]),
+        (
+            ["run", "--scenario", "migration", "--log-json"],
+            ["--log-json", "run", "--scenario", "migration"],
+        ),
+        (["--log-json", "worker"], ["--log-json", "worker"]),
+        (
+            ["approve", "r1", "--log-json", "--store", "a.db"],
+            ["--log-json", "--store", "a.db", "approve", "r1"],
+        ),
+        (["status", "--", "--log-json"], ["status", "--", "--log-json"]),
         (["--help"], ["--help"]),
         (["--json"], ["--json"]),
         # After `--`, nothing is an option: the run id "--store" stays where it is.

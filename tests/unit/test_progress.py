@@ -85,13 +85,30 @@ def test_a_committed_step_becomes_a_line_with_its_tool_arguments_and_result():
     assert json.loads(json.dumps(json_object(line)))["ms"] == 12.3
 
 
-def test_a_finished_run_shows_its_summary_or_error():
+def test_a_failed_run_ends_at_the_step_that_failed_with_its_error():
+    # Step 1 is the last committed: step 2 failed, as `ratchet status` says.
     state = RunState(
         run_id="r1", agent="a", goal="g", status=RunStatus.FAILED, step=1, error="boom"
     )
     line = line_of_state(state, ms=None)
-    assert (line.tool, line.result, line.done) == (None, "boom", None)
-    assert plain_line(line) == "r1  step 1  failed -> boom"
+    assert (line.step, line.tool, line.result, line.done) == (2, None, "boom", None)
+    assert plain_line(line) == "r1  step 2  failed -> boom"
+
+
+def test_a_run_that_ends_after_its_last_step_says_how_not_a_step_again():
+    state = RunState(
+        run_id="r1",
+        agent="a",
+        goal="g",
+        status=RunStatus.DONE,
+        step=2,
+        summary="refunded 500 cents",
+        messages=[Message(step=2, tool="refund", arguments={"cents": 500})],
+        tool_results=[ToolOutput(step=2, tool="refund", text="refunded 500 cents")],
+    )
+    line = line_of_state(state, ms=3.0)
+    assert plain_line(line) == "r1  done -> refunded 500 cents  3 ms"
+    assert json_object(line)["step"] == 2, "--json keeps the last step, as status does"
 
 
 def test_versions_no_record_holds_are_given_as_ranges():

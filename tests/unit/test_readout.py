@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ratchet import summary
+from ratchet import pricing, summary
 from ratchet.adapters.sqlite.database import RATCHET_APPLICATION_ID
 from ratchet.cli import options, quick, readout
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
@@ -186,4 +186,58 @@ def test_a_damaged_runs_line_in_the_list_shows_its_stored_text_escaped():
     assert "\x07" not in text
     assert text.endswith(
         "b\\x1b]0;pwned\\x07: damaged, left as it is: column 'state' holds text that is not UTF-8\n"
+    )
+
+
+def _status_of(model: str, calls: int) -> dict[str, object]:
+    head = {
+        "run_id": "r1",
+        "agent": "a",
+        "goal": "g",
+        "options": {"model": model, "max_steps": 60},
+        "usage": {"input_tokens": 1_000, "output_tokens": 100, "calls": calls},
+        "updated_at": "2026-12-03T05:00:00+00:00",
+    }
+    return readout.status_payload(head)
+
+
+def _line(text: str, name: str) -> str:
+    return next(line.lstrip() for line in text.splitlines() if line.lstrip().startswith(name))
+
+
+def test_status_counts_one_call_as_one_call_and_names_where_its_prices_come_from(monkeypatch):
+    monkeypatch.delenv(pricing.PRICES_VARIABLE, raising=False)
+    text = readout.status_text(_status_of("claude-sonnet-4-5", calls=1))
+
+    assert _line(text, "usage").endswith(" write over 1 call (0% of input cached)")
+    assert _line(text, "cost_usd") == (
+        f"cost_usd  0.0045 (estimated, list prices of {pricing.PRICES_AS_OF})"
+    )
+    assert " over 2 calls " in readout.status_text(_status_of("claude-sonnet-4-5", calls=2))
+
+    monkeypatch.setenv(pricing.PRICES_VARIABLE, json.dumps({"claude-*": {"input": 1, "output": 1}}))
+    text = readout.status_text(_status_of("claude-sonnet-4-5", calls=1))
+    assert _line(text, "cost_usd") == "cost_usd  0.0011 (estimated, prices from RATCHET_PRICES)"
+
+
+def test_verify_prints_a_line_per_invariant_and_a_line_per_listed_item():
+    payload = {
+        "run_id": "r1",
+        "ok": False,
+        "problems": ["2 rows were copied twice"],
+        "duplicates": [{"order_id": "A-1", "copies": 2}, {"order_id": "A-2", "copies": 2}],
+        "missing": [],
+        "rows": 2000,
+        "dropped": True,
+    }
+
+    assert readout.verify_text(payload) == (
+        "    run_id  r1\n"
+        "        ok  no\n"
+        "  problems  2 rows were copied twice\n"
+        'duplicates  {"order_id": "A-1", "copies": 2}\n'
+        '            {"order_id": "A-2", "copies": 2}\n'
+        "   missing  none\n"
+        "      rows  2,000\n"
+        "   dropped  yes\n"
     )

@@ -28,6 +28,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, schedules, serve, waits
 from ratchet.cli.argv import arrange
 from ratchet.cli.context import err, global_options, say
+from ratchet.cli.usage import Command, example
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
 
@@ -68,8 +69,8 @@ app = typer.Typer(
 )
 app.callback()(global_options)
 for name, command in COMMANDS.items():
-    app.command(name)(command)
-app.add_typer(schedules.app, name="schedule")
+    app.command(name, cls=Command, epilog=example(name))(command)
+app.add_typer(schedules.app, name="schedule", epilog=example("schedule"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,19 +1,22 @@
 """The command line in the order the commands parse it, whatever order it was typed in.
 
-`--store` is an option of `ratchet` itself and `--json` of each read command, but a person types
-them anywhere: `ratchet status RUN --store runs.db` and `ratchet --json status RUN` mean what
-`ratchet --store runs.db status RUN` and `ratchet status RUN --json` do. `arrange` moves a
-`--store` typed after the command to the front and a `--json` typed before it to the end, and
-leaves everything after a `--` alone. Nothing here loads a module: the quick read commands
+`--store` and `--log-json` are options of `ratchet` itself and `--json` of each read command,
+but a person types them anywhere: `ratchet status RUN --store runs.db` and
+`ratchet --json status RUN` mean what `ratchet --store runs.db status RUN` and
+`ratchet status RUN --json` do. `arrange` moves a `--store` or `--log-json` typed after the
+command to the front and a `--json` typed before it to the end, and leaves everything after a
+`--` alone. Nothing here loads a module: the quick read commands
 (`ratchet.cli.quick`) arrange their arguments with it too.
 """
 
 STORE = "--store"
+LOG_JSON = "--log-json"
 JSON = "--json"
 
 
 def arrange(args: list[str]) -> list[str]:
-    """`args` with every `--store` before the command and a `--json` after it."""
+    """`args` with every `--store` and `--log-json` before the command and a `--json` after
+    it."""
     front: list[str] = []
     index = 0
     json_before = False
@@ -39,7 +42,7 @@ def arrange(args: list[str]) -> list[str]:
             front += tail[:2]
             tail = tail[2:]
             continue
-        if arg.startswith(STORE + "="):
+        if arg.startswith(STORE + "=") or arg == LOG_JSON:
             front.append(arg)
         else:
             rest.append(arg)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ratchet.cli.options import StoreOption
+from ratchet.cli.options import LogJsonOption, StoreOption
 from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
-from ratchet.store_urls import store_url
+from ratchet.store_urls import SQLITE_SCHEME, store_url
 from ratchet.untrusted import for_terminal
 
 if TYPE_CHECKING:
@@ -32,10 +32,13 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 class _Globals:
     store: str | None = None
+    log_json: bool = False
+    log_file: Any = None
 
 
-def global_options(store: StoreOption = None) -> None:
+def global_options(store: StoreOption = None, log_json: LogJsonOption = False) -> None:
     _Globals.store = store
+    _Globals.log_json = log_json
     # A run started with `--agent my_module:agent` is later worked and verified by other
     # `ratchet` processes; the console script does not put the current directory on the path.
     cwd = str(Path.cwd())
@@ -69,7 +72,7 @@ def open_client(*, create: bool, worker_id: str | None = None, logs: bool = True
     return Client(
         runtime_for(chosen, create=create),
         worker_id=worker_id or cli_worker_id(),
-        logger=stderr_logger() if logs else None,
+        logger=cli_logger() if logs else None,
         faults=FaultPlan.parse(chosen.fault),
         channel="cli",
     )
@@ -135,10 +138,39 @@ def say(text: str, *, console: Console = out, lines: bool = False) -> None:
     console.print(for_terminal(text, lines=lines), markup=False)
 
 
-def stderr_logger() -> Any:
-    from ratchet.observability import json_logger
+def cli_logger() -> Any:
+    """The JSON logger of the commands, at `RATCHET_LOG_LEVEL`. Its lines go to stderr when
+    stderr is not a terminal (CI, containers, a pipe) or with `--log-json`; on a terminal, where
+    a person reads the step lines, they are appended to the log beside a local store
+    (`log_path`) instead."""
+    from ratchet.observability import AppendedLines, json_logger
 
-    return json_logger(sys.stderr, level=settings().log_level)
+    chosen = settings()
+    path = None if _Globals.log_json or not sys.stderr.isatty() else log_path(chosen.store)
+    if path is None:
+        return json_logger(sys.stderr, level=chosen.log_level)
+    if _Globals.log_file is None:
+        _Globals.log_file = AppendedLines(path)
+    return json_logger(_Globals.log_file, level=chosen.log_level)
+
+
+stderr_logger = cli_logger  # the name ratchet.cli.serve imports it by
+
+
+def logs_on_terminal() -> bool:
+    """Whether the log lines go to a terminal (`--log-json` there): a live display, which
+    redraws its lines, would then draw over them."""
+    return _Globals.log_json and sys.stderr.isatty()
+
+
+def log_path(store: str) -> Path | None:
+    """The JSON log beside a local store, named as its other files are (`.ratchet/ratchet.db`
+    logs to `.ratchet/ratchet.log`); None for a store with no directory of its own."""
+    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+        return None
+    database = Path(store[len(SQLITE_SCHEME) :])
+    logged = database.with_suffix(".log")
+    return logged if logged != database else database.with_name(f"{database.name}.log")
 
 
 def cli_worker_id() -> str:
@@ -158,7 +190,7 @@ def operator_name() -> str:
 def approval_link(runtime: Any, run_id: str) -> str:
     """The operator's own link to the run's approval page (opening the request, and writing
     its messages to the outbox, if no one has yet)."""
-    desk = runtime.approval_desk(worker_id=cli_worker_id(), logger=stderr_logger())
+    desk = runtime.approval_desk(worker_id=cli_worker_id(), logger=cli_logger())
     opened = desk.open(
         run_id,
         timeout_seconds=runtime.settings.approval_timeout_seconds,

@@ -21,23 +21,30 @@ from ratchet.cli.options import MAX_STEPS, RunArgument, not_empty
 
 ByOption = Annotated[
     str | None,
-    typer.Option("--by", callback=not_empty, help="Who decides (default: your user name)."),
+    typer.Option(
+        "--by", metavar="NAME", callback=not_empty, help="Who decides (default: your user name)."
+    ),
 ]
 
 WhoOption = Annotated[
     str | None,
-    typer.Option("--by", callback=not_empty, help="Who does it (default: your user name)."),
+    typer.Option(
+        "--by", metavar="NAME", callback=not_empty, help="Who does it (default: your user name)."
+    ),
 ]
 
 
 def approve(
     run_id: RunArgument,
-    comment: Annotated[str, typer.Option("--comment", help="A note for the record.")] = "",
+    comment: Annotated[
+        str, typer.Option("--comment", metavar="TEXT", help="A note for the record.")
+    ] = "",
     by: ByOption = None,
     answer: Annotated[
         str | None,
         typer.Option(
             "--answer",
+            metavar="JSON",
             help='The answer, as a JSON object, when the run asks for one ({"amount": 120}).',
         ),
     ] = None,
@@ -50,7 +57,9 @@ def approve(
 
 def reject(
     run_id: RunArgument,
-    reason: Annotated[str, typer.Option("--reason", help="Why, for the record.")] = "",
+    reason: Annotated[
+        str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")
+    ] = "",
     by: ByOption = None,
 ) -> None:
     """Reject what a waiting run asked for; the run goes on knowing the answer was no."""
@@ -87,7 +96,9 @@ def retry(run_id: RunArgument, by: WhoOption = None) -> None:
 
 def cancel(
     run_id: RunArgument,
-    reason: Annotated[str, typer.Option("--reason", help="Why, for the record.")] = "",
+    reason: Annotated[
+        str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")
+    ] = "",
     by: WhoOption = None,
 ) -> None:
     """End a running or waiting run as cancelled, keeping its checkpoints."""
@@ -104,12 +115,17 @@ def fork(
     run_id: RunArgument,
     from_step: Annotated[
         int,
-        typer.Option("--from-step", min=0, max=MAX_STEPS, help="The step to start from."),
+        typer.Option(
+            "--from-step", metavar="N", min=0, max=MAX_STEPS, help="The step to start from."
+        ),
     ],
     new_run_id: Annotated[
         str | None,
         typer.Option(
-            "--run-id", callback=not_empty, help="The new run's id (default: RUN-fork-<random>)."
+            "--run-id",
+            metavar="NEW",
+            callback=not_empty,
+            help="The new run's id (default: RUN-fork-<random>).",
         ),
     ] = None,
 ) -> None:

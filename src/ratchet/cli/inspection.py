@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ratchet.cli import readout
-from ratchet.cli.context import open_client, out, print_json, say, settings
+from ratchet.cli.context import open_client, out, print_json, settings
 from ratchet.cli.options import MAX_ROWS, MAX_STEPS, JsonOption, RunArgument, not_empty
 from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
 from ratchet.cli.quick import RunMarks
@@ -44,12 +44,17 @@ def history(
     after: Annotated[
         int,
         typer.Option(
-            "--after", min=0, help="Only the checkpoints of a later version (the last you read)."
+            "--after",
+            metavar="V",
+            min=0,
+            help="Only the checkpoints of a later version (the last you read).",
         ),
     ] = 0,
     last: Annotated[
         int | None,
-        typer.Option("--last", min=1, max=MAX_ROWS, help="Only the last N checkpoints."),
+        typer.Option(
+            "--last", metavar="N", min=1, max=MAX_ROWS, help="Only the last N checkpoints."
+        ),
     ] = None,
 ) -> None:
     """One row per checkpoint: what happened (in words), the tool, its arguments and result,
@@ -77,6 +82,7 @@ def list_runs(
         str | None,
         typer.Option(
             "--status",
+            metavar="STATUS",
             callback=not_empty,
             help="Only runs in this status (running, waiting, done, failed, stopped, cancelled).",
         ),
@@ -84,12 +90,15 @@ def list_runs(
     as_json: JsonOption = False,
     limit: Annotated[
         int | None,
-        typer.Option("--limit", min=1, max=MAX_ROWS, help="Only the N most recently updated."),
+        typer.Option(
+            "--limit", metavar="N", min=1, max=MAX_ROWS, help="Only the N most recently updated."
+        ),
     ] = None,
     after: Annotated[
         str | None,
         typer.Option(
             "--after",
+            metavar="TOKEN",
             callback=not_empty,
             help="Go on where an earlier list stopped: the token it printed as `next`.",
         ),
@@ -137,7 +146,9 @@ def watch(
     ] = False,
     interval: Annotated[
         float,
-        typer.Option("--interval", help="Seconds between reads of the store.", min=0.01, max=60),
+        typer.Option(
+            "--interval", metavar="S", help="Seconds between reads of the store.", min=0.01, max=60
+        ),
     ] = 0.2,
 ) -> None:
     """Follow a run: a line per checkpoint, from the first, until the run is done, stopped,
@@ -200,7 +211,9 @@ def show(
     run_id: RunArgument,
     step: Annotated[
         int | None,
-        typer.Option("--step", help="Show the state as of this step.", min=0, max=MAX_STEPS),
+        typer.Option(
+            "--step", metavar="N", help="Show the state as of this step.", min=0, max=MAX_STEPS
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -221,17 +234,14 @@ def show(
 
 
 def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """Check the run's invariants (for migration: rows, duplicates, emails). Exit 1 if not ok."""
+    """Check the run's invariants (for migration: rows, duplicates, emails), a line each. Exit 1
+    if not ok."""
     client = open_client(create=False)
     try:
         payload: dict[str, Any] = {"run_id": run_id, **client.verify(run_id)}
     finally:
         client.close()
-    if as_json:
-        print_json(payload)
-    else:
-        for name, value in payload.items():
-            say(f"{name:>16}  {value}")
+    sys.stdout.write(readout.json_text(payload) if as_json else readout.verify_text(payload))
     if not payload.get("ok"):
         raise typer.Exit(1)
 
@@ -239,7 +249,10 @@ def verify(run_id: RunArgument, as_json: JsonOption = False) -> None:
 def replay(
     run_id: RunArgument,
     step: Annotated[
-        int, typer.Option("--step", min=1, max=MAX_STEPS, help="The step whose prompt to show.")
+        int,
+        typer.Option(
+            "--step", metavar="N", min=1, max=MAX_STEPS, help="The step whose prompt to show."
+        ),
     ],
     as_json: JsonOption = False,
 ) -> None:

@@ -35,10 +35,19 @@ StoreOption = Annotated[
         "--store",
         callback=not_empty,
         envvar="RATCHET_STORE",
+        metavar="URL",
         help="Store URL, or a SQLite file's path. Default: sqlite:///.ratchet/ratchet.db. Read "
         "commands also take dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]. "
         "Before or after the command.",
         show_default=False,
+    ),
+]
+LogJsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--log-json",
+        help="Write the JSON log lines to stderr even on a terminal, where they go by default "
+        "to the log beside the store (.ratchet/ratchet.log). Before or after the command.",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]

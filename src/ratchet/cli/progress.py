@@ -1,5 +1,8 @@
 """What `ratchet run`, `ratchet worker` and `ratchet watch` print as a run moves: one line per
-step (run, step, tool, an argument summary, a result preview, milliseconds).
+step (run, step, tool, an argument summary, a result preview, milliseconds), and one as it
+ends. A run that ends done, stopped or cancelled ends after its last step, so that line names
+no step (`r1  done -> ...`); a failed run ends at the step that failed, the one after the last
+committed (`r1  step 2  failed -> ...`), the step `ratchet status` names.
 
 The functions here are pure: a run's head after a committed step, or a history row, becomes a
 `StepLine`; a `StepLine` becomes a plain line (`plain_line`) or a JSON object (`json_object`).
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from ratchet.state import RunState
 
 RESULT_CHARS = 80
+ENDED_AFTER_A_STEP = frozenset({"done", "stopped", "cancelled"})
+"""The ends that are no step of their own: the line says how the run ended, not a step."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ def line_of_state(state: RunState, *, ms: float | None, before: int = 0) -> Step
     where = position(params, state.step, arguments, before)
     return StepLine(
         run_id=state.run_id,
-        step=state.step,
+        step=state.next_step if state.status.value == "failed" else state.step,
         status=state.status.value,
         tool=tool,
         arguments=argument_summary(arguments) if tool else "",
@@ -122,9 +127,14 @@ def line_of_checkpoint(
     """The line `ratchet watch` prints for one checkpoint of the run's history."""
     where = position(params, checkpoint.step, checkpoint.arguments, before)
     result = checkpoint.result if checkpoint.event == "step" else checkpoint.explanation
+    # A failed attempt, or the failure that ends the run, is at the step after the last
+    # committed one, which its record is filed under.
+    attempted = checkpoint.event == "attempt_failed" or (
+        checkpoint.status.value == "failed" and checkpoint.event == "finished"
+    )
     return StepLine(
         run_id=run_id,
-        step=checkpoint.step,
+        step=checkpoint.step + 1 if attempted else checkpoint.step,
         status=checkpoint.status.value,
         tool=checkpoint.tool,
         arguments=argument_summary(checkpoint.arguments) if checkpoint.tool else "",
@@ -136,9 +146,11 @@ def line_of_checkpoint(
 
 
 def plain_line(line: StepLine) -> str:
-    """`r1  step 3  copy_batch(batch=2) -> Copied batch 2 ...  12 ms  [2/40]`."""
+    """`r1  step 3  copy_batch(batch=2) -> Copied batch 2 ...  12 ms  [2/40]`; a run's end
+    after its last step without a step: `r1  done -> Copied 2,000 rows ...  3 ms`."""
     what = f"{line.tool}({line.arguments})" if line.tool else line.status
-    parts = [line.run_id, f"step {line.step}", what]
+    ended = line.tool is None and line.status in ENDED_AFTER_A_STEP
+    parts = [line.run_id, what] if ended else [line.run_id, f"step {line.step}", what]
     if line.result:
         parts[-1] += f" -> {line.result}"
     if line.ms is not None:
@@ -158,13 +170,15 @@ def json_object(line: StepLine) -> dict[str, Any]:
 
 class ProgressPrinter:
     """Prints step lines to stdout: JSON lines (`as_json`), plain lines when stdout is not a
-    terminal, else a rich live display with a bar where the run's length is known. Use it as
-    a context manager around the work."""
+    terminal or `live` is False (log lines share the terminal), else a rich live display with
+    a bar where the run's length is known. Use it as a context manager around the work."""
 
-    def __init__(self, *, as_json: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, *, as_json: bool = False, stream: TextIO | None = None, live: bool = True
+    ) -> None:
         self.stream = stream or sys.stdout
         self.as_json = as_json
-        self.live = not as_json and self.stream.isatty()
+        self.live = live and not as_json and self.stream.isatty()
         self.positions: dict[str, int] = {}
         self._progress: Any = None
         self._tasks: dict[str, Any] = {}

@@ -19,7 +19,7 @@ import os
 import sys
 
 from ratchet import quickjson as json
-from ratchet.cli.argv import arrange
+from ratchet.cli.argv import LOG_JSON, arrange
 from ratchet.store_urls import DEFAULT_STORE, SQLITE_SCHEME, store_url
 
 # Nothing here loads a module that takes longer to load than a read takes to answer: not
@@ -151,11 +151,12 @@ _OPTIONS = {"status": (), "history": ("--after", "--last"), "list": ("--status",
 
 
 def _read_command(args: Sequence[str], store: str) -> _Command | None:
-    """What to read, for the forms this path answers: `[--store URL] status RUN [--json]`,
+    """What to read, for the forms this path answers (with `--log-json` anywhere, which a
+    read has no use for): `[--store URL] status RUN [--json]`,
     `[--store URL] history RUN [--json] [--after V] [--last N]` and
     `[--store URL] list [--status S] [--limit N] [--json]` (an option's value after a space
     or `=`)."""
-    rest = list(args)
+    rest = [arg for arg in args if arg != LOG_JSON]  # where logs go: a read writes none
     if rest[:1] == ["--store"] and len(rest) > 1:
         store, rest = rest[1], rest[2:]
     elif rest and rest[0].startswith("--store="):

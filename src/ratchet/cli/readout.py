@@ -16,7 +16,7 @@ import os
 import sys
 
 from ratchet import quickjson as json  # `json`'s text, without loading `re`
-from ratchet.pricing import PRICES_AS_OF, estimate
+from ratchet.pricing import estimate, price_source
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
@@ -100,7 +100,7 @@ def status_text(payload: Mapping[str, Any]) -> str:
         if payload.get("parent")
         else None,
         "usage": usage_text(usage) if usage["calls"] else None,
-        "cost_usd": f"{cost:.4f} (estimated, list prices of {PRICES_AS_OF})"
+        "cost_usd": f"{cost:.4f} (estimated, {price_source(payload['model'])})"
         if cost is not None
         else None,
     }
@@ -135,8 +135,46 @@ def usage_text(usage: Mapping[str, Any]) -> str:
     return (
         f"{usage['input_tokens']:,} in, {usage['output_tokens']:,} out, "
         f"{usage['cache_read_tokens']:,} cache read, {usage['cache_write_tokens']:,} cache "
-        f"write over {usage['calls']:,} calls ({usage['cached_share']:.0%} of input cached)"
+        f"write over {usage['calls']:,} {'call' if usage['calls'] == 1 else 'calls'} "
+        f"({usage['cached_share']:.0%} of input cached)"
     )
+
+
+# --- verify -----------------------------------------------------------------------------------
+
+
+def verify_text(payload: Mapping[str, Any]) -> str:
+    """`ratchet verify`: a line per invariant the agent's check returned, names right-aligned
+    as `status` has them. A yes/no is `yes` or `no`, a count has its thousands separated, an
+    empty list is `none`, and a list puts one item a line under its name (an object, or
+    anything else that is not text or a number, as compact JSON)."""
+    width = max(map(len, payload), default=0)
+    lines = []
+    for name, value in payload.items():
+        shown = _verified(value)
+        lines.append(f"{name:>{width}}  {shown[0]}")
+        lines += [f"{'':>{width}}  {more}" for more in shown[1:]]
+    return "".join(for_terminal(line, lines=True) + "\n" for line in lines)
+
+
+def _verified(value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return ["yes" if value else "no"]
+    if isinstance(value, int | float):
+        return [f"{value:,}"]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [_verified_item(item) for item in value] or ["none"]
+    if value is None:
+        return ["none"]
+    return [_verified_item(value)]
+
+
+def _verified_item(item: Any) -> str:
+    if isinstance(item, str | bool | int | float):
+        return _verified(item)[0]
+    return json.dumps(item, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
 # --- waits ------------------------------------------------------------------------------------

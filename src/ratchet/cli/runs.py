@@ -13,8 +13,10 @@ from ratchet.cli import readout
 from ratchet.cli.context import (
     approval_link,
     check_run_id,
+    cli_logger,
     cli_worker_id,
     err,
+    logs_on_terminal,
     open_client,
     open_runtime,
     out,
@@ -22,7 +24,6 @@ from ratchet.cli.context import (
     require_local_store,
     say,
     settings,
-    stderr_logger,
 )
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
@@ -42,20 +43,32 @@ if TYPE_CHECKING:
     from ratchet.state import RunState
 
 
-GoalOption = Annotated[str | None, typer.Option("--goal", help="What the agent should do.")]
+GoalOption = Annotated[
+    str | None, typer.Option("--goal", metavar="TEXT", help="What the agent should do.")
+]
 ScenarioOption = Annotated[
     str | None,
-    typer.Option("--scenario", callback=not_empty, help="A built-in agent: migration, notebook."),
+    typer.Option(
+        "--scenario",
+        metavar="NAME",
+        callback=not_empty,
+        help="A built-in agent: migration, notebook.",
+    ),
 ]
-RunIdOption = Annotated[str | None, typer.Option("--run-id", help="A stable id for the run.")]
+RunIdOption = Annotated[
+    str | None, typer.Option("--run-id", metavar="ID", help="A stable id for the run.")
+]
 AgentOption = Annotated[
     str | None,
-    typer.Option("--agent", callback=not_empty, help="Your own agent, as module:attr."),
+    typer.Option(
+        "--agent", metavar="MODULE:ATTR", callback=not_empty, help="Your own agent, as module:attr."
+    ),
 ]
 ModelOption = Annotated[
     str | None,
     typer.Option(
         "--model",
+        metavar="MODEL",
         callback=not_empty,
         help="'scripted' (offline), claude-… (with ANTHROPIC_API_KEY), bedrock:<model id> "
         "(AWS credentials), or your own Model as module:attr; default Claude when "
@@ -64,7 +77,7 @@ ModelOption = Annotated[
 ]
 MaxStepsOption = Annotated[
     int | None,
-    typer.Option("--max-steps", help="Step cap (default 60).", min=1, max=MAX_STEPS),
+    typer.Option("--max-steps", metavar="N", help="Step cap (default 60).", min=1, max=MAX_STEPS),
 ]
 InputOption = Annotated[
     str | None,
@@ -118,6 +131,7 @@ ApprovalTimeoutOption = Annotated[
     int | None,
     typer.Option(
         "--approval-timeout",
+        metavar="SECONDS",
         help="Seconds a person has to answer this run's requests; then a worker records "
         "the expiry and the run goes on (default: RATCHET_APPROVAL_TIMEOUT_SECONDS, 7 days).",
         min=1,
@@ -214,7 +228,7 @@ def run(
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
-        with ProgressPrinter(as_json=as_json) as printer:
+        with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
             _work_showing_progress(client, worked_id, printer)
         final = client.head(worked_id)
         waits_for_person = (
@@ -232,11 +246,14 @@ def worker(
     until_idle: Annotated[
         bool, typer.Option("--until-idle", help="Exit 0 once no run is runnable.")
     ] = False,
-    worker_id: Annotated[str | None, typer.Option("--worker-id", help="Default: host:pid.")] = None,
+    worker_id: Annotated[
+        str | None, typer.Option("--worker-id", metavar="ID", help="Default: host:pid.")
+    ] = None,
     lease_seconds: Annotated[
         float,
         typer.Option(
             "--lease-seconds",
+            metavar="S",
             help="Lease length.",
             min=MIN_LEASE_SECONDS,
             max=MAX_LEASE_SECONDS,
@@ -264,12 +281,12 @@ def worker(
     except StoreMissing as missing:
         err.print(f"nothing to work: {missing}")
         return
-    logger = stderr_logger()
+    logger = cli_logger()
     engine = runtime.engine(
         worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
     )
 
-    printer = ProgressPrinter(as_json=as_json)
+    printer = ProgressPrinter(as_json=as_json, live=not logs_on_terminal())
 
     def announce(run_id: str) -> None:
         said = parked_line(runtime, run_id)

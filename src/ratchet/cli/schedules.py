@@ -15,6 +15,7 @@ from ratchet.cli import readout
 from ratchet.cli.context import open_client, print_json, require_local_store, say
 from ratchet.cli.options import JsonOption, not_empty
 from ratchet.cli.runs import input_object
+from ratchet.cli.usage import Command, example
 from ratchet.errors import InvalidInput
 
 app = typer.Typer(
@@ -28,7 +29,7 @@ app = typer.Typer(
 NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="The schedule's name.")]
 
 
-@app.command("add")
+@app.command("add", cls=Command, epilog=example("schedule add"))
 def add(
     name: NameArgument,
     agent: Annotated[
@@ -87,7 +88,7 @@ def add(
     say(f"schedule {name} added: {schedule.spec.rule}; fires next at {_when(schedule)}")
 
 
-@app.command("list")
+@app.command("list", cls=Command, epilog=example("schedule list"))
 def list_schedules(as_json: JsonOption = False) -> None:
     """The store's schedules: their rule, whether paused, when each fires next."""
     require_local_store("schedule list")
@@ -118,19 +119,19 @@ def list_schedules(as_json: JsonOption = False) -> None:
     )
 
 
-@app.command("pause")
+@app.command("pause", cls=Command, epilog=example("schedule pause"))
 def pause(name: NameArgument, as_json: JsonOption = False) -> None:
     """Pause a schedule: the fires due while it is paused are skipped."""
     _pause(name, pause=True, as_json=as_json)
 
 
-@app.command("resume")
+@app.command("resume", cls=Command, epilog=example("schedule resume"))
 def resume(name: NameArgument, as_json: JsonOption = False) -> None:
     """Resume a paused schedule: it fires next at its first time from now."""
     _pause(name, pause=False, as_json=as_json)
 
 
-@app.command("remove")
+@app.command("remove", cls=Command, epilog=example("schedule remove"))
 def remove(name: NameArgument) -> None:
     """Remove a schedule; the runs it started stay."""
     require_local_store("schedule remove")

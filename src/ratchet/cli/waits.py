@@ -87,7 +87,12 @@ def wake(
     run_id: RunArgument,
     by: Annotated[
         str | None,
-        typer.Option("--by", callback=not_empty, help="Who wakes it (default: your user name)."),
+        typer.Option(
+            "--by",
+            metavar="NAME",
+            callback=not_empty,
+            help="Who wakes it (default: your user name).",
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -131,7 +131,7 @@ class Commits:
                 "worker_id": self._worker_id,
                 "error": str(error),
                 "error_type": type(error).__name__,
-                "transient": error.transient,
+                "transient": is_transient(error),
             },
         )
         # What the attempt's model call used before it failed counts, in the record either way.
