@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ratchet.client import Checkpoint, Run
+from ratchet.client import Checkpoint, Run, UsageTotals
 from ratchet.state import RunState, RunStatus
 from ratchet.web.dashboard import (
     MAX_CHART_POINTS,
@@ -345,3 +345,22 @@ def test_each_chart_says_what_its_x_axis_counts():
         "step",
         "checkpoint version",
     ]
+
+
+@pytest.mark.parametrize(("calls", "said"), [(1, "over 1 call"), (2, "over 2 calls")])
+def test_the_usage_line_counts_its_model_calls_in_words(calls, said):
+    usage = UsageTotals(
+        input_tokens=10,
+        output_tokens=5,
+        cache_read_tokens=0,
+        cache_write_tokens=0,
+        calls=calls,
+        cached_share=0.0,
+    )
+    timeline = Timeline(
+        run=_run(usage=usage), checkpoints=[], attempts={}, gaps=[], approvals=[], pending=None
+    )
+
+    page = run_page(timeline)
+
+    assert f"cache read {said}<" in page

@@ -417,7 +417,8 @@ def _summary(run: Run) -> str:
     if usage.calls:
         tokens = (
             f"{usage.input_tokens:,} in, {usage.output_tokens:,} out, "
-            f"{usage.cache_read_tokens:,} cache read over {usage.calls:,} calls"
+            f"{usage.cache_read_tokens:,} cache read over {usage.calls:,} "
+            + ("call" if usage.calls == 1 else "calls")
         )
         if run.cost_usd is not None:
             tokens += f" (about ${run.cost_usd:.4f})"
