@@ -72,7 +72,8 @@ class StepRequest(_Payload):
     run_id: str
     generation: int = Field(default=0, ge=0)
     iteration: int = Field(default=0, ge=0)
-    """Steps this execution has taken so far."""
+    """Invocations of the step function (loop iterations) this execution has made so far,
+    each of one step or several."""
     started_at: datetime | None = None
     """When this execution started (`$$.Execution.StartTime`): an old one rolls over before
     it parks (`PARK_ROLLOVER_AGE`). None from a definition older than the field."""

@@ -140,6 +140,8 @@ IN_FLIGHT = InFlight()
 
 
 rows = _agent("rows", WORLD.write)
+quick = dataclasses.replace(_agent("quick", WORLD.write), step_timeout_seconds=10)
+"""`rows` with a short step time limit: an invocation holds many more of its steps."""
 failing = _agent("failing", _always_fails_at_3)
 gated = _agent("gated", _gated)
 bounded = dataclasses.replace(_agent("bounded", IN_FLIGHT.work), max_concurrent=2)
