@@ -3,7 +3,9 @@
 Each invocation takes steps one after another, each committed before the next, while the run
 keeps running and the invocation's time left holds another step of its agent (its step time
 limit and a margin), up to `max_steps_per_invocation` (`ratchet.engine.budget`): a scripted
-run pays two state transitions per invocation rather than per step.
+run pays two state transitions per invocation rather than per step. A retry of the task takes
+the step it retries alone (`StepRequest.retry_count`), so the retries of one entry of `Step`
+are spent on one step's failures, as when each step had an entry of its own.
 
 Errors are the state machine's business and keep their class names, which its Retry and Catch
 clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
@@ -52,7 +54,7 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     logger.append_keys(run_id=request.run_id, generation=request.generation)
     config = settings()
     budget = StepBudget(
-        max_steps=config.max_steps_per_invocation,
+        max_steps=1 if request.retry_count else config.max_steps_per_invocation,
         seconds_left=lambda: context.get_remaining_time_in_millis() / 1000,
     )
     try:

@@ -105,6 +105,7 @@ AGENTS = {
         "rows",
         "quick",
         "failing",
+        "flaky",
         "gated",
         "events",
         "sleeper",

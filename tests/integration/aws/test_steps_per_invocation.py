@@ -145,8 +145,9 @@ def test_a_crash_inside_an_invocation_costs_at_most_the_step_it_is_in(
     name = _run(stack, run_id, batches=6)
 
     assert _errors(stack.history(name)) == ["Lambda.Unknown"]
-    # Steps 1-3 committed in the invocation that crashed and were never taken again.
-    assert _steps_per_invocation(run_id) == [3, 3]
+    # Steps 1-3 committed in the invocation that crashed and were never taken again; the
+    # retry took step 4 alone, and the next entry of Step the rest.
+    assert _steps_per_invocation(run_id) == [3, 1, 2]
     deliveries = agents.WORLD.deliveries_of(run_id)
     twice = {f"{run_id}/step-4": 2} if step_4_delivered_twice else {}
     assert {k: n for k, n in deliveries.items() if n != 1} == twice
@@ -184,3 +185,19 @@ def test_a_rollover_comes_after_as_many_invocations_not_steps(stack: Stack):
     assert [entered_states(stack.history(name)).count("Step") for name in names] == [2, 2]
     assert stack.head("rolls").status is RunStatus.DONE
     assert set(agents.WORLD.deliveries_of("rolls").values()) == {1}
+
+
+def test_failures_of_different_steps_do_not_add_up_to_the_retries_of_one(stack: Stack):
+    # The state machine retries a failed step twice, counting per entry of its Step state:
+    # three failures in one entry fail the run, whichever steps they were.
+    stack.configure(max_steps_per_invocation=100)
+
+    name = _run(stack, "flaky", batches=10, agent="tests.integration.aws.agents:flaky")
+
+    assert _errors(stack.history(name)) == ["ToolFailed"] * 3
+    steps = _steps("flaky")
+    assert [s.step for s in steps] == list(range(1, 11))
+    assert {s.step: s.attempt for s in steps if s.attempt != 1} == {3: 2, 6: 2, 9: 2}
+    # Each retry took its step alone; the next entry of Step went on from there.
+    assert _steps_per_invocation("flaky") == [2, 1, 2, 1, 2, 1, 1]
+    assert agents.WORLD.rows_of("flaky") == {f"flaky/step-{n}": n for n in range(1, 11)}
