@@ -88,6 +88,7 @@ def take_steps(
         with suppress(Exception):
             engine.release(run_id)
         raise
-    # A step queued for its agent's slot after a count taken ahead: take the count back.
+    # A step queued (no slot of its agent free, the minute's model calls used up) after a count
+    # taken ahead for it: take the count back.
     engine.release(run_id)
     return outcome
