@@ -2,10 +2,12 @@
 
 `python -m bench.dynamodb_cost` runs the scripted agent of `bench.scripted_agent` (200 B of
 arguments and a 1 KB result a step) in this process on moto's in-memory DynamoDB, through
-`AwsRuntime`, the wiring the step Lambda uses, one `Engine.advance` per step as one Lambda
-invocation takes it. A botocore `before-send` hook on the runtime's client sees every HTTP
-request the client sends, retries included, and the figures are printed for steps 10, 100 and
-500. (The tests run the migration scenario through the same code.)
+`AwsRuntime`, the wiring the step Lambda uses, one `Engine.advance` per step as the first step
+of a Lambda invocation takes it (each further step of the same invocation sends no `UpdateItem`:
+its attempt rides in the commit before it; `bench.aws_cost` counts those). A botocore
+`before-send` hook on the runtime's client sees every HTTP request the client sends, retries
+included, and the figures are printed for steps 10, 100 and 500. (The tests run the migration
+scenario through the same code.)
 
 Write units are computed from item sizes as DynamoDB bills them: a write costs one unit per
 1 KB of the item (for an update, of the item as it ends up), twice that inside a transaction;
@@ -288,7 +290,8 @@ def report(costs: list[StepCost], seconds: float) -> str:
     lines = [
         "DynamoDB requests, request bytes and write units per step: the scripted agent (200 B",
         "of arguments, a 1 KB result), scripted model,",
-        "AwsRuntime on moto in-process, one Engine.advance per step (as one step Lambda call)",
+        "AwsRuntime on moto in-process, one Engine.advance per step (as the first step of a",
+        "step Lambda invocation)",
         "",
         f"{'step':>5} {'role':>7} {'requests':>9} "
         + " ".join(f"{op:>{len(op)}}" for op in operations)

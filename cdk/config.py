@@ -38,6 +38,7 @@ INTEGER_BOUNDS = {
     "checkpoint_retention_days": (1, 3650),
     "queue_retry_seconds": (1, 300),
     "requests_per_minute": (1, 1_000_000),
+    "max_steps_per_invocation": (1, 1000),
 }
 """The bounds `ratchet.runtime.aws_settings.AwsSettings` puts on these settings (tests compare)."""
 
@@ -79,6 +80,10 @@ class DeployConfig:
     them; none: the built-in table only."""
     queue_retry_seconds: int = 10
     """A step queued for its agent's slot is tried again after 1 to this many seconds."""
+    max_steps_per_invocation: int = 100
+    """The most steps one invocation of the step function takes, each committed before the
+    next (fewer when the time left would not hold another of the agent's steps): 1 is one
+    state-machine loop iteration per step (docs/deploy.md, "What 1,000 steps cost")."""
     requests_per_minute: int | None = None
     """Model calls a minute shared by every run of the deployment (`ratchet:requestsPerMinute`);
     none: no limit. The step function counts them (docs/limits.md)."""
@@ -323,6 +328,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "approval_timeout_seconds": _integer("approval_timeout_seconds"),
     "checkpoint_retention_days": _integer("checkpoint_retention_days"),
     "queue_retry_seconds": _integer("queue_retry_seconds"),
+    "max_steps_per_invocation": _integer("max_steps_per_invocation"),
     "requests_per_minute": _integer("requests_per_minute"),
     "anthropic_secret_arn": _SECRET,
     "public_url": lambda key, raw: _matching(_PUBLIC_URL, "an https URL")(key, raw).rstrip("/"),

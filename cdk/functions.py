@@ -42,10 +42,12 @@ class FunctionSpec:
 STEP_MARGIN_SECONDS = 60
 """What a step takes beyond its agent's code: a cold start (imports take about a second), and
 the engine's own DynamoDB calls around the code (load the head, count the attempt, read the
-ledger, commit), each bounded by the client's 3 s connect and 10 s read timeouts."""
+ledger, commit), each bounded by the client's 3 s connect and 10 s read timeouts. An invocation
+takes another step only while its time left holds this and the agent's step time limit
+(`ratchet.engine.budget.STEP_MARGIN_SECONDS`, kept equal by tests/infra)."""
 STEP = FunctionSpec(
     "step",
-    "Advances one run by exactly one step.",
+    "Advances one run step by step, each step committed before the next.",
     # Above the longest step time limit an agent may set, so that the engine always times a
     # step out (and records why) before Lambda kills the invocation; an invocation that dies
     # anyway (Sandbox.Timedout) is retried by the state machine like any crash.

@@ -213,6 +213,9 @@ class RatchetStack(Stack):
         lambdas["step"].add_environment(
             contract.QUEUE_RETRY_SECONDS, str(config.queue_retry_seconds)
         )
+        lambdas["step"].add_environment(
+            contract.MAX_STEPS_PER_INVOCATION, str(config.max_steps_per_invocation)
+        )
         if config.max_concurrent:
             lambdas["step"].add_environment(contract.MAX_CONCURRENT, config.max_concurrent)
         if config.requests_per_minute is not None:

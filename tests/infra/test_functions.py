@@ -60,8 +60,8 @@ UNCONFIGURED = {
     # Derives each hook's secret to check a delivery's signature.
     "hooks": {"hook_key_secret_arn"},
     # Waits this long at most before trying a step queued for its agent's slot again; starts
-    # the executions of the child runs a step starts.
-    "step": {"queue_retry_seconds", "state_machine_arn"},
+    # the executions of the child runs a step starts; takes at most so many steps an invocation.
+    "step": {"queue_retry_seconds", "state_machine_arn", "max_steps_per_invocation"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {
@@ -166,8 +166,11 @@ def test_the_step_function_outlasts_the_longest_step_time_limit(synthesized: Syn
 
 def test_the_step_time_limit_the_stack_allows_for_is_the_engines() -> None:
     from ratchet import tools
+    from ratchet.engine import budget
 
     assert contract.MAX_STEP_TIMEOUT_SECONDS == tools.MAX_STEP_TIMEOUT_SECONDS
+    # Every step an invocation takes has the room its first has: the limit and the margin.
+    assert functions.STEP_MARGIN_SECONDS == budget.STEP_MARGIN_SECONDS
     assert tools.DEFAULT_STEP_TIMEOUT_SECONDS <= contract.MAX_STEP_TIMEOUT_SECONDS
 
 
@@ -244,6 +247,7 @@ def test_the_settings_the_stack_passes_are_valid_settings(
         assert settings.max_concurrent == {"billing": 5}
         assert settings.requests_per_minute == 50
         assert settings.queue_retry_seconds == DeployConfig().queue_retry_seconds
+        assert settings.max_steps_per_invocation == DeployConfig().max_steps_per_invocation
     if name == "api":
         assert settings.bedrock_models == ()
         assert settings.prices is not None
@@ -257,6 +261,7 @@ def test_deploy_defaults_are_the_runtime_defaults() -> None:
     assert config.approval_timeout_seconds == defaults.approval_timeout_seconds
     assert config.checkpoint_retention_days == defaults.checkpoint_retention_days
     assert config.queue_retry_seconds == defaults.queue_retry_seconds
+    assert config.max_steps_per_invocation == defaults.max_steps_per_invocation
 
 
 def test_the_environment_names_are_the_settings_names() -> None:

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
-from ratchet.engine import Engine, Outcome, StepOutcome
+from ratchet.engine import Engine, Outcome, StepBudget, StepOutcome, take_steps
 from ratchet.handlers.payloads import StepRequest, StepResult
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunOptions, RunState, RunStatus
@@ -110,3 +110,26 @@ def test_on_aws_a_queued_steps_wait_lasts_until_the_next_minute():
     assert result.outcome == "queued"
     assert result.retry_in is not None
     assert 48 <= result.retry_in <= 57
+
+
+def test_steps_taken_in_one_go_then_queued_take_back_the_attempt_counted_ahead(tmp_path):
+    runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db"))
+    clock = Clock()
+    try:
+        options = RunOptions(params={"log": str(tmp_path / "steps.log"), "steps": 5, "hold": 0})
+        state = RunState(run_id="r", agent=AGENT, goal="Work", options=options)
+        assert runtime.engine(worker_id="starter", logger=LOG).start(state)
+        engine = _engine(runtime, clock, per_minute=2)
+        budget = StepBudget(max_steps=10, seconds_left=lambda: 900.0)
+
+        last = take_steps(engine, "r", budget)
+
+        # Two steps in the minute; the second's commit counted the third's attempt, and the
+        # rate limit then queued the third: the count is taken back, so the third step's
+        # attempt is its first when it goes.
+        assert (last.outcome, budget.taken) == (Outcome.QUEUED, 3)
+        held = runtime.store.load_head("r")
+        assert held is not None
+        assert (held.step, held.attempts) == (2, 0)
+    finally:
+        runtime.close()

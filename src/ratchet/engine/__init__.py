@@ -2,6 +2,7 @@
 runtime or app). Other layers import its face from here:
 
 - `step`      the `Engine` (runs' lifecycle, and the order inside a step)
+- `budget`    several steps in one go, within a cap and the time left (`take_steps`)
 - `outcome`   `Outcome`, `StepOutcome`: what a step returns
 - `attempt`   decide and act, under the step clock; `Binding`: what a step runs with
 - `commits`   the one conditional write per event; failed attempts and failed runs
@@ -13,7 +14,8 @@ runtime or app). Other layers import its face from here:
 """
 
 from ratchet.engine.attempt import Binding
+from ratchet.engine.budget import StepBudget, take_steps
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.engine.step import Binder, Engine
 
-__all__ = ["Binder", "Binding", "Engine", "Outcome", "StepOutcome"]
+__all__ = ["Binder", "Binding", "Engine", "Outcome", "StepBudget", "StepOutcome", "take_steps"]

@@ -97,6 +97,8 @@ class Attempted:
     folded: memory.Folded | None = None
     started: list[str] | None = None
     """The child runs the step started (`start_runs`)."""
+    step_limit: float | None = None
+    """The agent's step time limit the attempt ran under (None: none)."""
 
 
 class StepWork:

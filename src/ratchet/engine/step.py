@@ -108,6 +108,9 @@ from ratchet.state import (
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
 
 Binder = Callable[[RunState], Binding]
+NextAttempt = bool | Callable[[float | None], bool]
+"""`Engine.advance`'s `count_next_attempt`: a yes or no, or a callable asked with the step's
+time limit just before the step commits (`ratchet.engine.budget.StepBudget.goes_on`)."""
 SLOT_MARGIN_SECONDS = 60.0
 MODEL_REQUESTS = "model"
 """The name the deployment's model-call rate limit counts under (`requests_per_minute`)."""
@@ -243,7 +246,7 @@ class Engine:
             raise RunNotFound(run_id)
         return state
 
-    def advance(self, run_id: str, *, count_next_attempt: bool = False) -> StepOutcome:
+    def advance(self, run_id: str, *, count_next_attempt: NextAttempt = False) -> StepOutcome:
         """Take exactly one step of the run (or apply a stop rule) and commit it.
 
         Raises `StaleVersion` if another worker moved the run meanwhile (nothing was written),
@@ -256,7 +259,10 @@ class Engine:
         With `count_next_attempt`, a caller that goes straight on to the next step (a worker's
         loop) has the step's commit count the next step's first attempt too, which saves the
         next step a durable write. The caller must `release` the run if it stops before that
-        step, or the count would stand for an attempt that never started.
+        step, or the count would stand for an attempt that never started. Given a callable, the
+        engine asks it just before the commit of a step that calls a tool, with the step's time
+        limit, whether the caller goes straight on (a step Lambda deciding by the time it has
+        left, `ratchet.engine.budget`).
         """
         outcome = self._advance(run_id, count_next_attempt=count_next_attempt)
         if outcome.outcome is not Outcome.QUEUED and outcome.outcome is not Outcome.CONTINUE:
@@ -265,7 +271,7 @@ class Engine:
             self._told(outcome.head)
         return outcome
 
-    def _advance(self, run_id: str, *, count_next_attempt: bool) -> StepOutcome:
+    def _advance(self, run_id: str, *, count_next_attempt: NextAttempt) -> StepOutcome:
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
             return StepOutcome.of(state)
@@ -286,7 +292,7 @@ class Engine:
         finally:
             self._give_back_slot(state)
 
-    def _take_step(self, state: RunState, *, count_next_attempt: bool) -> StepOutcome:
+    def _take_step(self, state: RunState, *, count_next_attempt: NextAttempt) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
         if self._rate is not None and self._requests_per_minute is not None:
             wait = self._rate.take(MODEL_REQUESTS, self._requests_per_minute)
@@ -313,7 +319,7 @@ class Engine:
             return outcome
 
     def _attempt_and_commit(
-        self, state: RunState, span: tracing.Span, *, count_next_attempt: bool
+        self, state: RunState, span: tracing.Span, *, count_next_attempt: NextAttempt
     ) -> StepOutcome:
         step = state.next_step
         started = time.perf_counter()
@@ -373,7 +379,7 @@ class Engine:
         state: RunState,
         attempted: Attempted,
         *,
-        count_next_attempt: bool,
+        count_next_attempt: NextAttempt,
         started: float,
         span: tracing.Span = tracing.OFF,
     ) -> tuple[RunState, int]:
@@ -403,15 +409,18 @@ class Engine:
                 when = wait.until.strftime("%Y-%m-%d %H:%M:%S UTC")
                 output = output.model_copy(update={"text": f"Not sleeping: {when} is past."})
                 wait = None
+        goes_on = (
+            count_next_attempt(attempted.step_limit)
+            if callable(count_next_attempt)
+            else count_next_attempt
+        )
         event = StepCompleted(
             step=step,
             key=key,
             call=decision,
             output=output,
             wait=wait,
-            next_attempt_counted=count_next_attempt
-            and wait is None
-            and step < state.options.max_steps,
+            next_attempt_counted=goes_on and wait is None and step < state.options.max_steps,
             attempt=state.attempts,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
             usage=attempted.usage,
@@ -538,7 +547,13 @@ class Engine:
         if folded is not None:
             usage = added(usage, folded.usage)
         return Attempted(
-            decision, output=output, wait=wait, usage=usage, folded=folded, started=children
+            decision,
+            output=output,
+            wait=wait,
+            usage=usage,
+            folded=folded,
+            started=children,
+            step_limit=limit,
         )
 
     def _start_children(

@@ -72,10 +72,16 @@ class StepRequest(_Payload):
     run_id: str
     generation: int = Field(default=0, ge=0)
     iteration: int = Field(default=0, ge=0)
-    """Steps this execution has taken so far."""
+    """Invocations of the step function (loop iterations) this execution has made so far,
+    each of one step or several."""
     started_at: datetime | None = None
     """When this execution started (`$$.Execution.StartTime`): an old one rolls over before
     it parks (`PARK_ROLLOVER_AGE`). None from a definition older than the field."""
+    retry_count: int = Field(default=0, ge=0)
+    """How many times the state machine has retried this entry of `Step`
+    (`$$.State.RetryCount`). A retry takes one step only: Step Functions counts retries per
+    entry of the state, so an invocation that went on past the step it retried would spend
+    that step's retries on the failures of the steps after it."""
 
     @field_validator("started_at")
     @classmethod

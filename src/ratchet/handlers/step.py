@@ -1,4 +1,11 @@
-"""The `Step` task: advance the run by exactly one step and say where the loop goes next.
+"""The `Step` task: advance the run by one step or several, and say where the loop goes next.
+
+Each invocation takes steps one after another, each committed before the next, while the run
+keeps running and the invocation's time left holds another step of its agent (its step time
+limit and a margin), up to `max_steps_per_invocation` (`ratchet.engine.budget`): a scripted
+run pays two state transitions per invocation rather than per step. A retry of the task takes
+the step it retries alone (`StepRequest.retry_count`), so the retries of one entry of `Step`
+are spent on one step's failures, as when each step had an entry of its own.
 
 Errors are the state machine's business and keep their class names, which its Retry and Catch
 clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
@@ -21,7 +28,7 @@ from typing import Any, NoReturn
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.engine import Outcome, StepOutcome
+from ratchet.engine import Outcome, StepBudget, StepOutcome, take_steps
 from ratchet.errors import (
     AbandonedCallRunning,
     StaleVersion,
@@ -45,9 +52,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     logger.append_keys(run_id=request.run_id, generation=request.generation)
-    started = time.perf_counter()
+    config = settings()
+    budget = StepBudget(
+        max_steps=1 if request.retry_count else config.max_steps_per_invocation,
+        seconds_left=lambda: context.get_remaining_time_in_millis() / 1000,
+    )
     try:
-        taken = engine(context).advance(request.run_id)
+        taken = take_steps(engine(context), request.run_id, budget, on_step=_Measured())
     except StaleVersion:
         metrics.add_metric(name="StaleCommits", unit=MetricUnit.Count, value=1)
         logger.warning("stale version: another execution advanced the run; stopping")
@@ -63,24 +74,35 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
             "ending the sandbox, which ends the call it abandoned", extra={"error": str(running)}
         )
         end_sandbox()
-    metrics.add_metric(
-        name="StepDuration",
-        unit=MetricUnit.Milliseconds,
-        value=(time.perf_counter() - started) * 1000,
-    )
-    if taken.bytes_written:
-        metrics.add_metric(name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written)
+    metrics.add_metric(name="StepsPerInvocation", unit=MetricUnit.Count, value=budget.taken)
     _stop_if_parked_elsewhere(taken)
     if taken.outcome is Outcome.QUEUED:
         metrics.add_metric(name="QueuedSteps", unit=MetricUnit.Count, value=1)
         logger.info("no free slot for the run's agent; the step waits its turn")
-    config = settings()
     return StepResult.after(
         request,
         taken,
         rollover_after=config.rollover_after,
         queue_retry_seconds=config.queue_retry_seconds,
     )
+
+
+class _Measured:
+    """Each step's duration and checkpoint bytes, as metrics."""
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+
+    def __call__(self, taken: StepOutcome) -> None:
+        now = time.perf_counter()
+        metrics.add_metric(
+            name="StepDuration", unit=MetricUnit.Milliseconds, value=(now - self._since) * 1000
+        )
+        self._since = now
+        if taken.bytes_written:
+            metrics.add_metric(
+                name="CheckpointBytes", unit=MetricUnit.Bytes, value=taken.bytes_written
+            )
 
 
 def end_sandbox() -> NoReturn:

@@ -28,6 +28,7 @@ ENVIRONMENT = {
     "blob_bucket": "RATCHET_BLOB_BUCKET",
     "state_machine_arn": "RATCHET_STATE_MACHINE_ARN",
     "rollover_after": "RATCHET_ROLLOVER_AFTER",
+    "max_steps_per_invocation": "RATCHET_MAX_STEPS_PER_INVOCATION",
     "approval_timeout_seconds": "RATCHET_APPROVAL_TIMEOUT_SECONDS",
     "checkpoint_retention_days": "RATCHET_CHECKPOINT_RETENTION_DAYS",
     "public_url": "RATCHET_PUBLIC_URL",
@@ -56,6 +57,14 @@ _KINDS = ("secretsmanager", "ssm")
 # entered/exited, ...); an execution is capped at 25,000. 1,000 iterations leave a wide margin.
 DEFAULT_ROLLOVER_AFTER = 1000
 
+DEFAULT_MAX_STEPS_PER_INVOCATION = 100
+"""At most this many steps per invocation of the step function (`ratchet.engine.budget`):
+enough that state transitions are a few percent of a scripted run's bill (2 per invocation,
+not per step), few enough that an invocation of quick steps still returns to the state machine
+every few tens of seconds. An agent with long steps is held to fewer by the time it has left
+(its step time limit a step), down to one."""
+MAX_STEPS_PER_INVOCATION = 1000
+
 
 class AwsSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -66,6 +75,13 @@ class AwsSettings(BaseModel):
     blob_bucket: str | None = None
     state_machine_arn: str | None = None
     rollover_after: int = Field(default=DEFAULT_ROLLOVER_AFTER, ge=1, le=3000)
+    """Loop iterations (invocations of the step function) before an execution hands the run
+    to its successor."""
+    max_steps_per_invocation: int = Field(
+        default=DEFAULT_MAX_STEPS_PER_INVOCATION, ge=1, le=MAX_STEPS_PER_INVOCATION
+    )
+    """The most steps one invocation of the step function takes (1: one step each, as before
+    there was a choice)."""
     approval_timeout_seconds: int = Field(default=7 * 24 * 3600, ge=1, le=365 * 24 * 3600)
     checkpoint_retention_days: int = Field(default=30, ge=1, le=3650)
     public_url: str | None = Field(default=None, pattern=r"^https?://[^\s?#]+$")

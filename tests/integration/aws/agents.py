@@ -99,6 +99,20 @@ def _always_fails_at_3(args: WriteRow, ctx: ToolContext) -> str:
     return WORLD.write(args, ctx)
 
 
+FLAKY_STEPS = (3, 6, 9)
+_FLAKED: set[str] = set()
+_FLAKED_LOCK = threading.Lock()
+
+
+def _fails_once_at_3_6_and_9(args: WriteRow, ctx: ToolContext) -> str:
+    with _FLAKED_LOCK:
+        first = ctx.step in FLAKY_STEPS and ctx.idempotency_key not in _FLAKED
+        _FLAKED.add(ctx.idempotency_key)
+    if first:
+        raise RuntimeError("the disk is busy")
+    return WORLD.write(args, ctx)
+
+
 def _gated(args: WriteRow, ctx: ToolContext) -> str:
     GATE.hold(ctx)
     return WORLD.write(args, ctx)
@@ -140,7 +154,11 @@ IN_FLIGHT = InFlight()
 
 
 rows = _agent("rows", WORLD.write)
+quick = dataclasses.replace(_agent("quick", WORLD.write), step_timeout_seconds=10)
+"""`rows` with a short step time limit: an invocation holds many more of its steps."""
 failing = _agent("failing", _always_fails_at_3)
+flaky = _agent("flaky", _fails_once_at_3_6_and_9)
+"""Each of steps 3, 6 and 9 fails its first attempt and succeeds at its second."""
 gated = _agent("gated", _gated)
 bounded = dataclasses.replace(_agent("bounded", IN_FLIGHT.work), max_concurrent=2)
 

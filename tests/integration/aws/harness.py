@@ -103,7 +103,9 @@ AGENTS = {
     name: f"tests.integration.aws.agents:{name}"
     for name in (
         "rows",
+        "quick",
         "failing",
+        "flaky",
         "gated",
         "events",
         "sleeper",
@@ -132,14 +134,27 @@ FUNCTIONS: dict[str, tuple[str, ModuleType]] = {
 decorate them under other Powertools settings) deploys the reloaded ones."""
 
 
+FUNCTION_TIMEOUT_SECONDS = 900.0
+"""The step function's timeout in the stack (`cdk/functions.py`): the longest step time limit
+and the step margin."""
+
+
 @dataclass(frozen=True)
 class FakeContext:
-    """The fields of Lambda's context object that Powertools and the handlers read."""
+    """The fields of Lambda's context object that Powertools and the handlers read. The time
+    left counts down from the function's timeout by the real clock, unless `seconds_left` says
+    otherwise (a test's clock)."""
 
     function_name: str
     invoked_function_arn: str
     aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     memory_limit_in_mb: int = 1024
+    seconds_left: Callable[[], float] | None = None
+    deadline: float = field(default_factory=lambda: time.monotonic() + FUNCTION_TIMEOUT_SECONDS)
+
+    def get_remaining_time_in_millis(self) -> int:
+        left = self.seconds_left() if self.seconds_left else self.deadline - time.monotonic()
+        return max(0, int(left * 1000))
 
 
 class Killed(BaseException):
@@ -173,6 +188,9 @@ class InProcessLambda:
     def __init__(self, handlers: dict[str, Handler]) -> None:
         self.handlers = handlers
         self.invocations: list[tuple[str, dict[str, Any]]] = []
+        self.clocks: dict[str, Callable[[], Callable[[], float]]] = {}
+        """By function name: what makes each invocation's clock of the time it has left
+        (`FakeContext.seconds_left`); none: the real clock from the function's timeout."""
         self.crash_error: str | None = "Lambda.Unknown"
         """The name an `InjectedFault` is reported under: one of `CRASHES`, or None for the
         Python exception it is (errorType `InjectedFault`, as the Python runtime reports an
@@ -189,7 +207,8 @@ class InProcessLambda:
         name = function_name.rsplit(":", 1)[-1]
         event = json.loads(body)
         self.invocations.append((name, event))
-        context = FakeContext(name, function_name)
+        clock = self.clocks.get(name)
+        context = FakeContext(name, function_name, seconds_left=clock() if clock else None)
         try:
             result = self.handlers[name](event, context)
         except Killed as killed:

@@ -250,7 +250,8 @@ def test_an_unregistered_agent_is_refused_without_importing_anything(
     (field,) = body.keys() - {"goal"}
     assert answer["problems"][0]["field"] == field
     known = (
-        "bounded, events, failing, fanout, gated, helper, migration, notebook, rows, sleeper, wires"
+        "bounded, events, failing, fanout, flaky, gated, helper, migration, notebook, quick, "
+        "rows, sleeper, wires"
         if field == "agent"
         else "migration, notebook"
     )

@@ -13,6 +13,7 @@ import pytest
 from ratchet.errors import AbandonedCallRunning, StaleVersion, StoreBusy, ToolFailed
 from ratchet.handlers import step
 from ratchet.handlers.payloads import StepRequest
+from ratchet.runtime.aws_settings import AwsSettings
 
 PACKAGE = Path(step.__file__).resolve().parents[1]
 ABOVE_THE_ADAPTERS = sorted([*PACKAGE.glob("handlers/*.py"), *PACKAGE.glob("engine/*.py")])
@@ -22,12 +23,17 @@ class _Refusing:
     def __init__(self, error: Exception) -> None:
         self._error = error
 
-    def advance(self, run_id: str) -> Any:
+    def advance(self, run_id: str, **_: Any) -> Any:
         raise self._error
+
+    def release(self, run_id: str) -> None:
+        pass
 
 
 def _take_step(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     monkeypatch.setattr(step, "engine", lambda context: _Refusing(error))
+    settings = AwsSettings(checkpoints_table="ckp", idempotency_table="idm", app_table="app")
+    monkeypatch.setattr(step, "settings", lambda: settings)
     step.take_step(StepRequest(run_id="r"), SimpleNamespace())  # type: ignore[arg-type]
 
 

@@ -1,0 +1,94 @@
+"""Several steps in one go, within a budget: what one invocation of the step Lambda takes.
+
+A state machine that invokes a function for every step pays a state transition or two per
+step, most of a scripted run's bill. So one invocation takes steps one after another while the
+run keeps running, up to a cap, and only while the time it has left would still hold another
+step of the agent's longest (its step time limit, plus `STEP_MARGIN_SECONDS` for the engine's
+own reads and writes): an agent with long steps gets fewer steps per invocation, down to one,
+and no step is started that the invocation's timeout could cut short.
+
+Nothing about a step changes: each one is `Engine.advance`, committed before the next begins,
+so a crash costs the step it is in and no more. The attempt counter of the next step rides in
+the commit of the one before, as it does in a local worker's loop; whether a next step follows
+is decided just before that commit, so a count rides only when the next step is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+
+from ratchet.engine.outcome import Outcome, StepOutcome
+from ratchet.engine.step import Engine
+from ratchet.errors import InjectedFault
+from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
+
+STEP_MARGIN_SECONDS = 60.0
+"""What a step takes beyond its agent's code: the engine's DynamoDB calls around it (load the
+head, read the ledger, commit), each bounded by the client's timeouts. The step function's
+own timeout is the longest step time limit plus this (`cdk/functions.py`, kept equal by
+tests/infra), so every step an invocation takes has at least the room its first one has."""
+
+
+@dataclass
+class StepBudget:
+    """How far one invocation may go: at most `max_steps` steps, and another one only while
+    `seconds_left()` holds the agent's step time limit plus `margin_seconds`."""
+
+    max_steps: int
+    seconds_left: Callable[[], float]
+    margin_seconds: float = STEP_MARGIN_SECONDS
+    taken: int = 0
+    """Steps taken so far (`take_steps` counts them)."""
+    going_on: bool = False
+    """What `goes_on` last answered."""
+
+    def goes_on(self, step_limit: float | None) -> bool:
+        """Whether another step follows the one about to commit (whose agent's time limit is
+        `step_limit`; None: no limit of its own, so the longest any agent may have). The
+        engine asks just before the commit (`count_next_attempt`), and `take_steps` goes on
+        only if the answer was yes, so the next step's attempt is counted in the commit
+        exactly when that step is taken."""
+        longest = MAX_STEP_TIMEOUT_SECONDS if step_limit is None else step_limit
+        self.going_on = (
+            self.taken + 1 < self.max_steps and self.seconds_left() >= longest + self.margin_seconds
+        )
+        return self.going_on
+
+
+def take_steps(
+    engine: Engine,
+    run_id: str,
+    budget: StepBudget,
+    on_step: Callable[[StepOutcome], None] | None = None,
+) -> StepOutcome:
+    """Advance the run step by step within `budget`; the last step's outcome. It stops at any
+    outcome but `continue` (waiting, done, failed, queued, ...), at the cap, or when the time
+    left would not hold another step; an error ends it as it ends one step (raised, every step
+    before it committed). `on_step` is told of each step's outcome."""
+    try:
+        while True:
+            # A step that commits no tool call (a stop rule, the run found waiting) is not
+            # asked, and is the last.
+            budget.going_on = False
+            outcome = engine.advance(run_id, count_next_attempt=budget.goes_on)
+            budget.taken += 1
+            if on_step is not None:
+                on_step(outcome)
+            if outcome.outcome is not Outcome.CONTINUE or not budget.going_on:
+                break
+    except InjectedFault:
+        # It stands for the process dying: nothing else happens, as after a crash.
+        raise
+    except Exception:
+        # A count taken ahead for a step that never started (its head read failed, say) would
+        # stand as an attempt: take it back if the store lets us. The error is what the caller
+        # must see, whatever this write meets.
+        with suppress(Exception):
+            engine.release(run_id)
+        raise
+    # A step queued (no slot of its agent free, the minute's model calls used up) after a count
+    # taken ahead for it: take the count back.
+    engine.release(run_id)
+    return outcome
