@@ -117,7 +117,8 @@ def _operations(listed: str) -> dict[str, int]:
 
 def test_deploy_md_quotes_the_requests_a_step_sends(dynamodb: DynamoDbFigures) -> None:
     row = _one(
-        r"\| DynamoDB requests per step \(engine\) \| (?P<target>\d+) \| (?P<total>\d+) "
+        r"\| DynamoDB requests per step \(engine\)(?:, an invocation's first step)? \| "
+        r"(?P<target>\d+) \| (?P<total>\d+) "
         r"\((?P<listed>[^)]+)\), the same at steps (?P<steps>[\d, and]+) \| "
         r"`python -m bench\.dynamodb_cost` \|",
         _doc(DEPLOY),
@@ -128,8 +129,15 @@ def test_deploy_md_quotes_the_requests_a_step_sends(dynamodb: DynamoDbFigures) -
     for step in steps:
         assert dynamodb.rows[step].operations == _operations(row["listed"]), step
     assert sum(_operations(row["listed"]).values()) == int(row["total"])
-    prose = _one(r"Each step sends (?P<n>\d+) requests to the engine's tables", _doc(DEPLOY), "")
-    assert int(prose["n"]) == int(row["total"])
+    prose = _one(
+        r"The first step of an invocation sends (?P<first>\d+) requests to the engine's tables "
+        r".*? Each further step of the same invocation sends (?P<later>\d+): its attempt was "
+        r"counted in the commit before it",
+        _doc(DEPLOY),
+        "docs/deploy.md",
+    )
+    assert int(prose["first"]) == int(row["total"])
+    assert int(prose["later"]) == int(row["total"]) - _operations(row["listed"])["UpdateItem"]
 
 
 def test_deploy_md_quotes_the_bytes_a_step_sends(dynamodb: DynamoDbFigures) -> None:
@@ -157,8 +165,15 @@ def test_the_docs_quote_the_write_units_a_step_costs(dynamodb: DynamoDbFigures) 
     assert listed == dynamodb.write_units_by_operation
     units = {r.write_units for r in dynamodb.rows.values()}
     assert units == {int(row["total"])}, "the write units differ between the steps shown"
-    table = _one(r"\| \*\*per step\*\* \| \*\*(?P<wru>\d+) WRU", deploy, "docs/deploy.md")
-    assert int(table["wru"]) in units
+    table = _one(
+        r"\| \*\*per step\*\* \| \*\*(?P<later>\d+) WRU \((?P<first>\d+) for an invocation's "
+        r"first\)",
+        deploy,
+        "docs/deploy.md",
+    )
+    assert int(table["first"]) in units
+    # A further step of an invocation does not write the attempt counter by itself.
+    assert int(table["later"]) == int(table["first"]) - listed["UpdateItem"]
     readme = _one(
         r"On DynamoDB a step costs (?P<wru>\d+) write units \([^)]*\), as "
         r"`python -m bench\.dynamodb_cost` computes",
@@ -166,6 +181,49 @@ def test_the_docs_quote_the_write_units_a_step_costs(dynamodb: DynamoDbFigures) 
         "README.md",
     )
     assert int(readme["wru"]) in units
+
+
+# --- AWS per 1,000 steps: python -m bench.aws_cost -------------------------------------------
+
+
+def _aws_cost_rows(printed: str) -> dict[str, list[str]]:
+    """bench.aws_cost's two tables, by steps per invocation (`1 (before)`, `10`, ...): the
+    counts (transitions, invocations, requests, WRU, RRU) and then the dollars and the
+    verdict, as the cells print."""
+    rows: dict[str, list[str]] = {}
+    for line in printed.splitlines():
+        found = re.match(r"^\s*(?P<setting>\d+(?: \(before\))?)\s+(?P<cells>[\d,$.].*)$", line)
+        if found:
+            rows.setdefault(found["setting"], []).extend(found["cells"].split())
+    return rows
+
+
+def test_deploy_md_quotes_what_aws_cost_counts_and_prices() -> None:
+    printed = _aws_cost_rows(_printed("bench.aws_cost"))
+    section = _one(
+        r"What `python -m bench\.aws_cost` prints .*?\| steps per invocation \| transitions \| "
+        r"invocations \| DynamoDB requests \| WRU \| RRU \| Step Functions \| Lambda \| "
+        r"DynamoDB \| total \| \|[-|]+\|(?P<rows>.*?) \| per 1,000 steps",
+        _doc(DEPLOY),
+        "docs/deploy.md",
+    )
+    quoted = {
+        cells[0].replace(" (the default)", ""): cells[1:]
+        for cells in (
+            [c.strip() for c in row.split("|")]
+            for row in section["rows"].strip().strip("|").split("| |")
+        )
+    }
+    assert set(quoted) == set(printed), (quoted, printed)
+    for setting, cells in quoted.items():
+        bench = printed[setting]
+        # transitions, invocations, requests; then (past the requests by operation) WRU, RRU;
+        # then the four dollar figures and the verdict.
+        counts, wru_rru, dollars = bench[:3], bench[-7:-5], bench[-5:-1]
+        assert cells[:5] == counts + wru_rru, setting
+        assert [c.split()[0] for c in cells[5:9]] == dollars, setting
+        verdict = bench[-1]
+        assert cells[8].endswith(f"({'target ' if verdict == 'missed' else ''}{verdict})")
 
 
 # --- The CLI's start: python -m bench.cli_start ----------------------------------------------
