@@ -213,9 +213,15 @@ def request_page(
     return _page("Reply needed" if reply else "Approval needed", _request_summary(view) + form)
 
 
-def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> str:
+RESUMES = "The run resumes with your answer."
+
+
+def outcome_page(
+    view: ApprovalView, *, just_now: bool, reply: bool = False, resumes: str = RESUMES
+) -> str:
     """What the decision did (`just_now`), or what it was; `reply` for a `wait_for_reply`
-    request, as the person saw it before deciding."""
+    request, as the person saw it before deciding. `resumes` says what happens next (locally
+    with no worker, what to run)."""
     approval = view.approval
     approved = approval.status is ApprovalStatus.APPROVED
     if just_now:
@@ -225,7 +231,7 @@ def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> 
             verb = "Approved" if approved else "Rejected"
         banner = (
             f"<div class='banner {'ok' if approved else 'bad'}'>{verb} by "
-            f"{html.escape(approval.decided_by or '')}. The run resumes with your answer.</div>"
+            f"{html.escape(approval.decided_by or '')}. {html.escape(resumes)}</div>"
         )
         title = verb
     else:
