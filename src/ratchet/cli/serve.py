@@ -95,6 +95,7 @@ def serve(
         token = None if is_local(host) else runtime.serve_token()
         _serve(runtime, listening, host=host, token=token, work=work, agents=agents)
     finally:
+        listening.close()  # served and closed by now, unless the token was refused
         runtime.close()
 
 
@@ -158,26 +159,31 @@ def _serve(
         )
         say(f"The token is in {runtime.serve_token_file} (owner-only; kept for the next start)")
     stopped: list[BaseException | None] = []
-    worker = None
-    if work:
 
-        def on_stopped(failure: BaseException | None) -> None:
-            stopped.append(failure)
-            _thread.interrupt_main()  # the server stops with its worker
+    def on_stopped(failure: BaseException | None) -> None:
+        stopped.append(failure)
+        _thread.interrupt_main()  # the server stops with its worker
 
-        worker = ServeWorker(
+    worker = (
+        ServeWorker(
             runtime.settings,
             worker_id=cli_worker_id(),
             logger=logger,
             on_park=_announce,
             on_stopped=on_stopped,
         )
-        worker.start()
-        say(f"A worker ({worker.worker_id}) works the runs in this process, as `ratchet worker`")
-    else:
-        say("No worker here (--no-worker): run `ratchet worker` for runs to move on")
+        if work
+        else None
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        if worker is not None:
+            worker.start()
+            say(
+                f"A worker ({worker.worker_id}) works the runs in this process, as `ratchet worker`"
+            )
+        else:
+            say("No worker here (--no-worker): run `ratchet worker` for runs to move on")
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
