@@ -192,6 +192,31 @@ def test_a_run_started_through_serve_is_worked_to_done_with_no_other_command(tmp
     assert "Traceback" not in served.printed
 
 
+def test_sigterm_mid_step_ends_serve_within_its_bound_and_the_run_goes_on_elsewhere(tmp_path):
+    cli = Cli(tmp_path)
+    # Given a run whose one tool call takes 20 s, which serve's worker is in the middle of
+    cli.ok("start", "--goal", "file a note", "--run-id", "slow", "--tool-latency-ms", "20000")
+    with serving(cli, "--port", "0") as served:
+        deadline = time.monotonic() + PATIENCE
+        while '"message":"run claimed"' not in served.printed:
+            assert time.monotonic() < deadline, served.printed
+            time.sleep(0.05)
+
+        # When serve is told to stop
+        stopping = time.monotonic()
+        served.process.send_signal(signal.SIGTERM)
+
+        # Then it stops within its bound (10 s for the step), saying the step was cut short,
+        # and no process of it is left: the worker was a thread of it
+        assert served.process.wait(timeout=PATIENCE) == 0
+        assert time.monotonic() - stopping < 20
+        assert "A step was still running: its lease lapses" in served.printed
+    # And the next worker resumes the run once that lease lapses
+    assert _status(cli, "slow") is RunStatus.RUNNING
+    cli.work_until_idle()
+    assert _status(cli, "slow") is RunStatus.DONE
+
+
 def test_approving_on_the_page_is_worked_on_at_once(tmp_path):
     cli = Cli(tmp_path)
     with serving(cli, "--port", "0") as served:
