@@ -90,7 +90,18 @@ def start_server(cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
     log = cwd / "serve.log"
     with log.open("w") as output:
         server = subprocess.Popen(
-            [sys.executable, "-m", "ratchet.cli", "serve", "--host", HOST, "--port", "0"],
+            # No worker: the figures are the server's own (the three runs wait for none).
+            [
+                sys.executable,
+                "-m",
+                "ratchet.cli",
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                "0",
+                "--no-worker",
+            ],
             cwd=cwd,
             env=env | {"PYTHONUNBUFFERED": "1", "RATCHET_LOG_LEVEL": "WARNING"},
             stdout=output,

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
-from ratchet.errors import AgentNotFound, RatchetError
+from ratchet.errors import AgentNotFound, InvalidInput, RatchetError
 from ratchet.imports import IMPORT_PATH, ImportFailed, import_object
 from ratchet.tools import Agent
 
@@ -67,6 +70,30 @@ class AgentRegistry:
             if name == "scripted" or name.startswith("claude-"):
                 raise ValueError(f"RATCHET_MODELS: {name!r} is a built-in model's name")
         return cls(MappingProxyType({**SCENARIOS, **agents}), models=MappingProxyType(models))
+
+    def with_agents(
+        self, agents: Mapping[str, str], models: Mapping[str, str] | None = None
+    ) -> AgentRegistry:
+        """These agents (and models) too, by name, checked by the rules of a deployment's
+        (`RATCHET_AGENTS`); `ValueError` says what is wrong. An agent registered under its
+        own `module:attr` is named by that target, as it is, in a request."""
+        for name, target in agents.items():
+            if name in SCENARIOS:
+                raise ValueError(f"{name!r} is a built-in scenario's name")
+            if name != target and not AGENT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an agent name (letters, digits, '.', '_', '-')")
+            if not IMPORT_PATH.fullmatch(target):
+                raise ValueError(f"{name!r} must map to 'module:attr', not {target!r}")
+        for name, target in (models or {}).items():
+            if name == "scripted" or name.startswith("claude-"):
+                raise ValueError(f"{name!r} is a built-in model's name")
+            if not AGENT_NAME.fullmatch(name) or not IMPORT_PATH.fullmatch(target):
+                raise ValueError(f"model {name!r} must be a name mapped to 'module:attr'")
+        return AgentRegistry(
+            MappingProxyType({**self.registered, **agents}),
+            import_paths=self.import_paths,
+            models=MappingProxyType({**self.models, **(models or {})}),
+        )
 
     @property
     def names(self) -> list[str]:
@@ -149,3 +176,76 @@ def declared_events(reference: str, registry: AgentRegistry = LOCAL) -> Sequence
     except RatchetError:
         return None
     return list(agent.events) if agent.events is not None else None
+
+
+PROJECT_FILES = ("ratchet.toml", "pyproject.toml")
+"""Where a project keeps its `[tool.ratchet]` table (a `ratchet.toml`, at its top level), in the
+order the stack looks for them (`cdk/project.py`)."""
+
+
+@dataclass(frozen=True)
+class ProjectAgents:
+    """The agents and models a project registers by name, and the folders their code imports
+    from: what `ratchet serve` reads from the folder it starts in, as the stack reads it."""
+
+    config_file: Path | None
+    agents: Mapping[str, str] = field(default_factory=dict)
+    models: Mapping[str, str] = field(default_factory=dict)
+    source: tuple[Path, ...] = ()
+
+
+def project_agents(folder: Path) -> ProjectAgents:
+    """The `[tool.ratchet]` agents, models and source folders of the project in `folder` (a
+    `ratchet.toml`, else a `pyproject.toml` with that table); none if it has neither. Only
+    those keys are read here: the stack checks the rest (`cdk/project.py`). A mistake is
+    `InvalidInput` naming the file and the key."""
+    for name in PROJECT_FILES:
+        config_file = folder / name
+        if not config_file.is_file():
+            continue
+        try:
+            document = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+            raise InvalidInput(f"{config_file}: cannot read it as TOML: {error}") from None
+        if name == "pyproject.toml":
+            table = document.get("tool", {}).get("ratchet")
+            if table is None:
+                continue
+            prefix = "[tool.ratchet] "
+        else:
+            table, prefix = document, ""
+        return _project_table(config_file, prefix, table)
+    return ProjectAgents(config_file=None)
+
+
+def _project_table(config_file: Path, prefix: str, table: Any) -> ProjectAgents:
+    def refused(key: str, message: str) -> InvalidInput:
+        return InvalidInput(f"{config_file}: {prefix}{key}: {message}")
+
+    if not isinstance(table, dict):
+        raise refused("(table)", "is not a table")
+    named: dict[str, dict[str, str]] = {}
+    for key in ("agents", "models"):
+        value = table.get(key, {})
+        if not isinstance(value, dict):
+            raise refused(key, "must be a table of name -> 'module:attr'")
+        for name, target in value.items():
+            if not AGENT_NAME.fullmatch(name):
+                raise refused(f"{key}.{name}", f"{name!r} is not a name")
+            if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
+                raise refused(f"{key}.{name}", f"must map to 'module:attr', not {target!r}")
+        named[key] = dict(sorted(value.items()))
+    for name in named["agents"]:
+        if name in SCENARIOS:
+            raise refused(f"agents.{name}", f"{name!r} is a built-in scenario's name")
+    source = table.get("source", ".")
+    folders = [source] if isinstance(source, str) else source
+    if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+        raise refused("source", "give a folder, or a list of folders, relative to the file")
+    paths = []
+    for folder in folders:
+        path = (config_file.parent / folder).resolve()
+        if not path.is_dir():
+            raise refused("source", f"{folder!r} is not a folder ({path})")
+        paths.append(path)
+    return ProjectAgents(config_file, named["agents"], named["models"], tuple(paths))

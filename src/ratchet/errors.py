@@ -221,6 +221,11 @@ class LinkInvalid(ApprovalError):
     http_status = 403
 
 
+class LinkOfAnotherStore(LinkInvalid):
+    """An approval link signed with another store's key (its `kid` says whose): real,
+    perhaps, but not this server's to decide."""
+
+
 class ApprovalExpired(ApprovalError):
     http_status = 410
 

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
 
+from ratchet.runtime.local import LocalRuntime, LocalSettings
 from tests.fixtures import refund_agent
 
 pytestmark = pytest.mark.slow
@@ -119,14 +120,16 @@ def _accepts_connections(port: int) -> bool:
         return False
 
 
-def _serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[str], str] | None:
+def _serve(
+    env: dict[str, str], log: Path, *, worker: bool
+) -> tuple[subprocess.Popen[str], str] | None:
     """Start `ratchet serve` on a free port and wait until it listens; None if it could not
     have the port (another process took it between the probe and the bind)."""
     port = _free_port()
     public_url = f"http://127.0.0.1:{port}"
     with log.open("w") as output:
         server = subprocess.Popen(
-            [str(RATCHET), "serve", "--port", str(port)],
+            [str(RATCHET), "serve", "--port", str(port), *([] if worker else ["--no-worker"])],
             env=env | {"RATCHET_PUBLIC_URL": public_url, "PYTHONUNBUFFERED": "1"},
             cwd=log.parent,
             stdout=output,
@@ -145,13 +148,18 @@ def _serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[str], str] 
 
 
 @contextmanager
-def serving(tmp_path: Path) -> Iterator[Local]:
-    """`ratchet serve` on a fresh store in `tmp_path`, run as the operator."""
+def serving(tmp_path: Path, *, worker: bool = False) -> Iterator[Local]:
+    """`ratchet serve` on a fresh store in `tmp_path`, run as the operator; with no worker of
+    its own unless `worker` (the tests work the runs with workers they start and stop)."""
     db = tmp_path / "ratchet.db"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env |= {"RATCHET_STORE": f"sqlite:///{db}", "LOGNAME": OPERATOR, "USER": OPERATOR}
     log = tmp_path / "serve.log"
-    started = _serve(env, log) or _serve(env, log) or _serve(env, log)
+    started = (
+        _serve(env, log, worker=worker)
+        or _serve(env, log, worker=worker)
+        or _serve(env, log, worker=worker)
+    )
     assert started is not None, log.read_text()
     server, public_url = started
     try:
@@ -329,8 +337,10 @@ def test_approving_from_the_link_resumes_the_run_and_drops_the_table(local, brow
     # Then the page confirms, the next worker finishes the run, and legacy_orders is gone
     expect(page).to_have_title("Approved · Ratchet")
     expect(page.locator("#decided")).to_have_text(
-        re.compile(rf"Approved by {OPERATOR} at {WHEN}\. The run resumes")
+        re.compile(rf"Approved by {OPERATOR} at {WHEN}\. No worker runs beside")
     )
+    # (This server has no worker of its own: the page says what to run.)
+    expect(page.get_by_text("run `ratchet worker` and the run resumes")).to_be_visible()
     _shows_what_was_asked(page, run_id, verb="asked")
     expect(page.get_by_text("Comment: Copy checked against the nightly export.")).to_be_visible()
     assert local.status(run_id)["status"] != "waiting"
@@ -344,6 +354,58 @@ def test_approving_from_the_link_resumes_the_run_and_drops_the_table(local, brow
     assert re.match(rf"Approved by {OPERATOR}\b", approval)
     assert "Copy checked against the nightly export." in approval
     _already_decided(page, link, run_id, "approved")
+
+
+def test_serves_own_worker_finishes_the_run_once_approved_with_no_other_command(tmp_path, browser):
+    # Given `ratchet serve` with its worker, and a migration started: the worker parks it
+    with serving(tmp_path, worker=True) as local:
+        run_id = "migrate-served"
+        local.ok("start", "--scenario", "migration", "--batches", "2", "--run-id", run_id)
+        link = _outbox_link(local, run_id)
+        assert link.startswith(f"{local.public_url}/approvals/")
+        _until(local, run_id, "waiting")
+        page = browser.new_page()
+
+        # When the person opens the link and approves
+        _open_pending_request(page, link, run_id)
+        page.get_by_role("button", name="Approve").click()
+
+        # Then the page says the run resumes, and it does: done, with no other command run
+        expect(page).to_have_title("Approved · Ratchet")
+        expect(page.locator("#decided")).to_have_text(
+            re.compile(rf"Approved by {OPERATOR} at {WHEN}\. The run resumes")
+        )
+        _until(local, run_id, "done")
+        report = local.json("verify", run_id)
+        assert report["ok"], report
+        assert report["legacy_dropped"] is True
+
+
+def _outbox_link(local: Local, run_id: str) -> str:
+    deadline = time.monotonic() + COMMAND_TIMEOUT
+    outbox = local.db.with_suffix(".outbox")
+    while not (found := sorted(outbox.glob(f"{run_id}-step-*.json"))):
+        assert time.monotonic() < deadline, f"{run_id} never asked for approval"
+        time.sleep(0.1)
+    link = json.loads(found[0].read_text(encoding="utf-8"))["link"]
+    assert isinstance(link, str)
+    return link
+
+
+def _until(local: Local, run_id: str, status: str) -> None:
+    """Poll the store (no CLI start-up per poll) until the run has `status`."""
+    deadline = time.monotonic() + COMMAND_TIMEOUT
+    while True:
+        runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{local.db}"), create=False)
+        try:
+            head = runtime.store.load_head(run_id)
+        finally:
+            runtime.close()
+        if head is not None and head.status.value == status:
+            return
+        now = head.status.value if head else "missing"
+        assert time.monotonic() < deadline, f"{run_id} is {now}, never {status}"
+        time.sleep(0.1)
 
 
 def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, browser):
@@ -361,7 +423,7 @@ def test_rejecting_with_a_reason_resumes_the_run_and_keeps_the_table(local, brow
     # Then the page confirms, and the run records the rejection and goes on without the drop
     expect(page).to_have_title("Rejected · Ratchet")
     expect(page.locator("#decided")).to_have_text(
-        re.compile(rf"Rejected by {OPERATOR} at {WHEN}\. The run resumes")
+        re.compile(rf"Rejected by {OPERATOR} at {WHEN}\. No worker runs beside")
     )
     _shows_what_was_asked(page, run_id, verb="asked")
     local.ok("worker", "--until-idle")

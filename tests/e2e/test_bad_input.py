@@ -462,6 +462,20 @@ CATALOGUE: list[Case] = [
         line=f"Invalid value for '--by': {EMPTY_RULE} (see: ratchet approve --help)",
     ),
     case(
+        "serve-agent-built-in-name",
+        "serve",
+        "--agent",
+        "migration=my_agents:agent",
+        line="--agent: 'migration' is a built-in scenario's name",
+    ),
+    case(
+        "serve-agent-not-a-path",
+        "serve",
+        "--agent",
+        "billing=my_agents",
+        line="--agent: 'billing' must map to 'module:attr', not 'my_agents'",
+    ),
+    case(
         "host-empty",
         "serve",
         "--host",

@@ -39,7 +39,7 @@ def test_the_readme_pull_request_example_runs_as_printed(tmp_path):
                 name, _, value = command.removeprefix("export ").partition("=")
                 env[name] = str(REPO / value)
                 continue
-            if command == "ratchet serve &":
+            if command == "ratchet serve --no-worker &":
                 serve, base = _serve(env, tmp_path)
                 env["RATCHET_PUBLIC_URL"] = base
                 continue
@@ -89,7 +89,7 @@ def _serve(env: dict[str, str], root: Path) -> tuple[subprocess.Popen[str], str]
     log = root / "serve.log"
     with log.open("w") as output:
         process = subprocess.Popen(
-            ["ratchet", "serve", "--port", "0"],
+            ["ratchet", "serve", "--port", "0", "--no-worker"],
             cwd=root,
             env=env,
             stdout=output,

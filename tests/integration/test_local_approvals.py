@@ -462,6 +462,52 @@ def test_a_link_with_repeated_missing_or_extra_fields_is_refused(local, parked, 
     refused(local, response, before, 403, "This link is not valid")
 
 
+def test_a_link_of_another_store_says_it_belongs_to_another_store(local, parked, tmp_path):
+    # Given a link that another store made, for a run parked there
+    other = Local(tmp_path / "other")
+    try:
+        theirs = other.park("run-1")
+    finally:
+        other.close()
+    before = local.tables()
+
+    # When it is opened, or its form sent, on this store's server
+    for response in each_method(local, theirs.link):
+        # Then the page says whose it is, not that it was forged, and nothing changes
+        refused(local, response, before, 403, "This link belongs to another Ratchet store")
+        page = response.get_data(as_text=True)
+        assert "another Ratchet store" in page
+        assert "forged" not in page
+
+
+def test_a_link_made_before_key_ids_still_decides(local, parked):
+    # Given the link as Ratchet made it before links carried a key id
+    path, _, query = parked.link.partition("?")
+    old = "&".join(p for p in query.split("&") if not p.startswith("kid="))
+    assert "kid=" in query
+    assert "kid=" not in old
+
+    # Then it shows the request, and decides it
+    assert local.client.get(f"{path}?{old}").status_code == 200
+    response = post(local, f"{path}?{old}", "decision=approve")
+    assert (response.status_code, title(response)) == (200, "Approved")
+    assert local.approval(parked).status is ApprovalStatus.APPROVED
+
+
+def test_an_old_link_of_another_store_is_refused_as_not_matching(local, parked, tmp_path):
+    other = Local(tmp_path / "other")
+    try:
+        theirs = other.park("run-1")
+    finally:
+        other.close()
+    path, _, query = theirs.link.partition("?")
+    old = "&".join(p for p in query.split("&") if not p.startswith("kid="))
+    before = local.tables()
+
+    for response in each_method(local, f"{path}?{old}"):
+        refused(local, response, before, 403, "This link is not valid")
+
+
 def test_an_expired_link_is_refused(local, parked):
     local.clock.now = parked.approval.expires_at
     before = local.tables()

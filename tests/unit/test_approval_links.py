@@ -16,7 +16,7 @@ import pytest
 
 from ratchet.approvals import links
 from ratchet.approvals.links import LinkClaims, LinkSigner, key_file
-from ratchet.errors import ApprovalExpired, LinkInvalid
+from ratchet.errors import ApprovalExpired, LinkInvalid, LinkOfAnotherStore
 
 KEY = bytes(range(32))
 PUBLIC_URL = "https://approvals.example.com/prod"
@@ -55,11 +55,12 @@ def test_a_link_verifies_to_exactly_the_claims_it_was_signed_with():
     assert verify(*split(url)) == CLAIMS
 
 
-def test_a_link_carries_only_the_run_the_recipient_the_expiry_and_the_signature():
+def test_a_link_carries_only_the_run_the_recipient_the_expiry_the_key_id_and_the_signature():
     _, query = signed()
 
-    assert set(query) == {"run", "to", "exp", "sig"}
+    assert set(query) == {"run", "to", "exp", "kid", "sig"}
     assert query["exp"] == str(int(EXPIRES.timestamp()))
+    assert query["kid"] == LinkSigner(KEY).key_id
     assert len(query["sig"]) == 64
 
 
@@ -77,7 +78,7 @@ def test_a_recipient_with_url_syntax_in_it_is_one_field():
 
     approval_id, query = split(LinkSigner(KEY).url(PUBLIC_URL, claims))
 
-    assert set(query) == {"run", "to", "exp", "sig"}
+    assert set(query) == {"run", "to", "exp", "kid", "sig"}
     assert verify(approval_id, query).recipient == "a&sig=0#x?y=z@example.com"
 
 
@@ -201,6 +202,62 @@ def test_the_link_of_one_approval_does_not_open_another(approval_id):
 def test_a_link_signed_with_another_key_is_refused():
     with pytest.raises(LinkInvalid):
         verify(*signed(key=b"another key, 32 bytes long......"))
+
+
+# --- key ids -----------------------------------------------------------------------------------
+
+
+def test_the_key_id_is_short_stable_and_differs_between_keys():
+    other = b"another key, 32 bytes long......"
+
+    assert LinkSigner(KEY).key_id == LinkSigner(bytes(KEY)).key_id
+    assert len(LinkSigner(KEY).key_id) == 8
+    assert int(LinkSigner(KEY).key_id, 16) >= 0
+    assert LinkSigner(KEY).key_id != LinkSigner(other).key_id
+    # A hash of its own: not the start of any HMAC a link or hook carries, nor of the key.
+    assert LinkSigner(KEY).key_id not in KEY.hex()
+    assert not signed()[1]["sig"].startswith(LinkSigner(KEY).key_id)
+
+
+def test_a_link_of_another_store_says_so_rather_than_forged():
+    other = b"another key, 32 bytes long......"
+
+    with pytest.raises(LinkOfAnotherStore, match="belongs to another Ratchet store") as refused:
+        verify(*signed(key=other))
+
+    assert LinkSigner(other).key_id in str(refused.value)
+    assert "forged" not in str(refused.value)
+
+
+def test_a_link_made_before_key_ids_verifies_as_before():
+    approval_id, query = signed()
+    del query["kid"]
+
+    assert verify(approval_id, query) == CLAIMS
+
+
+def test_an_old_link_of_another_store_is_still_refused_as_not_matching():
+    approval_id, query = signed(key=b"another key, 32 bytes long......")
+    del query["kid"]
+
+    with pytest.raises(LinkInvalid, match="signature does not match") as refused:
+        verify(approval_id, query)
+    assert not isinstance(refused.value, LinkOfAnotherStore)
+
+
+def test_a_link_whose_key_id_was_set_to_ours_is_still_checked_by_its_signature():
+    approval_id, query = signed(key=b"another key, 32 bytes long......")
+
+    with pytest.raises(LinkInvalid, match="signature does not match"):
+        verify(approval_id, {**query, "kid": LinkSigner(KEY).key_id})
+
+
+@pytest.mark.parametrize("kid", ["", "ABCDEF01", "1234567", "123456789", "zzzzzzzz", "٣" * 8])
+def test_a_key_id_that_is_not_one_is_refused_as_changed(kid):
+    approval_id, query = signed()
+
+    with pytest.raises(LinkInvalid, match="incomplete or has been changed"):
+        verify(approval_id, {**query, "kid": kid})
 
 
 @pytest.mark.parametrize("missing", ["run", "to", "exp", "sig"])

@@ -5,7 +5,14 @@ and carries an HMAC-SHA256 over exactly those. Nothing else in it is trusted: th
 decides is the recipient the link was signed for, never a form field. A link never carries
 the execution's task token; the token stays server-side under the approval id.
 
-    <public url>/approvals/<approval id>?run=<run id>&to=<recipient>&exp=<epoch s>&sig=<hex>
+    <public url>/approvals/<approval id>?run=<run id>&to=<recipient>&exp=<epoch s>
+        &kid=<8 hex>&sig=<hex>
+
+`kid` names the key that signed the link (`key_id`: 8 hex digits of a hash of the key, which
+says nothing about the key itself), so a link opened on another store's server is told apart
+from a forged one. It is a hint, not a claim: the signature does not cover it (links made
+before it, which have none, verify as they did), and a changed `kid` can only turn a
+refusal into the other refusal.
 """
 
 from __future__ import annotations
@@ -22,11 +29,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from ratchet.errors import ApprovalExpired, LinkInvalid
+from ratchet.errors import ApprovalExpired, InvalidInput, LinkInvalid, LinkOfAnotherStore
 
 KEY_BYTES = 32
 _VERSION = b"ratchet-approval-v1"
+_KEY_ID_DOMAIN = b"ratchet-approval-key-id-v1\x00"
 _FIELDS = ("run", "to", "exp", "sig")
+_FIELDS_WITH_KEY_ID = (*_FIELDS, "kid")
+_KEY_ID = re.compile(r"[0-9a-f]{8}")
 _MAX_FIELD_CHARS = 320
 _EXP = re.compile(r"[1-9][0-9]{0,11}")
 
@@ -74,12 +84,19 @@ class LinkSigner:
     def _key(self) -> bytes:
         return self._lazy_key()
 
+    @property
+    def key_id(self) -> str:
+        """A short name of the signing key, safe to show: 8 hex digits of SHA-256 over the
+        key under a domain of its own (no HMAC of Ratchet's is ever computed over it)."""
+        return hashlib.sha256(_KEY_ID_DOMAIN + self._key).hexdigest()[:8]
+
     def url(self, public_url: str, claims: LinkClaims) -> str:
         query = urlencode(
             {
                 "run": claims.run_id,
                 "to": claims.recipient,
                 "exp": str(_epoch(claims.expires_at)),
+                "kid": self.key_id,
                 "sig": self._signature(claims),
             },
             quote_via=quote,
@@ -87,14 +104,22 @@ class LinkSigner:
         return f"{public_url.rstrip('/')}/approvals/{quote(claims.approval_id)}?{query}"
 
     def verify(self, approval_id: str, query: Mapping[str, str], *, now: datetime) -> LinkClaims:
-        """The link's claims, or `LinkInvalid` (forged, tampered, malformed) or `ApprovalExpired`.
-        The signature is checked before the expiry, so an expired link is known to be real."""
+        """The link's claims, or `LinkInvalid` (forged, tampered, malformed; `LinkOfAnotherStore`
+        if its key id names another key) or `ApprovalExpired`. The signature is checked before
+        the expiry, so an expired link is known to be real."""
         if (
-            set(query) != set(_FIELDS)
+            set(query) not in (set(_FIELDS), set(_FIELDS_WITH_KEY_ID))
             or any(len(v) > _MAX_FIELD_CHARS for v in query.values())
             or not _EXP.fullmatch(query["exp"])
+            or ("kid" in query and not _KEY_ID.fullmatch(query["kid"]))
         ):
             raise LinkInvalid("the link is incomplete or has been changed")
+        if "kid" in query and query["kid"] != self.key_id:
+            raise LinkOfAnotherStore(
+                "this link belongs to another Ratchet store: it was signed with key "
+                f"{query['kid']}, and this server's is {self.key_id}. Open it on the server "
+                "of the store whose run asked"
+            )
         try:
             expires = datetime.fromtimestamp(int(query["exp"]), UTC)
         except (ValueError, OverflowError, OSError):
@@ -132,25 +157,39 @@ def new_key() -> bytes:
 
 def key_file(path: Path) -> bytes:
     """The local signing key, made on first use and readable by its owner only."""
+    return bytes.fromhex(_secret_file(path, lambda: new_key().hex()))
+
+
+def token_file(path: Path) -> str:
+    """A bearer token (`secrets.token_urlsafe`), made on first use and readable by its owner
+    only, and refused (`InvalidInput`) if others may read it now."""
+    token = _secret_file(path, lambda: secrets.token_urlsafe(KEY_BYTES))
+    if path.stat().st_mode & 0o077:
+        raise InvalidInput(f"{path} may be read by others: chmod 600 it (or delete it)")
+    return token
+
+
+def _secret_file(path: Path, make: Callable[[], str]) -> str:
+    """The secret in `path`, written there first by `make` if there is none."""
     try:
-        return bytes.fromhex(path.read_text().strip())
+        return path.read_text().strip()
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = new_key()
+    secret = make()
     # A draft of this call's own (unique per process and thread), created owner-only: the
-    # key is never on disk readable by others, not even for a moment.
+    # secret is never on disk readable by others, not even for a moment.
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     draft = Path(name)
     try:
         with os.fdopen(handle, "w", encoding="ascii") as out:
-            out.write(key.hex())
+            out.write(secret)
         # link() publishes the whole file at once and refuses to replace one: two creators
-        # making the key together both end up with the one that was published first.
+        # making the secret together both end up with the one that was published first.
         try:
             os.link(draft, path)
         except FileExistsError:
-            key = bytes.fromhex(path.read_text().strip())
+            secret = path.read_text().strip()
     finally:
         draft.unlink()
-    return key
+    return secret

@@ -258,9 +258,15 @@ def request_page(
     return _page("Reply needed" if reply else "Approval needed", _request_summary(view) + form)
 
 
-def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> str:
+RESUMES = "The run resumes with your answer."
+
+
+def outcome_page(
+    view: ApprovalView, *, just_now: bool, reply: bool = False, resumes: str = RESUMES
+) -> str:
     """What the decision did (`just_now`), or what it was; `reply` for a `wait_for_reply`
-    request, as the person saw it before deciding."""
+    request, as the person saw it before deciding. `resumes` says what happens next (locally
+    with no worker, what to run)."""
     approval = view.approval
     approved = approval.status is ApprovalStatus.APPROVED
     if just_now:
@@ -271,8 +277,7 @@ def outcome_page(view: ApprovalView, *, just_now: bool, reply: bool = False) -> 
         when = approval.decided_at.strftime(" at %Y-%m-%d %H:%M UTC") if approval.decided_at else ""
         banner = (
             f"<div class='banner {'ok' if approved else 'bad'}' id='decided'>{verb} by "
-            f"{html.escape(approval.decided_by or '')}{when}. The run resumes with your "
-            "answer.</div>"
+            f"{html.escape(approval.decided_by or '')}{when}. {html.escape(resumes)}</div>"
         )
         title = verb
     else:

@@ -90,7 +90,17 @@ class _Demo:
         """`ratchet serve` on a free port; returns the process and its base URL."""
         log_path = self.workdir / "serve.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "ratchet.cli", "--store", self.store, "serve", "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "ratchet.cli",
+                "--store",
+                self.store,
+                "serve",
+                "--port",
+                "0",
+                "--no-worker",  # the demo shows its own workers: A killed, B, C
+            ],
             stdout=log_path.open("w"),
             stderr=subprocess.STDOUT,
             text=True,

@@ -266,9 +266,8 @@ def worker(
     """Claim runnable runs and advance them, with a line per step; SIGTERM stops after the
     current step."""
     # The SQLite adapter and the engine, built on the run models (see ratchet.cli.context).
-    from ratchet.faults import FaultPlan
     from ratchet.ports import check_lease_seconds
-    from ratchet.worker import Worker, check_worker_id
+    from ratchet.worker import check_worker_id
 
     require_local_store("worker")
     # Before the store is opened (and made): a bad value must leave nothing behind.
@@ -282,10 +281,6 @@ def worker(
         err.print(f"nothing to work: {missing}")
         return
     logger = cli_logger()
-    engine = runtime.engine(
-        worker_id=worker_id, logger=logger, faults=FaultPlan.parse(runtime.settings.fault)
-    )
-
     printer = ProgressPrinter(as_json=as_json, live=not logs_on_terminal())
 
     def announce(run_id: str) -> None:
@@ -293,18 +288,13 @@ def worker(
         if said is not None:
             printer.say(said)
 
-    work = Worker(
-        engine,
-        runtime.leases,
-        logger,
+    work = runtime.worker(
+        worker_id=worker_id,
+        logger=logger,
         lease_seconds=lease_seconds,
         on_park=announce,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
-        expire_approvals=runtime.approval_expiry(engine),
-        settle_waits=runtime.wait_settler(engine),
-        limits=runtime.limits(),
-        fire_schedules=runtime.schedule_firer(_starter(runtime, worker_id, logger), logger=logger),
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:
@@ -315,19 +305,6 @@ def worker(
     finally:
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
-
-
-def _starter(runtime: Any, worker_id: str, logger: Any) -> Any:
-    """How a worker starts a schedule's fire: the client's own start path, so the run is
-    checked and prepared as any other start."""
-    from ratchet.client import Client
-
-    client = Client(runtime, worker_id=worker_id, logger=logger, channel="cli")
-
-    def start(run_id: str, spec: Any, _: Any) -> None:
-        client.start(run_id=run_id, agent=spec.agent, input=spec.input)
-
-    return start
 
 
 def _new_run(

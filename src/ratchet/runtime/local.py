@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,7 +41,7 @@ from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
-from ratchet.approvals.links import LinkSigner, key_file
+from ratchet.approvals.links import LinkSigner, key_file, token_file
 from ratchet.children import CHILDREN_SWEEP_SECONDS, ChildRunDesk
 from ratchet.engine import Binding, Engine
 from ratchet.errors import InvalidInput, StoreUnavailable
@@ -62,7 +63,7 @@ from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
     from ratchet.runtime.hooks import Hooks
-    from ratchet.worker import StepReport
+    from ratchet.worker import StepReport, Worker
 from ratchet.runtime.models import Bindings
 from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, RunContext
@@ -86,6 +87,9 @@ class LocalSettings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     public_url: str = Field(default=DEFAULT_PUBLIC_URL, pattern=r"^https?://[^\s?#]+$")
     """Where `ratchet serve` is reached: the base of every approval link."""
+    public_url_set: bool = False
+    """Whether `RATCHET_PUBLIC_URL` gave `public_url`; if not, `ratchet serve` points the links
+    it makes at the address it listens on (`serving_at`)."""
     slack_signing_secret: SecretStr | None = None
     """Lets `ratchet serve` take Slack's button presses (a tunnel to it as the Request URL)."""
     approval_timeout_seconds: int = Field(
@@ -139,6 +143,11 @@ class LocalSettings(BaseModel):
             message = str(first["msg"]).removeprefix("Value error, ")
             raise InvalidInput(f"{name} is not valid: {message}") from None
 
+    def serving_at(self, url: str) -> LocalSettings:
+        """These settings for a server reached at `url`: its links point there, unless
+        `RATCHET_PUBLIC_URL` says where the server is reached (a tunnel, a proxy)."""
+        return self if self.public_url_set else self.model_copy(update={"public_url": url})
+
     @classmethod
     def _from(cls, env: Mapping[str, str]) -> LocalSettings:
         return cls(
@@ -148,6 +157,7 @@ class LocalSettings(BaseModel):
             fault=env.get("RATCHET_FAULT") or None,
             log_level=env.get("RATCHET_LOG_LEVEL") or "INFO",
             public_url=env.get("RATCHET_PUBLIC_URL") or DEFAULT_PUBLIC_URL,
+            public_url_set=bool(env.get("RATCHET_PUBLIC_URL")),
             slack_signing_secret=env.get("RATCHET_SLACK_SIGNING_SECRET") or None,
             approval_timeout_seconds=env.get("RATCHET_APPROVAL_TIMEOUT_SECONDS")
             or DEFAULT_APPROVAL_SECONDS,
@@ -248,6 +258,16 @@ class LocalRuntime:
         made on first use, owner-only, as the approval link key is): its own key, so that
         rotating one revokes only its own (links, or hooks)."""
         return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
+
+    @property
+    def serve_token_file(self) -> Path:
+        """Where `ratchet serve` keeps the bearer token its runs API takes when it listens
+        beyond this machine: `<store>.serve-token`, beside the store's keys, owner-only."""
+        return Path(f"{self.root}.serve-token")
+
+    def serve_token(self) -> str:
+        """The token in `serve_token_file`, made on first use and kept for the next start."""
+        return token_file(self.serve_token_file)
 
     def hooks(self, agents: AgentRegistry) -> Hooks:
         """The store's webhooks (`ratchet hook`, `POST /runs/{id}/hooks/{name}`), reached on
@@ -358,6 +378,54 @@ class LocalRuntime:
         `start` (the client's own start path)."""
         book = self.schedules
         return lambda now: fire_due(book, start, now, logger=logger)
+
+    def worker(
+        self,
+        *,
+        worker_id: str,
+        logger: Any,
+        lease_seconds: float | None = None,
+        on_park: Callable[[str], None] | None = None,
+        on_step: Callable[[StepReport], None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> Worker:
+        """`ratchet worker`'s worker on this store (and `ratchet serve`'s): it claims every
+        runnable run, expires overdue approvals, settles due waits and fires due schedules,
+        under the fault plan of `RATCHET_FAULT`. `stop` ends its loop after the current step."""
+        from ratchet.worker import DEFAULT_LEASE_SECONDS, Worker
+
+        engine = self.engine(
+            worker_id=worker_id, logger=logger, faults=FaultPlan.parse(self.settings.fault)
+        )
+        return Worker(
+            engine,
+            self.leases,
+            logger,
+            lease_seconds=DEFAULT_LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            on_park=on_park,
+            on_step=on_step,
+            on_wait=on_wait,
+            expire_approvals=self.approval_expiry(engine),
+            settle_waits=self.wait_settler(engine),
+            limits=self.limits(),
+            fire_schedules=self.schedule_firer(
+                self._schedule_starter(worker_id, logger), logger=logger
+            ),
+            stop=stop or threading.Event(),
+        )
+
+    def _schedule_starter(self, worker_id: str, logger: Any) -> Starter:
+        """How a worker starts a schedule's fire: the client's own start path, so the run is
+        checked and prepared as any other start."""
+        from ratchet.client import Client
+
+        client = Client(self, worker_id=worker_id, logger=logger, channel="cli")
+
+        def start(run_id: str, spec: Any, _: Any) -> None:
+            client.start(run_id=run_id, agent=spec.agent, input=spec.input)
+
+        return start
 
     def limits(self) -> ConcurrencyLimits:
         """The bound on each agent's concurrent runs, for this process's workers."""

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from ratchet.adapters.slack import SlackResponder
 from ratchet.agents import AgentRegistry
 from ratchet.approvals.desk import ApprovalDesk
+from ratchet.approvals.pages import RESUMES
 from ratchet.client import Client, Runtime
 from ratchet.runs import RunRequest
 from ratchet.web.approvals import ApprovalServices
@@ -39,15 +40,20 @@ def api_client(runtime: Runtime, *, agents: AgentRegistry, worker_id: str, logge
 
 
 def approval_services(
-    desk: ApprovalDesk, *, slack_signing_secret: SecretStr | None, logger: Any
+    desk: ApprovalDesk,
+    *,
+    slack_signing_secret: SecretStr | None,
+    logger: Any,
+    resumes: str = RESUMES,
 ) -> ApprovalServices:
     """What the approval pages use: the desk, and Slack's button presses, taken only with the
-    secret that signs them."""
+    secret that signs them. `resumes`: what the page says happens after a decision."""
     return ApprovalServices(
         desk=desk,
         slack_signing_secret=slack_signing_secret,
         slack_responder=SlackResponder() if slack_signing_secret else None,
         logger=logger,
+        resumes=resumes,
     )
 
 

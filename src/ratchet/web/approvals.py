@@ -40,6 +40,7 @@ from ratchet.errors import (
     ApprovalExpired,
     ApprovalNotFound,
     LinkInvalid,
+    LinkOfAnotherStore,
     RunNotFound,
     StoreBusy,
 )
@@ -53,6 +54,7 @@ MAX_FORM_BYTES = 128 * 1024
 
 _TITLES: dict[type[ApprovalError], str] = {
     LinkInvalid: "This link is not valid",
+    LinkOfAnotherStore: "This link belongs to another Ratchet store",
     ApprovalExpired: "This request has expired",
     ApprovalNotFound: "No such request",
     ApprovalDecided: "Already decided",
@@ -66,6 +68,9 @@ class ApprovalServices:
     slack_signing_secret: SecretStr | None = None
     slack_responder: SlackResponder | None = None
     logger: Any = None
+    resumes: str = pages.RESUMES
+    """What the page says happens once a person decided (locally with no worker, what to
+    run for the run to go on)."""
 
 
 def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolver:
@@ -128,7 +133,9 @@ class ApprovalRoutes:
             return _html(HTTPStatus.SERVICE_UNAVAILABLE, page)
         # What was asked is the request as the person saw it: the run has moved on since.
         reply = pages.asks_for_reply(asked)
-        return _html(HTTPStatus.OK, pages.outcome_page(view, just_now=True, reply=reply))
+        resumes = self.services().resumes
+        page = pages.outcome_page(view, just_now=True, reply=reply, resumes=resumes)
+        return _html(HTTPStatus.OK, page)
 
     def slack_interaction(self) -> Response[str]:
         """A button pressed in Slack, by a user Slack's signature vouches for."""

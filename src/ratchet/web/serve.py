@@ -6,6 +6,11 @@ So the approval page, its form and the runs API behave locally exactly as deploy
 runtime behind them differs (SQLite, and a decision makes the run runnable for the next
 worker). Werkzeug reads the requests and waitress serves them; nothing here parses HTTP by hand.
 
+Bound to an address other people can reach, the routes that act on the store itself (the
+runs API, the schedules, the dashboard, whose pages carry the operator's own approval links)
+take a bearer token (`BearerToken`); the approval pages, Slack's buttons and the webhooks carry
+signatures of their own and stay open, as on AWS.
+
 Waitress reads and writes every connection without blocking on any, and hands the app a
 request only once it has all of it: a browser's speculative connection, or a client that sends
 half a request and stops, holds up nobody, and is closed after `IDLE_SECONDS`. The app itself
@@ -15,6 +20,7 @@ runs one request at a time: the local store is one SQLite connection.
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import socket
 import threading
@@ -90,12 +96,55 @@ def proxy_event(request: Request) -> dict[str, Any]:
     }
 
 
+LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+"""The addresses `ratchet serve` takes for this machine alone. Other loopback addresses
+(127.0.0.2, ...) count as reachable: a container or a forwarded port may expose them, and a
+test can bind one to see the token asked for."""
+
+
+def is_local(host: str) -> bool:
+    return host.lower() in LOCAL_HOSTS
+
+
+@dataclass(frozen=True)
+class BearerToken:
+    """The token the routes under `prefixes` take, as `Authorization: Bearer <token>`."""
+
+    token: str
+    prefixes: tuple[str, ...]
+
+    def refusal(self, request: Request) -> Response | None:
+        """None if `request` may go on; else the 401 that says what it lacks."""
+        if not request.path.startswith(self.prefixes):
+            return None
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        # Bytes, not str: compare_digest refuses non-ASCII text, which a header may hold.
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode("utf-8", "surrogateescape"), self.token.encode()
+        ):
+            return None
+        error = (
+            "this server is reachable from the network: send Authorization: Bearer <token>, "
+            "the token in the file `ratchet serve` named when it started"
+        )
+        body = json.dumps({"error": error, "problems": []})
+        return Response(
+            body,
+            status=401,
+            content_type="application/json",
+            headers={"WWW-Authenticate": 'Bearer realm="ratchet"', "Cache-Control": "no-store"},
+        )
+
+
 BodyLimit = tuple[str, int]
 """A path prefix and the most bytes of body its routes take (others take `MAX_BODY_BYTES`)."""
 
 
 def wsgi_app(
-    routes: Sequence[Route], *, body_limits: Sequence[BodyLimit] = ()
+    routes: Sequence[Route],
+    *,
+    body_limits: Sequence[BodyLimit] = (),
+    bearer: BearerToken | None = None,
 ) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
     # The routes share the runtime's one SQLite connection (and its transactions): one request
     # at a time, from whichever thread the server runs it on.
@@ -103,7 +152,7 @@ def wsgi_app(
 
     def application(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         with one_at_a_time:
-            return _answer(routes, body_limits, environ, start_response)
+            return _answer(routes, body_limits, bearer, environ, start_response)
 
     return application
 
@@ -111,10 +160,14 @@ def wsgi_app(
 def _answer(
     routes: Sequence[Route],
     body_limits: Sequence[BodyLimit],
+    bearer: BearerToken | None,
     environ: dict[str, Any],
     start_response: Any,
 ) -> Iterable[bytes]:
     request = Request(environ)
+    refusal = bearer.refusal(request) if bearer is not None else None
+    if refusal is not None:
+        return refusal(environ, start_response)
     limit = next((n for prefix, n in body_limits if request.path.startswith(prefix)), None)
     request.max_content_length = MAX_BODY_BYTES if limit is None else limit
     app = next((a for prefix, a in routes if request.path.startswith(prefix)), None)
@@ -186,9 +239,35 @@ def server(
     port: int,
     idle_seconds: int = IDLE_SECONDS,
     body_limits: Sequence[BodyLimit] = (),
+    bearer: BearerToken | None = None,
 ) -> LocalServer:
     """The server of `routes` on `host:port` (0: any free port). Raises `InvalidInput` if the
     address cannot be used."""
+    return serve_on(
+        listen(host, port),
+        routes,
+        idle_seconds=idle_seconds,
+        body_limits=body_limits,
+        bearer=bearer,
+    )
+
+
+def serve_on(
+    listening: socket.socket,
+    routes: Sequence[Route],
+    *,
+    idle_seconds: int = IDLE_SECONDS,
+    body_limits: Sequence[BodyLimit] = (),
+    bearer: BearerToken | None = None,
+) -> LocalServer:
+    """The server of `routes` on a socket `listen` bound."""
+    app = wsgi_app(routes, body_limits=body_limits, bearer=bearer)
+    return LocalServer(app, listening, idle_seconds)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` (0: any free port), before anything is served on it: so
+    what is served knows its address. Raises `InvalidInput` if the address cannot be used."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listening = socket.socket(family, socket.SOCK_STREAM)
@@ -201,4 +280,15 @@ def server(
         listening.close()
         reason = getattr(error, "strerror", None) or str(error)
         raise InvalidInput(f"cannot listen on {host}:{port}: {reason}") from None
-    return LocalServer(wsgi_app(routes, body_limits=body_limits), listening, idle_seconds)
+    return listening
+
+
+def listening_url(host: str, port: int) -> str:
+    """`http://host:port`, an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def base_url(host: str, port: int) -> str:
+    """Where a server listening on `host:port` is reached: the machine's name for an address
+    of every interface (0.0.0.0, ::), which names none."""
+    return listening_url(socket.gethostname() if host in ("0.0.0.0", "::") else host, port)

@@ -22,6 +22,7 @@ from tests.fake_slack import FakeSlack, button_press, signed_interaction
 from tests.integration.aws.harness import APPROVER, PUBLIC_URL, FakeContext, Page, Stack
 
 NOT_VALID = (403, "This link is not valid")
+ANOTHER_STORE = (403, "This link belongs to another Ratchet store")
 EXPIRED = (410, "This request has expired")
 DECIDED = (409, "Already decided")
 NOT_WAITING = (409, "The run is no longer waiting")
@@ -69,9 +70,17 @@ def test_a_link_signed_with_another_key_is_refused(stack: Stack):
     execution, link = _parked(stack, "forged")
     forged = LinkSigner(secrets.token_bytes(32)).url(PUBLIC_URL, _claims(link))
     assert forged != link
+    ours = dict(parse_qsl(urlsplit(link).query))["kid"]
+    without_kid = urlsplit(forged)._replace(
+        query=urlencode({k: v for k, v in parse_qsl(urlsplit(forged).query) if k != "kid"})
+    )
 
     with _nothing_changes(stack, execution):
-        assert _both(stack, forged) == [NOT_VALID] * 2
+        # Its key id names another key: another deployment's (or store's) link, it says
+        assert _both(stack, forged) == [ANOTHER_STORE] * 2
+        # Given this deployment's key id, or none (a link made before key ids), it is forged
+        assert _both(stack, _changed(forged, kid=ours)) == [NOT_VALID] * 2
+        assert _both(stack, without_kid.geturl()) == [NOT_VALID] * 2
 
 
 def test_a_link_whose_expiry_was_pushed_back_is_refused(stack: Stack):
