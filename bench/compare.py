@@ -98,6 +98,8 @@ CHILD_TIMEOUT_SECONDS = 1800
 class Tally:
     row_bytes: int = 0
     commits: int = 0
+    by_statement: dict[str, int] = field(default_factory=dict)
+    """Row bytes by verb and table (`INSERT checkpoints`)."""
 
 
 TALLY = Tally()
@@ -108,6 +110,14 @@ _COMMIT_VERBS = {"COMMIT", "END"}
 def _verb(sql: str) -> str:
     head = sql.lstrip().split(None, 1)
     return head[0].upper() if head else ""
+
+
+def _statement(sql: str) -> str:
+    """`INSERT checkpoints`, `UPDATE runs`: the verb and the table a write names."""
+    words = sql.replace("(", " ").split()
+    verb = words[0].upper()
+    rest = [w for w in words[1:] if w.upper() not in {"OR", "REPLACE", "IGNORE", "INTO"}]
+    return f"{verb} {rest[0].strip(chr(34)) if rest else '?'}"
 
 
 def _value_bytes(value: object) -> int:
@@ -141,7 +151,10 @@ def _counted(
     verb = _verb(sql)
     answer = run()
     if verb in _WRITE_VERBS:
-        TALLY.row_bytes += sum(_bound_bytes(row) for row in rows)
+        bound = sum(_bound_bytes(row) for row in rows)
+        TALLY.row_bytes += bound
+        statement = _statement(sql)
+        TALLY.by_statement[statement] = TALLY.by_statement.get(statement, 0) + bound
         if connection.in_transaction:
             _DIRTY.add(id(connection))
         else:
@@ -237,6 +250,10 @@ class RunFigures:
     """The database the run left: pages times page size (read after the run, WAL included)."""
     payload_bytes: int = 0
     """The payload of every cell of its tables and indexes (`dbstat`)."""
+    by_statement: dict[str, int] = field(default_factory=dict)
+    """Row bytes by verb and table."""
+    pages: dict[str, int] = field(default_factory=dict)
+    """Pages by table or index (`dbstat`)."""
 
     def per_step(self, figure: str) -> float:
         value: float = getattr(self, figure)
@@ -250,6 +267,7 @@ class Meter:
     written: int = field(default_factory=bytes_written_by_process)
     row_bytes: int = field(default_factory=lambda: TALLY.row_bytes)
     commits: int = field(default_factory=lambda: TALLY.commits)
+    by_statement: dict[str, int] = field(default_factory=lambda: dict(TALLY.by_statement))
 
     def figures(
         self, framework: str, steps: int, pragmas: Callable[[], tuple[str, int]]
@@ -268,6 +286,10 @@ class Meter:
             commits=commits - self.commits,
             journal_mode=journal_mode,
             synchronous=synchronous,
+            by_statement={
+                name: bound - self.by_statement.get(name, 0)
+                for name, bound in TALLY.by_statement.items()
+            },
         )
 
 
@@ -546,22 +568,24 @@ def measure_run(framework: str, steps: int, directory: Path) -> RunFigures:
     the database it left holds."""
     directory.mkdir(parents=True, exist_ok=True)
     answer = _child("run", _kind(framework), str(steps), str(directory), framework=framework)
-    database, payload = stored_bytes(directory / DATABASE)
-    answer.update(framework=framework, database_bytes=database, payload_bytes=payload)
+    database, payload, pages = stored_bytes(directory / DATABASE)
+    answer.update(framework=framework, database_bytes=database, payload_bytes=payload, pages=pages)
     return RunFigures(**answer)
 
 
-def stored_bytes(path: Path) -> tuple[int, int]:
-    """The database's size (pages times page size) and its rows' payload (`dbstat`), read
-    through a read-only connection, which sees the WAL and writes nothing (no checkpoint)."""
+def stored_bytes(path: Path) -> tuple[int, int, dict[str, int]]:
+    """The database's size (pages times page size), its rows' payload and its pages by table
+    or index (`dbstat`), read through a read-only connection, which sees the WAL and writes
+    nothing (no checkpoint)."""
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         (pages,) = connection.execute("PRAGMA page_count").fetchone()
         (page_size,) = connection.execute("PRAGMA page_size").fetchone()
         (payload,) = connection.execute("SELECT coalesce(sum(payload), 0) FROM dbstat").fetchone()
+        by_table = dict(connection.execute("SELECT name, count(*) FROM dbstat GROUP BY name"))
     finally:
         connection.close()
-    return int(pages) * int(page_size), int(payload)
+    return int(pages) * int(page_size), int(payload), by_table
 
 
 def measure_resume(framework: str, directory: Path, from_step: int) -> dict[str, float]:
@@ -744,6 +768,16 @@ def report(result: Comparison) -> str:
             ["  samples (ms)", *(" / ".join(f"{ms:,.1f}" for ms in resume_ms[f]) for f in present)]
         )
     lines += _table(rows)
+    for framework in (f for f in ("ratchet", BEFORE) if f in present):
+        longest = result.runs[framework][counts[-1]]
+        bound = sorted(longest.by_statement.items(), key=lambda item: -item[1])
+        pages = sorted(longest.pages.items(), key=lambda item: -item[1])
+        lines += [
+            f"{NAMES[framework]}, {longest.steps:,} steps: row bytes a step by statement: "
+            + ", ".join(f"{name} {b / longest.steps:,.0f} B" for name, b in bound),
+            "  pages by table or index (dbstat): "
+            + ", ".join(f"{name} {n:,}" for name, n in pages if n > 1),
+        ]
     lines += ["", "Durability, as each ran:"]
     for framework in present:
         figures = result.runs[framework][counts[-1]]
