@@ -12,11 +12,17 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.ledger import SqliteLedger
+from ratchet.engine import Binding, Engine, Outcome
+from ratchet.errors import StaleVersion
 from ratchet.ports import LedgerStatus
 from ratchet.runtime import open_runtime
 from tests.fixtures.stores.make_schema_versions import FIXTURE
+from tests.integration.test_in_progress_decisions import Notes, Writer
+from tests.support import Harness, StubModel
 
 LOG = logging.getLogger("ratchet.tests.kept_once")
 
@@ -80,3 +86,41 @@ def test_an_old_store_opened_and_read_is_left_as_it_is(tmp_path: Path):
     assert entry.decision is not None
     assert _decision_required(store)
     assert hashlib.sha256(store.read_bytes()).hexdigest() == before
+
+
+def test_a_late_worker_stops_on_a_key_an_older_ratchet_completed_with_its_decision(
+    tmp_path: Path,
+):
+    # Given engine B setting up its agent for step 1 while engine A takes step 1 and commits
+    # it, and the key then reads as an older Ratchet left it: completed, its decision kept
+    first = Harness(tmp_path, StubModel(total=1))
+    first.start()
+    notes = Notes()
+    engine_a = first.engine_for(notes.agent(), Writer("A"))
+    b_model = Writer("B")
+    binding = Binding(notes.agent(), b_model)
+
+    def bind_while_a_commits(state: object) -> Binding:
+        assert engine_a.advance("run").outcome is Outcome.CONTINUE
+        first.db.connection.execute(
+            "UPDATE idempotency SET decision = ? WHERE key = 'run/step-1'",
+            ('{"arguments":{"text":"A"},"name":"write_note"}',),
+        )
+        return binding
+
+    engine_b = Engine(
+        store=first.store,
+        ledger=first.ledger,
+        blobs=first.blobs,
+        bind=bind_while_a_commits,
+        worker_id="b",
+        logger=LOG,
+    )
+
+    # When B goes on and finds the key completed
+    with pytest.raises(StaleVersion):
+        engine_b.advance("run")
+
+    # Then it did not act on the decision it found: the note was written once, by A
+    assert notes.calls == [("run/step-1", "A")]
+    assert b_model.calls == 0
