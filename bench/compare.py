@@ -27,7 +27,16 @@ Bytes, per step of the run (its creation included):
   through SQLAlchemy);
 - written bytes: what the process handed to write(2) (`wchar` in /proc/self/io): SQLite's WAL
   or rollback journal, the pages it checkpoints into the database, nothing else (logs are
-  off). The same count for all three, whatever their journal mode.
+  off). The same count for all three, whatever their journal mode;
+- stored bytes, read from the database the run left (read only, WAL included): its size
+  (pages times page size) and the payload of its rows (the `payload` column of SQLite's
+  `dbstat`: every table's and index's cells), and how much each grows a step from the
+  second-longest run to the longest, which leaves out what a new database holds before any
+  step (its schema).
+
+`--before REV` runs Ratchet a second time, as it was at the git revision REV (its `src`,
+taken with `git archive`, first on the children's path), in a column of its own: the figures
+before and after a change, in one run.
 """
 
 from __future__ import annotations
@@ -65,7 +74,9 @@ from ratchet.runtime.local import LocalRuntime, LocalSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("ratchet", "langgraph", "dbos")
-NAMES = {"ratchet": "Ratchet", "langgraph": "LangGraph", "dbos": "DBOS"}
+BEFORE = "ratchet-before"
+"""Ratchet at another revision (`--before`): its children run `ratchet` from `SOURCES`."""
+NAMES = {"ratchet": "Ratchet", BEFORE: "Ratchet before", "langgraph": "LangGraph", "dbos": "DBOS"}
 MODULES = {
     "ratchet": (),
     "langgraph": ("langchain_core.messages", "langgraph.checkpoint.sqlite", "langgraph.graph"),
@@ -87,6 +98,8 @@ CHILD_TIMEOUT_SECONDS = 1800
 class Tally:
     row_bytes: int = 0
     commits: int = 0
+    by_statement: dict[str, int] = field(default_factory=dict)
+    """Row bytes by verb and table (`INSERT checkpoints`)."""
 
 
 TALLY = Tally()
@@ -97,6 +110,14 @@ _COMMIT_VERBS = {"COMMIT", "END"}
 def _verb(sql: str) -> str:
     head = sql.lstrip().split(None, 1)
     return head[0].upper() if head else ""
+
+
+def _statement(sql: str) -> str:
+    """`INSERT checkpoints`, `UPDATE runs`: the verb and the table a write names."""
+    words = sql.replace("(", " ").split()
+    verb = words[0].upper()
+    rest = [w for w in words[1:] if w.upper() not in {"OR", "REPLACE", "IGNORE", "INTO"}]
+    return f"{verb} {rest[0].strip(chr(34)) if rest else '?'}"
 
 
 def _value_bytes(value: object) -> int:
@@ -130,7 +151,10 @@ def _counted(
     verb = _verb(sql)
     answer = run()
     if verb in _WRITE_VERBS:
-        TALLY.row_bytes += sum(_bound_bytes(row) for row in rows)
+        bound = sum(_bound_bytes(row) for row in rows)
+        TALLY.row_bytes += bound
+        statement = _statement(sql)
+        TALLY.by_statement[statement] = TALLY.by_statement.get(statement, 0) + bound
         if connection.in_transaction:
             _DIRTY.add(id(connection))
         else:
@@ -222,6 +246,14 @@ class RunFigures:
     commits: int
     journal_mode: str
     synchronous: int
+    database_bytes: int = 0
+    """The database the run left: pages times page size (read after the run, WAL included)."""
+    payload_bytes: int = 0
+    """The payload of every cell of its tables and indexes (`dbstat`)."""
+    by_statement: dict[str, int] = field(default_factory=dict)
+    """Row bytes by verb and table."""
+    pages: dict[str, int] = field(default_factory=dict)
+    """Pages by table or index (`dbstat`)."""
 
     def per_step(self, figure: str) -> float:
         value: float = getattr(self, figure)
@@ -235,6 +267,7 @@ class Meter:
     written: int = field(default_factory=bytes_written_by_process)
     row_bytes: int = field(default_factory=lambda: TALLY.row_bytes)
     commits: int = field(default_factory=lambda: TALLY.commits)
+    by_statement: dict[str, int] = field(default_factory=lambda: dict(TALLY.by_statement))
 
     def figures(
         self, framework: str, steps: int, pragmas: Callable[[], tuple[str, int]]
@@ -253,6 +286,10 @@ class Meter:
             commits=commits - self.commits,
             journal_mode=journal_mode,
             synchronous=synchronous,
+            by_statement={
+                name: bound - self.by_statement.get(name, 0)
+                for name, bound in TALLY.by_statement.items()
+            },
         )
 
 
@@ -499,7 +536,14 @@ def installed(framework: str) -> bool:
         return False
 
 
-def _child(*args: str) -> dict[str, Any]:
+SOURCES: dict[str, Path] = {}
+"""Where a framework's children import `ratchet` from, if not this tree (`--before`)."""
+
+
+def _child(*args: str, framework: str = "") -> dict[str, Any]:
+    environment = dict(os.environ)
+    if framework in SOURCES:
+        environment["PYTHONPATH"] = os.pathsep.join([str(SOURCES[framework]), str(PROJECT_ROOT)])
     done = subprocess.run(
         [sys.executable, "-m", "bench.compare", *args],
         cwd=PROJECT_ROOT,
@@ -507,6 +551,7 @@ def _child(*args: str) -> dict[str, Any]:
         text=True,
         timeout=CHILD_TIMEOUT_SECONDS,
         check=False,
+        env=environment,
     )
     if done.returncode != 0 or not done.stdout.strip():
         raise RuntimeError(f"bench.compare {' '.join(args)} failed:\n{done.stderr[-4000:]}")
@@ -514,16 +559,39 @@ def _child(*args: str) -> dict[str, Any]:
     return answer
 
 
+def _kind(framework: str) -> str:
+    return "ratchet" if framework == BEFORE else framework
+
+
 def measure_run(framework: str, steps: int, directory: Path) -> RunFigures:
-    """N steps of a fresh run of `framework`, in a fresh process, in `directory`."""
+    """N steps of a fresh run of `framework`, in a fresh process, in `directory`; then what
+    the database it left holds."""
     directory.mkdir(parents=True, exist_ok=True)
-    return RunFigures(**_child("run", framework, str(steps), str(directory)))
+    answer = _child("run", _kind(framework), str(steps), str(directory), framework=framework)
+    database, payload, pages = stored_bytes(directory / DATABASE)
+    answer.update(framework=framework, database_bytes=database, payload_bytes=payload, pages=pages)
+    return RunFigures(**answer)
+
+
+def stored_bytes(path: Path) -> tuple[int, int, dict[str, int]]:
+    """The database's size (pages times page size), its rows' payload and its pages by table
+    or index (`dbstat`), read through a read-only connection, which sees the WAL and writes
+    nothing (no checkpoint)."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        (pages,) = connection.execute("PRAGMA page_count").fetchone()
+        (page_size,) = connection.execute("PRAGMA page_size").fetchone()
+        (payload,) = connection.execute("SELECT coalesce(sum(payload), 0) FROM dbstat").fetchone()
+        by_table = dict(connection.execute("SELECT name, count(*) FROM dbstat GROUP BY name"))
+    finally:
+        connection.close()
+    return int(pages) * int(page_size), int(payload), by_table
 
 
 def measure_resume(framework: str, directory: Path, from_step: int) -> dict[str, float]:
     """`ms`: from after a fresh process's imports until its first step is durable (and, for
     DBOS, `until_replay_ms`: until its recovered workflow started running again)."""
-    return _child("resume", framework, str(from_step), str(directory))
+    return _child("resume", _kind(framework), str(from_step), str(directory), framework=framework)
 
 
 @dataclass(frozen=True)
@@ -533,16 +601,22 @@ class Comparison:
     resumed_from: int
     missing: list[str]
     seconds: float
+    before: str | None = None
+    """The revision the `ratchet-before` column ran, if any."""
     taken: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     )
 
 
 def compare(
-    root: Path, step_counts: Sequence[int] = STEP_COUNTS, frameworks: Sequence[str] = FRAMEWORKS
+    root: Path,
+    step_counts: Sequence[int] = STEP_COUNTS,
+    frameworks: Sequence[str] = FRAMEWORKS,
+    *,
+    before: str | None = None,
 ) -> Comparison:
     started = time.perf_counter()
-    present = [f for f in frameworks if installed(f)]
+    present = [f for f in frameworks if installed(_kind(f))]
     runs: dict[str, dict[int, RunFigures]] = {f: {} for f in present}
     for steps in step_counts:
         for framework in present:  # interleaved, so that a noisy minute hits all three
@@ -561,7 +635,22 @@ def compare(
         resumed_from=longest,
         missing=[f for f in frameworks if f not in present],
         seconds=time.perf_counter() - started,
+        before=before,
     )
+
+
+def checked_out(revision: str, root: Path) -> Path:
+    """Ratchet's `src` at `revision`, extracted under `root` (`git archive`, no checkout)."""
+    target = root / "before"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision, "src"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target / "src"
 
 
 def versions() -> dict[str, str]:
@@ -590,6 +679,7 @@ DURABILITY = {
     "langgraph": "WAL set by SqliteSaver, synchronous SQLite's default; durability='sync' "
     "(LangGraph's default, 'async', commits while the next step runs)",
     "dbos": "neither set by DBOS (SQLite's defaults); each step's output committed as it returns",
+    BEFORE: "as Ratchet",
 }
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
@@ -618,6 +708,20 @@ FIGURES = (
 )
 
 
+def _growth(result: Comparison, framework: str, attribute: str) -> float:
+    """What `attribute` grows a step from the second-longest run to the longest."""
+    runs = result.runs[framework]
+    low, high = sorted(runs)[-2:]
+    grown: float = getattr(runs[high], attribute) - getattr(runs[low], attribute)
+    return grown / (high - low)
+
+
+GROWTH = (
+    ("payload a step (dbstat)", "payload_bytes"),
+    ("database growth a step (file)", "database_bytes"),
+)
+
+
 def report(result: Comparison) -> str:
     present = list(result.runs)
     counts = sorted(next(iter(result.runs.values()))) if present else []
@@ -630,6 +734,7 @@ def report(result: Comparison) -> str:
         "{langgraph-checkpoint-sqlite}, dbos {dbos} (SQLAlchemy {sqlalchemy})".format(**found),
         "Figures per step are means over a fresh run of that many steps, its creation included; "
         "ratios against Ratchet (1.00x).",
+        *([f"Ratchet before: this tree's src at {result.before}."] if result.before else []),
         "",
     ]
     header = ["figure", *(NAMES[f] for f in present)]
@@ -641,6 +746,15 @@ def report(result: Comparison) -> str:
             for framework in present:
                 value = result.runs[framework][steps].per_step(attribute)
                 cells.append(f"{shape.format(value)} ({_ratio(value, base)})")
+            rows.append(cells)
+    if len(counts) > 1:
+        low, high = counts[-2:]
+        for label, attribute in GROWTH:
+            base = _growth(result, "ratchet", attribute) if "ratchet" in present else 0.0
+            cells = [f"{label}, steps {low:,}-{high:,}"]
+            for framework in present:
+                value = _growth(result, framework, attribute)
+                cells.append(f"{value:,.0f} B ({_ratio(value, base)})")
             rows.append(cells)
     resume_ms = {f: [sample["ms"] for sample in result.resumes[f]] for f in present}
     if present:
@@ -654,6 +768,16 @@ def report(result: Comparison) -> str:
             ["  samples (ms)", *(" / ".join(f"{ms:,.1f}" for ms in resume_ms[f]) for f in present)]
         )
     lines += _table(rows)
+    for framework in (f for f in ("ratchet", BEFORE) if f in present):
+        longest = result.runs[framework][counts[-1]]
+        bound = sorted(longest.by_statement.items(), key=lambda item: -item[1])
+        pages = sorted(longest.pages.items(), key=lambda item: -item[1])
+        lines += [
+            f"{NAMES[framework]}, {longest.steps:,} steps: row bytes a step by statement: "
+            + ", ".join(f"{name} {b / longest.steps:,.0f} B" for name, b in bound),
+            "  pages by table or index (dbstat): "
+            + ", ".join(f"{name} {n:,}" for name, n in pages if n > 1),
+        ]
     lines += ["", "Durability, as each ran:"]
     for framework in present:
         figures = result.runs[framework][counts[-1]]
@@ -691,7 +815,12 @@ def plot(result: Comparison, path: Path) -> None:
 
     found = versions()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
-    colours = {"ratchet": "tab:blue", "langgraph": "tab:orange", "dbos": "tab:green"}
+    colours = {
+        "ratchet": "tab:blue",
+        BEFORE: "tab:gray",
+        "langgraph": "tab:orange",
+        "dbos": "tab:green",
+    }
     for framework, by_steps in result.runs.items():
         counts = sorted(by_steps)
         name, colour = NAMES[framework], colours[framework]
@@ -750,6 +879,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", default=",".join(map(str, STEP_COUNTS)))
     parser.add_argument("--plot", type=Path, default=PROJECT_ROOT / "docs" / "compare.png")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also run Ratchet as it was at this git revision, in a column of its own",
+    )
     parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -757,8 +891,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         _child_main(kind, framework, int(number), Path(directory))
         return
     step_counts = [int(n) for n in args.steps.split(",")]
+    frameworks: tuple[str, ...] = FRAMEWORKS
     with tempfile.TemporaryDirectory(prefix="ratchet-compare-") as root:
-        result = compare(Path(root), step_counts)
+        if args.before:
+            SOURCES[BEFORE] = checked_out(args.before, Path(root))
+            frameworks = ("ratchet", BEFORE, *FRAMEWORKS[1:])
+        result = compare(Path(root), step_counts, frameworks, before=args.before)
     print(report(result))
     if not args.no_plot and util.find_spec("matplotlib") is not None:
         plot(result, args.plot)

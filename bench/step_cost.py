@@ -13,7 +13,8 @@ Bytes written by a step are logical bytes, the values handed to SQLite:
   `checkpoints`: the new head (the run state as JSON), the step record (event JSON, run id,
   worker id, status) and the ledger result, as UTF-8;
 - the ledger's decision row, written before the tool runs: every column but `result` (the
-  receipt has it), text as UTF-8 and integers as 8 bytes;
+  receipt has it), text as UTF-8 and integers as 8 bytes; its decision as `begin` wrote it,
+  which the commit drops from the row once the step's record holds it (the record's call);
 - the attempt bump before any work: `runs.attempts` and `runs.version`, two integers, unless
   the step before counted this step's attempt in its own commit, as a worker going straight on
   does (`count_next_attempt`): then the count is inside that receipt and the bump is 0.
@@ -54,6 +55,7 @@ from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
 from ratchet.adapters.sqlite.database import PAGE_SIZE
 from ratchet.engine import Binder, Binding, Engine, Outcome
+from ratchet.engine.decisions import decision_from, payload_of
 from ratchet.observability import json_logger
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunState, idempotency_key
@@ -288,7 +290,14 @@ class BenchRun:
         if len(receipts) != 1 or decision is None:
             raise LookupError(f"step {step} of {RUN_ID} has no single step record")
         bump = 0 if counted_ahead else ATTEMPT_BUMP_BYTES
-        return StepBytes(step, receipts[0], _row_bytes(decision), bump)
+        written = list(decision)
+        if written[5] is None:  # dropped by the commit: what `begin` wrote is the record's call
+            written[5] = json.dumps(
+                payload_of(decision_from(records[step][1]["call"])),
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+        return StepBytes(step, receipts[0], _row_bytes(written), bump)
 
     def close(self) -> None:
         self.clock.close()

@@ -157,7 +157,11 @@ class LedgerEntry(BaseModel):
     run_id: str
     step: int
     args_hash: str
-    decision: dict[str, Any]
+    decision: dict[str, Any] | None
+    """The decision while the step is in flight; None once the key is completed. The step's
+    commit writes the same decision in the step's record, which history and the window read,
+    so the ledger drops its own copy in that write: the arguments are kept once. (A key an
+    older Ratchet completed may still carry it.)"""
     status: LedgerStatus = LedgerStatus.IN_PROGRESS
     result: str | None = None
     expires_at: datetime | None = None
@@ -170,7 +174,11 @@ class IdempotencyLedger(Protocol):
     - `begin` inserts the entry if the key is new and returns it. If the key exists with the
       same `args_hash` it returns the stored entry unchanged (so a retry reuses the recorded
       decision); with another hash it raises `IdempotencyConflict`.
-    - `complete` marks the key completed with its result (idempotent for the same result).
+    - `complete` marks the key completed with its result (idempotent for the same result) and
+      drops its decision (`decision` reads None after): the step's record holds it. The
+      checkpoint store's `commit` does the same for `Commit.completes`, in its transaction.
+      A completed key keeps its `args_hash` and status, so a late `begin` of the same key
+      gets the completed entry back (the same hash) or `IdempotencyConflict` (another).
     - `start_call` marks an in-progress key `called`, atomically: True for the one caller
       that moved it, False if it was `called` already (an earlier attempt started the call)
       or is completed; `KeyError` if there is no such key.

@@ -130,6 +130,9 @@ def test_commit_moves_the_head_and_appends_one_checkpoint(backend):
     completed = backend.ledger.get("r1/step-1")
     assert completed is not None
     assert (completed.status, completed.result) == (LedgerStatus.COMPLETED, "ok")
+    # The record holds the decision from now on: the ledger keeps no second copy of it.
+    assert completed.decision is None
+    assert completed.args_hash == "h1"
 
 
 def test_the_checkpoints_after_a_version_are_those_of_later_versions_in_order(backend):
@@ -300,7 +303,25 @@ def test_complete_records_the_result(backend):
     stored = backend.ledger.get("r1/step-1")
     assert stored is not None
     assert (stored.status, stored.result) == (LedgerStatus.COMPLETED, "copied 1000 rows")
+    assert stored.decision is None
     assert backend.ledger.get("r1/step-2") is None
+
+
+def test_a_completed_key_keeps_its_hash_for_a_late_begin(backend):
+    # Given a step committed (its decision now only in its record)
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    backend.ledger.begin(entry())
+    backend.store.commit(step_commit(state, 1))
+
+    # When a worker that read an older head begins the same key
+    late = backend.ledger.begin(entry())
+
+    # Then it gets the completed entry back, with no decision to act on; another hash is
+    # still refused
+    assert (late.status, late.decision, late.args_hash) == (LedgerStatus.COMPLETED, None, "h1")
+    with pytest.raises(IdempotencyConflict):
+        backend.ledger.begin(entry(args_hash="h2"))
 
 
 def test_start_call_marks_a_key_called_once_and_never_a_completed_one(backend):

@@ -337,6 +337,7 @@ def test_tampered_arguments_kept_by_reference_fail_the_run_and_never_reach_the_t
         engine.advance("run")
     entry = harness.ledger.get("run/step-1")
     assert entry is not None
+    assert entry.decision is not None
     ref = BlobRef.model_validate(entry.decision["blob"])
     stored = tmp_path / "blobs" / ref.sha256[:2] / ref.sha256
     if damage == "altered":

@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
-from ratchet.engine import Outcome, StepOutcome
+from ratchet.engine import Binding, Engine, Outcome, StepOutcome
 from ratchet.errors import InjectedFault, StaleVersion
 from ratchet.faults import FaultPlan
 from ratchet.housekeeping import BLOB_GRACE, collect_garbage
@@ -37,7 +37,7 @@ from ratchet.state import (
 )
 from ratchet.tools import Agent, Tool, ToolContext
 from tests.dynamodb_support import DynamoHarness, moto_tables
-from tests.support import Harness, StubModel
+from tests.support import LOG, Harness, StubModel
 
 PATIENCE = 30.0
 
@@ -195,9 +195,62 @@ def test_the_engine_that_records_its_decision_second_stops_and_never_acts_on_it(
     assert notes.calls == [("run/step-1", "A")]
     entry = first.ledger.get("run/step-1")
     assert entry is not None
-    assert entry.decision["arguments"] == {"text": "A"}
+    # The commit moved A's decision into the step's record: the ledger keeps its hash only.
+    assert (entry.status, entry.decision) == (LedgerStatus.COMPLETED, None)
     head = first.engine.load("run")
     assert (head.step, head.status) == (1, RunStatus.RUNNING)
     [record] = [c for c in first.store.list_checkpoints("run") if c.step == 1]
     assert isinstance(record.event, StepCompleted)
     assert record.event.call.arguments == {"text": "A"}
+
+
+def test_the_engine_that_finds_its_step_committed_stops_before_its_model_and_tool(make_harness):
+    # Given engine B setting up its agent for step 1 (its attempt counted) while engine A
+    # takes step 1 and commits it: the key completed, its decision now only in the record
+    first = make_harness()
+    first.start()
+    notes = Notes()
+    b_model = Writer("B")
+    in_setup, go_on = threading.Event(), threading.Event()
+    b_result: list[BaseException | StepOutcome] = []
+
+    def engine_b() -> None:
+        second = make_harness()  # made on this thread: SQLite connections stay on theirs
+        binding = Binding(notes.agent(), b_model)
+
+        def stalled_bind(state: object) -> Binding:
+            in_setup.set()
+            assert go_on.wait(PATIENCE), "the test never let B set up"
+            return binding
+
+        engine = Engine(
+            store=second.store,
+            ledger=second.ledger,
+            blobs=second.blobs,
+            bind=stalled_bind,
+            worker_id="b",
+            logger=LOG,
+        )
+        try:
+            b_result.append(engine.advance("run"))
+        except BaseException as error:
+            b_result.append(error)
+
+    thread = threading.Thread(target=engine_b)
+    thread.start()
+    try:
+        assert in_setup.wait(PATIENCE), "B reached its agent's set-up"
+        engine_a = first.engine_for(notes.agent(), Writer("A"))
+        assert engine_a.advance("run").outcome is Outcome.CONTINUE
+    finally:
+        # When B goes on, and reads the step's key
+        go_on.set()
+        thread.join(PATIENCE)
+
+    # Then B stopped as stale without asking its model or calling its tool again: the tool
+    # ran once, with A's decision
+    assert len(b_result) == 1
+    assert isinstance(b_result[0], StaleVersion), b_result[0]
+    assert b_model.calls == 0
+    assert notes.calls == [("run/step-1", "A")]
+    assert first.engine.load("run").step == 1

@@ -45,6 +45,7 @@ from ratchet.ports import (
     BlobStore,
     IdempotencyLedger,
     LedgerEntry,
+    LedgerStatus,
     Model,
     ModelReply,
     ModelRequest,
@@ -177,16 +178,31 @@ class StepWork:
                 "decision reused",
                 extra={"run_id": state.run_id, "step": step, "worker_id": self._worker_id},
             )
+        if recorded.status is LedgerStatus.COMPLETED or recorded.decision is None:
+            # The step committed already (the commit completes its key, and drops the
+            # ledger's copy of the decision: the record holds it): another worker took it
+            # while this one read an older head. Stop without acting; the head moved.
+            raise StaleVersion(state.run_id, state.version)
         span.set({tracing.DECISION: how})
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return decision_from(recorded.decision), usage
 
     def _redo(self, state: RunState, key: str) -> LedgerEntry | None:
+        """Record again, under this step's key, the call of the step a person said did not
+        run: the call as that step's record keeps it (the last step, so in the window; a
+        ledger entry of an older Ratchet may hold it too), with its hash from the ledger."""
         assert state.redo_step is not None
         earlier = self._ledger.get(idempotency_key(state.run_id, state.redo_step))
         if earlier is None:  # its record expired: the model decides afresh
             return None
-        return self._record(state, key, args_hash=earlier.args_hash, decision=earlier.decision)
+        decision = earlier.decision
+        for message in state.messages:
+            if message.step == state.redo_step:
+                call = ToolCall(name=message.tool, arguments=message.arguments, blob=message.blob)
+                decision = payload_of(call)
+        if decision is None:  # neither the window nor the ledger has it: decide afresh
+            return None
+        return self._record(state, key, args_hash=earlier.args_hash, decision=decision)
 
     def _record(
         self, state: RunState, key: str, *, args_hash: str, decision: dict[str, Any]

@@ -1,10 +1,11 @@
 """The idempotency ledger on DynamoDB: the AWS twin of `ratchet.adapters.sqlite.ledger`.
 
 The idempotency table, partition key `key`: one item per `<run_id>/step-<n>` (`run_id`, `step`,
-`status`, `args_hash`, `decision` as JSON, `result` once completed, `created_at`), expiring by
-the table's TTL attribute. A commit completes its key in the checkpoint store's transaction
-(`ratchet.adapters.dynamodb.store`); what DynamoDB turns away is `StoreBusy` or
-`StoreUnavailable` (`ratchet.adapters.dynamodb.items`).
+`status`, `args_hash`, `decision` as JSON until completed, `result` once completed,
+`created_at`), expiring by the table's TTL attribute. A commit completes its key in the
+checkpoint store's transaction (`ratchet.adapters.dynamodb.store`), which removes the decision:
+the step's record, in the same transaction, holds it. What DynamoDB turns away is `StoreBusy`
+or `StoreUnavailable` (`ratchet.adapters.dynamodb.items`).
 """
 
 from __future__ import annotations
@@ -113,9 +114,14 @@ class DynamoDbLedger:
             self._client.update_item(
                 TableName=self._table,
                 Key={"key": text_attribute(key)},
-                UpdateExpression="SET #status = :status, #result = :result",
+                UpdateExpression="SET #status = :status, #result = :result REMOVE #decision",
                 ConditionExpression="attribute_exists(#key)",
-                ExpressionAttributeNames={"#status": "status", "#result": "result", "#key": "key"},
+                ExpressionAttributeNames={
+                    "#status": "status",
+                    "#result": "result",
+                    "#decision": "decision",
+                    "#key": "key",
+                },
                 ExpressionAttributeValues={
                     ":status": completion["status"],
                     ":result": completion["result"],
@@ -151,15 +157,15 @@ class DynamoDbLedger:
 
 
 def _ledger_entry(item: Mapping[str, AttributeValueTypeDef]) -> LedgerEntry:
-    # A completion written for a key that was never begun carries no decision (see
-    # `_ledger_completion`); it reads back with an empty one rather than failing.
+    # A completed key carries no decision (the completion removes it; one written for a key
+    # that was never begun had none): it reads back as None.
     return LedgerEntry(
         key=item["key"]["S"],
         run_id=item["run_id"]["S"] if "run_id" in item else "",
         step=int(item["step"]["N"]) if "step" in item else 0,
         status=LedgerStatus(item["status"]["S"]),
         args_hash=item["args_hash"]["S"] if "args_hash" in item else "",
-        decision=json.loads(item["decision"]["S"]) if "decision" in item else {},
+        decision=json.loads(item["decision"]["S"]) if "decision" in item else None,
         result=item["result"]["S"] if "result" in item else None,
         expires_at=_from_epoch(item.get(TTL_ATTRIBUTE)),
     )

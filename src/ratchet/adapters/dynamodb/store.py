@@ -356,7 +356,7 @@ class DynamoDbCheckpointStore:
             {"Put": self._put_new(self._table, record, "run_id")},
         ]
         if commit.completes is not None:
-            # The result joins the decision checked at `begin`; the engine keeps results small
+            # The result replaces the decision checked at `begin`; the engine keeps results small
             # (an output over 2 KB goes to a blob, and the result is its preview).
             completion = {
                 "status": text_attribute(LedgerStatus.COMPLETED.value),
@@ -556,16 +556,18 @@ class DynamoDbCheckpointStore:
     def _ledger_completion(self, key: str, completion: Item) -> Any:
         # Unconditional, like the SQLite store's UPDATE: the engine always begins a key before
         # it commits it; should the record be gone (expired), the completion stands on its
-        # own with the result, and expires like any ledger record.
+        # own with the result, and expires like any ledger record. The decision goes: the
+        # step's record, put in the same transaction, holds it (the arguments kept once).
         return {
             "TableName": self._ledger_table,
             "Key": {"key": text_attribute(key)},
             "UpdateExpression": "SET #status = :status, #result = :result, "
-            "#expires_at = if_not_exists(#expires_at, :expires_at)",
+            "#expires_at = if_not_exists(#expires_at, :expires_at) REMOVE #decision",
             "ExpressionAttributeNames": {
                 "#status": "status",
                 "#result": "result",
                 "#expires_at": TTL_ATTRIBUTE,
+                "#decision": "decision",
             },
             "ExpressionAttributeValues": {
                 ":status": completion["status"],

@@ -116,7 +116,7 @@ class SqliteHousekeeping:
         queries = [
             "SELECT CAST(state AS BLOB) FROM runs",
             "SELECT CAST(state AS BLOB) FROM run_static",
-            "SELECT CAST(decision AS BLOB) FROM idempotency",
+            "SELECT CAST(decision AS BLOB) FROM idempotency WHERE decision IS NOT NULL",
             "SELECT CAST(result AS BLOB) FROM idempotency WHERE result IS NOT NULL",
         ]
         if "approvals" in tables:

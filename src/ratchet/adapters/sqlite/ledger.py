@@ -1,5 +1,6 @@
 """The idempotency ledger on SQLite: one row per step's key in `idempotency`, beside the runs
 in the file `SqliteDatabase` opens (so a commit can complete its key in the same transaction).
+A completed key's `decision` is NULL: the step's record holds it (`COMPLETION_SQL`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from ratchet.ports import LedgerEntry, LedgerStatus
 from ratchet.state import utcnow
 
 LEDGER_RETENTION = timedelta(days=30)
+COMPLETION_SQL = "UPDATE idempotency SET status = ?, result = ?, decision = NULL WHERE key = ?"
+"""Completes a key, with the step's commit (`SqliteCheckpointStore.commit`) or alone: the
+decision leaves the ledger, as the record written in the same transaction holds it, so a
+step's arguments are stored once. A retry before the commit still finds it here."""
 
 
 class SqliteLedger:
@@ -60,9 +65,9 @@ class SqliteLedger:
     def complete(self, key: str, result: str) -> None:
         check_size(f"ledger result of {key}", result)
         with self._db.write() as tx:
+            self._db.completing(tx)
             changed = tx.execute(
-                "UPDATE idempotency SET status = ?, result = ? WHERE key = ?",
-                (LedgerStatus.COMPLETED.value, result, key),
+                COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result, key)
             ).rowcount
         if not changed:
             raise KeyError(f"no idempotency record for {key!r}")
@@ -95,7 +100,7 @@ class SqliteLedger:
             step=step,
             status=LedgerStatus(status),
             args_hash=args_hash,
-            decision=json.loads(decision),
+            decision=None if decision is None else json.loads(decision),
             result=result,
             expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
         )

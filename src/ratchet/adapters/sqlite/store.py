@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from ratchet import stored
 from ratchet.adapters.sqlite.database import RUN_STATUSES, RowTexts, SqliteDatabase, check_size
+from ratchet.adapters.sqlite.ledger import COMPLETION_SQL
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion, StoreDamaged
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunCursor, RunSummary
 from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
@@ -229,9 +230,10 @@ class SqliteCheckpointStore:
                     raise StaleVersion(head.run_id, commit.expected_version)
             written = _text_bytes(state_json, result)
             if commit.completes is not None:
+                # The record below holds the step's decision: the ledger's copy goes.
+                self._db.completing(tx)
                 tx.execute(
-                    "UPDATE idempotency SET status = ?, result = ? WHERE key = ?",
-                    (LedgerStatus.COMPLETED.value, result, commit.completes.key),
+                    COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result, commit.completes.key)
                 )
             written += self._insert_checkpoint(tx, commit.checkpoint, event_json, written)
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
