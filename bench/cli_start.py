@@ -8,8 +8,8 @@ person, and times the installed console script (the one beside this Python). Eve
 also a ratio over `python -c pass`, beside its target: a read command within 2x,
 `--help` within 4x. The read commands and `--help` answer through `ratchet.cli.quick`, which
 loads neither pydantic, typer nor rich (nor `re`, `json` or `sqlite3`'s Python half); beside
-each is the same command through the full CLI (`python -m ratchet.cli`), the path it took
-before the quick reads, timed in the same rounds.
+each is the same command through the full CLI (`python -m ratchet.cli`), timed in the same
+rounds: what the quick path saves, and what a command it does not answer pays.
 
 Two things keep the figures honest on a shared, noisy machine:
 
@@ -111,7 +111,8 @@ def main() -> None:
         print(line.rstrip())
     print(
         "full CLI: the same command through `python -m ratchet.cli` (pydantic, typer, rich and "
-        "the runtime), the path every command took before the quick reads"
+        "the runtime), what the quick path saves; the commands it does not answer (start, run, "
+        "approve, ...) pay that"
     )
     print(
         f"ratchet watch RUN, a poll of a run that has not moved: {polls['poll'] * 1e6:.1f} µs "
