@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,8 @@ from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunState, RunStatus
 
 RATCHET = [sys.executable, "-m", "ratchet.cli"]
+SERVE_PATIENCE = 60.0
+"""Seconds `ratchet serve` has to print its banner, and to stop once told to."""
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -98,3 +105,46 @@ class Cli:
         state = self.head(run_id)
         assert state.status is RunStatus.DONE, state
         return self.verify(run_id)
+
+
+@dataclass
+class Served:
+    """A `ratchet serve` process, where it listens, and the file its output goes to."""
+
+    process: subprocess.Popen[str]
+    base: str
+    log: Path
+
+    @property
+    def printed(self) -> str:
+        return self.log.read_text()
+
+
+@contextmanager
+def serving(
+    argv: Sequence[str], *, log: Path, env: dict[str, str], cwd: Path | None = None
+) -> Iterator[Served]:
+    """Start `ratchet serve` (`argv`), wait until its banner is printed to the end (its last
+    line says whether a worker works the runs), and stop it on the way out: SIGTERM, then a
+    kill if it does not stop in time."""
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True
+        )
+    try:
+        deadline = time.monotonic() + SERVE_PATIENCE
+        while not re.search(r"^(A worker|No worker)", log.read_text(), re.MULTILINE):
+            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
+            time.sleep(0.05)
+        found = re.search(r"Serving approvals on (http://\S+)", log.read_text())
+        assert found, log.read_text()
+        yield Served(process, found.group(1), log)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=SERVE_PATIENCE)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=SERVE_PATIENCE)

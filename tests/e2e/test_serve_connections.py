@@ -4,7 +4,6 @@ closed once idle too long; SIGTERM still ends the server at once (issue 22, item
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.web.serve import server
-from tests.processes import Cli, clean_env
+from tests.processes import Cli, clean_env, serving
 
 ANSWER_SECONDS = 1.0
 """The bound on one answer while the silent connections are open (it takes milliseconds)."""
@@ -46,26 +45,9 @@ def _get(url: str, timeout: float) -> tuple[int, float]:
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     cli = Cli(tmp_path)
     cli.ok("start", "--goal", "file a note", "--run-id", "r1")
-    log = tmp_path / "serve.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            cli.argv("serve", "--port", "0"),
-            env=clean_env(PYTHONUNBUFFERED="1"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        deadline = time.monotonic() + PATIENCE
-        while not (found := re.search(r"Serving approvals on (http://\S+)", log.read_text())):
-            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
-            time.sleep(0.05)
-        yield process, found.group(1)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=PATIENCE)
+    argv = cli.argv("serve", "--port", "0")
+    with serving(argv, log=tmp_path / "serve.log", env=clean_env(PYTHONUNBUFFERED="1")) as served:
+        yield served.process, served.base
 
 
 @pytest.mark.slow

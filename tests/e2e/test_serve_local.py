@@ -16,9 +16,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from email.message import Message
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ import pytest
 
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunStatus
-from tests.processes import Cli, clean_env
+from tests.processes import Cli, Served, clean_env, serving
 
 pytestmark = pytest.mark.slow
 
@@ -62,17 +60,6 @@ agent = Agent(name="greeter", goal="Greet ada.", tools=[greet], policy=scripted)
 '''
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[str]
-    base: str
-    log: Path
-
-    @property
-    def printed(self) -> str:
-        return self.log.read_text()
-
-
 def _env(**extra: str) -> dict[str, str]:
     env = clean_env(PYTHONUNBUFFERED="1", LOGNAME=OPERATOR, USER=OPERATOR, **extra)
     if "RATCHET_PUBLIC_URL" not in extra:
@@ -80,40 +67,15 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-@contextmanager
-def serving(
+def ratchet_serve(
     cli: Cli, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> Iterator[Served]:
-    log = cli.root / f"serve-{time.monotonic_ns()}.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            cli.argv("serve", *args),
-            cwd=cwd or cli.root,
-            env=env or _env(),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        deadline = time.monotonic() + PATIENCE
-        while not (found := re.search(r"Serving approvals on (http://\S+)", log.read_text())):
-            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
-            time.sleep(0.05)
-        # The banner's other lines follow it at once: wait for the last.
-        while not re.search(r"^(A worker|No worker)", log.read_text(), re.MULTILINE):
-            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no worker line:\n{log.read_text()}"
-            time.sleep(0.05)
-        yield Served(process, found.group(1), log)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=PATIENCE)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=PATIENCE)
+) -> AbstractContextManager[Served]:
+    return serving(
+        cli.argv("serve", *args),
+        log=cli.root / f"serve-{time.monotonic_ns()}.log",
+        env=env or _env(),
+        cwd=cwd or cli.root,
+    )
 
 
 def request(
@@ -174,7 +136,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def test_a_run_started_through_serve_is_worked_to_done_with_no_other_command(tmp_path):
     cli = Cli(tmp_path)
-    with serving(cli, "--port", "0") as served:
+    with ratchet_serve(cli, "--port", "0") as served:
         assert re.search(r"^A worker \(\S+\) works the runs in this process", served.printed, re.M)
 
         # When a program starts a run through the runs API, and nothing else runs
@@ -196,7 +158,7 @@ def test_sigterm_mid_step_ends_serve_within_its_bound_and_the_run_goes_on_elsewh
     cli = Cli(tmp_path)
     # Given a run whose one tool call takes 20 s, which serve's worker is in the middle of
     cli.ok("start", "--goal", "file a note", "--run-id", "slow", "--tool-latency-ms", "20000")
-    with serving(cli, "--port", "0") as served:
+    with ratchet_serve(cli, "--port", "0") as served:
         deadline = time.monotonic() + PATIENCE
         while '"message":"run claimed"' not in served.printed:
             assert time.monotonic() < deadline, served.printed
@@ -219,7 +181,7 @@ def test_sigterm_mid_step_ends_serve_within_its_bound_and_the_run_goes_on_elsewh
 
 def test_approving_on_the_page_is_worked_on_at_once(tmp_path):
     cli = Cli(tmp_path)
-    with serving(cli, "--port", "0") as served:
+    with ratchet_serve(cli, "--port", "0") as served:
         # Given a migration started by the CLI, which serve's worker parks for a person
         cli.ok("start", "--scenario", "migration", "--param", "batches=2", "--run-id", "m1")
         link = outbox_link(cli, "m1")
@@ -241,7 +203,7 @@ def test_with_no_worker_the_page_and_the_banner_say_to_run_ratchet_worker(tmp_pa
     cli = Cli(tmp_path)
     cli.ok("run", "--scenario", "migration", "--param", "batches=2", "--run-id", "m2")
     assert _status(cli, "m2") is RunStatus.WAITING
-    with serving(cli, "--port", "0", "--no-worker") as served:
+    with ratchet_serve(cli, "--port", "0", "--no-worker") as served:
         assert "No worker here (--no-worker): run `ratchet worker`" in served.printed
         assert "A worker" not in served.printed
         link = outbox_link(cli, "m2")
@@ -263,7 +225,7 @@ def test_with_no_worker_the_page_and_the_banner_say_to_run_ratchet_worker(tmp_pa
 def test_links_point_at_the_port_served_when_no_public_url_is_set(tmp_path):
     cli = Cli(tmp_path)
     port = free_port()
-    with serving(cli, "--port", str(port)) as served:
+    with ratchet_serve(cli, "--port", str(port)) as served:
         assert served.base == f"http://127.0.0.1:{port}"
         assert f"Approval links point at http://127.0.0.1:{port} (set RATCHET_PUBLIC_URL" in (
             served.printed
@@ -279,7 +241,7 @@ def test_links_point_at_the_port_served_when_no_public_url_is_set(tmp_path):
 def test_a_public_url_set_is_where_the_links_point(tmp_path):
     cli = Cli(tmp_path)
     env = _env(RATCHET_PUBLIC_URL="https://tunnel.example.com/ratchet")
-    with serving(cli, "--port", "0", env=env) as served:
+    with ratchet_serve(cli, "--port", "0", env=env) as served:
         assert (
             "Approval links point at https://tunnel.example.com/ratchet (RATCHET_PUBLIC_URL"
             in served.printed
@@ -317,7 +279,7 @@ def _project(root: Path) -> Path:
 def test_the_projects_agents_and_those_named_on_the_command_line_start(tmp_path):
     cli = Cli(tmp_path)
     project = _project(tmp_path)
-    with serving(cli, "--port", "0", "--agent", "hi=hello:agent", cwd=project) as served:
+    with ratchet_serve(cli, "--port", "0", "--agent", "hi=hello:agent", cwd=project) as served:
         assert "starts these agents: greeter, hi, migration, notebook" in served.printed
         # The project's agent by the name its [tool.ratchet] table gives it
         status, _, body = request(f"{served.base}/runs", data={"agent": "greeter", "run_id": "g1"})
@@ -382,7 +344,7 @@ def test_off_loopback_the_runs_api_takes_a_token_and_signed_links_need_none(tmp_
     link = urlsplit(outbox_link(cli, "t1"))
     token_file = tmp_path / "ratchet.serve-token"
 
-    with serving(cli, "--host", "127.0.0.2", "--port", "0") as served:
+    with ratchet_serve(cli, "--host", "127.0.0.2", "--port", "0") as served:
         assert served.base.startswith("http://127.0.0.2:")
         assert "Warning: 127.0.0.2 is reachable from the network" in served.printed
         assert f"The token is in {token_file}" in served.printed
@@ -420,7 +382,7 @@ def test_off_loopback_the_runs_api_takes_a_token_and_signed_links_need_none(tmp_
     assert token not in served.printed
 
     # And the next start takes the same token from the same file
-    with serving(cli, "--host", "127.0.0.2", "--port", "0") as again:
+    with ratchet_serve(cli, "--host", "127.0.0.2", "--port", "0") as again:
         assert token_file.read_text().strip() == token
         status, _, body = request(f"{again.base}/runs/t2", token=token)
         assert status == 200, body
@@ -428,7 +390,7 @@ def test_off_loopback_the_runs_api_takes_a_token_and_signed_links_need_none(tmp_
 
 def test_on_loopback_the_runs_api_takes_no_token(tmp_path):
     cli = Cli(tmp_path)
-    with serving(cli, "--port", "0") as served:
+    with ratchet_serve(cli, "--port", "0") as served:
         assert "Warning" not in served.printed
         assert request(f"{served.base}/runs")[0] == 200
     assert not (tmp_path / "ratchet.serve-token").exists()

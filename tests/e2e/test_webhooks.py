@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from ratchet.state import RunStatus
 from ratchet.waiting.hooks import github_signature, verify_delivery
-from tests.processes import Cli, clean_env
+from tests.processes import Cli, clean_env, serving
 
 PATIENCE = 30.0
 SECRET = "a6e6f3de496e0f640f80c2b978ad1c545be081f559d2ca9401f56fbe0dd55537"
@@ -37,26 +36,9 @@ def served(tmp_path: Path) -> Iterator[tuple[Cli, str]]:
     cli.ok("start", "--agent", "tests.hooks_agent:agent", "--run-id", "r1")
     cli.work_until_idle()
     assert cli.head("r1").status is RunStatus.WAITING
-    log = tmp_path / "serve.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            cli.argv("serve", "--port", "0"),
-            env=clean_env(PYTHONUNBUFFERED="1"),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        deadline = time.monotonic() + PATIENCE
-        while not (found := re.search(r"Serving approvals on (http://\S+)", log.read_text())):
-            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
-            time.sleep(0.05)
-        yield cli, found.group(1)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=PATIENCE)
+    argv = cli.argv("serve", "--port", "0")
+    with serving(argv, log=tmp_path / "serve.log", env=clean_env(PYTHONUNBUFFERED="1")) as served:
+        yield cli, served.base
 
 
 def hook(cli: Cli, base: str, *args: str) -> subprocess.CompletedProcess[str]:
