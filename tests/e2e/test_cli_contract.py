@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -617,3 +618,21 @@ def test_a_worker_that_stops_when_idle_makes_no_store_where_there_is_none(tmp_pa
     assert idle.returncode == 0, idle.stderr
     assert idle.stderr.strip().splitlines()[-1].startswith("nothing to work: no Ratchet store at")
     assert not (tmp_path / "store").exists()
+
+
+def test_the_commands_run_prints_to_run_next_name_the_store_it_was_given(tmp_path):
+    # Given a run on a store named with --store, waiting for a person
+    cli = fresh(tmp_path)
+    printed = cli.ok("run", "--scenario", "migration", "--batches", BATCHES, "--run-id", "m1")
+
+    # Then the commands it suggests name that store, so that they act on the same run
+    store = shlex.quote(cli.url)
+    assert f"(serve it with: ratchet serve --store {store})" in printed
+    approve = re.search(r"or decide here: (ratchet approve m1 --store \S+)  /  ", printed)
+    assert approve, printed
+    assert f"ratchet reject m1 --store {store}" in printed
+
+    # And the one printed runs as printed, on that store
+    args = shlex.split(approve.group(1))[1:]
+    cli(*args, store=False).check_returncode()
+    assert cli.json("status", "m1")["status"] != "waiting"

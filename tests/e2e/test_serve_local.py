@@ -204,7 +204,8 @@ def test_with_no_worker_the_page_and_the_banner_say_to_run_ratchet_worker(tmp_pa
     cli.ok("run", "--scenario", "migration", "--param", "batches=2", "--run-id", "m2")
     assert _status(cli, "m2") is RunStatus.WAITING
     with ratchet_serve(cli, "--port", "0", "--no-worker") as served:
-        assert "No worker here (--no-worker): run `ratchet worker`" in served.printed
+        worker = f"ratchet worker --store {cli.store}"
+        assert f"No worker here (--no-worker): run `{worker}` for runs" in served.printed
         assert "A worker" not in served.printed
         link = outbox_link(cli, "m2")
         path = urlsplit(link)

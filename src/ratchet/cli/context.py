@@ -46,6 +46,15 @@ def global_options(store: StoreOption = None, log_json: LogJsonOption = False) -
         sys.path.insert(0, cwd)
 
 
+def command(*words: str) -> str:
+    """A `ratchet` command line to print for the user to run next: on the store this one
+    was given with `--store`, which the next command would not otherwise know."""
+    import shlex
+
+    store = ["--store", _Globals.store] if _Globals.store else []
+    return shlex.join(["ratchet", *words, *store])
+
+
 def settings(store: str | None = None) -> Any:
     """The local settings from the environment, on the store `store` or `--store` names."""
     from ratchet.runtime.local import LocalSettings  # the run models (see above)
@@ -152,9 +161,6 @@ def cli_logger() -> Any:
     if _Globals.log_file is None:
         _Globals.log_file = AppendedLines(path)
     return json_logger(_Globals.log_file, level=chosen.log_level)
-
-
-stderr_logger = cli_logger  # the name ratchet.cli.serve imports it by
 
 
 def logs_on_terminal() -> bool:

@@ -15,6 +15,7 @@ from ratchet.cli.context import (
     check_run_id,
     cli_logger,
     cli_worker_id,
+    command,
     err,
     logs_on_terminal,
     open_client,
@@ -459,8 +460,11 @@ def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) ->
         say(final.summary, lines=True)
     if final.status is RunStatus.WAITING and final.waiting and final.waiting.kind == "person":
         say(f"Waiting for a person: {final.waiting.request.prompt}")
-        say(f"Approve or reject at: {link}  (serve it with: ratchet serve)")
-        say(f"or decide here: ratchet approve {final.run_id}  /  ratchet reject {final.run_id}")
+        say(f"Approve or reject at: {link}  (serve it with: {command('serve')})")
+        say(
+            f"or decide here: {command('approve', final.run_id)}  /  "
+            f"{command('reject', final.run_id)}"
+        )
     elif final.status is RunStatus.WAITING and final.waiting:
         wait = readout.wait_of(final.waiting.model_dump(mode="json"))
         say(readout.wait_announcement(final.run_id, wait))

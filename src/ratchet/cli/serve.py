@@ -14,14 +14,15 @@ from typing import Annotated, Any
 import typer
 
 from ratchet.cli.context import (
+    cli_logger,
     cli_worker_id,
+    command,
     err,
     operator_name,
     out,
     require_local_store,
     say,
     settings,
-    stderr_logger,
 )
 from ratchet.cli.options import MAX_BATCHES, not_empty
 from ratchet.errors import InvalidInput
@@ -113,7 +114,7 @@ def _serve(
     from ratchet.web.runs import build_app as build_runs_app
     from ratchet.web.serve import BearerToken, listening_url, serve_on
 
-    logger = stderr_logger()
+    logger = cli_logger()
     services = approval_services(
         runtime.approval_desk(worker_id=f"serve:{cli_worker_id()}", logger=logger),
         slack_signing_secret=runtime.settings.slack_signing_secret,
@@ -183,7 +184,7 @@ def _serve(
                 f"A worker ({worker.worker_id}) works the runs in this process, as `ratchet worker`"
             )
         else:
-            say("No worker here (--no-worker): run `ratchet worker` for runs to move on")
+            say(f"No worker here (--no-worker): run `{command('worker')}` for runs to move on")
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
