@@ -357,8 +357,10 @@ def test_gc_keeps_a_failed_runs_window_so_it_can_be_retried(tmp_path):
 
     assert cli.head("failing") == before
     events = [
-        parse_event(str(text))
-        for (text,) in _rows(cli, "SELECT event FROM checkpoints WHERE run_id = 'failing'")
+        parse_event(str(text), run_id="failing", step=int(str(step)))
+        for (step, text) in _rows(
+            cli, "SELECT step, event FROM checkpoints WHERE run_id = 'failing'"
+        )
     ]
     steps = [e.step for e in events if isinstance(e, StepCompleted)]
     assert steps == list(range(window_start(before), before.step + 1))
