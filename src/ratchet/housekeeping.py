@@ -61,17 +61,19 @@ def schema_of(head: StoredHead) -> int | None:
 def read_run(head: StoredHead, records: Sequence[StoredRecord]) -> RunState:
     """The state a worker loads (upgraded in memory), after parsing every record. Raises
     `ValueError` (or `UnsupportedSchema`) naming the part that cannot be read."""
-    return _load(head, head.head, head.static, records, _parsed(records))
+    return _load(head, head.head, head.static, records, _parsed(head.run_id, records))
 
 
-def _parsed(records: Sequence[StoredRecord]) -> dict[int, CheckpointEvent]:
+def _parsed(run_id: str, records: Sequence[StoredRecord]) -> dict[int, CheckpointEvent]:
     """Every record's event, by version; `ValueError` naming the first that is damaged."""
     events = {}
     for record in records:
         try:
             if record.damage is not None:
                 raise ValueError(record.damage)
-            events[record.version] = stored.parse_event(record.event)
+            events[record.version] = stored.parse_event(
+                record.event, run_id=run_id, step=record.step
+            )
         except ValueError as error:
             detail = _brief(error)
             raise ValueError(f"its checkpoint {record.version} is damaged ({detail})") from None
@@ -173,7 +175,7 @@ def _migrate_one(store: HousekeepingStore, head: StoredHead, dry_run: bool) -> R
     from_version = schema_of(head)
     records = store.records(head.run_id)
     try:
-        events = _parsed(records)
+        events = _parsed(head.run_id, records)
         state = _load(head, head.head, head.static, records, events)
     except (ValueError, TypeError, UnsupportedSchema) as error:
         return RunMigration(head.run_id, from_version, "unreadable", _brief(error))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -29,6 +30,8 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationInfo,
+    model_validator,
 )
 
 SCHEMA_VERSION = 4
@@ -546,8 +549,22 @@ class Created(_Model):
     state: RunState
 
 
+@dataclass(frozen=True)
+class RecordRow:
+    """The row (or item) a stored checkpoint record is read from, as the context its event is
+    validated in (`ratchet.stored.parse_event`): what a step record leaves out because its row
+    says it is filled back in from here (`StepCompleted.stored_exclusions`)."""
+
+    run_id: str
+    step: int
+
+
 class StepCompleted(_Model):
-    """One immutable step record: the decision, its key, and what the tool returned."""
+    """One immutable step record: the decision, its key, and what the tool returned.
+
+    Stored, it leaves out what its row already says (`stored_exclusions`): read back with that
+    row (`RecordRow`), it is the same event, and a record stored whole (before) reads as it
+    always did."""
 
     kind: Literal["step"] = "step"
     step: int
@@ -572,6 +589,39 @@ class StepCompleted(_Model):
     span: SpanLink | None = None
     """With tracing on, a step that parks (`wait`) keeps its span here: the step that resumes
     links to it."""
+
+    def stored_exclusions(self, run_id: str, step: int) -> dict[str, Any]:
+        """What a stored record of this step leaves out (`exclude` for its dump), since its
+        row says it: the step (the row's `step`), the key (`idempotency_key` of the run and
+        the step), and the output's step and tool (the step's, and the call's name). Each only
+        when it is what reading the record back fills in (`_filled_from_row`)."""
+        left: dict[str, Any] = {}
+        if self.step == step:
+            left["step"] = True
+        if self.key == idempotency_key(run_id, self.step):
+            left["key"] = True
+        output = {"step"} if self.output.step == self.step else set()
+        if self.output.tool == self.call.name:
+            output.add("tool")
+        if output:
+            left["output"] = output
+        return left
+
+    @model_validator(mode="before")
+    @classmethod
+    def _filled_from_row(cls, data: Any, info: ValidationInfo) -> Any:
+        """A stored record read with its row (`RecordRow`), with what `stored_exclusions`
+        left out filled back in; a field the record holds (one stored whole) is kept."""
+        row = info.context
+        if not isinstance(row, RecordRow) or not isinstance(data, dict):
+            return data
+        filled = {"step": row.step, **data}
+        step = filled["step"]
+        filled.setdefault("key", idempotency_key(row.run_id, step))
+        output, call = filled.get("output"), filled.get("call")
+        if isinstance(output, dict) and isinstance(call, dict) and "name" in call:
+            filled["output"] = {"step": step, "tool": call["name"], **output}
+        return filled
 
 
 class PersonDecided(_Model):

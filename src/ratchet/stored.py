@@ -29,8 +29,10 @@ from ratchet.state import (
     Created,
     Message,
     PersonDecided,
+    RecordRow,
     RunState,
     StepCompleted,
+    StoredCheckpoint,
     ToolOutput,
     WaitSettled,
     answer_in_place,
@@ -66,13 +68,21 @@ def static_json(state: RunState) -> str:
 EVENTS: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 
 
-def event_json(event: CheckpointEvent) -> str:
-    """A checkpoint record's event, without the fields it leaves unset."""
+def event_json(checkpoint: StoredCheckpoint) -> str:
+    """A checkpoint record's event, without the fields it leaves unset, and a step's without
+    what the record's row says (`StepCompleted.stored_exclusions`): its step, its key, its
+    output's step and tool, some 60 B of a step's 1.5 KB record."""
+    event = checkpoint.event
+    if isinstance(event, StepCompleted):
+        left = event.stored_exclusions(checkpoint.run_id, checkpoint.step)
+        return event.model_dump_json(exclude_none=True, exclude=left)
     return EVENTS.dump_json(event, exclude_none=True).decode()
 
 
-def parse_event(text: str | bytes) -> CheckpointEvent:
-    return EVENTS.validate_json(text)
+def parse_event(text: str | bytes, *, run_id: str, step: int) -> CheckpointEvent:
+    """The event of a record stored by `event_json`, read with its row's run and step, which
+    fill in what a step record leaves out; a record stored whole reads as it is."""
+    return EVENTS.validate_json(text, context=RecordRow(run_id, step))
 
 
 def window_reads(size: int) -> int:

@@ -11,7 +11,7 @@ from moto import mock_aws
 
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
-from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, checkpoint_sk
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
@@ -30,11 +30,22 @@ class Backend:
     connection serves the thread that opened it) reaches it."""
     everything: Callable[[], list[Any]]
     """Every row or item the backend holds, to compare before and after a refused write."""
+    record: Callable[[str, int], str]
+    """A checkpoint record's event (run id, version) as stored: its JSON text."""
+    rewrite_record: Callable[[str, int, str], None]
+    """Store other JSON text as a record's event, as an older Ratchet would have written it."""
 
 
 def _sqlite(tmp_path: Any) -> Iterator[Backend]:
     path = tmp_path / "ratchet.db"
     db = SqliteDatabase(path)
+
+    def rewrite(run_id: str, version: int, text: str) -> None:
+        with db.write() as tx:
+            tx.execute(
+                "UPDATE checkpoints SET event = ? WHERE run_id = ? AND version = ?",
+                (text, run_id, version),
+            )
 
     @contextmanager
     def connect() -> Iterator[Mailbox]:
@@ -50,6 +61,10 @@ def _sqlite(tmp_path: Any) -> Iterator[Backend]:
         SqliteMailbox(db),
         connect,
         lambda: list(db.connection.iterdump()),
+        lambda run_id, version: db.connection.execute(
+            "SELECT event FROM checkpoints WHERE run_id = ? AND version = ?", (run_id, version)
+        ).fetchone()[0],
+        rewrite,
     )
     db.close()
 
@@ -66,12 +81,30 @@ def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
             # one client stands for many senders.
             yield DynamoMailbox(client, "checkpoints")
 
+        def key(run_id: str, version: int) -> dict[str, Any]:
+            return {"run_id": {"S": run_id}, "sk": {"S": checkpoint_sk(version)}}
+
+        def record(run_id: str, version: int) -> str:
+            item = client.get_item(TableName="checkpoints", Key=key(run_id, version))["Item"]
+            return str(item["event"]["S"])
+
+        def rewrite(run_id: str, version: int, text: str) -> None:
+            client.update_item(
+                TableName="checkpoints",
+                Key=key(run_id, version),
+                UpdateExpression="SET #event = :text",
+                ExpressionAttributeNames={"#event": "event"},
+                ExpressionAttributeValues={":text": {"S": text}},
+            )
+
         yield Backend(
             DynamoDbCheckpointStore(client, table="checkpoints", ledger_table="idempotency"),
             DynamoDbLedger(client, table="idempotency"),
             DynamoMailbox(client, "checkpoints"),
             connect,
             lambda: [scan(client, table) for table in ("checkpoints", "idempotency", "app")],
+            record,
+            rewrite,
         )
 
 

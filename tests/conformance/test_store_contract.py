@@ -6,6 +6,7 @@ and it must pass all of this unchanged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -215,6 +216,64 @@ def test_every_checkpoint_stays_readable(backend):
 
     assert [c.step for c in checkpoints] == list(range(8))
     assert all(c.worker_id == "w" for c in checkpoints)
+
+
+def test_a_step_record_leaves_out_what_its_row_says_and_reads_back_whole(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    commit = step_commit(state, 1)
+
+    backend.store.commit(commit)
+
+    # The row says the step; the key is `r1/step-1`; the output's step and tool are the step's
+    # and the call's name: the record keeps none of them, and reads back with all of them.
+    stored = json.loads(backend.record("r1", 2))
+    assert not {"step", "key"} & stored.keys()
+    assert stored["output"] == {"text": "ok"}
+    assert backend.store.list_checkpoints("r1")[1].event == commit.checkpoint.event
+    assert backend.store.load_head("r1") == commit.head
+
+
+def test_step_records_stored_whole_read_as_they_always_did(backend):
+    # Given a run whose step records an older Ratchet wrote whole, the row's fields and all
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    head = state
+    for step in range(1, 8):
+        commit = step_commit(head, step, text=f"copied batch {step}")
+        backend.store.commit(commit)
+        head = commit.head
+    written = backend.store.list_checkpoints("r1")
+    for record in written[1:]:
+        whole = record.event.model_dump_json(exclude_none=True)
+        assert '"key":"r1/step-' in whole
+        backend.rewrite_record("r1", record.version, whole)
+
+    # Then every reader sees them as written: the history, and the window of the head
+    assert backend.store.list_checkpoints("r1") == written
+    assert backend.store.load_head("r1") == head
+
+
+def test_a_step_record_keeps_what_its_row_does_not_say(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    event = StepCompleted(
+        step=1,
+        key="elsewhere/step-1",
+        call=ToolCall(name="write_row", arguments={"n": 1}),
+        output=ToolOutput(step=1, tool="read_row", text="ok"),
+        attempt=1,
+        duration_ms=1.0,
+    )
+    commit = commit_of(state, event, step=1)
+
+    backend.store.commit(commit)
+
+    stored = json.loads(backend.record("r1", 2))
+    assert (stored["key"], stored["output"]["tool"]) == ("elsewhere/step-1", "read_row")
+    assert "step" not in stored["output"]
+    assert backend.store.list_checkpoints("r1")[1].event == event
+    assert backend.store.load_head("r1") == commit.head
 
 
 def test_an_oversized_record_is_refused_before_anything_is_written(backend):

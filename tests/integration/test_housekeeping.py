@@ -8,11 +8,12 @@ and blobs referenced from kept records, from deleted records only, and from noth
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +30,17 @@ from tests.processes import Cli
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    # Read by another process: closing a descriptor of the file here would drop every POSIX
+    # lock this process's SQLite connections hold on it (a run's data keeps one open in the
+    # thread that used it), and the next worker to close could then delete the WAL and its
+    # index under them (sqlite.org/howtocorrupt.html, 2.2).
+    read = (
+        "import hashlib, pathlib, sys; "
+        "print(hashlib.sha256(pathlib.Path(sys.argv[1]).read_bytes()).hexdigest())"
+    )
+    done = subprocess.run([sys.executable, "-c", read, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 @pytest.fixture
@@ -357,8 +368,10 @@ def test_gc_keeps_a_failed_runs_window_so_it_can_be_retried(tmp_path):
 
     assert cli.head("failing") == before
     events = [
-        parse_event(str(text))
-        for (text,) in _rows(cli, "SELECT event FROM checkpoints WHERE run_id = 'failing'")
+        parse_event(str(text), run_id="failing", step=int(str(step)))
+        for (step, text) in _rows(
+            cli, "SELECT step, event FROM checkpoints WHERE run_id = 'failing'"
+        )
     ]
     steps = [e.step for e in events if isinstance(e, StepCompleted)]
     assert steps == list(range(window_start(before), before.step + 1))

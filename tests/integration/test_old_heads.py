@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
+import pytest
+
 from ratchet.runtime import open_runtime
-from ratchet.state import RunState
+from ratchet.state import RunState, StepCompleted
 from tests.conformance.test_store_contract import new_run, step_commit
 from tests.dynamodb_support import SETTINGS, moto_tables, store_of
 from tests.fixtures.stores.make_schema_versions import FIXTURE
@@ -33,6 +37,50 @@ def test_a_whole_head_on_sqlite_stays_readable_after_the_new_code_commits_it(tmp
     assert (first.step, second.step) == (before.step + 1, before.step + 2)
     assert (after.goal, after.options, after.agent) == (before.goal, before.options, before.agent)
     assert [m.step for m in after.messages][-1] == after.step
+
+
+def _checkpoints_table(path: Path) -> str:
+    with closing(sqlite3.connect(path)) as connection:
+        (sql,) = connection.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'checkpoints'"
+        ).fetchone()
+    return " ".join(str(sql).split())
+
+
+def test_a_store_an_older_ratchet_made_keeps_its_records_and_their_table(tmp_path: Path):
+    # Given a store whose checkpoints table is WITHOUT ROWID and whose step records hold their
+    # step, key and output's step and tool, as every Ratchet before wrote them
+    store = tmp_path / "ratchet.db"
+    shutil.copy(FIXTURE, store)
+    assert _checkpoints_table(store).endswith("WITHOUT ROWID")
+    runtime = open_runtime(f"sqlite:///{store}", create=False)
+    try:
+        before = runtime.store.list_checkpoints("v1-running")
+        engine = runtime.engine(worker_id="w", logger=LOG)
+        engine.advance("v1-running")
+        after = runtime.store.list_checkpoints("v1-running")
+    finally:
+        runtime.close()
+
+    # Then its records read as they did, today's lean one beside them, in the same table
+    assert after[: len(before)] == before
+    new = after[-1].event
+    assert isinstance(new, StepCompleted)
+    assert (new.step, new.key) == (after[-1].step, f"v1-running/step-{after[-1].step}")
+    assert (new.output.step, new.output.tool) == (new.step, new.call.name)
+    assert _checkpoints_table(store).endswith("WITHOUT ROWID")
+
+
+def test_a_new_store_keeps_its_records_in_a_rowid_table_one_per_run_and_version(tmp_path: Path):
+    store = tmp_path / "ratchet.db"
+    open_runtime(f"sqlite:///{store}").close()
+
+    assert "WITHOUT ROWID" not in _checkpoints_table(store)
+    with closing(sqlite3.connect(store)) as connection:
+        row = ("r", 1, 0, "running", "w", 0, "2026-01-01T00:00:00+00:00", "{}")
+        connection.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            connection.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
 
 
 def test_a_whole_head_on_dynamodb_stays_readable_after_the_new_code_commits_it():

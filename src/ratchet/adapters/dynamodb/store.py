@@ -151,7 +151,7 @@ def checkpoint_item(
 ) -> tuple[Item, int]:
     """The record's item, expiring `retention` after it was written, and its own logical
     bytes (the SQLite row's, for the receipt)."""
-    event_json = stored.event_json(checkpoint.event)
+    event_json = stored.event_json(checkpoint)
     own_bytes = text_bytes(
         checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
     )
@@ -256,10 +256,12 @@ class DynamoDbCheckpointStore:
         recent: list[CheckpointEvent] = []
         while True:
             for item in records:
-                if int(item["step"]["N"]) < first:
+                record_step = int(item["step"]["N"])
+                if record_step < first:
                     return stored.with_window(state, recent[::-1])
                 try:
-                    recent.append(stored.parse_event(item["event"]["S"]))
+                    event = stored.parse_event(item["event"]["S"], run_id=run_id, step=record_step)
+                    recent.append(event)
                 except ValueError as error:
                     version, reason = item["version"]["N"], " ".join(str(error).split())[:200]
                     raise RunUnreadable(
@@ -628,13 +630,14 @@ def _failed_condition(error: ClientError, index: int) -> bool:
 
 
 def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> StoredCheckpoint:
+    run_id, step = item["run_id"]["S"], int(item["step"]["N"])
     return StoredCheckpoint(
-        run_id=item["run_id"]["S"],
+        run_id=run_id,
         version=int(item["version"]["N"]),
-        step=int(item["step"]["N"]),
+        step=step,
         status=RunStatus(item["status"]["S"]),
         worker_id=item["worker_id"]["S"],
         size=int(item["bytes"]["N"]),
         created_at=datetime.fromisoformat(item["created_at"]["S"]),
-        event=stored.parse_event(item["event"]["S"]),
+        event=stored.parse_event(item["event"]["S"], run_id=run_id, step=step),
     )

@@ -52,7 +52,7 @@ class SqliteCheckpointStore:
     def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
         state_json = stored.head_json(state)
         static_json = stored.static_json(state)
-        event_json = stored.event_json(checkpoint.event)
+        event_json = stored.event_json(checkpoint)
         check_size(f"run {state.run_id} head", state_json)
         check_size(f"run {state.run_id} static state", static_json)
         check_size(f"run {state.run_id} checkpoint", event_json)
@@ -133,7 +133,7 @@ class SqliteCheckpointStore:
                 if record_step < first:
                     return found[::-1]
                 try:
-                    found.append(stored.parse_event(event))
+                    found.append(stored.parse_event(event, run_id=run_id, step=record_step))
                 except ValueError as error:
                     raise RunUnreadable(
                         run_id, f"its checkpoint {version} is damaged ({_first_line(error)})"
@@ -168,7 +168,7 @@ class SqliteCheckpointStore:
         started = time.perf_counter()
         head = commit.head
         state_json = stored.head_json(head)
-        event_json = stored.event_json(commit.checkpoint.event)
+        event_json = stored.event_json(commit.checkpoint)
         check_size(f"run {head.run_id} head", state_json)
         check_size(f"run {head.run_id} step {commit.checkpoint.step} record", event_json)
         result = commit.completes.result if commit.completes else None
@@ -257,7 +257,7 @@ class SqliteCheckpointStore:
                         worker_id=worker_id,
                         size=size,
                         created_at=datetime.fromisoformat(created_at),
-                        event=stored.parse_event(event),
+                        event=stored.parse_event(event, run_id=run_id, step=step),
                     )
                 )
             except (ValueError, TypeError) as error:
