@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +19,7 @@ from typing import Any
 
 from ratchet.errors import AgentNotFound, InvalidInput, RatchetError
 from ratchet.imports import IMPORT_PATH, ImportFailed, import_object
+from ratchet.model_names import CLAUDE_PREFIX, SCRIPTED
 from ratchet.tools import Agent
 
 SCENARIOS: Mapping[str, str] = MappingProxyType(
@@ -62,13 +63,11 @@ class AgentRegistry:
         nothing else. A malformed registry is the deployer's error and says so; it never falls
         back to importing what a caller names."""
         agents = _registered("RATCHET_AGENTS", agents_json, "an agent name")
-        for name in agents:
-            if name in SCENARIOS:
-                raise ValueError(f"RATCHET_AGENTS: {name!r} is a built-in scenario's name")
+        if taken := _builtin_agent(agents):
+            raise ValueError(f"RATCHET_AGENTS: {taken!r} is a built-in scenario's name")
         models = _registered("RATCHET_MODELS", models_json, "a model name")
-        for name in models:
-            if name == "scripted" or name.startswith("claude-"):
-                raise ValueError(f"RATCHET_MODELS: {name!r} is a built-in model's name")
+        if taken := _builtin_model(models):
+            raise ValueError(f"RATCHET_MODELS: {taken!r} is a built-in model's name")
         return cls(MappingProxyType({**SCENARIOS, **agents}), models=MappingProxyType(models))
 
     def with_agents(
@@ -77,16 +76,16 @@ class AgentRegistry:
         """These agents (and models) too, by name, checked by the rules of a deployment's
         (`RATCHET_AGENTS`); `ValueError` says what is wrong. An agent registered under its
         own `module:attr` is named by that target, as it is, in a request."""
+        if taken := _builtin_agent(agents):
+            raise ValueError(f"{taken!r} is a built-in scenario's name")
         for name, target in agents.items():
-            if name in SCENARIOS:
-                raise ValueError(f"{name!r} is a built-in scenario's name")
             if name != target and not AGENT_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an agent name (letters, digits, '.', '_', '-')")
             if not IMPORT_PATH.fullmatch(target):
                 raise ValueError(f"{name!r} must map to 'module:attr', not {target!r}")
+        if taken := _builtin_model(models or {}):
+            raise ValueError(f"{taken!r} is a built-in model's name")
         for name, target in (models or {}).items():
-            if name == "scripted" or name.startswith("claude-"):
-                raise ValueError(f"{name!r} is a built-in model's name")
             if not AGENT_NAME.fullmatch(name) or not IMPORT_PATH.fullmatch(target):
                 raise ValueError(f"model {name!r} must be a name mapped to 'module:attr'")
         return AgentRegistry(
@@ -130,6 +129,17 @@ class AgentRegistry:
 
 
 LOCAL = AgentRegistry.local()
+
+
+def _builtin_agent(names: Iterable[str]) -> str | None:
+    """The first of `names` that would take over a built-in scenario's name, if one does."""
+    return next((name for name in names if name in SCENARIOS), None)
+
+
+def _builtin_model(names: Iterable[str]) -> str | None:
+    """The first of `names` that would take over a built-in model's name (the scripted
+    policy's, or any `claude-...`), if one does."""
+    return next((n for n in names if n == SCRIPTED or n.startswith(CLAUDE_PREFIX)), None)
 
 
 def _registered(variable: str, text: str | None, noun: str) -> dict[str, str]:
@@ -235,9 +245,8 @@ def _project_table(config_file: Path, prefix: str, table: Any) -> ProjectAgents:
             if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
                 raise refused(f"{key}.{name}", f"must map to 'module:attr', not {target!r}")
         named[key] = dict(sorted(value.items()))
-    for name in named["agents"]:
-        if name in SCENARIOS:
-            raise refused(f"agents.{name}", f"{name!r} is a built-in scenario's name")
+    if taken := _builtin_agent(named["agents"]):
+        raise refused(f"agents.{taken}", f"{taken!r} is a built-in scenario's name")
     source = table.get("source", ".")
     folders = [source] if isinstance(source, str) else source
     if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
