@@ -17,3 +17,11 @@ def store_url(store: str) -> str:
     if "://" in store or not store.strip():
         return store
     return SQLITE_SCHEME + store
+
+
+def sqlite_file(store: str) -> str | None:
+    """The path of the file a SQLite store URL names (`sqlite:///runs.db`: `runs.db`); None
+    for a store of another kind, or a URL that names no file."""
+    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+        return None
+    return store[len(SQLITE_SCHEME) :]

@@ -19,7 +19,7 @@ from rich.console import Console
 from ratchet.cli.options import LogJsonOption, StoreOption
 from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
-from ratchet.store_urls import SQLITE_SCHEME, store_url
+from ratchet.store_urls import sqlite_file, store_url
 from ratchet.untrusted import for_terminal
 
 if TYPE_CHECKING:
@@ -172,9 +172,10 @@ def logs_on_terminal() -> bool:
 def log_path(store: str) -> Path | None:
     """The JSON log beside a local store, named as its other files are (`.ratchet/ratchet.db`
     logs to `.ratchet/ratchet.log`); None for a store with no directory of its own."""
-    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
+    path = sqlite_file(store)
+    if path is None:
         return None
-    database = Path(store[len(SQLITE_SCHEME) :])
+    database = Path(path)
     logged = database.with_suffix(".log")
     return logged if logged != database else database.with_name(f"{database.name}.log")
 

@@ -20,7 +20,7 @@ import sys
 
 from ratchet import quickjson as json
 from ratchet.cli.argv import LOG_JSON, arrange
-from ratchet.store_urls import DEFAULT_STORE, SQLITE_SCHEME, store_url
+from ratchet.store_urls import DEFAULT_STORE, sqlite_file, store_url
 
 # Nothing here loads a module that takes longer to load than a read takes to answer: not
 # `typing` nor `pathlib`, nor `json` or `re` (`ratchet.quickjson` reads and writes JSON as
@@ -338,10 +338,8 @@ class RunMarks:
 def _connect(store: str) -> Connection | None:
     """A connection to the Ratchet store `store` names, if it is a SQLite file (never one
     that creates it), in autocommit: each statement reads what is committed."""
-    if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
-        return None
-    path = store[len(SQLITE_SCHEME) :]
-    if not os.path.isfile(path):
+    path = sqlite_file(store)
+    if path is None or not os.path.isfile(path):
         return None
     import _sqlite3
 
