@@ -458,19 +458,21 @@ def is_transient(error: BaseException | None) -> bool:
     a momentarily full or failing disk, a model rate limit. Never for what no retry can fix
     (`TERMINAL_ERRORS`), whatever it was raised from: a `PermanentError("card declined")`
     raised from a dropped connection is permanent."""
-    if is_terminal(error):
-        return False
+    chain = []
     while error is not None:
-        if isinstance(error, TERMINAL_ERRORS):
-            return False
-        if isinstance(error, StepAttemptFailed) and error.transient:
-            return True
-        if isinstance(error, (StoreBusy, ConnectionError, TimeoutError)):
-            return True
-        if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
-            return True
+        chain.append(error)
         error = error.__cause__
-    return False
+    if any(isinstance(link, TERMINAL_ERRORS) for link in chain):
+        return False
+    return any(_passes_by_itself(link) for link in chain)
+
+
+def _passes_by_itself(error: BaseException) -> bool:
+    if isinstance(error, StepAttemptFailed):
+        return error.transient
+    if isinstance(error, (StoreBusy, ConnectionError, TimeoutError)):
+        return True
+    return isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS
 
 
 class InjectedFault(RuntimeError):
