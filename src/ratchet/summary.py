@@ -186,13 +186,14 @@ def interleaved(versions: Sequence[int], gaps: Iterable[tuple[int, int]]) -> Ite
     pending = sorted(gaps)
     for index, version in enumerate(versions):
         while pending and pending[0][0] < version:
-            yield _span(*pending.pop(0))
+            yield version_span(*pending.pop(0))
         yield index
     for gap in pending:
-        yield _span(*gap)
+        yield version_span(*gap)
 
 
-def _span(first: int, last: int) -> str:
+def version_span(first: int, last: int) -> str:
+    """A run of versions without a row, as `interleaved` yields it: `"3"`, `"3..5"`."""
     return f"{first}" if first == last else f"{first}..{last}"
 
 

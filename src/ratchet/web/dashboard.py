@@ -47,6 +47,7 @@ from ratchet.summary import (
     interleaved,
     shorten,
     version_gaps,
+    version_span,
 )
 from ratchet.waits import Approval, ApprovalStatus
 
@@ -562,7 +563,7 @@ def _timeline_rows(timeline: Timeline) -> str:
     shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
     first_shown = shown[0].version if shown else 0
     gaps = [(first, last) for first, last in timeline.gaps if first >= first_shown]
-    spans = {(f"{first}" if first == last else f"{first}..{last}"): last for first, last in gaps}
+    spans = {version_span(first, last): last for first, last in gaps}
     by_version = {c.version: c for c in shown}
     died = _died(timeline.checkpoints)
     rows: list[str] = []
