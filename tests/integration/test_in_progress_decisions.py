@@ -155,6 +155,24 @@ def make_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mak
         yield lambda: DynamoHarness(tmp_path, StubModel(total=1))
 
 
+def _on_a_thread(
+    advance: Callable[[], StepOutcome],
+) -> tuple[threading.Thread, list[BaseException | StepOutcome]]:
+    """`advance` started on a thread of its own, and the list its outcome (or what it raised)
+    lands in once it ends."""
+    ended: list[BaseException | StepOutcome] = []
+
+    def run() -> None:
+        try:
+            ended.append(advance())
+        except BaseException as error:
+            ended.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, ended
+
+
 def test_the_engine_that_records_its_decision_second_stops_and_never_acts_on_it(make_harness):
     # Given engine B, whose model would write "B", deciding step 1 while engine A, whose model
     # would write "A", decides the same step, records its decision and commits first
@@ -168,17 +186,13 @@ def test_the_engine_that_records_its_decision_second_stops_and_never_acts_on_it(
         assert go_on.wait(PATIENCE), "the test never let B's model answer"
 
     b_model = Writer("B", during=stall)
-    b_result: list[BaseException | StepOutcome] = []
 
-    def engine_b() -> None:
+    def engine_b() -> StepOutcome:
         second = make_harness()  # made on this thread: SQLite connections stay on theirs
-        try:
-            b_result.append(second.engine_for(notes.agent(), b_model).advance("run"))
-        except BaseException as error:
-            b_result.append(error)
+        engine: Engine = second.engine_for(notes.agent(), b_model)
+        return engine.advance("run")
 
-    thread = threading.Thread(target=engine_b)
-    thread.start()
+    thread, b_result = _on_a_thread(engine_b)
     try:
         assert in_model.wait(PATIENCE), "B reached its model call"
         engine_a = first.engine_for(notes.agent(), Writer("A"))
@@ -212,9 +226,8 @@ def test_the_engine_that_finds_its_step_committed_stops_before_its_model_and_too
     notes = Notes()
     b_model = Writer("B")
     in_setup, go_on = threading.Event(), threading.Event()
-    b_result: list[BaseException | StepOutcome] = []
 
-    def engine_b() -> None:
+    def engine_b() -> StepOutcome:
         second = make_harness()  # made on this thread: SQLite connections stay on theirs
         binding = Binding(notes.agent(), b_model)
 
@@ -231,13 +244,9 @@ def test_the_engine_that_finds_its_step_committed_stops_before_its_model_and_too
             worker_id="b",
             logger=LOG,
         )
-        try:
-            b_result.append(engine.advance("run"))
-        except BaseException as error:
-            b_result.append(error)
+        return engine.advance("run")
 
-    thread = threading.Thread(target=engine_b)
-    thread.start()
+    thread, b_result = _on_a_thread(engine_b)
     try:
         assert in_setup.wait(PATIENCE), "B reached its agent's set-up"
         engine_a = first.engine_for(notes.agent(), Writer("A"))
