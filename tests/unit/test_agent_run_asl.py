@@ -394,3 +394,15 @@ def test_record_wait_settles_what_the_park_was_for_then_steps_again():
 
 def test_the_step_knows_when_its_execution_started():
     assert _payload("Step")["started_at.$"] == "$$.Execution.StartTime"
+
+
+@pytest.mark.parametrize("state", ["AwaitEvent", "RecordWait", "RecordDecision"])
+@pytest.mark.parametrize("crash", CRASHES)
+def test_a_wait_function_that_dies_is_run_again_not_failing_the_run(state: str, crash: str):
+    # Each does only what is safe to do twice (keep a token, settle once, answer a settled
+    # wait); the Catch that follows marks the run failed.
+    retrier = _retrier(state, crash)
+
+    assert retrier is not None, f"{state} fails the run when its function dies ({crash})"
+    assert retrier["ErrorEquals"] != ["States.ALL"]
+    assert retrier["MaxAttempts"] >= 2
