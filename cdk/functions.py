@@ -105,6 +105,14 @@ SCHEDULE = FunctionSpec(
     # Step Functions call.
     timeout=Duration.seconds(29),
 )
+SWEEP = FunctionSpec(
+    "sweep",
+    "Every minute: answers the executions parked on waits whose waker settled them and died.",
+    # A few calls per wake owed, at most 500 a run (ratchet.waiting.wakes): seconds. A run
+    # that overlaps the next minute's is harmless (each write is conditional, an answer
+    # twice is refused by Step Functions).
+    timeout=Duration.seconds(120),
+)
 ROLLOVER = FunctionSpec(
     "rollover",
     "Starts the next execution of a long run (continue-as-new).",

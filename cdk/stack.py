@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
-from aws_cdk import ArnFormat, CfnElement, CfnOutput, Stack
+from aws_cdk import ArnFormat, CfnElement, CfnOutput, Duration, Stack
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
@@ -23,8 +25,9 @@ from cdk.hooks import Webhooks
 from cdk.nag import acknowledge
 from cdk.project import Project
 from cdk.schedules import Schedules
-from cdk.storage import RUNS_INDEX_NAME, Storage
+from cdk.storage import RUNS_INDEX_NAME, WAKES_INDEX_NAME, Storage
 from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
+from ratchet.waiting.wakes import SWEEP_EVERY_SECONDS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ASL_PATH = REPO_ROOT / "statemachine" / "agent_run.asl.json"
@@ -51,11 +54,14 @@ TABLES_USED = {
     "hooks": ("checkpoints",),
     # Creates a fire's run as the API creates one (a scenario's `prepare` seeds the app table).
     "schedule": ("checkpoints", "idempotency", "app"),
+    # Reads the wakes owed, the run's head, wait and approval items; settles a wait its waker
+    # did not reach (head and record, the event's item); drops a wake or a token it answered.
+    "sweep": ("checkpoints",),
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
 TABLE_ACTIONS = dict.fromkeys(
-    ("open_wait", "record_wait", "hooks"),
+    ("open_wait", "record_wait", "hooks", "sweep"),
     ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"),
 )
 """Functions granted only these actions on their tables rather than all of reading and writing:
@@ -81,9 +87,14 @@ LISTS_RUNS = ("api",)
 """Queries the checkpoints table's runs index for a page of runs (`GET /runs`); no other
 function reads the index."""
 
-READS_BLOBS = ("open_wait",)
+LISTS_WAKES = ("sweep",)
+"""Queries the checkpoints table's wakes index for the wakes still owed; no other function
+reads it (the wakers write its keys on the items they own)."""
+
+READS_BLOBS = ("open_wait", "sweep")
 """Besides the step (which stores them): an event wait's schema is checked against a large
-payload the sender kept in the blob store, read back by its hash."""
+payload the sender kept in the blob store, read back by its hash (open_wait delivers what came
+before the park, the sweep what a sender left undelivered)."""
 
 STORES_BLOBS = ("hooks",)
 """Besides the step: a webhook delivery's payload over the inline size goes to the blob store
@@ -103,10 +114,16 @@ READS_ANTHROPIC_KEY = ("step", "api", "schedule")
 """The step calls Claude; the API refuses a Claude run when no key is configured, and a run it
 starts defaults to Claude when one is: a schedule's fire starts its runs as the API does."""
 
-ANSWERS_EXECUTIONS = ("approvals", "api")
+ANSWERS_EXECUTIONS = ("approvals", "api", "sweep")
 """SendTaskSuccess/SendTaskFailure with a parked execution's token: the approval page and Slack
-(the approvals function), POST /runs/{id}/approve and /reject (the api function). Notify only
-stores the token; decide runs after the answer."""
+(the approvals function), POST /runs/{id}/approve and /reject (the api function), and the wake
+sweep, for a decision or a settled wait whose waker died before answering. Notify only stores
+the token; decide runs after the answer."""
+
+RESTARTS_SLEEPERS = ("api", "sweep")
+"""ListExecutions, StartExecution and StopExecution on this state machine: a sleeping run
+woken early has its execution restarted (`AwsRuntime.relaunch`), by `POST /runs/{id}/wake`, or
+by the sweep when that waker died between the wake and the restart."""
 
 BEDROCK_ACTIONS = ("bedrock:InvokeModel",)
 """What the step needs to call Claude on Bedrock: one synchronous call per step, no streaming."""
@@ -138,7 +155,7 @@ class RatchetStack(Stack):
         state_machine_name = f"{self.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
         specs += [functions.API, functions.APPROVALS, functions.OPEN_WAIT, functions.RECORD_WAIT]
-        specs.append(functions.HOOKS)
+        specs += [functions.HOOKS, functions.SWEEP]
         if "rollover" in definition.functions:
             specs.append(functions.ROLLOVER)
         scheduled = config.project.schedules if config.project is not None else ()
@@ -178,6 +195,12 @@ class RatchetStack(Stack):
                 grantee=lambdas[name],
                 actions=["dynamodb:Query"],
                 resource_arns=[f"{storage.checkpoints.table_arn}/index/{RUNS_INDEX_NAME}"],
+            )
+        for name in LISTS_WAKES:
+            iam.Grant.add_to_principal(
+                grantee=lambdas[name],
+                actions=["dynamodb:Query"],
+                resource_arns=[f"{storage.checkpoints.table_arn}/index/{WAKES_INDEX_NAME}"],
             )
 
         self._grant_blobs(lambdas, storage)
@@ -222,29 +245,38 @@ class RatchetStack(Stack):
             lambdas["step"].add_environment(
                 contract.REQUESTS_PER_MINUTE, str(config.requests_per_minute)
             )
-        # Cancelling a run stops its execution, found among the machine's running ones.
-        state_machine.grant(api_function, "states:ListExecutions")
-        api_function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["states:StopExecution"],
-                resources=[
-                    self.format_arn(
-                        service="states",
-                        resource="execution",
-                        resource_name=f"{state_machine_name}:*",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+        # Cancelling a run stops its execution, found among the machine's running ones; a
+        # sleeper woken early is restarted: its successor started, the sleeper stopped.
+        for restarter in lambdas.among(RESTARTS_SLEEPERS):
+            if restarter not in lambdas.among(STARTS_RUNS):
+                restarter.add_environment(
+                    contract.STATE_MACHINE_ARN, state_machine.state_machine_arn
+                )
+                state_machine.grant_start_execution(restarter)
+            state_machine.grant(restarter, "states:ListExecutions")
+            restarter.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["states:StopExecution"],
+                    resources=[
+                        self.format_arn(
+                            service="states",
+                            resource="execution",
+                            resource_name=f"{state_machine_name}:*",
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    ],
+                )
             )
-        )
-        acknowledge(
-            lambdas.roles["api"],
-            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:"
-            f"<AWS::AccountId>:execution:{state_machine_name}:*]",
-            "Execution names derive from run ids, unknown at deploy time; the statement "
-            "allows only StopExecution, on this state machine's executions only (a run's "
-            "cancel stops its execution).",
-        )
+        for name in RESTARTS_SLEEPERS:
+            acknowledge(
+                lambdas.roles[name],
+                "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:"
+                f"<AWS::AccountId>:execution:{state_machine_name}:*]",
+                "Execution names derive from run ids, unknown at deploy time; the statement "
+                "allows only StopExecution, on this state machine's executions only (a run's "
+                "cancel stops its execution; a sleeper woken early is stopped once its "
+                "successor runs).",
+            )
         for name in STARTS_CHILDREN:
             # The machine's ARN from its name, as for the rollover: the machine invokes the
             # step, so its ARN would make each depend on the other.
@@ -278,6 +310,14 @@ class RatchetStack(Stack):
                 reader.add_environment(contract.AGENTS, config.agents_json)
         if scheduled:
             Schedules(self, "Schedules", specs=scheduled, function=lambdas["schedule"])
+        events.Rule(
+            self,
+            "WakeSweep",
+            description="Every minute: Ratchet's sweep of the wakes owed to parked executions",
+            schedule=events.Schedule.rate(Duration.seconds(SWEEP_EVERY_SECONDS)),
+            # Not retried: the next minute's run takes whatever this one left.
+            targets=[targets.LambdaFunction(lambdas["sweep"], retry_attempts=0)],
+        )
 
         if config.project is not None:
             self._give_the_tools(lambdas, config.project)

@@ -44,6 +44,7 @@ def _table(
 
 
 RUNS_INDEX_NAME = "runs-by-status"
+WAKES_INDEX_NAME = "wakes-owed"
 
 
 class Storage(Construct):
@@ -67,6 +68,16 @@ class Storage(Construct):
             sort_key=dynamodb.Attribute(name="list_sk", type=dynamodb.AttributeType.STRING),
             projection_type=dynamodb.ProjectionType.INCLUDE,
             non_key_attributes=["status", "step", "version", "updated_at", "agent"],
+        )
+        # The wakes still owed to parked executions, for the wake sweep
+        # (ratchet.adapters.dynamodb.items.WAKES_INDEX): only a wait or approval item whose
+        # waker has not answered yet carries its keys, so it is nearly always empty.
+        self.checkpoints.add_global_secondary_index(
+            index_name=WAKES_INDEX_NAME,
+            partition_key=dynamodb.Attribute(name="wake_pk", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="wake_sk", type=dynamodb.AttributeType.STRING),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=["wake_how"],
         )
         self.idempotency = _table(
             self, "Idempotency", partition_key="key", ttl_attribute=TTL_ATTRIBUTE

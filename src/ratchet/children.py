@@ -21,6 +21,11 @@ Who settles it, so that no ending is missed:
   locally each worker checks the open children waits every `CHILDREN_SWEEP_SECONDS`; on AWS the
   parent's park is renewed weekly, and every renewal checks again, and a child's step retried
   after a crash finds its run ended and tells again.
+
+On AWS the settling is followed by the parked parent's wake (its task token answered). The
+desk marks the wake owed before it settles (`Nudge.owe`), so a desk that dies between the two
+leaves the mark for the sweep (`ratchet.waiting.wakes`); and a child's step retried after that
+crash finds its parent settled but still parked, and answers it again.
 The reads are strongly consistent and each side reads after its own write, so of a child
 ending and its parent parking at the same moment one always sees both.
 """
@@ -35,6 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ratchet.errors import ChildRunsRefused, NotWaiting, RatchetError, StaleVersion
+from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import CheckpointStore, OpenWait
 from ratchet.runs import RunRequest, RunRequestInvalid, request_problems
 from ratchet.state import (
@@ -74,6 +80,7 @@ class ChildRunDesk:
     nudge: Nudge | None = None
     """On AWS, what answers the parked parent's task token once its wait is settled."""
     logger: logging.Logger | Any = None
+    faults: FaultPlan = NO_FAULTS
 
     # --- starting --------------------------------------------------------------------------
 
@@ -123,9 +130,23 @@ class ChildRunDesk:
 
     def after(self, head: RunState) -> None:
         if head.is_finished and head.parent is not None:
-            self.settle(head.parent)
+            if self.settle(head.parent) is None and head.parent_step is not None:
+                self._rewake(head.parent, head.parent_step)
         elif _children_wait(head) is not None:
             self.settle(head.run_id)
+
+    def _rewake(self, parent_id: str, step: int) -> None:
+        """The parent's wait at `step` is no longer open: if it was settled and its parked
+        execution never answered (its waker died in between), answer it now."""
+        if self.nudge is None:
+            return
+        parent = self.store.load_head(parent_id)
+        if parent is None or (parent.status is RunStatus.WAITING and parent.step == step):
+            return  # still waiting there (for other children): nothing was settled
+        try:
+            self.nudge.resume(parent_id, step)
+        except RatchetError:
+            self._warn("settled parent not woken", parent_id)
 
     def settle(self, parent_id: str) -> RunState | None:
         """Settle the run's children wait if its children have ended (all, or the first):
@@ -140,15 +161,19 @@ class ChildRunDesk:
             if heads is None:
                 return None
             settled = children_ended(wait, parent.step, heads)
+            if self.nudge is not None:
+                self.nudge.owe(parent_id, parent.step, "children")
             try:
                 head = self.engine.decide_waiting(parent, settled, step=parent.step)
             except (NotWaiting, StaleVersion):
                 continue  # moved meanwhile (a cancel, another child's settling): look again
+            self.faults.hit(FaultPoint.AFTER_WAIT_SETTLED, parent.step)
             if self.nudge is not None:
                 try:
                     self.nudge(head, settled)
                 except RatchetError:
-                    # Settled and durable: the parked execution finds it at its next renewal.
+                    # Settled and durable, the wake owed: a child's retried step or the
+                    # sweep answers the parked execution.
                     self._warn("parked parent not woken", head.run_id)
             return head
         return None

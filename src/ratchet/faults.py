@@ -31,6 +31,10 @@ class FaultPoint(StrEnum):
     AFTER_EVENT_ACCEPTED = "after_event_accepted"
     """In the event desk: the event is in the run's mailbox, not yet delivered (the step is
     the one the run is at)."""
+    AFTER_WAIT_SETTLED = "after_wait_settled"
+    """A waker (the event desk, the children desk, the approval desk) has settled a wait: the
+    event or the children's ends are recorded, the person's decision taken; the execution
+    parked on it is not answered yet (the step is the one the wait is at)."""
 
 
 STEP_POINTS = (
@@ -43,7 +47,7 @@ STEP_POINTS = (
 )
 """The points inside every engine step (`AFTER_CALL_STARTED` is inside a step calling an
 at-most-once tool only, `AFTER_CHILDREN_STARTED` inside a step that starts child runs; the
-others are in the event desk)."""
+others are in the desks that settle waits)."""
 
 
 class FaultAction(StrEnum):

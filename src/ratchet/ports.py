@@ -516,6 +516,11 @@ class Mailbox(Protocol):
     def refuse(self, run_id: str, event_id: str, reason: str) -> None: ...
 
 
+WakeHow = Literal["event", "children", "woken", "decided"]
+"""What settled a wait whose parked execution a waker then wakes: an event (or a webhook
+delivery), the ends of child runs, a sleep cut short, a person's decision."""
+
+
 @dataclass(frozen=True)
 class OpenWait:
     """One run's open wait, as the local book of open waits lists it."""

@@ -93,6 +93,18 @@ class Approval(BaseModel):
             }
         )
 
+    def verdict(self) -> Verdict | None:
+        """The decision a person took on this request, as it was delivered; None unless it
+        was approved or rejected (pending, expired or closed)."""
+        if self.status not in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED):
+            return None
+        return Verdict(
+            approved=self.status is ApprovalStatus.APPROVED,
+            by=self.decided_by or "(not named)",
+            comment=self.comment,
+            answer=self.answer,
+        )
+
     def reopened(self) -> Approval:
         """This request, pending again (its decision could not be delivered)."""
         return self.model_copy(

@@ -195,6 +195,10 @@ class Worker:
     expire_approvals: Callable[[datetime], Sequence[str]] | None = None
     """Called with the time (by `clock`) every `EXPIRY_CHECK_SECONDS` between claims: records
     the expiry of requests nobody answered in time, and returns the runs that go on."""
+    deliver_decisions: Callable[[datetime], Sequence[str]] | None = None
+    """Called with the time (by `clock`) with `expire_approvals`: records the decisions their
+    deciders left undelivered (they died after settling the request), and returns the runs
+    that go on (`ratchet.runtime.local_approvals.deliver_undelivered`)."""
     settle_waits: Callable[[datetime], Sequence[str]] | None = None
     """Called with the time (by `clock`) before every claim: settles the waits due by then
     (a timer's time, an event wait's timeout) and those whose event is in the mailbox, and
@@ -291,27 +295,31 @@ class Worker:
             self._work_on(claimed, heartbeat)
 
     def _expire_overdue_approvals(self) -> None:
-        if self.expire_approvals is None:
+        if self.expire_approvals is None and self.deliver_decisions is None:
             return
         now = self.clock()
         last = self._expiry_checked
         if last is not None and (now - last).total_seconds() < EXPIRY_CHECK_SECONDS:
             return
         self._expiry_checked = now
-        try:
-            resumed = self.expire_approvals(now)
-        except RatchetError as error:
-            # A busy store, or a run moved on meanwhile: the next check tries again.
-            self.logger.warning(
-                "approval expiry not checked",
-                extra={"worker_id": self.worker_id, "error": str(error)},
-            )
-            return
-        for run_id in resumed:
-            self.logger.info(
-                "approval expired; the run goes on without a decision",
-                extra={"run_id": run_id, "worker_id": self.worker_id},
-            )
+        checks = (
+            (self.deliver_decisions, "a decision left undelivered is recorded; the run goes on"),
+            (self.expire_approvals, "approval expired; the run goes on without a decision"),
+        )
+        for check, said in checks:
+            if check is None:
+                continue
+            try:
+                resumed = check(now)
+            except RatchetError as error:
+                # A busy store, or a run moved on meanwhile: the next check tries again.
+                self.logger.warning(
+                    "approvals not checked",
+                    extra={"worker_id": self.worker_id, "error": str(error)},
+                )
+                continue
+            for run_id in resumed:
+                self.logger.info(said, extra={"run_id": run_id, "worker_id": self.worker_id})
 
     def _fire_schedules(self) -> None:
         if self.fire_schedules is None:

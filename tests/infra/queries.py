@@ -18,6 +18,7 @@ HANDLERS = {
     "record_wait": "ratchet_functions.record_wait.handler",
     "hooks": "ratchet_functions.hooks.handler",
     "schedule": "ratchet_functions.schedule.handler",
+    "sweep": "ratchet_functions.sweep.handler",
 }
 
 

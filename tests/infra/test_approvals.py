@@ -166,7 +166,8 @@ def test_only_the_approval_page_and_the_api_answer_parked_executions(
             assert statement["Resource"] == {"Ref": machine}, "this state machine only"
             answering.add(name)
 
-    assert answering == set(ANSWERS_EXECUTIONS) == {"approvals", "api"}
+    # The sweep answers what a dead waker left: a decision, a settled wait.
+    assert answering == set(ANSWERS_EXECUTIONS) == {"approvals", "api", "sweep"}
 
 
 def test_no_other_principal_may_answer_executions(synthesized: Synthesized) -> None:

@@ -16,10 +16,12 @@ from cdk.bundling import ARCHITECTURE, RUNTIME
 from cdk.config import DeployConfig
 from cdk.workflow import AslDefinition
 from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
+from ratchet.waiting.wakes import SWEEP_EVERY_SECONDS, WAKE_GRACE_SECONDS
 from tests.infra.queries import HANDLERS, environment, function_id, function_names
 from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
 
 CORE_FUNCTIONS = {
+    "sweep",
     "step",
     "notify",
     "decide",
@@ -62,6 +64,8 @@ UNCONFIGURED = {
     # Waits this long at most before trying a step queued for its agent's slot again; starts
     # the executions of the child runs a step starts; takes at most so many steps an invocation.
     "step": {"queue_retry_seconds", "state_machine_arn", "max_steps_per_invocation"},
+    # Restarts a sleeper whose waker died between the wake and the restart.
+    "sweep": {"state_machine_arn"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {
@@ -285,3 +289,16 @@ def test_a_configured_anthropic_key_reaches_the_step_and_the_api_only(
     for name in function_names(configured):
         given = environment(configured, name).get(contract.ANTHROPIC_SECRET_ARN)
         assert given == (ANTHROPIC_SECRET if name in {"step", "api"} else None), name
+
+
+def test_the_wake_sweep_runs_every_minute_and_nothing_retries_it(synthesized: Synthesized) -> None:
+    """The bound a dead waker's run waits within (ratchet.waiting.wakes): the grace and this
+    period. A failed run is not retried: the next minute's takes what it left."""
+    (rule,) = synthesized.of_type("AWS::Events::Rule").values()
+    props = rule["Properties"]
+    assert props["ScheduleExpression"] == f"rate({SWEEP_EVERY_SECONDS // 60} minute)"
+    assert props["State"] == "ENABLED"
+    (target,) = props["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [function_id(synthesized, "sweep"), "Arn"]}
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    assert SWEEP_EVERY_SECONDS + WAKE_GRACE_SECONDS <= 120, "a dead waker's run waits minutes"

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from cdk.stack import TABLES_USED
-from ratchet.adapters.dynamodb.items import RUNS_INDEX
+from ratchet.adapters.dynamodb.items import RUNS_INDEX, WAKES_INDEX
 from tests.infra.queries import (
     as_list,
     function_id,
@@ -95,9 +95,11 @@ def test_each_function_reaches_only_its_tables(synthesized: Synthesized) -> None
     for name in function_names(synthesized):
         statements = statements_of_function(synthesized, name)
         expected = {ids[role] for role in TABLES_USED[name]}
-        if name == "api":
-            # A page of runs queries the runs index, and nothing else reads it (or may).
-            expected.add(f"{ids['checkpoints']}/index/{RUNS_INDEX.name}")
+        # A page of runs queries the runs index, the sweep the wakes index, and nothing else
+        # reads either (or may).
+        index = {"api": RUNS_INDEX.name, "sweep": WAKES_INDEX.name}.get(name)
+        if index is not None:
+            expected.add(f"{ids['checkpoints']}/index/{index}")
             (index_statement,) = [s for s in statements if "/index/" in json.dumps(s["Resource"])]
             assert as_list(index_statement["Action"]) == ["dynamodb:Query"]
         assert _dynamodb_tables(statements) == expected, name
@@ -107,9 +109,11 @@ BLOB_ACTIONS = {
     "step": ["s3:GetObject", "s3:PutObject"],
     "open_wait": ["s3:GetObject"],
     "hooks": ["s3:GetObject", "s3:PutObject"],
+    "sweep": ["s3:GetObject"],
 }
-"""The step stores and reads blobs; open_wait reads an event's large payload to check it; the
-hooks function stores a delivery's large payload (and reads it back to check it)."""
+"""The step stores and reads blobs; open_wait and the sweep read an event's large payload to
+check it; the hooks function stores a delivery's large payload (and reads it back to check
+it)."""
 
 
 def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix(
@@ -131,11 +135,12 @@ def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix
         assert synthesized.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
 
 
-def test_only_the_api_and_the_step_start_executions_of_this_state_machine(
+def test_only_the_api_the_sweep_and_the_step_start_executions_of_this_state_machine(
     synthesized: Synthesized,
 ) -> None:
-    """The API starts runs; the step starts child runs (`start_runs`), on this machine by its
-    name (its ARN would make the machine and the step depend on each other)."""
+    """The API starts runs (and restarts a sleeper it wakes), the sweep restarts a sleeper
+    whose waker died; the step starts child runs (`start_runs`), on this machine by its name
+    (its ARN would make the machine and the step depend on each other)."""
     (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
     for function in function_names(synthesized) - {"rollover", "step"}:
         starts = [
@@ -143,7 +148,7 @@ def test_only_the_api_and_the_step_start_executions_of_this_state_machine(
             for s in statements_of_function(synthesized, function)
             if "states:StartExecution" in as_list(s["Action"])
         ]
-        if function == "api":
+        if function in ("api", "sweep"):
             assert [s["Resource"] for s in starts] == [{"Ref": machine}]
         else:
             assert starts == []

@@ -33,12 +33,22 @@ class Aws:
             SETTINGS.model_copy(update={"blob_bucket": BUCKET}), client, s3=s3
         )
         self.nudged: list[tuple[RunState, WaitSettled]] = []
+        self.owed: list[tuple[str, int, str]] = []
+        self.resumed: list[tuple[str, int]] = []
+
+    def owe(self, run_id: str, step: int, how: str) -> None:
+        self.owed.append((run_id, step, how))
+
+    def __call__(self, head: RunState, settled: WaitSettled) -> None:
+        self.nudged.append((head, settled))
+
+    def resume(self, run_id: str, step: int) -> bool:
+        self.resumed.append((run_id, step))
+        return False
 
     def desk(self) -> EventDesk:
         engine = self.runtime.engine(worker_id="api", logger=LOG)
-        return self.runtime.event_desk(
-            engine, lambda head, settled: self.nudged.append((head, settled))
-        )
+        return self.runtime.event_desk(engine, self)
 
     def start(self, run_id: str = "run-1") -> str:
         state = RunState(
@@ -78,6 +88,8 @@ def test_an_event_sent_during_the_wait_settles_it_once_and_wakes_the_execution(a
     assert (sent.status, sent.duplicate, sent.event.consumed_step) == ("delivered", False, 1)
     assert (again.status, again.duplicate) == ("delivered", True)
     [(head, settled)] = aws.nudged
+    assert aws.owed == [(run_id, 1, "event")], "marked owed before it was settled"
+    assert aws.resumed == [(run_id, 1)], "the retry answers the execution again, if parked"
     assert head.status is RunStatus.RUNNING
     assert (settled.how, settled.event_id, settled.payload) == ("event", "gh-1", PASSED)
     done = aws.work(run_id)

@@ -37,7 +37,7 @@ from ratchet.client import Client as RatchetClient
 from ratchet.engine import Engine
 from ratchet.errors import AnswerInvalid, ApprovalClosed, ApprovalDecided, StoreBusy
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.runtime.local_approvals import LocalResumer
+from ratchet.runtime.local_approvals import LocalResumer, delivery_time
 from ratchet.runtime.services import local_runs_services
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext, ToolResult, ask_person
@@ -1215,3 +1215,81 @@ def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a
     assert (response.status_code, title(response)) == (409, "The run is no longer waiting")
     assert local.approval(parked).status is ApprovalStatus.CLOSED
     assert decisions(local, parked.run_id) == [(False, "bob", "")]
+
+
+# --- a decider that dies (or stalls) between settling the request and recording it -----------
+
+
+def delivering_worker(local: Local, now: datetime) -> Worker:
+    """A worker whose clock says `now`, recording decisions left undelivered as `ratchet
+    worker` does."""
+    engine = local.engine
+    return Worker(
+        engine,
+        local.runtime.leases,
+        LOG,
+        clock=Clock(now),
+        deliver_decisions=local.runtime.decision_delivery(engine),
+    )
+
+
+def test_a_decision_settled_and_never_recorded_is_recorded_once_after_a_decider_could_have(
+    local, parked
+):
+    # Given a request settled by a decider that died before recording it on the run
+    decided_at = local.clock.now
+    verdict = Verdict(approved=True, by="dana", comment="ok", answer=None)
+    local.desk.book.settle(parked.approval, verdict, channel="cli", at=decided_at)
+    waiting = local.head(parked.run_id)
+    longest = delivery_time(local.runtime.db.busy_timeout)
+
+    # When a worker looks while a live decider could still be recording it, nothing changes
+    delivering_worker(local, decided_at + longest).run(until_idle=True)
+    assert local.head(parked.run_id).version == waiting.version
+
+    # When a worker looks after that, it records the decision, and the run goes on
+    delivering_worker(local, decided_at + longest + timedelta(seconds=1)).run(until_idle=True)
+    delivering_worker(local, decided_at + longest + timedelta(seconds=9)).run(until_idle=True)
+
+    decided = [
+        c.event
+        for c in local.runtime.store.list_checkpoints(parked.run_id)
+        if isinstance(c.event, PersonDecided)
+    ]
+    assert [(d.approved, d.by, d.comment) for d in decided] == [(True, "dana", "ok")]
+    assert local.head(parked.run_id).summary == "finished after: Approved by dana: ok"
+    assert local.approval(parked).status is ApprovalStatus.APPROVED
+
+
+def test_a_decider_that_comes_back_after_a_worker_recorded_its_decision_is_told_it_stands(
+    local, parked
+):
+    # Given a decider frozen between its settle and its record, and a worker recording the
+    # decision meanwhile (given up for dead)
+    class Slow:
+        def __init__(self, real: LocalResumer) -> None:
+            self.real = real
+
+        def resume(self, approval: Approval, verdict: Verdict, run: RunState) -> RunState:
+            worker_now = local.clock.now + delivery_time(local.runtime.db.busy_timeout)
+            local.runtime.decision_delivery(local.engine)(worker_now + timedelta(seconds=1))
+            return self.real.resume(approval, verdict, run)
+
+    desk = dataclasses.replace(local.desk, resumer=Slow(LocalResumer(local.engine)))
+    query = dict(parse_qsl(urlsplit(parked.link).query))
+
+    # When the decider comes back and records
+    shown = desk.decide_by_link(
+        desk.view(parked.approval.approval_id, query), approved=True, comment="go"
+    )
+
+    # Then it is told the decision stands, recorded once, and the request keeps who decided
+    assert shown.approval.status is ApprovalStatus.APPROVED
+    decided = [
+        c.event
+        for c in local.runtime.store.list_checkpoints(parked.run_id)
+        if isinstance(c.event, PersonDecided)
+    ]
+    assert [(d.approved, d.by) for d in decided] == [(True, OPERATOR)]
+    assert local.approval(parked).status is ApprovalStatus.APPROVED
+    assert local.approval(parked).decided_by == OPERATOR

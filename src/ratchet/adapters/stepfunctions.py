@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from botocore.exceptions import ClientError
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from mypy_boto3_stepfunctions import SFNClient
+
+    from ratchet.adapters.dynamodb.waits import ParkedWait
+    from ratchet.ports import WakeHow
 
 # --- execution names ------------------------------------------------------------------------------
 
@@ -268,25 +271,40 @@ _BUSY = ("ThrottlingException", "ServiceUnavailable", "InternalFailure")
 
 
 class WaitTokens(Protocol):
-    """Where the token of each execution parked on an event wait is kept (`AwsWaitTokens`)."""
+    """Where the token of each execution parked on an event wait is kept, and the wake owed
+    to it marked (`AwsWaitTokens`)."""
 
-    def task_token(self, run_id: str, step: int) -> str | None: ...
+    def look(self, run_id: str, step: int) -> ParkedWait: ...
 
     def forget(self, run_id: str, step: int, task_token: str) -> None: ...
 
+    def owe(self, run_id: str, step: int, how: WakeHow, *, at: datetime) -> None: ...
+
+    def clear_owed(self, run_id: str, step: int) -> None: ...
+
 
 class StepFunctionsNudge:
-    """`Nudge` on AWS: wakes the execution parked on a wait the event desk settled.
+    """`Nudge` on AWS: wakes the execution parked on a wait a desk settled.
+
+    Before the desk settles, `owe` marks the wait's item: a wake is owed from then until the
+    answer drops the mark, so a desk that dies in between (or whose answer is throttled past
+    its retries) leaves the mark for the sweep (`ratchet.waiting.wakes`), which answers later.
 
     An event wait's (and a children wait's) execution waits for its task token
-    (`AwaitEvent`): the nudge answers it
-    with SendTaskSuccess and drops it; the execution goes on to `Step`, which finds the run
-    runnable. A token whose task is over (answered by open_wait itself, timed out, stopped)
-    means the execution moved on: nothing to do. A sleeping execution sits in a `Wait` state,
-    which nothing can interrupt: a run woken early (`how == "woken"`) has its execution
-    restarted instead (`relaunch`: the successor starts, the sleeper is stopped). Failures
-    are `StoreBusy` for now; the desk has settled the wait durably either way, and a parked
-    execution left unwoken finds it settled when its park ends."""
+    (`AwaitEvent`): the nudge answers it with SendTaskSuccess and drops it with the mark; the
+    execution goes on to `Step`, which finds the run runnable. A token whose task is over
+    (answered by open_wait itself, or by another waker, timed out, stopped) means the
+    execution moved on: nothing to do. Answering twice is harmless for the same reason: the
+    second answer finds the task over, and an execution woken while its run still waits
+    (never the case for a settled wait) would only find it waiting in `Step` and park again.
+    No token kept: no execution is parked there yet, and the one that parks looks at the run
+    after keeping its token (open_wait), so the mark is dropped.
+
+    A sleeping execution sits in a `Wait` state, which nothing can interrupt: a run woken
+    early (`how == "woken"`) has its execution restarted instead (`relaunch`: the successor
+    starts, the sleeper is stopped), and the mark is dropped after it. Failures are
+    `StoreBusy` for now; the desk has settled the wait durably either way, and the mark stays
+    for the sweep."""
 
     def __init__(
         self,
@@ -294,24 +312,34 @@ class StepFunctionsNudge:
         stepfunctions: SFNClient | None,
         *,
         relaunch: Callable[[str], object] | None = None,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._tokens = tokens
         self._sfn = stepfunctions
         self._relaunch = relaunch
+        self._clock = clock
+
+    def owe(self, run_id: str, step: int, how: WakeHow) -> None:
+        self._tokens.owe(run_id, step, how, at=self._clock())
 
     def __call__(self, head: RunState, settled: WaitSettled) -> None:
         if settled.how in ("event", "timeout", "children"):
             self.resume(head.run_id, settled.step)
         elif settled.how == "woken" and self._relaunch is not None:
             self._relaunch(head.run_id)
+            self._tokens.clear_owed(head.run_id, settled.step)
 
     def resume(self, run_id: str, step: int) -> bool:
         """Answer the execution parked on the run's event wait at `step`, if one is: True if
-        a token was kept (answered now, or found over), False if none was."""
+        a token was kept (answered now, or found over), False if none was. Either way the
+        wake owed there is paid."""
         if self._sfn is None:
             raise RuntimeError("this runtime was built without a Step Functions client")
-        token = self._tokens.task_token(run_id, step)
+        parked = self._tokens.look(run_id, step)
+        token = parked.token
         if token is None:
+            if parked.owed:
+                self._tokens.clear_owed(run_id, step)
             return False
         try:
             self._sfn.send_task_success(taskToken=token, output=WAIT_SETTLED_OUTPUT)

@@ -6,6 +6,13 @@ verified Slack user, the API caller), settles the approval with one conditional 
 then delivers the answer to the run. If delivery fails for now, the approval is reopened; if
 the run can no longer take it (the task timed out), it is marked expired. The same code runs
 on both runtimes; the ports differ.
+
+A decider that dies between the settling write and the delivery leaves the approval decided
+and the run waiting; no one would decide it again (the request says who decided). The sweep
+delivers it: on AWS the settled item is marked as owing its execution a wake
+(`ratchet.adapters.dynamodb.wakes`), locally a worker records what a request decided longer
+ago than a delivery can take on a run that still waits at its step
+(`ratchet.runtime.local_approvals.deliver_undelivered`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from ratchet.errors import (
     RunNotFound,
     StaleVersion,
 )
+from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import ApprovalBook, CheckpointStore, Notifier, Resumer
 from ratchet.state import (
     ApprovalRequest,
@@ -94,6 +102,7 @@ class ApprovalDesk:
     notifiers: Sequence[Notifier] = ()
     default_targets: NotifyTargets = field(default_factory=NotifyTargets)
     clock: Callable[[], datetime] = utcnow
+    faults: FaultPlan = NO_FAULTS
 
     # --- opening ---------------------------------------------------------------------------
 
@@ -233,7 +242,7 @@ class ApprovalDesk:
 
     @property
     def _decider(self) -> Decider:
-        return Decider(self.book, self.resumer, self.store, self.clock)
+        return Decider(self.book, self.resumer, self.store, self.clock, self.faults)
 
     def _find(self, run_id: str, approval_id: str) -> Approval:
         approval = self.book.get(run_id, approval_id)
@@ -259,6 +268,7 @@ class Decider:
     resumer: Resumer
     store: CheckpointStore
     clock: Callable[[], datetime] = utcnow
+    faults: FaultPlan = NO_FAULTS
 
     def decide_run(self, run_id: str, verdict: Verdict, *, channel: str) -> ApprovalView:
         """Decide whatever the run waits for (the runs API, the CLI, the Python client):
@@ -340,9 +350,15 @@ class Decider:
             if current is None or not current.status.is_decided:
                 raise
             raise ApprovalDecided(decided_text(current)) from None
+        self.faults.hit(FaultPoint.AFTER_WAIT_SETTLED, approval.step)
         try:
             resumed = self.resumer.resume(settled, verdict, run)
         except (ApprovalClosed, ApprovalExpired) as over:
+            recorded = self._recorded(settled, since=run.version)
+            if recorded is not None:
+                # This decider was slow (frozen, or its writes waited for the store), and a
+                # worker recorded the decision it left for dead: delivered all the same.
+                return ApprovalView(settled, recorded, asked.recipient)
             # For good: the run stopped waiting, or its parked task timed out or was closed.
             # The request is over, and the page says so.
             self.book.reopen(settled)
@@ -365,6 +381,21 @@ class Decider:
         if run is None:
             raise RunNotFound(run_id)
         return run
+
+    def _recorded(self, settled: Approval, *, since: int) -> RunState | None:
+        """The run's head if it recorded `settled`'s decision at its step after version
+        `since`, by whomever; None if it did not."""
+        verdict = settled.verdict()
+        for checkpoint in self.store.list_checkpoints(settled.run_id, after=since):
+            event = checkpoint.event
+            if (
+                verdict is not None
+                and checkpoint.step == settled.step
+                and isinstance(event, PersonDecided)
+                and (event.approved, event.by) == (verdict.approved, verdict.by)
+            ):
+                return self.store.load_head(settled.run_id)
+        return None
 
     def _asked(self, run: RunState) -> ApprovalView:
         """The pending request of the step the run is at, with the run: what a caller that

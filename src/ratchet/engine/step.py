@@ -190,6 +190,11 @@ class Engine:
     def worker_id(self) -> str:
         return self._worker_id
 
+    @property
+    def faults(self) -> FaultPlan:
+        """The faults this engine injects; the desks that settle with it inject them too."""
+        return self._faults
+
     def attach_children(self, children: ChildRuns) -> None:
         """Let this engine's runs start child runs through `children` (which settles
         parents' waits with this engine, so it is built after it)."""

@@ -135,6 +135,7 @@ def approval_desk() -> ApprovalDesk:
         link_key=_secret(config.required_for_approvals("link_key_secret_arn")),
         ses=boto3.client("sesv2", config=_CLIENT_CONFIG) if config.email_sender else None,
         slack_bot_token=_secret(token) if token else None,
+        faults=faults(),
     )
 
 

@@ -59,6 +59,7 @@ from ratchet.runtime.models import Bindings
 from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waiting.desk import EventDesk, Nudge
+from ratchet.waiting.wakes import WakeSweep
 from ratchet.waits import Verdict
 
 if TYPE_CHECKING:
@@ -188,6 +189,7 @@ class AwsRuntime:
             create=create,
             nudge=self.nudge() if self._stepfunctions is not None else None,
             logger=logger,
+            faults=engine.faults,
         )
 
     def before_prepare(self) -> None:
@@ -262,6 +264,32 @@ class AwsRuntime:
             engine=engine,
             events_of=declared_events,
             nudge=nudge,
+            faults=engine.faults,
+        )
+
+    def wake_sweep(self, engine: Engine, *, logger: Any) -> WakeSweep:
+        """The sweep of the wakes owed (`ratchet.waiting.wakes`), settling with `engine`
+        where a waker died before its settling write."""
+        from ratchet.adapters.dynamodb.approvals import APPROVAL_PREFIX
+        from ratchet.adapters.dynamodb.waits import wait_step
+        from ratchet.adapters.dynamodb.wakes import AwsOwedWakes
+
+        book = self.approvals()
+        children = self.child_runs(engine, worker_id=engine.worker_id, logger=logger)
+        return WakeSweep(
+            owed=AwsOwedWakes(self.dynamodb, self.settings.checkpoints_table),
+            store=self.store,
+            nudge=self.nudge(),
+            deliver=self.event_desk(engine).deliver,
+            settle_children=children.settle,
+            relaunch=self.relaunch,
+            approvals=book,
+            resumer=self.resumer(book),
+            wait_step=wait_step,
+            approval_id=lambda sk: (
+                sk.removeprefix(APPROVAL_PREFIX) if sk.startswith(APPROVAL_PREFIX) else None
+            ),
+            logger=logger,
         )
 
     def resumer(self, book: AwsApprovals) -> StepFunctionsResumer:
@@ -336,7 +364,12 @@ class AwsRuntime:
         return found
 
     def approval_desk(
-        self, *, link_key: SecretStr, ses: Any = None, slack_bot_token: SecretStr | None = None
+        self,
+        *,
+        link_key: SecretStr,
+        ses: Any = None,
+        slack_bot_token: SecretStr | None = None,
+        faults: FaultPlan = NO_FAULTS,
     ) -> ApprovalDesk:
         """The desk that opens approval requests and takes decisions, its links signed with
         `link_key`, with the notifiers the deployment configured (SES, Slack; none is an error
@@ -363,6 +396,7 @@ class AwsRuntime:
             default_targets=NotifyTargets(
                 email=config.notify_emails, slack_channel=config.notify_slack_channel
             ),
+            faults=faults,
         )
 
     def start_execution(self, run_id: str, *, logger: Any) -> str:
@@ -453,7 +487,7 @@ class AwsRuntime:
 
         engine = self.engine(worker_id=worker_id, logger=logger)
         book = self.approvals()
-        Decider(book, self.resumer(book), self.store).decide_or_record(
+        Decider(book, self.resumer(book), self.store, faults=engine.faults).decide_or_record(
             run_id,
             verdict,
             channel=channel,

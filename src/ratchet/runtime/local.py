@@ -53,7 +53,12 @@ from ratchet.limits import (
     parse_overrides,
 )
 from ratchet.runs import RunRequest, new_run
-from ratchet.runtime.local_approvals import LocalResumer, expire_overdue
+from ratchet.runtime.local_approvals import (
+    LocalResumer,
+    deliver_undelivered,
+    delivery_time,
+    expire_overdue,
+)
 from ratchet.schedules import Starter, fire_due
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
@@ -345,7 +350,12 @@ class LocalRuntime:
             Client(self, agents=agents, worker_id=worker_id, logger=logger).create(state)
 
         return ChildRunDesk(
-            store=self.store, engine=engine, new_run=check, create=create, logger=logger
+            store=self.store,
+            engine=engine,
+            new_run=check,
+            create=create,
+            logger=logger,
+            faults=engine.faults,
         )
 
     def bind(self, state: RunState) -> Binding:
@@ -367,6 +377,7 @@ class LocalRuntime:
             signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
             public_url=self.settings.public_url,
             notifiers=[self.outbox],
+            faults=FaultPlan.parse(self.settings.fault),
         )
 
     @property
@@ -407,6 +418,7 @@ class LocalRuntime:
             on_step=on_step,
             on_wait=on_wait,
             expire_approvals=self.approval_expiry(engine),
+            deliver_decisions=self.decision_delivery(engine),
             settle_waits=self.wait_settler(engine),
             limits=self.limits(),
             fire_schedules=self.schedule_firer(
@@ -454,6 +466,7 @@ class LocalRuntime:
             on_step=on_step,
             on_wait=on_wait,
             expire_approvals=self.approval_expiry(engine),
+            deliver_decisions=self.decision_delivery(engine),
             settle_waits=self.wait_settler(engine),
             limits=self.limits(),
         )
@@ -517,13 +530,21 @@ class LocalRuntime:
         book = self.approvals
         return lambda now: expire_overdue(book, engine, now)
 
+    def decision_delivery(self, engine: Engine) -> Callable[[datetime], list[str]]:
+        """What a worker calls to record the decisions their deciders left undelivered (its
+        `deliver_decisions`), with `engine`: those older than a live decider can take."""
+        book, after = self.approvals, delivery_time(self.db.busy_timeout)
+        return lambda now: deliver_undelivered(book, engine, now, after=after)
+
     def decide(
         self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any
     ) -> None:
         """Through the run's open approval request, so its links and page show the decision;
         a run parked by a worker that died before opening one is decided directly."""
-        engine = self.engine(worker_id=worker_id, logger=logger)
-        decider = Decider(self.approvals, LocalResumer(engine), self.store)
+        engine = self.engine(
+            worker_id=worker_id, logger=logger, faults=FaultPlan.parse(self.settings.fault)
+        )
+        decider = Decider(self.approvals, LocalResumer(engine), self.store, faults=engine.faults)
         decider.decide_or_record(
             run_id,
             verdict,

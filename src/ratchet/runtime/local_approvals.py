@@ -1,11 +1,12 @@
 """Approvals on the local runtime: a decision is recorded by the engine, and the next free
 worker picks the run up, as `ratchet approve` does. A request nobody answers in time expires
 as on AWS: the worker records what `RecordDecision` records after the state machine's
-`ApprovalExpired` branch."""
+`ApprovalExpired` branch. A decision whose decider died between settling the request and
+recording it on the run is recorded by a worker (`deliver_undelivered`)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.engine import Engine
@@ -16,6 +17,15 @@ from ratchet.waits import Approval, ApprovalStatus, Verdict, expired_verdict
 RESUME_TRIES = 3
 """Writes of the decision before the resume gives up on a head that keeps moving: the first
 on the head the desk read, each later one on the head read again (each move is a commit)."""
+DELIVERY_MARGIN_SECONDS = 5.0
+
+
+def delivery_time(busy_timeout: float) -> timedelta:
+    """The longest a live decider takes from settling a request to recording it on the run:
+    each of its writes waits at most the store's busy timeout for the lock. A decision older
+    than this that the run does not have was left by a decider that died (or froze: if it
+    comes back, it finds the decision recorded, `Decider.decide`, and says it was)."""
+    return timedelta(seconds=RESUME_TRIES * busy_timeout + DELIVERY_MARGIN_SECONDS)
 
 
 class LocalResumer:
@@ -61,4 +71,24 @@ def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> l
         except NotWaiting:
             pass
         book.close(approval.run_id, approval.step, ApprovalStatus.EXPIRED, at=now)
+    return resumed
+
+
+def deliver_undelivered(
+    book: SqliteApprovalBook, engine: Engine, now: datetime, *, after: timedelta
+) -> list[str]:
+    """Record every decision a person took longer than `after` ago (`delivery_time`) that
+    its run, still waiting at the request's step, never got: its decider settled the request,
+    then died before recording it. The record is the engine's one conditional write, as the
+    decider's would have been. Returns the runs that go on."""
+    resumed: list[str] = []
+    for approval in book.undelivered(decided_before=now - after):
+        verdict = approval.verdict()
+        if verdict is None:
+            continue
+        try:
+            engine.decide_waiting(approval.run_id, verdict, step=approval.step)
+        except (NotWaiting, StaleVersion):
+            continue  # recorded meanwhile (the decider came back), or the run moved on
+        resumed.append(approval.run_id)
     return resumed

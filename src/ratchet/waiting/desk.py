@@ -13,7 +13,10 @@ for its name takes it (the next step that waits for it, or a worker's sweep).
 
 Locally the run is then runnable and the next free worker picks it up; on AWS the parked
 execution is woken (`Nudge`: its task token answered), or its wait task, opening after the
-event, finds the run settled and goes straight on.
+event, finds the run settled and goes straight on. The settling and the waking are two
+writes to two systems: the desk marks the wake as owed before it settles (`Nudge.owe`), so
+that one who dies in between leaves the mark for the sweep (`ratchet.waiting.wakes`), and a
+sender's retry of a delivered event answers the execution again if it is still parked.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from ratchet.errors import (
     StaleVersion,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
-from ratchet.ports import BlobStore, CheckpointStore, Consumption, Mailbox, WaitBook
+from ratchet.ports import BlobStore, CheckpointStore, Consumption, Mailbox, WaitBook, WakeHow
 from ratchet.state import (
     EVENT_NAME_PATTERN,
     INLINE_BYTES,
@@ -88,9 +91,26 @@ class Settles(Protocol):
     ) -> RunState: ...
 
 
-Nudge = Callable[[RunState, WaitSettled], None]
-"""Told of each wait the desk settled, with the run's new head: on AWS it wakes the parked
-execution; locally nothing is needed (the run is runnable, a worker picks it up)."""
+class Nudge(Protocol):
+    """What wakes the execution parked on a run's wait once a desk settled it: on AWS its
+    task token answered, or a sleeper restarted (`StepFunctionsNudge`). Locally nothing is
+    parked (the run is runnable, a worker picks it up) and the desks have none."""
+
+    def owe(self, run_id: str, step: int, how: WakeHow) -> None:
+        """Just before the wait at `step` is settled: mark the wake as owed, so that if the
+        waker dies before `__call__` answers, the sweep finds the execution still to wake."""
+        ...
+
+    def __call__(self, head: RunState, settled: WaitSettled) -> None:
+        """The wait is settled (`head` is the run's new head): wake its execution, and pay
+        the wake owed."""
+        ...
+
+    def resume(self, run_id: str, step: int) -> bool:
+        """Answer an execution still parked on the run's wait at `step`, which a waker
+        settled (a later actor finding it settled, or the sweep): True if one was parked."""
+        ...
+
 
 SentStatus = Literal["delivered", "queued", "refused"]
 
@@ -157,9 +177,13 @@ class EventDesk:
         known = self.mailbox.get(run_id, event_id)
         if known is not None:
             # A sender's retry: the same answer, and a second chance to deliver it if the
-            # first sender stopped short of that.
+            # first sender stopped short of that, or to wake the run if it stopped short of
+            # waking it (it settled the wait, then died).
             self.deliver(run_id)
-            return Sent(self.mailbox.get(run_id, event_id) or known, duplicate=True)
+            event = self.mailbox.get(run_id, event_id) or known
+            if event.consumed_step is not None:
+                self._rewake(run_id, event.consumed_step)
+            return Sent(event, duplicate=True)
         if run.is_finished:
             raise RunEnded(
                 f"run {run_id!r} is {run.status.value}: it takes no more events "
@@ -219,6 +243,7 @@ class EventDesk:
                     self.mailbox.refuse(run_id, event.event_id, str(refused))
                     continue
             settled = event_arrived(wait, run.step, event)
+            self._owe(run_id, run.step, "event")
             try:
                 head = self.engine.decide_waiting(
                     run,
@@ -230,6 +255,7 @@ class EventDesk:
                 # Another writer moved the run first (a timeout, another sender, a cancel):
                 # read it again; what it waits for now decides.
                 continue
+            self.faults.hit(FaultPoint.AFTER_WAIT_SETTLED, run.step)
             self._nudge(head, settled)
             return head
         return None
@@ -274,20 +300,35 @@ class EventDesk:
             what = "an event" if isinstance(waiting.request, EventWait) else "a person"
             raise NotSleeping(f"run {run_id!r} waits for {what}, not a time: it cannot be woken")
         settled = timer_woken(waiting.request, run.step, self.clock(), by=by)
+        self._owe(run_id, run.step, "woken")
         try:
             head = self.engine.decide_waiting(run, settled, step=run.step)
         except (NotWaiting, StaleVersion):
             raise NotSleeping(f"run {run_id!r} stopped sleeping meanwhile") from None
+        self.faults.hit(FaultPoint.AFTER_WAIT_SETTLED, run.step)
         self._nudge(head, settled)
         return head
+
+    def _owe(self, run_id: str, step: int, how: WakeHow) -> None:
+        # Before the settling write: a waker that dies after it leaves the mark behind. A
+        # mark whose settling then fails (another writer moved the run first) is the sweep's
+        # to clear; it finds nothing to wake.
+        if self.nudge is not None:
+            self.nudge.owe(run_id, step, how)
 
     def _nudge(self, head: RunState, settled: WaitSettled) -> None:
         if self.nudge is None:
             return
-        # Settled and durable whatever happens here: a parked execution left unwoken finds
-        # the run settled at its own timeout, or a sender's retry wakes it.
+        # Settled and durable whatever happens here: the wake stays owed (marked), and a
+        # sender's retry or the sweep answers the parked execution.
         with suppress(RatchetError):
             self.nudge(head, settled)
+
+    def _rewake(self, run_id: str, step: int) -> None:
+        if self.nudge is None:
+            return
+        with suppress(RatchetError):  # the sweep tries again
+            self.nudge.resume(run_id, step)
 
     def _head(self, run_id: str) -> RunState:
         run = self.store.load_head(run_id)

@@ -10,6 +10,11 @@ Items live in the checkpoints table, in the run's partition: `run_id`, `sk =
 APPROVAL#<approval id>`, with `status` (what conditions test), `record` (the `Approval` as
 JSON), `task_token` until the decision, and `expires_at` (the table's TTL attribute: the
 request's deadline plus the checkpoint retention, so a decided request stays inspectable).
+
+The write that settles an item also marks it as owing its execution a wake (the keys of the
+`wakes-owed` index, `ratchet.adapters.dynamodb.wakes`), and dropping the token drops the mark:
+a decider that dies between its decision and the answer leaves the mark for the sweep, which
+answers the execution with the decision the item records.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE, error_code, translated_errors
+from ratchet.adapters.dynamodb.wakes import CLEARED, MARKED, mark_values
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 
@@ -107,7 +113,7 @@ class AwsApprovals:
         # Pending -> decided, once: of two clicks, two channels or a replayed POST, the
         # first write wins and every later one fails this condition and changes nothing.
         try:
-            self._set(settled, expect=ApprovalStatus.PENDING)
+            self._set(settled, expect=ApprovalStatus.PENDING, owe_wake_at=at)
         except ClientError as error:
             if error_code(error) != "ConditionalCheckFailedException":
                 raise
@@ -160,30 +166,46 @@ class AwsApprovals:
 
     @translated_errors
     def forget_token(self, run_id: str, approval_id: str) -> None:
+        """Drop the token (answered, or its task over) and the wake owed with it."""
         self._client.update_item(
             TableName=self._table,
             Key=self._key(run_id, approval_id),
-            UpdateExpression="REMOVE task_token",
+            UpdateExpression=f"{CLEARED}, task_token",
             ConditionExpression="attribute_exists(sk)",
         )
 
     # --- items -----------------------------------------------------------------------------
 
-    def _set(self, approval: Approval, *, expect: ApprovalStatus, drop_token: bool = False) -> None:
-        update = "SET #s = :new, #r = :record"
-        if drop_token:
-            update += " REMOVE task_token"
+    def _set(
+        self,
+        approval: Approval,
+        *,
+        expect: ApprovalStatus,
+        drop_token: bool = False,
+        owe_wake_at: datetime | None = None,
+    ) -> None:
+        """Move the item from `expect` to `approval`'s status. A decision (`owe_wake_at`)
+        marks the wake it owes its parked execution; any other move drops a mark, with the
+        token when `drop_token`: a reopened request owes nothing, a closed one has no task."""
+        values: dict[str, AttributeValueTypeDef] = {
+            ":new": {"S": approval.status.value},
+            ":record": {"S": approval.model_dump_json()},
+            ":expected": {"S": expect.value},
+        }
+        if owe_wake_at is not None:
+            update = f"SET #s = :new, #r = :record, {MARKED}"
+            values.update(mark_values(approval.run_id, "decided", owe_wake_at))
+        else:
+            update = f"SET #s = :new, #r = :record {CLEARED}"
+            if drop_token:
+                update += ", task_token"
         self._client.update_item(
             TableName=self._table,
             Key=self._key(approval.run_id, approval.approval_id),
             UpdateExpression=update,
             ConditionExpression="#s = :expected",
             ExpressionAttributeNames={"#s": "status", "#r": "record"},
-            ExpressionAttributeValues={
-                ":new": {"S": approval.status.value},
-                ":record": {"S": approval.model_dump_json()},
-                ":expected": {"S": expect.value},
-            },
+            ExpressionAttributeValues=values,
         )
 
     @staticmethod

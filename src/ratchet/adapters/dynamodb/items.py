@@ -64,8 +64,19 @@ RUNS_INDEX = IndexSpec(
 """Run heads by status and last change (`DynamoDbCheckpointStore.list_page`): only head items
 carry its keys, so it holds one small item per run, never a step record."""
 
+WAKES_INDEX = IndexSpec(
+    "wakes-owed",
+    partition_key="wake_pk",
+    sort_key="wake_sk",
+    projected=("wake_how",),
+)
+"""Settled waits whose parked execution may not have been answered yet, oldest first
+(`ratchet.adapters.dynamodb.wakes`): only a wait item or an approval item carries its keys, from
+just before a waker settles the wait until the execution is answered, so it holds nothing but
+wakes still owed, and the sweep reads those alone."""
+
 TABLES: Mapping[str, TableSpec] = {
-    "checkpoints": TableSpec("run_id", "sk", TTL_ATTRIBUTE, (RUNS_INDEX,)),
+    "checkpoints": TableSpec("run_id", "sk", TTL_ATTRIBUTE, (RUNS_INDEX, WAKES_INDEX)),
     "idempotency": TableSpec("key", None, TTL_ATTRIBUTE),
     "app": TableSpec("pk", "sk", None),
 }

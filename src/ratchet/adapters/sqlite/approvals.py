@@ -6,6 +6,7 @@ from datetime import datetime
 
 from ratchet.adapters.sqlite.database import APPROVALS_SCHEMA, SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalExpired, ApprovalNotFound
+from ratchet.state import RunStatus
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 
 
@@ -54,6 +55,26 @@ class SqliteApprovalBook:
         ).fetchall()
         return sorted(
             (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
+        )
+
+    def undelivered(self, *, decided_before: datetime) -> list[Approval]:
+        """Requests a person approved or rejected before `decided_before` whose run still
+        waits at their step: decided, and the decision never reached the run (its decider
+        died in between). Read from the waiting runs, so it costs what they number."""
+        rows = self._db.connection.execute(
+            "SELECT a.record FROM runs AS r JOIN approvals AS a "
+            "ON a.run_id = r.run_id AND a.step = r.step "
+            "WHERE r.status = ? AND a.status IN (?, ?)",
+            (
+                RunStatus.WAITING.value,
+                ApprovalStatus.APPROVED.value,
+                ApprovalStatus.REJECTED.value,
+            ),
+        ).fetchall()
+        found = (Approval.model_validate_json(r[0]) for r in rows)
+        return sorted(
+            (a for a in found if a.decided_at is not None and a.decided_at < decided_before),
+            key=lambda a: a.created_at,
         )
 
     def settle(
