@@ -798,12 +798,12 @@ class Client:
         """Pause the schedule (its fires are skipped until it is resumed), or resume it (it
         fires next at its first time from now). `InvalidInput` if there is no such schedule."""
         book = self._schedules()
-        for _ in range(3):  # a worker may move it on meanwhile: read it again
+        for _ in range(3):  # a fire, a pause or a resume may land meanwhile: read it again
             schedule = book.get(name)
             if schedule is None:
                 raise ScheduleNotFound("name", f"no schedule named {name!r}")
             changed = paused(schedule, utcnow(), pause=pause)
-            if book.replace(changed, expected_next=schedule.next_fire):
+            if book.replace(changed, expected=schedule):
                 return changed
         raise InvalidInput(f"name: schedule {name!r} kept changing; try again")
 

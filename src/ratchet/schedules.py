@@ -13,7 +13,9 @@ instant fires at most once.
 Each fire starts a run whose id derives from the schedule and the fire time
 (`nightly-20261201T020000Z`), so a fire delivered twice, or by two workers, starts one run.
 A fire missed while no worker ran is made up once, for the latest missed time, when a worker
-comes back (not once per missed time); a fire due while the schedule is paused is skipped.
+comes back (not once per missed time); a fire due while the schedule is paused is skipped. A
+pause, resume or removal that answered stays done, even one that lands while a fire is starting
+its run (that run is started; the schedule fires no more unless resumed).
 """
 
 from __future__ import annotations
@@ -210,9 +212,19 @@ class ScheduleBook(Protocol):
 
     def remove(self, name: str) -> bool: ...
 
-    def replace(self, schedule: Schedule, *, expected_next: datetime) -> bool:
-        """Write `schedule` over the stored one if its next fire is still `expected_next`:
-        of two workers firing the same time, one moves it on."""
+    def replace(self, schedule: Schedule, *, expected: Schedule) -> bool:
+        """Write `schedule` over the stored one if that is still `expected`, the schedule as
+        read (what a pause or a resume writes): False, and nothing written, if anything of
+        it changed meanwhile, so the caller reads it again rather than undo that change."""
+        ...
+
+    def move_on(self, fired: Schedule, *, next_fire: datetime, last_run: str) -> bool:
+        """Record a fire of `fired` (the schedule as the fire read it): write its next fire
+        and last run, the fields a fire owns, and nothing else, if the stored schedule is
+        still `fired` but for whether it is paused. Of two workers firing the same time one
+        moves it on; a pause that landed while the fire started its run stays; a resume
+        (which set the next fire), a removal or a schedule added again under the name leave
+        nothing for this fire to move."""
         ...
 
 
@@ -241,13 +253,15 @@ def fire_due(book: ScheduleBook, start: Starter, now: datetime, *, logger: Any) 
                 "schedule fire refused",
                 extra={"schedule": schedule.name, "run_id": run_id, "error": str(refused)},
             )
-        moved = schedule.model_copy(
-            update={
-                "next_fire": next_fire(schedule.spec, schedule.anchor, after=now),
-                "last_run": run_id,
-            }
-        )
-        if book.replace(moved, expected_next=schedule.next_fire):
+        # Only the fire's own fields, and only over the schedule it read: a pause, resume or
+        # removal that landed while the run started has answered its caller, and writing
+        # the schedule as read back over it (paused=False) would undo it. The run this fire
+        # started stays started; a paused schedule fires no more.
+        if book.move_on(
+            schedule,
+            next_fire=next_fire(schedule.spec, schedule.anchor, after=now),
+            last_run=run_id,
+        ):
             logger.info("schedule fired", extra={"schedule": schedule.name, "run_id": run_id})
             started.append(run_id)
     return started

@@ -1,23 +1,63 @@
 """Schedules fired by real `ratchet worker` processes: two workers started at once fire a due
 time exactly once (one run, done), and a worker started again afterwards fires nothing more;
+`ratchet schedule pause|resume|remove`, run while a worker's fire starts its run, stays done;
 `ratchet schedule` refuses what cannot fire in one line, writing nothing."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import textwrap
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.schedules import Schedule, ScheduleSpec, fire_run_id, latest_due
 from ratchet.state import RunStatus
-from tests.processes import Cli
+from tests.processes import Cli, clean_env
+
+PAUSED = 10
+GATED = textwrap.dedent(
+    """
+    import time
+    from pathlib import Path
+
+    from ratchet.tools import Agent, Done
+
+    HERE = Path(__file__).parent
 
 
-def _due_schedule(cli: Cli) -> datetime:
+    def _held(ctx):
+        # The fire has read its schedule and not yet written it back: the test acts here.
+        (HERE / f"arrived-{ctx.run_id}").touch()
+        deadline = time.monotonic() + 120
+        while not (HERE / f"go-{ctx.run_id}").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test never let the start go on")
+            time.sleep(0.05)
+
+
+    agent = Agent(
+        name="gated", goal="Nothing.", tools=[], policy=lambda view: Done(summary="-"),
+        prepare=_held,
+    )
+    """
+)
+"""An agent whose start (its `prepare` hook, run by the worker's fire between reading the
+schedule and writing it back) waits for the test's go."""
+
+
+def _due_schedule(
+    cli: Cli, name: str = "minutely", agent: str = "migration", input: dict[str, int] | None = None
+) -> datetime:
     """An every-minute schedule added ten minutes ago whose worker never ran: due now."""
     now = datetime.now(UTC)
-    spec = ScheduleSpec(name="minutely", agent="migration", every_seconds=60, input={"batches": 1})
+    spec = ScheduleSpec(
+        name=name, agent=agent, every_seconds=60, input={"batches": 1} if input is None else input
+    )
     schedule = Schedule(
         spec=spec, anchor=now - timedelta(minutes=10), next_fire=now - timedelta(minutes=9)
     )
@@ -29,6 +69,17 @@ def _due_schedule(cli: Cli) -> datetime:
     due = latest_due(schedule, now)
     assert due is not None
     return due
+
+
+def _arrived(folder: Path, name: str, worker: subprocess.Popen[str]) -> str:
+    """The run id of `name`'s fire, once its start is held."""
+    deadline = time.monotonic() + 120
+    while not (held := sorted(folder.glob(f"arrived-{name}-2*"))):
+        assert worker.poll() is None, "the worker ended before the fire"
+        assert time.monotonic() < deadline, f"{name} never fired"
+        time.sleep(0.05)
+    (arrived,) = held
+    return arrived.name.removeprefix("arrived-")
 
 
 def test_two_workers_and_a_restarted_one_fire_a_due_time_exactly_once(tmp_path):
@@ -51,6 +102,60 @@ def test_two_workers_and_a_restarted_one_fire_a_due_time_exactly_once(tmp_path):
     (row,) = json.loads(cli.ok("schedule", "list", "--json"))["schedules"]
     assert row["last_run"] == expected
     assert datetime.fromisoformat(row["next_fire"]) > due
+
+
+def test_a_pause_resume_or_removal_run_while_a_worker_fires_stays_done(tmp_path):
+    cli = Cli(tmp_path)
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "gated.py").write_text(GATED)
+    paused = [f"paused-{n}" for n in range(PAUSED)]
+    for name in [*paused, "removed", "resumed"]:
+        _due_schedule(cli, name, agent="gated:agent", input={})
+    path = os.pathsep.join([str(agents), os.environ.get("PYTHONPATH", "")])
+    worker = subprocess.Popen(
+        cli.argv("worker", "--until-idle", "--worker-id", "firer", "--lease-seconds", "0.5"),
+        stdout=(tmp_path / "firer.log").open("a"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(PYTHONPATH=path),
+    )
+
+    # Each command runs, to its exit 0, while the worker holds that schedule's fire between
+    # reading the schedule and writing it back (the fires go by name).
+    answered = {}
+    try:
+        for name in [*paused, "removed", "resumed"]:
+            run_id = _arrived(agents, name, worker)
+            if name == "removed":
+                cli.ok("schedule", "remove", name)
+            elif name == "resumed":
+                cli.ok("schedule", "pause", name)
+                answered[name] = cli.json("schedule", "resume", name)
+            else:
+                answered[name] = cli.json("schedule", "pause", name)
+            (agents / f"go-{run_id}").touch()
+        assert worker.wait(timeout=120) == 0, (tmp_path / "firer.log").read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    kept = {r["name"]: r for r in cli.json("schedule", "list")["schedules"]}
+    stayed = [name for name in paused if kept[name]["paused"]]
+    print(f"\n{len(stayed)} of {PAUSED} schedules paused during a fire stayed paused")
+    assert all(answered[name]["paused"] for name in paused)
+    assert stayed == paused
+    assert "removed" not in kept
+    assert kept["resumed"] == answered["resumed"]
+    assert not kept["resumed"]["paused"]
+    # What a worker would fire from now on, however late: the resumed schedule alone.
+    runtime = LocalRuntime.open(LocalSettings(store=cli.store), create=False)
+    try:
+        due = SqliteScheduleBook(runtime.db).due(datetime.now(UTC) + timedelta(days=400))
+    finally:
+        runtime.close()
+    assert [s.name for s in due] == ["resumed"]
 
 
 def test_a_schedule_that_cannot_fire_is_one_line_and_writes_nothing(tmp_path):

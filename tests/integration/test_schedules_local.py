@@ -1,7 +1,9 @@
 """Schedules on a local store, fired through the client's start path on the test's clock: each
 fire time starts one run with the derived id; a fire repeated after a crash between the start
 and the schedule's move starts no second run; a worker down for several fire times makes up
-the latest once; a paused schedule's fires are skipped."""
+the latest once; a paused schedule's fires are skipped; a pause, resume or removal that lands
+while a fire starts its run, or a removal and a new schedule of the name that land while a pause
+or resume is under way, stays done."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.client import Client
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.schedules import fire_due
+from ratchet.schedules import Schedule, fire_due
 
 LOG = logging.getLogger("ratchet.tests.schedules")
 ADDED = datetime(2026, 12, 1, 10, 0, 30, tzinfo=UTC)
@@ -27,6 +29,16 @@ def client(tmp_path, monkeypatch):
     client = Client(runtime, worker_id="test", logger=LOG)
     yield client
     client.close()
+
+
+@pytest.fixture
+def other(tmp_path):
+    """Another process's client on the same store: its commands land while this one's are
+    under way."""
+    runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db"))
+    other = Client(runtime, worker_id="other", logger=LOG)
+    yield other
+    other.close()
 
 
 def _fire(client: Client, at: datetime) -> list[str]:
@@ -65,15 +77,15 @@ def test_a_fire_repeated_after_a_crash_before_the_schedule_moved_starts_no_secon
 ):
     client.schedule_add("hourly", agent="migration", cron="0 * * * *")
     book_type = type(_book(client))
-    real_replace = book_type.replace
+    real_move_on = book_type.move_on
 
-    def crash(self, schedule, *, expected_next):
+    def crash(self, fired, *, next_fire, last_run):
         raise KeyboardInterrupt  # the worker dies after the run was started
 
-    monkeypatch.setattr(book_type, "replace", crash)
+    monkeypatch.setattr(book_type, "move_on", crash)
     with pytest.raises(KeyboardInterrupt):
         _fire(client, datetime(2026, 12, 1, 11, 0, 5, tzinfo=UTC))
-    monkeypatch.setattr(book_type, "replace", real_replace)
+    monkeypatch.setattr(book_type, "move_on", real_move_on)
 
     assert _fire(client, datetime(2026, 12, 1, 11, 0, 9, tzinfo=UTC)) == ["hourly-20261201T110000Z"]
     assert _runs(client) == ["hourly-20261201T110000Z"]
@@ -100,6 +112,99 @@ def test_a_paused_schedule_skips_its_fires_and_resumed_fires_from_then_on(client
     assert resumed.next_fire == datetime(2026, 12, 1, 14, 0, tzinfo=UTC)  # 11-13 skipped
     assert _fire(client, datetime(2026, 12, 1, 14, 0, tzinfo=UTC)) == ["hourly-20261201T140000Z"]
     assert _runs(client) == ["hourly-20261201T140000Z"]
+
+
+def test_a_pause_resume_or_removal_landing_while_a_fire_starts_its_run_stays_done(
+    client, other, monkeypatch
+):
+    # Given four schedules due at 11:00.
+    for name in ("paused", "removed", "replaced", "resumed"):
+        client.schedule_add(name, agent="migration", cron="0 * * * *")
+    fired_at = datetime(2026, 12, 1, 11, 0, 5, tzinfo=UTC)
+    monkeypatch.setattr("ratchet.client.utcnow", lambda: fired_at)
+    answered: dict[str, Schedule] = {}
+
+    def land(name: str) -> None:
+        if name == "paused":
+            answered[name] = other.schedule_pause(name)
+        elif name == "resumed":
+            other.schedule_pause(name)
+            answered[name] = other.schedule_pause(name, pause=False)
+        else:
+            other.schedule_remove(name)
+            if name == "replaced":
+                answered[name] = other.schedule_add(name, agent="migration", cron="30 * * * *")
+
+    def start(run_id, spec, _):
+        # The fire has read the schedule and not yet written it back: each command lands here.
+        land(spec.name)
+        client.start(run_id=run_id, agent=spec.agent, input=spec.input)
+
+    # When the fire runs with each command landing inside it (another process's client).
+    started = fire_due(_book(client), start, fired_at, logger=LOG)
+
+    # Then each command's answer is what is kept, and the schedules fire only as it says.
+    assert answered["paused"].paused
+    assert not answered["resumed"].paused
+    kept = {s.name: s for s in client.schedules()}
+    assert sorted(kept) == ["paused", "replaced", "resumed"]  # removed stays removed
+    assert kept["paused"].paused
+    assert kept["paused"].last_run == "paused-20261201T110000Z"  # the fire under way, recorded
+    assert kept["resumed"] == answered["resumed"]
+    assert kept["replaced"] == answered["replaced"]  # the fire's move is not the new one's
+    assert started == ["paused-20261201T110000Z"]
+    half_hours = [fired_at + timedelta(minutes=30 * n) for n in range(1, 5)]
+    assert [_fire(client, at) for at in half_hours] == [
+        ["replaced-20261201T113000Z"],
+        ["resumed-20261201T120000Z"],
+        ["replaced-20261201T123000Z"],
+        ["resumed-20261201T130000Z"],
+    ]
+    assert client.schedules()[0].paused  # "paused" sorts first
+    assert [r for r in _runs(client) if r.endswith("T110000Z")] == [
+        "paused-20261201T110000Z",
+        "removed-20261201T110000Z",
+        "replaced-20261201T110000Z",
+        "resumed-20261201T110000Z",
+    ]
+
+
+@pytest.mark.parametrize("pause", [True, False], ids=["pause", "resume"])
+def test_a_schedule_removed_and_added_again_while_a_pause_or_resume_is_under_way_stays_added(
+    client, other, monkeypatch, pause
+):
+    # Given a schedule of one batch a run, paused for the resume.
+    client.schedule_add("hourly", agent="migration", cron="0 * * * *", input={"batches": 1})
+    if not pause:
+        client.schedule_pause("hourly")
+    book_type = type(_book(client))
+    real_get = book_type.get
+    landed: list[Schedule] = []
+
+    def get_then_land(self, name):
+        # The pause (or resume) has read the schedule and not yet written it: another process
+        # removes it and adds one of the same name and rule, of two batches a run.
+        read = real_get(self, name)
+        if not landed:
+            other.schedule_remove(name)
+            landed.append(
+                other.schedule_add(name, agent="migration", cron="0 * * * *", input={"batches": 2})
+            )
+        return read
+
+    monkeypatch.setattr(book_type, "get", get_then_land)
+
+    # When the pause (or resume) goes on to its write.
+    answered = client.schedule_pause("hourly", pause=pause)
+
+    # Then the schedule kept is the one added again, paused (or resumed) as answered.
+    (kept,) = client.schedules()
+    assert kept == answered
+    assert kept.spec == landed[0].spec
+    assert kept.paused is pause
+    assert _fire(client, datetime(2026, 12, 1, 11, 0, 5, tzinfo=UTC)) == (
+        [] if pause else ["hourly-20261201T110000Z"]
+    )
 
 
 def test_a_schedule_that_cannot_start_is_refused_and_nothing_is_written(client):

@@ -1,9 +1,12 @@
 """`ratchet.schedules.ScheduleBook` in a local store: a row per schedule, its JSON and its next
-fire; moving a schedule on is one conditional update, so of the workers that fire the same
-time one moves it (the run they start is the same one: its id derives from the fire)."""
+fire; every change after the add is one write transaction that reads the row and writes it only
+if it is still the schedule its caller read (a fire: but for whether it is paused), so of the
+workers that fire the same time one moves it (the run they start is the same one: its id
+derives from the fire), and a pause, resume or removal that answered stays done."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
@@ -71,20 +74,40 @@ class SqliteScheduleBook:
         with self._db.write() as tx:
             return bool(tx.execute("DELETE FROM schedules WHERE name = ?", (name,)).rowcount)
 
-    def replace(self, schedule: Schedule, *, expected_next: datetime) -> bool:
+    def replace(self, schedule: Schedule, *, expected: Schedule) -> bool:
+        # Compared whole, not by its next fire alone: a schedule removed and added again
+        # under the name while a pause was under way has the same next fire when its rule
+        # is the same and not yet due, and the pause would write the removed one back.
+        return self._rewrite(schedule.name, lambda stored: schedule if stored == expected else None)
+
+    def move_on(self, fired: Schedule, *, next_fire: datetime, last_run: str) -> bool:
+        def moved(stored: Schedule) -> Schedule | None:
+            # Whether it is paused is the pause's and the resume's to say: a pause that
+            # landed while the fire started its run is kept, not written back to what the
+            # fire read. Anything else changed (a resume sets the next fire; another worker
+            # moved it on; a new schedule of the name) leaves this fire nothing to move.
+            if stored.model_copy(update={"paused": fired.paused}) != fired:
+                return None
+            return stored.model_copy(update={"next_fire": next_fire, "last_run": last_run})
+
+        return self._rewrite(fired.name, moved)
+
+    def _rewrite(self, name: str, change: Callable[[Schedule], Schedule | None]) -> bool:
+        """Write `change` of the stored schedule, read in the same write transaction (which
+        holds SQLite's write lock from its first statement, so nothing lands between the read
+        and the write); False, and nothing written, if there is none or `change` says None."""
+        if not self._db.has_table("schedules"):
+            return False
         with self._db.write() as tx:
-            moved = tx.execute(
-                "UPDATE schedules SET next_fire = ?, paused = ?, record = ? "
-                "WHERE name = ? AND next_fire = ?",
-                (
-                    _stamp(schedule.next_fire),
-                    schedule.paused,
-                    schedule.model_dump_json(),
-                    schedule.name,
-                    _stamp(expected_next),
-                ),
-            ).rowcount
-        return bool(moved)
+            row = tx.execute("SELECT record FROM schedules WHERE name = ?", (name,)).fetchone()
+            changed = change(Schedule.model_validate_json(row[0])) if row else None
+            if changed is None:
+                return False
+            tx.execute(
+                "UPDATE schedules SET next_fire = ?, paused = ?, record = ? WHERE name = ?",
+                (_stamp(changed.next_fire), changed.paused, changed.model_dump_json(), name),
+            )
+        return True
 
 
 def _stamp(moment: datetime) -> str:
