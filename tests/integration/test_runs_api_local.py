@@ -209,6 +209,12 @@ def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         # Nested deeper than json can recurse: refused before it is parsed, naming the field.
         ('{"scenario": "migration", "input": ' + DEEP + "}", 400, "input"),
         (DEEP, 400, "(body)"),
+        # The same after a string holding an escaped quote, which does not end the string.
+        (
+            '{"scenario": "migration", "input": {"note": "\\"", "batches": ' + DEEP + "}}",
+            400,
+            "input",
+        ),
     ],
 )
 def test_a_refused_start_changes_nothing_and_imports_nothing(

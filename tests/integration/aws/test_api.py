@@ -134,6 +134,15 @@ BAD_STARTS: list[tuple[dict[str, Any] | str, str, list[str]]] = [
         "the body is nested too deep",
         ["input"],
     ),
+    # The same after a string holding an escaped quote, which does not end the string.
+    (
+        '{"scenario": "migration", "input": {"note": "\\"", "batches": '
+        + "[" * 60_000
+        + "]" * 60_000
+        + "}}",
+        "the body is nested too deep",
+        ["input"],
+    ),
 ]
 
 
