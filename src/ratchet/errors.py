@@ -248,10 +248,17 @@ class ApprovalClosed(ApprovalError):
 
 
 class AnswerInvalid(ApprovalError):
-    """An answer the request's schema refuses (the message names the field), or an answer
-    missing where the request asks for one; nothing changed."""
+    """An answer the request's schema refuses (the message names the field, and may quote
+    what was given), or an answer missing where the request asks for one; nothing changed.
+    `field` is the answer's field at fault (None: the answer as a whole) and `reason` what is
+    wrong with it, quoting nothing given, for an API to name the field apart."""
 
     http_status = 400
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason or message
 
 
 class WaitError(RatchetError):

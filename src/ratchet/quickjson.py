@@ -6,7 +6,8 @@ than a quick read command (`ratchet.cli.quick`) takes to answer. The work itself
 `json.dumps` (without `indent`) encodes with `_json.make_encoder`. This module calls them with
 what `json.JSONDecoder` and `json.JSONEncoder` hand them, so its text and values are `json`'s
 (tests/unit/test_quickjson.py holds them equal on a corpus). An error is `json`'s own
-`JSONDecodeError` (a `ValueError`), with `json`'s message: only then does `json` load.
+`JSONDecodeError` (a `ValueError`), with `json`'s message: only then does `json` load
+(tests/integration/test_quick_reads.py holds the errors equal in a process without `json`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ def loads(text: str | bytes | bytearray) -> Any:
         value, end = _scan(text, start)
     except StopIteration as stop:
         _fail("Expecting value", text, stop.value)
+    except SystemError:
+        # Python 3.11's scanner raises its other errors (a name not quoted, text cut short)
+        # as `json.decoder.JSONDecodeError`, which it looks for in `sys.modules` and does not
+        # import: before `json` is loaded it finds none and fails without an error, which
+        # Python reports as a SystemError. `json` reads the text again and raises its own.
+        import json
+
+        return json.loads(text)
     rest = text[end:]
     end += len(rest) - len(rest.lstrip(_WHITESPACE))
     if end != len(text):

@@ -270,6 +270,15 @@ CATALOGUE: list[Case] = [
         '{"batches": ' + DEEP + "}",
         line=f"--input is nested more than {MAX_JSON_DEPTH} levels deep",
     ),
+    # The same after a string holding an escaped quote, which does not end the string.
+    case(
+        "input-nested-too-deep-after-an-escaped-quote",
+        "start",
+        *R_NEW,
+        "--input",
+        '{"note": "\\"", "batches": ' + DEEP + "}",
+        line=f"--input is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
     case(
         "param-nested-too-deep",
         "run",
@@ -284,6 +293,14 @@ CATALOGUE: list[Case] = [
         "r-wait",
         "--answer",
         '{"amount": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        line=f"--answer is nested more than {MAX_JSON_DEPTH} levels deep",
+    ),
+    case(
+        "answer-nested-too-deep-after-an-escaped-quote",
+        "approve",
+        "r-wait",
+        "--answer",
+        '{"note": "\\"", "amount": ' + "[" * 5_000 + "]" * 5_000 + "}",
         line=f"--answer is nested more than {MAX_JSON_DEPTH} levels deep",
     ),
     case(

@@ -3,7 +3,8 @@ waits for all of them ends done with 10 results; a failing child is reported as 
 `wait="first"` goes on at the first end, `wait="none"` at once; a step retried after the
 children were started (before its commit) starts none twice; cancelling the parent cancels
 the children it waits for, one waiting for a person among them; a spec no run can start from
-fails the parent at once with nothing started, and so does a fan-out over the bound."""
+fails the parent at once with nothing started, and so does a fan-out over the bound; two
+parents whose long ids share their start each start and wait for children of their own."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ratchet.faults import FaultPlan
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import (
     MAX_CHILD_DEPTH,
+    RUN_ID_PATTERN,
     ChildrenWait,
     RunOptions,
     RunState,
@@ -127,6 +129,39 @@ def test_a_step_retried_after_its_children_started_starts_none_twice(client, tmp
         (first, *_) = client.runtime.store.list_checkpoints(child)
         assert first.worker_id == "crasher"
         assert first.version == 1
+
+
+LONG_PARENTS = ("x" * 110 + "-parent-one", "x" * 110 + "-parent-two")
+"""Two run ids of 121 characters sharing their first 118: their children's ids would run over
+128 characters, so each keeps its start and ends in a hash of the whole."""
+
+
+def test_children_of_parents_whose_long_ids_share_their_start_have_ids_of_their_own():
+    first, second = ([child_run_id(p, 1, i) for i in range(3)] for p in LONG_PARENTS)
+
+    assert set(first).isdisjoint(second)
+    assert len(set(first)) == 3
+    assert all(RUN_ID_PATTERN.fullmatch(child) for child in first + second)
+    assert first == [child_run_id(LONG_PARENTS[0], 1, i) for i in range(3)]  # derived, again
+
+
+def test_parents_whose_long_ids_share_their_start_each_wait_for_a_child_of_their_own(
+    client, tmp_path
+):
+    # Given the same request from both: a child id they shared would be taken for one child
+    log = tmp_path / "work.log"
+    runs = [
+        client.run(run_id=p, agent=PARENT, input={"children": 1, "log": str(log)})
+        for p in LONG_PARENTS
+    ]
+
+    waited = [[o.run_id for o in _settled(client, p).children or []] for p in LONG_PARENTS]
+    assert [r.status for r in runs] == [RunStatus.DONE] * 2
+    assert waited == [[child_run_id(p, 1, 0)] for p in LONG_PARENTS]
+    (first,), (second,) = waited
+    assert first != second
+    assert [client.get(c).parent for c in (first, second)] == list(LONG_PARENTS)
+    assert _worked(log) == {first: 1, second: 1}
 
 
 def test_cancelling_the_parent_cancels_its_children_one_waiting_for_a_person_too(client):

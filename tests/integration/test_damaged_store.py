@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from werkzeug.test import Client as HttpClient
 
+from ratchet.cli.app import main as full_cli
 from ratchet.cli.quick import main as ratchet
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.services import local_runs_services
@@ -140,10 +141,16 @@ def _rows_of_others(db: Path) -> dict[str, list[Any]]:
     return _rows(db, DAMAGED, others=True)
 
 
-def _say(capsys: pytest.CaptureFixture[str], cli: Cli, *args: str) -> tuple[int, str, str]:
-    """`ratchet --store <cli's store> ARGS` in this process: the fast path, or the full CLI."""
+def _say(
+    capsys: pytest.CaptureFixture[str],
+    cli: Cli,
+    *args: str,
+    main: Callable[[list[str]], None] = ratchet,
+) -> tuple[int, str, str]:
+    """`ratchet --store <cli's store> ARGS` in this process: the fast path, or the full CLI
+    (with `main=full_cli`, the full CLI alone)."""
     try:
-        ratchet(["--store", cli.url, *args])
+        main(["--store", cli.url, *args])
         code = 0
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
@@ -203,6 +210,52 @@ def test_list_migrate_and_gc_report_the_damaged_run_and_go_on(base, tmp_path, ca
     assert (code, err) == (0, "")
 
     assert _rows_of_others(cli.db) == others
+
+
+HEAD_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "not-json": _sql("UPDATE runs SET state = '{status: running}' WHERE run_id = :run"),
+    "cut-short": _sql(
+        "UPDATE runs SET state = substr(state, 1, length(state) / 2) WHERE run_id = :run"
+    ),
+    "cut-before-its-last-brace": _sql(
+        "UPDATE runs SET state = substr(state, 1, length(state) - 1) WHERE run_id = :run"
+    ),
+    "a-list": _sql("""UPDATE runs SET state = '["waiting", 4]' WHERE run_id = :run"""),
+    "not-utf8": RUN_DAMAGE["head-not-utf8"],
+    "static-cut-short": _sql(
+        "UPDATE run_static SET state = substr(state, 1, length(state) / 2) WHERE run_id = :run"
+    ),
+}
+"""The head (or its static part) damaged in each way the fast read path reads it: text that
+JSON's scanner refuses part way (names not quoted, cut short), JSON of another shape, text
+that is not UTF-8."""
+FAST_READS = [
+    ("status", DAMAGED),
+    ("history", DAMAGED, "--json"),
+    ("list",),
+    ("list", "--json"),
+]
+"""The reads the `ratchet` command answers on its fast path, when it can."""
+
+
+@pytest.mark.slow
+def test_the_fast_reads_say_a_damaged_head_as_the_full_cli_does(base, tmp_path, capsys):
+    # Each read is a `ratchet` process of its own: the fast path reads JSON without loading
+    # `json` (`ratchet.quickjson`), which this process has loaded, so only a process of its
+    # own reads it as a person's command does.
+    for kind, damage in HEAD_DAMAGE.items():
+        cli = _damaged(base, tmp_path / kind, damage)
+        for read in FAST_READS:
+            done = cli(*read)
+            said = (done.returncode, done.stdout, done.stderr)
+
+            assert said == _say(capsys, cli, *read, main=full_cli), (kind, read)
+            if read[0] != "list":
+                _one_line(*said, f"run {DAMAGED!r} cannot be read")
+            elif read[-1] == "--json":
+                listed = {r["run_id"]: r["status"] for r in json.loads(done.stdout)["runs"]}
+                shape = kind == "a-list"  # JSON all the same: a listing does not parse heads
+                assert listed[DAMAGED] == ("running" if shape else "damaged"), kind
 
 
 @pytest.mark.slow

@@ -346,6 +346,30 @@ def test_the_console_script_answers_without_loading_pydantic_typer_or_rich(store
     assert "finished: failed" in done.stdout
 
 
+@pytest.mark.parametrize("text", ['{"a" 1}', '{"a": 1', "[1, 2", '"cut', "{bad}"])
+def test_quickjson_refuses_with_jsons_error_in_a_process_that_has_not_loaded_json(text):
+    # As a quick read meets them: `json` not loaded. Python 3.11's scanner raises these
+    # errors as `json.decoder.JSONDecodeError`, which it finds only once `json` is loaded.
+    probe = (
+        "import sys\n"
+        "from ratchet import quickjson\n"
+        "assert 'json' not in sys.modules\n"
+        "try:\n"
+        "    quickjson.loads(sys.argv[1])\n"
+        "except ValueError as error:\n"
+        "    print(type(error).__name__, error.pos, error)\n"
+    )
+    with pytest.raises(json.JSONDecodeError) as theirs:
+        json.loads(text)
+
+    done = subprocess.run(
+        [sys.executable, "-c", probe, text], capture_output=True, text=True, timeout=60
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"JSONDecodeError {theirs.value.pos} {theirs.value}\n"
+
+
 def test_the_full_cli_answers_help_and_refuses_an_option_before_loading_the_run_models():
     # Typer reads every command's options first: the command modules import the runtime, the
     # client and the run models inside the commands (ratchet.cli.context says why). Typer's

@@ -18,6 +18,8 @@ import pytest
 from werkzeug.test import Client
 
 from ratchet.agents import AgentRegistry
+from ratchet.engine import Outcome
+from ratchet.faults import FaultPlan
 from ratchet.runs import MAX_BATCHES
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.services import local_runs_services
@@ -26,6 +28,7 @@ from ratchet.untrusted import MAX_JSON_DEPTH
 from ratchet.web.runs import build_app
 from ratchet.web.serve import wsgi_app
 from ratchet.worker import Worker
+from tests.integration.test_at_most_once import _advance_until_stopped, _start
 
 OPERATOR = "dana"
 DEEP = "[" * 60_000 + "]" * 60_000
@@ -206,6 +209,12 @@ def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         # Nested deeper than json can recurse: refused before it is parsed, naming the field.
         ('{"scenario": "migration", "input": ' + DEEP + "}", 400, "input"),
         (DEEP, 400, "(body)"),
+        # The same after a string holding an escaped quote, which does not end the string.
+        (
+            '{"scenario": "migration", "input": {"note": "\\"", "batches": ' + DEEP + "}}",
+            400,
+            "input",
+        ),
     ],
 )
 def test_a_refused_start_changes_nothing_and_imports_nothing(
@@ -282,13 +291,59 @@ def test_a_structured_question_is_answered_through_the_api(tmp_path: Path):
         head = served.runtime.store.load_head("q1")
 
     assert (missing, bad) == (400, 400)
-    assert "amount" in refused["error"]
-    assert "amount" in too_much["error"]
+    assert refused["problems"] == [
+        {
+            "field": "answer",
+            "message": "this request needs an answer to approve "
+            '(amount: a whole number from 1 to 500; reason: one of "damaged", "late")',
+        }
+    ]
+    assert too_much == {
+        "error": "invalid request body",
+        "problems": [{"field": "answer.amount", "message": "must be at most 500"}],
+    }
     assert after_refusals == before
     assert (status, decided["decision"]) == (200, "approved")
     assert head is not None
     assert head.status is RunStatus.DONE
     assert '{"amount": 120, "reason": "late"}' in (head.summary or "")
+
+
+@pytest.mark.parametrize(
+    ("answer", "field", "message"),
+    [
+        ({"ran": "maybe"}, "answer.ran", "must be true or false"),
+        ({"ran": True, "result": 42}, "answer.result", "must be text"),
+        ({"result": "ref 42"}, "answer.ran", "required (true or false)"),
+        (
+            {"ran": True, "by": "mallory"},
+            "answer.by",
+            "not a field of this answer (it has: ran, result)",
+        ),
+    ],
+)
+def test_an_answer_its_question_refuses_is_a_400_naming_the_answers_field(
+    tmp_path: Path, answer: dict[str, Any], field: str, message: str
+):
+    # Given a run asking whether an at-most-once call ran: its step died after the call began
+    _start(tmp_path)
+    _advance_until_stopped(tmp_path, FaultPlan.parse("raise:after_call_started@1"))
+    assert _advance_until_stopped(tmp_path, FaultPlan()) is Outcome.WAITING
+    with _served(tmp_path) as served:
+        desk = served.runtime.approval_desk(worker_id="w1", logger=LOG)
+        desk.open("pay", timeout_seconds=3600, operator=OPERATOR)
+        before = served.rows()
+
+        status, refused = served.call("POST", "/runs/pay/approve", {"answer": answer})
+        after_refusal = served.rows()
+        status_then, _ = served.call("POST", "/runs/pay/approve", {"answer": {"ran": False}})
+
+    assert (status, refused) == (
+        400,
+        {"error": "invalid request body", "problems": [{"field": field, "message": message}]},
+    )
+    assert after_refusal == before
+    assert status_then == 200
 
 
 def test_a_step_without_a_record_is_404_and_one_past_retention_is_410_naming_the_field(

@@ -51,6 +51,20 @@ def test_sixty_thousand_levels_are_refused_before_json_recurses():
         loads('{"batches": ' + "[" * 60_000 + "]" * 60_000 + "}", field="--input")
 
 
+ESCAPED_QUOTE_BOMB = '{"a": "\\"", "b": ' + "[" * 20_000 + "]" * 20_000 + "}"
+"""`{"a": "\\"", "b": [[[...]]]}`: a string holding an escaped quote, then a value 20,000 levels
+deep. The escaped quote does not end the string: a scan that took it for the end would read
+the rest as strings and let the deep value through to `json`."""
+
+
+def test_an_escaped_quote_does_not_end_a_string_for_the_depth_scan():
+    with pytest.raises(JsonTooDeep) as refused:
+        loads(ESCAPED_QUOTE_BOMB, field="")
+
+    assert refused.value.field == "b"
+    assert str(refused.value) == f"b is nested more than {MAX_JSON_DEPTH} levels deep"
+
+
 def test_brackets_inside_strings_are_not_nesting():
     text = json.dumps({"text": "[{" * 1000 + '\\"[' * 100, "more": ["]]]}}}"]})
 

@@ -177,14 +177,13 @@ def check_answer(schema: Mapping[str, Any], answer: Any) -> dict[str, Any]:
     known = {f.name for f in fields}
     unknown = sorted(str(k) for k in answer if k not in known)
     if unknown:
-        raise AnswerInvalid(
-            f"{unknown[0]}: not a field of this answer (it has: {', '.join(sorted(known))})"
-        )
+        reason = f"not a field of this answer (it has: {', '.join(sorted(known))})"
+        raise AnswerInvalid(f"{unknown[0]}: {reason}", field=unknown[0], reason=reason)
     checked: dict[str, Any] = {}
     for field in fields:
         if field.name not in answer:
             if field.required:
-                raise AnswerInvalid(f"{field.name}: required ({field.hint})")
+                raise _missing(field)
             if field.has_default:
                 checked[field.name] = field.default
             continue
@@ -202,14 +201,15 @@ def check_answer(schema: Mapping[str, Any], answer: Any) -> dict[str, Any]:
 
 
 def _checked_value(field: AnswerField, value: Any) -> Any:
-    def refuse(reason: str) -> AnswerInvalid:
-        return AnswerInvalid(f"{field.name}: {reason}")
+    def refuse(reason: str, given: str = "") -> AnswerInvalid:
+        """`reason` quotes nothing given; `given` (`, not 600`) only the message says."""
+        return AnswerInvalid(f"{field.name}: {reason}{given}", field=field.name, reason=reason)
 
     s = field.schema
     if field.kind == "choice":
         # `True == 1` in Python: a choice matches by type as well as by value.
         if not any(type(value) is type(c) and value == c for c in field.choices):
-            raise refuse(f"must be {field.hint}, not {json.dumps(value, ensure_ascii=False)}")
+            raise refuse(f"must be {field.hint}", f", not {json.dumps(value, ensure_ascii=False)}")
         return value
     if field.kind == "boolean":
         if not isinstance(value, bool):
@@ -222,7 +222,7 @@ def _checked_value(field: AnswerField, value: Any) -> Any:
             raise refuse("must be a finite number")
         if field.kind == "integer":
             if isinstance(value, float) and not value.is_integer():
-                raise refuse(f"must be a whole number, not {value}")
+                raise refuse("must be a whole number", f", not {value}")
             value = int(value)
         _check_bounds(field, value, refuse)
         return value
@@ -243,16 +243,23 @@ def _checked_value(field: AnswerField, value: Any) -> Any:
     return value
 
 
-def _check_bounds(field: AnswerField, value: float, refuse: Callable[[str], AnswerInvalid]) -> None:
-    s = field.schema
+def _check_bounds(
+    field: AnswerField, value: float, refuse: Callable[[str, str], AnswerInvalid]
+) -> None:
+    s, given = field.schema, f", not {value}"
     if "minimum" in s and value < s["minimum"]:
-        raise refuse(f"must be at least {s['minimum']}, not {value}")
+        raise refuse(f"must be at least {s['minimum']}", given)
     if "maximum" in s and value > s["maximum"]:
-        raise refuse(f"must be at most {s['maximum']}, not {value}")
+        raise refuse(f"must be at most {s['maximum']}", given)
     if "exclusiveMinimum" in s and value <= s["exclusiveMinimum"]:
-        raise refuse(f"must be more than {s['exclusiveMinimum']}, not {value}")
+        raise refuse(f"must be more than {s['exclusiveMinimum']}", given)
     if "exclusiveMaximum" in s and value >= s["exclusiveMaximum"]:
-        raise refuse(f"must be less than {s['exclusiveMaximum']}, not {value}")
+        raise refuse(f"must be less than {s['exclusiveMaximum']}", given)
+
+
+def _missing(field: AnswerField) -> AnswerInvalid:
+    reason = f"required ({field.hint})"
+    return AnswerInvalid(f"{field.name}: {reason}", field=field.name, reason=reason)
 
 
 def checked_verdict(request: AnyWait, verdict: Verdict) -> Verdict:
@@ -298,13 +305,15 @@ def answer_from_form(
             answer[field.name] = bool(values) and values[-1] in ("true", "on")
             continue
         if len(values) > 1:
-            raise AnswerInvalid(f"{field.name}: give one value")
+            raise AnswerInvalid(
+                f"{field.name}: give one value", field=field.name, reason="give one value"
+            )
         given = values[0] if values else ""
         text = given.strip()
         # An empty box leaves the field out, unless it is required text (then "" is given).
         if not values or (not text and (field.kind != "string" or not field.required)):
             if field.required:
-                raise AnswerInvalid(f"{field.name}: required ({field.hint})")
+                raise _missing(field)
             continue
         answer[field.name] = _typed(field, given if field.kind == "string" else text)
     return answer
@@ -319,10 +328,14 @@ def _typed(field: AnswerField, text: str) -> Any:
         if field.kind in ("choice", "json"):
             return loads(text, field=field.name, max_chars=MAX_ANSWER_TEXT_CHARS)
     except JsonOverLimit as over:
-        raise AnswerInvalid(f"{field.name}: {over.reason}") from None
+        raise AnswerInvalid(
+            f"{field.name}: {over.reason}", field=field.name, reason=over.reason
+        ) from None
     except ValueError:
-        what = "valid JSON" if field.kind == "json" else field.hint
-        raise AnswerInvalid(f"{field.name}: must be {what}, not {text[:40]!r}") from None
+        reason = f"must be {'valid JSON' if field.kind == 'json' else field.hint}"
+        raise AnswerInvalid(
+            f"{field.name}: {reason}, not {text[:40]!r}", field=field.name, reason=reason
+        ) from None
     return text
 
 

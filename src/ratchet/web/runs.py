@@ -79,6 +79,7 @@ from ratchet.client import (
 )
 from ratchet.errors import (
     AgentNotFound,
+    AnswerInvalid,
     ApprovalClosed,
     ApprovalError,
     ApprovalExpired,
@@ -417,6 +418,7 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     app.exception_handler([NotRetryable, NotCancellable])(refusals.wrong_status)
     app.exception_handler(RunNotFound)(refusals.no_run)
     app.exception_handler(ApprovalError)(refusals.not_decided)
+    app.exception_handler(AnswerInvalid)(refusals.answer_invalid)
     app.not_found(refusals.no_route)
     app.exception_handler(_Refusal)(refusals.refused)
     app.exception_handler([RunUnreadable, UnsupportedSchema])(refusals.unreadable)
@@ -722,6 +724,14 @@ class RunsRefusals:
         message = _APPROVAL_MESSAGES.get(type(error)) or str(error)
         problem = Problem(field="run_id", message=message)
         return self.refuse(error.http_status, message, [problem])
+
+    def answer_invalid(self, error: AnswerInvalid) -> Response[str]:
+        # "ran: must be true or false" (the question's schema refused the answer): a field of
+        # the body, named as its other fields are (`answer.ran`; `answer` for the answer as a
+        # whole), in words that quote nothing sent (`600` in "must be at most 500, not 600").
+        field = "answer" if error.field is None else f"answer.{error.field}"
+        problem = Problem(field=field, message=error.reason)
+        return self.refuse(error.http_status, "invalid request body", [problem])
 
     def no_route(self, error: NotFoundError) -> Response[str]:
         problem = Problem(field="(path)", message="see docs/openapi.json for the routes")

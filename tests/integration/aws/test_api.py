@@ -134,6 +134,15 @@ BAD_STARTS: list[tuple[dict[str, Any] | str, str, list[str]]] = [
         "the body is nested too deep",
         ["input"],
     ),
+    # The same after a string holding an escaped quote, which does not end the string.
+    (
+        '{"scenario": "migration", "input": {"note": "\\"", "batches": '
+        + "[" * 60_000
+        + "]" * 60_000
+        + "}}",
+        "the body is nested too deep",
+        ["input"],
+    ),
 ]
 
 
@@ -430,6 +439,33 @@ def test_a_body_is_optional_and_a_second_decision_changes_nothing(stack: Stack):
             {"field": "run_id", "message": "the run is not waiting for a decision"}
         ]
     assert stack.items() == before
+
+
+def test_an_answer_its_question_refuses_is_a_400_naming_the_answers_field(stack: Stack):
+    # Given a run asking whether an at-most-once call ran: its step died after the call began
+    stack.fault("kill:after_call_started@1")
+    _, started = stack.post_run({"agent": "wires", "run_id": "api-ran"})
+    stack.parked("api-ran")
+    before = stack.items()
+
+    refusals = [
+        call("POST", "/runs/api-ran/approve", {"answer": answer})
+        for answer in ({"ran": "maybe"}, {"ran": True, "result": 42}, {"result": "ref 42"})
+    ]
+    after_refusals = stack.items()
+    status, _ = call("POST", "/runs/api-ran/approve", {"answer": {"ran": False}})
+
+    assert refusals == [
+        (400, {"error": "invalid request body", "problems": [{"field": f, "message": m}]})
+        for f, m in (
+            ("answer.ran", "must be true or false"),
+            ("answer.result", "must be text"),
+            ("answer.ran", "required (true or false)"),
+        )
+    ]
+    assert after_refusals == before
+    assert status == 200
+    assert stack.finished(started["execution_name"], timeout=120)["status"] == "SUCCEEDED"
 
 
 def test_the_notify_field_chooses_who_is_asked(stack: Stack):
