@@ -24,6 +24,10 @@ from tests.bounded_agent import AGENT, TWO, agent, in_flight
 from tests.processes import Cli, clean_env
 
 WAIT_SECONDS = 60.0
+HELD_LEASE = 10.0
+"""The lease of a worker whose step is held for seconds: long enough that a busy machine's late
+heartbeat never lets it lapse (a lapsed lease frees its slot, by design, and another worker
+would take the run)."""
 ALIAS_TWO = "tests.bounded_alias:two"
 """`tests.bounded_agent:two` under another import path (its module re-exports it)."""
 REGISTERED = AgentRegistry().with_agents({"two-by-name": ALIAS_TWO})
@@ -178,9 +182,11 @@ def test_an_agent_started_by_two_names_has_its_bound_of_runs_in_flight_not_one_p
     assert {cli.head(run).agent for runs in namings.values() for run in runs} == {TWO, ALIAS_TWO}
 
     # When two runs hold their slots until every other worker has tried for one.
-    workers = {f"w{n}": _worker(cli, f"w{n}", clean_env(), lease=0.5) for n in range(4)}
-    _hold_until_the_others_wait(cli, log, workers, bound=2)
-    gate.touch()
+    workers = {f"w{n}": _worker(cli, f"w{n}", clean_env(), lease=HELD_LEASE) for n in range(4)}
+    try:
+        _hold_until_the_others_wait(cli, log, workers, bound=2)
+    finally:
+        gate.touch()  # a failed check lets the held steps go, and the workers end
     for name, worker in workers.items():
         assert worker.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
 
@@ -205,9 +211,11 @@ def test_an_override_by_one_name_of_an_agent_bounds_its_runs_under_every_name(tm
     )
     env = clean_env(RATCHET_MAX_CONCURRENT=json.dumps({TWO: 1}))
 
-    workers = {f"w{n}": _worker(cli, f"w{n}", env, lease=0.5) for n in range(3)}
-    _hold_until_the_others_wait(cli, log, workers, bound=1)
-    gate.touch()
+    workers = {f"w{n}": _worker(cli, f"w{n}", env, lease=HELD_LEASE) for n in range(3)}
+    try:
+        _hold_until_the_others_wait(cli, log, workers, bound=1)
+    finally:
+        gate.touch()  # a failed check lets the held steps go, and the workers end
     for name, worker in workers.items():
         assert worker.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()
 
