@@ -88,9 +88,9 @@ class DeployConfig:
     """Model calls a minute shared by every run of the deployment (`ratchet:requestsPerMinute`);
     none: no limit. The step function counts them (docs/limits.md)."""
     max_concurrent: str | None = None
-    """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
-    (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as `RATCHET_MAX_CONCURRENT` takes them:
-    the step function reads them (docs/limits.md)."""
+    """Bounds on concurrent runs, over each agent's own `max_concurrent`, by a name this
+    deployment registers the agent under (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as
+    `RATCHET_MAX_CONCURRENT` takes them: the step function reads them (docs/limits.md)."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -108,6 +108,8 @@ class DeployConfig:
         if project is not None:
             values["agents"] = _merged_agents(values.get("agents", {}), project)
             _check_scheduled_agents(values["agents"], project)
+        if "max_concurrent" in values:
+            _check_bounded_agents(values["max_concurrent"], values.get("agents", {}))
         config = cls(**values)
         config._check_combinations()
         return config
@@ -319,6 +321,25 @@ def _check_scheduled_agents(agents: Mapping[str, str], project: Project) -> None
                 f"schedules.{index}.agent",
                 f"{spec.agent!r} is not an agent this deployment registers ({known})",
             )
+
+
+def _check_bounded_agents(bounds_json: str, agents: Mapping[str, str]) -> None:
+    """Each bound names an agent as `POST /runs` starts it (a name of `agents`, its
+    `module:attr`, or a built-in scenario), which is how the step function reads it: a key
+    naming none would bound nothing, and two naming one agent would leave its bound to chance.
+    The step function holds its runs under the agent's name, whichever of these they used."""
+    key = "context ratchet:maxConcurrent"
+    seen: dict[str, str] = {}
+    for name in json.loads(bounds_json):
+        target = agents.get(name, name)
+        if target not in {*agents.values(), *BUILT_IN_AGENTS}:
+            known = ", ".join(sorted({*agents, *BUILT_IN_AGENTS}))
+            raise ValueError(f"{key}: {name!r} names no agent this deployment registers ({known})")
+        if target in seen:
+            raise ValueError(
+                f"{key}: {seen[target]!r} and {name!r} name one agent: give it one bound"
+            )
+        seen[target] = name
 
 
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")

@@ -61,8 +61,8 @@ QUEUE_RETRY_SECONDS = "RATCHET_QUEUE_RETRY_SECONDS"
 REQUESTS_PER_MINUTE = "RATCHET_REQUESTS_PER_MINUTE"
 """The deployment's model calls a minute (`ratchet:requestsPerMinute`): the step's only."""
 MAX_CONCURRENT = "RATCHET_MAX_CONCURRENT"
-"""The deployer's bounds on concurrent runs by agent name (`ratchet:maxConcurrent`): read by
-the step function only."""
+"""The deployer's bounds on concurrent runs by a name the deployment registers the agent
+under (`ratchet:maxConcurrent`): read by the step function only."""
 PRICES = "RATCHET_PRICES"
 """The deployer's prices for cost estimates (`ratchet:prices`)."""
 

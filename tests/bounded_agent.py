@@ -2,12 +2,17 @@
 run works `params.steps` steps (default 2) and is done. Each step's tool appends when it
 starts and ends (wall clock, across processes) to the file `params.log`, so a test can count
 the steps in flight at any moment; with `params.hold`, a run's first try of its first step
-holds on for that many seconds (a worker to kill mid-step)."""
+holds on for that many seconds (a worker to kill mid-step), and with `params.gate`, until that
+file exists (a test holding every slot taken while the other workers try for one). `two` is the
+same agent bounded at 2, and `tests.bounded_alias` re-exports both, as a package re-exports its
+agent: two import paths of one agent."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -15,6 +20,8 @@ from pydantic import BaseModel
 from ratchet.tools import Agent, Done, StepView, Tool, ToolCall, ToolContext
 
 STEP_SECONDS = 0.1
+GATE_SECONDS = 90.0
+"""The longest a gated step waits for its gate: the test that holds it opens it well before."""
 
 
 class Nothing(BaseModel):
@@ -30,8 +37,13 @@ def _note(log: str, what: str, run_id: str) -> None:
 def work(args: Nothing, ctx: ToolContext) -> str:
     params = ctx.resources
     _note(params["log"], "start", ctx.run_id)
-    hold = params.get("hold", 0) if ctx.step == 1 and ctx.attempt == 1 else 0
+    first = ctx.step == 1 and ctx.attempt == 1
+    hold = params.get("hold", 0) if first else 0
     time.sleep(hold or STEP_SECONDS)
+    if first and params.get("gate"):
+        deadline = time.monotonic() + GATE_SECONDS
+        while not Path(params["gate"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     _note(params["log"], "end", ctx.run_id)
     return "worked"
 
@@ -48,18 +60,23 @@ agent = Agent(
     goal="Work",
     policy=policy,
     resources=lambda ctx: ctx.options.params,
-    default_params={"log": "", "steps": 2, "hold": 0},
+    default_params={"log": "", "steps": 2, "hold": 0, "gate": ""},
     max_concurrent=3,
 )
 AGENT = f"{__name__}:agent"
+two = dataclasses.replace(agent, name="bounded-two", max_concurrent=2)
+TWO = f"{__name__}:two"
 
 
-def in_flight(log: Path) -> tuple[int, dict[str, int]]:
-    """The most steps in flight at once that the log shows, and the steps each run started."""
+def in_flight(log: Path, runs: Collection[str] | None = None) -> tuple[int, dict[str, int]]:
+    """The most steps in flight at once that the log shows (of `runs` only, if given), and the
+    steps each run started."""
     events: list[tuple[float, int]] = []
     started: dict[str, int] = {}
     for line in log.read_text().splitlines():
         what, moment, run_id, _ = line.split()
+        if runs is not None and run_id not in runs:
+            continue
         # At the same instant an end counts before a start: touching is not overlapping.
         events.append((float(moment), 1 if what == "start" else -1))
         if what == "start":

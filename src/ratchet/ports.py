@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -317,12 +317,14 @@ class Leases(Protocol):
         *,
         run_id: str | None = None,
         skip: Collection[str] = (),
-        limit_of: Callable[[str], int | None] | None = None,
+        limit_of: Callable[[str], ConcurrencyBound | None] | None = None,
     ) -> str | None:
         """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
         runs in `skip`, and those whose agent already has its bound of runs under a live
-        lease (`limit_of` maps a stored agent reference to it; None: no bound); None if there
-        is none. The find and the take are atomic: no two claims share a run or a slot."""
+        lease (`limit_of` maps a stored agent reference to its bound; None: no bound). The
+        runs counted against a bound are those of every reference with the same
+        `ConcurrencyBound.agent`. None if there is none. The find and the take are atomic: no
+        two claims share a run or a slot."""
         ...
 
     def release(self, run_id: str, owner: str) -> None: ...
@@ -623,10 +625,19 @@ class RunData(Protocol):
     def items(self, prefix: str = "") -> list[tuple[str, str]]: ...
 
 
+class ConcurrencyBound(NamedTuple):
+    """How many runs of an agent may work a step at once (`ratchet.limits`), and whose slots
+    they take: the agent's name (`Agent.name`), which every reference to the agent loads, so
+    its runs share one bound however they name it."""
+
+    agent: str
+    limit: int
+
+
 class Slots(Protocol):
     """At most `limit` holders of a name's slots at a time (on AWS, the steps of a bounded
-    agent's runs: `ratchet.limits`). A slot lapses `seconds` after it was taken, so a holder
-    that died frees it on its own."""
+    agent's runs, under its `ConcurrencyBound.agent`). A slot lapses `seconds` after it was
+    taken, so a holder that died frees it on its own."""
 
     def take(self, name: str, limit: int, holder: str, seconds: float) -> bool:
         """Take one of `name`'s slots for `holder`, atomically against every other taker:

@@ -40,7 +40,7 @@ from ratchet.errors import (
     StoreBusy,
     is_transient,
 )
-from ratchet.ports import Leases, check_lease_seconds
+from ratchet.ports import ConcurrencyBound, Leases, check_lease_seconds
 from ratchet.state import RunState, utcnow
 
 DEFAULT_LEASE_SECONDS = 30.0
@@ -206,10 +206,11 @@ class Worker:
     fire_schedules: Callable[[datetime], Sequence[str]] | None = None
     """Called with the time (by `clock`) every `SCHEDULE_CHECK_SECONDS` between claims: starts
     the runs of the schedules due by then and returns their ids (`ratchet.schedules`)."""
-    limits: Callable[[str], int | None] | None = None
-    """The bound on concurrent runs of an agent, by its stored reference (None: no bound):
-    such runs are claimed only while their agent has a free slot, and let go after each step,
-    so the runs waiting their turn take it in order (`ratchet.limits`)."""
+    limits: Callable[[str], ConcurrencyBound | None] | None = None
+    """The bound on concurrent runs of an agent, by a run's stored reference (None: no bound):
+    such runs are claimed only while their agent (by its name, whatever reference its runs
+    store) has a free slot, and let go after each step, so the runs waiting their turn take it
+    in order (`ratchet.limits`)."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)

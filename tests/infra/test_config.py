@@ -18,6 +18,7 @@ from ratchet.runtime.aws_settings import AwsSettings
 BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"
 SIGNING = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-sig-MnOpQr"
 SES = "arn:aws:ses:eu-west-1:123456789012:identity/example.com"
+AGENTS = '{"support": "acme.agents:support", "billing": "acme.agents:billing"}'
 
 
 def _config(**context: Any) -> DeployConfig:
@@ -199,7 +200,9 @@ def test_the_bounds_the_stack_takes_are_the_bounds_the_step_function_takes() -> 
     from ratchet import tools
 
     assert deploy_config.MAX_CONCURRENT_RUNS == tools.MAX_CONCURRENT_RUNS
-    config = _config(**{"ratchet:maxConcurrent": '{"support": 5, "billing": 1}'})
+    config = _config(
+        **{"ratchet:agents": AGENTS, "ratchet:maxConcurrent": '{"support": 5, "billing": 1}'}
+    )
     assert config.max_concurrent is not None
     settings = AwsSettings.model_validate(
         {
@@ -210,3 +213,39 @@ def test_the_bounds_the_stack_takes_are_the_bounds_the_step_function_takes() -> 
         }
     )
     assert settings.max_concurrent == {"support": 5, "billing": 1}
+
+
+@pytest.mark.parametrize(
+    ("bounds", "said"),
+    [
+        (
+            '{"suport": 5}',
+            "context ratchet:maxConcurrent: 'suport' names no agent this deployment registers "
+            "(billing, migration, notebook, support)",
+        ),
+        (
+            '{"acme.agents:other": 5}',
+            "context ratchet:maxConcurrent: 'acme.agents:other' names no agent this deployment "
+            "registers (billing, migration, notebook, support)",
+        ),
+        (
+            '{"support": 5, "acme.agents:support": 3}',
+            "context ratchet:maxConcurrent: 'support' and 'acme.agents:support' name one agent: "
+            "give it one bound",
+        ),
+    ],
+)
+def test_a_bound_that_names_no_registered_agent_fails_the_synth(bounds: str, said: str) -> None:
+    # The step function reads a key as POST /runs names an agent: one it cannot find would
+    # bound nothing, and the deploy would go through.
+    with pytest.raises(ValueError, match=r"^context ratchet:maxConcurrent: ") as refused:
+        _config(**{"ratchet:agents": AGENTS, "ratchet:maxConcurrent": bounds})
+    assert str(refused.value) == said
+
+
+def test_a_bound_names_an_agent_as_the_api_starts_it() -> None:
+    bounds = '{"support": 5, "acme.agents:billing": 2, "migration": 1}'
+    config = _config(**{"ratchet:agents": AGENTS, "ratchet:maxConcurrent": bounds})
+    assert config.max_concurrent == '{"support":5,"acme.agents:billing":2,"migration":1}'
+    with pytest.raises(ValueError, match="'support' names no agent this deployment registers"):
+        _config(**{"ratchet:maxConcurrent": '{"support": 5}'})  # registered by no one

@@ -64,6 +64,14 @@ def settings(store: str | None = None) -> Any:
     return from_env.model_copy(update={"store": chosen}) if chosen else from_env
 
 
+def check_worker_settings() -> None:
+    """Refuse, before a store is opened or a run made, what a worker of this process would
+    refuse when it starts: a `RATCHET_MAX_CONCURRENT` key that names no agent it loads."""
+    from ratchet.runtime.local import concurrency_limits
+
+    concurrency_limits(settings())
+
+
 def open_runtime(*, create: bool, store: str | None = None) -> Any:
     from ratchet.runtime import runtime_for
 

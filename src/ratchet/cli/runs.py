@@ -13,6 +13,7 @@ from ratchet.cli import readout
 from ratchet.cli.context import (
     approval_link,
     check_run_id,
+    check_worker_settings,
     cli_logger,
     cli_worker_id,
     command,
@@ -203,6 +204,7 @@ def run(
     from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
 
     require_local_store("run")
+    check_worker_settings()
     continuing = run_id is not None and goal is None and scenario is None and agent is None
     if continuing and run_id is not None and _exists(run_id):
         state = None
@@ -274,6 +276,7 @@ def worker(
     # Before the store is opened (and made): a bad value must leave nothing behind.
     check_lease_seconds(lease_seconds, name="--lease-seconds")
     worker_id = check_worker_id(worker_id) if worker_id is not None else cli_worker_id()
+    check_worker_settings()
     try:
         # Only a worker that waits for runs makes a store; one that stops when idle has
         # nothing to do where there is none, and leaves no file behind.

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ratchet.cli.context import (
+    check_worker_settings,
     cli_logger,
     cli_worker_id,
     command,
@@ -81,6 +82,8 @@ def serve(
 
     require_local_store("serve")
     agents = _agents(agent or [])
+    if work:
+        check_worker_settings()  # its worker would refuse them later, on a thread of its own
     listening = listen(host, port)
     try:
         port = listening.getsockname()[1]

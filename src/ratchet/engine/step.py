@@ -76,6 +76,7 @@ from ratchet.ports import (
     BlobStore,
     CheckpointStore,
     ChildRuns,
+    ConcurrencyBound,
     Consumption,
     IdempotencyLedger,
     LedgerCompletion,
@@ -137,15 +138,16 @@ class Engine:
         clock: Callable[[], datetime] = utcnow,
         abandoned_grace_seconds: float = ABANDONED_GRACE_SECONDS,
         slots: Slots | None = None,
-        limits: Callable[[str], int | None] | None = None,
+        limits: Callable[[str], ConcurrencyBound | None] | None = None,
         rate: RateLimit | None = None,
         requests_per_minute: int | None = None,
         children: ChildRuns | None = None,
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
-        step of a bounded agent's run takes one of its slots before any work and gives it
-        back once the step is over; finding none free, it is `Outcome.QUEUED` (on AWS; a
-        local worker's claim bounds its runs instead, see `ratchet.limits`).
+        step of a bounded agent's run takes one of its agent's slots (by the agent's name,
+        which every reference to it shares) before any work and gives it back once the step
+        is over; finding none free, it is `Outcome.QUEUED` (on AWS; a local worker's claim
+        bounds its runs instead, see `ratchet.limits`).
 
         With `rate` and `requests_per_minute`, every step (each may call the model) counts
         one request of the deployment's shared limit before its attempt is counted; over it,
@@ -290,12 +292,12 @@ class Engine:
         if bound is None:
             return self._take_step(state, count_next_attempt=count_next_attempt)
         assert self._slots is not None
-        if not self._slots.take(state.agent, bound, run_id, self._slot_seconds(state)):
+        if not self._slots.take(bound.agent, bound.limit, run_id, self._slot_seconds(state)):
             return StepOutcome.queued(state)
         try:
             return self._take_step(state, count_next_attempt=count_next_attempt)
         finally:
-            self._give_back_slot(state)
+            self._give_back_slot(bound, state)
 
     def _take_step(self, state: RunState, *, count_next_attempt: NextAttempt) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
@@ -360,10 +362,10 @@ class Engine:
             limit = None
         return (MAX_STEP_TIMEOUT_SECONDS if limit is None else limit) + SLOT_MARGIN_SECONDS
 
-    def _give_back_slot(self, state: RunState) -> None:
+    def _give_back_slot(self, bound: ConcurrencyBound, state: RunState) -> None:
         assert self._slots is not None
         try:
-            self._slots.release(state.agent, state.run_id)
+            self._slots.release(bound.agent, state.run_id)
         except Exception:
             # The step is over whatever happened: the slot lapses at its time instead.
             self._logger.warning(

@@ -50,7 +50,7 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.limits import ConcurrencyLimits
+from ratchet.limits import ConcurrencyLimits, resolve_overrides
 from ratchet.model_names import BEDROCK_PREFIX
 from ratchet.ports import BlobStore, Notifier
 from ratchet.runs import AgentNotRunnable, ModelNotGranted, RunRequest, new_run
@@ -121,7 +121,13 @@ class AwsRuntime:
         self._bindings = Bindings(
             self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
         )
-        self._limits = ConcurrencyLimits(AgentRegistry.local(), settings.max_concurrent)
+        # Only the step function has overrides. At its cold start each must name an agent as
+        # the API starts it (a name the deployment registers), else every step fails saying
+        # which, rather than run under a bound that holds nothing.
+        overrides = settings.max_concurrent
+        self._limits = ConcurrencyLimits(
+            AgentRegistry.local(), resolve_overrides(overrides, self._agents()) if overrides else {}
+        )
         self._secrets = AwsSecrets(
             settings.secrets, secretsmanager=_client("secretsmanager"), ssm=_client("ssm")
         )
@@ -168,11 +174,7 @@ class AwsRuntime:
         after its id; their ends settled with `engine`, the parked parent's token answered."""
         from ratchet.client import Client
 
-        agents = (
-            AgentRegistry.deployment(self.settings.agents, self.settings.models)
-            if self.settings.agents
-            else AgentRegistry.local()
-        )
+        agents = self._agents()
 
         def check(request: RunRequest) -> RunState:
             return new_run(request, has_anthropic_key=self.anthropic_configured, agents=agents)
@@ -191,6 +193,13 @@ class AwsRuntime:
             logger=logger,
             faults=engine.faults,
         )
+
+    def _agents(self) -> AgentRegistry:
+        """The agents a run may name: the deployment's, by name; import paths too where no
+        deployment says (on a laptop)."""
+        if self.settings.agents:
+            return AgentRegistry.deployment(self.settings.agents, self.settings.models)
+        return AgentRegistry.local()
 
     def before_prepare(self) -> None:
         """Nothing to take: DynamoDB has no store-wide lock."""

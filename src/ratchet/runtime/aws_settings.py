@@ -125,8 +125,9 @@ class AwsSettings(BaseModel):
         return value
 
     max_concurrent: dict[str, int] = Field(default_factory=dict)
-    """Bounds on concurrent runs by agent name, over each agent's own `max_concurrent`
-    (`ratchet.limits`); the stack's `max_concurrent`."""
+    """Bounds on concurrent runs, over each agent's own `max_concurrent`, by a name the
+    deployment registers the agent under (`ratchet.limits`); the stack's `max_concurrent`,
+    which the runtime refuses at cold start if a key names no such agent."""
     queue_retry_seconds: int = Field(default=DEFAULT_QUEUE_RETRY_SECONDS, ge=1, le=300)
     """A step that found no free slot is tried again after 1 to this many seconds."""
     requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)

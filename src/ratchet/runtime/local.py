@@ -51,6 +51,7 @@ from ratchet.limits import (
     MAX_REQUESTS_PER_MINUTE,
     ConcurrencyLimits,
     parse_overrides,
+    resolve_overrides,
 )
 from ratchet.runs import RunRequest, new_run
 from ratchet.runtime.local_approvals import (
@@ -108,8 +109,9 @@ class LocalSettings(BaseModel):
     """How long a command waits on a store another process has locked before it says the
     store is busy. Workers racing on one store need the default; a person may want less."""
     max_concurrent: dict[str, int] = Field(default_factory=dict)
-    """Bounds on concurrent runs by agent name (`RATCHET_MAX_CONCURRENT`, a JSON object),
-    over each agent's own `max_concurrent`: see `ratchet.limits`."""
+    """Bounds on concurrent runs (`RATCHET_MAX_CONCURRENT`, a JSON object), over each agent's
+    own `max_concurrent`, by the import path (or built-in scenario) of the agent: a worker
+    checks that each names an agent when it starts (`concurrency_limits`, `ratchet.limits`)."""
     requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     """Model calls a minute shared by every worker on the store
     (`RATCHET_REQUESTS_PER_MINUTE`): see `ratchet.limits`."""
@@ -186,6 +188,15 @@ _ENV_NAMES = {
     "max_concurrent": MAX_CONCURRENT_ENV,
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
 }
+
+
+def concurrency_limits(settings: LocalSettings) -> ConcurrencyLimits:
+    """The bound on each agent's concurrent runs for a local worker: `InvalidInput` (one line)
+    if `RATCHET_MAX_CONCURRENT` names an agent a worker could not load, since such a key
+    would bound nothing. A local worker loads a run's agent by its import path or a built-in
+    scenario's name (`AgentRegistry.local`), so those are the names an override takes."""
+    local = AgentRegistry.local()
+    return ConcurrencyLimits(local, resolve_overrides(settings.max_concurrent, local))
 
 
 def sqlite_path(url: str) -> Path:
@@ -441,7 +452,7 @@ class LocalRuntime:
 
     def limits(self) -> ConcurrencyLimits:
         """The bound on each agent's concurrent runs, for this process's workers."""
-        return ConcurrencyLimits(AgentRegistry.local(), self.settings.max_concurrent)
+        return concurrency_limits(self.settings)
 
     def work(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,27 +130,40 @@ def _agent(name: str, handler: Callable[[WriteRow, ToolContext], str]) -> Agent:
 
 @dataclass
 class InFlight:
-    """Counts the steps of `bounded` at work at once; holds each in its tool until the test
-    opens the gate, so that a third run must find both slots taken."""
+    """Counts the steps of an agent at work at once (and which runs' they are); holds each in
+    its tool until the test opens the gate, so that a run beyond the bound must find every
+    slot taken."""
 
     open: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     now: int = 0
     most: int = 0
+    at_work: set[str] = field(default_factory=set)
+    moments: list[frozenset[str]] = field(default_factory=list)
+    """The runs at work each time a step began."""
 
     def work(self, args: WriteRow, ctx: ToolContext) -> str:
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
+            self.at_work.add(ctx.run_id)
+            self.moments.append(frozenset(self.at_work))
         try:
             assert self.open.wait(timeout=60), "the test never opened the gate"
             return WORLD.write(args, ctx)
         finally:
             with self.lock:
                 self.now -= 1
+                self.at_work.discard(ctx.run_id)
+
+    def most_of(self, runs: Collection[str]) -> int:
+        """The most of `runs` at work at once."""
+        with self.lock:
+            return max((len(moment & set(runs)) for moment in self.moments), default=0)
 
 
 IN_FLIGHT = InFlight()
+HELDOUT_IN_FLIGHT = InFlight()
 
 
 rows = _agent("rows", WORLD.write)
@@ -161,6 +174,10 @@ flaky = _agent("flaky", _fails_once_at_3_6_and_9)
 """Each of steps 3, 6 and 9 fails its first attempt and succeeds at its second."""
 gated = _agent("gated", _gated)
 bounded = dataclasses.replace(_agent("bounded", IN_FLIGHT.work), max_concurrent=2)
+heldout = _agent("heldout", HELDOUT_IN_FLIGHT.work)
+"""No bound of its own: a deployment bounds it by a name it registers it under."""
+heldout_alias = heldout
+"""`heldout` under a second import path, as a package re-exports its agent."""
 
 
 # --- waits on the world: an event, a time -------------------------------------------------------

@@ -1,5 +1,7 @@
 """`ratchet.ports.Slots` in the checkpoints table: the partition `slots#<name>` holds one item
 per slot, `slot#0000` to `slot#<limit - 1>`, each naming its holder and until when it holds it.
+The engine names an agent's slots by the agent's name (`ratchet.ports.ConcurrencyBound`), so
+the runs of one agent share them whatever reference each run stores.
 
 A take reads the partition (one strongly consistent Query, a few small items) and writes one
 free or lapsed slot with a condition that it is still free or lapsed: of two takers of the

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput
-from ratchet.ports import Beat, check_lease_seconds
+from ratchet.ports import Beat, ConcurrencyBound, check_lease_seconds
 from ratchet.state import RunStatus
 
 WORKERS_SCHEMA = """
@@ -93,35 +93,39 @@ class SqliteLeases:
         *,
         run_id: str | None = None,
         skip: Collection[str] = (),
-        limit_of: Callable[[str], int | None] | None = None,
+        limit_of: Callable[[str], ConcurrencyBound | None] | None = None,
     ) -> str | None:
         """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
         runs in `skip`, and those whose agent (by `limit_of` its stored reference) already has
         as many runs under a live lease as its bound; None if there is none."""
         check_lease_seconds(seconds)
-        limits = self._limits(limit_of, run_id, skip) if limit_of is not None else {}
+        agents, bounds = self._bounds(limit_of) if limit_of is not None else ({}, {})
         now = self._clock()
         with self._write() as tx:
             # Find and take in one write transaction: SQLite's write lock makes the pair
             # atomic, so two workers can never both see the same run as free, and never both
-            # take an agent's last slot (a live lease on one of its runs is a slot).
+            # take an agent's last slot (a live lease on one of its runs is a slot). The runs
+            # counted are those of the agent, by its name (`agent.value`), not of the
+            # reference this run stores: two references to one agent share its slots.
             bounded = (
-                f"LEFT JOIN run_static s ON s.run_id = r.run_id "
-                f"LEFT JOIN json_each(?) AS bound ON bound.key = {_AGENT} "
-                if limits
+                "LEFT JOIN run_static s ON s.run_id = r.run_id "
+                f"LEFT JOIN json_each(?) AS agent ON agent.key = {_AGENT} "
+                "LEFT JOIN json_each(?) AS bound ON bound.key = agent.value "
+                if bounds
                 else ""
             )
             within = (
                 "AND (bound.value IS NULL OR (SELECT count(*) FROM leases h "
                 "JOIN runs hr ON hr.run_id = h.run_id "
                 "LEFT JOIN run_static hs ON hs.run_id = h.run_id "
-                f"WHERE h.expires_at > ? AND hr.status = ? AND h.run_id != r.run_id "
-                f"AND {_HELD_AGENT} = bound.key) < bound.value) "
-                if limits
+                f"JOIN json_each(?) AS held ON held.key = {_HELD_AGENT} "
+                "WHERE h.expires_at > ? AND hr.status = ? AND h.run_id != r.run_id "
+                "AND held.value = agent.value) < bound.value) "
+                if bounds
                 else ""
             )
-            bound_parameters = (json.dumps(limits),) if limits else ()
-            within_parameters = (now, RunStatus.RUNNING.value) if limits else ()
+            bound_parameters = (json.dumps(agents), json.dumps(bounds)) if bounds else ()
+            within_parameters = (json.dumps(agents), now, RunStatus.RUNNING.value) if bounds else ()
             row = tx.execute(
                 "SELECT r.run_id FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id "
                 f"{bounded}"
@@ -151,19 +155,29 @@ class SqliteLeases:
             )
             return str(row[0])
 
-    def _limits(
-        self, limit_of: Callable[[str], int | None], run_id: str | None, skip: Collection[str]
-    ) -> dict[str, int]:
-        """The bound of each agent with running runs (outside the write transaction: loading
-        an agent the first time imports its module)."""
-        agents = self._db.connection.execute(
+    def _bounds(
+        self, limit_of: Callable[[str], ConcurrencyBound | None]
+    ) -> tuple[dict[str, str], dict[str, int]]:
+        """The agent (by name) of each stored reference of a running run whose agent is
+        bounded, and each such agent's bound: of every running run, not only those the claim
+        may take, since the runs held under any reference to an agent count against its bound
+        (read outside the write transaction: loading an agent the first time imports its
+        module)."""
+        references = self._db.connection.execute(
             f"SELECT DISTINCT {_AGENT} FROM runs r LEFT JOIN run_static s "
-            "ON s.run_id = r.run_id WHERE r.status = ? AND (? IS NULL OR r.run_id = ?) "
-            "AND r.run_id NOT IN (SELECT value FROM json_each(?))",
-            (RunStatus.RUNNING.value, run_id, run_id, json.dumps(list(skip))),
+            "ON s.run_id = r.run_id WHERE r.status = ?",
+            (RunStatus.RUNNING.value,),
         ).fetchall()
-        limits = {str(a): limit_of(str(a)) for (a,) in agents if isinstance(a, str)}
-        return {agent: bound for agent, bound in limits.items() if bound is not None}
+        agents: dict[str, str] = {}
+        bounds: dict[str, int] = {}
+        for (reference,) in references:
+            bound = limit_of(reference) if isinstance(reference, str) else None
+            if bound is None:
+                continue
+            agents[reference] = bound.agent
+            # Two agents of one name are one agent here; the tighter bound holds for both.
+            bounds[bound.agent] = min(bounds.get(bound.agent, bound.limit), bound.limit)
+        return agents, bounds
 
     def renew(self, run_id: str, owner: str, seconds: float) -> bool:
         """Extend our lease; False if it lapsed and another worker took the run."""
