@@ -78,7 +78,8 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     _stop_if_parked_elsewhere(taken)
     if taken.outcome is Outcome.QUEUED:
         metrics.add_metric(name="QueuedSteps", unit=MetricUnit.Count, value=1)
-        logger.info("no free slot for the run's agent; the step waits its turn")
+        if taken.why is None:  # else the engine said why
+            logger.info("no free slot for the run's agent; the step waits its turn")
     return StepResult.after(
         request,
         taken,

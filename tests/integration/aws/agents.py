@@ -284,6 +284,7 @@ class Bank:
 
 
 BANK = Bank()
+WIRE_STEP_SECONDS = 5.0
 
 
 wires = Agent(
@@ -300,5 +301,8 @@ wires = Agent(
     ],
     goal="Pay",
     policy=_once_then_done("send_wire", lambda view: {"n": 120}),
+    step_timeout_seconds=WIRE_STEP_SECONDS,
 )
-"""Sends one wire through an at-most-once tool, then ends with its result as its summary."""
+"""Sends one wire through an at-most-once tool, then ends with its result as its summary. A
+retried step asks whether the wire was sent no sooner than its step time limit after the call
+started (`WIRE_STEP_SECONDS`, short)."""
