@@ -15,7 +15,9 @@ So the question waits until the first call cannot be running any more:
 This process knows more of its own calls: one still running here (given up at its deadline,
 on its thread still) may run; one that ended here (returned, raised, or never began, the
 attempt failing between the recorded start and the tool) is over, and is asked about at once,
-as a tool that raised and is retried by its own worker always was.
+as a tool that raised and is retried by its own worker always was. On AWS a sandbox that gave
+up a call at its deadline is ended (`running_calls`, `ratchet.handlers.step`), so that it does
+not thaw for a later invocation with the call in it, past the deadline the ledger keeps.
 
 While the call may run, the step is not taken (`CallUnderWay`, which the engine answers with
 `Outcome.QUEUED`): nothing is written, no attempt used, and it is tried again when the deadline
@@ -123,6 +125,11 @@ def held_elsewhere(key: str) -> CallUnderWay:
     )
 
 
+def running_calls(run_id: str) -> bool:
+    """Whether an at-most-once call of the run is still running in this process."""
+    return _CALLS.running_of(run_id)
+
+
 class _Calls:
     """The at-most-once calls of this process: those running, and the keys of those that
     ended here (the latest `limit`, the oldest first out)."""
@@ -152,6 +159,11 @@ class _Calls:
     def running(self, key: str) -> bool:
         with self._lock:
             return key in self._running
+
+    def running_of(self, run_id: str) -> bool:
+        prefix = f"{run_id}/step-"  # `idempotency_key`'s form
+        with self._lock:
+            return any(key.startswith(prefix) for key in self._running)
 
     def ended(self, key: str) -> bool:
         with self._lock:

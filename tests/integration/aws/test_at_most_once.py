@@ -16,12 +16,14 @@ import json
 import pytest
 
 from ratchet.faults import FaultPoint
-from ratchet.handlers import _wiring, api
+from ratchet.handlers import _wiring, api, step
 from ratchet.ports import CallStart, LedgerStatus
 from ratchet.state import RunStatus, StepCompleted
-from tests.integration.aws.agents import BANK, WIRE_STEP_SECONDS
+from tests.integration.aws.agents import BANK, SLOW_PORTAL, WIRE_STEP_SECONDS
 from tests.integration.aws.harness import (
+    AGENTS,
     FakeContext,
+    Killed,
     Stack,
     api_event,
     entered_states,
@@ -98,6 +100,48 @@ def test_the_retried_step_asks_no_sooner_than_the_calls_deadline(stack: Stack):
     # And the person, who sees no wire at the bank, has it sent once
     assert BANK.sent_by(run_id) == 0
     _approve(run_id, {"ran": False})
+    assert stack.finished(started["execution_name"], timeout=120)["status"] == "SUCCEEDED"
+    assert BANK.sent_by(run_id) == 1
+
+
+def test_a_sandbox_that_gives_up_the_call_at_its_deadline_ends(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+):
+    # Lambda freezes a sandbox between invocations, and thaws it for a later one: a call the
+    # step gave up at its deadline would go on then, past the deadline the retry waited for,
+    # and after the person said it did not run. Ending the sandbox ends the call.
+    stack.configure(
+        queue_retry_seconds=1,
+        agents=json.dumps({**AGENTS, "slow_wires": "tests.integration.aws.agents:slow_wires"}),
+    )
+    run_id = "pay-slowly"
+    ended: list[tuple[int, str | None]] = []
+
+    def end_sandbox() -> None:
+        head = stack.head(run_id)
+        ended.append((head.attempts, head.error))
+        raise Killed("the step handler ended its sandbox")
+
+    monkeypatch.setattr(step, "end_sandbox", end_sandbox)
+
+    # Given a wire's call that outlasts the step's time limit
+    status, started = stack.post_run({"agent": "slow_wires", "run_id": run_id})
+    assert status == 201, started
+    SLOW_PORTAL.entered.wait(timeout=60)
+
+    # When the step gives it up at its deadline
+    wait_until(lambda: bool(ended), timeout=60, what="the step to give the call up")
+
+    # Then that sandbox ends, once the failed attempt is recorded
+    ((attempts, error),) = ended
+    assert attempts == 1
+    assert error is not None
+    assert "timed out after 1 s (in tool send_wire)" in error
+
+    # (This process cannot end: the call goes on here, and the run asks once it has ended.)
+    SLOW_PORTAL.release.set()
+    stack.parked(run_id)
+    _approve(run_id, {"ran": BANK.sent_by(run_id) == 1})
     assert stack.finished(started["execution_name"], timeout=120)["status"] == "SUCCEEDED"
     assert BANK.sent_by(run_id) == 1
 
