@@ -379,6 +379,20 @@ class AbandonedCallRunning(RatchetError):
         self.step = step
 
 
+class CallUnderWay(RatchetError):
+    """A retried step found its at-most-once call started with no outcome, and that call may
+    still be running: its deadline is ahead (`because="deadline"`), or a process on this host
+    holds it (`"held"`: a worker frozen in the call, say). No person is asked yet, so the step
+    is not taken: the engine answers with `Outcome.QUEUED` after `seconds`, no attempt used.
+    It never leaves the engine."""
+
+    def __init__(self, key: str, seconds: float, because: str, detail: str) -> None:
+        super().__init__(detail)
+        self.key = key
+        self.seconds = seconds
+        self.because = because
+
+
 class ForkRefused(RatchetError):
     """Raise it from an agent's `fork` hook when the agent cannot give a fork data that matches
     its state (the data cannot be copied there, or predates what a copy needs). The fork is

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -148,6 +148,25 @@ class LedgerStatus(StrEnum):
     COMPLETED = "completed"
 
 
+class CallStart(BaseModel):
+    """What the ledger keeps of an at-most-once call when it starts (`start_call`), so that a
+    later attempt that finds it started with no outcome can tell whether it may still run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: datetime
+    """When the call started, by the starting engine's clock."""
+    seconds: float = Field(gt=0)
+    """How long the call may run: the step's time limit (or, with none, the step function's
+    timeout), after which the engine that made it has given it up."""
+    by: str
+    """The worker that started it."""
+
+    @property
+    def deadline(self) -> datetime:
+        return self.at + timedelta(seconds=self.seconds)
+
+
 class LedgerEntry(BaseModel):
     """The idempotency record of one step: its decision, recorded before anything is done."""
 
@@ -165,6 +184,9 @@ class LedgerEntry(BaseModel):
     status: LedgerStatus = LedgerStatus.IN_PROGRESS
     result: str | None = None
     expires_at: datetime | None = None
+    call: CallStart | None = None
+    """While the key is `called`: when its at-most-once call started, how long it may run, and
+    who started it (None for a key an older Ratchet marked called)."""
 
 
 class IdempotencyLedger(Protocol):
@@ -179,9 +201,10 @@ class IdempotencyLedger(Protocol):
       checkpoint store's `commit` does the same for `Commit.completes`, in its transaction.
       A completed key keeps its `args_hash` and status, so a late `begin` of the same key
       gets the completed entry back (the same hash) or `IdempotencyConflict` (another).
-    - `start_call` marks an in-progress key `called`, atomically: True for the one caller
-      that moved it, False if it was `called` already (an earlier attempt started the call)
-      or is completed; `KeyError` if there is no such key.
+    - `start_call` marks an in-progress key `called` with its `CallStart`, atomically: True
+      for the one caller that moved it, False (the start it recorded unchanged) if it was
+      `called` already (an earlier attempt started the call) or is completed; `KeyError` if
+      there is no such key. `get` reads the start back in `call` until the key completes.
     """
 
     def begin(self, entry: LedgerEntry) -> LedgerEntry: ...
@@ -190,9 +213,36 @@ class IdempotencyLedger(Protocol):
 
     def complete(self, key: str, result: str) -> None: ...
 
-    def start_call(self, key: str) -> bool:
+    def start_call(self, key: str, call: CallStart) -> bool:
         """Record, before an at-most-once tool is called, that its call starts (see the
         contract above)."""
+        ...
+
+
+class HeldCall(Protocol):
+    def release(self) -> None:
+        """Let go (at once, or, once the call ends, from the thread that made it); a second
+        release does nothing."""
+        ...
+
+
+class CallLocks(Protocol):
+    """The at-most-once calls under way on this host, as the local runtime sees them (a lock
+    per key beside the store; none on AWS, where a sandbox's end ends its calls).
+
+    A call's lock is taken before its start is recorded and let go when the call has ended,
+    however it ends (returned, raised, or given up at the step deadline and ended later); the
+    end of its process lets it go too, SIGKILL included, while a frozen process (SIGSTOP, a
+    paused VM) keeps it. So a retried step that finds a call started and its lock held knows
+    the call may still run, whoever's worker made it.
+    """
+
+    def hold(self, key: str) -> HeldCall | None:
+        """Take the key's lock for a call about to start; None if another call holds it."""
+        ...
+
+    def held(self, key: str) -> bool:
+        """Whether a call under way on this host holds the key's lock."""
         ...
 
 

@@ -474,13 +474,15 @@ class Worker:
                     extra={"run_id": run_id, "worker_id": self.worker_id},
                 )
         if outcome.outcome is Outcome.QUEUED:
-            # The deployment's model calls this minute are used up: nothing was done and no
-            # attempt used. Wait for the next minute, holding the run (every run waits alike).
+            # The deployment's model calls this minute are used up, or the step's at-most-once
+            # call may still be running in a worker frozen in it: nothing was done and no
+            # attempt used. Wait until then, holding the run (a pause, not a busy loop).
             seconds = outcome.retry_after or self.poll_seconds
-            self.logger.info(
-                "model call rate limit reached; waiting",
-                extra={"run_id": run_id, "worker_id": self.worker_id, "seconds": seconds},
-            )
+            if outcome.why is None:  # else the engine said why
+                self.logger.info(
+                    "model call rate limit reached; waiting",
+                    extra={"run_id": run_id, "worker_id": self.worker_id, "seconds": seconds},
+                )
             self._pause(seconds)
             return True
         if outcome.outcome is not Outcome.CONTINUE:

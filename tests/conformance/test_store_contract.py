@@ -16,6 +16,7 @@ from ratchet.engine.fold import apply_event
 from ratchet.errors import CheckpointTooLarge, IdempotencyConflict, RunNotFound, StaleVersion
 from ratchet.ports import (
     MAX_ITEM_BYTES,
+    CallStart,
     Commit,
     LedgerCompletion,
     LedgerEntry,
@@ -383,36 +384,47 @@ def test_a_completed_key_keeps_its_hash_for_a_late_begin(backend):
         backend.ledger.begin(entry(args_hash="h2"))
 
 
+def call_start(by: str = "w1", seconds: float = 120.0) -> CallStart:
+    return CallStart(at=utcnow(), seconds=seconds, by=by)
+
+
 def test_start_call_marks_a_key_called_once_and_never_a_completed_one(backend):
     backend.ledger.begin(entry())
     backend.ledger.begin(entry("r1/step-2"))
+    start = call_start()
 
-    first, again = backend.ledger.start_call("r1/step-1"), backend.ledger.start_call("r1/step-1")
+    first = backend.ledger.start_call("r1/step-1", start)
+    again = backend.ledger.start_call("r1/step-1", call_start(by="w2", seconds=5))
     backend.ledger.complete("r1/step-2", "done")
 
     assert (first, again) == (True, False)
     called = backend.ledger.get("r1/step-1")
     assert called is not None
     assert called.status is LedgerStatus.CALLED
-    assert backend.ledger.start_call("r1/step-2") is False
+    # The first start stands, as it was recorded, and the call has no result yet.
+    assert (called.call, called.result) == (start, None)
+    assert backend.ledger.start_call("r1/step-2", call_start()) is False
     completed = backend.ledger.get("r1/step-2")
     assert completed is not None
     assert completed.status is LedgerStatus.COMPLETED
+    assert completed.call is None
     with pytest.raises(KeyError):
-        backend.ledger.start_call("r1/step-9")
+        backend.ledger.start_call("r1/step-9", call_start())
 
 
 def test_a_called_key_completes_in_the_steps_commit(backend):
     state, checkpoint = new_run()
     backend.store.create_run(state, checkpoint)
     backend.ledger.begin(entry())
-    backend.ledger.start_call("r1/step-1")
+    backend.ledger.start_call("r1/step-1", call_start())
 
     backend.store.commit(step_commit(state, 1))
 
     completed = backend.ledger.get("r1/step-1")
     assert completed is not None
     assert completed.status is LedgerStatus.COMPLETED
+    assert completed.call is None
+    assert completed.result is not None
 
 
 def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):

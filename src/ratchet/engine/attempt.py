@@ -10,12 +10,14 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from ratchet import tracing
 from ratchet.engine import memory
+from ratchet.engine.calls import StartedCall, call_start, held_elsewhere, under_way
 from ratchet.engine.deadline import StepClock
 from ratchet.engine.decisions import (
     arguments_of,
@@ -30,6 +32,7 @@ from ratchet.engine.failures import describe, paid_for
 from ratchet.engine.prompt import render_summary_prompt, step_prompt, view_of
 from ratchet.engine.timers import tool_of
 from ratchet.errors import (
+    CallUnderWay,
     IdempotencyConflict,
     ModelFailed,
     ModelOutputInvalid,
@@ -43,6 +46,7 @@ from ratchet.errors import (
 from ratchet.faults import FaultPlan, FaultPoint
 from ratchet.ports import (
     BlobStore,
+    CallLocks,
     IdempotencyLedger,
     LedgerEntry,
     LedgerStatus,
@@ -114,6 +118,8 @@ class StepWork:
         sleep: Callable[[float], None],
         logger: logging.Logger | Any,
         worker_id: str,
+        clock: Callable[[], datetime],
+        call_locks: CallLocks | None = None,
     ) -> None:
         self._ledger = ledger
         self._blobs = blobs
@@ -121,6 +127,8 @@ class StepWork:
         self._sleep = sleep
         self._log = logger
         self._worker_id = worker_id
+        self._clock = clock
+        self._locks = call_locks
 
     def decide(
         self,
@@ -186,6 +194,45 @@ class StepWork:
         span.set({tracing.DECISION: how})
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return decision_from(recorded.decision), usage
+
+    def call_under_way(self, state: RunState) -> CallUnderWay | None:
+        """What keeps the run's next step from being taken now: its at-most-once call, found
+        started with no outcome by an earlier attempt, that may still be running (see
+        `ratchet.engine.calls`). None if there is none, or it is over."""
+        entry = self._ledger.get(idempotency_key(state.run_id, state.next_step))
+        if entry is None:
+            return None
+        return under_way(entry, now=self._clock(), locks=self._locks)
+
+    def _start_call(self, key: str, clock: StepClock) -> StartedCall | None:
+        """Record that the at-most-once call under `key` starts, holding its lock on this host
+        from before the record until the call ends. None: an earlier attempt started it, and
+        it is over (a person is asked whether it ran). Raises `CallUnderWay` if it, or another
+        call of the key, may still be running."""
+        held = None
+        if self._locks is not None:
+            held = self._locks.hold(key)
+            if held is None:
+                raise held_elsewhere(key)
+        try:
+            first = self._ledger.start_call(
+                key, call_start(self._clock(), clock.limit, self._worker_id)
+            )
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        if first:
+            return StartedCall(key, held)
+        if held is not None:
+            held.release()
+        # Found started by an earlier attempt: its worker may be frozen in it, not dead.
+        entry = self._ledger.get(key)
+        if entry is not None:
+            running = under_way(entry, now=self._clock(), locks=self._locks)
+            if running is not None:
+                raise running
+        return None
 
     def _redo(self, state: RunState, key: str) -> LedgerEntry | None:
         """Record again, under this step's key, the call of the step a person said did not
@@ -282,35 +329,55 @@ class StepWork:
         with tracing.tool_span(
             state.run_id, step, state.attempts, tool=tool.name, key=key
         ) as called:
+            started: StartedCall | None = None
             if tool.at_most_once:
                 # Durably before the call: a later attempt that finds it started never calls
-                # again; it asks a person whether the call ran.
-                if not self._ledger.start_call(key):
+                # again; once it cannot be running any more, it asks a person whether it ran.
+                started = self._start_call(key, clock)
+                if started is None:
                     called.set({tracing.TOOL_OUTCOME: "uncertain"})
                     return uncertain(step, tool.name, key, arguments_of(call, self._blobs))
-                self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
-
+                try:
+                    self._faults.hit(FaultPoint.AFTER_CALL_STARTED, step)
+                except Exception:
+                    started.end()  # the tool was never called
+                    raise
+                except BaseException:
+                    started.let_go()
+                    raise
+            ended = started.end if started is not None else _nothing
             latency = state.options.tool_latency_ms / 1000
 
+            # The call ends where it runs: a call given up at the deadline ends later, on its
+            # own thread or loop, and holds its lock until then.
             def run_tool() -> ToolResult:
-                if latency:
-                    self._sleep(latency)
-                return tool(args, context)
+                try:
+                    if latency:
+                        self._sleep(latency)
+                    return tool(args, context)
+                finally:
+                    ended()
 
             async def run_async_tool() -> ToolResult:
-                if latency:
-                    await asyncio.sleep(latency)
-                return await tool.call_async(args, context)
+                try:
+                    if latency:
+                        await asyncio.sleep(latency)
+                    return await tool.call_async(args, context)
+                finally:
+                    ended()
 
             try:
                 if tool.is_async:
                     result = clock.run_async(run_async_tool, f"in tool {tool.name}")
                 else:
                     result = clock.run(run_tool, f"in tool {tool.name}")
-            except StepTimedOut:
+            except StepTimedOut as timed_out:
+                if not timed_out.still_running:
+                    ended()  # a coroutine cancelled before it began ran no `finally`
                 called.set({tracing.TOOL_OUTCOME: "timed_out"})
                 raise
             except Exception as error:  # user code: any failure is this attempt's failure
+                ended()
                 called.set({tracing.TOOL_OUTCOME: "error"})
                 raise ToolFailed(
                     f"{tool.name} raised {describe(error)}", transient=is_transient(error)
@@ -395,6 +462,10 @@ def _ask(
 
 
 UNCERTAIN_ARGUMENTS_CHARS = 2000
+
+
+def _nothing() -> None:
+    pass
 
 
 def uncertain(

@@ -19,16 +19,12 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 
+# Read by the stack's tests from here, beside the budget it sizes.
+from ratchet.engine.deadline import STEP_MARGIN_SECONDS as STEP_MARGIN_SECONDS
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.engine.step import Engine
 from ratchet.errors import InjectedFault
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
-
-STEP_MARGIN_SECONDS = 60.0
-"""What a step takes beyond its agent's code: the engine's DynamoDB calls around it (load the
-head, read the ledger, commit), each bounded by the client's timeouts. The step function's
-own timeout is the longest step time limit plus this (`cdk/functions.py`, kept equal by
-tests/infra), so every step an invocation takes has at least the room its first one has."""
 
 
 @dataclass

@@ -36,6 +36,12 @@ ABANDONED_GRACE_SECONDS = 30.0
 """Before failing a run by its strikes, how long the engine waits for a call of the run that
 this process abandoned at a step deadline to end (see `AbandonedCallRunning`)."""
 
+STEP_MARGIN_SECONDS = 60.0
+"""What a step takes beyond its agent's code: the engine's DynamoDB calls around it (load the
+head, read the ledger, commit), each bounded by the client's timeouts. The step function's
+own timeout is the longest step time limit plus this (`cdk/functions.py`, kept equal by
+tests/infra), so every step an invocation takes has at least the room its first one has."""
+
 CANCEL_GRACE_SECONDS = 1.0
 """How long a coroutine cancelled at its deadline has to end (its `finally` blocks, a client's
 close) before it counts as still running, and is fenced as an abandoned thread is."""

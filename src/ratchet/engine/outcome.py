@@ -17,8 +17,9 @@ class Outcome(StrEnum):
     STOPPED = "stopped"
     CANCELLED = "cancelled"
     QUEUED = "queued"
-    """The run's agent had no free slot (`Agent.max_concurrent`): nothing was done or
-    written, no attempt used; the step is to be tried again a little later."""
+    """The run's agent had no free slot (`Agent.max_concurrent`), the deployment's model calls
+    of the minute are used up, or the step's at-most-once call may still be running: nothing
+    was done or written, no attempt used; the step is to be tried again a little later."""
 
 
 _OUTCOME_OF_STATUS = {
@@ -42,12 +43,19 @@ class StepOutcome:
     head: RunState | None = field(default=None, compare=False, repr=False)
     """The head the step left, as committed (what a reader of the store would load)."""
     retry_after: float | None = None
-    """For a queued step held back by the model-call rate limit: the seconds until it may
-    go (None: as soon as a slot of its agent frees)."""
+    """For a queued step held back by the model-call rate limit, or by an at-most-once call
+    that may still be running: the seconds until it may go (None: as soon as a slot of its
+    agent frees)."""
+    why: str | None = None
+    """For a queued step, what holds it back, when it is not a slot or the rate limit."""
 
     @classmethod
-    def queued(cls, state: RunState, *, retry_after: float | None = None) -> StepOutcome:
-        return cls(Outcome.QUEUED, state.run_id, state.step, state.version, 0, state, retry_after)
+    def queued(
+        cls, state: RunState, *, retry_after: float | None = None, why: str | None = None
+    ) -> StepOutcome:
+        return cls(
+            Outcome.QUEUED, state.run_id, state.step, state.version, 0, state, retry_after, why
+        )
 
     @classmethod
     def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:

@@ -59,6 +59,7 @@ from ratchet.engine.failures import (
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.errors import (
     AgentSetupFailed,
+    CallUnderWay,
     ChildRunsRefused,
     InjectedFault,
     NotCancellable,
@@ -74,6 +75,7 @@ from ratchet.errors import (
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import (
     BlobStore,
+    CallLocks,
     CheckpointStore,
     ChildRuns,
     ConcurrencyBound,
@@ -142,6 +144,7 @@ class Engine:
         rate: RateLimit | None = None,
         requests_per_minute: int | None = None,
         children: ChildRuns | None = None,
+        call_locks: CallLocks | None = None,
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
         step of a bounded agent's run takes one of its agent's slots (by the agent's name,
@@ -156,7 +159,12 @@ class Engine:
         With `children` (`attach_children`), a tool may start child runs (`start_runs`):
         they are started before the step commits, and every head this engine moves is told
         to them, so a child's end settles its parent's wait. Without, such a step fails the
-        run (`ChildRunsRefused`)."""
+        run (`ChildRunsRefused`).
+
+        With `call_locks` (the local runtime's), an at-most-once call holds its lock on this
+        host while it runs, and a retried step that finds it started asks a person whether it
+        ran only once no process here holds it; everywhere, only once its deadline has passed
+        (`ratchet.engine.calls`). Until then the step is `Outcome.QUEUED`."""
         self._store = store
         self._children = children
         self._rate = rate
@@ -186,6 +194,8 @@ class Engine:
             sleep=sleep,
             logger=logger,
             worker_id=worker_id,
+            clock=clock,
+            call_locks=call_locks,
         )
 
     @property
@@ -301,6 +311,14 @@ class Engine:
 
     def _take_step(self, state: RunState, *, count_next_attempt: NextAttempt) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
+        if state.attempts and self._counted_ahead.get(run_id) != state.version:
+            # A retry (an attempt is on record that this engine did not count ahead): its
+            # at-most-once call may have started and may still run, in a worker frozen in it.
+            # Read before anything is written, so such a worker, thawed, still commits the
+            # step it was taking (its version stands).
+            under_way = self._work.call_under_way(state)
+            if under_way is not None:
+                return self._wait_for_call(state, under_way)
         if self._rate is not None and self._requests_per_minute is not None:
             wait = self._rate.take(MODEL_REQUESTS, self._requests_per_minute)
             if wait > 0:
@@ -334,6 +352,15 @@ class Engine:
             attempted = self._attempt(state, span)
         except (StaleVersion, InjectedFault):
             raise
+        except CallUnderWay as under_way:
+            # Found as the attempt came to the call (a worker thawed and took it up between
+            # the read before this attempt and now): the step is not taken after all, so its
+            # attempt is given back, as a queued step uses none.
+            version = self._store.release_attempt(state.run_id, state.version)
+            given_back = state.model_copy(
+                update={"version": version, "attempts": state.attempts - 1}
+            )
+            return self._wait_for_call(given_back, under_way)
         except Exception as error:
             return self._record_failure(state, attempt_failure(error, f"step {step} failed"))
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
@@ -352,6 +379,21 @@ class Engine:
             return self._record_failure(state, paid_for(failure, attempted.usage))
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head, bytes_written=written)
+
+    def _wait_for_call(self, state: RunState, under_way: CallUnderWay) -> StepOutcome:
+        self._logger.info(
+            "at-most-once call may still be running; the step waits",
+            extra={
+                "run_id": state.run_id,
+                "step": state.next_step,
+                "worker_id": self._worker_id,
+                "key": under_way.key,
+                "because": under_way.because,
+                "seconds": round(under_way.seconds, 3),
+                "detail": str(under_way),
+            },
+        )
+        return StepOutcome.queued(state, retry_after=under_way.seconds, why=str(under_way))
 
     def _slot_seconds(self, state: RunState) -> float:
         """How long a step's slot holds if it is never given back (its holder died): the
@@ -544,7 +586,7 @@ class Engine:
             else:
                 wait = asked
             folded = self._work.summarise(state, binding, clock)
-        except (StaleVersion, InjectedFault):
+        except (StaleVersion, InjectedFault, CallUnderWay):
             raise
         except Exception as error:
             failure = paid_for(attempt_failure(error, f"step {state.next_step} failed"), usage)

@@ -16,6 +16,10 @@ One error ends the sandbox instead: `AbandonedCallRunning`, a run whose strikes 
 while a call this sandbox abandoned at a step deadline still runs. Frozen with the sandbox, the
 call would go on at its next invocation, after the run was failed; the end of the process ends
 it, and the state machine's retry of the crash (`Runtime.ExitError`) fails the run in a new one.
+So does a failed attempt that gave up an at-most-once call at its deadline (recorded first):
+the retry in another sandbox asks a person whether the call ran once its deadline has passed
+(`ratchet.engine.calls`), and a call that thawed later with this sandbox would land after the
+answer.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from ratchet.engine import Outcome, StepBudget, StepOutcome, take_steps
+from ratchet.engine.calls import running_calls
 from ratchet.errors import (
     AbandonedCallRunning,
     StaleVersion,
@@ -65,6 +70,9 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
         raise
     except StepAttemptFailed:
         metrics.add_metric(name="FailedAttempts", unit=MetricUnit.Count, value=1)
+        if running_calls(request.run_id):
+            logger.error("ending the sandbox, which ends the at-most-once call it gave up")
+            end_sandbox()
         raise
     except StoreBusy:
         metrics.add_metric(name="StoreBusy", unit=MetricUnit.Count, value=1)
@@ -78,7 +86,8 @@ def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     _stop_if_parked_elsewhere(taken)
     if taken.outcome is Outcome.QUEUED:
         metrics.add_metric(name="QueuedSteps", unit=MetricUnit.Count, value=1)
-        logger.info("no free slot for the run's agent; the step waits its turn")
+        if taken.why is None:  # else the engine said why
+            logger.info("no free slot for the run's agent; the step waits its turn")
     return StepResult.after(
         request,
         taken,

@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.file_blobs import FileBlobStore
 from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.secrets import EnvironmentSecrets
@@ -342,6 +343,8 @@ class LocalRuntime:
             faults=faults,
             rate=SqliteRateLimit(self.db),
             requests_per_minute=self.settings.requests_per_minute,
+            # Every process working this store finds the store's calls under way there.
+            call_locks=FileCallLocks(Path(f"{self.root}.calls")),
         )
         engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
         return engine

@@ -301,6 +301,7 @@ class Bank:
 
 
 BANK = Bank()
+WIRE_STEP_SECONDS = 5.0
 
 
 wires = Agent(
@@ -317,5 +318,25 @@ wires = Agent(
     ],
     goal="Pay",
     policy=_once_then_done("send_wire", lambda view: {"n": 120}),
+    step_timeout_seconds=WIRE_STEP_SECONDS,
 )
-"""Sends one wire through an at-most-once tool, then ends with its result as its summary."""
+"""Sends one wire through an at-most-once tool, then ends with its result as its summary. A
+retried step asks whether the wire was sent no sooner than its step time limit after the call
+started (`WIRE_STEP_SECONDS`, short)."""
+
+SLOW_PORTAL = Gate(step=1)
+
+
+def _slow_send(args: WriteRow, ctx: ToolContext) -> str:
+    SLOW_PORTAL.hold(ctx)
+    return BANK.send(args, ctx)
+
+
+slow_wires = dataclasses.replace(
+    wires,
+    name="slow_wires",
+    tools=[dataclasses.replace(wires.tools[0], handler=_slow_send)],
+    step_timeout_seconds=1.0,
+)
+"""`wires` whose portal holds the first call until the test lets it go, past the step's time
+limit (1 s): the step gives the call up at its deadline, and the call goes on."""

@@ -1,8 +1,9 @@
 """The idempotency ledger on DynamoDB: the AWS twin of `ratchet.adapters.sqlite.ledger`.
 
 The idempotency table, partition key `key`: one item per `<run_id>/step-<n>` (`run_id`, `step`,
-`status`, `args_hash`, `decision` as JSON until completed, `result` once completed,
-`created_at`), expiring by the table's TTL attribute. A commit completes its key in the
+`status`, `args_hash`, `decision` as JSON until completed, `result` once completed (while an
+at-most-once call is `called`, its `CallStart` as JSON), `created_at`), expiring by the table's
+TTL attribute. A commit completes its key in the
 checkpoint store's transaction (`ratchet.adapters.dynamodb.store`), which removes the decision:
 the step's record, in the same transaction, holds it. What DynamoDB turns away is `StoreBusy`
 or `StoreUnavailable` (`ratchet.adapters.dynamodb.items`).
@@ -28,7 +29,7 @@ from ratchet.adapters.dynamodb.items import (
     translated_errors,
 )
 from ratchet.errors import IdempotencyConflict
-from ratchet.ports import LedgerEntry, LedgerStatus
+from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
 from ratchet.state import utcnow
 
 if TYPE_CHECKING:
@@ -133,16 +134,17 @@ class DynamoDbLedger:
             raise
 
     @translated_errors
-    def start_call(self, key: str) -> bool:
+    def start_call(self, key: str, call: CallStart) -> bool:
         try:
             self._client.update_item(
                 TableName=self._table,
                 Key={"key": text_attribute(key)},
-                UpdateExpression="SET #status = :called",
+                UpdateExpression="SET #status = :called, #result = :call",
                 ConditionExpression="#status = :in_progress",
-                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeNames={"#status": "status", "#result": "result"},
                 ExpressionAttributeValues={
                     ":called": text_attribute(LedgerStatus.CALLED.value),
+                    ":call": text_attribute(call.model_dump_json()),
                     ":in_progress": text_attribute(LedgerStatus.IN_PROGRESS.value),
                 },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -158,16 +160,21 @@ class DynamoDbLedger:
 
 def _ledger_entry(item: Mapping[str, AttributeValueTypeDef]) -> LedgerEntry:
     # A completed key carries no decision (the completion removes it; one written for a key
-    # that was never begun had none): it reads back as None.
+    # that was never begun had none): it reads back as None. A called key's `result` is its
+    # call's start.
+    status = LedgerStatus(item["status"]["S"])
+    result = item["result"]["S"] if "result" in item else None
+    called = status is LedgerStatus.CALLED
     return LedgerEntry(
         key=item["key"]["S"],
         run_id=item["run_id"]["S"] if "run_id" in item else "",
         step=int(item["step"]["N"]) if "step" in item else 0,
-        status=LedgerStatus(item["status"]["S"]),
+        status=status,
         args_hash=item["args_hash"]["S"] if "args_hash" in item else "",
         decision=json.loads(item["decision"]["S"]) if "decision" in item else None,
-        result=item["result"]["S"] if "result" in item else None,
+        result=None if called else result,
         expires_at=_from_epoch(item.get(TTL_ATTRIBUTE)),
+        call=CallStart.model_validate_json(result) if called and result else None,
     )
 
 

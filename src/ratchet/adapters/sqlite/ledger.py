@@ -1,6 +1,8 @@
 """The idempotency ledger on SQLite: one row per step's key in `idempotency`, beside the runs
 in the file `SqliteDatabase` opens (so a commit can complete its key in the same transaction).
-A completed key's `decision` is NULL: the step's record holds it (`COMPLETION_SQL`).
+A completed key's `decision` is NULL: the step's record holds it (`COMPLETION_SQL`). A `called`
+key, whose at-most-once call has no result yet, keeps its `CallStart` (JSON) in `result` until
+the completion writes the result there: no column of its own, so a store of any age takes it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from datetime import datetime, timedelta
 
 from ratchet.adapters.sqlite.database import SqliteDatabase, check_size
 from ratchet.errors import IdempotencyConflict
-from ratchet.ports import LedgerEntry, LedgerStatus
+from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
 from ratchet.state import utcnow
 
 LEDGER_RETENTION = timedelta(days=30)
@@ -72,11 +74,16 @@ class SqliteLedger:
         if not changed:
             raise KeyError(f"no idempotency record for {key!r}")
 
-    def start_call(self, key: str) -> bool:
+    def start_call(self, key: str, call: CallStart) -> bool:
         with self._db.write() as tx:
             moved = tx.execute(
-                "UPDATE idempotency SET status = ? WHERE key = ? AND status = ?",
-                (LedgerStatus.CALLED.value, key, LedgerStatus.IN_PROGRESS.value),
+                "UPDATE idempotency SET status = ?, result = ? WHERE key = ? AND status = ?",
+                (
+                    LedgerStatus.CALLED.value,
+                    call.model_dump_json(),
+                    key,
+                    LedgerStatus.IN_PROGRESS.value,
+                ),
             ).rowcount
             if moved:
                 return True
@@ -94,6 +101,7 @@ class SqliteLedger:
         if row is None:
             return None
         key, run_id, step, status, args_hash, decision, result, expires_at = row
+        called = status == LedgerStatus.CALLED.value
         return LedgerEntry(
             key=key,
             run_id=run_id,
@@ -101,6 +109,7 @@ class SqliteLedger:
             status=LedgerStatus(status),
             args_hash=args_hash,
             decision=None if decision is None else json.loads(decision),
-            result=result,
+            result=None if called else result,
             expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
+            call=CallStart.model_validate_json(result) if called and result else None,
         )
