@@ -1,15 +1,21 @@
-"""Child runs with real worker processes and SIGKILL: a worker killed after its parent's step
-started 10 children and before that step's checkpoint leaves the next workers to retry the
-step, which starts none of them twice (each child works once), and the parent ends done with
-their 10 results; a worker killed right after a child's last commit, before it told the
-parent, leaves the parent to a live worker's sweep, which settles it."""
+"""Child runs with real worker processes, SIGKILL and SIGSTOP: a worker killed after its
+parent's step started 10 children and before that step's checkpoint leaves the next workers to
+retry the step, which starts none of them twice (each child works once), and the parent ends
+done with their 10 results; a worker killed right after a child's last commit, before it told
+the parent, leaves the parent to a live worker's sweep, which settles it. A parent cancelled
+(`ratchet cancel`) while its worker stands still inside the fan-out step, before any child is
+created, with 2 of 5 created, or with all 5 created and the step not committed, leaves no
+child to run: each one created ends cancelled, and none runs to done."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import RunState, RunStatus, WaitSettled, child_run_id
@@ -92,3 +98,80 @@ def test_a_child_whose_worker_died_before_telling_its_parent_is_found_by_the_swe
         sweeper.wait(timeout=30)
 
     assert _outcomes(cli, "p") == [("p.step-1.0", RunStatus.DONE)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "pause_at", "created"),
+    [
+        pytest.param("stop:after_tool@1", None, 0, id="before-any-child-is-created"),
+        pytest.param(None, 2, 3, id="with-2-of-5-created"),
+        pytest.param("stop:after_children_started@1", None, 5, id="after-all-5-before-the-commit"),
+    ],
+)
+def test_a_parent_cancelled_inside_its_fan_out_step_leaves_no_child_running(
+    tmp_path, fault, pause_at, created
+):
+    # Given a worker standing still inside the parent's fan-out step (SIGSTOP)
+    cli = Cli(tmp_path)
+    _start(cli, "p", children=5, pause_at=pause_at)
+    paused = cli.spawn_worker("paused", fault=fault)
+    _wait_stopped(paused, tmp_path / "paused.log")
+    children = [child_run_id("p", 1, i) for i in range(5)]
+    assert cli.head("p").step == 0  # the fan-out step is under way, not committed
+
+    # When the parent is cancelled, and the worker goes on with the step, then workers work
+    # whatever is left to run
+    cli.ok("cancel", "p", "--reason", "not needed", "--by", "ops")
+    _go_on(paused)
+    cli.work_until_idle()
+
+    # Then every child that was created ended cancelled, and none ran to done
+    heads = {c: _head_or_none(cli, c) for c in children}
+    ended = Counter(head.status.value for head in heads.values() if head is not None)
+    print(f"cancel {fault or f'pause_at={pause_at}'}: {dict(ended)} of 5 children")
+    assert cli.head("p").status is RunStatus.CANCELLED
+    assert ended[RunStatus.DONE.value] == 0
+    assert ended == ({RunStatus.CANCELLED.value: created} if created else {})
+    for head in heads.values():
+        if head is not None:
+            assert head.summary is not None
+            assert head.summary.endswith("its parent run p was cancelled")
+
+
+def _wait_stopped(process: subprocess.Popen[str], log: Path) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not _stopped(process):
+        assert process.poll() is None, f"the worker exited: {log.read_text()}"
+        assert time.monotonic() < deadline, f"the worker never stopped: {log.read_text()}"
+        time.sleep(0.05)
+
+
+def _go_on(process: subprocess.Popen[str]) -> None:
+    """Let the stopped worker go on (SIGCONT) until it exits; if it stops again (the same
+    point reached in a child's step, which this test does not pause), kill it there: the
+    lease it holds lapses and the next worker takes over."""
+    process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while process.poll() is None:
+        if _stopped(process):
+            process.kill()
+            break
+        assert time.monotonic() < deadline, "the worker never ended"
+        time.sleep(0.05)
+    process.wait(timeout=WAIT_SECONDS)
+
+
+def _stopped(process: subprocess.Popen[str]) -> bool:
+    try:
+        stat = Path(f"/proc/{process.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _head_or_none(cli: Cli, run_id: str) -> RunState | None:
+    runtime = LocalRuntime.open(LocalSettings(store=cli.store), create=False)
+    try:
+        return runtime.store.load_head(run_id)
+    finally:
+        runtime.close()
