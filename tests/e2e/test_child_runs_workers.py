@@ -5,7 +5,8 @@ done with their 10 results; a worker killed right after a child's last commit, b
 the parent, leaves the parent to a live worker's sweep, which settles it. A parent cancelled
 (`ratchet cancel`) while its worker stands still inside the fan-out step, before any child is
 created, with 2 of 5 created, or with all 5 created and the step not committed, leaves no
-child to run: each one created ends cancelled, and none runs to done."""
+child to run: each one created ends cancelled, and none runs to done; a child whose worker
+stands still inside its first step when the cancel lands ends cancelled too."""
 
 from __future__ import annotations
 
@@ -138,6 +139,37 @@ def test_a_parent_cancelled_inside_its_fan_out_step_leaves_no_child_running(
             assert head.summary.endswith("its parent run p was cancelled")
 
 
+def test_a_child_already_working_when_its_parent_is_cancelled_mid_fan_out_is_cancelled_too(
+    tmp_path,
+):
+    # Given the parent's worker standing still after creating 5 children, its step not
+    # committed, and a second worker standing still inside one child's first step, past the
+    # check of its parent (leases long enough that no one takes either run meanwhile)
+    cli = Cli(tmp_path)
+    log = tmp_path / "work.log"
+    _start(cli, "p", children=5, log=str(log))
+    parents = cli.spawn_worker("parents", fault="stop:after_children_started@1", lease=60)
+    _wait_stopped(parents, tmp_path / "parents.log")
+    children = cli.spawn_worker("children", fault="stop:after_tool@1", lease=60)
+    _wait_stopped(children, tmp_path / "children.log")
+    (working,) = _worked(log)  # its tool ran; its step is not committed
+
+    # When the parent is cancelled, and both workers go on with their steps (and stop there),
+    # then a worker finishes what is left
+    cli.ok("cancel", "p", "--reason", "not needed", "--by", "ops")
+    _go_on(parents, children, then_stop=True)
+    cli.work_until_idle()
+
+    # Then the child that was working ended cancelled (its step's commit refused), as did
+    # every other, and none ran to done
+    ended = Counter(cli.head(child_run_id("p", 1, i)).status.value for i in range(5))
+    print(f"cancel with {working} mid-step: {dict(ended)} of 5 children")
+    assert cli.head(working).status is RunStatus.CANCELLED
+    assert cli.head(working).step == 0
+    assert ended == {RunStatus.CANCELLED.value: 5}
+    assert _worked(log) == {working: 1}  # no other child's tool ran
+
+
 def _wait_stopped(process: subprocess.Popen[str], log: Path) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     while not _stopped(process):
@@ -146,19 +178,23 @@ def _wait_stopped(process: subprocess.Popen[str], log: Path) -> None:
         time.sleep(0.05)
 
 
-def _go_on(process: subprocess.Popen[str]) -> None:
-    """Let the stopped worker go on (SIGCONT) until it exits; if it stops again (the same
-    point reached in a child's step, which this test does not pause), kill it there: the
-    lease it holds lapses and the next worker takes over."""
-    process.send_signal(signal.SIGCONT)
+def _go_on(*processes: subprocess.Popen[str], then_stop: bool = False) -> None:
+    """Let the stopped workers go on (SIGCONT) until they exit (with `then_stop`, once the
+    step each stands in is over: SIGTERM); one that stops again (the same point reached in
+    another run's step, which the test does not pause) is killed there: the lease it holds
+    lapses and the next worker takes over."""
+    for process in processes:
+        if then_stop:
+            process.send_signal(signal.SIGTERM)  # handled once it goes on
+        process.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + WAIT_SECONDS
-    while process.poll() is None:
-        if _stopped(process):
-            process.kill()
-            break
-        assert time.monotonic() < deadline, "the worker never ended"
+    while any(process.poll() is None for process in processes):
+        for process in processes:
+            if process.poll() is None and _stopped(process):
+                process.kill()
+                process.wait(timeout=WAIT_SECONDS)
+        assert time.monotonic() < deadline, "the workers never ended"
         time.sleep(0.05)
-    process.wait(timeout=WAIT_SECONDS)
 
 
 def _stopped(process: subprocess.Popen[str]) -> bool:
