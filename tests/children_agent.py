@@ -3,6 +3,9 @@
 `parent` starts `params.children` runs of `child` at its first step (`start_runs`, waiting as
 `params.wait` says; or the runs `params.specs` names, as they are), then is done, its summary
 the step's result (how each child ended).
+With `params.pause_at`, the process creating child number `pause_at` stops itself there
+(SIGSTOP, in the child's `prepare`: the children before it are created, it and those after it
+are not), so a test can act in the middle of the fan-out and then let it go on (SIGCONT).
 `child` works one step (0.05 s, or `params.hold` seconds) and is done with the summary
 `child <i> done`; with `params.fail` its tool raises a `PermanentError` and the run fails;
 with `params.ask` it waits for a person first. Every child's step appends a line to the file
@@ -12,6 +15,7 @@ with `params.ask` it waits for a person first. Every child's step appends a line
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from ratchet.tools import (
     Agent,
     Done,
     PermanentError,
+    RunContext,
     RunSpec,
     StepView,
     Tool,
@@ -51,6 +56,7 @@ def fan_out(args: Nothing, ctx: ToolContext) -> ToolResult:
                 "log": params.get("log", ""),
                 "hold": params.get("hold", 0.0),
                 "ask": params.get("ask", False),
+                "pause": i == params.get("pause_at"),
             },
         )
         for i in range(params["children"])
@@ -70,6 +76,12 @@ class ChildInput(BaseModel):
     log: str = ""
     hold: float = 0.0
     ask: bool = False
+    pause: bool = False
+
+
+def pause_on_creation(ctx: RunContext) -> None:
+    if ctx.options.params.get("pause"):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def work(args: Nothing, ctx: ToolContext) -> str | ToolResult:
@@ -106,6 +118,7 @@ parent = Agent(
         "hold": 0.0,
         "ask": False,
         "specs": [],
+        "pause_at": None,
     },
 )
 child = Agent(
@@ -115,6 +128,7 @@ child = Agent(
     policy=child_policy,
     resources=lambda ctx: ctx.options.params,
     input=ChildInput,
+    prepare=pause_on_creation,
 )
 PARENT = f"{__name__}:parent"
 CHILD = f"{__name__}:child"

@@ -2,9 +2,23 @@
 
 A step that starts children starts them before it commits: every spec is checked first (as
 `ratchet start` checks a request), then each child is created (and on AWS its execution
-started) under an id derived from the step's idempotency key, `<run>.step-<n>.<i>`. A worker
-killed after that and before the commit retries the step, whose decision is reused; the same
-ids find the children there, and nothing is started twice.
+started) under an id derived from the step's idempotency key, `<run>.step-<n>.<i>`, in order,
+so the children of a step that exist at any moment are its first few. A worker killed after
+that and before the commit retries the step, whose decision is reused; the same ids find the
+children there, and nothing is started twice.
+
+A cancel of the parent can land while the step is under way, and then the step never commits
+and no record names its children. They end with their parent all the same, by three reads:
+- the cancel (`cancelled`) looks up the step's ids from `.0` on, up to the first that does
+  not exist, and cancels each child it finds, as it cancels the children a wait names;
+- the step reads its parent's head before it creates each child, and stops, creating no more,
+  once it shows the step cut off (`RunState.cut_off_at`);
+- a child's first step reads its parent's head before any work, and ends the child cancelled
+  if the step that started it was cut off (`Engine.advance`).
+Each side reads after its own write, so whatever the order: a child created before the
+cancel's look-up is found by it; a child can be created after it only if the step's read came
+before the cancel, which happens once per attempt, and that child's first step, which begins
+after its creation and so after the cancel, finds the cancel and does nothing.
 
 The step then parks its run on a `ChildrenWait` (with `wait="all"` or `"first"`): waiting, no
 process held, on AWS an `AwaitEvent` task holding a token. The wait settles when its children
@@ -22,24 +36,31 @@ Who settles it, so that no ending is missed:
   parent's park is renewed weekly, and every renewal checks again, and a child's step retried
   after a crash finds its run ended and tells again.
 
+The reads are strongly consistent and each side reads after its own write, so of a child
+ending and its parent parking at the same moment one always sees both.
+
 On AWS the settling is followed by the parked parent's wake (its task token answered). The
 desk marks the wake owed before it settles (`Nudge.owe`), so a desk that dies between the two
 leaves the mark for the sweep (`ratchet.waiting.wakes`); and a child's step retried after that
 crash finds its parent settled but still parked, and answers it again.
-The reads are strongly consistent and each side reads after its own write, so of a child
-ending and its parent parking at the same moment one always sees both.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from ratchet.errors import ChildRunsRefused, NotWaiting, RatchetError, StaleVersion
+from ratchet.errors import (
+    ChildRunsRefused,
+    NotCancellable,
+    NotWaiting,
+    RatchetError,
+    StaleVersion,
+)
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
 from ratchet.ports import CheckpointStore, OpenWait
 from ratchet.runs import RunRequest, RunRequestInvalid, request_problems
@@ -47,6 +68,7 @@ from ratchet.state import (
     CHILD_RESULT_CHARS,
     FINISHED,
     MAX_CHILD_DEPTH,
+    MAX_CHILDREN,
     ChildOutcome,
     ChildrenWait,
     RunState,
@@ -54,6 +76,7 @@ from ratchet.state import (
     StartRuns,
     WaitSettled,
     child_run_id,
+    parent_cancelled,
 )
 from ratchet.waiting.desk import Nudge, Settles
 
@@ -77,6 +100,10 @@ class ChildRunDesk:
     create: Callable[[RunState], None]
     """Create a checked run unless its id exists (and on AWS start its execution, a no-op
     for one that runs already)."""
+    cancel: Callable[[str, str, str], object]
+    """Cancel a run (its id, by whom, why) as the runtime's `cancel` does: its open requests
+    closed, on AWS its execution stopped, and its own children, through its engine, told
+    here (`cancelled`). `NotCancellable` if it has ended."""
     nudge: Nudge | None = None
     """On AWS, what answers the parked parent's task token once its wait is settled."""
     logger: logging.Logger | Any = None
@@ -95,8 +122,16 @@ class ChildRunDesk:
             for i, spec_request in enumerate(self._requests(parent, step, request))
         ]
         for child in children:
+            self._unless_cut_off(parent, step)
             self.create(child)
         return [child.run_id for child in children]
+
+    def _unless_cut_off(self, parent: RunState, step: int) -> None:
+        """Go on creating the step's children unless a cancel of the parent cut the step
+        off: then the commit would be refused, and the step ends here as it would there."""
+        head = self.store.load_head(parent.run_id)
+        if head is not None and head.cut_off_at(step):
+            raise StaleVersion(parent.run_id, parent.version)
 
     @staticmethod
     def _requests(parent: RunState, step: int, request: StartRuns) -> Iterable[dict[str, Any]]:
@@ -125,6 +160,40 @@ class ChildRunDesk:
         return state.model_copy(
             update={"parent": parent.run_id, "parent_step": step, "depth": parent.depth + 1}
         )
+
+    # --- cancelling ------------------------------------------------------------------------
+
+    def cancelled(self, run: RunState, *, by: str) -> None:
+        reason = parent_cancelled(run.run_id)
+        for child in self._started(run):
+            if child.is_finished:
+                continue
+            try:
+                self.cancel(child.run_id, by, reason)
+            except NotCancellable:
+                continue  # ended meanwhile
+
+    def _started(self, run: RunState) -> Iterator[RunState]:
+        """The heads of the children a cancel of `run` (as it stood) ends: those its wait
+        names, or those the step under way had created (a wait="none" step's too: it never
+        committed, so no later step of the run goes on with them)."""
+        wait = _children_wait(run)
+        if wait is not None:
+            for child_id in wait.children:
+                head = self.store.load_head(child_id)
+                if head is not None:
+                    yield head
+            return
+        if run.status is not RunStatus.RUNNING:
+            return
+        step = run.next_step
+        # The step creates its children in order, so those that exist are its first few: the
+        # first id that does not exist (or is another run's) is past the last.
+        for index in range(MAX_CHILDREN):
+            head = self.store.load_head(child_run_id(run.run_id, step, index))
+            if head is None or head.parent != run.run_id or head.parent_step != step:
+                return
+            yield head
 
     # --- settling --------------------------------------------------------------------------
 

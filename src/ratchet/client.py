@@ -39,7 +39,6 @@ from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
 from ratchet.errors import (
     InvalidInput,
-    NotCancellable,
     RatchetError,
     RunNotFound,
     ScheduleExists,
@@ -533,7 +532,8 @@ class Runtime(Protocol):
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
         """End a running or waiting run as `cancelled` (`Engine.cancel`, which refuses a
-        finished run), keeping its checkpoints; close its open approval requests (`CLOSED`)
+        finished run and cancels the child runs it started that have not ended, each through
+        this method), keeping its checkpoints; close its open approval requests (`CLOSED`)
         and, on AWS, stop the execution working it. Returns the cancelled head."""
         ...
 
@@ -898,10 +898,11 @@ class Client:
     def cancel(self, run_id: str, *, reason: str = "", by: str | None = None) -> Run:
         """End a running or waiting run as `cancelled`, keeping its checkpoints; its open
         approval requests are closed and, on AWS, its execution stopped; the child runs it
-        waits for are cancelled with it. `NotCancellable` if it has already finished. `by`
-        and `reason` are bounded as a decision's `by` and comment are (`InvalidInput`)."""
+        waits for, or that the step it was taking had started, are cancelled with it, and
+        theirs in turn (`ratchet.children`). `NotCancellable` if it has already finished.
+        `by` and `reason` are bounded as a decision's `by` and comment are (`InvalidInput`)."""
         steering = _Steering.checked("cancel", by=by or _operator(), reason=reason)
-        before = self.head(run_id)
+        self.head(run_id)
         head = self.runtime.cancel(
             run_id,
             by=steering.by,
@@ -909,28 +910,7 @@ class Client:
             worker_id=self.worker_id,
             logger=self.logger,
         )
-        self._cancel_children(before, by=steering.by)
         return Run.of(head)
-
-    def _cancel_children(self, parent: RunState, *, by: str) -> None:
-        """Cancel the children a cancelled run waited for (`start_runs`) that have not
-        ended, a child waiting for a person too (its request closes), and theirs in turn.
-        Children started with `wait="none"` are not waited for, and go on."""
-        waiting = parent.waiting.request if parent.waiting else None
-        if parent.status is not RunStatus.WAITING or not isinstance(waiting, ChildrenWait):
-            return
-        reason = f"its parent run {parent.run_id} was cancelled"
-        for child_id in waiting.children:
-            child = self.runtime.store.load_head(child_id)
-            if child is None or child.is_finished:
-                continue
-            try:
-                self.runtime.cancel(
-                    child_id, by=by, reason=reason, worker_id=self.worker_id, logger=self.logger
-                )
-            except NotCancellable:
-                continue  # ended meanwhile
-            self._cancel_children(child, by=by)
 
     def children(self, run_id: str) -> list[Run]:
         """The child runs the run's steps started (`start_runs`), in the order they were

@@ -2,9 +2,11 @@
 
 `RATCHET_FAULT=<action>:<point>@<step>`, e.g. `kill:after_tool@23`. `raise` raises
 `InjectedFault`; `kill` sends SIGKILL to this very process, so nothing (no finally, no atexit)
-runs, as when a machine disappears. Several faults may be joined with commas. A fault fires
-every time its point is reached at its step in this process: a new process without the
-variable is what recovers.
+runs, as when a machine disappears; `stop` sends it SIGSTOP, so it stands still there (as a
+process the scheduler, a debugger or a frozen VM holds) until a SIGCONT, then goes on as if
+nothing happened: a test does what it likes meanwhile. Several faults may be joined with
+commas. A fault fires every time its point is reached at its step in this process: a new
+process without the variable is what recovers.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ others are in the desks that settle waits)."""
 class FaultAction(StrEnum):
     RAISE = "raise"
     KILL = "kill"
+    STOP = "stop"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class FaultPlan:
     def hit(self, point: FaultPoint, step: int) -> None:
         for fault in self.faults:
             if fault.point is point and fault.step == step:
+                if fault.action is FaultAction.STOP:
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    continue
                 if fault.action is FaultAction.KILL:
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise InjectedFault(f"injected fault {fault}")
@@ -94,6 +100,6 @@ def _parse_one(text: str) -> Fault:
     except ValueError:
         points = ", ".join(p.value for p in FaultPoint)
         raise InvalidInput(
-            f"bad RATCHET_FAULT {text!r}: expected <raise|kill>:<point>@<step> with point one "
-            f"of {points}"
+            f"bad RATCHET_FAULT {text!r}: expected <raise|kill|stop>:<point>@<step> with point "
+            f"one of {points}"
         ) from None

@@ -718,10 +718,21 @@ class ChildRuns(Protocol):
 
     def start(self, parent: RunState, step: int, request: StartRuns) -> list[str]:
         """Create (and on AWS start) each run `request` names, under the ids derived from
-        the parent's step (`child_run_id`): a child that exists already is left as it is, so
-        a retried step starts none twice. Every spec is checked before any run is created;
-        a spec no run can be started from is `ChildRunsRefused`. Returns the children's
-        ids."""
+        the parent's step (`child_run_id`), in their order: a child that exists already is
+        left as it is, so a retried step starts none twice. Every spec is checked before any
+        run is created; a spec no run can be started from is `ChildRunsRefused`. The
+        parent's head is read before each child is created: once it shows the step cut off
+        by a cancel (`RunState.cut_off_at`), no more are, and `StaleVersion` ends the step
+        (its commit would be refused). Returns the children's ids."""
+        ...
+
+    def cancelled(self, run: RunState, *, by: str) -> None:
+        """Told of a run the engine just cancelled, as it stood when cancelled (`run`):
+        cancel the child runs it started that have not ended, as `by` (the runtime's cancel,
+        so their requests close, their executions stop, and theirs are cancelled in turn).
+        Those are the children its wait waits for, if it waited for children, and those the
+        step under way had created when the cancel cut it off (no record names them: they
+        are found by their derived ids). Raises what it could not do."""
         ...
 
     def after(self, head: RunState) -> None:

@@ -375,6 +375,11 @@ def child_run_id(parent: str, step: int, index: int) -> str:
     return f"{whole[:96].rstrip('.')}.{digest}.{index}"[:128]
 
 
+def parent_cancelled(parent: str) -> str:
+    """Why a child run was cancelled with its parent (`Cancelled by <who>: ...`)."""
+    return f"its parent run {parent} was cancelled"
+
+
 def duration_words(seconds: float) -> str:
     """`45 s`, `90 min`, `2 h`, `3 d`: a wait's length, as a result or a status says it."""
     if seconds < 120:
@@ -539,6 +544,12 @@ class RunState(_Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    def cut_off_at(self, step: int) -> bool:
+        """Whether this head shows the run's step `step` cut off by a cancel: the run was
+        cancelled before that step committed, so it never will. The child runs such a step
+        started are no committed step's, and end with the run (`ratchet.children`)."""
+        return self.status is RunStatus.CANCELLED and self.step < step
 
 
 # --- checkpoint events: what each checkpoint records ------------------------------------------

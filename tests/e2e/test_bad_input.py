@@ -529,8 +529,8 @@ CATALOGUE: list[Case] = [
         "--run-id",
         "f1",
         env=(("RATCHET_FAULT", "boom"),),
-        line="bad RATCHET_FAULT 'boom': expected <raise|kill>:<point>@<step> with point one of "
-        "before_model, after_model, after_decision, after_call_started, after_tool, "
+        line="bad RATCHET_FAULT 'boom': expected <raise|kill|stop>:<point>@<step> with point one "
+        "of before_model, after_model, after_decision, after_call_started, after_tool, "
         "after_children_started, before_commit, after_commit, after_event_accepted",
     ),
     case(

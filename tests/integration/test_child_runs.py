@@ -2,12 +2,15 @@
 waits for all of them ends done with 10 results; a failing child is reported as failed;
 `wait="first"` goes on at the first end, `wait="none"` at once; a step retried after the
 children were started (before its commit) starts none twice; cancelling the parent cancels
-the children it waits for, one waiting for a person among them; a spec no run can start from
-fails the parent at once with nothing started, and so does a fan-out over the bound; two
-parents whose long ids share their start each start and wait for children of their own."""
+the children it waits for, one waiting for a person among them; a child created after its
+parent's cancel looked for the step's children ends cancelled at its first step, without
+working, and the step creates no more; a spec no run can start from fails the parent at once
+with nothing started, and so does a fan-out over the bound; two parents whose long ids share
+their start each start and wait for children of their own."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from pathlib import Path
@@ -16,7 +19,7 @@ import pytest
 
 from ratchet.children import children_ended
 from ratchet.client import Client
-from ratchet.errors import InjectedFault
+from ratchet.errors import InjectedFault, StaleVersion
 from ratchet.faults import FaultPlan
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import (
@@ -182,6 +185,39 @@ def test_cancelling_the_parent_cancels_its_children_one_waiting_for_a_person_too
         assert cancelled.status is RunStatus.CANCELLED
         assert cancelled.summary == "Cancelled by dana: its parent run p was cancelled"
         assert [a.status for a in client.runtime.approvals.of_run(child)] == [ApprovalStatus.CLOSED]
+
+
+def test_a_child_created_after_its_parents_cancel_looked_for_it_ends_at_its_first_step(
+    client, tmp_path
+):
+    # Given a fan-out step that read its parent (still running) before creating its first
+    # child, and a cancel of the parent that lands right then, before the child exists: the
+    # cancel finds none of the step's children, and the child is created after it
+    log = tmp_path / "work.log"
+    client.start(run_id="p", agent=PARENT, input={"children": 2, "log": str(log)})
+    engine = client.runtime.engine(worker_id="w1", logger=LOG)
+    desk = client.runtime.child_runs(engine, worker_id="w1", logger=LOG)
+
+    def cancel_then_create(state: RunState) -> None:
+        if client.get("p").status is RunStatus.RUNNING:
+            client.cancel("p", by="dana")
+        desk.create(state)
+
+    engine.attach_children(dataclasses.replace(desk, create=cancel_then_create))
+
+    # When the step goes on, and the child is worked
+    with pytest.raises(StaleVersion):  # the step ends as its commit would have
+        engine.advance("p")
+    first, second = child_run_id("p", 1, 0), child_run_id("p", 1, 1)
+    assert client.get(first).status is RunStatus.RUNNING  # created after the cancel's look
+    assert client.runtime.store.load_head(second) is None  # the step created no more
+    run = client.work(first)
+
+    # Then the child ends cancelled at its first step, its tool never called
+    assert run.status is RunStatus.CANCELLED
+    assert run.step == 0
+    assert run.summary == "Cancelled by test: its parent run p was cancelled"
+    assert not log.exists()
 
 
 def test_a_child_cancelled_alone_is_reported_to_its_parent_as_cancelled(client):

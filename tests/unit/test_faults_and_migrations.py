@@ -11,11 +11,12 @@ from ratchet.state import SCHEMA_VERSION, RunState
 
 
 def test_a_fault_spec_parses_into_faults():
-    plan = FaultPlan.parse("kill:after_tool@23, raise:before_commit@2")
+    plan = FaultPlan.parse("kill:after_tool@23, raise:before_commit@2, stop:after_model@4")
 
     assert plan.faults == (
         Fault(FaultAction.KILL, FaultPoint.AFTER_TOOL, 23),
         Fault(FaultAction.RAISE, FaultPoint.BEFORE_COMMIT, 2),
+        Fault(FaultAction.STOP, FaultPoint.AFTER_MODEL, 4),
     )
     assert FaultPlan.parse(None).faults == ()
     assert FaultPlan.parse("  ").faults == ()
@@ -25,7 +26,7 @@ def test_a_fault_spec_parses_into_faults():
     "spec", ["kill", "explode:after_tool@1", "raise:during_lunch@1", "raise:after_tool@x"]
 )
 def test_a_bad_fault_spec_is_a_clear_error(spec):
-    with pytest.raises(InvalidInput, match=re.escape("expected <raise|kill>:<point>@<step>")):
+    with pytest.raises(InvalidInput, match=re.escape("expected <raise|kill|stop>:<point>@<step>")):
         FaultPlan.parse(spec)
 
 

@@ -105,6 +105,7 @@ from ratchet.state import (
     ToolOutput,
     WaitSettled,
     idempotency_key,
+    parent_cancelled,
     stamped,
     utcnow,
 )
@@ -292,6 +293,12 @@ class Engine:
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
             return StepOutcome.of(state)
+        cancelled_parent = self._cut_off_parent(state)
+        if cancelled_parent is not None:
+            # Created after its parent's cancel looked for its children (`ratchet.children`):
+            # no one else will cancel it. It has done nothing yet, so nothing of it to undo.
+            finished = _cancelled(self._worker_id, parent_cancelled(cancelled_parent))
+            return self._commits.finish(state, finished)
         if state.step >= state.options.max_steps:
             summary = (
                 f"Stopped at the step cap of {state.options.max_steps} steps before the goal "
@@ -394,6 +401,21 @@ class Engine:
             },
         )
         return StepOutcome.queued(state, retry_after=under_way.seconds, why=str(under_way))
+
+    def _cut_off_parent(self, state: RunState) -> str | None:
+        """The parent's id if `state` is a child run, before its first step, whose parent's
+        step that started it was cut off by a cancel (`RunState.cut_off_at`). Read at every
+        attempt of the first step: each begins after the child's creation, so after any
+        cancel its parent's step did not see in time."""
+        if state.step or state.parent is None or state.parent_step is None:
+            return None
+        try:
+            parent = self._store.load_head(state.parent)
+        except ValueError:  # a parent that cannot be read stops no child
+            return None
+        if parent is None or not parent.cut_off_at(state.parent_step):
+            return None
+        return parent.run_id
 
     def _slot_seconds(self, state: RunState) -> float:
         """How long a step's slot holds if it is never given back (its holder died): the
@@ -521,14 +543,17 @@ class Engine:
 
     def cancel(self, run_id: str, *, by: str, reason: str = "") -> RunState:
         """End a running or waiting run as `cancelled`, keeping its checkpoints. A step that
-        is under way elsewhere finds the run cancelled when it commits (a stale version)."""
+        is under way elsewhere finds the run cancelled when it commits (a stale version), or
+        before it creates its next child run. With `children`, the child runs it started
+        that have not ended are cancelled with it (`ChildRuns.cancelled`): those it waits
+        for, and those the step under way had created."""
         state = self.load(run_id)
         if state.is_finished:
             raise NotCancellable(run_id, state.status)
-        summary = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
-        finished = Finished(status=RunStatus.CANCELLED, summary=cut(summary))
-        head, _ = self._commits.commit(state, finished, step=state.step)
+        head, _ = self._commits.commit(state, _cancelled(by, reason), step=state.step)
         self._told(head)
+        if self._children is not None:
+            self._children.cancelled(state, by=by)
         return head
 
     def decide_waiting(
@@ -641,6 +666,11 @@ class Engine:
             # gets its own. (A cancelled coroutine that has ended uses nothing any more.)
             self._unbind(state.run_id)
         return self._commits.record_failure(state, error)
+
+
+def _cancelled(by: str, reason: str) -> Finished:
+    summary = f"Cancelled by {by}" + (f": {reason}" if reason else ".")
+    return Finished(status=RunStatus.CANCELLED, summary=cut(summary))
 
 
 _KIND_WORDS = {

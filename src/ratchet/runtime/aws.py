@@ -171,7 +171,8 @@ class AwsRuntime:
         """The runs a run's step starts (`start_runs`): checked as the API checks a start
         (the deployment's agents, by name; import paths too where no deployment says, on a
         laptop), created, and each started in an execution of the state machine named
-        after its id; their ends settled with `engine`, the parked parent's token answered."""
+        after its id; their ends settled with `engine`, the parked parent's token answered;
+        cancelled with their parent through `cancel` (by whoever cancels it: the API)."""
         from ratchet.client import Client
 
         agents = self._agents()
@@ -184,11 +185,15 @@ class AwsRuntime:
             if self.settings.state_machine_arn and self._stepfunctions is not None:
                 self.start_execution(state.run_id, logger=logger)
 
+        def cancel(run_id: str, by: str, reason: str) -> RunState:
+            return self.cancel(run_id, by=by, reason=reason, worker_id=worker_id, logger=logger)
+
         return ChildRunDesk(
             store=self.store,
             engine=engine,
             new_run=check,
             create=create,
+            cancel=cancel,
             nudge=self.nudge() if self._stepfunctions is not None else None,
             logger=logger,
             faults=engine.faults,
@@ -504,11 +509,12 @@ class AwsRuntime:
         )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
-        """Cancel the run, close its pending approval requests (dropping the parked task's
-        token, so no link can answer it) and drop an event wait's token, then stop its
-        running execution, if this runtime knows the state machine and has a Step Functions
-        client. If the stop fails, the run is cancelled all the same: the execution's next
-        step finds it so and ends."""
+        """Cancel the run (and, through its engine, the child runs it started that have not
+        ended, each through this method), close its pending approval requests (dropping the
+        parked task's token, so no link can answer it) and drop an event wait's token, then
+        stop its running execution, if this runtime knows the state machine and has a Step
+        Functions client. If the stop fails, the run is cancelled all the same: the
+        execution's next step finds it so and ends."""
         from ratchet.waits import ApprovalStatus
 
         head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)

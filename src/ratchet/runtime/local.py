@@ -352,7 +352,7 @@ class LocalRuntime:
     def child_runs(self, engine: Engine, *, worker_id: str, logger: Any) -> ChildRunDesk:
         """The runs this store's runs start (`start_runs`): checked and created as `ratchet
         start` creates a run (any agent the CLI could start), their ends settled with
-        `engine`."""
+        `engine`, and cancelled with their parent through `cancel`."""
         from ratchet.client import Client
 
         agents = AgentRegistry.local()
@@ -363,11 +363,15 @@ class LocalRuntime:
         def create(state: RunState) -> None:
             Client(self, agents=agents, worker_id=worker_id, logger=logger).create(state)
 
+        def cancel(run_id: str, by: str, reason: str) -> RunState:
+            return self.cancel(run_id, by=by, reason=reason, worker_id=worker_id, logger=logger)
+
         return ChildRunDesk(
             store=self.store,
             engine=engine,
             new_run=check,
             create=create,
+            cancel=cancel,
             logger=logger,
             faults=engine.faults,
         )
@@ -567,8 +571,9 @@ class LocalRuntime:
         )
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:
-        """Cancel the run, then close its pending approval requests: a worker holding it
-        finds it cancelled at its next commit (a stale version) and leaves it."""
+        """Cancel the run (and, through its engine, the child runs it started that have not
+        ended), then close its pending approval requests: a worker holding it finds it
+        cancelled at its next commit (a stale version) and leaves it."""
         head = self.engine(worker_id=worker_id, logger=logger).cancel(run_id, by=by, reason=reason)
         self.approvals.close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
         return head

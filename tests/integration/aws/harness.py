@@ -19,7 +19,8 @@ which is most of what keeps the folder fast:
   a `kill` fault raises `Killed` instead of killing the test run, reported as Lambda reports a
   killed runtime (Runtime.ExitError), and a `raise` fault is reported as a function that died
   (`Stack.report_crashes_as`: Lambda.Unknown by default, Sandbox.Timedout, ...) or as the
-  Python exception it is.
+  Python exception it is. A `stop` fault holds the invocation that reaches it where it is, as
+  a sandbox frozen mid-step, until the test lets it go on (`Stack.stop_at`).
 
 The approvals side is deployed too: the link-signing key in Secrets Manager, an SES domain
 identity whose sent mail moto keeps (`Stack.emails`), and the public approval routes, called
@@ -165,15 +166,22 @@ class Killed(BaseException):
 
 class _FaultsOs:
     """`os` as `ratchet.faults` sees it under the harness: its SIGKILL of its own process
-    raises `Killed` instead of ending the test run."""
+    raises `Killed` instead of ending the test run, and its SIGSTOP holds the invocation that
+    sent it (`on_stop`, set by `Stack.stop_at`) instead of stopping the test run."""
+
+    def __init__(self) -> None:
+        self.on_stop: Callable[[], None] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
 
-    @staticmethod
-    def kill(pid: int, sig: int) -> None:
+    def kill(self, pid: int, sig: int) -> None:
         if pid == os.getpid() and sig == signal.SIGKILL:
             raise Killed("killed by RATCHET_FAULT")
+        if pid == os.getpid() and sig == signal.SIGSTOP:
+            assert self.on_stop is not None, "a stop fault is set through Stack.stop_at"
+            self.on_stop()
+            return
         os.kill(pid, sig)
 
 
@@ -423,6 +431,8 @@ class Stack:
     fake_slack: FakeSlack | None = None
     slack_signing_secret: str | None = None
     held: list[Held] = field(default_factory=list)
+    faults_os: _FaultsOs = field(default_factory=_FaultsOs)
+    """What `ratchet.faults` kills and stops with (`stop_at` sets what a stop does)."""
 
     def configure(self, **settings: str | int) -> None:
         """Set handler settings (by AwsSettings field) before the first invocation."""
@@ -703,13 +713,34 @@ class Stack:
 
         self.monkeypatch.setitem(self.lambdas.handlers, "ratchet-step", faulty)
 
-    def hold(self, function: str) -> Held:
-        """Hold every invocation of `function` (`ratchet-decide`, ...) until `release`."""
+    def stop_at(self, spec: str) -> Held:
+        """Set a `stop` fault (`stop:<point>@<step>`) in the step function's environment:
+        the first invocation to reach it stands still there, as a frozen sandbox would, until
+        the test `release`s it, and the fault is gone for every later invocation."""
+        held = Held()
+        self.held.append(held)
+        self.monkeypatch.setenv(_wiring.FAULT, spec)
+        _wiring.faults.cache_clear()
+
+        def stop() -> None:
+            self.monkeypatch.delenv(_wiring.FAULT, raising=False)
+            _wiring.faults.cache_clear()
+            held.entered.set()
+            assert held.released.wait(timeout=60), "the test never let the step go on"
+
+        self.faults_os.on_stop = stop
+        return held
+
+    def hold(self, function: str, *, only: Callable[[dict[str, Any]], bool] | None = None) -> Held:
+        """Hold every invocation of `function` (`ratchet-decide`, ...), or with `only` those
+        whose event it accepts, until `release`."""
         held = Held()
         self.held.append(held)
         original = self.lambdas.handlers[function]
 
         def holding(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            if only is not None and not only(event):
+                return original(event, context)
             held.entered.set()
             assert held.released.wait(timeout=60), "the test never released the function"
             return original(event, context)
@@ -905,7 +936,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         _wait_until_the_time_fix(),
         one_dynamodb_call_at_a_time(),
         _parse_once(),
-        mock.patch.object(faults, "os", _FaultsOs()),
+        mock.patch.object(faults, "os", faults_os := _FaultsOs()),
     ):
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         create_tables(dynamodb, app=APP_TABLE, **TABLES)
@@ -935,7 +966,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
         )["stateMachineArn"]
         monkeypatch.setenv(ENVIRONMENT["state_machine_arn"], machine)
         _clear_wiring()
-        stack = Stack(sfn, dynamodb, machine, monkeypatch, lambdas, link_key)
+        stack = Stack(sfn, dynamodb, machine, monkeypatch, lambdas, link_key, faults_os=faults_os)
         try:
             yield stack
         finally:

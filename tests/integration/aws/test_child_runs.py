@@ -2,11 +2,16 @@
 execution of its own (named after the child's id), parks on `AwaitEvent` and is woken by the
 last child's end; its result lists every child's outcome, a failed one as failed. A step killed
 after starting its children and before its commit is retried and starts none twice.
-Cancelling the parent cancels the children it waits for and stops their executions."""
+Cancelling the parent cancels the children it waits for and stops their executions; and
+cancelled while its step stands still inside the fan-out (before any child is created, or after
+all are and before the commit), it leaves no child to run to done."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+
+import pytest
 
 from ratchet.adapters.stepfunctions import execution_name
 from ratchet.handlers import _wiring, api
@@ -121,3 +126,57 @@ def _waiting(stack: Stack, run_id: str) -> bool:
         return stack.head(run_id).status is RunStatus.WAITING
     except AssertionError:  # not created yet
         return False
+
+
+@pytest.mark.parametrize(
+    ("point", "created"),
+    [
+        pytest.param("after_tool", 0, id="before-any-child-is-created"),
+        pytest.param("after_children_started", 3, id="after-all-3-before-the-commit"),
+    ],
+)
+def test_a_parent_cancelled_inside_its_fan_out_step_leaves_no_child_running(
+    stack: Stack, point: str, created: int
+):
+    # Given the parent's step standing still inside its fan-out (a frozen sandbox), and every
+    # step of its children held, so none can end before the cancel
+    children = [child_run_id("fan-x", 1, i) for i in range(3)]
+    held = stack.hold("ratchet-step", only=lambda event: event["run_id"] in children)
+    frozen = stack.stop_at(f"stop:{point}@1")
+    name = _start(stack, "fan-x", children=3)
+    frozen.wait_entered()
+    assert stack.head("fan-x").step == 0  # the fan-out step is under way, not committed
+    stopped: list[str] = []
+    _wiring.stepfunctions().meta.events.register(
+        "before-parameter-build.states.StopExecution",
+        lambda params, **_: stopped.append(params["executionArn"].rsplit(":", 1)[-1]),
+    )
+
+    # When the parent is cancelled through the API, then its step and the children go on
+    event = api_event(
+        "POST", "/runs/fan-x/cancel", {"reason": "not needed"}, resource="/runs/{run_id}/cancel"
+    )
+    event["requestContext"]["identity"].update(userArn="arn:aws:iam::123456789012:role/ops")
+    response = api.handler(event, FakeContext("ratchet-api", "arn:ratchet-api"))
+    assert response["statusCode"] == 200, response["body"]
+    frozen.release()
+    held.release()
+    stack.finished(name, timeout=120)
+    existing = [c for c in children if _exists(stack, c)]
+    for child in existing:
+        stack.finished(execution_name(child), timeout=120)
+
+    # Then every child that was created ended cancelled, its execution stopped, and none ran
+    # to done
+    ended = Counter(stack.head(c).status.value for c in existing)
+    print(f"cancel at {point}: {dict(ended)} of 3 children")
+    assert stack.head("fan-x").status is RunStatus.CANCELLED
+    assert ended[RunStatus.DONE.value] == 0
+    assert ended == ({RunStatus.CANCELLED.value: created} if created else {})
+    assert sorted(stopped) == sorted([name, *(execution_name(c) for c in existing)])
+    for child in existing:
+        assert WORLD.deliveries_of(child) == {}  # no child's tool ran
+
+
+def _exists(stack: Stack, run_id: str) -> bool:
+    return _wiring.runtime().store.load_head(run_id) is not None
