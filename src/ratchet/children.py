@@ -205,13 +205,15 @@ class ChildRunDesk:
             self.settle(head.run_id)
 
     def _rewake(self, parent_id: str, step: int) -> None:
-        """The parent's wait at `step` is no longer open: if it was settled and its parked
-        execution never answered (its waker died in between), answer it now."""
+        """If the parent's wait at `step` was settled and its parked execution was never
+        answered (its waker died in between), answer it now."""
         if self.nudge is None:
             return
         parent = self.store.load_head(parent_id)
-        if parent is None or (parent.status is RunStatus.WAITING and parent.step == step):
-            return  # still waiting there (for other children): nothing was settled
+        if parent is None or parent.status is not RunStatus.RUNNING or parent.step != step:
+            # Still waiting there (for other children), or moved on since (its execution
+            # took a step, so it was woken), or ended (a cancel stops its execution).
+            return
         try:
             self.nudge.resume(parent_id, step)
         except RatchetError:

@@ -531,7 +531,8 @@ CATALOGUE: list[Case] = [
         env=(("RATCHET_FAULT", "boom"),),
         line="bad RATCHET_FAULT 'boom': expected <raise|kill|stop>:<point>@<step> with point one "
         "of before_model, after_model, after_decision, after_call_started, after_tool, "
-        "after_children_started, before_commit, after_commit, after_event_accepted",
+        "after_children_started, before_commit, after_commit, after_event_accepted, "
+        "after_wait_settled",
     ),
     case(
         "log-level-unknown",

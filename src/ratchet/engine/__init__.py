@@ -7,6 +7,7 @@ runtime or app). Other layers import its face from here:
 - `attempt`   decide and act, under the step clock; `Binding`: what a step runs with
 - `commits`   the one conditional write per event; failed attempts and failed runs
 - `deadline`  the agent's thread, the step clock, the fence of abandoned calls
+- `calls`     the at-most-once calls: whether the person may be asked yet (`running_calls`)
 - `decisions` a model's decision validated, hashed, kept by reference when large
 - `failures`  how an error becomes the attempt's failure
 - `fold`      the event fold (`apply_event`, `replay`)
@@ -15,7 +16,17 @@ runtime or app). Other layers import its face from here:
 
 from ratchet.engine.attempt import Binding
 from ratchet.engine.budget import StepBudget, take_steps
+from ratchet.engine.calls import running_calls
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.engine.step import Binder, Engine
 
-__all__ = ["Binder", "Binding", "Engine", "Outcome", "StepBudget", "StepOutcome", "take_steps"]
+__all__ = [
+    "Binder",
+    "Binding",
+    "Engine",
+    "Outcome",
+    "StepBudget",
+    "StepOutcome",
+    "running_calls",
+    "take_steps",
+]

@@ -32,8 +32,7 @@ from typing import Any, NoReturn
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ratchet.engine import Outcome, StepBudget, StepOutcome, take_steps
-from ratchet.engine.calls import running_calls
+from ratchet.engine import Outcome, StepBudget, StepOutcome, running_calls, take_steps
 from ratchet.errors import (
     AbandonedCallRunning,
     StaleVersion,
