@@ -6,6 +6,7 @@ what it got.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel
@@ -79,3 +80,10 @@ agent = Agent(
     events=["ci-finished"],
 )
 AGENT = f"{__name__}:agent"
+
+open_agent = replace(agent, name="waits-open", events=None)
+"""The same agent declaring no events: its runs' mailboxes keep an event of any name."""
+OPEN_AGENT = f"{__name__}:open_agent"
+two_events_agent = replace(agent, name="waits-two", events=["ci-finished", "deploy-done"])
+"""The same agent declaring a second event, which it never waits for."""
+TWO_EVENTS_AGENT = f"{__name__}:two_events_agent"

@@ -281,7 +281,8 @@ class EventNotAwaited(WaitError):
 
 
 class MailboxFull(WaitError):
-    """The run's mailbox holds as many unread events as it keeps (`MAX_MAILBOX_EVENTS`)."""
+    """The run's mailbox holds as many unread events as it keeps in the room of the event's
+    name (`MAX_MAILBOX_EVENTS`: per name the run needs, and for all others together)."""
 
     http_status = 429
 

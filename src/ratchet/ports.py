@@ -548,7 +548,10 @@ class Mailbox(Protocol):
     Contract (`tests/conformance/test_mailbox_contract.py`):
     - `post` stores the event if its `(run_id, event_id)` is new and returns it with True; if
       it exists, it returns the stored one with False and changes nothing (a sender's retry).
-      A run with `MAX_MAILBOX_EVENTS` pending events refuses more (`MailboxFull`).
+      `reserved` are the names the run needs (those its agent declares, the one it waits
+      for): each has a room of its own, and every other name shares one. A room holding
+      `MAX_MAILBOX_EVENTS` pending events refuses one more of its names (`MailboxFull`), so a
+      flood of other names never refuses a reserved one.
     - `get` reads one back; `of_run` lists a run's events in the order they arrived;
       `next_for(run_id, name)` is the first pending event of that name, or None.
     - consuming is the checkpoint store's `commit` (`Commit.consumes`), so an event is taken
@@ -557,7 +560,9 @@ class Mailbox(Protocol):
     - every read sees every write that returned before it, from any process.
     """
 
-    def post(self, event: SentEvent) -> tuple[SentEvent, bool]: ...
+    def post(
+        self, event: SentEvent, *, reserved: Collection[str] = ()
+    ) -> tuple[SentEvent, bool]: ...
 
     def get(self, run_id: str, event_id: str) -> SentEvent | None: ...
 

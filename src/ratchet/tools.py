@@ -612,7 +612,8 @@ class Agent:
     events: Sequence[str] | None = None
     """The names of the events this agent's runs wait for. When given, an event of another
     name sent to a run is refused (404) instead of kept in its mailbox, where no wait would
-    ever read it."""
+    ever read it, and each name declared keeps a room of its own there (`MAX_MAILBOX_EVENTS`
+    pending events), even before a run waits for it."""
     mcp: Sequence[McpServer] = ()
     """MCP servers whose tools this agent takes beside `tools`: listed when a run starts and
     pinned in its data (see `McpServer`; the `mcp` extra, `ratchet-agents[mcp]`)."""

@@ -9,12 +9,14 @@ a decision happens exactly once however many channels (and mail scanners) reach 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ratchet.errors import MailboxFull
 from ratchet.state import (
     EVENT_NAME_PATTERN,
     EXPIRED_BY,
@@ -195,7 +197,25 @@ class ApprovalNotice(BaseModel):
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}$"
 """An event id: what a sender retries with (GitHub's delivery id, a Stripe event id, ...)."""
 MAX_MAILBOX_EVENTS = 100
-"""Events a run's mailbox keeps unconsumed at most; one more is refused (`MailboxFull`)."""
+"""Events a run's mailbox keeps unconsumed of one name the run needs (a name its agent
+declares, or the one it waits for), and of all other names together; one more is refused
+(`MailboxFull`). Other names share one room, so a flood of them (any name is kept for an agent
+that declares none) never takes the room of a name the run needs, and the mailbox stays
+bounded however many names are made up."""
+
+
+def mailbox_full(run_id: str, name: str, pending: int, *, reserved: Collection[str]) -> MailboxFull:
+    """The refusal of one more event named `name`, `pending` being the unread events of its
+    room (its name if `reserved` holds it, else every name `reserved` does not)."""
+    if name in reserved:
+        return MailboxFull(
+            f"run {run_id!r} has {pending} unread {name!r} events, the most its mailbox keeps "
+            "of one name; nothing was added"
+        )
+    return MailboxFull(
+        f"run {run_id!r} has {pending} unread events of names it neither declares nor waits "
+        "for, the most its mailbox keeps of them; nothing was added"
+    )
 
 
 class SentEvent(BaseModel):

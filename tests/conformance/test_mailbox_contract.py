@@ -277,6 +277,64 @@ def test_concurrent_senders_never_fill_a_mailbox_past_its_bound(backend: Backend
     assert len(events) == MAX_MAILBOX_EVENTS + 5
 
 
+FLOODS = {"sqlite": 10_000, "dynamodb": 500}
+"""Made-up names sent to a run whose agent declares none, so its mailbox keeps any of them. On
+DynamoDB each post past the bound counts the run's pending events with a Query (~10 ms a post
+on moto: 10,000 took ten minutes), and 400 refused past the 100 kept take the same path."""
+
+
+def test_a_flood_of_other_names_never_refuses_the_awaited_or_a_declared_name(
+    backend, request: pytest.FixtureRequest
+):
+    """Names the run neither waits for nor declares fill the room they share; the event it
+    waits for and one of a name it declares still get in, each to a room of its own, and the
+    wait takes its event."""
+    flood = FLOODS[request.node.callspec.params["backend"]]
+    head = parked(backend)
+    reserved = {WAIT.name, "deploy-done"}
+    kept, refusals = 0, set()
+    for n in range(flood):
+        try:
+            backend.mailbox.post(sent(f"junk-{n}", name=f"junk-{n}"), reserved=reserved)
+            kept += 1
+        except MailboxFull as full:
+            refusals.add(str(full))
+
+    awaited = backend.mailbox.post(sent("ev-awaited"), reserved=reserved)
+    declared = backend.mailbox.post(sent("ev-declared", name="deploy-done"), reserved=reserved)
+    settle(backend, head, "ev-awaited")
+
+    print(
+        f"\n{flood:,} other names: {kept} kept, {flood - kept:,} refused; the awaited event "
+        f"kept: {awaited[1]}, the declared one: {declared[1]}"
+    )
+    assert kept == MAX_MAILBOX_EVENTS
+    assert refusals == {
+        f"run 'r1' has {MAX_MAILBOX_EVENTS} unread events of names it neither declares nor "
+        "waits for, the most its mailbox keeps of them; nothing was added"
+    }
+    assert (awaited[1], declared[1]) == (True, True)
+    assert backend.mailbox.get("r1", "ev-awaited") == awaited[0].model_copy(
+        update={"consumed_step": 1}
+    )
+    assert backend.mailbox.next_for("r1", "deploy-done") == declared[0]
+
+
+def test_each_reserved_name_is_bounded_in_a_room_of_its_own(backend):
+    reserved = {"ci-finished", "deploy-done"}
+    for n in range(MAX_MAILBOX_EVENTS):
+        backend.mailbox.post(sent(f"deploy-{n:03d}", name="deploy-done"), reserved=reserved)
+    before = backend.everything()
+
+    with pytest.raises(MailboxFull, match=f"{MAX_MAILBOX_EVENTS} unread 'deploy-done' events"):
+        backend.mailbox.post(sent("deploy-one-more", name="deploy-done"), reserved=reserved)
+
+    assert backend.everything() == before
+    # Full of one reserved name, the mailbox takes another, and any name not reserved.
+    assert backend.mailbox.post(sent("ci-1"), reserved=reserved)[1]
+    assert backend.mailbox.post(sent("other-1", name="other"), reserved=reserved)[1]
+
+
 def test_mailbox_items_leave_the_run_as_the_store_reads_it(backend):
     head = parked(backend)
     fill(backend, 30)

@@ -388,16 +388,28 @@ def test_a_wait_that_takes_no_webhook_refuses_the_delivery(local):
         local.hooks.open("run-1", "ci-finished")
 
 
-def test_a_flood_on_one_hook_is_throttled_and_changes_nothing(local):
+def test_refusals_are_throttled_per_address_and_signed_deliveries_never(local):
     hook = local.park()
     local.github(hook)
     before = local.tables()
-    answers = [local.github(hook).status_code for _ in range(12)]
-    # One token was spent on the first delivery; nine more in the burst, then 429s.
-    assert answers == [200] * 9 + [429] * 3
+
+    # Junk from one address: its first ten refusals are answered, then it is told to slow down
+    junk = [_unsigned(local, hook).status_code for _ in range(12)]
+    assert junk == [401] * 10 + [429] * 2
+    # The hook's signed deliveries, from that same address, are never counted nor refused
+    assert [local.github(hook).status_code for _ in range(12)] == [200] * 12
+    # Another address has a bucket of its own
+    body = github_body(PASSED)
+    elsewhere = local.client.post(
+        f"/hooks/{hook.hook.hook_id}",
+        data=body,
+        headers={**github_headers(hook.secret, body), "X-Hub-Signature-256": "sha256=" + "0" * 64},
+        environ_base={"REMOTE_ADDR": "203.0.113.7"},
+    )
+    assert elsewhere.status_code == 401
     assert local.tables() == before
     local.ticks.now += 1.0  # five tokens a second
-    assert local.github(hook).status_code == 200
+    assert _unsigned(local, hook).status_code == 401
 
 
 def test_a_body_over_the_limit_is_refused_with_or_without_serve_in_front(local):

@@ -21,6 +21,7 @@ from ratchet.engine import Engine
 from ratchet.errors import (
     EventNotAwaited,
     InvalidInput,
+    MailboxFull,
     NotSleeping,
     NotWaiting,
     PayloadTooLarge,
@@ -42,8 +43,9 @@ from ratchet.state import (
 from ratchet.tools import Agent, Tool, ToolCall, sleep_until, wait_for_event
 from ratchet.tools import sleep as sleep_for
 from ratchet.waiting.desk import EventDesk, EventInvalid
+from ratchet.waits import MAX_MAILBOX_EVENTS
 from ratchet.worker import Worker
-from tests.waits_agent import AGENT, agent
+from tests.waits_agent import AGENT, OPEN_AGENT, TWO_EVENTS_AGENT, agent
 
 LOG = logging.getLogger("ratchet.tests.waits")
 PASSED = {"conclusion": "success", "url": "https://ci.example/1"}
@@ -80,9 +82,12 @@ class Local:
         return desk
 
     def start(self, run_id: str = "run-1", **params: object) -> str:
+        return self.start_of(self.agent_ref, run_id, **params)
+
+    def start_of(self, agent: str, run_id: str = "run-1", **params: object) -> str:
+        """Start a run of the agent `agent` names, with this harness's agent's goal."""
         options = RunOptions(model="scripted", params=params)
-        goal = self.agent.goal
-        state = RunState(run_id=run_id, agent=self.agent_ref, goal=goal, options=options)
+        state = RunState(run_id=run_id, agent=agent, goal=self.agent.goal, options=options)
         assert self.engine.start(state)
         return run_id
 
@@ -307,6 +312,56 @@ def test_a_sleeping_run_can_be_woken_early_and_only_a_sleeping_one(local):
     with pytest.raises(NotSleeping):
         local.desk().wake(run_id, by="dana")
     local.work(run_id)
+    assert local.head(run_id).status is RunStatus.DONE
+
+
+# --- the mailbox's rooms ------------------------------------------------------------------------
+
+FLOOD = 10_000
+
+
+def test_a_flood_of_made_up_names_leaves_room_for_the_event_the_run_waits_for(local):
+    """An agent that declares no events keeps an event of any name: 10,000 names its run never
+    waits for fill the room they share in its mailbox, and the event it waits for is still
+    taken and delivered."""
+    run_id = local.start_of(OPEN_AGENT)
+    local.work(run_id)
+    assert local.head(run_id).status is RunStatus.WAITING
+    desk = local.desk()
+    kept = 0
+    for n in range(FLOOD):
+        try:
+            desk.send(run_id, f"junk-{n}", {"n": n}, event_id=f"junk-{n}")
+            kept += 1
+        except MailboxFull:
+            pass
+
+    sent = desk.send(run_id, "ci-finished", PASSED, event_id="d-1")
+
+    print(
+        f"\n{FLOOD:,} made-up names: {kept} kept, {FLOOD - kept:,} refused; "
+        f"ci-finished: {sent.status}"
+    )
+    assert kept == MAX_MAILBOX_EVENTS
+    assert sent.status == "delivered"
+    local.work(run_id)
+    head = local.head(run_id)
+    assert head.status is RunStatus.DONE
+    assert [(s.how, s.event_id) for s in local.results_of(run_id)] == [("event", "d-1")]
+
+
+def test_a_flood_of_one_declared_name_leaves_room_for_another_sent_early(local):
+    run_id = local.start_of(TWO_EVENTS_AGENT)
+    desk = local.desk()
+    for n in range(MAX_MAILBOX_EVENTS):
+        desk.send(run_id, "deploy-done", {"n": n}, event_id=f"deploy-{n}")
+    with pytest.raises(MailboxFull):
+        desk.send(run_id, "deploy-done", {"n": "one more"}, event_id="deploy-one-more")
+
+    # Before the run waits for it: kept in a room of its own, and taken by the wait.
+    assert desk.send(run_id, "ci-finished", PASSED, event_id="d-1").status == "queued"
+    local.work(run_id)
+    assert [(s.how, s.event_id) for s in local.results_of(run_id)] == [("event", "d-1")]
     assert local.head(run_id).status is RunStatus.DONE
 
 

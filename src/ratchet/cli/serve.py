@@ -141,7 +141,8 @@ def _serve(
             ),
         ),
     ]
-    # Webhooks: serve has no throttle of its own, so the hook route brings one (per hook).
+    # Webhooks: serve has no throttle of its own, so the hook route brings one (for the
+    # refused deliveries of each address; a signed delivery is never throttled).
     hook_desk = runtime.event_desk(
         runtime.engine(worker_id=f"serve:{cli_worker_id()}", logger=logger)
     )

@@ -210,7 +210,11 @@ class EventDesk:
             size=size,
             source=source,
         )
-        stored, created = self.mailbox.post(event)
+        # The names this run needs keep a room of their own in its mailbox, so that a flood
+        # of other names (any name is kept for an agent that declares none) cannot fill it
+        # and turn away the event the run waits for.
+        reserved = {*(declared or ()), *([wait.name] if wait is not None else [])}
+        stored, created = self.mailbox.post(event, reserved=reserved)
         self.faults.hit(FaultPoint.AFTER_EVENT_ACCEPTED, run.step)
         self.deliver(run_id)
         return Sent(self.mailbox.get(run_id, event_id) or stored, duplicate=not created)

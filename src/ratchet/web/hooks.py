@@ -13,7 +13,10 @@ Nothing it logs holds the hook's secret, a signature or the payload.
 
 The same app serves `ratchet serve` locally (with `Throttle`, since serve has no throttle of
 its own) and the `hooks` Lambda function on AWS (`ratchet.handlers.hooks`, throttled by API
-Gateway).
+Gateway). The throttle counts refusals, per address: a delivery is checked (its length, its
+hook, its signature) before any bucket is looked at, so one signed with the hook's secret is
+never refused because someone else posted junk to the URL, even from the same address (a
+tunnel in front of serve gives every sender its address).
 """
 
 from __future__ import annotations
@@ -49,16 +52,17 @@ BODY_LIMIT = ("/hooks/", MAX_EVENT_BYTES)
 """`ratchet serve` refuses a longer body on its Content-Length, before reading it (413)."""
 THROTTLE_RATE_PER_SECOND = 5.0
 THROTTLE_BURST = 10
-"""As API Gateway throttles the deployed route (cdk/api.py's public rate): a sender posts once
-per event and retries a few times; far above that is abuse."""
-MAX_THROTTLED_HOOKS = 1024
-"""Buckets kept at once (the least recently used go first): ids an attacker makes up cost
+"""Refused deliveries an address may make (cdk/api.py's public rate): a sender that signs gets
+a refusal only while it is being set up; far above that is abuse."""
+MAX_THROTTLED_SOURCES = 1024
+"""Buckets kept at once (the least recently used go first): addresses an attacker has cost
 memory only up to this."""
 
 
 class Throttle:
-    """A token bucket per hook id, for `ratchet serve`: `rate` deliveries a second, after a
-    burst of `burst`. Kept in memory (a refusal writes nothing), on the monotonic clock."""
+    """A token bucket per key (a sender's address), for `ratchet serve`: `rate` a second,
+    after a burst of `burst`. Kept in memory (a refusal writes nothing), on the monotonic
+    clock."""
 
     def __init__(
         self,
@@ -66,7 +70,7 @@ class Throttle:
         burst: int = THROTTLE_BURST,
         *,
         clock: Callable[[], float] = time.monotonic,
-        max_keys: int = MAX_THROTTLED_HOOKS,
+        max_keys: int = MAX_THROTTLED_SOURCES,
     ) -> None:
         self._rate = rate
         self._burst = float(burst)
@@ -94,7 +98,8 @@ class HookServices:
     desk: EventDesk
     logger: Any = None
     throttle: Throttle | None = None
-    """`ratchet serve`'s; none on AWS, where API Gateway throttles the route."""
+    """`ratchet serve`'s, for the refusals of each address; none on AWS, where API Gateway
+    throttles the route."""
 
 
 def build_app(services: Callable[[], HookServices]) -> APIGatewayRestResolver:
@@ -102,10 +107,6 @@ def build_app(services: Callable[[], HookServices]) -> APIGatewayRestResolver:
     routes = HookRoutes(app, services)
     app.post("/hooks/<hook_id>")(routes.deliver)
     return app
-
-
-class _Throttled(WaitError):
-    http_status = 429
 
 
 class HookRoutes:
@@ -119,8 +120,6 @@ class HookRoutes:
         event = self.app.current_event
         headers = dict(event.headers or {})
         try:
-            if wired.throttle is not None and not wired.throttle.allow(hook_id):
-                raise _Throttled("too many deliveries to this hook: try again in a second")
             check_length(headers)  # before the body is looked at
             hook = find_hook(wired.book, hook_id)
             delivery = verify_delivery(
@@ -129,6 +128,9 @@ class HookRoutes:
                 wired.keys.secret(hook.hook_id),
                 now=wired.desk.clock().timestamp(),
             )
+        except (HookRefused, PayloadTooLarge) as refused:
+            return self._refuse_unchecked(wired, refused)
+        try:
             if delivery.ping:
                 return _json(HTTPStatus.OK, {"status": "pong", "name": hook.name})
             sent = deliver(wired.desk, hook, delivery)
@@ -165,6 +167,20 @@ class HookRoutes:
                 },
             )
         return _json(HTTPStatus.OK, answer)
+
+    def _refuse_unchecked(
+        self, wired: HookServices, refused: HookRefused | PayloadTooLarge
+    ) -> Response[str]:
+        """A delivery refused before it was known to be signed: what a flood of junk posted
+        to the URL gets. Only now does the sender's bucket count (one taken before the
+        signature was checked let such a flood turn away the hook's signed deliveries), and
+        an address past its refusals is told to slow down."""
+        source = self.app.current_event.request_context.identity.source_ip or "unknown"
+        if wired.throttle is not None and not wired.throttle.allow(source):
+            error = "too many refused deliveries from this address: try again in a second"
+            return self._refuse(wired, HTTPStatus.TOO_MANY_REQUESTS, error, "hook")
+        field = refused.field if isinstance(refused, HookRefused) else "body"
+        return self._refuse(wired, refused.http_status, str(refused), field)
 
     @staticmethod
     def _refuse(wired: HookServices, status: int, error: str, field_name: str) -> Response[str]:

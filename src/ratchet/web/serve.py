@@ -15,6 +15,12 @@ Waitress reads and writes every connection without blocking on any, and hands th
 request only once it has all of it: a browser's speculative connection, or a client that sends
 half a request and stops, holds up nobody, and is closed after `IDLE_SECONDS`. The app itself
 runs one request at a time: the local store is one SQLite connection.
+
+Since the app sees a request only once its body is in, a body's size is checked where waitress
+reads it (`bounded_channel`): a declared `Content-Length` over the route's limit (`BodyLimit`;
+`MAX_BODY_BYTES` for the others) is answered 413 as soon as the headers are in, none of the
+body read and none waited for, and the connection closed; a chunked body, once it grows past
+the limit.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ from typing import Any, cast
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from waitress import wasyncore
-from waitress.server import create_server
+from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser
+from waitress.server import BaseWSGIServer, create_server
+from waitress.utilities import RequestEntityTooLarge as WaitressTooLarge
 from werkzeug.datastructures import Headers
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request, Response
@@ -40,6 +49,7 @@ from werkzeug.wrappers import Request, Response
 from ratchet.errors import InvalidInput
 
 MAX_BODY_BYTES = 1024 * 1024
+"""The most bytes of body a request may have, on a route with no limit of its own."""
 STAGE = "local"
 IDLE_SECONDS = 30
 """A connection that sends nothing and reads nothing for this long is closed (checked as
@@ -140,6 +150,57 @@ BodyLimit = tuple[str, int]
 """A path prefix and the most bytes of body its routes take (others take `MAX_BODY_BYTES`)."""
 
 
+def body_limit(path: str, limits: Sequence[BodyLimit]) -> int:
+    """The most bytes of body a request for `path` may have."""
+    return next((n for prefix, n in limits if path.startswith(prefix)), MAX_BODY_BYTES)
+
+
+class _BodyTooLarge(WaitressTooLarge):
+    """Waitress's 413, in the routes' JSON envelope."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"body: over the {limit:,}-byte limit")
+        self.limit = limit
+
+    # Waitress writes the body it is given as bytes (its stubs say str).
+    def to_response(self, ident: str | None = None) -> Any:
+        return (
+            "413 Request Entity Too Large",
+            [("Content-Type", "application/json")],
+            _too_large(self.limit).get_data(),
+        )
+
+
+def bounded_channel(limits: Sequence[BodyLimit]) -> type[HTTPChannel]:
+    """Waitress's connection, refusing a body over its route's limit as soon as it knows:
+    waitress reads a request's whole body before the app can look at it (a 40 MiB body read
+    to a file to be refused), and waits `IDLE_SECONDS` for one declared and never sent."""
+
+    class BoundedRequest(HTTPRequestParser):
+        def received(self, data: bytes) -> int:
+            consumed = super().received(data)
+            # Called first with the headers alone (the body comes in later calls), so a
+            # declared length over the limit is refused before a byte of the body is read.
+            # Waitress's own refusal (over its cap) gets the routes' words too.
+            refused = self.error is not None and not isinstance(self.error, WaitressTooLarge)
+            if self.headers_finished and not refused:
+                # `path` is set with the headers (waitress's stubs leave it out).
+                limit = body_limit(getattr(self, "path", ""), limits)
+                so_far = len(self.body_rcv) if self.body_rcv is not None else 0
+                if max(self.content_length, so_far) > limit:
+                    # An error completes the request: waitress answers it, reads nothing more
+                    # from the connection and closes it.
+                    self.error = _BodyTooLarge(limit)
+                    self.completed = True
+                    self.expect_continue = False  # no "100 Continue" inviting the body
+            return consumed
+
+    class BoundedChannel(HTTPChannel):
+        parser_class = BoundedRequest
+
+    return BoundedChannel
+
+
 def wsgi_app(
     routes: Sequence[Route],
     *,
@@ -168,8 +229,9 @@ def _answer(
     refusal = bearer.refusal(request) if bearer is not None else None
     if refusal is not None:
         return refusal(environ, start_response)
-    limit = next((n for prefix, n in body_limits if request.path.startswith(prefix)), None)
-    request.max_content_length = MAX_BODY_BYTES if limit is None else limit
+    # Checked here too for the app served by something other than `LocalServer` (werkzeug's
+    # test client, a WSGI server of the user's).
+    request.max_content_length = body_limit(request.path, body_limits)
     app = next((a for prefix, a in routes if request.path.startswith(prefix)), None)
     if app is None:
         response = Response("not found\n", status=404, content_type="text/plain")
@@ -208,10 +270,16 @@ class LocalServer:
     """`ratchet serve`'s HTTP server on one listening socket: waitress, whose one task thread
     runs the app (so an agent's thread-bound resources stay on one thread, as in a worker)."""
 
-    def __init__(self, application: Any, listening: socket.socket, idle_seconds: int) -> None:
+    def __init__(
+        self,
+        application: Any,
+        listening: socket.socket,
+        idle_seconds: int,
+        body_limits: Sequence[BodyLimit] = (),
+    ) -> None:
         self._sockets: dict[int, Any] = {}
         self.server_port: int = listening.getsockname()[1]
-        self._server = create_server(
+        server = create_server(
             application,
             map=self._sockets,
             sockets=[listening],
@@ -221,7 +289,13 @@ class LocalServer:
             connection_limit=CONNECTION_LIMIT,
             asyncore_use_poll=True,  # select() cannot watch a descriptor over 1,023
             ident="ratchet",
+            # Waitress's own cap (it refuses a length equal to it), under the bounded channel.
+            max_request_body_size=max([MAX_BODY_BYTES, *(n for _, n in body_limits)]) + 1,
         )
+        # One listening socket: one server, not waitress's MultiSocketServer of several.
+        assert isinstance(server, BaseWSGIServer)
+        server.channel_class = bounded_channel(body_limits)
+        self._server = server
 
     def serve_forever(self) -> None:
         """Serve until a KeyboardInterrupt (Ctrl-C, or SIGTERM as `ratchet serve` maps it)."""
@@ -262,7 +336,7 @@ def serve_on(
 ) -> LocalServer:
     """The server of `routes` on a socket `listen` bound."""
     app = wsgi_app(routes, body_limits=body_limits, bearer=bearer)
-    return LocalServer(app, listening, idle_seconds)
+    return LocalServer(app, listening, idle_seconds, body_limits)
 
 
 def listen(host: str, port: int) -> socket.socket:

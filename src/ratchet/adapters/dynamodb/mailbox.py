@@ -21,7 +21,8 @@ the post read it, so no two events share a number, and `of_run` sorts by it (a Q
 the items by event id).
 
 The same condition puts a run's posts in one line, which is what makes `MAX_MAILBOX_EVENTS`
-exact under any number of senders: the pending count a post reads can only fall before its
+exact under any number of senders: the pending count a post reads (of its event's room: its
+name's own, or the one the names it was not given as reserved share) can only fall before its
 transaction lands (a commit consumes an event, a wait refuses one), never rise. The count is
 read only once the run has accepted that many events in all (fewer cannot fill it), so a post
 is one read and one transaction, and a sender's retry of a known id is found by the put's
@@ -32,14 +33,15 @@ update is conditional on it being pending, so it is consumed once, by the step w
 settles, or the commit does not land.
 
 Retention: a pending event has no TTL: it waits, like its run's head, for a wait of its name
-(there are at most `MAX_MAILBOX_EVENTS` of them). A consumed event expires with the checkpoint
-that consumed it, a refused one `retention_days` after the refusal.
+(there are at most `MAX_MAILBOX_EVENTS` of them in each room). A consumed event expires with
+the checkpoint that consumed it, a refused one `retention_days` after the refusal.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -57,10 +59,10 @@ from ratchet.adapters.dynamodb.items import (
     text_attribute,
     translated_errors,
 )
-from ratchet.errors import MailboxFull, StoreBusy
+from ratchet.errors import StoreBusy
 from ratchet.ports import Consumption
 from ratchet.state import utcnow
-from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent
+from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent, mailbox_full
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -151,20 +153,17 @@ class DynamoMailbox:
         self._retention = timedelta(days=retention_days)
 
     @translated_errors
-    def post(self, event: SentEvent) -> tuple[SentEvent, bool]:
+    def post(self, event: SentEvent, *, reserved: Collection[str] = ()) -> tuple[SentEvent, bool]:
         run_id = event.run_id
         for tries in range(MAX_POST_TRIES):
             accepted = self._accepted(run_id)
             if accepted >= MAX_MAILBOX_EVENTS:
-                pending = self._pending(run_id)
+                pending = self._pending(run_id, event.name, reserved)
                 if pending >= MAX_MAILBOX_EVENTS:
                     known = self.get(run_id, event.event_id)
                     if known is not None:
                         return known, False  # a sender's retry: answered even when full
-                    raise MailboxFull(
-                        f"run {run_id!r} has {pending} unread events, the most its mailbox "
-                        "keeps; nothing was added"
-                    )
+                    raise mailbox_full(run_id, event.name, pending, reserved=reserved)
             item = self._item(event, seq=accepted + 1)
             check_size(f"run {run_id} event {event.event_id}", item)
             try:
@@ -264,19 +263,26 @@ class DynamoMailbox:
         ).get("Item")
         return int(found["seq"]["N"]) if found else 0
 
-    def _pending(self, run_id: str) -> int:
-        """How many of the run's events are pending: a count (it reads, and is billed for,
-        every event item of the run still stored; only a post past `MAX_MAILBOX_EVENTS`
-        accepted events asks)."""
+    def _pending(self, run_id: str, name: str, reserved: Collection[str]) -> int:
+        """How many of the run's events are pending in the room of `name` (`Mailbox.post`): a
+        count (it reads, and is billed for, every event item of the run still stored; only a
+        post past `MAX_MAILBOX_EVENTS` accepted events asks)."""
+        room, names, values = _room(name, reserved)
         pages = self._client.get_paginator("query").paginate(
             TableName=self._table,
             KeyConditionExpression="#run_id = :run_id AND begins_with(#sk, :prefix)",
-            FilterExpression="#status = :pending",
-            ExpressionAttributeNames={"#run_id": "run_id", "#sk": "sk", "#status": "status"},
+            FilterExpression=" AND ".join(["#status = :pending", *room]),
+            ExpressionAttributeNames={
+                "#run_id": "run_id",
+                "#sk": "sk",
+                "#status": "status",
+                **names,
+            },
             ExpressionAttributeValues={
                 ":run_id": text_attribute(run_id),
                 ":prefix": text_attribute(MAIL_PREFIX),
                 ":pending": text_attribute(MailStatus.PENDING.value),
+                **values,
             },
             Select="COUNT",
             ConsistentRead=True,
@@ -345,6 +351,24 @@ class DynamoMailbox:
             "status": text_attribute(MailStatus.PENDING.value),
             "record": text_attribute(event.model_dump_json(exclude={"consumed_step", "refused"})),
         }
+
+
+def _room(name: str, reserved: Collection[str]) -> tuple[list[str], dict[str, str], Item]:
+    """The filter's conditions (with their names and values) that select the events of the
+    room of `name`: its own if `reserved` holds it, else the one every other name shares."""
+    if name in reserved:
+        return ["#name = :name"], {"#name": "name"}, {":name": text_attribute(name)}
+    others = sorted(reserved)
+    if not others:
+        return [], {}, {}
+    placeholders = [f":r{n}" for n in range(len(others))]
+    # IN takes at most 100 operands: a clause per hundred names.
+    clauses = [
+        f"NOT (#name IN ({', '.join(placeholders[start : start + 100])}))"
+        for start in range(0, len(placeholders), 100)
+    ]
+    values = {p: text_attribute(other) for p, other in zip(placeholders, others, strict=True)}
+    return clauses, {"#name": "name"}, values
 
 
 def _event(item: dict[str, AttributeValueTypeDef]) -> SentEvent:

@@ -4,11 +4,12 @@ settles the wait it answers."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from typing import Any
 
 from ratchet.adapters.sqlite.database import WAITS_SCHEMA, SqliteDatabase
-from ratchet.errors import MailboxFull
-from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent
+from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent, mailbox_full
 
 _COLUMNS = "record, consumed_step, refused"
 
@@ -20,7 +21,7 @@ class SqliteMailbox:
             # A store made before events existed gets the tables on first use.
             db.connection.executescript(WAITS_SCHEMA)
 
-    def post(self, event: SentEvent) -> tuple[SentEvent, bool]:
+    def post(self, event: SentEvent, *, reserved: Collection[str] = ()) -> tuple[SentEvent, bool]:
         with self._db.write() as tx:
             row = tx.execute(
                 f"SELECT {_COLUMNS} FROM mailbox WHERE run_id = ? AND event_id = ?",
@@ -28,16 +29,21 @@ class SqliteMailbox:
             ).fetchone()
             if row is not None:
                 return _event(row), False
+            # The room the event goes in: its name's own, or the one every other name shares.
+            if event.name in reserved:
+                room, argument = "name = ?", event.name
+            else:
+                room, argument = (
+                    "name NOT IN (SELECT value FROM json_each(?))",
+                    json.dumps(sorted(reserved)),
+                )
             (pending,) = tx.execute(
                 "SELECT COUNT(*) FROM mailbox WHERE run_id = ? AND consumed_step IS NULL "
-                "AND refused IS NULL",
-                (event.run_id,),
+                f"AND refused IS NULL AND {room}",
+                (event.run_id, argument),
             ).fetchone()
             if pending >= MAX_MAILBOX_EVENTS:
-                raise MailboxFull(
-                    f"run {event.run_id!r} has {pending} unread events, the most its mailbox "
-                    "keeps; nothing was added"
-                )
+                raise mailbox_full(event.run_id, event.name, pending, reserved=reserved)
             tx.execute(
                 "INSERT INTO mailbox (run_id, event_id, name, record) VALUES (?, ?, ?, ?)",
                 (
