@@ -415,22 +415,6 @@ def test_a_called_key_completes_in_the_steps_commit(backend):
     assert completed.status is LedgerStatus.COMPLETED
 
 
-def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
-    state, checkpoint = new_run()
-    backend.store.create_run(state, checkpoint)
-    backend.store.begin_attempt("r1", 1)
-
-    with pytest.raises(StaleVersion):
-        backend.store.release_attempt("r1", 1)
-    assert backend.store.release_attempt("r1", 2) == 3
-
-    head = backend.store.load_head("r1")
-    assert head is not None
-    assert (head.version, head.attempts) == (3, 0)
-    with pytest.raises(StaleVersion):
-        backend.store.release_attempt("r1", 3)  # nothing left to take back
-
-
 def _commit_event(backend, head: RunState, event, step: int) -> RunState:
     commit = commit_of(head, event, step=step)
     backend.store.commit(commit)
@@ -570,7 +554,7 @@ WRITES: dict[str, Callable[[RunState], CheckpointEvent]] = {
     "retried": lambda head: Retried(by="dana"),
 }
 """Every kind of commit a run's head takes after it is created, by name (the head also takes
-`begin_attempt` and `release_attempt`, which commit no event)."""
+`begin_attempt`, which commits no event)."""
 
 LIVES = {
     "asks-is-approved-and-finishes": ["step", "waiting step", "decided", "step", "done"],
@@ -579,7 +563,6 @@ LIVES = {
         "begin_attempt",
         "attempt_failed",
         "begin_attempt",
-        "release_attempt",
         "failed",
         "retried",
         "waiting step",
@@ -594,8 +577,6 @@ LIVES = {
 def _write(backend, head: RunState, kind: str) -> RunState:
     if kind == "begin_attempt":
         backend.store.begin_attempt(head.run_id, head.version)
-    elif kind == "release_attempt":
-        backend.store.release_attempt(head.run_id, head.version)
     else:
         event = WRITES[kind](head)
         step = event.step if isinstance(event, StepCompleted) else head.step

@@ -44,13 +44,19 @@ class StepOutcome:
     retry_after: float | None = None
     """For a queued step held back by the model-call rate limit: the seconds until it may
     go (None: as soon as a slot of its agent frees)."""
+    step_limit: float | None = None
+    """For a step that committed a tool call: its agent's step time limit, which it ran under
+    (None: none), so that a caller going straight on knows how long the next step may take
+    (`ratchet.engine.budget`)."""
 
     @classmethod
     def queued(cls, state: RunState, *, retry_after: float | None = None) -> StepOutcome:
         return cls(Outcome.QUEUED, state.run_id, state.step, state.version, 0, state, retry_after)
 
     @classmethod
-    def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:
+    def of(
+        cls, state: RunState, *, bytes_written: int = 0, step_limit: float | None = None
+    ) -> StepOutcome:
         return cls(
             _OUTCOME_OF_STATUS[state.status],
             state.run_id,
@@ -58,4 +64,5 @@ class StepOutcome:
             state.version,
             bytes_written,
             state,
+            step_limit=step_limit,
         )

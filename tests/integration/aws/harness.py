@@ -106,6 +106,7 @@ AGENTS = {
         "quick",
         "failing",
         "flaky",
+        "twice",
         "gated",
         "events",
         "sleeper",

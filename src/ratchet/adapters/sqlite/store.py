@@ -153,17 +153,6 @@ class SqliteCheckpointStore:
                 self._raise_stale(tx, run_id, expected_version)
         return expected_version + 1
 
-    def release_attempt(self, run_id: str, expected_version: int) -> int:
-        with self._db.write() as tx:
-            changed = tx.execute(
-                "UPDATE runs SET attempts = attempts - 1, version = version + 1 "
-                "WHERE run_id = ? AND version = ? AND attempts > 0",
-                (run_id, expected_version),
-            ).rowcount
-            if not changed:
-                self._raise_stale(tx, run_id, expected_version)
-        return expected_version + 1
-
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
