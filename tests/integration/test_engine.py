@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from ratchet.adapters.s3_blobs import S3BlobStore
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine import Binding, Engine, Outcome, StepOutcome
+from ratchet.engine import Binding, Engine, Outcome, StepBudget, StepOutcome, take_steps
 from ratchet.engine.fold import replay
 from ratchet.errors import (
     InjectedFault,
@@ -479,14 +479,15 @@ def test_each_step_counts_its_own_attempt_as_it_begins_and_its_commit_counts_non
 
 
 @pytest.mark.parametrize(("failures", "status"), [(2, RunStatus.DONE), (3, RunStatus.FAILED)])
-def test_a_worker_that_died_between_two_steps_left_no_strike_on_the_next(
+def test_a_process_that_died_between_two_steps_left_no_strike_on_the_next(
     tmp_path, failures: int, status: RunStatus
 ):
-    # Given a process that dies right after step 1's commit, before step 2 begins
+    # Given steps taken in one go (as a step Lambda takes them) by a process that dies right
+    # after step 1's commit, before step 2 begins
     harness = Harness(tmp_path, StubModel(total=3), faults=FaultPlan.parse("raise:after_commit@1"))
     harness.start()
     with pytest.raises(InjectedFault):
-        harness.engine.advance("run")
+        take_steps(harness.engine, "run", StepBudget(max_steps=10, seconds_left=lambda: 900.0))
     assert (harness.engine.load("run").step, harness.engine.load("run").attempts) == (1, 0)
 
     # When step 2 then dies in its tool, in one fresh process after another
