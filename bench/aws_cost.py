@@ -24,8 +24,7 @@ priced at the us-east-1 list prices docs/deploy.md uses: Step Functions Standard
 units and $0.125 per million read units, a read request estimated at 1 read unit (a head or a
 window of step records, under 4 KB: the read units need a deployed stack to measure). Logs and
 traces are not in the figure (docs/deploy.md). The target is at most $0.02 per 1,000 scripted
-steps. "1 (before)" is the loop as it was: one step per invocation, each step's attempt counted
-by a write of its own.
+steps. "1 (before)" is the loop as it was: one step per invocation.
 """
 
 from __future__ import annotations

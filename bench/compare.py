@@ -328,8 +328,7 @@ def run_ratchet(directory: Path, steps: int) -> RunFigures:
         if not engine.start(state):
             raise RuntimeError(f"{RUN_ID} already exists in {directory}")
         for expected in range(1, steps + 1):
-            # As a worker does: each commit also counts the next step's first attempt.
-            outcome = engine.advance(RUN_ID, count_next_attempt=True)
+            outcome = engine.advance(RUN_ID)
             if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
                 raise RuntimeError(f"expected step {expected} to complete, got {outcome}")
         return meter.figures("ratchet", steps, _sqlite_pragmas(runtime.db.connection))

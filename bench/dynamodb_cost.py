@@ -2,9 +2,9 @@
 
 `python -m bench.dynamodb_cost` runs the scripted agent of `bench.scripted_agent` (200 B of
 arguments and a 1 KB result a step) in this process on moto's in-memory DynamoDB, through
-`AwsRuntime`, the wiring the step Lambda uses, one `Engine.advance` per step as the first step
-of a Lambda invocation takes it (each further step of the same invocation sends no `UpdateItem`:
-its attempt rides in the commit before it; `bench.aws_cost` counts those). A botocore
+`AwsRuntime`, the wiring the step Lambda uses, one `Engine.advance` per step, as a Lambda
+invocation takes each of its steps (each counts its own attempt, an `UpdateItem`, as it begins;
+`bench.aws_cost` counts whole invocations). A botocore
 `before-send` hook on the runtime's client sees every HTTP request the client sends, retries
 included, and the figures are printed for steps 10, 100 and 500. (The tests run the migration
 scenario through the same code.)

@@ -15,9 +15,9 @@ Bytes written by a step are logical bytes, the values handed to SQLite:
 - the ledger's decision row, written before the tool runs: every column but `result` (the
   receipt has it), text as UTF-8 and integers as 8 bytes; its decision as `begin` wrote it,
   which the commit drops from the row once the step's record holds it (the record's call);
-- the attempt bump before any work: `runs.attempts` and `runs.version`, two integers, unless
-  the step before counted this step's attempt in its own commit, as a worker going straight on
-  does (`count_next_attempt`): then the count is inside that receipt and the bump is 0.
+- the attempt bump as the step begins, before any work: `runs.attempts` and `runs.version`,
+  two integers, in a commit of its own (a count in the commit of the step before would leave a
+  strike on this step if the process died in between).
 
 SQLite writes whole pages to its WAL: the WAL bytes of a step are measured exactly, by emptying
 the WAL (a TRUNCATE checkpoint) before the step and reading its size after.
@@ -77,8 +77,8 @@ START_RESUMES_FROM = 10
 END_RESUMES_FROM = END_WINDOW[1] - RESUME_SAMPLES + 1
 """So that the last resume process starts from step 1,000 and copies the last batch."""
 BASELINE_ROW_BYTES = 1536
-ENGINE_COMMITS_PER_STEP = 2
-"""The ledger decision and the step commit; the attempt is counted by the step before."""
+ENGINE_COMMITS_PER_STEP = 3
+"""The attempt bump, the ledger decision and the step commit."""
 
 ATTEMPT_BUMP_BYTES = 16
 INTEGER_BYTES = 8
@@ -252,8 +252,7 @@ class BenchRun:
     def _advance(self, expected: int) -> StepTiming:
         self.clock.spent = Cost()
         written, cpu, wall = bytes_written_by_process(), time.process_time(), time.perf_counter()
-        # As `ratchet worker` does: each commit also counts the next step's first attempt.
-        outcome = self.engine.advance(RUN_ID, count_next_attempt=True)
+        outcome = self.engine.advance(RUN_ID)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         written = bytes_written_by_process() - written
         if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
@@ -275,13 +274,12 @@ class BenchRun:
         records = {
             record_step: (size, json.loads(event))
             for record_step, size, event in connection.execute(
-                "SELECT step, bytes, event FROM checkpoints WHERE run_id = ? AND step IN (?, ?)",
-                (RUN_ID, step - 1, step),
+                "SELECT step, bytes, event FROM checkpoints WHERE run_id = ? AND step = ?",
+                (RUN_ID, step),
             )
             if json.loads(event)["kind"] == "step"
         }
         receipts = [records[step][0]] if step in records else []
-        counted_ahead = records.get(step - 1, (0, {}))[1].get("next_attempt_counted", False)
         decision = connection.execute(
             "SELECT key, run_id, step, status, args_hash, decision, created_at, expires_at "
             "FROM idempotency WHERE key = ?",
@@ -289,7 +287,6 @@ class BenchRun:
         ).fetchone()
         if len(receipts) != 1 or decision is None:
             raise LookupError(f"step {step} of {RUN_ID} has no single step record")
-        bump = 0 if counted_ahead else ATTEMPT_BUMP_BYTES
         written = list(decision)
         if written[5] is None:  # dropped by the commit: what `begin` wrote is the record's call
             written[5] = json.dumps(
@@ -297,7 +294,7 @@ class BenchRun:
                 sort_keys=True,
                 separators=(",", ":"),
             )
-        return StepBytes(step, receipts[0], _row_bytes(written), bump)
+        return StepBytes(step, receipts[0], _row_bytes(written))
 
     def close(self) -> None:
         self.clock.close()
@@ -632,9 +629,9 @@ def report(figures: Figures) -> str:
         "Receipt: the new head (run state JSON), the step record and the ledger result, as the "
         "store counts them.",
         "Ledger decision row: written before the tool runs, all columns but the result. Attempt "
-        "bump: 2 integers, 0 when the step before counted the attempt in its commit.",
-        f"The engine makes {ENGINE_COMMITS_PER_STEP} durable commits a step (decision, step; a "
-        "worker's commit counts the next attempt); the tool makes the app's own.",
+        "bump: 2 integers, as the step begins.",
+        f"The engine makes {ENGINE_COMMITS_PER_STEP} durable commits a step (attempt, decision, "
+        "step); the tool makes the app's own.",
         "Baseline: timed right after each windowed step, on the same disk, WAL at steady size. "
         "Physical writes: /proc/self/io, tool's out.",
         "Resume: timed in the new process from after its imports until the next step is "

@@ -78,12 +78,12 @@ def measure(mode: str, *, steps: int, warmup: int) -> dict[str, Any]:
         total = warmup + steps
         engine.start(new_scripted_run(RUN_ID, steps=total + 1, max_steps=total + 2))
         for _ in range(warmup):
-            engine.advance(RUN_ID, count_next_attempt=True)
+            engine.advance(RUN_ID)
         wall: list[float] = []
         cpu: list[float] = []
         for _ in range(steps):
             wall_0, cpu_0 = time.perf_counter(), time.process_time()
-            outcome = engine.advance(RUN_ID, count_next_attempt=True)
+            outcome = engine.advance(RUN_ID)
             cpu.append(time.process_time() - cpu_0)
             wall.append(time.perf_counter() - wall_0)
             assert outcome.outcome is Outcome.CONTINUE, outcome

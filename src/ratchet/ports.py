@@ -98,9 +98,9 @@ class CheckpointStore(Protocol):
     - `create_run` writes the head and its `created` checkpoint; it returns False and changes
       nothing if the run id exists.
     - `load_head` is strongly consistent: it sees every committed write.
-    - `begin_attempt`, `release_attempt` and `commit` succeed only if the head is still at the
-      version the caller read; otherwise they raise `StaleVersion` and change nothing. The
-      head's version after a successful write is `expected_version + 1`.
+    - `begin_attempt` and `commit` succeed only if the head is still at the version the caller
+      read; otherwise they raise `StaleVersion` and change nothing. The head's version after a
+      successful write is `expected_version + 1`.
     - `commit` writes the head, the checkpoint record and the ledger completion in one
       transaction, and refuses any record over `MAX_ITEM_BYTES` before writing. With
       `consumes`, the same transaction marks that mailbox event consumed, and lands only if
@@ -117,7 +117,8 @@ class CheckpointStore(Protocol):
         ...
 
     def release_attempt(self, run_id: str, expected_version: int) -> int:
-        """Take back one counted attempt that never started; returns the new version."""
+        """Take back one counted attempt that never went on to its step's work (it found an
+        at-most-once call of the step that may still be running); returns the new version."""
         ...
 
     def commit(self, commit: Commit) -> CommitReceipt: ...

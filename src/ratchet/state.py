@@ -584,7 +584,9 @@ class StepCompleted(_Model):
     output: ToolOutput
     wait: WaitRequest | None = None
     next_attempt_counted: bool = False
-    """The commit also counted the next step's first attempt (a worker going straight on)."""
+    """The commit also counted the next step's first attempt (a worker going straight on), as
+    an older Ratchet's did; read so that its records replay, never written now: a process that
+    died before that step began left a strike on it (each step counts its own attempt)."""
     attempt: int
     duration_ms: float
     usage: Usage | None = None

@@ -407,23 +407,22 @@ class Worker:
                         extra={"run_id": run_id, "worker_id": self.worker_id},
                     )
                     return
-                if not self._step(run_id, count_next_attempt=not bounded) or bounded:
+                if not self._step(run_id) or bounded:
                     return
         finally:
             heartbeat.let_go()
             self._failures.pop(run_id, None)
-            self.engine.release(run_id)
             # A call of the run that this process abandoned at a deadline may still act: the
             # lease stays, so no other worker takes the run until it lapses after this
             # process ends (which ends the call).
             if not self.engine.abandoned_call_running(run_id):
                 self.leases.release(run_id, self.worker_id)
 
-    def _step(self, run_id: str, *, count_next_attempt: bool) -> bool:
+    def _step(self, run_id: str) -> bool:
         """One step; True if the worker should go on with this run."""
         started = time.perf_counter()
         try:
-            outcome = self.engine.advance(run_id, count_next_attempt=count_next_attempt)
+            outcome = self.engine.advance(run_id)
         except StaleVersion as stale:
             # Another worker advanced the run under us (our lease had lapsed): it owns the run
             # now and our write changed nothing. Let go.

@@ -428,6 +428,8 @@ def test_a_called_key_completes_in_the_steps_commit(backend):
 
 
 def test_release_attempt_takes_back_a_count_only_on_the_version_read(backend):
+    # An attempt that found its step's at-most-once call may still be running gives its
+    # count back (the step was not taken), only if nothing moved the run since it counted.
     state, checkpoint = new_run()
     backend.store.create_run(state, checkpoint)
     backend.store.begin_attempt("r1", 1)
@@ -582,7 +584,7 @@ WRITES: dict[str, Callable[[RunState], CheckpointEvent]] = {
     "retried": lambda head: Retried(by="dana"),
 }
 """Every kind of commit a run's head takes after it is created, by name (the head also takes
-`begin_attempt` and `release_attempt`, which commit no event)."""
+`begin_attempt`, which commits no event)."""
 
 LIVES = {
     "asks-is-approved-and-finishes": ["step", "waiting step", "decided", "step", "done"],
@@ -591,7 +593,6 @@ LIVES = {
         "begin_attempt",
         "attempt_failed",
         "begin_attempt",
-        "release_attempt",
         "failed",
         "retried",
         "waiting step",
@@ -606,8 +607,6 @@ LIVES = {
 def _write(backend, head: RunState, kind: str) -> RunState:
     if kind == "begin_attempt":
         backend.store.begin_attempt(head.run_id, head.version)
-    elif kind == "release_attempt":
-        backend.store.release_attempt(head.run_id, head.version)
     else:
         event = WRITES[kind](head)
         step = event.step if isinstance(event, StepCompleted) else head.step

@@ -54,6 +54,44 @@ def test_sigkill_at_any_point_then_another_worker_finishes_the_same(
     assert steps == list(range(1, 8)), "each step committed once"
 
 
+@pytest.mark.parametrize(("deaths", "status"), [(2, RunStatus.DONE), (3, RunStatus.FAILED)])
+def test_a_worker_killed_between_two_steps_leaves_no_strike_on_the_next(
+    tmp_path, crash_free, deaths, status
+):
+    # Given a worker SIGKILLed right after step 2's commit, before step 3 began
+    cli = Cli(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--run-id", "mig", "--batches", str(BATCHES))
+    between = cli.spawn_worker("between", fault="kill:after_commit@2", lease=0.3)
+    assert between.wait(timeout=60) == -signal.SIGKILL
+    died_at = cli.head("mig")
+    assert (died_at.step, died_at.attempts) == (2, 0), "a strike on a step that never began"
+
+    # When step 3 then kills its worker, in one new worker after another
+    for life in range(deaths):
+        dying = cli.spawn_worker(f"dies-{life}", fault="kill:after_tool@3", lease=0.3)
+        assert dying.wait(timeout=60) == -signal.SIGKILL, f"worker dies-{life} was not killed"
+        assert (cli.head("mig").step, cli.head("mig").attempts) == (2, life + 1)
+
+    # Then only its third death fails the run, keeping its last checkpoint; two do not
+    if status is RunStatus.DONE:
+        report = cli.finish_migration("mig")
+        assert _comparable(report) == crash_free
+        history = cli.json("history", "mig")["checkpoints"]
+        copies = [c for c in history if c["event"] == "step" and c["step"] == 3]
+        assert [c["attempt"] for c in copies] == [3]
+    else:
+        cli.work_until_idle()
+        failed = cli.head("mig")
+        assert (failed.status, failed.step, failed.attempts) == (RunStatus.FAILED, 2, 3)
+        assert failed.error == "step 3 failed 3 times; last error: the worker died during the step"
+    # Step 3's copy was delivered in each life that died in it and applied once at most
+    delivered = cli.verify("mig")["keys_delivered"]
+    if status is RunStatus.DONE:  # copies 2-4, drop and email, and step 3's deaths
+        assert delivered == 5 + deaths
+    else:  # copy 2, and step 3's deaths
+        assert delivered == 1 + deaths
+
+
 def test_workers_killed_at_random_moments_still_finish_the_run(tmp_path):
     # Given two workers on one store and a chaos loop that SIGKILLs one at a random moment and
     # starts a replacement, a bounded number of times (the seed makes the moments repeatable

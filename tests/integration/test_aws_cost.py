@@ -22,12 +22,13 @@ def test_one_step_per_invocation_is_two_transitions_and_five_requests_a_step():
     }
 
 
-def test_several_steps_per_invocation_count_the_attempt_in_the_commit_and_meet_the_target():
+def test_several_steps_per_invocation_count_each_attempt_as_it_begins_and_meet_the_target():
     counts = count_run(10, steps=20)
 
     assert (counts.invocations, counts.transitions) == (2, 2 * 2 + 2)
-    # One attempt counted by a write of its own per invocation; the others rode in commits.
-    assert counts.requests["UpdateItem"] == 2
+    # Every step counts its attempt by a write of its own as it begins, not in the commit of
+    # the step before (an invocation dying between the two would leave a strike).
+    assert counts.requests["UpdateItem"] == 20
     assert counts.requests["TransactWriteItems"] == 21
     assert sum(counts.dollars().values()) <= TARGET_DOLLARS
     shown = report([counts])

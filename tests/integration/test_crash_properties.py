@@ -5,8 +5,8 @@ effect so far applied once.
 
 A schedule is a list of faults. Each process ("life") of the run gets the faults not fired yet;
 the first one reached fires and ends that life, and a fresh one takes over. A `raise` ends the
-life the way an exception ends a worker's loop: its `finally` gives back the attempt it counted
-ahead and closes the store. A `kill` ends it as SIGKILL would: nothing more runs in it.
+life the way an exception ends a worker's loop: its `finally` closes the store. A `kill` ends it
+as SIGKILL would: nothing more runs in it.
 
 The expected outcome is computed from the schedule alone (`expected_outcome`), by walking the
 step protocol documented in `ratchet.engine.step`: which points each attempt reaches, which
@@ -91,11 +91,6 @@ class Layout:
     def side_effects(self) -> frozenset[int]:
         return frozenset({*self.copies, self.drop, self.email})
 
-    def counts_next_attempt(self, step: int) -> bool:
-        """Whether a worker's commit of `step` counts the next step's first attempt: not
-        when it parks the run for a person, nor when it finishes it."""
-        return step not in (self.ask, self.done)
-
 
 # --- the oracle --------------------------------------------------------------------------------
 
@@ -126,7 +121,6 @@ def expected_outcome(schedule: list[Fault], layout: Layout) -> Expected:
     deliveries: Counter[int] = Counter()
     decided: set[int] = set()
     attempts = 0
-    counted_by_this_life = False
     fired = 0
 
     def fire(point: FaultPoint, step: int) -> Fault | None:
@@ -138,13 +132,10 @@ def expected_outcome(schedule: list[Fault], layout: Layout) -> Expected:
 
     step = 1
     while step <= layout.done:
-        # A life that counted this attempt ahead in its last commit goes straight on; any
-        # other checks the strikes and counts the attempt durably first.
-        if not counted_by_this_life:
-            if attempts >= MAX_ATTEMPTS:
-                return Expected(RunStatus.FAILED, step - 1, dict(deliveries), fired)
-            attempts += 1
-        counted_by_this_life = False
+        # Every attempt checks the strikes and is counted durably as it begins.
+        if attempts >= MAX_ATTEMPTS:
+            return Expected(RunStatus.FAILED, step - 1, dict(deliveries), fired)
+        attempts += 1
         crashed = None
         for point in _points(step, layout, step in decided):
             if point is FaultPoint.AFTER_DECISION:
@@ -157,16 +148,12 @@ def expected_outcome(schedule: list[Fault], layout: Layout) -> Expected:
         if crashed:
             fired += 1
             continue
-        counts = layout.counts_next_attempt(step)
-        attempts = 1 if counts else 0
-        crashed = fire(FaultPoint.AFTER_COMMIT, step)
-        step += 1
-        if crashed:
+        # The commit leaves the next step's attempt uncounted: a crash right after it is no
+        # strike on a step that never began.
+        attempts = 0
+        if fire(FaultPoint.AFTER_COMMIT, step):
             fired += 1
-            if crashed.action is FaultAction.RAISE and counts:
-                attempts = 0  # the dying worker's `finally` released the count
-        else:
-            counted_by_this_life = counts
+        step += 1
     return Expected(RunStatus.DONE, layout.done - 1, dict(deliveries), fired)
 
 
@@ -235,7 +222,6 @@ def drive(open_runtime: OpenRuntime, run_id: str, schedule: list[Fault]) -> int:
             fault = plan.fired[-1]
             pending.remove(fault)
             if fault.action is FaultAction.RAISE:
-                engine.release(run_id)
                 runtime.close()
             else:
                 dead.append(runtime)  # killed: it releases nothing, closes nothing
@@ -246,17 +232,15 @@ def drive(open_runtime: OpenRuntime, run_id: str, schedule: list[Fault]) -> int:
 
 
 def _live(engine: Engine, run_id: str) -> bool:
-    """Advance as a worker does (counting the next attempt ahead) until the run stops;
-    True if a fault ended this life first."""
+    """Advance as a worker does until the run stops; True if a fault ended this life first."""
     for _ in range(MAX_ADVANCES_PER_LIFE):
         try:
-            outcome = engine.advance(run_id, count_next_attempt=True)
+            outcome = engine.advance(run_id)
         except InjectedFault:
             return True
         if outcome.outcome is Outcome.WAITING:
             engine.decide_waiting(run_id, PersonDecided(approved=True, by="tester"))
         elif outcome.outcome is not Outcome.CONTINUE:
-            engine.release(run_id)
             return False
     raise AssertionError(f"run {run_id} did not stop")
 
@@ -411,12 +395,14 @@ def test_the_oracle_knows_the_three_strikes_and_the_reused_decision():
     ]
     assert expected_outcome(unreached, layout).fired == 0
     assert expected_outcome([*thrice, unreached[0]], layout).fired == 3
-    # A worker killed right after its commit leaves the next step's attempt counted: a strike.
-    after_commit = [Fault(FaultAction.KILL, FaultPoint.AFTER_COMMIT, copy)]
+    # A worker killed right after its commit leaves no strike on the next step, which began in
+    # no process: that step fails the run at its third failure, not its second.
     strikes = [Fault(FaultAction.RAISE, FaultPoint.BEFORE_COMMIT, copy + 1)] * 2
-    assert expected_outcome(after_commit + strikes, layout).status is RunStatus.FAILED
-    raised = [Fault(FaultAction.RAISE, FaultPoint.AFTER_COMMIT, copy)]
-    assert expected_outcome(raised + strikes, layout).status is RunStatus.DONE
+    for action in FaultAction:
+        after_commit = [Fault(action, FaultPoint.AFTER_COMMIT, copy)]
+        assert expected_outcome(after_commit + strikes, layout).status is RunStatus.DONE
+        third = after_commit + strikes + strikes[:1]
+        assert expected_outcome(third, layout).status is RunStatus.FAILED
 
 
 def _sqlite_runtime(folder: Path) -> OpenRuntime:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from ratchet.adapters.s3_blobs import S3BlobStore
 from ratchet.adapters.scripted import ScriptedModel
-from ratchet.engine import Binding, Engine, Outcome, StepOutcome
+from ratchet.engine import Binding, Engine, Outcome, StepBudget, StepOutcome, take_steps
 from ratchet.engine.fold import replay
 from ratchet.errors import (
     InjectedFault,
@@ -462,74 +462,50 @@ def test_an_agent_that_cannot_be_set_up_fails_attempts_with_the_reason(tmp_path)
     assert "ConnectionError: app database unreachable" in error
 
 
-def test_a_worker_going_straight_on_counts_the_next_attempt_in_the_same_commit(tmp_path):
+def test_each_step_counts_its_own_attempt_as_it_begins_and_its_commit_counts_none(tmp_path):
     harness = Harness(tmp_path, StubModel(total=5))
-    harness.start()
+    created = harness.start()
 
-    harness.engine.advance("run", count_next_attempt=True)
+    harness.engine.advance("run")
     after_one = harness.engine.load("run")
-    harness.engine.advance("run", count_next_attempt=True)
+    harness.engine.advance("run")
     after_two = harness.engine.load("run")
 
-    assert (after_one.step, after_one.attempts) == (1, 1)
-    # Step 2 needed no separate attempt write: one version for its commit, none for the count.
-    assert after_two.version == after_one.version + 1
+    # Each step: its attempt counted (a version), then its commit (another); the commit leaves
+    # the next step's attempt uncounted until that step begins.
+    assert (after_one.step, after_one.attempts, after_one.version) == (1, 0, created.version + 2)
+    assert (after_two.step, after_two.attempts, after_two.version) == (2, 0, after_one.version + 2)
     assert replay(harness.store.list_checkpoints("run")) == after_two
 
 
-def test_an_attempt_counted_ahead_by_a_worker_that_died_is_a_strike(tmp_path):
-    harness = Harness(tmp_path, StubModel(total=5))
+@pytest.mark.parametrize(("failures", "status"), [(2, RunStatus.DONE), (3, RunStatus.FAILED)])
+def test_a_process_that_died_between_two_steps_left_no_strike_on_the_next(
+    tmp_path, failures: int, status: RunStatus
+):
+    # Given steps taken in one go (as a step Lambda takes them) by a process that dies right
+    # after step 1's commit, before step 2 begins
+    harness = Harness(tmp_path, StubModel(total=3), faults=FaultPlan.parse("raise:after_commit@1"))
     harness.start()
-    harness.engine.advance("run", count_next_attempt=True)
+    with pytest.raises(InjectedFault):
+        take_steps(harness.engine, "run", StepBudget(max_steps=10, seconds_left=lambda: 900.0))
+    assert (harness.engine.load("run").step, harness.engine.load("run").attempts) == (1, 0)
 
-    # The worker is gone (its in-memory note with it); a fresh one must count its own attempt.
-    harness.restart().engine.advance("run")
+    # When step 2 then dies in its tool, in one fresh process after another
+    for life in range(failures):
+        harness.restart(faults=FaultPlan.parse("raise:after_tool@2"), worker_id=f"dies-{life}")
+        with pytest.raises(InjectedFault):
+            harness.engine.advance("run")
+    final = harness.restart().run_until_stopped()
 
-    checkpoints = harness.store.list_checkpoints("run")
-    step_two = checkpoints[-1].event
-    assert step_two.kind == "step"
-    assert step_two.attempt == 2
-
-
-def test_a_worker_that_stops_releases_the_attempt_it_counted_ahead(tmp_path):
-    harness = Harness(tmp_path, StubModel(total=5))
-    harness.start()
-    harness.engine.advance("run", count_next_attempt=True)
-    counted = harness.engine.load("run")
-
-    harness.engine.release("run")
-    harness.engine.release("run")  # a second release is a no-op
-
-    head = harness.engine.load("run")
-    assert (counted.attempts, head.attempts, head.version) == (1, 0, counted.version + 1)
-    harness.restart().engine.advance("run")
-    assert harness.store.list_checkpoints("run")[-1].event.attempt == 1  # type: ignore[union-attr]
-
-
-def test_a_release_after_another_worker_moved_the_run_changes_nothing(tmp_path):
-    from ratchet.adapters.sqlite.database import SqliteDatabase
-    from ratchet.adapters.sqlite.ledger import SqliteLedger
-    from ratchet.adapters.sqlite.store import SqliteCheckpointStore
-
-    harness = Harness(tmp_path, StubModel(total=5))
-    harness.start()
-    first_db = SqliteDatabase(tmp_path / "ratchet.db")
-    binding = Binding(fake_agent(harness.table), StubModel(total=5))
-    first = Engine(
-        store=SqliteCheckpointStore(first_db),
-        ledger=SqliteLedger(first_db),
-        blobs=harness.blobs,
-        bind=lambda state: binding,
-        worker_id="first",
-        logger=LOG,
-    )
-    first.advance("run", count_next_attempt=True)
-    harness.engine.advance("run")
-    moved = harness.engine.load("run")
-
-    first.release("run")
-
-    assert harness.engine.load("run") == moved
+    # Then only its third death fails the run: the death before it began was no strike
+    assert final.status is status
+    assert harness.table.received.count("run/step-2") == failures + (status is RunStatus.DONE)
+    if status is RunStatus.FAILED:
+        assert (final.step, final.attempts) == (1, MAX_ATTEMPTS)
+        assert final.error == "step 2 failed 3 times; last error: the worker died during the step"
+    else:
+        steps = [c.event for c in harness.store.list_checkpoints("run") if c.event.kind == "step"]
+        assert [(e.step, e.attempt) for e in steps] == [(1, 1), (2, 3), (3, 1)]
 
 
 def test_a_worker_still_fails_a_run_on_the_third_strike(tmp_path):

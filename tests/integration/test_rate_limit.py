@@ -112,7 +112,9 @@ def test_on_aws_a_queued_steps_wait_lasts_until_the_next_minute():
     assert 48 <= result.retry_in <= 57
 
 
-def test_steps_taken_in_one_go_then_queued_take_back_the_attempt_counted_ahead(tmp_path):
+def test_steps_taken_in_one_go_then_queued_leave_no_attempt_counted_for_the_queued_step(
+    tmp_path,
+):
     runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db"))
     clock = Clock()
     try:
@@ -124,9 +126,8 @@ def test_steps_taken_in_one_go_then_queued_take_back_the_attempt_counted_ahead(t
 
         last = take_steps(engine, "r", budget)
 
-        # Two steps in the minute; the second's commit counted the third's attempt, and the
-        # rate limit then queued the third: the count is taken back, so the third step's
-        # attempt is its first when it goes.
+        # Two steps in the minute; the rate limit then queued the third before it began, so
+        # none of its attempts is counted: its attempt is its first when it goes.
         assert (last.outcome, budget.taken) == (Outcome.QUEUED, 3)
         held = runtime.store.load_head("r")
         assert held is not None

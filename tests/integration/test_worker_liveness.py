@@ -254,9 +254,7 @@ def test_a_worker_that_loses_its_lease_mid_step_gives_the_run_up_after_that_step
     assert len(records.messages("run given up: lease lost")) == 1
 
 
-def test_a_worker_stopped_mid_step_finishes_it_then_gives_back_the_attempt_and_the_lease(
-    store, clock
-):
+def test_a_worker_stopped_mid_step_finishes_it_then_gives_back_the_lease(store, clock):
     # Given a worker asked to stop while step 2's tool runs
     store.start()
     stop = threading.Event()
@@ -270,8 +268,8 @@ def test_a_worker_stopped_mid_step_finishes_it_then_gives_back_the_attempt_and_t
     # When it stops
     worker.run(until_idle=True)
 
-    # Then step 2 is committed, the attempt it counted ahead for step 3 is taken back (a
-    # worker that never began step 3 must not leave a strike on it), and nothing is held
+    # Then step 2 is committed, no attempt of step 3 is counted (a worker that never began
+    # step 3 must not leave a strike on it), and nothing is held
     head = store.head()
     assert (head.status, head.step, head.attempts) == (RunStatus.RUNNING, 2, 0)
     assert store.leases.holder("run") is None

@@ -155,7 +155,6 @@ def _entry() -> LedgerEntry:
     [
         lambda client: _store(client).load_head("r"),
         lambda client: _store(client).begin_attempt("r", 3),
-        lambda client: _store(client).release_attempt("r", 3),
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").begin(_entry()),
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").get("r/step-1"),
         lambda client: DynamoDbLedger(client, table="ratchet-idempotency").complete("k", "x"),
@@ -175,7 +174,6 @@ def _entry() -> LedgerEntry:
     ids=[
         "load_head",
         "begin_attempt",
-        "release_attempt",
         "begin",
         "get",
         "complete",

@@ -8,22 +8,20 @@ own reads and writes): an agent with long steps gets fewer steps per invocation,
 and no step is started that the invocation's timeout could cut short.
 
 Nothing about a step changes: each one is `Engine.advance`, committed before the next begins,
-so a crash costs the step it is in and no more. The attempt counter of the next step rides in
-the commit of the one before, as it does in a local worker's loop; whether a next step follows
-is decided just before that commit, so a count rides only when the next step is taken.
+so a crash costs the step it is in and no more. Each step counts its own attempt as it begins,
+as in a local worker's loop: an invocation that dies between two steps leaves no strike on the
+next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 
 # Read by the stack's tests from here, beside the budget it sizes.
 from ratchet.engine.deadline import STEP_MARGIN_SECONDS as STEP_MARGIN_SECONDS
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.engine.step import Engine
-from ratchet.errors import InjectedFault
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
 
 
@@ -37,20 +35,13 @@ class StepBudget:
     margin_seconds: float = STEP_MARGIN_SECONDS
     taken: int = 0
     """Steps taken so far (`take_steps` counts them)."""
-    going_on: bool = False
-    """What `goes_on` last answered."""
 
     def goes_on(self, step_limit: float | None) -> bool:
-        """Whether another step follows the one about to commit (whose agent's time limit is
-        `step_limit`; None: no limit of its own, so the longest any agent may have). The
-        engine asks just before the commit (`count_next_attempt`), and `take_steps` goes on
-        only if the answer was yes, so the next step's attempt is counted in the commit
-        exactly when that step is taken."""
+        """Whether another step follows the one just taken: `taken` counts it, and
+        `step_limit` is its agent's step time limit (None: no limit of its own, so the longest
+        any agent may have)."""
         longest = MAX_STEP_TIMEOUT_SECONDS if step_limit is None else step_limit
-        self.going_on = (
-            self.taken + 1 < self.max_steps and self.seconds_left() >= longest + self.margin_seconds
-        )
-        return self.going_on
+        return self.taken < self.max_steps and self.seconds_left() >= longest + self.margin_seconds
 
 
 def take_steps(
@@ -63,28 +54,10 @@ def take_steps(
     outcome but `continue` (waiting, done, failed, queued, ...), at the cap, or when the time
     left would not hold another step; an error ends it as it ends one step (raised, every step
     before it committed). `on_step` is told of each step's outcome."""
-    try:
-        while True:
-            # A step that commits no tool call (a stop rule, the run found waiting) is not
-            # asked, and is the last.
-            budget.going_on = False
-            outcome = engine.advance(run_id, count_next_attempt=budget.goes_on)
-            budget.taken += 1
-            if on_step is not None:
-                on_step(outcome)
-            if outcome.outcome is not Outcome.CONTINUE or not budget.going_on:
-                break
-    except InjectedFault:
-        # It stands for the process dying: nothing else happens, as after a crash.
-        raise
-    except Exception:
-        # A count taken ahead for a step that never started (its head read failed, say) would
-        # stand as an attempt: take it back if the store lets us. The error is what the caller
-        # must see, whatever this write meets.
-        with suppress(Exception):
-            engine.release(run_id)
-        raise
-    # A step queued (no slot of its agent free, the minute's model calls used up) after a count
-    # taken ahead for it: take the count back.
-    engine.release(run_id)
-    return outcome
+    while True:
+        outcome = engine.advance(run_id)
+        budget.taken += 1
+        if on_step is not None:
+            on_step(outcome)
+        if outcome.outcome is not Outcome.CONTINUE or not budget.goes_on(outcome.step_limit):
+            return outcome

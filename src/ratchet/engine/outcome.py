@@ -48,6 +48,10 @@ class StepOutcome:
     agent frees)."""
     why: str | None = None
     """For a queued step, what holds it back, when it is not a slot or the rate limit."""
+    step_limit: float | None = None
+    """For a step that committed a tool call: its agent's step time limit, which it ran under
+    (None: none), so that a caller going straight on knows how long the next step may take
+    (`ratchet.engine.budget`)."""
 
     @classmethod
     def queued(
@@ -58,7 +62,9 @@ class StepOutcome:
         )
 
     @classmethod
-    def of(cls, state: RunState, *, bytes_written: int = 0) -> StepOutcome:
+    def of(
+        cls, state: RunState, *, bytes_written: int = 0, step_limit: float | None = None
+    ) -> StepOutcome:
         return cls(
             _OUTCOME_OF_STATUS[state.status],
             state.run_id,
@@ -66,4 +72,5 @@ class StepOutcome:
             state.version,
             bytes_written,
             state,
+            step_limit=step_limit,
         )

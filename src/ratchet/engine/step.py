@@ -5,7 +5,8 @@ step Lambda) calls `advance(run_id)` and acts on the outcome. The order inside a
 makes a crash at any point cost at most that step and never repeat a side effect:
 
 1. load the head; stop rules (not running, step cap, third strike);
-2. count the attempt, durably, before any work;
+2. count the attempt, durably, as the step begins and before any work (a crash before it, right
+   after the step before committed, is no strike on this step);
 3. decide: reuse the decision recorded under the step's key, or call the model once and record
    it before acting;
 4. act: run the one tool with the key `<run_id>/step-<n>`;
@@ -35,7 +36,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
@@ -112,9 +112,6 @@ from ratchet.state import (
 from ratchet.tools import MAX_STEP_TIMEOUT_SECONDS
 
 Binder = Callable[[RunState], Binding]
-NextAttempt = bool | Callable[[float | None], bool]
-"""`Engine.advance`'s `count_next_attempt`: a yes or no, or a callable asked with the step's
-time limit just before the step commits (`ratchet.engine.budget.StepBudget.goes_on`)."""
 SLOT_MARGIN_SECONDS = 60.0
 MODEL_REQUESTS = "model"
 """The name the deployment's model-call rate limit counts under (`requests_per_minute`)."""
@@ -178,7 +175,6 @@ class Engine:
         self._unbind = unbind
         self._worker_id = worker_id
         self._faults = faults
-        self._counted_ahead: dict[str, int] = {}
         self._commits = Commits(
             store=store,
             worker_id=worker_id,
@@ -264,7 +260,7 @@ class Engine:
             raise RunNotFound(run_id)
         return state
 
-    def advance(self, run_id: str, *, count_next_attempt: NextAttempt = False) -> StepOutcome:
+    def advance(self, run_id: str) -> StepOutcome:
         """Take exactly one step of the run (or apply a stop rule) and commit it.
 
         Raises `StaleVersion` if another worker moved the run meanwhile (nothing was written),
@@ -274,22 +270,17 @@ class Engine:
         raised: the run is failed with the cause and the outcome returned. A head that cannot
         be read raises `UnsupportedSchema` or `RunUnreadable`; retrying those is pointless.
 
-        With `count_next_attempt`, a caller that goes straight on to the next step (a worker's
-        loop) has the step's commit count the next step's first attempt too, which saves the
-        next step a durable write. The caller must `release` the run if it stops before that
-        step, or the count would stand for an attempt that never started. Given a callable, the
-        engine asks it just before the commit of a step that calls a tool, with the step's time
-        limit, whether the caller goes straight on (a step Lambda deciding by the time it has
-        left, `ratchet.engine.budget`).
+        A caller that goes straight on to the next step (a worker's loop, a step Lambda taking
+        several) just calls again: each step counts its own attempt as it begins.
         """
-        outcome = self._advance(run_id, count_next_attempt=count_next_attempt)
+        outcome = self._advance(run_id)
         if outcome.outcome is not Outcome.QUEUED and outcome.outcome is not Outcome.CONTINUE:
             # Found ended too: a step retried after its run's end told no one (a crash) tells
             # its parent now; telling twice changes nothing.
             self._told(outcome.head)
         return outcome
 
-    def _advance(self, run_id: str, *, count_next_attempt: NextAttempt) -> StepOutcome:
+    def _advance(self, run_id: str) -> StepOutcome:
         state = self.load(run_id)
         if state.status is not RunStatus.RUNNING:
             return StepOutcome.of(state)
@@ -307,22 +298,22 @@ class Engine:
             return self._commits.finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
         bound = self._limits(state.agent) if self._slots and self._limits else None
         if bound is None:
-            return self._take_step(state, count_next_attempt=count_next_attempt)
+            return self._take_step(state)
         assert self._slots is not None
         if not self._slots.take(bound.agent, bound.limit, run_id, self._slot_seconds(state)):
             return StepOutcome.queued(state)
         try:
-            return self._take_step(state, count_next_attempt=count_next_attempt)
+            return self._take_step(state)
         finally:
             self._give_back_slot(bound, state)
 
-    def _take_step(self, state: RunState, *, count_next_attempt: NextAttempt) -> StepOutcome:
+    def _take_step(self, state: RunState) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
-        if state.attempts and self._counted_ahead.get(run_id) != state.version:
-            # A retry (an attempt is on record that this engine did not count ahead): its
-            # at-most-once call may have started and may still run, in a worker frozen in it.
-            # Read before anything is written, so such a worker, thawed, still commits the
-            # step it was taking (its version stands).
+        if state.attempts:
+            # A retry (an attempt of the step began and did not commit): its at-most-once
+            # call may have started and may still run, in a worker frozen in it. Read before
+            # anything is written, so such a worker, thawed, still commits the step it was
+            # taking (its version stands).
             under_way = self._work.call_under_way(state)
             if under_way is not None:
                 return self._wait_for_call(state, under_way)
@@ -330,19 +321,21 @@ class Engine:
             wait = self._rate.take(MODEL_REQUESTS, self._requests_per_minute)
             if wait > 0:
                 return StepOutcome.queued(state, retry_after=wait)
-        # Only this engine can have written the version it counted ahead for: if the head is
-        # still at it, the attempt is already on record, and nobody else has touched the run.
-        if self._counted_ahead.pop(run_id, None) != state.version:
-            if state.attempts >= MAX_ATTEMPTS:
-                last = state.error or "the worker died during the step"
-                error = f"step {step} failed {state.attempts} times; last error: {last}"
-                return self._commits.fail_run(state, Finished(status=RunStatus.FAILED, error=error))
-            version = self._store.begin_attempt(run_id, state.version)
-            state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
+        if state.attempts >= MAX_ATTEMPTS:
+            last = state.error or "the worker died during the step"
+            error = f"step {step} failed {state.attempts} times; last error: {last}"
+            return self._commits.fail_run(state, Finished(status=RunStatus.FAILED, error=error))
+        # The attempt is counted here, as the step begins, in a write of its own: a process
+        # that dies in this step leaves it counted, so a step that keeps killing its process
+        # fails at its third attempt. It is never counted sooner (in the commit of the step
+        # before, which would save this write): a process that died between that commit and
+        # this point would leave a strike on a step that never began.
+        version = self._store.begin_attempt(run_id, state.version)
+        state = state.model_copy(update={"version": version, "attempts": state.attempts + 1})
         with tracing.step_span(
             run_id, step, state.attempts, agent=state.agent, resumes=state.parked_span
         ) as span:
-            outcome = self._attempt_and_commit(state, span, count_next_attempt=count_next_attempt)
+            outcome = self._attempt_and_commit(state, span)
             span.set({tracing.OUTCOME: outcome.outcome.value})
             if outcome.outcome is Outcome.FAILED:
                 span.failed(outcome.head.error if outcome.head and outcome.head.error else "failed")
@@ -350,9 +343,7 @@ class Engine:
                 span.set({tracing.WAITS_FOR: outcome.head.waiting.kind})
             return outcome
 
-    def _attempt_and_commit(
-        self, state: RunState, span: tracing.Span, *, count_next_attempt: NextAttempt
-    ) -> StepOutcome:
+    def _attempt_and_commit(self, state: RunState, span: tracing.Span) -> StepOutcome:
         step = state.next_step
         started = time.perf_counter()
         try:
@@ -372,20 +363,14 @@ class Engine:
             return self._record_failure(state, attempt_failure(error, f"step {step} failed"))
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
         try:
-            head, written = self._commit_step(
-                state,
-                attempted,
-                count_next_attempt=count_next_attempt,
-                started=started,
-                span=span,
-            )
+            head, written = self._commit_step(state, attempted, started=started, span=span)
         except (StaleVersion, InjectedFault):
             raise
         except Exception as error:
             failure = attempt_failure(error, f"step {step} could not be committed")
             return self._record_failure(state, paid_for(failure, attempted.usage))
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
-        return StepOutcome.of(head, bytes_written=written)
+        return StepOutcome.of(head, bytes_written=written, step_limit=attempted.step_limit)
 
     def _wait_for_call(self, state: RunState, under_way: CallUnderWay) -> StepOutcome:
         self._logger.info(
@@ -450,7 +435,6 @@ class Engine:
         state: RunState,
         attempted: Attempted,
         *,
-        count_next_attempt: NextAttempt,
         started: float,
         span: tracing.Span = tracing.OFF,
     ) -> tuple[RunState, int]:
@@ -480,18 +464,12 @@ class Engine:
                 when = wait.until.strftime("%Y-%m-%d %H:%M:%S UTC")
                 output = output.model_copy(update={"text": f"Not sleeping: {when} is past."})
                 wait = None
-        goes_on = (
-            count_next_attempt(attempted.step_limit)
-            if callable(count_next_attempt)
-            else count_next_attempt
-        )
         event = StepCompleted(
             step=step,
             key=key,
             call=decision,
             output=output,
             wait=wait,
-            next_attempt_counted=goes_on and wait is None and step < state.options.max_steps,
             attempt=state.attempts,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
             usage=attempted.usage,
@@ -500,23 +478,9 @@ class Engine:
             started=attempted.started,
             span=span.link() if wait is not None else None,
         )
-        head, written = self._commits.commit(
+        return self._commits.commit(
             state, event, step=step, completes=LedgerCompletion(key, result_digest(output.text))
         )
-        if event.next_attempt_counted:
-            # Only this engine can have written this version: see `advance`.
-            self._counted_ahead[state.run_id] = head.version
-        return head, written
-
-    def release(self, run_id: str) -> None:
-        """Take back the next attempt counted ahead by `advance`, if the run is still as this
-        engine left it. Call it when a worker stops working on a run."""
-        version = self._counted_ahead.pop(run_id, None)
-        if version is None:
-            return
-        # If another worker has moved the run on since, the count is theirs to keep.
-        with suppress(StaleVersion):
-            self._store.release_attempt(run_id, version)
 
     def fail(self, run_id: str, reason: str) -> RunState:
         """Mark the run failed, keeping its last checkpoint (a supervisor gave up on it).

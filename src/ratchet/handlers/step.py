@@ -5,7 +5,9 @@ keeps running and the invocation's time left holds another step of its agent (it
 limit and a margin), up to `max_steps_per_invocation` (`ratchet.engine.budget`): a scripted
 run pays two state transitions per invocation rather than per step. A retry of the task takes
 the step it retries alone (`StepRequest.retry_count`), so the retries of one entry of `Step`
-are spent on one step's failures, as when each step had an entry of its own.
+are spent on one step's failures, as when each step had an entry of its own; a retry that
+finds the step not begun (the invocation died between two steps) takes none, and the loop
+enters `Step` anew, so that death spends none of the step's retries.
 
 Errors are the state machine's business and keep their class names, which its Retry and Catch
 clauses match: `StaleVersion` and `Superseded` (another execution owns the run; stop without
@@ -42,7 +44,7 @@ from ratchet.errors import (
 )
 from ratchet.handlers._wiring import approvals, engine, logger, metrics, settings, tracer
 from ratchet.handlers.payloads import StepRequest, StepResult
-from ratchet.state import utcnow
+from ratchet.state import RunStatus, utcnow
 from ratchet.waits import ApprovalStatus
 
 
@@ -57,6 +59,21 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 def take_step(request: StepRequest, context: LambdaContext) -> StepResult:
     logger.append_keys(run_id=request.run_id, generation=request.generation)
     config = settings()
+    if request.retry_count:
+        head = engine(context).load(request.run_id)
+        if head.status is RunStatus.RUNNING and head.attempts == 0:
+            # The invocation this retries died before the run's next step began (right after
+            # the commit of the step before): no attempt of the step, so none of the entry's
+            # retries, which count the step's deaths, must go to it. Back to the loop: `Step`
+            # is entered afresh, with all its retries, for the step's own attempts.
+            metrics.add_metric(name="DeathsBetweenSteps", unit=MetricUnit.Count, value=1)
+            logger.info("the invocation retried died between two steps; entering the step anew")
+            return StepResult.after(
+                request,
+                StepOutcome.of(head),
+                rollover_after=config.rollover_after,
+                queue_retry_seconds=config.queue_retry_seconds,
+            )
     budget = StepBudget(
         max_steps=1 if request.retry_count else config.max_steps_per_invocation,
         seconds_left=lambda: context.get_remaining_time_in_millis() / 1000,

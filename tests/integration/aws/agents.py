@@ -113,6 +113,19 @@ def _fails_once_at_3_6_and_9(args: WriteRow, ctx: ToolContext) -> str:
     return WORLD.write(args, ctx)
 
 
+_REFUSED: Counter[str] = Counter()
+
+
+def _fails_twice_at_3(args: WriteRow, ctx: ToolContext) -> str:
+    if ctx.step == 3:
+        with _FLAKED_LOCK:
+            _REFUSED[ctx.idempotency_key] += 1
+            refused = _REFUSED[ctx.idempotency_key] <= 2
+        if refused:
+            raise RuntimeError("the disk is busy")
+    return WORLD.write(args, ctx)
+
+
 def _gated(args: WriteRow, ctx: ToolContext) -> str:
     GATE.hold(ctx)
     return WORLD.write(args, ctx)
@@ -172,6 +185,8 @@ quick = dataclasses.replace(_agent("quick", WORLD.write), step_timeout_seconds=1
 failing = _agent("failing", _always_fails_at_3)
 flaky = _agent("flaky", _fails_once_at_3_6_and_9)
 """Each of steps 3, 6 and 9 fails its first attempt and succeeds at its second."""
+twice = _agent("twice", _fails_twice_at_3)
+"""Step 3 fails its first two attempts and succeeds at its third."""
 gated = _agent("gated", _gated)
 bounded = dataclasses.replace(_agent("bounded", IN_FLIGHT.work), max_concurrent=2)
 heldout = _agent("heldout", HELDOUT_IN_FLIGHT.work)

@@ -107,6 +107,7 @@ AGENTS = {
         "quick",
         "failing",
         "flaky",
+        "twice",
         "gated",
         "events",
         "sleeper",

@@ -260,7 +260,7 @@ def test_an_unregistered_agent_is_refused_without_importing_anything(
     assert answer["problems"][0]["field"] == field
     known = (
         "bounded, events, failing, fanout, flaky, gated, helper, migration, notebook, quick, "
-        "rows, sleeper, wires"
+        "rows, sleeper, twice, wires"
         if field == "agent"
         else "migration, notebook"
     )

@@ -1,7 +1,8 @@
 """Several steps per invocation of the step function (`ratchet.engine.budget`), executed by the
 state machine on moto: fewer invocations and transitions, every step still committed before
-the next, the next step's attempt counted in that commit, a crash between two steps costing
-at most one, and the time the invocation has left deciding whether another step fits."""
+the next and counting its own attempt as it begins, a crash between two steps costing at most
+one and leaving no strike on a step that never began, and the time the invocation has left
+deciding whether another step fits."""
 
 from __future__ import annotations
 
@@ -66,10 +67,7 @@ def test_a_scripted_run_takes_its_steps_ten_at_a_time_each_committed_before_the_
     assert [s.step for s in steps] == list(range(1, 25))
     assert agents.WORLD.rows_of("many") == {f"many/step-{n}": n for n in range(1, 25)}
     assert set(agents.WORLD.deliveries_of("many").values()) == {1}
-    # The next step's attempt rode in each commit but the last of an invocation, whose
-    # successor counts its own (the DONE, step 25, is counted in step 24's): one attempt each.
     assert {s.attempt for s in steps} == {1}
-    assert [s.step for s in steps if not s.next_attempt_counted] == [10, 20]
 
 
 def test_one_step_per_invocation_is_the_loop_as_it_was(stack: Stack):
@@ -79,7 +77,7 @@ def test_one_step_per_invocation_is_the_loop_as_it_was(stack: Stack):
 
     assert _step_invocations(stack) == 5
     assert _steps_per_invocation("single") == [1, 1, 1, 1]
-    assert not any(s.next_attempt_counted for s in _steps("single"))
+    assert {s.attempt for s in _steps("single")} == {1}
 
 
 @pytest.mark.parametrize(
@@ -110,7 +108,7 @@ def test_an_invocation_stops_when_its_time_runs_down(stack: Stack):
     stack.configure(max_steps_per_invocation=1000)
 
     def clock() -> Callable[[], float]:
-        # Each step takes 100 s of the invocation's 900 (read once a step, before its commit).
+        # Each step takes 100 s of the invocation's 900 (read once a step, after its commit).
         left = itertools.count(900, -100)
         return lambda: float(next(left))
 
@@ -124,19 +122,29 @@ def test_an_invocation_stops_when_its_time_runs_down(stack: Stack):
 
 
 CRASHES_BETWEEN_TWO_STEPS = [
-    # After step 3's commit, before step 4 began: nothing of step 4 happened.
-    (Fault(FaultAction.RAISE, FaultPoint.AFTER_COMMIT, 3), False),
-    # Inside step 4, its row written but not committed: step 4 is taken again with its key.
-    (Fault(FaultAction.RAISE, FaultPoint.AFTER_TOOL, 4), True),
-    (Fault(FaultAction.RAISE, FaultPoint.BEFORE_COMMIT, 4), True),
-    (Fault(FaultAction.RAISE, FaultPoint.BEFORE_MODEL, 4), False),
+    # After step 3's commit, before step 4 began: nothing of step 4 happened, nor was counted,
+    # and the retry, finding it not begun, took no step: the next entry of Step took the rest.
+    (Fault(FaultAction.RAISE, FaultPoint.AFTER_COMMIT, 3), False, 1, [3, 3]),
+    # Inside step 4, its row written but not committed: step 4 is taken again with its key,
+    # alone by the retry, and the next entry of Step takes the rest.
+    (Fault(FaultAction.RAISE, FaultPoint.AFTER_TOOL, 4), True, 2, [3, 1, 2]),
+    (Fault(FaultAction.RAISE, FaultPoint.BEFORE_COMMIT, 4), True, 2, [3, 1, 2]),
+    (Fault(FaultAction.RAISE, FaultPoint.BEFORE_MODEL, 4), False, 2, [3, 1, 2]),
 ]
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")  # a crash records none
-@pytest.mark.parametrize(("fault", "step_4_delivered_twice"), CRASHES_BETWEEN_TWO_STEPS)
+@pytest.mark.parametrize(
+    ("fault", "step_4_delivered_twice", "step_4_attempt", "invocations"),
+    CRASHES_BETWEEN_TWO_STEPS,
+)
 def test_a_crash_inside_an_invocation_costs_at_most_the_step_it_is_in(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch, fault: Fault, step_4_delivered_twice: bool
+    stack: Stack,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Fault,
+    step_4_delivered_twice: bool,
+    step_4_attempt: int,
+    invocations: list[int],
 ):
     stack.configure(max_steps_per_invocation=10)
     _inject(monkeypatch, FirstTimeOnly((fault,)))
@@ -145,17 +153,80 @@ def test_a_crash_inside_an_invocation_costs_at_most_the_step_it_is_in(
     name = _run(stack, run_id, batches=6)
 
     assert _errors(stack.history(name)) == ["Lambda.Unknown"]
-    # Steps 1-3 committed in the invocation that crashed and were never taken again; the
-    # retry took step 4 alone, and the next entry of Step the rest.
-    assert _steps_per_invocation(run_id) == [3, 1, 2]
+    # Steps 1-3 committed in the invocation that crashed and were never taken again.
+    assert _steps_per_invocation(run_id) == invocations
     deliveries = agents.WORLD.deliveries_of(run_id)
     twice = {f"{run_id}/step-4": 2} if step_4_delivered_twice else {}
     assert {k: n for k, n in deliveries.items() if n != 1} == twice
     assert agents.WORLD.rows_of(run_id) == {f"{run_id}/step-{n}": n for n in range(1, 7)}
-    # Step 4's attempt was counted in step 3's commit: the crash stands as that attempt, as
-    # a killed worker's does, and the retry is the second.
+    # A crash inside step 4 stands as its first attempt (counted as it began), and the retry is
+    # the second; a crash before it began is no attempt of it.
     attempts = {s.step: s.attempt for s in _steps(run_id)}
-    assert attempts == {1: 1, 2: 1, 3: 1, 4: 2, 5: 1, 6: 1}
+    assert attempts == {1: 1, 2: 1, 3: 1, 4: step_4_attempt, 5: 1, 6: 1}
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")  # a crash records none
+@pytest.mark.parametrize(
+    ("agent", "status"), [("twice", RunStatus.DONE), ("failing", RunStatus.FAILED)]
+)
+def test_an_invocation_killed_between_two_steps_leaves_no_strike_on_the_next(
+    stack: Stack, agent: str, status: RunStatus
+):
+    # Given an invocation killed right after step 2's commit, before step 3 began
+    stack.configure(max_steps_per_invocation=10)
+    stack.fault("kill:after_commit@2")
+    run_id = f"between-{agent}"
+
+    # When step 3 then fails (its tool raises) in each invocation that retries it: twice and
+    # then goes, or every time
+    _, started = stack.post_run(
+        {"agent": f"tests.integration.aws.agents:{agent}", "run_id": run_id, "batches": 4}
+    )
+    execution = stack.finished(started["execution_name"])
+
+    # Then the run fails only at step 3's third failure (the engine's own), not its second:
+    # the death before step 3 began was no attempt of it
+    assert _errors(stack.history(started["execution_name"])) == [
+        "Runtime.ExitError",
+        "ToolFailed",
+        "ToolFailed",
+    ]
+    head = stack.head(run_id)
+    assert head.status is status
+    if status is RunStatus.DONE:
+        assert execution["status"] == "SUCCEEDED"
+        attempts = {s.step: s.attempt for s in _steps(run_id)}
+        assert attempts == {1: 1, 2: 1, 3: 3, 4: 1}
+        assert agents.WORLD.rows_of(run_id) == {f"{run_id}/step-{n}": n for n in range(1, 5)}
+    else:
+        assert (execution["status"], execution["error"]) == ("FAILED", "RunFailed")
+        assert (head.step, head.attempts) == (2, 3)
+        assert (head.error or "").startswith("step 3 failed 3 times; last error: ")
+        assert "the disk is full" in (head.error or "")
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")  # a crash records none
+def test_a_death_between_two_steps_spends_none_of_the_next_steps_retries(stack: Stack):
+    # Given an invocation killed right after step 2's commit, before step 3 began, and then
+    # two invocations killed inside step 3 (after its tool ran)
+    stack.configure(max_steps_per_invocation=10)
+    stack.fault("kill:after_commit@2,kill:after_tool@3", times=3)
+    run_id = "deaths"
+
+    _, started = stack.post_run(
+        {"agent": "tests.integration.aws.agents:rows", "run_id": run_id, "batches": 4}
+    )
+    execution = stack.finished(started["execution_name"])
+
+    # Then step 3 died twice, its third attempt went through and the run is done: the death
+    # before it began spent none of the retries Step Functions gives its deaths (the retry
+    # that found it not begun entered Step anew)
+    assert _errors(stack.history(started["execution_name"])) == ["Runtime.ExitError"] * 3
+    assert execution["status"] == "SUCCEEDED", execution
+    assert stack.head(run_id).status is RunStatus.DONE
+    attempts = {s.step: s.attempt for s in _steps(run_id)}
+    assert attempts == {1: 1, 2: 1, 3: 3, 4: 1}
+    assert agents.WORLD.rows_of(run_id) == {f"{run_id}/step-{n}": n for n in range(1, 5)}
 
 
 def test_a_run_that_waits_mid_invocation_parks_on_its_task_token(stack: Stack):

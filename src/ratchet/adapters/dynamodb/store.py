@@ -277,25 +277,40 @@ class DynamoDbCheckpointStore:
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
         # Conditional on the version read: of two workers counting an attempt at the same
         # step, one moves the head on and the other is told its view is stale.
-        self._bump_head(
-            run_id,
-            expected_version,
-            update="SET #attempts = #attempts + :one, #version = :next",
-            condition="#version = :expected",
-        )
-        return expected_version + 1
+        return self._count_attempt(run_id, expected_version, by=1)
 
     @translated_errors
     def release_attempt(self, run_id: str, expected_version: int) -> int:
-        # Only the engine that counted ahead can still find the head at the version it left;
-        # if anyone moved the run since, the count is theirs and this update is refused.
-        self._bump_head(
-            run_id,
-            expected_version,
-            update="SET #attempts = #attempts - :one, #version = :next",
-            condition="#version = :expected AND #attempts > :zero",
-            values={":zero": number_attribute(0)},
-        )
+        # Only the engine that counted the attempt can still find the head at the version it
+        # left; if anyone moved the run since, the count is theirs and this update is refused.
+        return self._count_attempt(run_id, expected_version, by=-1)
+
+    def _count_attempt(self, run_id: str, expected_version: int, *, by: int) -> int:
+        condition = "#version = :expected" + (" AND #attempts > :zero" if by < 0 else "")
+        values = {
+            ":by": number_attribute(by),
+            ":next": number_attribute(expected_version + 1),
+            ":expected": number_attribute(expected_version),
+        }
+        if by < 0:
+            values[":zero"] = number_attribute(0)
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._head_key(run_id),
+                UpdateExpression="SET #attempts = #attempts + :by, #version = :next",
+                ConditionExpression=condition,
+                ExpressionAttributeNames={"#attempts": "attempts", "#version": "version"},
+                ExpressionAttributeValues=values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            if error_code(error) != "ConditionalCheckFailedException":
+                raise
+            # ALL_OLD returns the head as the failed check saw it: none means no such run.
+            if "Item" not in cast("dict[str, Any]", error.response):
+                raise RunNotFound(run_id) from None
+            raise StaleVersion(run_id, expected_version) from None
         return expected_version + 1
 
     @translated_errors
@@ -579,38 +594,6 @@ class DynamoDbCheckpointStore:
         }
 
     # --- conditional updates of the head ---------------------------------------------------
-
-    def _bump_head(
-        self,
-        run_id: str,
-        expected_version: int,
-        *,
-        update: str,
-        condition: str,
-        values: Item | None = None,
-    ) -> None:
-        try:
-            self._client.update_item(
-                TableName=self._table,
-                Key=self._head_key(run_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                ExpressionAttributeNames={"#attempts": "attempts", "#version": "version"},
-                ExpressionAttributeValues={
-                    ":one": number_attribute(1),
-                    ":next": number_attribute(expected_version + 1),
-                    ":expected": number_attribute(expected_version),
-                    **(values or {}),
-                },
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-        except ClientError as error:
-            if error_code(error) != "ConditionalCheckFailedException":
-                raise
-            # ALL_OLD returns the head as the failed check saw it: none means no such run.
-            if "Item" not in cast("dict[str, Any]", error.response):
-                raise RunNotFound(run_id) from None
-            raise StaleVersion(run_id, expected_version) from None
 
     @staticmethod
     def _raise_if_head_moved(error: ClientError, run_id: str, expected_version: int) -> None:
