@@ -45,17 +45,34 @@ def _worker(cli: Cli) -> subprocess.Popen[str]:
     )
 
 
-def _until_done(cli: Cli, run_id: str, *, within: float) -> float:
-    began = time.monotonic()
-    while time.monotonic() - began < within:
-        runtime = _store(cli)
-        try:
-            head = runtime.store.load_head(run_id)
-        finally:
-            runtime.close()
-        if head is not None and head.status is RunStatus.DONE:
-            return time.monotonic() - began
-        time.sleep(0.1)
+def _killed_at_the_wake(cli: Cli, *args: str) -> float:
+    """Run the command, which settles a wait at step 1 and is SIGKILLed before it goes on:
+    when it died."""
+    cli.env["RATCHET_FAULT"] = "kill:after_wait_settled@1"
+    try:
+        killed = cli(*args)
+    finally:
+        del cli.env["RATCHET_FAULT"]
+    assert killed.returncode == -9, killed.stderr
+    return time.monotonic()
+
+
+def _goes_on(cli: Cli, run_id: str, *, since: float, within: float = 60) -> float:
+    """Start a worker and wait until the run is done: the seconds from `since`."""
+    worker = _worker(cli)
+    try:
+        while time.monotonic() - since < within:
+            runtime = _store(cli)
+            try:
+                head = runtime.store.load_head(run_id)
+            finally:
+                runtime.close()
+            if head is not None and head.status is RunStatus.DONE:
+                return time.monotonic() - since
+            time.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
     raise AssertionError(
         f"{run_id} did not go on within {within:g} s: {(cli.cwd / 'worker.log').read_text()}"
     )
@@ -75,10 +92,7 @@ def test_a_decision_whose_decider_was_killed_is_recorded_once_by_a_worker(tmp_pa
 
     # The person approves; the decider dies after the request is settled, before the run
     # records the decision.
-    cli.env["RATCHET_FAULT"] = "kill:after_wait_settled@1"
-    killed = cli("approve", "r1", "--answer", ANSWER, "--by", "dana")
-    del cli.env["RATCHET_FAULT"]
-    assert killed.returncode == -9, killed.stderr
+    died = _killed_at_the_wake(cli, "approve", "r1", "--answer", ANSWER, "--by", "dana")
     runtime = _store(cli)
     try:
         (request,) = runtime.approvals.of_run("r1")
@@ -93,12 +107,7 @@ def test_a_decision_whose_decider_was_killed_is_recorded_once_by_a_worker(tmp_pa
     assert again.returncode == 2
     assert "approved by dana" in again.stderr, again.stderr
 
-    worker = _worker(cli)
-    try:
-        took = _until_done(cli, "r1", within=60)
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+    took = _goes_on(cli, "r1", since=died)
     print(f"\nkilled decider -> run done: {took:.1f} s (given up for dead after 8 s)")
     assert took >= GIVEN_UP_AFTER - 1, "a live decider's decision must not be taken from it"
 
@@ -129,16 +138,8 @@ def test_an_event_whose_sender_was_killed_after_settling_goes_on_at_once(tmp_pat
     cli.ok("worker", "--until-idle")
     assert cli.json("status", "pr-7")["status"] == "waiting"
 
-    cli.env["RATCHET_FAULT"] = "kill:after_wait_settled@1"
     payload = '{"conclusion": "success", "url": "https://ci.example/7"}'
-    killed = cli("send", "pr-7", "ci-finished", "--data", payload, "--id", "d-1")
-    del cli.env["RATCHET_FAULT"]
-    assert killed.returncode == -9, killed.stderr
+    died = _killed_at_the_wake(cli, "send", "pr-7", "ci-finished", "--data", payload, "--id", "d-1")
 
-    worker = _worker(cli)
-    try:
-        took = _until_done(cli, "pr-7", within=60)
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+    took = _goes_on(cli, "pr-7", since=died)
     print(f"\nkilled sender -> run done: {took:.1f} s")

@@ -916,8 +916,9 @@ def test_the_python_client_checks_an_answer_as_the_page_does(local):
     )
 
 
-def expiring_worker(local: Local, now: datetime) -> Worker:
-    """A worker whose clock says `now`, expiring overdue requests as `ratchet worker` does."""
+def worker_at(local: Local, now: datetime) -> Worker:
+    """A worker whose clock says `now`, expiring overdue requests and recording decisions left
+    undelivered as `ratchet worker` does."""
     engine = local.engine
     return Worker(
         engine,
@@ -925,6 +926,7 @@ def expiring_worker(local: Local, now: datetime) -> Worker:
         LOG,
         clock=Clock(now),
         expire_approvals=local.runtime.approval_expiry(engine),
+        deliver_decisions=local.runtime.decision_delivery(engine),
     )
 
 
@@ -934,12 +936,12 @@ def test_a_request_nobody_answers_in_time_expires_and_the_run_goes_on(local, par
     waiting = local.head(parked.run_id)
 
     # When a worker looks a second before the deadline, nothing changes
-    expiring_worker(local, deadline - timedelta(seconds=1)).run(until_idle=True)
+    worker_at(local, deadline - timedelta(seconds=1)).run(until_idle=True)
     assert local.head(parked.run_id).version == waiting.version
     assert local.approval(parked).status is ApprovalStatus.PENDING
 
     # When a worker looks at the deadline
-    expiring_worker(local, deadline).run(until_idle=True)
+    worker_at(local, deadline).run(until_idle=True)
 
     # Then the request is expired, the run records what RecordDecision records on AWS, and
     # the agent goes on knowing nobody said yes
@@ -969,7 +971,7 @@ def test_a_request_decided_in_time_does_not_expire(local, parked):
         comment="",
     )
 
-    expiring_worker(local, parked.approval.expires_at + timedelta(days=1)).run(until_idle=True)
+    worker_at(local, parked.approval.expires_at + timedelta(days=1)).run(until_idle=True)
 
     assert local.approval(parked).status is ApprovalStatus.APPROVED
     assert local.head(parked.run_id).summary == f"finished after: Approved by {OPERATOR}."
@@ -979,7 +981,7 @@ def test_a_run_started_with_its_own_approval_timeout_keeps_to_it(local):
     parked = park_refund(local, timeout=120)
 
     assert parked.approval.expires_at - parked.approval.created_at == timedelta(seconds=120)
-    expiring_worker(local, parked.approval.expires_at).run(until_idle=True)
+    worker_at(local, parked.approval.expires_at).run(until_idle=True)
     assert local.head(parked.run_id).summary == (
         "refund decided: Rejected by nobody: approval expired after 120 s"
     )
@@ -1220,19 +1222,6 @@ def test_a_click_whose_write_meets_a_decision_recorded_directly_is_refused_not_a
 # --- a decider that dies (or stalls) between settling the request and recording it -----------
 
 
-def delivering_worker(local: Local, now: datetime) -> Worker:
-    """A worker whose clock says `now`, recording decisions left undelivered as `ratchet
-    worker` does."""
-    engine = local.engine
-    return Worker(
-        engine,
-        local.runtime.leases,
-        LOG,
-        clock=Clock(now),
-        deliver_decisions=local.runtime.decision_delivery(engine),
-    )
-
-
 def test_a_decision_settled_and_never_recorded_is_recorded_once_after_a_decider_could_have(
     local, parked
 ):
@@ -1244,12 +1233,12 @@ def test_a_decision_settled_and_never_recorded_is_recorded_once_after_a_decider_
     longest = delivery_time(local.runtime.db.busy_timeout)
 
     # When a worker looks while a live decider could still be recording it, nothing changes
-    delivering_worker(local, decided_at + longest).run(until_idle=True)
+    worker_at(local, decided_at + longest).run(until_idle=True)
     assert local.head(parked.run_id).version == waiting.version
 
     # When a worker looks after that, it records the decision, and the run goes on
-    delivering_worker(local, decided_at + longest + timedelta(seconds=1)).run(until_idle=True)
-    delivering_worker(local, decided_at + longest + timedelta(seconds=9)).run(until_idle=True)
+    worker_at(local, decided_at + longest + timedelta(seconds=1)).run(until_idle=True)
+    worker_at(local, decided_at + longest + timedelta(seconds=9)).run(until_idle=True)
 
     decided = [
         c.event

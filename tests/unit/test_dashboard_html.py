@@ -317,6 +317,21 @@ def test_the_versions_before_a_killed_workers_retry_say_the_worker_died():
     assert "attempt counted (no record)" not in page
 
 
+def test_a_gap_that_holds_the_retrys_own_count_too_says_both():
+    # Given step 2 committed on attempt 2: version 2 counted attempt 1, whose worker was
+    # killed, and version 3 counted attempt 2 as it began (each step counts its own)
+    checkpoints = [_attempt(1, 1, 1), _attempt(4, 2, 2)]
+
+    page = run_page(_timeline(checkpoints, [(2, 3)]))
+
+    said = (
+        "2..3 Attempt 1 at step 2: the worker died during this attempt "
+        "(the attempt was counted, but no record was written); attempt 2 counted as its "
+        "work started"
+    )
+    assert " ".join(_row(page, "2..3").split()) == said
+
+
 def test_an_attempt_that_failed_with_a_record_is_not_said_to_have_died():
     # Given attempt 1 at step 2 failed (recorded), then attempt 2 was counted and committed
     checkpoints = [_attempt(1, 1, 1), _attempt(2, 2, 1, "attempt_failed"), _attempt(4, 2, 2)]

@@ -543,15 +543,18 @@ def _died(checkpoints: Sequence[Checkpoint]) -> dict[int, list[int]]:
     }
 
 
-def _gap_text(after: Checkpoint | None, died: Sequence[int]) -> str:
-    """The versions with no record just before `after` (None: the latest), in words."""
+def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) -> str:
+    """The `versions` with no record just before `after` (None: the latest), in words."""
     if after is None or after.event != "step" or after.attempt is None:
         return UNRECORDED_VERSIONS[0].upper() + UNRECORDED_VERSIONS[1:]
     if died:
-        return (
+        said = (
             f"Attempt {_and(died)} at step {after.step}: the worker died during this attempt "
             "(the attempt was counted, but no record was written)"
         )
+        if versions > len(died):  # and the version that counted the attempt recorded next
+            said += f"; attempt {after.attempt} counted as its work started"
+        return said
     return (
         f"Attempt {after.attempt} at step {after.step} counted before its work started "
         "(a write to the head alone, with no record of its own)"
@@ -570,7 +573,8 @@ def _timeline_rows(timeline: Timeline) -> str:
     for item in interleaved([c.version for c in shown], gaps):
         if isinstance(item, str):
             after = by_version.get(spans[item] + 1)
-            said = _gap_text(after, died.get(after.version, []) if after else [])
+            first, last = next(g for g in gaps if version_span(*g) == item)
+            said = _gap_text(after, died.get(after.version, []) if after else [], last - first + 1)
             rows.append(
                 f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>{e(said)}</td></tr>"
             )

@@ -102,6 +102,15 @@ def parked(stack: Stack) -> Callable[[str], None]:
     return wait
 
 
+def _sent_by_a_sender_that_dies(stack: Stack, run_id: str) -> float:
+    """Send the run its event through a desk whose process dies right after the settling
+    write, before it answers the parked execution: when it died."""
+    desk = _wiring.runtime().event_desk(_dying_engine(1))
+    with pytest.raises(Killed):
+        desk.send(run_id, "ci-finished", PASSED, event_id="d-1")
+    return time.monotonic()
+
+
 def _parked_and_settled(stack: Stack, run_id: str, execution: str) -> None:
     """The state a dead waker leaves: the run settled (running), the execution still parked
     on its token, the wake marked owed."""
@@ -117,11 +126,7 @@ def test_a_senders_retry_wakes_the_execution_its_first_attempt_settled_and_left(
 ):
     execution = _start(stack, "retry", EVENTS)
     parked("retry")
-    desk = _wiring.runtime().event_desk(_dying_engine(1))
-
-    with pytest.raises(Killed):
-        desk.send("retry", "ci-finished", PASSED, event_id="d-1")
-    died = time.monotonic()
+    died = _sent_by_a_sender_that_dies(stack, "retry")
     _parked_and_settled(stack, "retry", execution)
 
     again = _sender().send("retry", "ci-finished", PASSED, event_id="d-1")
@@ -137,11 +142,7 @@ def test_the_sweep_wakes_the_execution_of_an_event_whose_sender_died(
 ):
     execution = _start(stack, "swept", EVENTS)
     parked("swept")
-    desk = _wiring.runtime().event_desk(_dying_engine(1))
-
-    with pytest.raises(Killed):
-        desk.send("swept", "ci-finished", PASSED, event_id="d-1")
-    died = time.monotonic()
+    died = _sent_by_a_sender_that_dies(stack, "swept")
     _parked_and_settled(stack, "swept", execution)
 
     swept: list[dict[str, Any]] = []
@@ -165,9 +166,7 @@ def test_a_mark_younger_than_the_grace_is_left_to_its_live_waker(
 ):
     execution = _start(stack, "young", EVENTS)
     parked("young")
-    desk = _wiring.runtime().event_desk(_dying_engine(1))
-    with pytest.raises(Killed):
-        desk.send("young", "ci-finished", PASSED, event_id="d-1")
+    _sent_by_a_sender_that_dies(stack, "young")
 
     assert _sweep()["answered"] == 0  # the mark is seconds old, the grace a minute
 
