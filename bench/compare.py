@@ -47,6 +47,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import sqlite3
 import statistics
 import subprocess
@@ -161,13 +162,28 @@ def _counted(
             TALLY.commits += 1  # autocommit: the statement was its own transaction
     elif verb in _COMMIT_VERBS or verb == "ROLLBACK":
         _ended(connection, committed=verb != "ROLLBACK")
+    elif verb == "PRAGMA":
+        _note_synchronous(connection, sql)
     return answer
 
 
 def _ended(connection: sqlite3.Connection, *, committed: bool) -> None:
     if id(connection) in _DIRTY:
         _DIRTY.discard(id(connection))
-        TALLY.commits += committed
+        TALLY.commits += committed and _SYNCHRONOUS.get(id(connection), 2) >= 2
+
+
+_SYNCHRONOUS: dict[int, int] = {}
+"""Each connection's `PRAGMA synchronous` as last set through it (SQLite's default, FULL, where
+never set): a commit at NORMAL in WAL mode is synced by the next one that syncs, so it is no
+durable commit of its own. Only Ratchet lowers it, for its attempt counts, in WAL mode."""
+_LEVELS = {"0": 0, "off": 0, "1": 1, "normal": 1, "2": 2, "full": 2, "3": 3, "extra": 3}
+
+
+def _note_synchronous(connection: sqlite3.Connection, sql: str) -> None:
+    setting = re.fullmatch(r"\s*PRAGMA\s+synchronous\s*=\s*(\w+)\s*;?\s*", sql, re.IGNORECASE)
+    if setting is not None:
+        _SYNCHRONOUS[id(connection)] = _LEVELS.get(setting.group(1).lower(), 2)
 
 
 class _CountingCursor(sqlite3.Cursor):
@@ -674,7 +690,10 @@ def machine() -> str:
 
 
 DURABILITY = {
-    "ratchet": "both set by the store; the decision committed before the tool runs",
+    "ratchet": (
+        "both set by the store; a step's attempt counted at NORMAL (in the WAL, synced by the"
+        " decision's commit, before the tool runs)"
+    ),
     "langgraph": "WAL set by SqliteSaver, synchronous SQLite's default; durability='sync' "
     "(LangGraph's default, 'async', commits while the next step runs)",
     "dbos": "neither set by DBOS (SQLite's defaults); each step's output committed as it returns",

@@ -78,7 +78,8 @@ END_RESUMES_FROM = END_WINDOW[1] - RESUME_SAMPLES + 1
 """So that the last resume process starts from step 1,000 and copies the last batch."""
 BASELINE_ROW_BYTES = 1536
 ENGINE_COMMITS_PER_STEP = 3
-"""The attempt bump, the ledger decision and the step commit."""
+"""The attempt bump (not synced: the decision's commit syncs it), the ledger decision and the
+step commit."""
 
 ATTEMPT_BUMP_BYTES = 16
 INTEGER_BYTES = 8
@@ -630,8 +631,8 @@ def report(figures: Figures) -> str:
         "store counts them.",
         "Ledger decision row: written before the tool runs, all columns but the result. Attempt "
         "bump: 2 integers, as the step begins.",
-        f"The engine makes {ENGINE_COMMITS_PER_STEP} durable commits a step (attempt, decision, "
-        "step); the tool makes the app's own.",
+        f"The engine makes {ENGINE_COMMITS_PER_STEP} commits a step (attempt, decision, step), "
+        "the attempt's not synced; the tool makes the app's own.",
         "Baseline: timed right after each windowed step, on the same disk, WAL at steady size. "
         "Physical writes: /proc/self/io, tool's out.",
         "Resume: timed in the new process from after its imports until the next step is "

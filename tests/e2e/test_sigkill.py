@@ -92,6 +92,24 @@ def test_a_worker_killed_between_two_steps_leaves_no_strike_on_the_next(
         assert delivered == 1 + deaths
 
 
+def test_an_attempt_counted_without_a_sync_still_counts_after_sigkill(tmp_path):
+    # Given workers SIGKILLed inside step 3 before its model is asked: the attempt's count is
+    # the only write of the step so far, committed to the WAL without a sync
+    cli = Cli(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--run-id", "mig", "--batches", str(BATCHES))
+    for life in range(3):
+        dying = cli.spawn_worker(f"dies-{life}", fault="kill:before_model@3", lease=0.3)
+        assert dying.wait(timeout=60) == -signal.SIGKILL, f"worker dies-{life} was not killed"
+        # Then each death stands, as read by another process
+        assert (cli.head("mig").step, cli.head("mig").attempts) == (2, life + 1)
+
+    # And the third fails the run
+    cli.work_until_idle()
+    failed = cli.head("mig")
+    assert (failed.status, failed.attempts) == (RunStatus.FAILED, 3)
+    assert failed.error == "step 3 failed 3 times; last error: the worker died during the step"
+
+
 def test_workers_killed_at_random_moments_still_finish_the_run(tmp_path):
     # Given two workers on one store and a chaos loop that SIGKILLs one at a random moment and
     # starts a replacement, a bounded number of times (the seed makes the moments repeatable

@@ -4,7 +4,9 @@ for SQLite's failures.
 WAL mode with `synchronous=FULL`: a commit is durable when it returns, and readers in other
 processes never block the writer. Every write runs in `BEGIN IMMEDIATE`, which takes SQLite's
 single write lock up front, so a version check and the writes that depend on it cannot
-interleave with another process's.
+interleave with another process's. One write is not synced as it commits (`write(synced=
+False)`): counting a step's attempt, which the step's next synced commit makes durable before
+its tool runs.
 
 Every SQLite adapter (the checkpoint store, the ledger, housekeeping, approvals, run data,
 leases) works through `SqliteDatabase`, whose connection raises Ratchet's errors
@@ -453,16 +455,27 @@ class SqliteDatabase:
         self._ledger_ready = True
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction holding SQLite's write lock from its first statement."""
-        self.connection.execute("BEGIN IMMEDIATE")
+    def write(self, *, synced: bool = True) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding SQLite's write lock from its first statement. Not
+        `synced`, its commit is in the WAL when it returns, which no crash of this or any
+        process loses (only the machine's losing power before the next synced commit, which
+        syncs the WAL with everything in it, can)."""
+        connection = self.connection
+        if not synced:
+            connection.execute("PRAGMA synchronous=NORMAL")
         try:
-            yield self.connection
-        except BaseException:
-            if self.connection.in_transaction:
-                self.connection.execute("ROLLBACK")
-            raise
-        self.connection.execute("COMMIT")
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield connection
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+        finally:
+            if not synced:
+                # The connection's setting: every other write stays synced as it commits.
+                connection.execute("PRAGMA synchronous=FULL")
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -143,7 +143,11 @@ class SqliteCheckpointStore:
                 return found[::-1]
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
-        with self._db.write() as tx:
+        # Not synced: a process that dies after this leaves the count in the WAL, which is
+        # what three strikes need; the step syncs it with its next commit (the decision's,
+        # before its tool runs), so only a power cut before then can take it back, and that
+        # death was not the step's. Syncing it would be a third fsync a step.
+        with self._db.write(synced=False) as tx:
             changed = tx.execute(
                 "UPDATE runs SET attempts = attempts + 1, version = version + 1 "
                 "WHERE run_id = ? AND version = ?",
@@ -154,7 +158,7 @@ class SqliteCheckpointStore:
         return expected_version + 1
 
     def release_attempt(self, run_id: str, expected_version: int) -> int:
-        with self._db.write() as tx:
+        with self._db.write(synced=False) as tx:  # as begin_attempt's count
             changed = tx.execute(
                 "UPDATE runs SET attempts = attempts - 1, version = version + 1 "
                 "WHERE run_id = ? AND version = ? AND attempts > 0",
