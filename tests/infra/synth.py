@@ -24,6 +24,8 @@ from cdk.stack import RatchetStack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASL = REPO_ROOT / "statemachine" / "agent_run.asl.json"
+EXAMPLE_PROJECT = REPO_ROOT / "examples" / "billing_agent"
+"""The README's refund agent: a project with a secret, an environment and a permission."""
 
 ANTHROPIC_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/anthropic-AbCdEf"
 SLACK_BOT_TOKEN_SECRET = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:slack-bot-GhIjKl"

@@ -13,7 +13,7 @@ from aws_cdk import App
 from cdk.bundling import asset_hash
 from cdk.config import DeployConfig
 from cdk.project import Project, ProjectError
-from tests.infra.synth import REPO_ROOT, synthesize
+from tests.infra.synth import REPO_ROOT, Synthesized
 
 EXAMPLE = REPO_ROOT / "examples" / "billing_agent"
 
@@ -166,11 +166,9 @@ def test_a_bad_project_path_fails_the_synth_with_the_context_key(tmp_path: Path)
         _config(**{"ratchet:project": str(tmp_path / "nowhere")})
 
 
-def test_the_functions_register_the_project_agents() -> None:
+def test_the_functions_register_the_project_agents(with_project: Synthesized) -> None:
     # Bundling is skipped here: the template, not the asset (tests/infra/test_user_agent*).
-    synthesized = synthesize(context={"ratchet:project": str(EXAMPLE)})
-
-    functions = synthesized.of_type("AWS::Lambda::Function")
+    functions = with_project.of_type("AWS::Lambda::Function")
     registered = {
         name: json.loads(f["Properties"]["Environment"]["Variables"]["RATCHET_AGENTS"])
         for name, f in functions.items()
