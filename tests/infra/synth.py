@@ -20,7 +20,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 from aws_cdk import App
 from aws_cdk.assertions import Template
 
-from cdk.stack import RatchetStack
+from ratchet.cdk.stack import RatchetStack
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASL = REPO_ROOT / "statemachine" / "agent_run.asl.json"

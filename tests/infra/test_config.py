@@ -10,9 +10,9 @@ import pytest
 from annotated_types import Ge, Le
 from aws_cdk import App
 
-from cdk import config as deploy_config
-from cdk.config import DeployConfig
 from ratchet import agents, imports, state
+from ratchet.cdk import config as deploy_config
+from ratchet.cdk.config import DeployConfig
 from ratchet.runtime.aws_settings import AwsSettings
 
 BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"

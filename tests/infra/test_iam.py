@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cdk.stack import TABLES_USED
 from ratchet.adapters.dynamodb.items import RUNS_INDEX, WAKES_INDEX
+from ratchet.cdk.stack import TABLES_USED
 from tests.infra.queries import (
     as_list,
     function_id,

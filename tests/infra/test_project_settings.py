@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cdk_nag import AwsSolutionsChecks
 
-from cdk.project import Project, ProjectError
+from ratchet.cdk.project import Project, ProjectError
 from tests.infra.queries import function_id, function_names, statements_of_function
 from tests.infra.synth import Synthesized, synthesize
 

@@ -15,8 +15,8 @@ from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint  # type: ignore[import-untyped]
 from cfnlint.config import ManualArgs  # type: ignore[import-untyped]
 
-from cdk import contract
-from cdk.schedules import FUNCTION_RETRIES, RETRY_WITHIN, SCHEDULER_RETRIES
+from ratchet.cdk import contract
+from ratchet.cdk.schedules import FUNCTION_RETRIES, RETRY_WITHIN, SCHEDULER_RETRIES
 from ratchet.handlers.schedule import SCHEDULED_TIME, ScheduledFire
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from tests.infra.queries import (

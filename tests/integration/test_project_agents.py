@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cdk.project import Project
 from ratchet.agents import SCENARIOS, AgentRegistry, project_agents
+from ratchet.cdk.project import Project
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.runtime.local import LocalSettings
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cdk import schedule_expressions
-from cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
+from ratchet.cdk import schedule_expressions
+from ratchet.cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
 
 # (five-field cron, as crontab(5) and the local workers read it; EventBridge Scheduler's form)
 CRON_TABLE = [
