@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
 
-from ratchet.cdk.bundling import BundlingFailed, PinnedWheelsBundling, asset_hash
+from ratchet.cdk.bundling import BundlingFailed, PinnedWheelsBundling, asset_hash, installed_pins
 from ratchet.cdk.sources import RatchetCode
 from tests.infra.synth import REPO_ROOT
 
@@ -72,3 +73,13 @@ def test_a_failed_bundle_says_which_command_failed(repo: Path, tmp_path: Path) -
     bundling = PinnedWheelsBundling(RatchetCode.checkout(repo))
     with pytest.raises(BundlingFailed, match="uv export"):
         bundling.try_bundle(str(tmp_path / "out"), image=None)  # type: ignore[arg-type]
+
+
+def test_an_installed_ratchet_pins_its_functions_dependencies_as_installed_here() -> None:
+    pins = dict(pin.split("==") for pin in installed_pins())
+
+    # The base dependencies, the aws and anthropic extras, and theirs (Powertools' tracer).
+    for name in ("pydantic", "boto3", "botocore", "anthropic", "aws-xray-sdk", "croniter"):
+        assert pins[name] == importlib.metadata.version(name), name
+    # Neither the extras the functions do not use, nor Ratchet itself (the bundle copies it).
+    assert not {"pytest", "moto", "aws-cdk-lib", "mcp", "ratchet-agents"} & set(pins)
