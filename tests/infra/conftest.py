@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.infra.synth import CONFIGURED, EXAMPLE_PROJECT, Synthesized, synthesize
+from tests.infra.synth import (
+    CONFIGURED,
+    EXAMPLE_PROJECT,
+    Synthesized,
+    UserApp,
+    synthesize,
+    synthesize_user_app,
+)
 
 VARIANTS: dict[str, Callable[[], Synthesized]] = {
     "default": lambda: synthesize(),
@@ -32,3 +39,10 @@ def configured() -> Synthesized:
 def with_project() -> Synthesized:
     """With the billing example's project: its agent, secret, environment and permission."""
     return VARIANTS["project"]()
+
+
+@pytest.fixture(scope="session")
+def user_app(tmp_path_factory: pytest.TempPathFactory) -> UserApp:
+    """A user's own project and CDK app, outside this repository, synthesized with the
+    construct alone (`ratchet.cdk`)."""
+    return synthesize_user_app(tmp_path_factory.mktemp("user-app"))

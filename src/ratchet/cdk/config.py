@@ -143,8 +143,9 @@ class DeployConfig:
         # press, defaults nobody sends to.
         if (self.slack_bot_token_secret_arn is None) != (self.slack_signing_secret_arn is None):
             bot, signing = "slack_bot_token_secret_arn", "slack_signing_secret_arn"
+            given = bot if self.slack_bot_token_secret_arn is not None else signing
             raise ValueError(
-                f"{keys.label(bot, signing)} and {keys.name(signing, bot)} go together: the "
+                f"{keys.label(bot, given)} and {keys.name(signing, given)} go together: the "
                 "bot token posts the buttons, the signing secret verifies a press"
             )
         if self.ses_identity_arn and not self.email_sender:
