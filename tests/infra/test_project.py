@@ -1,5 +1,5 @@
-"""A user's project (`cdk/project.py`): `[tool.ratchet]` or `ratchet.toml`, checked with the file
-and key named in every refusal; what of it ships; how it reaches the stack."""
+"""A user's project (`ratchet/cdk/project.py`): `[tool.ratchet]` or `ratchet.toml`, checked with
+the file and key named in every refusal; what of it ships; how it reaches the stack."""
 
 from __future__ import annotations
 

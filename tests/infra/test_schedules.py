@@ -1,4 +1,4 @@
-"""A project's schedules on AWS (`cdk/schedules.py`): one EventBridge Scheduler schedule per
+"""A project's schedules on AWS (`ratchet/cdk/schedules.py`): one EventBridge Scheduler schedule per
 entry, its rule in Scheduler's form and zone, invoking the schedule function with the fire's
 name and time, on a role that may invoke that function and nothing else; the function may
 start runs as the API does and no more; cdk-nag and cfn-lint find nothing; a project without

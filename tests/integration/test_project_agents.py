@@ -1,5 +1,5 @@
 """The agents `ratchet serve` starts by name: a project's `[tool.ratchet]` table, read as the
-stack reads it (`cdk/project.py`), and the names given with `--agent`."""
+stack reads it (`ratchet/cdk/project.py`), and the names given with `--agent`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Five-field cron and intervals in EventBridge Scheduler's words (`cdk/schedule_expressions.py`):
-a table of conversions, day-of-week numbering and the `?` rule included, and the expressions
-Scheduler cannot say, refused."""
+"""Five-field cron and intervals in EventBridge Scheduler's words
+(`ratchet/cdk/schedule_expressions.py`): a table of conversions, day-of-week numbering and the
+`?` rule included, and the expressions Scheduler cannot say, refused."""
 
 from __future__ import annotations
 
