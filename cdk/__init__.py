@@ -1,7 +1,3 @@
-"""Ratchet's AWS deployment: the CDK app, one construct per capability.
-
-Nothing here imports `ratchet` but `ratchet.schedules` (pydantic and croniter only): a deployed
-schedule is checked by the very model a local one is, so both take the same expressions. The
-Lambda code is an asset (`lambdas/`), and the names the handlers read are repeated in
-`contract.py`, checked against the code by tests/infra.
-"""
+"""The repository's CDK app (`app.py`): a thin user of the construct that ships in the package
+(`ratchet.cdk`), so the stack has exactly one definition, the one a user's own app
+instantiates."""

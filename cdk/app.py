@@ -1,7 +1,10 @@
-"""The CDK app: `cdk synth` and `cdk deploy` run this module (see cdk.json).
+"""The repository's CDK app: `cdk synth` and `cdk deploy` run this module (see cdk.json).
 
-Every synth runs cdk-nag's AWS Solutions checks through CDK's Validations API: a finding that
-is not acknowledged, with a reason, next to the resource it concerns fails the synth.
+One user of the construct among others (`ratchet.cdk`, docs/cdk-construct.md): a stack named
+`Ratchet` holding one `RatchetAgents`, whose settings come from the `ratchet:*` context keys
+(`-c ratchet:project=...`, or `RATCHET_PROJECT`). Every synth runs cdk-nag's AWS Solutions
+checks through CDK's Validations API: a finding that is not acknowledged, with a reason, next
+to the resource it concerns fails the synth.
 """
 
 from __future__ import annotations
@@ -11,10 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import App, Validations
-from cdk_nag import AwsSolutionsChecks
+from aws_cdk import App
 
-from cdk.stack import ASL_PATH, RatchetStack
+from ratchet.cdk import RatchetStack, add_checks
 
 STACK_NAME = "Ratchet"
 PROJECT_ENV = "RATCHET_PROJECT"
@@ -26,7 +28,7 @@ def build_app(
     context: Mapping[str, Any] | None = None,
     *,
     outdir: str | None = None,
-    asl_path: Path = ASL_PATH,
+    asl_path: Path | None = None,
 ) -> App:
     app = App(context=dict(context) if context is not None else None, outdir=outdir)
     RatchetStack(
@@ -35,7 +37,7 @@ def build_app(
         asl_path=asl_path,
         description="Ratchet: durable checkpoint/resume for long LLM agents",
     )
-    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    add_checks(app)
     return app
 
 

@@ -190,7 +190,7 @@ def declared_events(reference: str, registry: AgentRegistry = LOCAL) -> Sequence
 
 PROJECT_FILES = ("ratchet.toml", "pyproject.toml")
 """Where a project keeps its `[tool.ratchet]` table (a `ratchet.toml`, at its top level), in the
-order the stack looks for them (`cdk/project.py`)."""
+order the stack looks for them (`ratchet/cdk/project.py`)."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class ProjectAgents:
 def project_agents(folder: Path) -> ProjectAgents:
     """The `[tool.ratchet]` agents, models and source folders of the project in `folder` (a
     `ratchet.toml`, else a `pyproject.toml` with that table); none if it has neither. Only
-    those keys are read here: the stack checks the rest (`cdk/project.py`). A mistake is
+    those keys are read here: the stack checks the rest (`ratchet/cdk/project.py`). A mistake is
     `InvalidInput` naming the file and the key."""
     for name in PROJECT_FILES:
         config_file = folder / name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.infra.synth import Synthesized
+from tests.infra.synth import SynthesizedTemplate
 
 HANDLERS = {
     "step": "ratchet_functions.step.handler",
@@ -22,7 +22,7 @@ HANDLERS = {
 }
 
 
-def function_id(synth: Synthesized, name: str) -> str:
+def function_id(synth: SynthesizedTemplate, name: str) -> str:
     """The logical id of the function whose handler is `ratchet_functions.<name>.handler`."""
     found = [
         logical_id
@@ -33,7 +33,7 @@ def function_id(synth: Synthesized, name: str) -> str:
     return found[0]
 
 
-def function_names(synth: Synthesized) -> set[str]:
+def function_names(synth: SynthesizedTemplate) -> set[str]:
     by_handler = {handler: name for name, handler in HANDLERS.items()}
     return {
         by_handler[resource["Properties"]["Handler"]]
@@ -41,7 +41,7 @@ def function_names(synth: Synthesized) -> set[str]:
     }
 
 
-def statements_of_role(synth: Synthesized, role_id: str) -> list[dict[str, Any]]:
+def statements_of_role(synth: SynthesizedTemplate, role_id: str) -> list[dict[str, Any]]:
     statements: list[dict[str, Any]] = []
     for policy in synth.of_type("AWS::IAM::Policy").values():
         if {"Ref": role_id} in policy["Properties"]["Roles"]:
@@ -49,13 +49,13 @@ def statements_of_role(synth: Synthesized, role_id: str) -> list[dict[str, Any]]
     return statements
 
 
-def statements_of_function(synth: Synthesized, name: str) -> list[dict[str, Any]]:
+def statements_of_function(synth: SynthesizedTemplate, name: str) -> list[dict[str, Any]]:
     function = synth.resources[function_id(synth, name)]
     role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
     return statements_of_role(synth, role_id)
 
 
-def environment(synth: Synthesized, name: str) -> dict[str, Any]:
+def environment(synth: SynthesizedTemplate, name: str) -> dict[str, Any]:
     """The environment variables of the function `name`."""
     function = synth.resources[function_id(synth, name)]
     variables: dict[str, Any] = function["Properties"]["Environment"]["Variables"]
@@ -66,7 +66,7 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def table_id(synth: Synthesized, partition_key: str) -> str:
+def table_id(synth: SynthesizedTemplate, partition_key: str) -> str:
     found = [
         logical_id
         for logical_id, table in synth.of_type("AWS::DynamoDB::Table").items()
@@ -79,6 +79,6 @@ def table_id(synth: Synthesized, partition_key: str) -> str:
 TABLE_PARTITION_KEYS = {"checkpoints": "run_id", "idempotency": "key", "app": "pk"}
 
 
-def tables_by_role(synth: Synthesized) -> dict[str, str]:
+def tables_by_role(synth: SynthesizedTemplate) -> dict[str, str]:
     """Table role (`checkpoints`, `idempotency`, `app`) -> logical id."""
     return {role: table_id(synth, key) for role, key in TABLE_PARTITION_KEYS.items()}

@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from cdk.api import PUBLIC_THROTTLE_BURST, PUBLIC_THROTTLE_RATE_PER_SECOND, STAGE
+from ratchet.cdk.api import PUBLIC_THROTTLE_BURST, PUBLIC_THROTTLE_RATE_PER_SECOND, STAGE
 from ratchet.runs import RunRequest
 from ratchet.waits import MAX_COMMENT_CHARS
 from ratchet.web.runs import RequestRefused, RunsServices

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cdk.stack import ANSWERS_EXECUTIONS
+from ratchet.cdk.stack import ANSWERS_EXECUTIONS
 from tests.infra.queries import as_list, environment, function_names, statements_of_function
 from tests.infra.synth import (
     ANTHROPIC_SECRET,

@@ -9,8 +9,8 @@ import pytest
 from aws_cdk import App
 from cdk_nag import AwsSolutionsChecks
 
-from cdk import contract
-from cdk.config import DeployConfig
+from ratchet.cdk import contract
+from ratchet.cdk.config import DeployConfig
 from ratchet.runtime.aws_settings import AwsSettings
 from tests.infra.queries import as_list, environment, function_names, statements_of_function
 from tests.infra.synth import Synthesized, synthesize

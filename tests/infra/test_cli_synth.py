@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdk.bundling import PYTHON_VERSION
+from ratchet.cdk.bundling import PYTHON_VERSION
 from tests.infra.synth import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import pytest
 from annotated_types import Ge, Le
 from aws_cdk import App
 
-from cdk import config as deploy_config
-from cdk.config import DeployConfig
 from ratchet import agents, imports, state
+from ratchet.cdk import config as deploy_config
+from ratchet.cdk.config import DeployConfig
 from ratchet.runtime.aws_settings import AwsSettings
 
 BOT = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ratchet/slack-bot-GhIjKl"
@@ -249,3 +249,21 @@ def test_a_bound_names_an_agent_as_the_api_starts_it() -> None:
     assert config.max_concurrent == '{"support":5,"acme.agents:billing":2,"migration":1}'
     with pytest.raises(ValueError, match="'support' names no agent this deployment registers"):
         _config(**{"ratchet:maxConcurrent": '{"support": 5}'})  # registered by no one
+
+
+def test_a_prop_wins_over_its_context_key_and_an_unset_prop_gives_way_to_it() -> None:
+    app = App(context={"ratchet:rolloverAfter": "7", "ratchet:queueRetrySeconds": "3"})
+
+    config = DeployConfig.from_context(app, {"rollover_after": 50, "queue_retry_seconds": None})
+
+    assert (config.rollover_after, config.queue_retry_seconds) == (50, 3)
+    assert config.checkpoint_retention_days == DeployConfig().checkpoint_retention_days
+
+
+def test_a_prop_and_a_context_key_half_a_channel_each_are_named_as_given() -> None:
+    # The signing secret given in cdk.json, the bot token forgotten in the app.
+    app = App(context={"ratchet:slackSigningSecretArn": SIGNING})
+    with pytest.raises(ValueError, match=r"^context ratchet:slackBotTokenSecretArn and "):
+        DeployConfig.from_context(app, {"email_sender": "approvals@example.com"})
+    with pytest.raises(ValueError, match=r"^RatchetAgents ses_identity_arn needs email_sender$"):
+        DeployConfig.from_context(App(), {"ses_identity_arn": SES})

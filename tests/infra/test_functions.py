@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from cdk import contract, functions
-from cdk.bundling import ARCHITECTURE, RUNTIME
-from cdk.config import DeployConfig
-from cdk.workflow import AslDefinition
+from ratchet.cdk import contract, functions
+from ratchet.cdk.bundling import ARCHITECTURE, RUNTIME
+from ratchet.cdk.config import DeployConfig
+from ratchet.cdk.workflow import AslDefinition
 from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
 from ratchet.waiting.wakes import SWEEP_EVERY_SECONDS, WAKE_GRACE_SECONDS
 from tests.infra.queries import HANDLERS, environment, function_id, function_names

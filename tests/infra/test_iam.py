@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cdk.stack import TABLES_USED
+import pytest
+
 from ratchet.adapters.dynamodb.items import RUNS_INDEX, WAKES_INDEX
+from ratchet.cdk.stack import TABLES_USED
 from tests.infra.queries import (
     as_list,
     function_id,
@@ -16,7 +18,7 @@ from tests.infra.queries import (
     statements_of_function,
     tables_by_role,
 )
-from tests.infra.synth import Synthesized
+from tests.infra.synth import SynthesizedTemplate, UserApp
 
 NO_RESOURCE_LEVEL = {
     # X-Ray: tracing from Lambda and Step Functions.
@@ -37,7 +39,15 @@ NO_RESOURCE_LEVEL = {
 """Actions that IAM can only grant on `*`; each grant is acknowledged in cdk-nag with why."""
 
 
-def _all_statements(synth: Synthesized) -> list[dict[str, Any]]:
+@pytest.fixture(params=["synthesized", "user_app"])
+def template(request: pytest.FixtureRequest) -> SynthesizedTemplate:
+    """Every test holds for the repository's stack and for a user's app that instantiates the
+    construct (outside the repository, with a project of its own)."""
+    held = request.getfixturevalue(request.param)
+    return held.synthesized if isinstance(held, UserApp) else held
+
+
+def _all_statements(synth: SynthesizedTemplate) -> list[dict[str, Any]]:
     return [
         statement
         for policy in synth.of_type("AWS::IAM::Policy").values()
@@ -46,28 +56,28 @@ def _all_statements(synth: Synthesized) -> list[dict[str, Any]]:
 
 
 def test_only_actions_without_resource_level_permissions_get_a_wildcard_resource(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
-    for statement in _all_statements(synthesized):
+    for statement in _all_statements(template):
         if "*" in as_list(statement["Resource"]):
             assert set(as_list(statement["Action"])) <= NO_RESOURCE_LEVEL, statement
 
 
-def test_no_action_is_a_wildcard(synthesized: Synthesized) -> None:
-    for statement in _all_statements(synthesized):
+def test_no_action_is_a_wildcard(template: SynthesizedTemplate) -> None:
+    for statement in _all_statements(template):
         assert not [a for a in as_list(statement["Action"]) if "*" in a], statement
 
 
-def test_every_statement_allows(synthesized: Synthesized) -> None:
-    assert {s["Effect"] for s in _all_statements(synthesized)} == {"Allow"}
+def test_every_statement_allows(template: SynthesizedTemplate) -> None:
+    assert {s["Effect"] for s in _all_statements(template)} == {"Allow"}
 
 
 def test_no_role_has_a_managed_policy_but_api_gateways_logging_role(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
-    ((_, account),) = synthesized.of_type("AWS::ApiGateway::Account").items()
+    ((_, account),) = template.of_type("AWS::ApiGateway::Account").items()
     logging_role = account["Properties"]["CloudWatchRoleArn"]["Fn::GetAtt"][0]
-    for logical_id, role in synthesized.of_type("AWS::IAM::Role").items():
+    for logical_id, role in template.of_type("AWS::IAM::Role").items():
         if logical_id == logging_role:
             # The policy AWS documents for it; API Gateway alone may assume the role.
             (managed,) = role["Properties"]["ManagedPolicyArns"]
@@ -90,10 +100,10 @@ def _dynamodb_tables(statements: list[dict[str, Any]]) -> set[str]:
     return tables
 
 
-def test_each_function_reaches_only_its_tables(synthesized: Synthesized) -> None:
-    ids = tables_by_role(synthesized)
-    for name in function_names(synthesized):
-        statements = statements_of_function(synthesized, name)
+def test_each_function_reaches_only_its_tables(template: SynthesizedTemplate) -> None:
+    ids = tables_by_role(template)
+    for name in function_names(template):
+        statements = statements_of_function(template, name)
         expected = {ids[role] for role in TABLES_USED[name]}
         # A page of runs queries the runs index, the sweep the wakes index, and nothing else
         # reads either (or may).
@@ -117,12 +127,12 @@ it)."""
 
 
 def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
-    for name in function_names(synthesized):
+    for name in function_names(template):
         s3 = [
             s
-            for s in statements_of_function(synthesized, name)
+            for s in statements_of_function(template, name)
             if any(a.startswith("s3:") for a in as_list(s["Action"]))
         ]
         if name not in BLOB_ACTIONS:
@@ -132,20 +142,20 @@ def test_only_the_functions_that_keep_blobs_reach_them_and_only_under_the_prefix
         assert sorted(as_list(statement["Action"])) == BLOB_ACTIONS[name]
         bucket_arn, suffix = statement["Resource"]["Fn::Join"][1]
         assert suffix == "/blobs/*"
-        assert synthesized.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
+        assert template.resources[bucket_arn["Fn::GetAtt"][0]]["Type"] == "AWS::S3::Bucket"
 
 
 def test_only_the_api_the_sweep_and_the_step_start_executions_of_this_state_machine(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
     """The API starts runs (and restarts a sleeper it wakes), the sweep restarts a sleeper
     whose waker died; the step starts child runs (`start_runs`), on this machine by its name
     (its ARN would make the machine and the step depend on each other)."""
-    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
-    for function in function_names(synthesized) - {"rollover", "step"}:
+    (machine,) = template.of_type("AWS::StepFunctions::StateMachine")
+    for function in function_names(template) - {"rollover", "step"}:
         starts = [
             s
-            for s in statements_of_function(synthesized, function)
+            for s in statements_of_function(template, function)
             if "states:StartExecution" in as_list(s["Action"])
         ]
         if function in ("api", "sweep"):
@@ -155,37 +165,37 @@ def test_only_the_api_the_sweep_and_the_step_start_executions_of_this_state_mach
 
 
 def test_the_step_may_start_children_and_it_and_mark_failed_wake_a_parent(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
     """A step starts its child runs' executions; a child's end (the step's commit, or
     mark_failed's) wakes its parked parent: StartExecution (the step) and SendTaskSuccess on
     this machine by its name, nothing else of Step Functions."""
-    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
-    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    (machine,) = template.of_type("AWS::StepFunctions::StateMachine")
+    name = template.resources[machine]["Properties"]["StateMachineName"]
     wanted = {
         "step": {"states:StartExecution", "states:SendTaskSuccess"},
         "mark_failed": {"states:SendTaskSuccess"},
     }
     for function, actions in wanted.items():
-        granted = _states_actions(synthesized, function)
+        granted = _states_actions(template, function)
         assert {a for given, _ in granted for a in given} == actions, function
         for _, resource in granted:
             assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"
 
 
-def test_functions_may_write_only_their_own_log_group(synthesized: Synthesized) -> None:
-    for name in function_names(synthesized):
-        function = synthesized.resources[function_id(synthesized, name)]["Properties"]
+def test_functions_may_write_only_their_own_log_group(template: SynthesizedTemplate) -> None:
+    for name in function_names(template):
+        function = template.resources[function_id(template, name)]["Properties"]
         own_group = function["LoggingConfig"]["LogGroup"]["Ref"]
         logs = [
             s
-            for s in statements_of_function(synthesized, name)
+            for s in statements_of_function(template, name)
             if any(a.startswith("logs:") for a in as_list(s["Action"]))
         ]
         assert [s["Resource"] for s in logs] == [{"Fn::GetAtt": [own_group, "Arn"]}]
 
 
-def _states_actions(synth: Synthesized, name: str) -> list[tuple[list[str], Any]]:
+def _states_actions(synth: SynthesizedTemplate, name: str) -> list[tuple[list[str], Any]]:
     return [
         (sorted(as_list(s["Action"])), s["Resource"])
         for s in statements_of_function(synth, name)
@@ -194,32 +204,34 @@ def _states_actions(synth: Synthesized, name: str) -> list[tuple[list[str], Any]
 
 
 def test_the_wait_functions_touch_the_run_items_one_by_one_and_only_open_wait_answers_a_task(
-    synthesized: Synthesized,
+    template: SynthesizedTemplate,
 ) -> None:
     """open_wait keeps a token and answers its own task; record_wait only settles a wait. Both
     read and write the checkpoints table item by item: no scan, batch or delete."""
-    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
-    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
+    (machine,) = template.of_type("AWS::StepFunctions::StateMachine")
+    name = template.resources[machine]["Properties"]["StateMachineName"]
     for function in ("open_wait", "record_wait"):
         dynamodb = [
             sorted(as_list(s["Action"]))
-            for s in statements_of_function(synthesized, function)
+            for s in statements_of_function(template, function)
             if any(a.startswith("dynamodb:") for a in as_list(s["Action"]))
         ]
         assert dynamodb == [
             ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
         ], function
-    ((actions, resource),) = _states_actions(synthesized, "open_wait")
+    ((actions, resource),) = _states_actions(template, "open_wait")
     assert actions == ["states:SendTaskSuccess"]
     assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"
-    assert _states_actions(synthesized, "record_wait") == []
+    assert _states_actions(template, "record_wait") == []
 
 
-def test_the_hooks_function_may_do_exactly_what_a_delivery_needs(synthesized: Synthesized) -> None:
+def test_the_hooks_function_may_do_exactly_what_a_delivery_needs(
+    template: SynthesizedTemplate,
+) -> None:
     """A public function (anyone may call it): the checkpoints table item by item (the hook
     item, the run's head and mailbox, one commit; no scan, batch or delete), blobs under the
     prefix, the hook key and no other secret, and SendTaskSuccess on this state machine."""
-    statements = statements_of_function(synthesized, "hooks")
+    statements = statements_of_function(template, "hooks")
     actions = {a for s in statements for a in as_list(s["Action"])}
     assert actions - {a for a in actions if a.startswith(("logs:", "xray:"))} == {
         "dynamodb:GetItem",
@@ -233,11 +245,11 @@ def test_the_hooks_function_may_do_exactly_what_a_delivery_needs(synthesized: Sy
         "states:SendTaskSuccess",
     }
     secrets = [s["Resource"] for s in statements if "secretsmanager:GetSecretValue" in s["Action"]]
-    keys = synthesized.of_type("AWS::SecretsManager::Secret")
-    (hook_key,) = [k for k in keys if k.startswith("WebhooksHookKey")]
+    keys = template.of_type("AWS::SecretsManager::Secret")
+    (hook_key,) = [k for k in keys if "WebhooksHookKey" in k]
     assert secrets == [{"Ref": hook_key}]
-    (machine,) = synthesized.of_type("AWS::StepFunctions::StateMachine")
-    name = synthesized.resources[machine]["Properties"]["StateMachineName"]
-    ((states, resource),) = _states_actions(synthesized, "hooks")
+    (machine,) = template.of_type("AWS::StepFunctions::StateMachine")
+    name = template.resources[machine]["Properties"]["StateMachineName"]
+    ((states, resource),) = _states_actions(template, "hooks")
     assert states == ["states:SendTaskSuccess"]
     assert resource["Fn::Join"][1][-1] == f":stateMachine:{name}"

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,10 @@ FORBIDDEN = [
     ("adapters/outbox.py", "import ratchet.runs", "ratchet.adapters", "ratchet.runs"),
     ("approvals/desk.py", "import ratchet.tools", "ratchet.approvals", "ratchet.tools"),
     ("state.py", "import ratchet.engine", "ratchet.state", "ratchet.engine"),
+    # the library knows no CDK: the construct (ratchet.cdk) is the [cdk] extra's face alone
+    ("client.py", "import aws_cdk", "ratchet.client", "aws_cdk"),
+    ("runtime/aws.py", "from constructs import Construct", "ratchet.runtime", "constructs"),
+    ("handlers/step.py", "import ratchet.cdk", "ratchet.handlers", "ratchet.cdk"),
     # the apps get what they use from the runtime
     ("cli/housekeeping.py", "import ratchet.adapters", "ratchet.cli", "ratchet.adapters"),
     ("web/approvals.py", "from ratchet.engine import Engine", "ratchet.web", "ratchet.engine"),
@@ -106,3 +111,22 @@ def test_one_forbidden_import_breaks_the_lint(
     assert done.returncode != 0, done.stdout
     assert f"{importer} is not allowed to import {imported}" in done.stdout, done.stdout
     assert f"{offending} -> {imported} (l.{len(lines) + 1})" in done.stdout, done.stdout
+
+
+def test_every_module_but_the_construct_and_the_cli_is_kept_from_the_cdk() -> None:
+    # A module missing from the contract's list could import the CDK unseen: `import ratchet`
+    # must work where only the library is installed.
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (contract,) = [
+        c
+        for c in pyproject["tool"]["importlinter"]["contracts"]
+        if c["id"] == "library-imports-no-cdk"
+    ]
+    package = REPO_ROOT / "src" / "ratchet"
+    modules = {
+        f"ratchet.{path.stem}"
+        for path in package.iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+
+    assert set(contract["source_modules"]) == modules - {"ratchet.cdk", "ratchet.cli"}

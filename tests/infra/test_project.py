@@ -1,5 +1,5 @@
-"""A user's project (`cdk/project.py`): `[tool.ratchet]` or `ratchet.toml`, checked with the file
-and key named in every refusal; what of it ships; how it reaches the stack."""
+"""A user's project (`ratchet/cdk/project.py`): `[tool.ratchet]` or `ratchet.toml`, checked with
+the file and key named in every refusal; what of it ships; how it reaches the stack."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from aws_cdk import App
 
-from cdk.bundling import asset_hash
-from cdk.config import DeployConfig
-from cdk.project import Project, ProjectError
-from tests.infra.synth import REPO_ROOT, synthesize
+from ratchet.cdk.bundling import asset_hash
+from ratchet.cdk.config import DeployConfig
+from ratchet.cdk.project import Project, ProjectError
+from ratchet.cdk.sources import RatchetCode
+from tests.infra.synth import REPO_ROOT, Synthesized
 
 EXAMPLE = REPO_ROOT / "examples" / "billing_agent"
 
@@ -166,11 +167,9 @@ def test_a_bad_project_path_fails_the_synth_with_the_context_key(tmp_path: Path)
         _config(**{"ratchet:project": str(tmp_path / "nowhere")})
 
 
-def test_the_functions_register_the_project_agents() -> None:
+def test_the_functions_register_the_project_agents(with_project: Synthesized) -> None:
     # Bundling is skipped here: the template, not the asset (tests/infra/test_user_agent*).
-    synthesized = synthesize(context={"ratchet:project": str(EXAMPLE)})
-
-    functions = synthesized.of_type("AWS::Lambda::Function")
+    functions = with_project.of_type("AWS::Lambda::Function")
     registered = {
         name: json.loads(f["Properties"]["Environment"]["Variables"]["RATCHET_AGENTS"])
         for name, f in functions.items()
@@ -182,26 +181,26 @@ def test_the_functions_register_the_project_agents() -> None:
 
 def test_the_asset_hash_follows_the_project_files_and_requirements(tmp_path: Path) -> None:
     folder = _project(tmp_path, 'agents = { acme = "acme.agents:agent" }\nsource = "src"\n')
-    bare = asset_hash(REPO_ROOT)
-    before = asset_hash(REPO_ROOT, Project.load(folder))
+    bare = asset_hash(RatchetCode.checkout(REPO_ROOT))
+    before = asset_hash(RatchetCode.checkout(REPO_ROOT), Project.load(folder))
     assert before != bare
 
     (folder / "src" / "acme" / "agents.py").write_text("agent = 1\n")
-    edited = asset_hash(REPO_ROOT, Project.load(folder))
+    edited = asset_hash(RatchetCode.checkout(REPO_ROOT), Project.load(folder))
     with (folder / "pyproject.toml").open("a") as file:
         file.write('requirements = ["httpx==0.28.1"]\n')
-    required = asset_hash(REPO_ROOT, Project.load(folder))
+    required = asset_hash(RatchetCode.checkout(REPO_ROOT), Project.load(folder))
     (folder / "src" / "acme" / "__pycache__").mkdir()
     (folder / "src" / "acme" / "__pycache__" / "agents.cpython-311.pyc").write_bytes(b"\0")
 
     assert len({before, edited, required}) == 3
-    assert asset_hash(REPO_ROOT, Project.load(folder)) == required
+    assert asset_hash(RatchetCode.checkout(REPO_ROOT), Project.load(folder)) == required
 
 
 def test_ratchets_own_distribution_is_the_one_this_repository_builds() -> None:
     import tomllib
 
-    from cdk.project import RATCHET_DISTRIBUTIONS
+    from ratchet.cdk.project import RATCHET_DISTRIBUTIONS
 
     built = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert built["project"]["name"] in RATCHET_DISTRIBUTIONS

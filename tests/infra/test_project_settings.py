@@ -13,22 +13,11 @@ from typing import Any
 import pytest
 from cdk_nag import AwsSolutionsChecks
 
-from cdk.project import Project, ProjectError
+from ratchet.cdk.project import Project, ProjectError
 from tests.infra.queries import function_id, function_names, statements_of_function
-from tests.infra.synth import REPO_ROOT, Synthesized, synthesize
+from tests.infra.synth import Synthesized, synthesize
 
-EXAMPLE = REPO_ROOT / "examples" / "billing_agent"
 ROUTE = "arn:aws:execute-api:eu-west-1:123456789012:a1b2c3d4e5/prod/POST/refunds"
-
-
-@pytest.fixture(scope="module")
-def with_project() -> Synthesized:
-    return synthesize(context={"ratchet:project": str(EXAMPLE)})
-
-
-@pytest.fixture(scope="module")
-def bare() -> Synthesized:
-    return synthesize()
 
 
 def _statements(synth: Synthesized) -> dict[str, list[str]]:
@@ -43,8 +32,8 @@ def _variables(synth: Synthesized, name: str) -> dict[str, Any]:
     return dict(function["Environment"]["Variables"])
 
 
-def test_only_the_step_role_gains_the_projects_secret_and_its_route(with_project, bare):
-    gained, before = _statements(with_project), _statements(bare)
+def test_only_the_step_role_gains_the_projects_secret_and_its_route(with_project, synthesized):
+    gained, before = _statements(with_project), _statements(synthesized)
 
     assert {name for name in gained if gained[name] != before[name]} == {"step"}
     new = [json.loads(s) for s in gained["step"] if s not in before["step"]]

@@ -1,4 +1,4 @@
-"""A project's schedules on AWS (`cdk/schedules.py`): one EventBridge Scheduler schedule per
+"""A project's schedules on AWS (`ratchet/cdk/schedules.py`): one EventBridge Scheduler schedule per
 entry, its rule in Scheduler's form and zone, invoking the schedule function with the fire's
 name and time, on a role that may invoke that function and nothing else; the function may
 start runs as the API does and no more; cdk-nag and cfn-lint find nothing; a project without
@@ -15,8 +15,8 @@ from cdk_nag import AwsSolutionsChecks
 from cfnlint.api import lint  # type: ignore[import-untyped]
 from cfnlint.config import ManualArgs  # type: ignore[import-untyped]
 
-from cdk import contract
-from cdk.schedules import FUNCTION_RETRIES, RETRY_WITHIN, SCHEDULER_RETRIES
+from ratchet.cdk import contract
+from ratchet.cdk.schedules import FUNCTION_RETRIES, RETRY_WITHIN, SCHEDULER_RETRIES
 from ratchet.handlers.schedule import SCHEDULED_TIME, ScheduledFire
 from ratchet.runtime.aws_settings import ENVIRONMENT
 from tests.infra.queries import (

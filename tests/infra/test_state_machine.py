@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cdk.workflow import (
+from ratchet.cdk.workflow import (
     LAMBDA_INVOKE_WAIT,
     PLACEHOLDER_FUNCTIONS,
     START_EXECUTION,

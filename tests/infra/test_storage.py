@@ -124,6 +124,6 @@ def test_access_log_bucket_is_private(synthesized: Synthesized) -> None:
 
 
 def test_blob_prefix_is_the_adapters(synthesized: Synthesized) -> None:
-    from cdk.contract import BLOB_PREFIX
+    from ratchet.cdk.contract import BLOB_PREFIX
 
     assert BLOB_PREFIX == s3_blobs.PREFIX

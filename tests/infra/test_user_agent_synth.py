@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cdk.bundling import PYTHON_VERSION, BundlingFailed, LockedWheelsBundling
-from cdk.project import Project
+from ratchet.cdk.bundling import PYTHON_VERSION, BundlingFailed, PinnedWheelsBundling
+from ratchet.cdk.project import Project
+from ratchet.cdk.sources import RatchetCode
 from tests.infra.synth import REPO_ROOT
 from tests.infra.test_cli_synth import CDK, _without_aws_or_docker
 
@@ -68,8 +69,9 @@ def test_a_requirement_that_moves_a_pinned_version_fails_the_bundle(tmp_path: Pa
     )
     project = Project.load(project_dir)
 
+    bundling = PinnedWheelsBundling(RatchetCode.checkout(REPO_ROOT), project)
     with pytest.raises(BundlingFailed) as failed:
-        LockedWheelsBundling(REPO_ROOT, project).try_bundle(str(tmp_path / "out"), image=None)  # type: ignore[arg-type]
+        bundling.try_bundle(str(tmp_path / "out"), image=None)  # type: ignore[arg-type]
 
     message = str(failed.value)
     assert message.startswith(f"{project_dir / 'ratchet.toml'}: requirements cannot be installed")

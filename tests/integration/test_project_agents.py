@@ -1,5 +1,5 @@
 """The agents `ratchet serve` starts by name: a project's `[tool.ratchet]` table, read as the
-stack reads it (`cdk/project.py`), and the names given with `--agent`."""
+stack reads it (`ratchet/cdk/project.py`), and the names given with `--agent`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cdk.project import Project
 from ratchet.agents import SCENARIOS, AgentRegistry, project_agents
+from ratchet.cdk.project import Project
 from ratchet.errors import AgentNotFound, InvalidInput
 from ratchet.runtime.local import LocalSettings
 

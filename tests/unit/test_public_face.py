@@ -1,4 +1,5 @@
-"""What a project may import: `ratchet` and `ratchet.tools`, and nothing deeper.
+"""What a project may import: `ratchet` and `ratchet.tools` (and, in its CDK app, `ratchet.cdk`),
+and nothing deeper.
 
 The names are pinned here: adding one is a decision (add it below too), and dropping or
 renaming one breaks the projects that import it. The shipped example, the README and the docs
@@ -89,7 +90,8 @@ TOOLS = [
     "wait_for_event",
     "wait_for_reply",
 ]
-FACES = {"ratchet", "ratchet.tools"}
+FACES = {"ratchet", "ratchet.tools", "ratchet.cdk"}
+"""`ratchet.cdk` is the construct's face, for a CDK app (tests/infra/test_cdk_face.py pins it)."""
 
 
 def test_ratchet_exports_exactly_its_pinned_names() -> None:

@@ -196,7 +196,7 @@ def test_an_empty_registry_is_the_built_in_scenarios():
 
 
 def test_the_stack_accepts_exactly_the_names_and_paths_the_registry_does():
-    from cdk import config
+    from ratchet.cdk import config
 
     assert AGENT_NAME.pattern == config.AGENT_NAME_PATTERN
     assert IMPORT_PATH.pattern == config.IMPORT_PATH_PATTERN

@@ -1,13 +1,13 @@
-"""Five-field cron and intervals in EventBridge Scheduler's words (`cdk/schedule_expressions.py`):
-a table of conversions, day-of-week numbering and the `?` rule included, and the expressions
-Scheduler cannot say, refused."""
+"""Five-field cron and intervals in EventBridge Scheduler's words
+(`ratchet/cdk/schedule_expressions.py`): a table of conversions, day-of-week numbering and the
+`?` rule included, and the expressions Scheduler cannot say, refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdk import schedule_expressions
-from cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
+from ratchet.cdk import schedule_expressions
+from ratchet.cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
 
 # (five-field cron, as crontab(5) and the local workers read it; EventBridge Scheduler's form)
 CRON_TABLE = [

@@ -39,7 +39,7 @@ this process abandoned at a step deadline to end (see `AbandonedCallRunning`).""
 STEP_MARGIN_SECONDS = 60.0
 """What a step takes beyond its agent's code: the engine's DynamoDB calls around it (load the
 head, read the ledger, commit), each bounded by the client's timeouts. The step function's
-own timeout is the longest step time limit plus this (`cdk/functions.py`, kept equal by
+own timeout is the longest step time limit plus this (`ratchet/cdk/functions.py`, kept equal by
 tests/infra), so every step an invocation takes has at least the room its first one has."""
 
 CANCEL_GRACE_SECONDS = 1.0

@@ -63,7 +63,7 @@ def settings() -> AwsSettings:
 
 
 ANTHROPIC_SECRET_ARN = "RATCHET_ANTHROPIC_SECRET_ARN"
-"""Set by the stack only when the deployer configured a key (see cdk/contract.py)."""
+"""Set by the stack only when the deployer configured a key (see ratchet/cdk/contract.py)."""
 
 
 @cache

@@ -31,7 +31,8 @@ SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
 
 
 class ScheduledFire(BaseModel):
-    """The target's input of each schedule the stack deploys (`cdk/schedules.py` writes it)."""
+    """The target's input of each schedule the stack deploys (`ratchet/cdk/schedules.py`
+    writes it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

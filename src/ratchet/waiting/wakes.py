@@ -46,7 +46,7 @@ WAKE_GRACE_SECONDS = 60
 mark to its answer (a Lambda waker's calls are bounded by its client's timeouts and its own,
 the API's 29 s at most), so the sweep does not race the waker it stands in for."""
 SWEEP_EVERY_SECONDS = 60
-"""How often the stack runs the sweep (an EventBridge rule, `cdk/stack.py`)."""
+"""How often the stack runs the sweep (an EventBridge rule, `ratchet/cdk/stack.py`)."""
 MAX_WAKES_PER_SWEEP = 500
 """Marks taken per sweep, oldest first; more wait for the next minute."""
 

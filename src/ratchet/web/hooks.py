@@ -52,8 +52,8 @@ BODY_LIMIT = ("/hooks/", MAX_EVENT_BYTES)
 """`ratchet serve` refuses a longer body on its Content-Length, before reading it (413)."""
 THROTTLE_RATE_PER_SECOND = 5.0
 THROTTLE_BURST = 10
-"""Refused deliveries an address may make (cdk/api.py's public rate): a sender that signs gets
-a refusal only while it is being set up; far above that is abuse."""
+"""Refused deliveries an address may make (ratchet/cdk/api.py's public rate): a sender that
+signs gets a refusal only while it is being set up; far above that is abuse."""
 MAX_THROTTLED_SOURCES = 1024
 """Buckets kept at once (the least recently used go first): addresses an attacker has cost
 memory only up to this."""

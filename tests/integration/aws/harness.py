@@ -137,8 +137,8 @@ decorate them under other Powertools settings) deploys the reloaded ones."""
 
 
 FUNCTION_TIMEOUT_SECONDS = 900.0
-"""The step function's timeout in the stack (`cdk/functions.py`): the longest step time limit
-and the step margin."""
+"""The step function's timeout in the stack (`ratchet/cdk/functions.py`): the longest step time
+limit and the step margin."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cdk.project import Project
+from ratchet.cdk.project import Project
 from ratchet.state import RunStatus
 from tests.integration.aws.harness import AGENTS, Stack
 from tests.status_service import StatusService, serving

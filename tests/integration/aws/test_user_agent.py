@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cdk.project import Project
 from ratchet.agents import load_agent
+from ratchet.cdk.project import Project
 from ratchet.handlers import _wiring
 from ratchet.state import RunStatus
 from tests.integration.aws.harness import AGENTS, APPROVER, Stack

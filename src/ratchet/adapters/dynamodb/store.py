@@ -1,6 +1,6 @@
 """The checkpoint store on DynamoDB: the AWS twin of `ratchet.adapters.sqlite.store`.
 
-The item layout is a contract shared with the stack (`cdk/`) and the handlers:
+The item layout is a contract shared with the stack (`ratchet/cdk/`) and the handlers:
 
 - checkpoints table, partition key `run_id`, sort key `sk`, one partition per run:
   - `HEAD`: the run's head (`version`, `status`, `step`, `attempts`, `state` as RunState JSON,

@@ -22,7 +22,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from cdk.nag import acknowledge
+from ratchet.cdk.nag import acknowledge
 
 PLACEHOLDER_FUNCTIONS = {
     "StepFunctionArn": "step",

@@ -1,5 +1,6 @@
-"""The Ratchet stack: storage, functions, the agent-run state machine, the API and the approval
-channels, wired."""
+"""Ratchet's deployment as one construct: storage, functions, the agent-run state machine, the
+API and the approval channels, wired (`RatchetAgents`); and the stack that holds one and nothing
+else (`RatchetStack`)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,30 @@ from pathlib import Path
 from typing import Any, cast
 
 from aws_cdk import ArnFormat, CfnElement, CfnOutput, Duration, Stack
+from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from cdk import contract, functions
-from cdk.api import STAGE, RunsApi
-from cdk.approvals import ApprovalChannels
-from cdk.config import DeployConfig, profiled_model
-from cdk.functions import Functions
-from cdk.hooks import Webhooks
-from cdk.nag import acknowledge
-from cdk.project import Project
-from cdk.schedules import Schedules
-from cdk.storage import RUNS_INDEX_NAME, WAKES_INDEX_NAME, Storage
-from cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
+from ratchet.cdk import contract, functions
+from ratchet.cdk.api import STAGE, RunsApi
+from ratchet.cdk.approvals import ApprovalChannels
+from ratchet.cdk.config import PROPS, DeployConfig, profiled_model
+from ratchet.cdk.functions import Functions
+from ratchet.cdk.hooks import Webhooks
+from ratchet.cdk.nag import acknowledge
+from ratchet.cdk.project import Project
+from ratchet.cdk.schedules import Schedules
+from ratchet.cdk.sources import RatchetCode
+from ratchet.cdk.storage import RUNS_INDEX_NAME, WAKES_INDEX_NAME, Storage
+from ratchet.cdk.workflow import AgentRunStateMachine, AslDefinition, state_machine_arn
 from ratchet.waiting.wakes import SWEEP_EVERY_SECONDS
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ASL_PATH = REPO_ROOT / "statemachine" / "agent_run.asl.json"
 
 TABLES_USED = {
     "step": ("checkpoints", "idempotency", "app"),
@@ -137,22 +140,80 @@ STARTS_RUNS = ("api", "schedule")
 Bedrock model the step may not invoke (`RATCHET_BEDROCK_MODELS`)."""
 
 
-class RatchetStack(Stack):
+OUTPUTS = (
+    "RunsUrl",
+    "RunsInvokeArn",
+    "ApprovalsUrl",
+    "SlackInteractivityUrl",
+    "LinkKeySecretArn",
+    "HooksUrl",
+    "HookKeySecretArn",
+    "StateMachineArn",
+    "StoreUrl",
+    "BlobBucket",
+)
+"""The stack's outputs, by the names scripts and `cloudformation describe-stacks` read them."""
+
+
+class RatchetAgents(Construct):
+    """Ratchet on AWS for the agents of a project, in a stack of your own CDK app.
+
+    It builds the three tables and the blob bucket, the functions (one code asset: Ratchet,
+    its dependencies and the project's packages), the agent-run state machine, the REST API
+    (the IAM-signed runs API; the approval, Slack and webhook routes), the project's
+    schedules and the wake sweep, every secret and permission they need, and the stack's
+    outputs (`OUTPUTS`). One per stack: the state machine and the outputs are named after it.
+
+    `project` is a folder holding a `pyproject.toml` with a `[tool.ratchet]` table (or a
+    `ratchet.toml`), or the file itself. Every other keyword is a setting, named as its
+    context key is in snake case (`rollover_after` for `ratchet:rolloverAfter`; docs/deploy.md
+    lists them): a prop given wins over the context key, which wins over the default. A value
+    the functions would refuse fails the synth, naming its prop.
+    """
+
+    api: apigateway.RestApi
+    """The REST API: `/runs` (IAM-signed), and the public approval, Slack and webhook routes."""
+    checkpoints_table: dynamodb.Table
+    idempotency_table: dynamodb.Table
+    app_table: dynamodb.Table
+    """The agents' own data (`RunContext.data`; a scenario's `prepare`)."""
+    blob_bucket: s3.Bucket
+    """Large tool outputs, by content hash under `blobs/`."""
+    state_machine: sfn.StateMachine
+    functions: dict[str, lambda_.Function]
+    """By name: step, notify, decide, mark_failed, api, approvals, open_wait, record_wait,
+    hooks, sweep, and rollover and schedule when the machine and the project use them."""
+    roles: dict[str, iam.Role]
+    """Each function's own role, by the function's name: grant a tool what it calls on
+    `roles["step"]`, where the tools run."""
+    store_url: str
+    """The `--store` of `ratchet status` and the other read commands (CloudFormation tokens
+    until deployed)."""
+    runs_url: str
+    """`POST` here starts a run."""
+
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
-        asl_path: Path = ASL_PATH,
-        repo_root: Path = REPO_ROOT,
-        **kwargs: Any,
+        project: str | Path | None = None,
+        asl_path: Path | None = None,
+        **props: Any,
     ) -> None:
-        super().__init__(scope, construct_id, **kwargs)
-        definition = AslDefinition.load(asl_path)
-        config = DeployConfig.from_context(self)
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        if stack.node.try_find_child(OUTPUTS[0]) is not None:
+            raise ValueError(
+                f"stack {stack.node.path} holds a RatchetAgents already: one per stack (its "
+                "state machine and its outputs are named after the stack)"
+            )
+        config = DeployConfig.from_context(self, {**props, "project": project})
+        code = RatchetCode.find()
+        definition = AslDefinition.load(asl_path or code.state_machine)
         storage = Storage(self, "Storage")
 
-        state_machine_name = f"{self.stack_name}-agent-run"
+        state_machine_name = f"{stack.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
         specs += [functions.API, functions.APPROVALS, functions.OPEN_WAIT, functions.RECORD_WAIT]
         specs += [functions.HOOKS, functions.SWEEP]
@@ -164,7 +225,7 @@ class RatchetStack(Stack):
         lambdas = Functions(
             self,
             "Functions",
-            repo_root=repo_root,
+            code=code,
             project=config.project,
             specs=specs,
             environment={
@@ -258,7 +319,7 @@ class RatchetStack(Stack):
                 iam.PolicyStatement(
                     actions=["states:StopExecution"],
                     resources=[
-                        self.format_arn(
+                        Stack.of(self).format_arn(
                             service="states",
                             resource="execution",
                             resource_name=f"{state_machine_name}:*",
@@ -329,55 +390,68 @@ class RatchetStack(Stack):
         )
         webhooks = Webhooks(self, "Webhooks", functions=lambdas)
 
-        CfnOutput(self, "RunsUrl", value=api.rest_api.url_for_path("/runs"))
+        self.api = api.rest_api
+        self.checkpoints_table = storage.checkpoints
+        self.idempotency_table = storage.idempotency
+        self.app_table = storage.app
+        self.blob_bucket = storage.blobs
+        self.state_machine = state_machine
+        self.functions = dict(lambdas.by_name)
+        self.roles = dict(lambdas.roles)
+        self.runs_url = api.rest_api.url_for_path("/runs")
+        self.store_url = (
+            f"dynamodb://{storage.checkpoints.table_name}"
+            f"?ledger={storage.idempotency.table_name}&app={storage.app.table_name}"
+            f"&region={stack.region}&machine={state_machine.state_machine_arn}"
+        )
+
+        # On the stack, by their own names, wherever the construct sits: `cdk deploy
+        # --outputs-file` and `describe-stacks` find them as the docs name them.
+        CfnOutput(stack, "RunsUrl", value=self.runs_url)
         CfnOutput(
-            self,
+            stack,
             "RunsInvokeArn",
             description="Grant callers execute-api:Invoke on this ARN (every /runs route)",
             value=api.rest_api.arn_for_execute_api("*", "/runs*", STAGE),
         )
         CfnOutput(
-            self,
+            stack,
             "ApprovalsUrl",
             description="Approval links start with this URL (RATCHET_PUBLIC_URL + /approvals/)",
             value=f"{public_url}/approvals/",
         )
         CfnOutput(
-            self,
+            stack,
             "SlackInteractivityUrl",
             description="The Request URL of the Slack app's Interactivity settings",
             value=f"{public_url}/slack/interactions",
         )
         CfnOutput(
-            self,
+            stack,
             "LinkKeySecretArn",
             description="The secret that signs approval links (rotate by hand: docs/deploy.md)",
             value=channels.link_key.secret_arn,
         )
         CfnOutput(
-            self,
+            stack,
             "HooksUrl",
             description="Webhook URLs start with this (a run's: ratchet.runtime.hooks)",
             value=f"{public_url}/hooks/",
         )
         CfnOutput(
-            self,
+            stack,
             "HookKeySecretArn",
             description="The secret webhook ids and secrets derive from (rotating it revokes all)",
             value=webhooks.hook_key.secret_arn,
         )
-        CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
+        CfnOutput(stack, "StateMachineArn", value=state_machine.state_machine_arn)
         CfnOutput(
-            self,
+            stack,
             "StoreUrl",
             description="The --store of the ratchet CLI's read commands",
-            value=(
-                f"dynamodb://{storage.checkpoints.table_name}"
-                f"?ledger={storage.idempotency.table_name}&app={storage.app.table_name}"
-                f"&region={self.region}&machine={state_machine.state_machine_arn}"
-            ),
+            value=self.store_url,
         )
-        CfnOutput(self, "BlobBucket", value=storage.blobs.bucket_name)
+        CfnOutput(stack, "BlobBucket", value=storage.blobs.bucket_name)
 
     def _give_the_tools(self, lambdas: Functions, project: Project) -> None:
         """What the project's tools need, on the step function alone (where they run): read
@@ -419,13 +493,13 @@ class RatchetStack(Stack):
             return kind, reference
         kind, name = reference.split(":", 1)
         if kind == "secretsmanager":
-            return kind, self.format_arn(
+            return kind, Stack.of(self).format_arn(
                 service="secretsmanager",
                 resource="secret",
                 resource_name=f"{name}-??????",
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
             )
-        return kind, self.format_arn(
+        return kind, Stack.of(self).format_arn(
             service="ssm",
             resource="parameter",
             resource_name=name.lstrip("/"),
@@ -444,7 +518,7 @@ class RatchetStack(Stack):
                 resources.append(self._bedrock_arn("foundation-model", model_id))
                 continue
             resources.append(self._bedrock_arn("inference-profile", model_id, account=True))
-            resources.append(f"arn:{self.partition}:bedrock:*::foundation-model/{model}")
+            resources.append(f"arn:{Stack.of(self).partition}:bedrock:*::foundation-model/{model}")
             routed.append(model)
         lambdas["step"].add_to_role_policy(
             iam.PolicyStatement(actions=list(BEDROCK_ACTIONS), resources=resources)
@@ -460,7 +534,7 @@ class RatchetStack(Stack):
             )
 
     def _bedrock_arn(self, kind: str, model_id: str, *, account: bool = False) -> str:
-        return self.format_arn(
+        return Stack.of(self).format_arn(
             service="bedrock",
             account=None if account else "",
             resource=kind,
@@ -476,7 +550,7 @@ class RatchetStack(Stack):
         grants = {"step": ["s3:GetObject", "s3:PutObject"]}
         grants |= {name: ["s3:GetObject"] for name in READS_BLOBS}
         grants |= {name: ["s3:GetObject", "s3:PutObject"] for name in STORES_BLOBS}
-        bucket = self.get_logical_id(cast(CfnElement, storage.blobs.node.default_child))
+        bucket = Stack.of(self).get_logical_id(cast(CfnElement, storage.blobs.node.default_child))
         for name, actions in grants.items():
             lambdas[name].add_to_role_policy(
                 iam.PolicyStatement(actions=actions, resources=[objects])
@@ -488,3 +562,28 @@ class RatchetStack(Stack):
                 f"statement allows only {' and '.join(a.split(':')[1] for a in actions)} "
                 "under that prefix.",
             )
+
+
+class RatchetStack(Stack):
+    """A stack holding one `RatchetAgents` and nothing else: the repository's own app
+    (`cdk/app.py`), and a project that wants no more.
+
+    `project`, `asl_path` and the settings (`rollover_after=...`) go to the construct, every
+    other keyword to `Stack` (`description`, `env`, `stack_name`, ...)."""
+
+    agents: RatchetAgents
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        project: str | Path | None = None,
+        asl_path: Path | None = None,
+        **kwargs: Any,
+    ) -> None:
+        props = {name: kwargs.pop(name) for name in PROPS if name in kwargs}
+        super().__init__(scope, construct_id, **kwargs)
+        # "Default" is the one id CDK leaves out of logical ids: every resource keeps the id it
+        # had when the stack built them itself, so a deployed stack replaces none of them.
+        self.agents = RatchetAgents(self, "Default", project=project, asl_path=asl_path, **props)

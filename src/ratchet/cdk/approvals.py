@@ -12,10 +12,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from cdk import contract
-from cdk.config import DeployConfig
-from cdk.functions import Functions
-from cdk.nag import acknowledge
+from ratchet.cdk import contract
+from ratchet.cdk.config import DeployConfig
+from ratchet.cdk.functions import Functions
+from ratchet.cdk.nag import acknowledge
 
 LINK_KEY_CHARS = 64
 """Alphanumeric: ~380 bits, far beyond what HMAC-SHA256 can use."""

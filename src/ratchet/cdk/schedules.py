@@ -17,8 +17,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
 from constructs import Construct
 
-from cdk import contract
-from cdk.schedule_expressions import eventbridge_cron, eventbridge_rate
+from ratchet.cdk import contract
+from ratchet.cdk.schedule_expressions import eventbridge_cron, eventbridge_rate
 from ratchet.schedules import ScheduleSpec
 
 RETRY_WITHIN = Duration.hours(1)

@@ -1,9 +1,10 @@
-"""What a deployer may choose, from CDK context (`cdk deploy -c ratchet:<key>=<value>`).
+"""What a deployer may choose: a prop of `RatchetAgents` (`rollover_after=500`), else CDK
+context (`cdk deploy -c ratchet:rolloverAfter=500`), else the default.
 
-Every key is optional: the stack synthesizes with none of them. A value that the functions
+Every setting is optional: the stack synthesizes with none of them. A value that the functions
 would refuse at cold start (a malformed ARN, an address, a list over its bound) fails the
-synth instead, naming its key. `ratchet:project` points at a user's project (`cdk/project.py`),
-whose agents join those of `ratchet:agents`.
+synth instead, naming its prop or context key. `project` (`ratchet:project`) points at a user's
+project (`project.py`), whose agents join those of `agents`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 
 from constructs import Construct
 
-from cdk.project import AGENT_NAME_PATTERN as AGENT_NAME_PATTERN
-from cdk.project import BUILT_IN_AGENTS as BUILT_IN_AGENTS
-from cdk.project import IMPORT_PATH_PATTERN as IMPORT_PATH_PATTERN
-from cdk.project import Project, ProjectError, check_agent
+from ratchet.cdk.project import AGENT_NAME_PATTERN as AGENT_NAME_PATTERN
+from ratchet.cdk.project import BUILT_IN_AGENTS as BUILT_IN_AGENTS
+from ratchet.cdk.project import IMPORT_PATH_PATTERN as IMPORT_PATH_PATTERN
+from ratchet.cdk.project import Project, ProjectError, check_agent
 
 _SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[^\s]+$")
 _SES_IDENTITY_ARN = re.compile(r"^arn:aws[a-z-]*:ses:[a-z0-9-]+:\d{12}:identity/[^\s,*]+$")
@@ -96,22 +97,34 @@ class DeployConfig:
     code and requirements go into the bundle, its agents join `agents`."""
 
     @classmethod
-    def from_context(cls, scope: Construct) -> DeployConfig:
+    def from_context(cls, scope: Construct, props: Mapping[str, Any] | None = None) -> DeployConfig:
+        """The settings of `props` (a setting's name -> its value; None: not given), else of
+        the `ratchet:*` context keys, else the defaults; each checked as the functions would
+        check it at cold start. An unknown prop is a `TypeError` naming it."""
+        given = {name: value for name, value in (props or {}).items() if value is not None}
+        unknown = sorted(set(given) - set(_PARSERS))
+        if unknown:
+            raise TypeError(
+                f"RatchetAgents has no prop {unknown[0]!r}; its props are "
+                f"{', '.join(sorted(_PARSERS))} (docs/cdk-construct.md)"
+            )
+        keys = _Keys(frozenset(given))
         values: dict[str, Any] = {}
         for item in fields(cls):
-            key = "ratchet:" + _camel(item.name)
-            raw = scope.node.try_get_context(key)
-            if raw is None or raw == "":
-                continue
-            values[item.name] = _PARSERS[item.name](key, raw)
+            raw = given.get(item.name)
+            if raw is None:
+                raw = scope.node.try_get_context(context_key(item.name))
+                if raw is None or raw == "":
+                    continue
+            values[item.name] = _PARSERS[item.name](keys.label(item.name), raw)
         project = values.get("project")
         if project is not None:
-            values["agents"] = _merged_agents(values.get("agents", {}), project)
+            values["agents"] = _merged_agents(values.get("agents", {}), project, keys)
             _check_scheduled_agents(values["agents"], project)
         if "max_concurrent" in values:
-            _check_bounded_agents(values["max_concurrent"], values.get("agents", {}))
+            _check_bounded_agents(values["max_concurrent"], values.get("agents", {}), keys)
         config = cls(**values)
-        config._check_combinations()
+        config._check_combinations(keys)
         return config
 
     @property
@@ -125,23 +138,52 @@ class DeployConfig:
     def slack_enabled(self) -> bool:
         return self.slack_bot_token_secret_arn is not None
 
-    def _check_combinations(self) -> None:
+    def _check_combinations(self, keys: _Keys) -> None:
         # Half a configuration deploys cleanly and then fails a person: buttons nobody can
         # press, defaults nobody sends to.
         if (self.slack_bot_token_secret_arn is None) != (self.slack_signing_secret_arn is None):
+            bot, signing = "slack_bot_token_secret_arn", "slack_signing_secret_arn"
+            given = bot if self.slack_bot_token_secret_arn is not None else signing
             raise ValueError(
-                "context ratchet:slackBotTokenSecretArn and ratchet:slackSigningSecretArn go "
-                "together: the bot token posts the buttons, the signing secret verifies a press"
+                f"{keys.label(bot, given)} and {keys.name(signing, given)} go together: the "
+                "bot token posts the buttons, the signing secret verifies a press"
             )
         if self.ses_identity_arn and not self.email_sender:
-            raise ValueError("context ratchet:sesIdentityArn needs ratchet:emailSender")
+            raise ValueError(keys.needs("ses_identity_arn", "email_sender"))
         if self.notify_emails and not self.email_sender:
-            raise ValueError("context ratchet:notifyEmails needs ratchet:emailSender to send from")
+            raise ValueError(keys.needs("notify_emails", "email_sender") + " to send from")
         if self.notify_slack_channel and not self.slack_enabled:
             raise ValueError(
-                "context ratchet:notifySlackChannel needs ratchet:slackBotTokenSecretArn "
-                "and ratchet:slackSigningSecretArn"
+                keys.needs("notify_slack_channel", "slack_bot_token_secret_arn")
+                + f" and {keys.name('slack_signing_secret_arn', 'notify_slack_channel')}"
             )
+
+
+def context_key(name: str) -> str:
+    """The context key of a setting: `rollover_after` -> `ratchet:rolloverAfter`."""
+    return "ratchet:" + _camel(name)
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """How a refusal names a setting: as the prop it was given as (`RatchetAgents
+    rollover_after`), or else as its context key (`context ratchet:rolloverAfter`), so that
+    the message points at what the deployer wrote."""
+
+    props: frozenset[str]
+
+    def name(self, name: str, like: str | None = None) -> str:
+        """The setting's name alone, spelt as `like` (or itself) was given."""
+        return name if (like or name) in self.props else context_key(name)
+
+    def label(self, name: str, like: str | None = None) -> str:
+        """The name with where it comes from."""
+        if (like or name) in self.props:
+            return f"RatchetAgents {name}"
+        return f"context {context_key(name)}"
+
+    def needs(self, name: str, needed: str) -> str:
+        return f"{self.label(name)} needs {self.name(needed, name)}"
 
 
 def _integer(name: str) -> Callable[[str, Any], int]:
@@ -151,9 +193,9 @@ def _integer(name: str) -> Callable[[str, Any], int]:
         try:
             number = int(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"context {key} must be an integer: {raw!r}") from None
+            raise ValueError(f"{key} must be an integer: {raw!r}") from None
         if not low <= number <= high:
-            raise ValueError(f"context {key} must be between {low} and {high}: {raw!r}")
+            raise ValueError(f"{key} must be between {low} and {high}: {raw!r}")
         return number
 
     return parse
@@ -162,7 +204,7 @@ def _integer(name: str) -> Callable[[str, Any], int]:
 def _matching(pattern: re.Pattern[str], what: str) -> Callable[[str, Any], str]:
     def parse(key: str, raw: Any) -> str:
         if not isinstance(raw, str) or not pattern.fullmatch(raw.strip()):
-            raise ValueError(f"context {key} must be {what}: {raw!r}")
+            raise ValueError(f"{key} must be {what}: {raw!r}")
         return raw.strip()
 
     return parse
@@ -180,7 +222,7 @@ def _identity_arns(key: str, raw: Any) -> tuple[str, ...]:
     arns = _listed(raw)
     for arn in arns:
         if not isinstance(arn, str) or not _SES_IDENTITY_ARN.fullmatch(arn):
-            raise ValueError(f"context {key} must be SES identity ARNs: {arn!r}")
+            raise ValueError(f"{key} must be SES identity ARNs: {arn!r}")
     return tuple(dict.fromkeys(arns))
 
 
@@ -188,12 +230,10 @@ def _emails(key: str, raw: Any) -> tuple[str, ...]:
     emails = _listed(raw)
     for email in emails:
         if not isinstance(email, str) or not re.fullmatch(EMAIL_PATTERN, email):
-            raise ValueError(f"context {key} must be email addresses: {email!r}")
+            raise ValueError(f"{key} must be email addresses: {email!r}")
     unique = tuple(dict.fromkeys(emails))
     if len(unique) > MAX_NOTIFY_EMAILS:
-        raise ValueError(
-            f"context {key} names {len(unique)} addresses; at most {MAX_NOTIFY_EMAILS}"
-        )
+        raise ValueError(f"{key} names {len(unique)} addresses; at most {MAX_NOTIFY_EMAILS}")
     return unique
 
 
@@ -208,11 +248,11 @@ def _bedrock_models(key: str, raw: Any) -> tuple[str, ...]:
     for model in models:
         if model == "*":
             raise ValueError(
-                f"context {key} must name the model ids to grant, not '*': the step function "
+                f"{key} must name the model ids to grant, not '*': the step function "
                 "may invoke exactly the models a deployer chose"
             )
         if not isinstance(model, str) or not re.fullmatch(BEDROCK_MODEL_ID, model):
-            raise ValueError(f"context {key} must be Bedrock model ids: {model!r}")
+            raise ValueError(f"{key} must be Bedrock model ids: {model!r}")
     return tuple(dict.fromkeys(models))
 
 
@@ -229,9 +269,9 @@ def _json_object(key: str, raw: Any, like: str) -> dict[Any, Any]:
         try:
             raw = json.loads(raw)
         except ValueError:
-            raise ValueError(f"context {key} must be a JSON object: {raw!r}") from None
+            raise ValueError(f"{key} must be a JSON object: {raw!r}") from None
     if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"context {key} must be an object like {like}")
+        raise ValueError(f"{key} must be an object like {like}")
     return raw
 
 
@@ -240,7 +280,7 @@ def _agents(key: str, raw: Any) -> dict[str, str]:
     for name, target in raw.items():
         problem = check_agent(name, target) if isinstance(name, str) else f"{name!r} is no name"
         if problem:
-            raise ValueError(f"context {key}: {problem}")
+            raise ValueError(f"{key}: {problem}")
     return dict(raw)
 
 
@@ -254,7 +294,7 @@ def _prices(key: str, raw: Any) -> str:
     for pattern, prices in raw.items():
         if not _valid_prices(prices):
             raise ValueError(
-                f"context {key}: bad prices for {pattern!r}: give input and output (and "
+                f"{key}: bad prices for {pattern!r}: give input and output (and "
                 "optionally cache_write, cache_read) as numbers of US dollars per million tokens"
             )
     return json.dumps(raw, separators=(",", ":"))
@@ -274,7 +314,7 @@ def _max_concurrent(key: str, raw: Any) -> str:
             or not 1 <= bound <= MAX_CONCURRENT_RUNS
         ):
             raise ValueError(
-                f"context {key}: the bound of {name!r} must be a whole number of runs from 1 "
+                f"{key}: the bound of {name!r} must be a whole number of runs from 1 "
                 f"to {MAX_CONCURRENT_RUNS:,}, not {bound!r}"
             )
     return json.dumps(raw, separators=(",", ":"))
@@ -292,19 +332,21 @@ def _valid_prices(prices: Any) -> bool:
 
 
 def _project(key: str, raw: Any) -> Project:
-    if not isinstance(raw, str):
-        raise ValueError(f"context {key} must be a path to a folder or a .toml file: {raw!r}")
+    if not isinstance(raw, str | Path):
+        raise ValueError(f"{key} must be a path to a folder or a .toml file: {raw!r}")
     try:
-        return Project.load(Path(raw.strip()))
+        return Project.load(Path(raw.strip()) if isinstance(raw, str) else raw)
     except ProjectError as error:
-        raise ValueError(f"context {key}={raw}: {error}") from None
+        raise ValueError(f"{key}={raw}: {error}") from None
 
 
-def _merged_agents(from_context: Mapping[str, str], project: Project) -> dict[str, str]:
+def _merged_agents(
+    from_context: Mapping[str, str], project: Project, keys: _Keys
+) -> dict[str, str]:
     twice = sorted(set(from_context) & set(project.agents))
     if twice:
         raise ValueError(
-            f"agent {twice[0]!r} is named both in context ratchet:agents and in "
+            f"agent {twice[0]!r} is named both in {keys.label('agents')} and in "
             f"{project.config_file} ({project.key_prefix}agents): name each agent once"
         )
     return {**from_context, **project.agents}
@@ -323,12 +365,12 @@ def _check_scheduled_agents(agents: Mapping[str, str], project: Project) -> None
             )
 
 
-def _check_bounded_agents(bounds_json: str, agents: Mapping[str, str]) -> None:
+def _check_bounded_agents(bounds_json: str, agents: Mapping[str, str], keys: _Keys) -> None:
     """Each bound names an agent as `POST /runs` starts it (a name of `agents`, its
     `module:attr`, or a built-in scenario), which is how the step function reads it: a key
     naming none would bound nothing, and two naming one agent would leave its bound to chance.
     The step function holds its runs under the agent's name, whichever of these they used."""
-    key = "context ratchet:maxConcurrent"
+    key = keys.label("max_concurrent")
     seen: dict[str, str] = {}
     for name in json.loads(bounds_json):
         target = agents.get(name, name)
@@ -365,6 +407,10 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_concurrent": _max_concurrent,
     "project": _project,
 }
+
+
+PROPS = tuple(sorted(_PARSERS))
+"""The props of `RatchetAgents`: one per setting, named as `DeployConfig`'s fields."""
 
 
 def _camel(name: str) -> str:

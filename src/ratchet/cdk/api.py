@@ -24,7 +24,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from cdk.nag import acknowledge
+from ratchet.cdk.nag import acknowledge
 
 STAGE = "v1"
 THROTTLE_RATE_PER_SECOND = 20

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
@@ -17,10 +16,11 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from cdk import contract
-from cdk.bundling import ARCHITECTURE, RUNTIME, lambda_code
-from cdk.nag import acknowledge
-from cdk.project import Project
+from ratchet.cdk import contract
+from ratchet.cdk.bundling import ARCHITECTURE, RUNTIME, lambda_code
+from ratchet.cdk.nag import acknowledge
+from ratchet.cdk.project import Project
+from ratchet.cdk.sources import RatchetCode
 
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
@@ -136,17 +136,17 @@ class Functions(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        repo_root: Path,
+        code: RatchetCode,
         specs: list[FunctionSpec],
         environment: Mapping[str, str],
         project: Project | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        code = lambda_code(repo_root, project)
+        asset = lambda_code(code, project)
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
         for spec in specs:
-            self.by_name[spec.name] = self._function(spec, code, environment)
+            self.by_name[spec.name] = self._function(spec, asset, environment)
 
     def __getitem__(self, name: str) -> lambda_.Function:
         return self.by_name[name]

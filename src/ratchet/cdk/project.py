@@ -25,7 +25,7 @@ level of a `ratchet.toml` (the same keys)::
 
 A schedule is checked by `ratchet.schedules.ScheduleSpec`, the model `ratchet schedule add`
 checks a local schedule with, and its rule must have an EventBridge Scheduler form
-(`cdk/schedule_expressions.py`).
+(`schedule_expressions.py`).
 
 `secrets` and `environment` reach the step function only (where the tools run); each secret
 is readable by it alone, fetched once per container and given to the agent as
@@ -54,7 +54,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
+from ratchet.cdk.schedule_expressions import NotExpressible, eventbridge_cron, eventbridge_rate
 from ratchet.errors import InvalidInput
 from ratchet.schedules import ScheduleSpec, parse_every
 
@@ -70,8 +70,9 @@ PYPROJECT_TOML = "pyproject.toml"
 RATCHET_PACKAGE = "ratchet"
 """Always in the bundle: neither a requirement nor a package of the project may take its name."""
 RATCHET_DISTRIBUTIONS = frozenset({"ratchet-agents", RATCHET_PACKAGE})
-"""Requirements a project may not name: Ratchet's own distribution (the bundle has it, from
-this repository), and the project on PyPI named `ratchet`, whose package would shadow it."""
+"""Requirements a project may not name: Ratchet's own distribution (the bundle has it, the very
+package that synthesizes), and the project on PyPI named `ratchet`, whose package would shadow
+it."""
 
 _TEST_FOLDERS = {"tests", "test"}
 _NEVER_SHIPPED_MODULES = {"conftest.py", "setup.py", "noxfile.py"}
@@ -269,7 +270,7 @@ class _Table(BaseModel):
                 raise ValueError(f"{text!r} is a direct reference; name a version from the index")
             if canonicalize_name(requirement.name) in RATCHET_DISTRIBUTIONS:
                 raise ValueError(
-                    f"{text!r}: Ratchet itself is always in the bundle, from this repository"
+                    f"{text!r}: Ratchet itself is always in the bundle, as it synthesizes"
                 )
         return value
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from cdk import contract
-from cdk.functions import Functions
-from cdk.nag import acknowledge
+from ratchet.cdk import contract
+from ratchet.cdk.functions import Functions
+from ratchet.cdk.nag import acknowledge
 
 HOOK_KEY_CHARS = 64
 """Alphanumeric: ~380 bits, far beyond what HMAC-SHA256 can use."""

@@ -1,9 +1,10 @@
 """The names the stack shares with the Lambda code and the ASL file.
 
-`cdk/` does not import `ratchet` (the Lambda code is only an asset; `ratchet.schedules`, for its
-checks, is the one exception), so the environment variable names are repeated here; tests/infra
-compares them with `ratchet.runtime.aws_settings.ENVIRONMENT`, so a rename on either side fails
-a test instead of a deployed function.
+The construct does not import the functions' code (`ratchet.handlers` and the AWS runtime are
+only an asset it ships; `ratchet.schedules`, for its checks, is an exception), so the
+environment variable names are repeated here; tests/infra compares them with
+`ratchet.runtime.aws_settings.ENVIRONMENT`, so a rename on either side fails a test instead of
+a deployed function.
 """
 
 from __future__ import annotations
