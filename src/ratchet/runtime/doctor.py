@@ -99,6 +99,13 @@ def check_stack(
         f"state machine {_short(store.machine)}",
         lambda: _machine_check(stack, store.machine or "", environments),
     )
+    if not environments:
+        # The functions name the secrets and the API: a failure above is the one to fix.
+        unread = "not checked: the state machine's functions, which name it, were not read"
+        yield Check("secrets", None, unread)
+        yield Check("API", None, unread)
+        yield Check("run", None, unread)
+        return
     yield from _secret_checks(stack, environments)
     api = next((env[PUBLIC_URL] for env in environments.values() if env.get(PUBLIC_URL)), None)
     runs_url = f"{api.rstrip('/')}/runs" if api else None
@@ -200,7 +207,7 @@ def _secret_checks(
             project = {}
         for name, reference in dict(project).items():
             named.setdefault(str(reference), f"{PROJECT_SECRETS} {name}")
-    if not named and environments:
+    if not named:
         yield Check("secrets", False, "the functions name no secret (the link key is missing)")
     for reference, variable in sorted(named.items(), key=lambda item: item[1]):
         label = f"secret {variable}"
@@ -277,6 +284,8 @@ def _keys(keys: tuple[str | None, str | None]) -> str:
     return " and ".join(k for k in keys if k) or "none"
 
 
-def _short(arn: str) -> str:
-    """The name an ARN ends in (a function's, a state machine's, a secret's)."""
+def _short(reference: str) -> str:
+    """The name an ARN ends in (a function's, a state machine's, a secret's), or a
+    parameter's name (`ssm:/a/b`: `/a/b`)."""
+    arn = reference.removeprefix("secretsmanager:").removeprefix("ssm:")
     return arn.rsplit(":", 1)[-1] if arn.startswith("arn:") else arn
