@@ -73,10 +73,8 @@ def local_gateway(handler: Handler, context: Any) -> Iterator[Gateway]:
                 return
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length).decode("utf-8") if length else None
-            query = {k: v for k, v in parse_qs(parts.query).items()} or None
-            event = api_event(
-                self.command, path, body, query=query, resource=resource, stage=STAGE
-            )
+            query = parse_qs(parts.query) or None
+            event = api_event(self.command, path, body, query=query, resource=resource, stage=STAGE)
             response = handler(event, context)
             self._answer(response["statusCode"], json.loads(response["body"] or "null"))
 

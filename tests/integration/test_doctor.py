@@ -38,7 +38,7 @@ def endpoint() -> Iterator[str]:
 
 
 def _client(endpoint: str, service: str) -> Any:
-    return boto3.client(
+    return boto3.client(  # type: ignore[call-overload]  # a service named at run time
         service,
         region_name=REGION,
         endpoint_url=endpoint,
@@ -93,7 +93,7 @@ class Deployed:
     def client(self, service: str) -> Any:
         return _client(self.endpoint, service)
 
-    def doctor(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def doctor(self, *args: str, env: dict[str, str] | None = None) -> Any:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         environment.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
         environment.update(env or {})
@@ -125,7 +125,10 @@ def deploy(endpoint: str, public_url: str) -> Deployed:
     environments = {
         "step": {
             ENVIRONMENT["secrets"]: json.dumps(
-                {"PAYMENTS_KEY": f"secretsmanager:{payments}", "REFUNDS_URL": f"ssm:/{prefix}/refunds-url"}
+                {
+                    "PAYMENTS_KEY": f"secretsmanager:{payments}",
+                    "REFUNDS_URL": f"ssm:/{prefix}/refunds-url",
+                }
             )
         },
         "notify": {
@@ -186,14 +189,15 @@ def test_a_whole_stack_passes_every_check_and_writes_nothing(deployed: Deployed,
     assert (done.returncode, done.stderr) == (0, ""), done.stdout + done.stderr
     lines = _lines(done)
     checkpoints, idempotency, app = deployed.tables.values()
+    link_key, payments = _name(deployed.secrets["link_key"]), _name(deployed.secrets["payments"])
     assert lines == [
         f"ok    table {checkpoints}: keys run_id and sk; indexes runs-by-status, wakes-owed; "
         "TTL on expires_at",
         f"ok    table {idempotency}: keys key; TTL on expires_at",
         f"ok    table {app}: keys pk and sk",
         f"ok    state machine {deployed.prefix}-agent-run: ACTIVE; its 6 functions are there",
-        f"ok    secret RATCHET_LINK_KEY_SECRET_ARN: {_name(deployed.secrets['link_key'])} is there",
-        f"ok    secret RATCHET_SECRETS PAYMENTS_KEY: {_name(deployed.secrets['payments'])} is there",
+        f"ok    secret RATCHET_LINK_KEY_SECRET_ARN: {link_key} is there",
+        f"ok    secret RATCHET_SECRETS PAYMENTS_KEY: {payments} is there",
         f"ok    secret RATCHET_SECRETS REFUNDS_URL: /{deployed.prefix}/refunds-url is there",
         f"ok    API: GET {gateway.url}/runs answers 200",
         "skip  run: not started: --run starts one through the API (it writes a run)",
@@ -210,14 +214,13 @@ def _name(arn: str) -> str:
 
 def _everything(deployed: Deployed) -> dict[str, Any]:
     dynamodb = deployed.client("dynamodb")
-    return {
-        name: dynamodb.scan(TableName=name)["Items"] for name in deployed.tables.values()
-    }
+    return {name: dynamodb.scan(TableName=name)["Items"] for name in deployed.tables.values()}
 
 
 def _drop_ledger(deployed: Deployed) -> str:
     deployed.client("dynamodb").delete_table(TableName=deployed.tables["idempotency"])
-    return f"table {deployed.tables['idempotency']}: missing: the idempotency table of the StoreUrl is not there"
+    table = deployed.tables["idempotency"]
+    return f"table {table}: missing: the idempotency table of the StoreUrl is not there"
 
 
 def _drop_wakes_index(deployed: Deployed) -> str:
@@ -241,12 +244,14 @@ def _ttl_off(deployed: Deployed) -> str:
 
 def _drop_machine(deployed: Deployed) -> str:
     deployed.client("stepfunctions").delete_state_machine(stateMachineArn=deployed.machine)
-    return f"state machine {deployed.prefix}-agent-run: missing: the StoreUrl's machine is not there"
+    machine = f"state machine {deployed.prefix}-agent-run"
+    return f"{machine}: missing: the StoreUrl's machine is not there"
 
 
 def _drop_function(deployed: Deployed) -> str:
     deployed.client("lambda").delete_function(FunctionName=deployed.functions["decide"])
-    return f"state machine {deployed.prefix}-agent-run: function {deployed.prefix}-decide is missing"
+    machine = f"state machine {deployed.prefix}-agent-run"
+    return f"{machine}: function {deployed.prefix}-decide is missing"
 
 
 def _drop_secret(deployed: Deployed) -> str:

@@ -106,9 +106,10 @@ def test_the_generated_agent_pays_a_small_amount_without_asking(generated: Stack
 def _smoke_test_command(project: Path) -> list[str]:
     """The `ratchet doctor` command the generated workflow's last step runs, as words."""
     workflow = yaml.safe_load((project / ".github" / "workflows" / "deploy.yml").read_text())
-    (step,) = [s for s in workflow["jobs"]["deploy"]["steps"] if "ratchet doctor" in s.get("run", "")]
+    steps = workflow["jobs"]["deploy"]["steps"]
+    (step,) = [s for s in steps if "ratchet doctor" in s.get("run", "")]
     script = step["run"]
-    assert workflow["jobs"]["deploy"]["steps"][-1] is step, "the smoke test ends the deploy"
+    assert steps[-1] is step, "the smoke test ends the deploy"
     found = re.search(r"ratchet doctor .*", script.replace("\\\n", " "))
     assert found is not None
     return shlex.split(found.group(0))[1:]
@@ -154,4 +155,5 @@ def test_the_workflows_smoke_test_runs_the_agent_through_the_api_to_its_end(
     ), run
     run_id = run[0].split()[2]
     assert generated.head(run_id).summary == "Paid $1.00 to smoke-test."
-    assert [m for m, _, _ in gateway.requests] == ["GET", "POST", *["GET"] * (len(gateway.requests) - 2)]
+    methods = [method for method, _, _ in gateway.requests]
+    assert methods == ["GET", "POST", *["GET"] * (len(methods) - 2)]
