@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -248,7 +249,7 @@ TINY_APP = '''
     import aws_cdk as cdk
     from aws_cdk import aws_sqs as sqs
 
-    Path("ran-with.txt").write_text(sys.executable)
+    Path("ran-with.txt").write_text(sys.prefix)
     app = cdk.App()
     stack = cdk.Stack(app, "Tiny")
     sqs.Queue(stack, "Queue", enforce_ssl=True)
@@ -274,8 +275,16 @@ def _outputs(template: Path) -> dict[str, str]:
     return {name: output["Value"] for name, output in outputs.items()}
 
 
+def _ran_with_this_python(tiny: Path) -> bool:
+    """Whether the app ran in this venv (a `python` on PATH may be another)."""
+    return Path((tiny / "ran-with.txt").read_text()).resolve() == Path(sys.prefix).resolve()
+
+
 def test_synth_runs_the_app_with_this_python_and_says_where_the_template_is(tiny: Path) -> None:
-    done = ratchet("synth", "tiny", "--context", "from-flag=given", cwd=tiny.parent)
+    # PATH has node but not this venv: the app's `python3` there is another Python.
+    path = f"{Path(shutil.which('node') or '/usr/bin/node').parent}:/usr/bin:/bin"
+
+    done = ratchet("synth", "tiny", "--context", "from-flag=given", cwd=tiny.parent, PATH=path)
 
     assert done.returncode == 0, done.stdout + done.stderr
     template = tiny / "cdk.out" / "Tiny.template.json"
@@ -283,7 +292,7 @@ def test_synth_runs_the_app_with_this_python_and_says_where_the_template_is(tiny
     assert done.stdout.splitlines()[-1] == (
         f"Synthesized Tiny: tiny/cdk.out/Tiny.template.json ({len(resources)} resources)"
     )
-    assert (tiny / "ran-with.txt").read_text() == sys.executable
+    assert _ran_with_this_python(tiny)
     assert _outputs(template) == {"FromCdkJson": "yes", "FromFlag": "given"}
 
 
@@ -296,7 +305,7 @@ def test_deploy_hands_the_app_to_the_cdk_cli_which_runs_it_with_this_python(tiny
 
     assert done.returncode not in (0, 2), done.stdout + done.stderr
     assert "Unable to resolve AWS account to use" in done.stderr, done.stderr
-    assert (tiny / "ran-with.txt").read_text() == sys.executable
+    assert _ran_with_this_python(tiny)
     assert _outputs(tiny / "cdk.out" / "Tiny.template.json") == {
         "FromCdkJson": "yes",
         "FromFlag": "deployed",
