@@ -24,6 +24,8 @@ CDK_CONTEXT += $(if $(RATCHET_PROJECT),--context ratchet:project=$(RATCHET_PROJE
 # Playwright and type checker: it gets a venv of its own.
 demo: $(DEMO_VENV)/.synced
 	$(DEMO_VENV)/bin/ratchet demo
+	@echo "ratchet is in $(DEMO_VENV)/bin: 'source $(DEMO_VENV)/bin/activate' puts it on your PATH" \
+		"(or run $(DEMO_VENV)/bin/ratchet)"
 
 test: lint typecheck unit
 

@@ -131,6 +131,16 @@ class StoreDamaged(StoreUnavailable):
         self.detail = detail
 
 
+class StackUnreachable(InvalidInput):
+    """A deployed stack cannot be asked anything: no AWS credentials, credentials AWS refuses,
+    no region, an endpoint that does not answer. `ratchet doctor` stops at once (bad input)."""
+
+
+class StackPartUnreadable(RatchetError):
+    """One part of a deployed stack could not be read (a permission the caller lacks, an
+    answer not understood): `ratchet doctor` reports that check as failed and goes on."""
+
+
 class StoreBusy(RatchetError):
     """The store turned a request away for now (throttling, a transaction conflict, a
     transient service error) after the SDK's own retries. Retrying the step is safe: nothing

@@ -25,7 +25,18 @@ import typer
 # Typer vendors click; its usage errors are only importable from the vendored package.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
-from ratchet.cli import decisions, hooks, housekeeping, inspection, runs, schedules, serve, waits
+from ratchet.cli import (
+    decisions,
+    doctor,
+    hooks,
+    housekeeping,
+    inspection,
+    project,
+    runs,
+    schedules,
+    serve,
+    waits,
+)
 from ratchet.cli.argv import arrange
 from ratchet.cli.context import err, global_options, say
 from ratchet.cli.usage import Command, example
@@ -56,6 +67,10 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "cancel": decisions.cancel,
     "fork": decisions.fork,
     "replay": inspection.replay,
+    "init": project.init,
+    "synth": project.synth,
+    "deploy": project.deploy,
+    "doctor": doctor.doctor,
 }
 """Every command, in the order `ratchet --help` lists them."""
 

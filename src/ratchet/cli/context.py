@@ -12,8 +12,9 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console
 
 from ratchet.cli.options import LogJsonOption, StoreOption
@@ -36,7 +37,40 @@ class _Globals:
     log_file: Any = None
 
 
-def global_options(store: StoreOption = None, log_json: LogJsonOption = False) -> None:
+DISTRIBUTION = "ratchet-agents"
+
+
+def installed_version() -> str:
+    """The installed distribution's version, as `ratchet --version` prints it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        out.print(f"{DISTRIBUTION} {installed_version()}", markup=False)
+        raise typer.Exit()
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        expose_value=False,
+        help="Print the installed version (of the ratchet-agents distribution) and exit.",
+    ),
+]
+
+
+def global_options(
+    store: StoreOption = None, log_json: LogJsonOption = False, version: VersionOption = False
+) -> None:
     _Globals.store = store
     _Globals.log_json = log_json
     # A run started with `--agent my_module:agent` is later worked and verified by other

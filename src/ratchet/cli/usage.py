@@ -36,6 +36,10 @@ EXAMPLES = {
     "cancel": "ratchet cancel m1 --reason 'wrong table'",
     "fork": "ratchet fork m1 --from-step 2 --run-id m1-again",
     "replay": "ratchet replay m1 --step 2",
+    "init": "ratchet init my-agents",
+    "synth": "ratchet synth my-agents --context ratchet:notifyEmails=ops@example.com",
+    "deploy": "ratchet deploy my-agents --profile prod --require-approval never",
+    "doctor": 'ratchet doctor --run --agent payout --input \'{"recipient": "ada", "amount": 1}\'',
     "schedule": "ratchet schedule add nightly --agent migration --cron '0 2 * * *'",
     "schedule add": "ratchet schedule add nightly --agent migration --cron '0 2 * * *' "
     "--input '{\"batches\": 2}'",
