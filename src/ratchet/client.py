@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, cast
 
@@ -346,6 +347,32 @@ class RunListed(AnswerModel):
     agent: str | None = None
     """The run's agent; None for a run whose stored row does not say (see
     `ratchet.ports.RunSummary.agent`)."""
+
+
+def _answer(c: StoredCheckpoint) -> Checkpoint:
+    return Checkpoint(
+        **checkpoint_fields(
+            {
+                "version": c.version,
+                "step": c.step,
+                "status": c.status.value,
+                "worker": c.worker_id,
+                "bytes": c.size,
+                "time": c.created_at,
+                "event": c.event.model_dump(mode="json", exclude_none=True),
+            }
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Recent:
+    """A run's head, its newest checkpoints (oldest first) and the child runs they started
+    (`Client.recent`)."""
+
+    head: RunState
+    checkpoints: list[Checkpoint]
+    children: list[Run]
 
 
 class RunPage(AnswerModel):
@@ -1049,22 +1076,26 @@ class Client:
         """Every durable write of the run, oldest first; with `after`, only those of a later
         version (to follow a run, read from the last version seen: one range read)."""
         self.head(run_id)
-        return [
-            Checkpoint(
-                **checkpoint_fields(
-                    {
-                        "version": c.version,
-                        "step": c.step,
-                        "status": c.status.value,
-                        "worker": c.worker_id,
-                        "bytes": c.size,
-                        "time": c.created_at,
-                        "event": c.event.model_dump(mode="json", exclude_none=True),
-                    }
-                )
-            )
-            for c in self.runtime.store.list_checkpoints(run_id, after=after)
+        return [_answer(c) for c in self.runtime.store.list_checkpoints(run_id, after=after)]
+
+    def recent(self, run_id: str, *, last: int) -> Recent:
+        """The run as it stands, its last `last` checkpoints and the child runs those started,
+        each where it stands: what a page about the run shows, in reads that never grow with
+        the run (its head, one range read of its newest records, one head per child)."""
+        head = self.head(run_id)
+        stored = self.runtime.store.last_checkpoints(run_id, limit=last)
+        started = [
+            child
+            for checkpoint in stored
+            if isinstance(checkpoint.event, StepCompleted)
+            for child in checkpoint.event.started or []
         ]
+        heads = (self.runtime.store.load_head(child) for child in dict.fromkeys(started))
+        return Recent(
+            head=head,
+            checkpoints=[_answer(c) for c in stored],
+            children=[Run.of(child) for child in heads if child is not None],
+        )
 
     def state_at(self, run_id: str, *, step: int) -> RunState:
         """The run's state as of its last checkpoint at `step`, rebuilt from the records.

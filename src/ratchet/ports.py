@@ -128,6 +128,12 @@ class CheckpointStore(Protocol):
         version (what a follower has not read yet: one range read, however long the run)."""
         ...
 
+    def last_checkpoints(self, run_id: str, *, limit: int) -> list[StoredCheckpoint]:
+        """The run's last `limit` checkpoint records, oldest first: one range read from the
+        newest back, which reads `limit` records however long the run (a page of its latest
+        steps; `list_checkpoints` has them all)."""
+        ...
+
     def list_runs(self) -> list[RunSummary]: ...
 
     def list_page(

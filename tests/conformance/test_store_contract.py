@@ -160,6 +160,27 @@ def test_the_checkpoints_after_a_version_are_those_of_later_versions_in_order(ba
     assert [c.run_id for c in backend.store.list_checkpoints("r2", after=0)] == ["r2"]
 
 
+def test_the_last_checkpoints_are_the_newest_in_order_and_no_more(backend):
+    state, checkpoint = new_run()
+    backend.store.create_run(state, checkpoint)
+    other, other_checkpoint = new_run("r2")
+    backend.store.create_run(other, other_checkpoint)
+    head = state
+    for step in range(1, 12):  # past version 9 -> 10, where a text order would differ
+        backend.ledger.begin(entry(f"r1/step-{step}"))
+        commit = step_commit(head, step)
+        backend.store.commit(commit)
+        head = commit.head
+    every = backend.store.list_checkpoints("r1")
+
+    assert backend.store.last_checkpoints("r1", limit=3) == every[-3:]
+    assert [c.version for c in backend.store.last_checkpoints("r1", limit=3)] == [10, 11, 12]
+    assert backend.store.last_checkpoints("r1", limit=1) == every[-1:]
+    assert backend.store.last_checkpoints("r1", limit=500) == every
+    assert backend.store.last_checkpoints("nope", limit=3) == []
+    assert [c.run_id for c in backend.store.last_checkpoints("r2", limit=5)] == ["r2"]
+
+
 def test_a_commit_on_a_stale_version_is_rejected_and_changes_nothing(backend):
     state, checkpoint = new_run()
     backend.store.create_run(state, checkpoint)

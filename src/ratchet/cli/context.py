@@ -142,7 +142,6 @@ _ON_AWS = {
     "wake": "use POST /runs/RUN/wake on the stack's API, which also wakes the parked execution",
     "demo": "the demo runs on a local store of its own",
     "link": "on AWS approval links are sent by email or Slack when a run parks",
-    "serve": "on AWS the stack's API serves the approval pages",
     # On AWS a steered run needs its execution started or stopped, which only the API does.
     "retry": "on AWS use POST /runs/RUN/retry on the stack's API, which also starts a new "
     "execution",

@@ -27,6 +27,7 @@ from ratchet.cli.context import (
 )
 from ratchet.cli.options import MAX_BATCHES, not_empty
 from ratchet.errors import InvalidInput
+from ratchet.store_urls import DYNAMODB_SCHEME
 
 AGENT_FLAG = re.compile(r"^(?:(?P<name>[^=]+)=)?(?P<target>[^=]+)$")
 
@@ -75,12 +76,17 @@ def serve(
 ) -> None:
     """Serve the approval pages, the runs API and webhooks (/hooks/) locally (as the deployed
     API does), and the runs dashboard at /dashboard; a worker in the same process works the
-    runs."""
+    runs. On a deployed stack's store (dynamodb://, its StoreUrl output): the dashboard and
+    the runs API's reads, read-only, with your AWS credentials."""
+    if settings().store.startswith(DYNAMODB_SCHEME):
+        from ratchet.cli.serve_deployed import serve_deployed
+
+        serve_deployed(host, port)
+        return
     # The web apps, waitress and the local runtime: loaded only to serve (see ratchet.cli.context).
     from ratchet.runtime.local import LocalRuntime
     from ratchet.web.serve import base_url, is_local, listen
 
-    require_local_store("serve")
     agents = _agents(agent or [])
     if work:
         check_worker_settings()  # its worker would refuse them later, on a thread of its own

@@ -24,6 +24,7 @@ from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.rate import DynamoDbRateLimit
 from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.adapters.dynamodb.tables import TablesSeen, describe_tables
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.adapters.secrets import AwsSecrets
@@ -541,6 +542,11 @@ class AwsRuntime:
                     sfn.stop_execution(
                         executionArn=execution["executionArn"], error="Cancelled", cause=cause
                     )
+
+    def tables_seen(self) -> TablesSeen:
+        """Whose checkpoints table this is (account, region, stack), asked of DynamoDB;
+        `StoreUnavailable` if it is missing or the caller may not read it."""
+        return describe_tables(self.dynamodb, self.settings.checkpoints_table)
 
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both

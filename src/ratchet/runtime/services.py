@@ -21,13 +21,16 @@ from ratchet.agents import AgentRegistry
 from ratchet.approvals.desk import ApprovalDesk
 from ratchet.approvals.pages import RESUMES
 from ratchet.client import Client, Runtime
+from ratchet.errors import InvalidInput
 from ratchet.runs import RunRequest
 from ratchet.web.approvals import ApprovalServices
+from ratchet.web.dashboard import Deployed
 from ratchet.web.runs import RunsServices, RunStarted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ratchet.adapters.dynamodb.tables import TablesSeen
     from ratchet.runtime.aws import AwsRuntime
     from ratchet.runtime.local import LocalRuntime
 
@@ -123,6 +126,33 @@ def aws_runs_services(
         logger=logger,
         metrics=metrics,
     )
+
+
+def deployed_read_services(
+    runtime: AwsRuntime, seen: TablesSeen, *, logger: Any, api_url: str | None
+) -> tuple[RunsServices, Deployed]:
+    """What `ratchet serve` reads a deployed stack's tables with, from a laptop: the runs
+    API's services (its reads; every write is refused before a route sees it,
+    `ratchet.web.read_only`, and these refuse too) and the dashboard's view of the stack."""
+    client = api_client(runtime, agents=AgentRegistry(), worker_id="serve:read", logger=logger)
+    where = api_url or "the stack's API"
+
+    def no_desk() -> ApprovalDesk:
+        raise InvalidInput(f"this server only reads: decide through {where}")
+
+    def no_start(request: RunRequest, *, request_id: str) -> RunStarted:
+        raise InvalidInput(f"this server only reads: start runs through {where}")
+
+    services = RunsServices(client=client, desk=no_desk, start=no_start, logger=logger)
+    deployed = Deployed(
+        stack=seen.stack,
+        account=seen.account,
+        region=seen.region,
+        table=seen.table,
+        book=runtime.approvals(),
+        api_url=api_url,
+    )
+    return services, deployed
 
 
 def _user() -> str:

@@ -7,9 +7,12 @@
     GET /dashboard/runs/{run_id}/steps/{step}     the state as of that step
     GET /dashboard/runs/{run_id}/steps/{step}/prompt   the prompt that step's model saw
 
-Local only: `ratchet serve` listens on localhost and the deployed stack has no such route. No
-GET writes anything, so a pending approval is not opened here: its link is the operator's own
-signed link to the approval page, which alone decides. Everything that comes from a run (its
+Served by `ratchet serve` on localhost, on a local store or on a deployed stack's tables
+(`deployed_app`: read with the caller's AWS credentials, under a banner naming the stack and
+account); the deployed stack has no such route. No GET writes anything, so a pending approval
+is not opened here: on a local store its link is the operator's own signed link to the
+approval page, which alone decides; on a deployed stack the page names the stack's own
+approval route and signs nothing. Everything that comes from a run (its
 id, tool calls, results, errors, comments) is untrusted and escaped. The charts are SVG
 written here; the pages carry no script.
 """
@@ -22,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 
 from ratchet.approvals import pages
 from ratchet.approvals.desk import ApprovalDesk
@@ -35,12 +39,13 @@ from ratchet.client import (
     CheckpointsExpired,
     Client,
     NoCheckpointAtStep,
+    Recent,
     Run,
     RunListed,
 )
 from ratchet.errors import InvalidInput, RunNotFound, RunUnreadable, UnsupportedSchema
-from ratchet.ports import Mailbox
-from ratchet.state import RunState, RunStatus
+from ratchet.ports import ApprovalBook, Mailbox
+from ratchet.state import RunState, RunStatus, utcnow
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
@@ -56,22 +61,45 @@ ARGUMENT_CHARS = 80
 RUNS_PER_PAGE = MAX_PAGE_RUNS
 """The runs page shows this many, most recently changed first, and links to the next page."""
 MAX_TIMELINE_ROWS = 500
-"""A run's page lists its most recent checkpoints, this many; `ratchet history` has them all."""
+"""A run's page reads and lists its most recent checkpoints, this many (one bounded read of the
+store, whatever the run's length); `ratchet history` has them all."""
 MAX_CHART_POINTS = 220
 """A chart draws at most this many bars or dots (2 pixels each); a longer run's are bucketed,
 each showing the largest value of its steps."""
 
 
 @dataclass(frozen=True)
+class Deployed:
+    """A deployed stack whose tables the dashboard reads from this machine."""
+
+    stack: str | None
+    """The CloudFormation stack the tables belong to; None if the caller may not read their
+    tags."""
+    account: str
+    region: str
+    table: str
+    book: ApprovalBook
+    """The stack's approval requests, read (the dashboard never decides)."""
+    api_url: str | None = None
+    """The stack's API (its public URL), to name its routes in full; None: named by path."""
+
+    def approve_route(self, run_id: str) -> str:
+        path = f"/runs/{quote(run_id, safe='')}/approve"
+        return f"{self.api_url.rstrip('/')}{path}" if self.api_url else path
+
+
+@dataclass(frozen=True)
 class DashboardServices:
     """What the pages read: the runs through a client, and the approval desk, which signs the
-    operator's link to a pending approval's page (it opens nothing)."""
+    operator's link to a pending approval's page (it opens nothing); on a deployed stack's
+    tables no desk, and the stack they belong to."""
 
     client: Client
-    desk: ApprovalDesk
+    desk: ApprovalDesk | None
     operator: str
     mailbox: Mailbox | None = None
     """The runs' mailboxes, to count the events a waiting run has not taken yet."""
+    deployed: Deployed | None = None
 
 
 # --- what the pages show ---------------------------------------------------------------------
@@ -94,7 +122,11 @@ class PendingApproval:
     prompt: str
     expires_at: datetime
     link: str | None
-    """The operator's signed link to the approval page; None once the request has expired."""
+    """The operator's signed link to the approval page; None once the request has expired,
+    and on a deployed stack (`on_stack`)."""
+    on_stack: str | None = None
+    """A deployed stack's run: the stack's own route that decides it (its runs API's
+    approve), for a caller with the stack's rights; the dashboard signs no link."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +147,9 @@ class Timeline:
     time (None: not counted)."""
     children: Sequence[Run] = ()
     """The child runs its steps started (`start_runs`), where each stands now."""
+    total: int | None = None
+    """The run's checkpoint versions in all (its head's version), of which `checkpoints` are
+    the newest; None: `checkpoints` are all of them."""
 
 
 @dataclass(frozen=True)
@@ -231,14 +266,17 @@ def _step_number(text: str) -> int:
 
 
 def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
-    """Everything the run's page shows, read and never written."""
-    client, desk = services.client, services.desk
-    head = client.head(run_id)
-    checkpoints = client.history(run_id)
+    """Everything the run's page shows, read and never written: the head, the last
+    `MAX_TIMELINE_ROWS` checkpoints (one bounded read, however long the run), the run's
+    approval requests and the children those checkpoints started."""
+    client, desk, deployed = services.client, services.desk, services.deployed
+    recent: Recent = client.recent(run_id, last=MAX_TIMELINE_ROWS)
+    head, checkpoints = recent.head, recent.checkpoints
     attempts = {
         c.version: c.attempt for c in checkpoints if c.event == "step" and c.attempt is not None
     }
-    approvals = desk.book.of_run(run_id)
+    book = deployed.book if deployed is not None else _desk(desk).book
+    approvals = book.of_run(run_id)
     waiting = head.status is RunStatus.WAITING and head.waiting is not None
     for_person = waiting and head.waiting is not None and head.waiting.kind == "person"
     pending_events = None
@@ -248,12 +286,15 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
     pending = None
     if for_person and open_now:
         approval = open_now[-1]
-        expired = approval.is_expired(desk.clock())
+        expired = approval.is_expired(desk.clock() if desk is not None else utcnow())
         pending = PendingApproval(
             step=approval.step,
             prompt=head.waiting.request.prompt if head.waiting else approval.prompt,
             expires_at=approval.expires_at,
-            link=None if expired else desk.link(approval, services.operator),
+            link=None
+            if expired or deployed is not None
+            else _desk(desk).link(approval, services.operator),
+            on_stack=None if expired or deployed is None else deployed.approve_route(run_id),
         )
     return Timeline(
         run=Run.of(head),
@@ -264,8 +305,14 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
         pending=pending,
         waits_without_request=for_person and not open_now,
         mailbox_pending=pending_events,
-        children=client.children(run_id),
+        children=recent.children,
+        total=head.version,
     )
+
+
+def _desk(desk: ApprovalDesk | None) -> ApprovalDesk:
+    assert desk is not None, "a local store's dashboard has its approval desk"
+    return desk
 
 
 # --- HTML ------------------------------------------------------------------------------------
@@ -295,7 +342,7 @@ text-decoration:none;color:#1d2330}.count.on{background:#1d2330;color:#fff}
 .s-damaged{background:#fce8e6}
 tr.retried td{background:#fff8e1}tr.failed td{background:#fdecea}tr.gap td{color:#5b6475}
 .banner{padding:12px 14px;border-radius:6px;margin:12px 0;font-size:14px}
-.info{background:#e8f0fe}.bad{background:#fce8e6}
+.info{background:#e8f0fe}.bad{background:#fce8e6}.stack{background:#fff4d6}
 a.button{display:inline-block;background:#1e7e34;color:#fff;padding:7px 16px;border-radius:6px;
 text-decoration:none;font-weight:600}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;font-size:14px;margin:8px 0}
@@ -500,6 +547,16 @@ def _pending(timeline: Timeline) -> str:
     pending = timeline.pending
     if pending is None:
         return ""
+    if pending.on_stack is not None:
+        return (
+            "<h2>Waiting for a person</h2>"
+            f"<div class='banner info' id='pending' data-route='{e(pending.on_stack)}'>"
+            f"<p>Step {pending.step} asks: <b>{e(pending.prompt)}</b></p>"
+            "<p>Decided on the stack, never here: the signed link the stack sent (email or "
+            "Slack) opens its approval page, or a caller with the stack's rights sends "
+            f"<code>POST {e(pending.on_stack)}</code> (IAM-signed). It expires "
+            f"{_time(pending.expires_at)}.</p></div>"
+        )
     if pending.link is None:
         return (
             f"<div class='banner bad'>The request at step {pending.step} expired at "
@@ -612,12 +669,24 @@ def _timeline_rows(timeline: Timeline) -> str:
 
 
 def _older_note(timeline: Timeline) -> str:
-    total = len(timeline.checkpoints)
-    if total <= MAX_TIMELINE_ROWS:
-        return ""
+    shown = len(timeline.checkpoints)
+    if timeline.total is None:
+        if shown <= MAX_TIMELINE_ROWS:
+            return ""
+        said = f"The last {MAX_TIMELINE_ROWS:,} of {shown:,} checkpoints."
+    else:
+        # Only the newest were read: the head's version says how far the run went (it counts
+        # attempts too, which write no checkpoint).
+        first = timeline.checkpoints[0].version if timeline.checkpoints else 1
+        if first <= 1:
+            return ""
+        said = (
+            f"The last {shown:,} checkpoints (versions {first:,} to {timeline.total:,}); the "
+            "charts are of these."
+        )
     run_id = e(timeline.run.run_id)
     return (
-        f"<p class='note' id='older'>The last {MAX_TIMELINE_ROWS:,} of {total:,} checkpoints. "
+        f"<p class='note' id='older'>{said} "
         f"<code>ratchet history {run_id}</code> (or <code>GET /runs/{run_id}/history</code>) "
         "lists every one.</p>"
     )
@@ -855,3 +924,35 @@ def local_app(
     (the server answers one request at a time), and the runs' mailboxes."""
     services = DashboardServices(client=client, desk=desk, operator=operator, mailbox=mailbox)
     return build_app(lambda: services)
+
+
+def deployed_app(
+    client: Client, deployed: Deployed, *, mailbox: Mailbox | None = None
+) -> APIGatewayRestResolver:
+    """The dashboard on a deployed stack's tables, read from this machine: no approval desk
+    (a waiting run names the stack's own approval route), and every page under a banner that
+    names the stack, account and region it reads."""
+    services = DashboardServices(
+        client=client, desk=None, operator="", mailbox=mailbox, deployed=deployed
+    )
+    app = build_app(lambda: services)
+    banner = stack_banner(deployed)
+
+    def with_banner(app: APIGatewayRestResolver, next_middleware: NextMiddleware) -> Response[Any]:
+        response = next_middleware(app)
+        if isinstance(response.body, str):
+            response.body = response.body.replace("<main>", f"<main>{banner}", 1)
+        return response
+
+    app.use(middlewares=[with_banner])
+    return app
+
+
+def stack_banner(deployed: Deployed) -> str:
+    stack = e(deployed.stack) if deployed.stack else "a stack whose name its tags do not give you"
+    return (
+        f"<div class='banner stack' id='stack'>Read-only, from the tables of <b>{stack}</b> in "
+        f"account <b>{e(deployed.account)}</b> ({e(deployed.region)}; table "
+        f"<code>{e(deployed.table)}</code>), with your AWS credentials. Runs are started, "
+        "decided and steered through the stack's API.</div>"
+    )

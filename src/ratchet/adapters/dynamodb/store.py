@@ -244,12 +244,18 @@ class DynamoDbCheckpointStore:
             return None
         found, records = items[0], items[1:]
         static = found.get("static")
-        state = stored.load_head(
-            found["state"]["S"],
-            static["S"] if static else None,
-            version=int(found["version"]["N"]),
-            attempts=int(found["attempts"]["N"]),
-        )
+        try:
+            state = stored.load_head(
+                found["state"]["S"],
+                static["S"] if static else None,
+                version=int(found["version"]["N"]),
+                attempts=int(found["attempts"]["N"]),
+            )
+        except (ValueError, TypeError, KeyError) as error:
+            # The run's own damage, named as the SQLite store names it: the other runs, and
+            # the pages that list them, go on.
+            reason = " ".join(str(error).split())[:200]
+            raise RunUnreadable(run_id, f"its stored state is damaged ({reason})") from None
         if state.step == 0:
             return state  # no step yet: no window
         first = stored.window_start(state)
@@ -417,6 +423,36 @@ class DynamoDbCheckpointStore:
             ConsistentRead=True,
         )
         return [_checkpoint(item) for page in pages for item in page.get("Items", [])]
+
+    @translated_errors
+    def last_checkpoints(self, run_id: str, *, limit: int) -> list[StoredCheckpoint]:
+        """One Query of the run's partition from its newest record back, `limit` items at
+        most: read on only where DynamoDB cut a page at 1 MB before `limit` records."""
+        query: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#run_id = :run_id AND #sk BETWEEN :first AND :last",
+            "ExpressionAttributeNames": {"#run_id": "run_id", "#sk": "sk"},
+            "ExpressionAttributeValues": {
+                ":run_id": text_attribute(run_id),
+                ":first": text_attribute(checkpoint_sk(1)),
+                ":last": text_attribute(checkpoint_sk(LAST_VERSION)),
+            },
+            "ScanIndexForward": False,
+            "ConsistentRead": True,
+        }
+        items: list[Any] = []
+        start: Any = None
+        while len(items) < limit:
+            page = self._client.query(
+                **query,
+                Limit=limit - len(items),
+                **({"ExclusiveStartKey": start} if start else {}),
+            )
+            items.extend(page.get("Items", []))
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                break
+        return [_checkpoint(item) for item in reversed(items)]
 
     @translated_errors
     def index_unlisted(self, *, dry_run: bool = False) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -249,6 +250,19 @@ class SqliteCheckpointStore:
                 "FROM checkpoints WHERE run_id = ? AND version > ? ORDER BY version",
                 (run_id, after),
             ).fetchall()
+        return self._checkpoints(run_id, rows)
+
+    def last_checkpoints(self, run_id: str, *, limit: int) -> list[StoredCheckpoint]:
+        with _damage_of(run_id, "its step records are damaged"):
+            rows = self._db.connection.execute(
+                "SELECT version, step, status, worker_id, bytes, created_at, event "
+                "FROM checkpoints WHERE run_id = ? ORDER BY version DESC LIMIT ?",
+                (run_id, limit),
+            ).fetchall()
+        return self._checkpoints(run_id, rows[::-1])
+
+    @staticmethod
+    def _checkpoints(run_id: str, rows: list[Any]) -> list[StoredCheckpoint]:
         checkpoints = []
         for version, step, status, worker_id, size, created_at, event in rows:
             try:
