@@ -42,11 +42,13 @@ unit: $(VENV)/.synced $(NODE_TOOLS) $(CHROMIUM)
 	$(VENV)/bin/pytest -n 2 --durations=15
 
 # Retakes the README's pictures from the browser tests: the approval page (docs/approval-page.png)
-# and the runs dashboard (docs/dashboard-runs.png, docs/dashboard-run.png).
+# and the runs dashboard (docs/dashboard-runs.png, docs/dashboard-run.png), on a deployed stack's
+# tables too (docs/dashboard-deployed-runs.png, docs/dashboard-deployed-run.png).
 screenshot: $(VENV)/.synced $(CHROMIUM)
 	RATCHET_SCREENSHOT=docs/approval-page.png $(VENV)/bin/pytest -q \
 		tests/e2e/test_approval_browser.py -k approving
-	RATCHET_SCREENSHOT_DIR=docs $(VENV)/bin/pytest -q tests/e2e/test_dashboard_browser.py
+	RATCHET_SCREENSHOT_DIR=docs $(VENV)/bin/pytest -q tests/e2e/test_dashboard_browser.py \
+		tests/e2e/test_dashboard_deployed_browser.py
 
 bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.step_cost

@@ -219,10 +219,10 @@ def _work(runtime: AwsRuntime, run_id: str, *, steps: int = 30) -> Outcome:
     return outcome
 
 
-def make_runs(stack: Stack) -> None:
+def make_runs(stack: Stack, *, many: bool) -> None:
     """A run in every status (`done-1`, `running-1`, `failed-1`, `stopped-1`, `cancelled-1`,
-    `wait-1` waiting for a person with its request open), a damaged head, a long run
-    (`long-1`) and `SMALL_RUNS` small ones."""
+    `wait-1` waiting for a person with its request open) and a damaged head; with `many`, a
+    long run (`long-1`) and `SMALL_RUNS` small ones too."""
     runtime, engine = stack.runtime, stack.runtime.engine(worker_id="api", logger=LOG)
     _start(runtime, "done-1")
     assert _work(runtime, "done-1") is Outcome.WAITING
@@ -260,6 +260,13 @@ def make_runs(stack: Stack) -> None:
     damaged["status"] = text_attribute("exploded")
     damaged["state"] = text_attribute("{not json")
     stack.client.put_item(TableName=SETTINGS.checkpoints_table, Item=damaged)
+    statuses = {
+        run_id: getattr(runtime.store.load_head(run_id), "status", None)
+        for run_id in ("done-1", "running-1", "failed-1", "stopped-1", "cancelled-1", "wait-1")
+    }
+    assert set(statuses.values()) == set(RunStatus), statuses
+    if not many:
+        return
     seed_runs(
         stack.client,
         table=SETTINGS.checkpoints_table,
@@ -270,15 +277,10 @@ def make_runs(stack: Stack) -> None:
     items = list(_run_items("long-1", 1, LONG_STEPS, _step_records("long-1", LONG_STEPS, now), now))
     for first in range(0, len(items), 25):
         _write(stack.client, SETTINGS.checkpoints_table, items[first : first + 25])
-    statuses = {
-        run_id: getattr(runtime.store.load_head(run_id), "status", None)
-        for run_id in ("done-1", "running-1", "failed-1", "stopped-1", "cancelled-1", "wait-1")
-    }
-    assert set(statuses.values()) == set(RunStatus), statuses
 
 
 @contextmanager
-def deployed_stack() -> Iterator[Stack]:
+def deployed_stack(*, many: bool = True) -> Iterator[Stack]:
     with counting_moto() as (endpoint, calls):
         client = boto3.client(
             "dynamodb",
@@ -294,7 +296,7 @@ def deployed_stack() -> Iterator[Stack]:
             ResourceArn=arn, Tags=[{"Key": "aws:cloudformation:stack-name", "Value": STACK}]
         )
         stack = Stack(endpoint, client, AwsRuntime(SETTINGS, client), calls)
-        make_runs(stack)
+        make_runs(stack, many=many)
         calls.take()
         yield stack
 
