@@ -310,11 +310,17 @@ class Served:
 
 @contextmanager
 def serve(stack: Stack, log: Path, *args: str, **extra: str) -> Iterator[Served]:
-    """`ratchet serve` on the stack's tables, as a process of its own; stopped on the way out."""
+    """`ratchet serve` on the stack's tables, as a process of its own in the log's folder;
+    stopped on the way out."""
     argv = [*RATCHET, "--store", stack.url(), "serve", "--port", "0", *args]
     with log.open("w") as output:
         process = subprocess.Popen(
-            argv, env=env(**extra), stdout=output, stderr=subprocess.STDOUT, text=True
+            argv,
+            env=env(**extra),
+            cwd=log.parent,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
     try:
         deadline = time.monotonic() + SERVE_PATIENCE

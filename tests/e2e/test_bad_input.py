@@ -1199,6 +1199,34 @@ PROJECT_CATALOGUE: list[FolderCase] = [
         env=TEST_CREDENTIALS,
         line="table 'other' is not a Ratchet checkpoints table: its keys are id, not run_id and sk",
     ),
+    folder_case(
+        "serve-deployed-without-credentials",
+        "--store",
+        STACK,
+        "serve",
+        line="no AWS credentials: ratchet serve reads the stack's tables with yours (set "
+        "AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or aws sso login)",
+    ),
+    folder_case(
+        "serve-deployed-no-such-table",
+        "--store",
+        STACK.replace("runs?", "missing?") + "&endpoint={endpoint}",
+        "serve",
+        folder="moto",
+        env=TEST_CREDENTIALS,
+        line="no table 'missing' in this account and region: give the stack's StoreUrl output "
+        "as --store (and its region, in the URL or AWS_REGION)",
+    ),
+    folder_case(
+        "serve-deployed-a-table-not-ratchets",
+        "--store",
+        STACK.replace("runs?", "other?") + "&endpoint={endpoint}",
+        "serve",
+        folder="moto",
+        env=TEST_CREDENTIALS,
+        line="table 'other' has no runs-by-status index: it is not a Ratchet checkpoints table; "
+        "give the stack's StoreUrl output as --store",
+    ),
 ]
 
 

@@ -91,11 +91,15 @@ def _stack_of(client: DynamoDBClient, arn: str) -> str | None:
 def _refusal(error: ClientError, table: str) -> StoreUnavailable:
     code = error_code(error)
     operation = error.operation_name
-    if code == "ResourceNotFoundException":
-        what = "table" if operation == "DescribeTable" else "runs index of table"
+    if code == "ResourceNotFoundException" and operation == "DescribeTable":
         return StoreUnavailable(
-            f"no {what} {table!r} in this account and region: give the stack's StoreUrl "
+            f"no table {table!r} in this account and region: give the stack's StoreUrl "
             "output as --store (and its region, in the URL or AWS_REGION)"
+        )
+    if operation == "Query" and code in ("ValidationException", "ResourceNotFoundException"):
+        return StoreUnavailable(
+            f"table {table!r} has no {RUNS_INDEX.name} index: it is not a Ratchet checkpoints "
+            "table; give the stack's StoreUrl output as --store"
         )
     if code in _CREDENTIALS_REFUSED:
         return StoreUnavailable(f"AWS refused your credentials ({code}): sign in again")
