@@ -212,14 +212,20 @@ def _write_routes() -> list[tuple[str, str]]:
         for method in methods
         if method != "get"
     ]
-    return [*found, ("PUT", "/runs/wait-1"), ("DELETE", "/runs/wait-1"), ("POST", "/dashboard")]
+    return [
+        *found,
+        ("PUT", "/runs/wait-1"),
+        ("PATCH", "/runs/wait-1"),
+        ("DELETE", "/runs/wait-1"),
+        ("POST", "/dashboard"),
+    ]
 
 
 def test_every_write_is_refused_before_any_route_and_nothing_is_written(stack, served):
     before = stack.everything()
     stack.calls.take()
     routes = _write_routes()
-    assert {m for m, _ in routes} == {"POST", "PUT", "DELETE"}
+    assert {m for m, _ in routes} == {"POST", "PUT", "PATCH", "DELETE"}
     assert len(routes) >= 14
 
     for method, path in routes:
@@ -232,7 +238,7 @@ def test_every_write_is_refused_before_any_route_and_nothing_is_written(stack, s
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(asked, timeout=60)
         assert refused.value.code == 405, (method, path)
-        assert refused.value.headers["Allow"] == "GET, HEAD"
+        assert refused.value.headers["Allow"] == "GET"
         error = json.loads(refused.value.read())["error"]
         assert "changes nothing" in error, error
         assert API_URL in error, error

@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ratchet.client import Checkpoint, Run, UsageTotals
+from ratchet.client import Checkpoint, Run, UsageTotals, Wait
 from ratchet.state import RunState, RunStatus
 from ratchet.web.dashboard import (
     MAX_CHART_POINTS,
@@ -379,3 +379,53 @@ def test_the_usage_line_counts_its_model_calls_in_words(calls, said):
     page = run_page(timeline)
 
     assert f"cache read {said}<" in page
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "on_the_stack", "local_only"),
+    [
+        (
+            "event",
+            "ci-finished",
+            "<code>POST /runs/r1/events/ci-finished</code> on the stack",
+            "ratchet send",
+        ),
+        ("timer", None, "<code>POST /runs/r1/wake</code> on the stack", "ratchet wake"),
+    ],
+)
+def test_a_deployed_runs_wait_is_settled_through_the_stacks_api(
+    kind, name, on_the_stack, local_only
+):
+    run = _run(
+        status=RunStatus.WAITING,
+        wait=Wait(
+            kind=kind, step=2, since=NOW, prompt="", name=name, until=None, answer_schema=None
+        ),
+    )
+    timeline = Timeline(
+        run=run, checkpoints=[], attempts={}, gaps=[], approvals=[], pending=None, on_stack=True
+    )
+
+    page = run_page(timeline)
+
+    assert on_the_stack in page
+    assert local_only not in page, "a command that refuses a dynamodb:// store"
+
+
+def test_a_deployed_run_waiting_with_no_request_open_names_no_local_command():
+    run = _run(status=RunStatus.WAITING)
+    timeline = Timeline(
+        run=run,
+        checkpoints=[],
+        attempts={},
+        gaps=[],
+        approvals=[],
+        pending=None,
+        waits_without_request=True,
+        on_stack=True,
+    )
+
+    page = run_page(timeline)
+
+    assert "the stack's notify function opens one" in page
+    assert "ratchet link" not in page

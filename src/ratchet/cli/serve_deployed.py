@@ -45,7 +45,8 @@ def serve_deployed(host: str, port: int) -> None:
     api_url = chosen.public_url if chosen.public_url_set else None
     runs, deployed = deployed_read_services(runtime, seen, logger=cli_logger(), api_url=api_url)
     runs_app = build_runs_app(lambda: runs)
-    routes = [("/runs", runs_app), ("/dashboard", deployed_app(runs.client, deployed))]
+    dashboard = deployed_app(runs.client, deployed, mailbox=runtime.mailbox())
+    routes = [("/runs", runs_app), ("/dashboard", dashboard)]
     token_path = Path(".ratchet") / f"{seen.table}.serve-token"
     token = None if is_local(host) else token_file(token_path)
     bearer = BearerToken(token, DEPLOYED_ROUTES) if token is not None else None

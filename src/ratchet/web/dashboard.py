@@ -150,6 +150,8 @@ class Timeline:
     total: int | None = None
     """The run's checkpoint versions in all (its head's version), of which `checkpoints` are
     the newest; None: `checkpoints` are all of them."""
+    on_stack: bool = False
+    """Read from a deployed stack's tables: what settles a wait goes through the stack's API."""
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,7 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
         mailbox_pending=pending_events,
         children=recent.children,
         total=head.version,
+        on_stack=deployed is not None,
     )
 
 
@@ -514,14 +517,25 @@ def _waiting_for_the_world(timeline: Timeline) -> str:
     )
     if wait.kind == "timer":
         until = f"until <b>{_time(wait.until)}</b>" if wait.until else "(no time set)"
+        wake = (
+            f"<code>POST /runs/{run_id}/wake</code> on the stack's API"
+            if timeline.on_stack
+            else f"<code>ratchet wake {run_id}</code> or <code>POST /runs/{run_id}/wake</code>"
+        )
+        resumes = "its execution" if timeline.on_stack else "a worker"
         return (
             "<h2>Sleeping</h2>"
             f"<div class='banner info' id='waiting' data-kind='timer'><p>Step {wait.step} "
-            f"sleeps {until}; a worker resumes the run then.</p>{mailbox}"
-            f"<p class='note'>Wake it now: <code>ratchet wake {run_id}</code> or "
-            f"<code>POST /runs/{run_id}/wake</code>.</p></div>"
+            f"sleeps {until}; {resumes} resumes the run then.</p>{mailbox}"
+            f"<p class='note'>Wake it now: {wake}.</p></div>"
         )
     name = e(wait.name or "")
+    send = (
+        f"<code>POST /runs/{run_id}/events/{name}</code> on the stack's API"
+        if timeline.on_stack
+        else f"<code>ratchet send {run_id} {name} --data JSON</code> or "
+        f"<code>POST /runs/{run_id}/events/{name}</code>"
+    )
     expiry = (
         f"until <b>{_time(wait.until)}</b>, then it goes on without it"
         if wait.until
@@ -531,13 +545,18 @@ def _waiting_for_the_world(timeline: Timeline) -> str:
         "<h2>Waiting for an event</h2>"
         f"<div class='banner info' id='waiting' data-kind='event'><p>Step {wait.step} waits "
         f"for the event <b>{name}</b> {expiry}.</p>{mailbox}"
-        f"<p class='note'>Send it: <code>ratchet send {run_id} {name} --data JSON</code> or "
-        f"<code>POST /runs/{run_id}/events/{name}</code>.</p></div>"
+        f"<p class='note'>Send it: {send}.</p></div>"
     )
 
 
 def _pending(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
+    if timeline.waits_without_request and timeline.on_stack:
+        return (
+            "<div class='banner info'>The run waits for a person, but no request is open yet: "
+            "the stack's notify function opens one, and sends its link, when the run's "
+            "execution parks on it.</div>"
+        )
     if timeline.waits_without_request:
         return (
             "<div class='banner info'>The run waits for a person, but no request is open yet "

@@ -1,8 +1,9 @@
 """`ratchet serve` on a deployed stack's tables: the dashboard and the runs API's reads, and
 nothing that writes.
 
-The refusal is made here, in front of every route, on the request's method alone: a `POST`,
-`PUT`, `PATCH` or `DELETE` never reaches an app, so no route (one added later included) can
+The refusal is made here, in front of every route, on the request's method alone: anything
+but a `GET` (a `POST`, `PUT`, `PATCH`, `DELETE`; a `HEAD`, which no route answers) never
+reaches an app, so no route (one added later included) can
 write to the stack's tables from a laptop. Runs are started, decided and steered on the stack
 itself: its API, its signed links, Slack.
 """
@@ -15,14 +16,14 @@ from typing import Any
 
 from werkzeug.wrappers import Response
 
-READ_METHODS = frozenset({"GET", "HEAD"})
+READ_METHODS = frozenset({"GET"})
 
 WsgiApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
 
 
 def read_only(application: WsgiApp, *, api: str) -> WsgiApp:
-    """`application`, with every method but GET and HEAD refused (405, JSON, `Allow`) before
-    it is read further; `api` names where such a request goes instead."""
+    """`application`, with every method but GET refused (405, JSON, `Allow: GET`) before it
+    is read further; `api` names where such a request goes instead."""
 
     def answer(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET").upper() in READ_METHODS:
@@ -35,7 +36,7 @@ def read_only(application: WsgiApp, *, api: str) -> WsgiApp:
             json.dumps({"error": error, "problems": []}),
             status=405,
             content_type="application/json",
-            headers={"Allow": "GET, HEAD", "Cache-Control": "no-store"},
+            headers={"Allow": "GET", "Cache-Control": "no-store"},
         )
         return refusal(environ, start_response)
 
