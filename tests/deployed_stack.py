@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -155,8 +156,14 @@ def counting_moto() -> Iterator[tuple[str, Calls]]:
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    # moto's state is the process's: another test of this process may have left tables of
+    # the same names behind.
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST")
+    with urllib.request.urlopen(reset, timeout=30) as answer:
+        assert answer.status == 200
     try:
-        yield f"http://127.0.0.1:{server.server_port}", calls
+        yield endpoint, calls
     finally:
         server.shutdown()
         server.server_close()
