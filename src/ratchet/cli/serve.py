@@ -97,14 +97,35 @@ def serve(
         raise
     try:
         token = None if is_local(host) else runtime.serve_token()
-        _serve(runtime, listening, host=host, token=token, work=work, agents=agents)
+        # The feeds and long polls read on their connections' threads, each thread with a
+        # store connection of its own (the routes' one connection serves the app's thread).
+        readers = LocalRuntime.open(chosen, create=False)
+        try:
+            _serve(
+                runtime,
+                listening,
+                host=host,
+                token=token,
+                work=work,
+                agents=agents,
+                readers=readers,
+            )
+        finally:
+            readers.close()
     finally:
         listening.close()  # served and closed by now, unless the token was refused
         runtime.close()
 
 
 def _serve(
-    runtime: Any, listening: Any, *, host: str, token: str | None, work: bool, agents: Any
+    runtime: Any,
+    listening: Any,
+    *,
+    host: str,
+    token: str | None,
+    work: bool,
+    agents: Any,
+    readers: Any,
 ) -> None:
     from ratchet.approvals.pages import RESUMES
     from ratchet.runtime.hooks import local_hooks
@@ -112,10 +133,11 @@ def _serve(
     from ratchet.runtime.serving import ServeWorker
     from ratchet.web.approvals import build_app
     from ratchet.web.dashboard import local_app as dashboard_app
+    from ratchet.web.feed import FeedStreams, HistoryWaits
     from ratchet.web.hooks import BODY_LIMIT, Throttle
     from ratchet.web.hooks import build_app as build_hooks_app
     from ratchet.web.runs import build_app as build_runs_app
-    from ratchet.web.serve import BearerToken, listening_url, serve_on
+    from ratchet.web.serve import BearerToken, OffThread, listening_url, serve_on
 
     logger = cli_logger()
     services = approval_services(
@@ -149,7 +171,10 @@ def _serve(
     hooks = local_hooks(runtime).services(hook_desk, logger=logger, throttle=Throttle())
     routes.append(("/hooks/", build_hooks_app(lambda: hooks)))
     bearer = BearerToken(token, GUARDED_ROUTES) if token is not None else None
-    httpd = serve_on(listening, routes, body_limits=[BODY_LIMIT], bearer=bearer)
+    off_thread: list[OffThread] = [FeedStreams(readers.store), HistoryWaits(readers.store)]
+    httpd = serve_on(
+        listening, routes, body_limits=[BODY_LIMIT], bearer=bearer, off_thread=off_thread
+    )
     base = listening_url(host, httpd.server_port)
     out.print(f"Serving approvals on {base}")
     out.print(f"The runs dashboard: {base}/dashboard")
