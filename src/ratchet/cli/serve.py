@@ -188,6 +188,7 @@ def _serve(
             markup=False,
         )
         say(f"The token is in {runtime.serve_token_file} (owner-only; kept for the next start)")
+    sender = _webhooks(runtime)
     stopped: list[BaseException | None] = []
 
     def on_stopped(failure: BaseException | None) -> None:
@@ -207,6 +208,8 @@ def _serve(
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        if sender is not None:
+            sender.start()
         if worker is not None:
             worker.start()
             say(
@@ -219,6 +222,8 @@ def _serve(
         pass
     finally:
         httpd.server_close()
+        if sender is not None:
+            sender.stop()
         if worker is not None and not worker.stop():
             say(
                 "A step was still running: its lease lapses and the next worker resumes the "
@@ -229,6 +234,27 @@ def _serve(
         reason = f"{type(stopped[0]).__name__}: {stopped[0]}" if stopped[0] else "it stopped"
         say(f"ratchet serve stops: its worker stopped ({reason})", console=err)
         raise typer.Exit(1)
+
+
+def _webhooks(runtime: Any) -> Any:
+    """The sender of the webhooks of RATCHET_WEBHOOKS, said on the banner; None if there are
+    none."""
+    from ratchet.runtime.webhooks import open_sender, webhook_secret_file
+
+    urls = runtime.settings.webhooks
+    if not urls:
+        return None
+    sender = open_sender(runtime)
+    secret = (
+        "RATCHET_WEBHOOK_SECRET"
+        if runtime.settings.webhook_secret
+        else str(webhook_secret_file(runtime))
+    )
+    say(
+        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)}, signed with "
+        f"the secret in {secret} (ratchet deliveries lists them)"
+    )
+    return sender
 
 
 def _announce(runtime: Any, run_id: str) -> None:
