@@ -338,14 +338,15 @@ def hold_until_written(
         return
     stop = stopping or threading.Event()
     deadline = time.monotonic() + seconds
+    # The caller has just read after `after` and found nothing: the first read is a poll on.
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or stop.wait(min(poll, left)):
+            return
         try:
             if store.list_checkpoints(run_id, after=after):
                 return
         except StoreBusy:
             pass  # read again at the next poll
         except RatchetError:
-            return
-        left = deadline - time.monotonic()
-        if left <= 0 or stop.wait(min(poll, left)):
             return

@@ -12,10 +12,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +198,44 @@ def test_the_feed_refuses_what_it_cannot_follow_and_writes_nothing(store):
     assert too_long[0] == 400
     assert [p["field"] for p in json.loads(too_long[1])["problems"]] == ["wait"]
     assert (store.ok("history", "m2", "--json"), store.ok("list", "--json")) == before
+
+
+def test_the_feed_carries_each_commit_within_its_poll(store):
+    store.ok("run", "--scenario", "migration", "--batches", "1", "--run-id", "m3")
+    port = _free_port()
+    server = store.serve(port, "serve.log")
+    received: list[tuple[float, dict[str, Any]]] = []
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/runs/m3/feed", headers={"Last-Event-ID": "0"}
+        )
+        with urllib.request.urlopen(request, timeout=PATIENCE) as stream:
+            reader = threading.Thread(target=_read_events, args=(stream, received))
+            reader.start()
+            _until("the wait is read", lambda: any(e["type"] == "waiting" for _, e in received))
+            store.ok("approve", "m3", "--comment", "ok")
+            store.ok("worker", "--until-idle")
+            reader.join(PATIENCE)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=PATIENCE)
+
+    assert received[-1][1]["type"] == "done"
+    # The events written while the feed was open: those after the wait it found first.
+    parked = next(i for i, (_, e) in enumerate(received) if e["type"] == "waiting")
+    after_wait = received[parked + 1 :]
+    latencies = [at - datetime.fromisoformat(e["at"]).timestamp() for at, e in after_wait]
+    assert max(latencies) < 2.0
+    print(
+        f"commit to feed event: max {max(latencies) * 1000:.0f} ms, "
+        f"median {sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms over {len(latencies)}"
+    )
+
+
+def _read_events(stream: Any, received: list[tuple[float, dict[str, Any]]]) -> None:
+    for raw in stream:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("data: ") and '"run_id"' in line:
+            received.append((time.time(), json.loads(line[len("data: ") :])))
+        if line.startswith("event: end"):
+            return
