@@ -7,7 +7,7 @@ than the server holds is refused with 503 until one closes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,9 @@ def _app(streams: FeedStreams) -> Any:
     return application
 
 
-def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
+def _lines(chunks: Iterable[bytes] | Iterable[str]) -> Iterator[str]:
     for chunk in chunks:
-        yield from chunk.decode().split("\n")
+        yield from (chunk.decode() if isinstance(chunk, bytes) else chunk).split("\n")
 
 
 def test_the_stream_sends_events_keep_alives_and_its_end(client, tmp_path):
