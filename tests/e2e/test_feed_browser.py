@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -74,20 +75,20 @@ class Store:
         assert done.returncode == 0, (args, done.stdout, done.stderr)
         return done.stdout
 
-    def serve(self, port: int, log: str) -> subprocess.Popen[str]:
-        """`ratchet serve --no-worker` on `port`, once it listens."""
+    def serve(self, port: int, log: str, host: str = "127.0.0.1") -> subprocess.Popen[str]:
+        """`ratchet serve --no-worker` on `host:port`, once it listens."""
         out = self.root / log
         with out.open("w") as output:
             process = subprocess.Popen(
-                [str(RATCHET), "serve", "--no-worker", "--port", str(port)],
-                env=self.env | {"RATCHET_PUBLIC_URL": f"http://127.0.0.1:{port}"},
+                [str(RATCHET), "serve", "--no-worker", "--host", host, "--port", str(port)],
+                env=self.env | {"RATCHET_PUBLIC_URL": f"http://{host}:{port}"},
                 cwd=self.root,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
         deadline = time.monotonic() + SERVER_START_SECONDS
-        while not ("Serving approvals on" in out.read_text() and _accepts_connections(port)):
+        while not ("Serving approvals on" in out.read_text() and _listens(host, port)):
             assert process.poll() is None, out.read_text()
             assert time.monotonic() < deadline, f"ratchet serve did not listen: {out.read_text()}"
             time.sleep(0.05)
@@ -162,6 +163,52 @@ def test_a_browser_follows_a_run_to_its_end_through_a_restart_of_serve(store, br
         "step",
         "done",
     ]
+
+
+def _listens(host: str, port: int) -> bool:
+    if host == "127.0.0.1":
+        return _accepts_connections(port)
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_off_loopback_the_feed_and_the_long_poll_take_the_runs_apis_token(store):
+    if not _can_bind("127.0.0.2"):
+        pytest.skip("127.0.0.2 cannot be bound here")
+    store.ok("run", "--scenario", "migration", "--batches", "1", "--run-id", "m4")
+    store.ok("approve", "m4")
+    store.ok("worker", "--until-idle")
+    port = _free_port()
+    base = f"http://127.0.0.2:{port}"
+    server = store.serve(port, "serve.log", host="127.0.0.2")
+    try:
+        token = (store.root / "ratchet.serve-token").read_text().strip()
+        refused = [_get(f"{base}{path}") for path in ("/runs/m4/feed", "/runs/m4/history?wait=1")]
+        wrong = _get(f"{base}/runs/m4/feed", Authorization="Bearer not-the-token")
+        held = _get(f"{base}/runs/m4/history?after=0&wait=1", Authorization=f"Bearer {token}")
+        fed = _get(f"{base}/runs/m4/feed", Authorization=f"Bearer {token}")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=PATIENCE)
+
+    assert [status for status, _ in refused] == [401, 401]
+    assert wrong[0] == 401
+    assert held[0] == 200
+    assert json.loads(held[1])["checkpoints"]
+    assert fed[0] == 200
+    assert fed[1].endswith('event: end\ndata: {"status": "done"}\n\n')
+
+
+def _can_bind(host: str) -> bool:
+    try:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+    except OSError:
+        return False
+    return True
 
 
 def _get(url: str, **headers: str) -> tuple[int, str]:
