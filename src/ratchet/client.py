@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, cast
@@ -46,8 +46,10 @@ from ratchet.errors import (
     ScheduleInvalid,
     ScheduleNotFound,
     SchedulesNotKept,
+    StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.feed import ENDED, FeedBatch, FeedCursor, FeedEvent
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
 from ratchet.runs import (
@@ -101,6 +103,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "EventSent",
+    "FeedEvent",
     "HookOpened",
     "Run",
     "RunListed",
@@ -115,6 +118,12 @@ SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
 """Where `run` and `wait` stop by default: nothing more happens without someone."""
 DEFAULT_WAIT_SECONDS = 60.0
 DEFAULT_POLL_SECONDS = 0.1
+FOLLOW_POLL_SECONDS = 0.2
+"""How often `follow` reads the run's records while nothing new is there: one range read
+(on DynamoDB, a Query of about one read unit)."""
+FOLLOW_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+"""How long `follow` waits before reading again after the store turned a read away for now
+(throttled, a dropped connection): then every 5 s, for as long as it takes."""
 
 
 class AnswerModel(BaseModel):
@@ -730,6 +739,57 @@ class Client:
                 raise WaitTimedOut(run, wanted, timeout)
             time.sleep(poll)
 
+    def follow(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        until: Collection[RunStatus | str] = ENDED,
+        poll: float = FOLLOW_POLL_SECONDS,
+        timeout: float | None = None,
+    ) -> Iterator[FeedEvent]:
+        """The run's feed (`ratchet.feed`): each event once, in order, from after the event
+        `after` (an id a feed gave; None: from the run's start), as the run writes them; it
+        ends once the run reaches one of `until` (default: done, failed, stopped or
+        cancelled; add `waiting` to end where it parks). `RunNotFound` if there is no run.
+
+        It reads the store itself, so it goes on across the restarts of whatever works the
+        run; a read the store turns away for now (a dropped connection, throttling) is read
+        again, and nothing is skipped or repeated. To resume in another process, pass the last
+        id read as `after`. `WaitTimedOut` after `timeout` seconds, if given."""
+        cursor = self._feed_cursor(run_id, after, until)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        busy = 0
+        while True:
+            try:
+                batch = cursor.read()
+            except StoreBusy:
+                time.sleep(FOLLOW_RETRY_SECONDS[min(busy, len(FOLLOW_RETRY_SECONDS) - 1)])
+                busy += 1
+                continue
+            busy = 0
+            yield from batch.events
+            if batch.ended:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimedOut(self.get(run_id), cursor.until, cast(float, timeout))
+            time.sleep(poll)
+
+    def _feed_cursor(
+        self, run_id: str, after: int | None, until: Collection[RunStatus | str]
+    ) -> FeedCursor:
+        """A cursor on the run's feed, the run checked to exist (`RunNotFound`) and `after`
+        to be an id (`InvalidInput`)."""
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, int) or after < 0
+        ):
+            raise InvalidInput(f"after: {after!r} is not an event id (a whole number, 0 or more)")
+        wanted = frozenset(_status(s) for s in until)
+        if not wanted:
+            raise InvalidInput("until: name at least one run status the feed ends at")
+        self.head(run_id)
+        return FeedCursor(self.runtime.store, run_id, after=after or 0, until=wanted)
+
     # --- deciding ---------------------------------------------------------------------------
 
     def approve(
@@ -1219,6 +1279,33 @@ class AsyncClient:
     def __dir__(self) -> list[str]:
         methods = [n for n in dir(Client) if not n.startswith("_") and callable(getattr(Client, n))]
         return sorted({*super().__dir__(), *methods})
+
+    async def follow(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        until: Collection[RunStatus | str] = ENDED,
+        poll: float = FOLLOW_POLL_SECONDS,
+    ) -> AsyncIterator[FeedEvent]:
+        """`Client.follow` as an async iterator (`async for event in client.follow(...)`):
+        each read of the store on a thread of the loop's executor, the waits between them on
+        the loop."""
+        cursor = await asyncio.to_thread(self.client._feed_cursor, run_id, after, until)
+        busy = 0
+        while True:
+            try:
+                batch: FeedBatch = await asyncio.to_thread(cursor.read)
+            except StoreBusy:
+                await asyncio.sleep(FOLLOW_RETRY_SECONDS[min(busy, len(FOLLOW_RETRY_SECONDS) - 1)])
+                busy += 1
+                continue
+            busy = 0
+            for event in batch.events:
+                yield event
+            if batch.ended:
+                return
+            await asyncio.sleep(poll)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -147,6 +147,11 @@ class StoreBusy(RatchetError):
     partial was written, and an attempt already counted stands."""
 
 
+class EventsNotPut(RatchetError):
+    """EventBridge turned away some of a batch of a run's status change events: the stream's
+    batch is read again (those put already come twice, each with its id)."""
+
+
 class IdempotencyConflict(RatchetError):
     """The same idempotency key was used with different arguments: never applied silently."""
 

@@ -154,8 +154,9 @@ def test_watch_follows_a_run_another_process_works_until_it_waits(cli):
 
     assert watch.returncode == 0, errors
     lines = [json.loads(line) for line in out.splitlines()]
-    assert lines[0]["result"] == "created"
-    assert [(s["step"], s["tool"]) for s in lines if s["tool"]] == [
+    assert lines[0]["type"] == "started"
+    assert [e["id"] for e in lines] == sorted({e["id"] for e in lines})
+    assert [(s["step"], s["tool"]) for s in lines if "tool" in s] == [
         (1, "inspect_table"),
         (2, "copy_batch"),
         (3, "copy_batch"),

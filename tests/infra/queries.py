@@ -19,6 +19,7 @@ HANDLERS = {
     "hooks": "ratchet_functions.hooks.handler",
     "schedule": "ratchet_functions.schedule.handler",
     "sweep": "ratchet_functions.sweep.handler",
+    "status_events": "ratchet_functions.status_events.handler",
 }
 
 

@@ -47,6 +47,7 @@ PINNED_PROPS = [
     "bedrock_models",
     "checkpoint_retention_days",
     "email_sender",
+    "event_bus_name",
     "max_concurrent",
     "max_steps_per_invocation",
     "notify_emails",

@@ -31,6 +31,7 @@ CORE_FUNCTIONS = {
     "open_wait",
     "record_wait",
     "hooks",
+    "status_events",
 }
 POWERTOOLS = {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_LOG_LEVEL"}
 
@@ -66,6 +67,8 @@ UNCONFIGURED = {
     "step": {"queue_retry_seconds", "state_machine_arn", "max_steps_per_invocation"},
     # Restarts a sleeper whose waker died between the wake and the restart.
     "sweep": {"state_machine_arn"},
+    # Puts each change of a run's status on the deployment's bus.
+    "status_events": {"event_bus_name"},
 }
 """Beyond `EVERY_FUNCTION`, with none of the optional context."""
 CONFIGURED_ONLY = {

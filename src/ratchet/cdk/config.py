@@ -55,6 +55,8 @@ class DeployConfig:
     public_url: str | None = None
     """Where approval links point (a custom domain mapped to the API's stage); none: the
     API's own execute-api URL."""
+    event_bus_name: str = "default"
+    """The EventBridge bus each change of a run's status is put on (its name, or its ARN)."""
     email_sender: str | None = None
     """A verified SES identity's address that approval emails come from; none: no email."""
     ses_identity_arn: tuple[str, ...] = ()
@@ -385,6 +387,9 @@ def _check_bounded_agents(bounds_json: str, agents: Mapping[str, str], keys: _Ke
 
 
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")
+_EVENT_BUS = re.compile(
+    r"^(?:[A-Za-z0-9._\-]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:\d{12}:event-bus/[A-Za-z0-9._\-/]{1,256})$"
+)
 
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "rollover_after": _integer("rollover_after"),
@@ -396,6 +401,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "anthropic_secret_arn": _SECRET,
     "public_url": lambda key, raw: _matching(_PUBLIC_URL, "an https URL")(key, raw).rstrip("/"),
     "email_sender": _matching(re.compile(EMAIL_PATTERN), "an email address"),
+    "event_bus_name": _matching(_EVENT_BUS, "an EventBridge bus name or ARN"),
     "ses_identity_arn": _identity_arns,
     "notify_emails": _emails,
     "notify_slack_channel": _matching(re.compile(SLACK_CHANNEL_PATTERN), "a Slack channel"),

@@ -34,6 +34,10 @@ POWERTOOLS_METRICS_NAMESPACE = "Ratchet"
 HANDLER_MODULE = "ratchet_functions"
 """The package of entry points in `lambdas/`, each calling into `ratchet.handlers`."""
 
+HEAD_SORT_KEY = "HEAD"
+"""The sort key of a run's head item (`ratchet.adapters.dynamodb.store.HEAD_SK`): the
+status-events function's stream filter lets only the heads' writes through."""
+
 BLOB_PREFIX = "blobs/"
 """Where the S3 blob store keeps its objects (`ratchet.adapters.s3_blobs.PREFIX`)."""
 
@@ -64,6 +68,8 @@ REQUESTS_PER_MINUTE = "RATCHET_REQUESTS_PER_MINUTE"
 MAX_CONCURRENT = "RATCHET_MAX_CONCURRENT"
 """The deployer's bounds on concurrent runs by a name the deployment registers the agent
 under (`ratchet:maxConcurrent`): read by the step function only."""
+EVENT_BUS_NAME = "RATCHET_EVENT_BUS_NAME"
+"""The bus the status-events function puts each change of a run's status on."""
 PRICES = "RATCHET_PRICES"
 """The deployer's prices for cost estimates (`ratchet:prices`)."""
 

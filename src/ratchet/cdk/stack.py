@@ -16,6 +16,7 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_stepfunctions as sfn
@@ -60,16 +61,22 @@ TABLES_USED = {
     # Reads the wakes owed, the run's head, wait and approval items; settles a wait its waker
     # did not reach (head and record, the event's item); drops a wake or a token it answered.
     "sweep": ("checkpoints",),
+    # Reads the record of the commit that changed a run's status (the stream holds its head).
+    "status_events": ("checkpoints",),
 }
 """The tables each function reads and writes (conditional writes need both)."""
 
-TABLE_ACTIONS = dict.fromkeys(
-    ("open_wait", "record_wait", "hooks", "sweep"),
-    ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"),
-)
+TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ("open_wait", "record_wait", "hooks", "sweep"),
+        ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+    ),
+    "status_events": ("dynamodb:GetItem", "dynamodb:Query"),
+}
 """Functions granted only these actions on their tables rather than all of reading and writing:
 items read by key or by a run's partition, put and updated one by one or in a transaction
-(TransactWriteItems is authorised item by item); never scanned, batched or deleted."""
+(TransactWriteItems is authorised item by item); never scanned, batched or deleted. The
+status-events function only reads a run's partition."""
 
 READ_WRITE_ACTIONS = (
     "dynamodb:BatchGetItem",
@@ -83,8 +90,9 @@ READ_WRITE_ACTIONS = (
     "dynamodb:Scan",
     "dynamodb:UpdateItem",
 )
-"""Reading and writing a table's items (CDK's `grant_read_write_data` less the streams, which
-no table has), granted on the table alone: `Table.grant` would add every index of the table."""
+"""Reading and writing a table's items (CDK's `grant_read_write_data` less the stream, which
+only the status-events function reads, through its event source), granted on the table alone:
+`Table.grant` would add every index of the table."""
 
 LISTS_RUNS = ("api",)
 """Queries the checkpoints table's runs index for a page of runs (`GET /runs`); no other
@@ -216,7 +224,7 @@ class RatchetAgents(Construct):
         state_machine_name = f"{stack.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
         specs += [functions.API, functions.APPROVALS, functions.OPEN_WAIT, functions.RECORD_WAIT]
-        specs += [functions.HOOKS, functions.SWEEP]
+        specs += [functions.HOOKS, functions.SWEEP, functions.STATUS_EVENTS]
         if "rollover" in definition.functions:
             specs.append(functions.ROLLOVER)
         scheduled = config.project.schedules if config.project is not None else ()
@@ -380,6 +388,8 @@ class RatchetAgents(Construct):
             targets=[targets.LambdaFunction(lambdas["sweep"], retry_attempts=0)],
         )
 
+        self._put_status_events(lambdas, storage, config.event_bus_name)
+
         if config.project is not None:
             self._give_the_tools(lambdas, config.project)
 
@@ -540,6 +550,35 @@ class RatchetAgents(Construct):
             resource=kind,
             resource_name=model_id,
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
+
+    def _put_status_events(self, lambdas: Functions, storage: Storage, bus: str) -> None:
+        """The status-events function reads the checkpoints table's stream, only the heads'
+        writes (a filter: the records' writes never invoke it), and puts each change of a run's
+        status on `bus`. A failed batch is retried, halved, until it succeeds or its records
+        leave the stream (24 h); its shard waits meanwhile, so a run's events stay in order."""
+        function = lambdas["status_events"]
+        head = {"S": lambda_.FilterRule.is_equal(contract.HEAD_SORT_KEY)}
+        function.add_event_source(
+            sources.DynamoEventSource(
+                storage.checkpoints,
+                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+                batch_size=100,
+                max_batching_window=Duration.seconds(0),
+                bisect_batch_on_error=True,
+                parallelization_factor=1,
+                filters=[lambda_.FilterCriteria.filter({"dynamodb": {"Keys": {"sk": head}}})],
+            )
+        )
+        function.add_environment(contract.EVENT_BUS_NAME, bus)
+        stack = Stack.of(self)
+        bus_arn = (
+            bus
+            if bus.startswith("arn:")
+            else stack.format_arn(service="events", resource="event-bus", resource_name=bus)
+        )
+        iam.Grant.add_to_principal(
+            grantee=function, actions=["events:PutEvents"], resource_arns=[bus_arn]
         )
 
     def _grant_blobs(self, lambdas: Functions, storage: Storage) -> None:

@@ -18,6 +18,7 @@ def _table(
     partition_key: str,
     sort_key: str | None = None,
     ttl_attribute: str | None = None,
+    stream: dynamodb.StreamViewType | None = None,
 ) -> dynamodb.Table:
     return dynamodb.Table(
         scope,
@@ -29,6 +30,7 @@ def _table(
             else None
         ),
         time_to_live_attribute=ttl_attribute,
+        stream=stream,
         # Runs are bursty and mostly idle (a run may wait a week for a person): pay per request.
         billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
         point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
@@ -59,6 +61,10 @@ class Storage(Construct):
             partition_key="run_id",
             sort_key="sk",
             ttl_attribute=TTL_ATTRIBUTE,
+            # Every write of a run's head, old and new, for the status-events function: the
+            # changes of a run's status come from the commits themselves, so a step that dies
+            # right after its commit loses none (ratchet.adapters.dynamodb.stream).
+            stream=dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
         )
         # Run heads by status and last change, for a page of the runs list without a Scan
         # (ratchet.adapters.dynamodb.items.RUNS_INDEX): only head items carry its keys.

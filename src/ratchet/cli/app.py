@@ -27,6 +27,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.cli import (
     decisions,
+    deliveries,
     doctor,
     hooks,
     housekeeping,
@@ -59,6 +60,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "wake": waits.wake,
     "hook": hooks.hook,
     "serve": serve.serve,
+    "deliveries": deliveries.deliveries,
     "verify": inspection.verify,
     "migrate": housekeeping.migrate,
     "gc": housekeeping.gc,

@@ -149,6 +149,7 @@ _ON_AWS = {
     "fork": "on AWS use POST /runs/RUN/fork on the stack's API, which also starts the fork's "
     "execution",
     "gc": "there the tables' TTL expires old records",
+    "deliveries": "on AWS a run's status changes are EventBridge events (docs/following-runs.md)",
 }
 
 

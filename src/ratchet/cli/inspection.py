@@ -20,7 +20,7 @@ from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:
     from ratchet.client import Client
-    from ratchet.state import RunState
+    from ratchet.state import RunState, RunStatus
 
 
 def status_payload(state: RunState) -> dict[str, Any]:
@@ -142,7 +142,12 @@ def _listed_rows(
 def watch(
     run_id: RunArgument,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object per checkpoint.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the run's feed: one JSON object per event, each with its id "
+            "(docs/following-runs.md).",
+        ),
     ] = False,
     interval: Annotated[
         float,
@@ -150,17 +155,53 @@ def watch(
             "--interval", metavar="S", help="Seconds between reads of the store.", min=0.01, max=60
         ),
     ] = 0.2,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after",
+            metavar="ID",
+            min=0,
+            help="Only what was written after this id (an event's id, a checkpoint's version).",
+        ),
+    ] = 0,
 ) -> None:
     """Follow a run: a line per checkpoint, from the first, until the run is done, stopped,
     cancelled, failed or waiting for a person. Exit 1 if it failed, else 0."""
     from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
 
     client = open_client(create=False, logs=False)
+    try:
+        if as_json:
+            status = _watch_feed(client, run_id, after=after, interval=interval)
+        else:
+            status = _watch_lines(client, run_id, after=after, interval=interval)
+    finally:
+        client.close()
+    if status is RunStatus.FAILED:
+        raise typer.Exit(1)
+
+
+def _watch_feed(client: Client, run_id: str, *, after: int, interval: float) -> RunStatus:
+    """`watch --json`: the run's feed (`Client.follow`), a line per event, until it ends or
+    parks; the status it ended in."""
+    from ratchet.feed import PARKED_OR_ENDED
+
+    for event in client.follow(run_id, after=after, until=PARKED_OR_ENDED, poll=interval):
+        text = json.dumps(event.data(), ensure_ascii=False, separators=(",", ":"))
+        sys.stdout.write(json_for_terminal(text) + "\n")
+        sys.stdout.flush()
+    return client.head(run_id).status
+
+
+def _watch_lines(client: Client, run_id: str, *, after: int, interval: float) -> RunStatus:
+    """`watch`: a line per checkpoint until the run ends or parks; the status it ended in."""
+    from ratchet.state import RunStatus
+
     poll = WatchPoll(client, run_id, settings().store)
-    printed = 0
+    printed = after
     seen_version = 0
     try:
-        with ProgressPrinter(as_json=as_json) as printer:
+        with ProgressPrinter() as printer:
             while True:
                 head = poll.head()
                 if head.version != seen_version:
@@ -172,13 +213,10 @@ def watch(
                         printed = checkpoint.version
                     seen_version = head.version
                 if head.status is not RunStatus.RUNNING:
-                    break
+                    return head.status
                 time.sleep(interval)
     finally:
         poll.close()
-        client.close()
-    if head.status is RunStatus.FAILED:
-        raise typer.Exit(1)
 
 
 class WatchPoll:

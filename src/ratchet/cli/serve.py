@@ -103,14 +103,35 @@ def serve(
         raise
     try:
         token = None if is_local(host) else runtime.serve_token()
-        _serve(runtime, listening, host=host, token=token, work=work, agents=agents)
+        # The feeds and long polls read on their connections' threads, each thread with a
+        # store connection of its own (the routes' one connection serves the app's thread).
+        readers = LocalRuntime.open(chosen, create=False)
+        try:
+            _serve(
+                runtime,
+                listening,
+                host=host,
+                token=token,
+                work=work,
+                agents=agents,
+                readers=readers,
+            )
+        finally:
+            readers.close()
     finally:
         listening.close()  # served and closed by now, unless the token was refused
         runtime.close()
 
 
 def _serve(
-    runtime: Any, listening: Any, *, host: str, token: str | None, work: bool, agents: Any
+    runtime: Any,
+    listening: Any,
+    *,
+    host: str,
+    token: str | None,
+    work: bool,
+    agents: Any,
+    readers: Any,
 ) -> None:
     from ratchet.approvals.pages import RESUMES
     from ratchet.runtime.hooks import local_hooks
@@ -118,10 +139,11 @@ def _serve(
     from ratchet.runtime.serving import ServeWorker
     from ratchet.web.approvals import build_app
     from ratchet.web.dashboard import local_app as dashboard_app
+    from ratchet.web.feed import FeedStreams, HistoryWaits
     from ratchet.web.hooks import BODY_LIMIT, Throttle
     from ratchet.web.hooks import build_app as build_hooks_app
     from ratchet.web.runs import build_app as build_runs_app
-    from ratchet.web.serve import BearerToken, listening_url, serve_on
+    from ratchet.web.serve import BearerToken, OffThread, listening_url, serve_on
 
     logger = cli_logger()
     services = approval_services(
@@ -155,7 +177,10 @@ def _serve(
     hooks = local_hooks(runtime).services(hook_desk, logger=logger, throttle=Throttle())
     routes.append(("/hooks/", build_hooks_app(lambda: hooks)))
     bearer = BearerToken(token, GUARDED_ROUTES) if token is not None else None
-    httpd = serve_on(listening, routes, body_limits=[BODY_LIMIT], bearer=bearer)
+    off_thread: list[OffThread] = [FeedStreams(readers.store), HistoryWaits(readers.store)]
+    httpd = serve_on(
+        listening, routes, body_limits=[BODY_LIMIT], bearer=bearer, off_thread=off_thread
+    )
     base = listening_url(host, httpd.server_port)
     out.print(f"Serving approvals on {base}")
     out.print(f"The runs dashboard: {base}/dashboard")
@@ -169,6 +194,7 @@ def _serve(
             markup=False,
         )
         say(f"The token is in {runtime.serve_token_file} (owner-only; kept for the next start)")
+    sender = _webhooks(runtime)
     stopped: list[BaseException | None] = []
 
     def on_stopped(failure: BaseException | None) -> None:
@@ -188,6 +214,8 @@ def _serve(
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        if sender is not None:
+            sender.start()
         if worker is not None:
             worker.start()
             say(
@@ -200,6 +228,8 @@ def _serve(
         pass
     finally:
         httpd.server_close()
+        if sender is not None:
+            sender.stop()
         if worker is not None and not worker.stop():
             say(
                 "A step was still running: its lease lapses and the next worker resumes the "
@@ -210,6 +240,27 @@ def _serve(
         reason = f"{type(stopped[0]).__name__}: {stopped[0]}" if stopped[0] else "it stopped"
         say(f"ratchet serve stops: its worker stopped ({reason})", console=err)
         raise typer.Exit(1)
+
+
+def _webhooks(runtime: Any) -> Any:
+    """The sender of the webhooks of RATCHET_WEBHOOKS, said on the banner; None if there are
+    none."""
+    from ratchet.runtime.webhooks import open_sender, webhook_secret_file
+
+    urls = runtime.settings.webhooks
+    if not urls:
+        return None
+    sender = open_sender(runtime)
+    secret = (
+        "RATCHET_WEBHOOK_SECRET"
+        if runtime.settings.webhook_secret
+        else str(webhook_secret_file(runtime))
+    )
+    say(
+        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)}, signed with "
+        f"the secret in {secret} (ratchet deliveries lists them)"
+    )
+    return sender
 
 
 def _announce(runtime: Any, run_id: str) -> None:

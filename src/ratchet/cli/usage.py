@@ -27,6 +27,7 @@ EXAMPLES = {
     "send": 'ratchet send m1 ci-finished --data \'{"conclusion": "success"}\'',
     "wake": "ratchet wake m1",
     "hook": "ratchet hook m1 ci-finished",
+    "deliveries": "ratchet deliveries m1 --json",
     "serve": "ratchet serve --port 8765",
     "verify": "ratchet verify m1",
     "migrate": "ratchet migrate --dry-run",

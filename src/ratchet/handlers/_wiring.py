@@ -52,7 +52,7 @@ tracer = Tracer(service=SERVICE, patch_modules=("botocore",))
 
 # Step Functions owns the retries of a step (each attempt visible and counted by the engine),
 # so the SDK only smooths over a brief throttle or a dropped connection.
-_CLIENT_CONFIG = Config(
+CLIENT_CONFIG = Config(
     retries={"mode": "standard", "max_attempts": 3}, connect_timeout=3, read_timeout=10
 )
 
@@ -74,7 +74,7 @@ def anthropic_api_key() -> SecretStr | None:
     arn = os.environ.get(ANTHROPIC_SECRET_ARN)
     if not arn:
         return None
-    secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
+    secrets: Any = boto3.client("secretsmanager", config=CLIENT_CONFIG)
     return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
 
 
@@ -95,8 +95,8 @@ def faults() -> FaultPlan:
 def runtime() -> AwsRuntime:
     return AwsRuntime(
         settings(),
-        boto3.client("dynamodb", config=_CLIENT_CONFIG),
-        s3=boto3.client("s3", config=_CLIENT_CONFIG) if settings().blob_bucket else None,
+        boto3.client("dynamodb", config=CLIENT_CONFIG),
+        s3=boto3.client("s3", config=CLIENT_CONFIG) if settings().blob_bucket else None,
         anthropic_api_key=anthropic_api_key(),
         stepfunctions=stepfunctions,
         hook_key=hook_key,
@@ -111,7 +111,7 @@ def agents() -> AgentRegistry:
 
 @cache
 def stepfunctions() -> SFNClient:
-    return boto3.client("stepfunctions", config=_CLIENT_CONFIG)
+    return boto3.client("stepfunctions", config=CLIENT_CONFIG)
 
 
 def approvals() -> AwsApprovals:
@@ -121,7 +121,7 @@ def approvals() -> AwsApprovals:
 @cache
 def _secret(arn: str) -> SecretStr:
     """A Secrets Manager secret's value, read once per container; never logged."""
-    secrets: Any = boto3.client("secretsmanager", config=_CLIENT_CONFIG)
+    secrets: Any = boto3.client("secretsmanager", config=CLIENT_CONFIG)
     return SecretStr(secrets.get_secret_value(SecretId=arn)["SecretString"])
 
 
@@ -133,7 +133,7 @@ def approval_desk() -> ApprovalDesk:
     token = config.slack_bot_token_secret_arn
     return runtime().approval_desk(
         link_key=_secret(config.required_for_approvals("link_key_secret_arn")),
-        ses=boto3.client("sesv2", config=_CLIENT_CONFIG) if config.email_sender else None,
+        ses=boto3.client("sesv2", config=CLIENT_CONFIG) if config.email_sender else None,
         slack_bot_token=_secret(token) if token else None,
         faults=faults(),
     )

@@ -10,7 +10,7 @@ own but the optional S3 and SES ones, and reads nothing from the environment.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.rate import DynamoDbRateLimit
 from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
+from ratchet.adapters.dynamodb.stream import EventBridgeEvents, HeadChange, head_change
 from ratchet.adapters.dynamodb.tables import TablesSeen, describe_tables
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
@@ -51,9 +52,11 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
+from ratchet.feed import feed_event
 from ratchet.limits import ConcurrencyLimits, resolve_overrides
 from ratchet.model_names import BEDROCK_PREFIX
 from ratchet.ports import BlobStore, Notifier
+from ratchet.pushes import DETAIL_TYPE, SOURCE, StatusChange
 from ratchet.runs import AgentNotRunnable, ModelNotGranted, RunRequest, new_run
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
@@ -547,6 +550,42 @@ class AwsRuntime:
         """Whose checkpoints table this is (account, region, stack), asked of DynamoDB;
         `StoreUnavailable` if it is missing or the caller may not read it."""
         return describe_tables(self.dynamodb, self.settings.checkpoints_table)
+
+    def status_events(self, events: Any) -> Callable[[Sequence[Mapping[str, Any]]], int]:
+        """What the status-events function does with a batch of the checkpoints table's
+        stream (`ratchet.adapters.dynamodb.stream`): put an event for each change of a run's
+        status among its records, in order, on the deployment's bus; the number put.
+        `EventsNotPut` (or a store error) leaves the batch to be read again."""
+        bus = EventBridgeEvents(
+            events, bus=self.settings.event_bus_name, source=SOURCE, detail_type=DETAIL_TYPE
+        )
+
+        def put(records: Sequence[Mapping[str, Any]]) -> int:
+            changes = [self._status_change(c) for r in records if (c := head_change(r))]
+            bus.put([change.body().decode() for change in changes])
+            return len(changes)
+
+        return put
+
+    def _status_change(self, change: HeadChange) -> StatusChange:
+        # The commit that changed the head wrote its record in the same transaction: read it
+        # for what the change was (what the run waits for, its summary or error).
+        records = self.store.list_checkpoints(change.run_id, after=change.version - 1)
+        record = next((r for r in records if r.version == change.version), None)
+        if record is not None:
+            return StatusChange.of(change.agent, change.previous, feed_event(record))
+        # Expired already (a stream read a day late): what the head says.
+        return StatusChange(
+            id=f"{change.run_id}:{change.version}",
+            run_id=change.run_id,
+            agent=change.agent,
+            status=change.status,
+            previous=change.previous,
+            version=change.version,
+            step=change.step,
+            at=change.updated_at,
+            event=change.status.value,
+        )
 
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both

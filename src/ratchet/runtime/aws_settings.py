@@ -48,6 +48,7 @@ ENVIRONMENT = {
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
     "secrets": "RATCHET_SECRETS",
     "models": "RATCHET_MODELS",
+    "event_bus_name": "RATCHET_EVENT_BUS_NAME",
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -110,6 +111,9 @@ class AwsSettings(BaseModel):
     """The Bedrock model ids the step function may invoke (`ratchet:bedrockModels`), a JSON
     array, so the API refuses a run naming another before it starts; None where no stack said
     (a client on a laptop): the grant is then checked by the first step."""
+    event_bus_name: str = Field(default="default", min_length=1, max_length=1600)
+    """Where the status-events function puts each change of a run's status (a bus's name or
+    ARN; `ratchet.handlers.status_events`)."""
     prices: str | None = None
     """`RATCHET_PRICES` (`ratchet.pricing`), checked here at cold start rather than by the first
     cost estimate."""

@@ -32,6 +32,7 @@ from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
+from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
 from ratchet.adapters.sqlite.hooks import SqliteHookBook
 from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
@@ -54,6 +55,7 @@ from ratchet.limits import (
     parse_overrides,
     resolve_overrides,
 )
+from ratchet.pushes import parse_webhook_urls
 from ratchet.runs import RunRequest, new_run
 from ratchet.runtime.local_approvals import (
     LocalResumer,
@@ -116,6 +118,12 @@ class LocalSettings(BaseModel):
     requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
     """Model calls a minute shared by every worker on the store
     (`RATCHET_REQUESTS_PER_MINUTE`): see `ratchet.limits`."""
+    webhooks: tuple[str, ...] = ()
+    """Where `ratchet serve` POSTs each change of a run's status (`RATCHET_WEBHOOKS`: URLs
+    separated by commas or spaces), signed (`ratchet.runtime.webhooks`)."""
+    webhook_secret: SecretStr | None = None
+    """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
+    beside the store (`<store>.webhook-secret`)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -128,6 +136,14 @@ class LocalSettings(BaseModel):
     @classmethod
     def _parsed_bounds(cls, value: Any) -> Any:
         return parse_overrides(value) if isinstance(value, str) else value
+
+    @field_validator("webhooks", mode="before")
+    @classmethod
+    def _parsed_webhooks(cls, value: Any) -> Any:
+        try:
+            return parse_webhook_urls(value) if isinstance(value, str) else value
+        except InvalidInput as refused:
+            raise ValueError(str(refused)) from None
 
     @field_validator("fault")
     @classmethod
@@ -173,6 +189,8 @@ class LocalSettings(BaseModel):
             or DEFAULT_BUSY_TIMEOUT_SECONDS,
             max_concurrent=env.get(MAX_CONCURRENT_ENV) or {},
             requests_per_minute=env.get("RATCHET_REQUESTS_PER_MINUTE") or None,
+            webhooks=env.get("RATCHET_WEBHOOKS") or (),
+            webhook_secret=env.get("RATCHET_WEBHOOK_SECRET") or None,
         )
 
 
@@ -188,6 +206,8 @@ _ENV_NAMES = {
     "busy_timeout_seconds": "RATCHET_BUSY_TIMEOUT_SECONDS",
     "max_concurrent": MAX_CONCURRENT_ENV,
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
+    "webhooks": "RATCHET_WEBHOOKS",
+    "webhook_secret": "RATCHET_WEBHOOK_SECRET",
 }
 
 
@@ -292,6 +312,11 @@ class LocalRuntime:
         from ratchet.runtime.hooks import local_hooks
 
         return local_hooks(self, agents)
+
+    @property
+    def deliveries(self) -> SqliteDeliveries:
+        """The webhooks' deliveries (`ratchet.runtime.webhooks`, `ratchet deliveries`)."""
+        return SqliteDeliveries(self.db)
 
     @property
     def housekeeping(self) -> SqliteHousekeeping:

@@ -89,6 +89,9 @@ def local_runs_services(
         start=start,
         logger=logger,
         anonymous_caller=operator or _user(),
+        # `ratchet serve` holds a long poll on the connection's thread before the app sees
+        # it (`ratchet.web.feed.HistoryWaits`): the app's one thread never waits.
+        holds_long_polls=False,
     )
 
 

@@ -3,7 +3,8 @@
     POST /runs                               start a run: 201 created, 200 it existed
     GET  /runs?status=&limit=&after=         recent runs first, a page at a time (`next`)
     GET  /runs/{run_id}                      where a run stands
-    GET  /runs/{run_id}/history              one row per checkpoint
+    GET  /runs/{run_id}/history?after=&wait= one row per checkpoint; with `wait`, held until
+                                             there is one after `after` (a long poll)
     GET  /runs/{run_id}/checkpoints/{step}   the run's state as of that step's last checkpoint
     POST /runs/{run_id}/approve              {"comment"?}: decide what the run waits for
     POST /runs/{run_id}/reject               {"reason"?}
@@ -27,6 +28,14 @@ Sending an event is idempotent by its `event_id`: a retry answers what the first
 202 when it is kept in the run's mailbox until a wait for its name takes it. Opening a hook is
 idempotent too: the same run and name always answer the same URL and secret (docs/webhooks.md),
 which only this signed route shows; no route lists hooks.
+
+Following a run: `GET /runs/{id}/history?after=<version>&wait=<seconds>` answers at once when
+the run has written something after `after` (or has ended); otherwise it holds the request,
+reading the run's records once a second (`HISTORY_POLL_SECONDS`), until it has, or `wait`
+seconds (at most `MAX_HISTORY_WAIT_SECONDS`) have passed, then answers what there is: a
+client learns of a commit within a second or so, with one request per `wait` seconds while
+nothing happens. (`ratchet serve` also serves the run's feed as Server-Sent Events,
+`GET /runs/{id}/feed`: `ratchet.web.feed`.)
 
 Every refusal is JSON, `{"error": ..., "problems": [{"field": ..., "message": ...}]}`, naming
 the fields at fault and never quoting what was sent. A body over 1 MiB (413) or nested more
@@ -103,6 +112,7 @@ from ratchet.errors import (
     UnsupportedSchema,
     WaitError,
 )
+from ratchet.feed import hold_until_written
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
 from ratchet.state import EVENT_NAME_PATTERN, RUN_ID_PATTERN, RunState, RunStatus
 from ratchet.untrusted import loads
@@ -114,6 +124,14 @@ OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
 DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = MAX_PAGE_RUNS
+MAX_HISTORY_WAIT_SECONDS = 20
+"""The longest long poll (`wait`): API Gateway ends an integration after 29 s, and the api
+function's timeout is 29 s; a cold start (a few seconds) and the final read fit in the rest."""
+HISTORY_POLL_SECONDS = 1.0
+"""How often a long poll reads the run's records: one strongly consistent Query of the run's
+partition after `after` (one read unit while nothing is new)."""
+HISTORY_MARGIN_SECONDS = 4.0
+"""What a long poll leaves of the function's time for answering (and a read under way)."""
 MAX_BODY_CHARS = 1024 * 1024
 """The longest request body taken: a run's goal (64 KB, each character possibly a six-character
 JSON escape) and input (16 KB) with room to spare."""
@@ -310,6 +328,10 @@ class RunsServices:
     launch: Callable[[str], str | None] = lambda run_id: None
     """Sets a run just retried or forked going: on AWS starts its execution and returns its
     name; locally nothing (None): the next free worker takes it."""
+    holds_long_polls: bool = True
+    """Whether the history route holds a long poll (`wait`) itself: on AWS it does; `ratchet
+    serve` holds it before the app sees it, on the connection's own thread
+    (`ratchet.web.feed.HistoryWaits`), so that its app's one thread never waits."""
 
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
@@ -487,9 +509,34 @@ class RunsRoutes:
                 "last version read",
             ),
         ] = 0,
+        wait: Annotated[
+            int,
+            Query(
+                ge=0,
+                le=MAX_HISTORY_WAIT_SECONDS,
+                description="A long poll: if nothing is there after `after`, hold the "
+                "request up to this many seconds until something is (or the run has ended)",
+            ),
+        ] = 0,
     ) -> RunHistory:
-        checkpoints = self.services().client.history(run_id, after=after)
+        wired = self.services()
+        checkpoints = wired.client.history(run_id, after=after)
+        if not checkpoints and wait and wired.holds_long_polls:
+            hold_until_written(
+                wired.client.runtime.store,
+                run_id,
+                after=after,
+                seconds=min(wait, self._seconds_left() - HISTORY_MARGIN_SECONDS),
+                poll=HISTORY_POLL_SECONDS,
+            )
+            checkpoints = wired.client.history(run_id, after=after)
         return RunHistory(run_id=run_id, checkpoints=checkpoints)
+
+    def _seconds_left(self) -> float:
+        """The time the function has left (Lambda's context says; `ratchet serve`'s has no
+        limit)."""
+        left = getattr(self.app.lambda_context, "get_remaining_time_in_millis", None)
+        return left() / 1000 if left is not None else float(MAX_HISTORY_WAIT_SECONDS * 2)
 
     def get_checkpoint(self, run_id: RunId, step: Annotated[int, Path(ge=0)]) -> RunState:
         with _rebuilding("step", "the state as of this step"):

@@ -14,7 +14,11 @@ signatures of their own and stay open, as on AWS.
 Waitress reads and writes every connection without blocking on any, and hands the app a
 request only once it has all of it: a browser's speculative connection, or a client that sends
 half a request and stops, holds up nobody, and is closed after `IDLE_SECONDS`. The app itself
-runs one request at a time: the local store is one SQLite connection.
+runs one request at a time, on one thread of its own (`AppThread`): the local store is one
+SQLite connection, and an agent's thread-bound resources stay on one thread. The routes that
+hold a connection open (a run's feed, the long poll: `OffThread`, `ratchet.web.feed`) run on
+their connection's own thread instead, with a store connection of their own, so a feed open
+for an hour holds up no other request.
 
 Since the app sees a request only once its body is in, a body's size is checked where waitress
 reads it (`bounded_channel`): a declared `Content-Length` over the route's limit (`BodyLimit`;
@@ -32,8 +36,9 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -56,6 +61,10 @@ IDLE_SECONDS = 30
 often); whatever it held, nothing else waited for it meanwhile."""
 CONNECTION_LIMIT = 200
 """Connections open at once; more wait in the listen backlog until one closes."""
+THREADS = 24
+"""Waitress's threads: each request is handed to one. A request for the app waits there for
+the app's own thread (`AppThread`); an `OffThread` route (an open feed, a long poll) is served
+on it, so up to `ratchet.web.feed.MAX_FEEDS` feeds leave threads for everything else."""
 
 
 @dataclass(frozen=True)
@@ -201,19 +210,70 @@ def bounded_channel(limits: Sequence[BodyLimit]) -> type[HTTPChannel]:
     return BoundedChannel
 
 
+class OffThread(Protocol):
+    """A route served on its connection's own thread rather than the app's: one that holds
+    the connection open (a feed, a long poll), reading a store connection of its own."""
+
+    def claims(self, request: Request) -> bool:
+        """Whether `request` is this route's."""
+        ...
+
+    def __call__(
+        self, request: Request, environ: dict[str, Any], start_response: Any
+    ) -> Iterable[bytes] | None:
+        """The answer, or None to hand the request on to the app (after waiting: a long
+        poll)."""
+        ...
+
+    def stop(self) -> None:
+        """End what it holds open: the server is stopping."""
+        ...
+
+
+class AppThread:
+    """The one thread the apps run on, one request at a time: they share the runtime's one
+    SQLite connection (and its transactions), and an agent's resources bound to a thread stay
+    on it. A request waits for it on the server's thread that took it."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ratchet-serve-app")
+
+    def run(self, answer: Callable[[], Iterable[bytes]]) -> Iterable[bytes]:
+        return self._executor.submit(answer).result()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
 def wsgi_app(
     routes: Sequence[Route],
     *,
     body_limits: Sequence[BodyLimit] = (),
     bearer: BearerToken | None = None,
+    off_thread: Sequence[OffThread] = (),
+    app_thread: AppThread | None = None,
 ) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
-    # The routes share the runtime's one SQLite connection (and its transactions): one request
-    # at a time, from whichever thread the server runs it on.
+    """The WSGI application of `routes`: the bearer's check first, then an `off_thread` route
+    that claims the request, then the apps, on `app_thread` (or, without one, one request at
+    a time on whichever thread calls)."""
     one_at_a_time = threading.Lock()
 
-    def application(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+    def answer(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         with one_at_a_time:
             return _answer(routes, body_limits, bearer, environ, start_response)
+
+    def application(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if off_thread:
+            request = Request(environ)
+            refusal = bearer.refusal(request) if bearer is not None else None
+            route = next((r for r in off_thread if r.claims(request)), None)
+            if refusal is None and route is not None:
+                answered = route(request, environ, start_response)
+                if answered is not None:
+                    return answered
+        if app_thread is None:
+            return answer(environ, start_response)
+        return app_thread.run(lambda: answer(environ, start_response))
 
     return application
 
@@ -276,14 +336,19 @@ class LocalServer:
         listening: socket.socket,
         idle_seconds: int,
         body_limits: Sequence[BodyLimit] = (),
+        *,
+        app_thread: AppThread | None = None,
+        off_thread: Sequence[OffThread] = (),
     ) -> None:
         self._sockets: dict[int, Any] = {}
+        self._app_thread = app_thread
+        self._off_thread = off_thread
         self.server_port: int = listening.getsockname()[1]
         server = create_server(
             application,
             map=self._sockets,
             sockets=[listening],
-            threads=1,
+            threads=THREADS if app_thread is not None else 1,
             channel_timeout=idle_seconds,
             cleanup_interval=idle_seconds,
             connection_limit=CONNECTION_LIMIT,
@@ -302,8 +367,12 @@ class LocalServer:
         self._server.run()
 
     def server_close(self) -> None:
+        for route in self._off_thread:
+            route.stop()  # an open feed would hold its thread until the dispatcher gives up
         self._server.task_dispatcher.shutdown()
         wasyncore.close_all(self._sockets)
+        if self._app_thread is not None:
+            self._app_thread.shutdown()
 
 
 def server(
@@ -314,6 +383,7 @@ def server(
     idle_seconds: int = IDLE_SECONDS,
     body_limits: Sequence[BodyLimit] = (),
     bearer: BearerToken | None = None,
+    off_thread: Sequence[OffThread] = (),
 ) -> LocalServer:
     """The server of `routes` on `host:port` (0: any free port). Raises `InvalidInput` if the
     address cannot be used."""
@@ -323,6 +393,7 @@ def server(
         idle_seconds=idle_seconds,
         body_limits=body_limits,
         bearer=bearer,
+        off_thread=off_thread,
     )
 
 
@@ -333,10 +404,21 @@ def serve_on(
     idle_seconds: int = IDLE_SECONDS,
     body_limits: Sequence[BodyLimit] = (),
     bearer: BearerToken | None = None,
+    off_thread: Sequence[OffThread] = (),
 ) -> LocalServer:
-    """The server of `routes` on a socket `listen` bound."""
-    app = wsgi_app(routes, body_limits=body_limits, bearer=bearer)
-    return LocalServer(app, listening, idle_seconds, body_limits)
+    """The server of `routes` (and of the `off_thread` routes, each on its connection's
+    thread) on a socket `listen` bound."""
+    app_thread = AppThread() if off_thread else None
+    app = wsgi_app(
+        routes,
+        body_limits=body_limits,
+        bearer=bearer,
+        off_thread=off_thread,
+        app_thread=app_thread,
+    )
+    return LocalServer(
+        app, listening, idle_seconds, body_limits, app_thread=app_thread, off_thread=off_thread
+    )
 
 
 def listen(host: str, port: int) -> socket.socket:
