@@ -26,6 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.cli import (
+    check,
     decisions,
     doctor,
     hooks,
@@ -71,6 +72,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "synth": project.synth,
     "deploy": project.deploy,
     "doctor": doctor.doctor,
+    "check": check.check,
 }
 """Every command, in the order `ratchet --help` lists them."""
 
