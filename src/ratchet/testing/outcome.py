@@ -181,7 +181,7 @@ def compare(
             differences.append(f"`{applied_twice}` applied twice ({'; '.join(world)})")
         else:
             differences += world
-    differences += _paid_twice(baseline, outcome, crash, reached)
+    differences += _paid_twice(baseline, outcome, crash, reached, asked=asked)
     return Verdict(crash=crash, reached=reached, differences=differences, notes=notes)
 
 
@@ -196,10 +196,20 @@ def _applied_twice(
     return tool if tool in side_effects else None
 
 
-def _paid_twice(baseline: Outcome, outcome: Outcome, crash: Crash, reached: bool) -> list[str]:
+def _paid_twice(
+    baseline: Outcome, outcome: Outcome, crash: Crash, reached: bool, *, asked: bool
+) -> list[str]:
     """A step that asked the model more often than the baseline's did. Only a crash between
     the model's answer and its record (`after_model`) may ask once more: the answer was lost.
-    Anything else asked again a decision that was recorded, and paid for it twice."""
+    Anything else asked again a decision that was recorded, and paid for it twice. A run whose
+    person was asked whether an at-most-once call ran took the answer as a step of its own,
+    and its later decisions are a step further on: there the calls are counted in all."""
+    if asked:
+        calls, expected = sum(outcome.model_calls.values()), sum(baseline.model_calls.values())
+        lost = 1 if reached and crash.point is FaultPoint.AFTER_MODEL else 0
+        if calls > expected + lost:
+            return [f"the run asked the model {calls} times, not {expected} (paid twice)"]
+        return []
     found = []
     for step in sorted(set(outcome.model_calls) | set(baseline.model_calls)):
         calls, expected = outcome.model_calls.get(step, 0), baseline.model_calls.get(step, 0)

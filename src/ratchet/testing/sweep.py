@@ -9,9 +9,11 @@ tests/e2e/test_sigkill.py), made public for a user's agent (`ratchet check`).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -264,20 +266,23 @@ def _sweep(
 def _run(schedule: Schedule) -> dict[str, Any]:
     """`run_schedule` in a pool process, its errors as data (they cross the process line).
 
-    The pool process imports the agent once, then runs each schedule in a fork of itself: the
-    schedule finds everything loaded (a killed life forks again, in milliseconds), and the pool
-    process keeps no thread a step leaves behind (the agent's), so it can go on forking."""
+    The pool process runs each schedule in a fork of itself, and imports what the schedules
+    imported (the agent, its clients, the engine's parts), so the next fork finds everything
+    loaded: a schedule, and the killed life it forks in turn, cost milliseconds, not the second
+    a fresh interpreter takes to import them. The pool process itself runs no step, so it has
+    none of the threads a step leaves behind (the agent's), and can go on forking."""
     if not hasattr(os, "fork") or threading.active_count() > 1:
         return _answer(schedule)
-    with contextlib.suppress(Exception):  # a broken agent is said by the schedule itself
-        load_agent(schedule.target.agent)
     schedule.root.mkdir(parents=True, exist_ok=True)
     answered = schedule.root / "answer.json"
     pid = os.fork()
     if pid == 0:  # the child writes its answer and ends here, whatever happens
         code = 1
         try:
-            answered.write_text(json.dumps(_answer(schedule)), encoding="utf-8")
+            loaded = set(sys.modules)
+            said = _answer(schedule)
+            said["imported"] = sorted(set(sys.modules) - loaded)
+            answered.write_text(json.dumps(said), encoding="utf-8")
             code = 0
         finally:
             os._exit(code)
@@ -287,6 +292,9 @@ def _run(schedule: Schedule) -> dict[str, Any]:
         where = schedule.crash.words if schedule.crash else "the run without a crash"
         return {"failed": f"{where}: the schedule's process died (exit {code})"}
     answer: dict[str, Any] = json.loads(answered.read_text(encoding="utf-8"))
+    for name in answer.pop("imported", []):
+        with contextlib.suppress(Exception):  # a module the schedule could import, and not we
+            importlib.import_module(name)
     return answer
 
 
