@@ -4,7 +4,7 @@ relative, so each schedule of a check has its own (its scratch working directory
 
 The policy looks the order up, refunds it with the tool `params.refund` names, e-mails the
 customer with the tool `params.email` names (none: no e-mail), and is done with a summary of its
-own (never a tool's words):
+own (never a tool's words). With `params.nap` (seconds), it first sleeps that long.
 
 - `refund_naive` checks, then writes, and ignores its key: it checks that the order's balance
   covers the refund (as a careful person would), not whether this very refund was made; a
@@ -40,6 +40,8 @@ from ratchet.tools import (
     Tool,
     ToolCall,
     ToolContext,
+    ToolResult,
+    sleep,
     tool,
 )
 
@@ -61,6 +63,10 @@ class Refund(BaseModel):
 
 class Order(BaseModel):
     order_id: str
+
+
+class Nap(BaseModel):
+    seconds: int
 
 
 class Email(BaseModel):
@@ -167,6 +173,12 @@ def refund_ignoring_key(args: Refund, ctx: ToolContext) -> str:
     return f"Refunded {args.amount} on order {args.order_id}."
 
 
+@tool()
+def nap(args: Nap, ctx: ToolContext) -> ToolResult:
+    """Sleep before refunding (`params.nap` seconds; a week, say)."""
+    return sleep(args.seconds)
+
+
 @tool(side_effect=True)
 def email_naive(args: Email, ctx: ToolContext) -> str:
     """E-mail the customer: a line appended to the outbox file, on every call."""
@@ -183,11 +195,14 @@ TOOLS: list[Tool[Any]] = [
     refund_on_key,
     refund_ignoring_key,
     email_naive,
+    nap,
 ]
 
 
 def policy(view: StepView) -> Decision:
-    done = [m.tool for m in view.messages]
+    done = [m.tool for m in view.messages if m.tool != "nap"]
+    if view.params.get("nap") and not any(m.tool == "nap" for m in view.messages):
+        return ToolCall(name="nap", arguments={"seconds": view.params["nap"]})
     if not done:
         return ToolCall(name="look_up_order", arguments={"order_id": ORDER})
     if len(done) == 1:
@@ -205,14 +220,14 @@ agent = Agent(
     goal="Refund order A1 and tell the customer.",
     policy=policy,
     resources=lambda ctx: ctx.data,
-    default_params={"refund": "refund_once", "email": ""},
+    default_params={"refund": "refund_once", "email": "", "nap": 0},
 )
 claude_agent = Agent(
     name="check-refunds-claude",
     tools=TOOLS,
     goal="Refund order A1 and tell the customer.",
     resources=lambda ctx: ctx.data,
-    default_params={"refund": "refund_once", "email": ""},
+    default_params={"refund": "refund_once", "email": "", "nap": 0},
 )
 
 
