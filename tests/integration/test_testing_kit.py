@@ -23,12 +23,12 @@ from tests.check_agent import (
 )
 
 WEEK_SECONDS = 7 * 24 * 3600
-WORLD = {"effects": "tests.check_agent:effects", "setup": "tests.check_agent:setup"}
+EFFECTS, SETUP = "tests.check_agent:effects", "tests.check_agent:setup"
 
 
 def test_a_weeks_sleep_takes_no_time_on_the_fake_clock(tmp_path):
     started = time.perf_counter()
-    ran = run_agent(AGENT, tmp_path, params={"nap": WEEK_SECONDS}, **WORLD)
+    ran = run_agent(AGENT, tmp_path, params={"nap": WEEK_SECONDS}, effects=EFFECTS, setup=SETUP)
     took = time.perf_counter() - started
 
     print(f"a run that sleeps a week ran in {took:.2f} s")
@@ -43,7 +43,12 @@ def test_a_weeks_sleep_takes_no_time_on_the_fake_clock(tmp_path):
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_one_crash_after_a_naive_tool_ran_doubles_its_effect(tmp_path, kind):
     ran = run_agent(
-        AGENT, tmp_path, params={"refund": "refund_naive"}, crash=f"{kind}:after_tool@2", **WORLD
+        AGENT,
+        tmp_path,
+        params={"refund": "refund_naive"},
+        crash=f"{kind}:after_tool@2",
+        effects=EFFECTS,
+        setup=SETUP,
     )
 
     assert ran.reached
@@ -53,7 +58,9 @@ def test_one_crash_after_a_naive_tool_ran_doubles_its_effect(tmp_path, kind):
 
 def test_a_tool_that_says_already_done_the_second_time_is_no_double_effect(tmp_path):
     # Given a refund applied once per key, whose second call says "already refunded"
-    report = check(AGENT, params={"refund": "refund_saying_so"}, processes=2, **WORLD)
+    report = check(
+        AGENT, params={"refund": "refund_saying_so"}, processes=2, effects=EFFECTS, setup=SETUP
+    )
 
     # Then no schedule differs from the baseline: the words are noted, not counted
     assert report.ok, report.differences
@@ -89,7 +96,8 @@ def test_the_checks_own_key_test_flags_the_tool_that_ignores_its_key(tmp_path):
         crashes=[],
         processes=1,
         workdir=tmp_path,
-        **WORLD,
+        effects=EFFECTS,
+        setup=SETUP,
     )
     kept = check(
         AGENT,
@@ -97,7 +105,8 @@ def test_the_checks_own_key_test_flags_the_tool_that_ignores_its_key(tmp_path):
         crashes=[],
         processes=1,
         workdir=tmp_path,
-        **WORLD,
+        effects=EFFECTS,
+        setup=SETUP,
     )
 
     assert [(k.step, k.tool, k.ok) for k in flagged.key_tests] == [
