@@ -120,7 +120,8 @@ def test_the_pr_agent_run_by_the_testing_kit_merges_once_after_every_crash_of_it
 
         assert ran.reached
         assert ran.outcome.status == "done"
-        assert ran.outcome.summary == "Merged pull request #101."
+        # The merge called again under its key merges nothing, and says so
+        assert ran.outcome.summary == "Pull request #101 was merged already."
         assert [w["kind"] for w in ran.waits] == ["event", "timer", "event", "person"]
         assert [key for key in ran.outcome.data if key.startswith("merges/")] == [
             "merges/checked/step-7"

@@ -235,6 +235,17 @@ def _say(report: CheckReport) -> None:
         say(f"{len(report.differences)} differences:")
         for line in report.differences:
             say(f"  {line}")
+    # A note is the same words after every crash that causes it: said once, with where.
+    noted: dict[str, list[str]] = {}
+    for verdict in report.verdicts:
+        for note in verdict.notes:
+            where = f"{verdict.crash.point}@{verdict.crash.step}"
+            if where not in noted.setdefault(note, []):
+                noted[note].append(where)
+    if noted:
+        say("Notes (words that read otherwise after a crash, not differences):")
+        for note, where in noted.items():
+            say(f"  {note} (after a crash at {', '.join(where)})")
     if not report.sees_effects:
         say(
             "No --effects: compared the run's data, tool results and steps only; what the "

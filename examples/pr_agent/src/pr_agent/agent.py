@@ -132,10 +132,9 @@ def ask_to_merge(args: Nothing, ctx: ToolContext) -> ToolResult:
 def merge(args: Nothing, ctx: ToolContext) -> str:
     """Merge the pull request (applied at most once per step)."""
     number = _pull_number(ctx)
-    # A retried step finds its merge applied, and says what the first call said: the run's
-    # summary echoes it, and must not read otherwise after a crash (`ratchet check`).
-    _data(ctx).put_once(MERGES + ctx.idempotency_key, str(number))
-    return f"Merged pull request #{number}."
+    if _data(ctx).put_once(MERGES + ctx.idempotency_key, str(number)):
+        return f"Merged pull request #{number}."
+    return f"Pull request #{number} was merged already."
 
 
 def pr_policy(view: StepView) -> Decision:
