@@ -244,8 +244,8 @@ def _say(report: CheckReport) -> None:
                 noted[note].append(where)
     if noted:
         say("Notes (words that read otherwise after a crash, not differences):")
-        for note, where in noted.items():
-            say(f"  {note} (after a crash at {', '.join(where)})")
+        for note, places in noted.items():
+            say(f"  {note} (after a crash at {', '.join(places)})")
     if not report.sees_effects:
         say(
             "No --effects: compared the run's data, tool results and steps only; what the "
