@@ -204,6 +204,10 @@ def _as_data(report: CheckReport) -> dict[str, Any]:
     return data
 
 
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
+
+
 def _say(report: CheckReport) -> None:
     from ratchet.testing.sweep import POINT_ORDER
 
@@ -214,7 +218,7 @@ def _say(report: CheckReport) -> None:
     say(
         f"ratchet check {report.agent}: {report.ran} crash schedules (of {report.planned}) in "
         f"{report.seconds:.1f} s on {report.processes} processes; the run without a crash took "
-        f"{len(report.baseline.steps)} steps and ended {report.baseline.status}."
+        f"{_steps(len(report.baseline.steps))} and ended {report.baseline.status}."
     )
     headers = ["step", "tool", *[str(p) for p in points]]
     rows = []
