@@ -120,3 +120,11 @@ def test_the_checks_own_key_test_flags_the_tool_that_ignores_its_key(tmp_path):
     assert [(k.step, k.tool, k.ok) for k in kept.key_tests] == [(2, "refund_on_key", True)]
     assert kept.ok
     assert list(Path(tmp_path).iterdir()) == []  # the scratch folders are gone
+
+
+def test_a_budget_stops_the_sweep_and_says_how_far_it_got():
+    report = check(AGENT, budget=0.01, processes=1, effects=EFFECTS, setup=SETUP)
+
+    assert report.budget_reached
+    assert report.ran < report.planned
+    assert report.ran == len(report.verdicts)
