@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.testing import assert_idempotent, check, run_agent
+from ratchet.faults import STEP_POINTS
+from ratchet.testing import Crash, CrashKind, assert_idempotent, check, run_agent
 from tests.check_agent import (
     AGENT,
     ORDER,
@@ -58,13 +59,21 @@ def test_one_crash_after_a_naive_tool_ran_doubles_its_effect(tmp_path, kind):
 
 def test_a_tool_that_says_already_done_the_second_time_is_no_double_effect(tmp_path):
     # Given a refund applied once per key, whose second call says "already refunded"
+    # (the refund's own step crashed at each of its points, by either kind)
+    crashes = [Crash(step=2, point=point, kind=kind) for point in STEP_POINTS for kind in CrashKind]
     report = check(
-        AGENT, params={"refund": "refund_saying_so"}, processes=2, effects=EFFECTS, setup=SETUP
+        AGENT,
+        params={"refund": "refund_saying_so"},
+        crashes=crashes,
+        processes=2,
+        effects=EFFECTS,
+        setup=SETUP,
     )
 
     # Then no schedule differs from the baseline: the words are noted, not counted
     assert report.ok, report.differences
-    assert report.ran == report.planned > 0
+    assert report.ran == report.planned == len(crashes)
+    assert all(v.reached for v in report.verdicts)
     noted = [n for v in report.verdicts for n in v.notes]
     assert noted
     assert all("result reads otherwise" in n and "already refunded" in n for n in noted)
