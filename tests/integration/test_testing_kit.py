@@ -137,3 +137,23 @@ def test_a_budget_stops_the_sweep_and_says_how_far_it_got():
     assert report.budget_reached
     assert report.ran < report.planned
     assert report.ran == len(report.verdicts)
+
+
+def test_child_runs_are_worked_in_process_each_by_its_own_agents_policy(tmp_path):
+    # Given a parent that starts two children, each of which asks a person first
+    params = {"children": 2, "ask": True}
+    ran = run_agent("tests.children_agent:parent", tmp_path, params=params)
+
+    assert ran.outcome.status == "done"
+    assert (ran.outcome.summary or "").startswith("All 2 child runs ended: 2 done.")
+    assert [(w["step"], w["kind"]) for w in ran.waits] == [(1, "children")]
+
+    # And the crashes between starting the children and settling the wait for them
+    crashes = [
+        Crash(step=1, point=point, kind=kind)
+        for point in ("after_children_started", "after_wait_settled")
+        for kind in CrashKind
+    ]
+    report = check("tests.children_agent:parent", params=params, crashes=crashes, processes=2)
+    assert report.ok, report.differences
+    assert [v.reached for v in report.verdicts] == [True] * len(crashes)

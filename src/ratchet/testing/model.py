@@ -26,6 +26,9 @@ from ratchet.tools import Policy
 
 CHECK_MODEL = "ratchet.testing.model:from_environment"
 MODEL_ENV = "RATCHET_CHECK_MODEL"
+CHECKED_RUN = "checked"
+"""The run a check starts (`runner.RUN_ID`); the runs it starts are children, each decided by
+its own agent's policy."""
 
 
 class Decided(BaseModel):
@@ -101,6 +104,9 @@ class CheckModelSettings(BaseModel):
     agent: str
     recording: Path | None = None
     log: Path
+    store: str | None = None
+    """The scratch store, where the agent of a child run (which inherits its parent's model)
+    is read."""
 
     def environment(self) -> dict[str, str]:
         return {MODEL_ENV: self.model_dump_json()}
@@ -111,22 +117,47 @@ class CheckModel:
     step) to a file, appended before it answers."""
 
     def __init__(
-        self, log: Path, *, policy: Policy | None = None, replay: Sequence[Decided] = ()
+        self,
+        log: Path,
+        *,
+        policy: Policy | None = None,
+        replay: Sequence[Decided] = (),
+        run_id: str | None = None,
+        store: str | None = None,
     ) -> None:
         self._log = log
         self._policy = policy
         self._replay = {d.step: d for d in replay}
+        self._run_id = run_id
+        self._store = store
 
     def decide(self, request: ModelRequest) -> Decision:
         view = request.view
         with self._log.open("a", encoding="utf-8") as log:
             log.write(json.dumps({"run_id": view.run_id, "step": view.step}) + "\n")
+        if self._run_id is not None and view.run_id != self._run_id:
+            return self._child_policy(view.run_id)(view)
         if self._policy is not None:
             return self._policy(view)
         found = self._replay.get(view.step)
         if found is None:
             raise ModelOutputInvalid(f"the recording has no decision for step {view.step}")
         return found.decision()
+
+    def _child_policy(self, run_id: str) -> Policy:
+        """The scripted policy of a child run's own agent (the recording holds the checked
+        run's decisions only)."""
+        from ratchet.runtime.local import LocalRuntime, LocalSettings
+
+        runtime = LocalRuntime.open(LocalSettings(store=self._store), create=False)
+        try:
+            head = runtime.store.load_head(run_id)
+        finally:
+            runtime.close()
+        agent = load_agent(head.agent) if head is not None else None
+        if agent is None or agent.policy is None:
+            raise ModelOutputInvalid(f"child run {run_id!r}'s agent has no scripted policy")
+        return agent.policy
 
 
 def from_environment() -> CheckModel:
@@ -136,11 +167,14 @@ def from_environment() -> CheckModel:
     except (KeyError, ValidationError):
         raise InvalidInput(f"{CHECK_MODEL} runs only under ratchet check ({MODEL_ENV})") from None
     if settings.recording is not None:
-        return CheckModel(settings.log, replay=Recording.read(settings.recording).decisions)
+        recording = Recording.read(settings.recording)
+        return CheckModel(
+            settings.log, replay=recording.decisions, run_id=CHECKED_RUN, store=settings.store
+        )
     agent = load_agent(settings.agent)
     if agent.policy is None:
         raise InvalidInput(f"agent {settings.agent!r} has no scripted policy and no recording")
-    return CheckModel(settings.log, policy=agent.policy)
+    return CheckModel(settings.log, policy=agent.policy, run_id=CHECKED_RUN, store=settings.store)
 
 
 def model_calls(log: Path) -> dict[str, Any]:

@@ -31,11 +31,19 @@ from ratchet.errors import InvalidInput, RatchetError
 from ratchet.faults import FaultPlan, FaultPoint
 from ratchet.imports import ImportFailed, import_object
 from ratchet.quickjson import dumps
-from ratchet.state import idempotency_key
+from ratchet.state import StepCompleted, idempotency_key
 from ratchet.testing.clock import FakeClock
-from ratchet.testing.drive import LOG, CrashOnce, Driver, open_runtime, waits_answered
+from ratchet.testing.drive import (
+    LOG,
+    CrashOnce,
+    Driver,
+    open_runtime,
+    store_of,
+    waits_answered,
+)
 from ratchet.testing.model import (
     CHECK_MODEL,
+    CHECKED_RUN,
     CheckModelSettings,
     Recording,
     model_calls,
@@ -45,7 +53,7 @@ from ratchet.testing.outcome import Crash, CrashKind, Outcome, observe
 from ratchet.testing.script import WaitScript
 from ratchet.tools import Agent, Tool, ToolContext
 
-RUN_ID = "checked"
+RUN_ID = CHECKED_RUN
 MODEL_LOG = "model-calls.jsonl"
 CRASH_GAP_SECONDS = 1000.0
 """How far the fake clock moves on after a crash, before the next life: past any step's time
@@ -176,7 +184,9 @@ def run_schedule(schedule: Schedule) -> ScheduleRun:
                 f"--setup {target.setup} raised {type(error).__name__}: {error}"
             ) from None
     log = root / MODEL_LOG
-    model = CheckModelSettings(agent=target.agent, recording=target.recording, log=log)
+    model = CheckModelSettings(
+        agent=target.agent, recording=target.recording, log=log, store=store_of(root)
+    )
     os.environ.update(model.environment())
     clock = FakeClock()
     runtime = open_runtime(root, clock)
@@ -230,12 +240,11 @@ def run_schedule(schedule: Schedule) -> ScheduleRun:
         )
         calls: list[ToolCallSeen] = []
         key_tests: list[KeyTest] = []
+        waited_for_children: list[dict[str, Any]] = []
         recording = recording_of(client, RUN_ID) if target.model is not None else None
         if crash is None:
             tools = _tools(client, agent)
-            children = {
-                w["step"] for w in waits if w["run_id"] == RUN_ID and w["kind"] == "children"
-            }
+            children = _children_started(client)
             for taken in outcome.steps:
                 tool = tools.get(taken.tool)
                 calls.append(
@@ -247,6 +256,12 @@ def run_schedule(schedule: Schedule) -> ScheduleRun:
                         children=taken.step in children,
                     )
                 )
+            # A run whose children end while this process works them never shows its wait to
+            # the driver: the wait for them is known from the steps that started them.
+            waited_for_children = [
+                {"run_id": RUN_ID, "step": step, "kind": "children", "name": None}
+                for step in sorted(children)
+            ]
             key_tests = _key_tests(client, agent, tools, outcome, effects, target.effects)
     finally:
         runtime.close()
@@ -255,7 +270,7 @@ def run_schedule(schedule: Schedule) -> ScheduleRun:
         reached=reached,
         outcome=outcome,
         seconds=time.perf_counter() - started,
-        waits=[w for w in waits_answered(root) if w["run_id"] == RUN_ID],
+        waits=[w for w in waits if w["run_id"] == RUN_ID] + waited_for_children,
         calls=calls,
         key_tests=key_tests,
         recording=recording,
@@ -359,6 +374,15 @@ def live(spec: LifeSpec, fault: str) -> bool:
         ).drive()
     finally:
         runtime.close()
+
+
+def _children_started(client: Client) -> set[int]:
+    """The steps of the checked run that started child runs."""
+    return {
+        checkpoint.step
+        for checkpoint in client.runtime.store.list_checkpoints(RUN_ID)
+        if isinstance(checkpoint.event, StepCompleted) and checkpoint.event.started
+    }
 
 
 def _tools(client: Client, agent: Agent) -> dict[str, Tool[Any]]:
