@@ -40,6 +40,7 @@ from ratchet.testing.runner import (
 )
 
 KINDS = (CrashKind.RAISE, CrashKind.KILL)
+RAM_FOLDER = Path("/dev/shm")
 POINT_ORDER = (
     FaultPoint.BEFORE_MODEL,
     FaultPoint.AFTER_MODEL,
@@ -155,7 +156,9 @@ def check(
     module's docstring and docs/testing-your-agent.md. `effects` and `setup` are `module:fn`
     references (each schedule imports them in its own process); `recording` replays a run's
     decisions instead of the agent's policy, and `record_with` (a model) records them first
-    into `recording`. `crashes` limits the sweep to those schedules. Raises `InvalidInput`
+    into `recording`. `crashes` limits the sweep to those schedules. The schedules' scratch
+    folders are made in `workdir` (default: in memory, /dev/shm, where there is one; else the
+    system's temporary folder) and removed at the end. Raises `InvalidInput`
     for a check that cannot run (no such agent, an effects function that raises, ...)."""
     from ratchet.testing.script import WaitScript
 
@@ -184,7 +187,7 @@ def check(
         else WaitScript.model_validate(script or {}),
         recording=recording.resolve() if recording is not None else None,
     )
-    scratch = Path(tempfile.mkdtemp(prefix="ratchet-check-", dir=workdir))
+    scratch = Path(tempfile.mkdtemp(prefix="ratchet-check-", dir=workdir or _in_memory()))
     count = max(1, processes or os.cpu_count() or 1)
     pool = ProcessPoolExecutor(max_workers=count, mp_context=get_context("spawn"))
     try:
@@ -219,6 +222,14 @@ def check(
         budget_reached=stopped,
         sees_effects=effects is not None,
     )
+
+
+def _in_memory() -> Path | None:
+    """A folder in memory (Linux's /dev/shm), if this machine has one to write in. A schedule's
+    store flushes each commit to disk, which is most of a schedule's time on a busy disk; a
+    check crashes processes, not machines, and what a killed process wrote is kept by the
+    operating system either way, so the flush proves nothing here."""
+    return RAM_FOLDER if RAM_FOLDER.is_dir() and os.access(RAM_FOLDER, os.W_OK) else None
 
 
 def _sweep(
