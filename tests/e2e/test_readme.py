@@ -163,3 +163,27 @@ def test_the_shell_example_runs_as_printed(folder):
         assert (done.summary or "").startswith("refunded "), done.summary
         assert len(refunds(client, run_id)) == 1
         assert [c.event for c in client.history(run_id)].count("decided") == 1
+
+
+TIMINGS = re.compile(r" in \d+\.\d s on \d+ processes")
+
+
+@pytest.mark.slow
+def test_the_check_example_prints_what_the_readme_shows(folder):
+    (block,) = [b for b in readme_blocks("sh") if b.code.startswith("ratchet check ")]
+    (shown,) = [b for b in readme_blocks("text") if b.code.startswith("ratchet check ")]
+    env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
+    env["PATH"] = f"{RATCHET.parent}{os.pathsep}{env.get('PATH', '')}"
+
+    checked = subprocess.run(
+        ["bash", "-c", block.code.strip()],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+    assert checked.returncode == 0, (checked.stdout, checked.stderr)
+    assert TIMINGS.sub("", checked.stdout) == TIMINGS.sub("", shown.code)

@@ -96,3 +96,33 @@ def test_the_pr_agent_waits_for_ci_sleeps_retries_asks_and_merges_once(
     data = dict(runtime.db.connection.execute("SELECT key, value FROM run_data").fetchall())
     assert [k for k in data if k.startswith("merges/")] == ["merges/pr-1/step-7"]
     assert len([k for k in data if k.startswith("pulls/")]) == 1
+
+
+def test_the_pr_agent_run_by_the_testing_kit_merges_once_after_every_crash_of_its_merge(
+    runtime: LocalRuntime, tmp_path: Path
+) -> None:
+    # The same story told by `ratchet.testing`, as a project's own test would: the waits
+    # answered by a script on a fake clock, the merge's step crashed after the merge ran
+    from ratchet.testing import WaitScript, run_agent
+
+    script = WaitScript.of(
+        approvals=[{"prompt": "Merge it?", "comment": "ship it"}],
+        events={"ci-finished": [{"conclusion": "failure"}, {"conclusion": "success"}]},
+    )
+    for kind in ("raise", "kill"):
+        ran = run_agent(
+            "pr_agent.agent:agent",
+            tmp_path / kind,
+            params={"branch": "fix-login"},
+            script=script,
+            crash=f"{kind}:after_tool@7",
+        )
+
+        assert ran.reached
+        assert ran.outcome.status == "done"
+        # The merge called again under its key merges nothing, and says so
+        assert ran.outcome.summary == "Pull request #101 was merged already."
+        assert [w["kind"] for w in ran.waits] == ["event", "timer", "event", "person"]
+        assert [key for key in ran.outcome.data if key.startswith("merges/")] == [
+            "merges/checked/step-7"
+        ]

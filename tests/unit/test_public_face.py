@@ -1,5 +1,5 @@
-"""What a project may import: `ratchet` and `ratchet.tools` (and, in its CDK app, `ratchet.cdk`),
-and nothing deeper.
+"""What a project may import: `ratchet` and `ratchet.tools` (and, in its CDK app, `ratchet.cdk`;
+in its tests, `ratchet.testing`), and nothing deeper.
 
 The names are pinned here: adding one is a decision (add it below too), and dropping or
 renaming one breaks the projects that import it. The shipped example, the README and the docs
@@ -90,8 +90,25 @@ TOOLS = [
     "wait_for_event",
     "wait_for_reply",
 ]
-FACES = {"ratchet", "ratchet.tools", "ratchet.cdk"}
-"""`ratchet.cdk` is the construct's face, for a CDK app (tests/infra/test_cdk_face.py pins it)."""
+TESTING = [
+    "ApprovalRule",
+    "CheckReport",
+    "Crash",
+    "CrashKind",
+    "FakeClock",
+    "KeyTest",
+    "Outcome",
+    "Recording",
+    "ScheduleRun",
+    "Verdict",
+    "WaitScript",
+    "assert_idempotent",
+    "check",
+    "run_agent",
+]
+FACES = {"ratchet", "ratchet.tools", "ratchet.cdk", "ratchet.testing"}
+"""`ratchet.cdk` is the construct's face, for a CDK app (tests/infra/test_cdk_face.py pins it);
+`ratchet.testing` the test kit's, for a project's own tests (docs/testing-your-agent.md)."""
 
 
 def test_ratchet_exports_exactly_its_pinned_names() -> None:
@@ -100,6 +117,13 @@ def test_ratchet_exports_exactly_its_pinned_names() -> None:
 
 def test_ratchet_tools_exports_exactly_its_pinned_names() -> None:
     assert sorted(tools.__all__) == TOOLS
+
+
+def test_ratchet_testing_exports_exactly_its_pinned_names() -> None:
+    from ratchet import testing
+
+    assert sorted(testing.__all__) == TESTING
+    assert all(getattr(testing, name) is not None for name in TESTING)
 
 
 @pytest.mark.parametrize("name", RATCHET)

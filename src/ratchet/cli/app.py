@@ -26,6 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.cli import (
+    check,
     decisions,
     deliveries,
     doctor,
@@ -73,6 +74,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "synth": project.synth,
     "deploy": project.deploy,
     "doctor": doctor.doctor,
+    "check": check.check,
 }
 """Every command, in the order `ratchet --help` lists them."""
 

@@ -343,7 +343,7 @@ def _new_run(
             goal=goal,
             model=model,
             max_steps=max_steps,
-            input=_run_input(input_json, params),
+            input=run_input(input_json, params),
             batches=batches,
             tool_latency_ms=tool_latency_ms,
             notify={"email": notify or [], "slack_channel": notify_slack}
@@ -378,7 +378,7 @@ def input_object(text: str) -> dict[str, Any]:
     return parsed
 
 
-def _run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
+def run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
     """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
     object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
     as text otherwise (`--param who=dana`). JSON nested too deep is refused before it is

@@ -41,6 +41,7 @@ EXAMPLES = {
     "synth": "ratchet synth my-agents --context ratchet:notifyEmails=ops@example.com",
     "deploy": "ratchet deploy my-agents --profile prod --require-approval never",
     "doctor": 'ratchet doctor --run --agent payout --input \'{"recipient": "ada", "amount": 1}\'',
+    "check": "ratchet check migration --param batches=2 --budget 60",
     "schedule": "ratchet schedule add nightly --agent migration --cron '0 2 * * *'",
     "schedule add": "ratchet schedule add nightly --agent migration --cron '0 2 * * *' "
     "--input '{\"batches\": 2}'",

@@ -238,6 +238,10 @@ def default_worker_id() -> str:
 class LocalRuntime:
     db: SqliteDatabase
     settings: LocalSettings
+    clock: Callable[[], datetime] = utcnow
+    """The time by which the runtime's engine, workers and desks reckon: when a wait is due,
+    a timeout passes, an at-most-once call's deadline. The real time, but for a test's fake
+    clock (`ratchet.testing.FakeClock`), on which a week's sleep takes no time."""
     _bindings: Bindings = field(init=False)
 
     def __post_init__(self) -> None:
@@ -249,17 +253,22 @@ class LocalRuntime:
 
     @classmethod
     def open(
-        cls, settings: LocalSettings, *, create: bool = True, any_thread: bool = False
+        cls,
+        settings: LocalSettings,
+        *,
+        create: bool = True,
+        any_thread: bool = False,
+        clock: Callable[[], datetime] = utcnow,
     ) -> LocalRuntime:
         """With `any_thread`, the store's connection may be used from any thread, one at a
-        time (see `SqliteDatabase`)."""
+        time (see `SqliteDatabase`); `clock` is the runtime's time (`LocalRuntime.clock`)."""
         database = SqliteDatabase(
             sqlite_path(settings.store),
             create=create,
             busy_timeout=settings.busy_timeout_seconds,
             any_thread=any_thread,
         )
-        return cls(database, settings)
+        return cls(database, settings, clock)
 
     @property
     def store(self) -> SqliteCheckpointStore:
@@ -366,6 +375,7 @@ class LocalRuntime:
             worker_id=worker_id,
             logger=logger,
             faults=faults,
+            clock=self.clock,
             rate=SqliteRateLimit(self.db),
             requests_per_minute=self.settings.requests_per_minute,
             # Every process working this store finds the store's calls under way there.
@@ -417,6 +427,7 @@ class LocalRuntime:
             book=self.approvals,
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
+            clock=self.clock,
             signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
             public_url=self.settings.public_url,
             notifiers=[self.outbox],
@@ -460,6 +471,7 @@ class LocalRuntime:
             on_park=on_park,
             on_step=on_step,
             on_wait=on_wait,
+            clock=self.clock,
             expire_approvals=self.approval_expiry(engine),
             deliver_decisions=self.decision_delivery(engine),
             settle_waits=self.wait_settler(engine),
@@ -495,17 +507,26 @@ class LocalRuntime:
         faults: FaultPlan = NO_FAULTS,
         on_step: Callable[[StepReport], None] | None = None,
         on_wait: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
+        lease_seconds: float | None = None,
     ) -> None:
         """Work the run in this process, as a worker holding its lease: until it is done,
         waiting or failed, or another worker holds it. `on_step` and `on_wait` are the
-        worker's (`ratchet run` prints its progress through them)."""
-        from ratchet.worker import Worker
+        worker's (`ratchet run` prints its progress through them); `stop` ends the work after
+        the current step (`ratchet.testing` sets it when it crashes a step on purpose), and
+        `lease_seconds` is the lease's length (a process expected to die soon takes a short
+        one, so the next process need not wait long for it to lapse)."""
+        from ratchet.worker import DEFAULT_LEASE_SECONDS, Worker
 
+        stop = stop or threading.Event()
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
         worker = Worker(
             engine,
             self.leases,
             logger,
+            lease_seconds=DEFAULT_LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            stop=stop,
+            clock=self.clock,
             on_step=on_step,
             on_wait=on_wait,
             expire_approvals=self.approval_expiry(engine),
@@ -513,7 +534,7 @@ class LocalRuntime:
             settle_waits=self.wait_settler(engine),
             limits=self.limits(),
         )
-        while True:
+        while not stop.is_set():
             worker.run(until_idle=True, run_id=run_id)
             # A run waiting for its children: work them here too, as `ratchet run` would be
             # expected to, until the run goes on (or one waits, for a person, say).
@@ -531,9 +552,11 @@ class LocalRuntime:
                     faults=faults,
                     on_step=on_step,
                     on_wait=on_wait,
+                    stop=stop,
+                    lease_seconds=lease_seconds,
                 )
                 head = self.store.load_head(run_id)
-                if head is None or head.status is not RunStatus.WAITING:
+                if stop.is_set() or head is None or head.status is not RunStatus.WAITING:
                     break
             else:
                 return  # worked every child, and the run still waits (a child waits)
@@ -547,6 +570,7 @@ class LocalRuntime:
             engine=engine,
             events_of=declared_events,
             faults=FaultPlan.parse(self.settings.fault),
+            clock=self.clock,
         )
 
     def wait_settler(self, engine: Engine) -> Callable[[datetime], list[str]]:
@@ -587,7 +611,9 @@ class LocalRuntime:
         engine = self.engine(
             worker_id=worker_id, logger=logger, faults=FaultPlan.parse(self.settings.fault)
         )
-        decider = Decider(self.approvals, LocalResumer(engine), self.store, faults=engine.faults)
+        decider = Decider(
+            self.approvals, LocalResumer(engine), self.store, self.clock, faults=engine.faults
+        )
         decider.decide_or_record(
             run_id,
             verdict,
