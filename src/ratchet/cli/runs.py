@@ -73,8 +73,8 @@ ModelOption = Annotated[
         metavar="MODEL",
         callback=not_empty,
         help="'scripted' (offline), claude-… (with ANTHROPIC_API_KEY), bedrock:<model id> "
-        "(AWS credentials), or your own Model as module:attr; default Claude when "
-        "ANTHROPIC_API_KEY is set, else scripted.",
+        "(AWS credentials), or your own Model as module:attr; default the agent's scripted "
+        "policy, or Claude (with ANTHROPIC_API_KEY) for an agent without one.",
     ),
 ]
 MaxStepsOption = Annotated[
@@ -177,6 +177,7 @@ def start(
         notify=notify,
         notify_slack=notify_slack,
     )
+    _say_if_paid(state.options.model, console=err)
     created = _start(_with_approval_timeout(state, approval_timeout))
     out.print(state.run_id)
     if not created:
@@ -231,6 +232,8 @@ def run(
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
+        if not as_json:
+            _say_if_paid(client.head(worked_id).options.model, console=out)
         with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
             _work_showing_progress(client, worked_id, printer)
         final = client.head(worked_id)
@@ -429,6 +432,15 @@ def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
         return state
     options = state.options.model_copy(update={"approval_timeout_seconds": seconds})
     return state.model_copy(update={"options": options})
+
+
+def _say_if_paid(model: str, *, console: Any) -> None:
+    """`model: claude-sonnet-4-6` first, for a run whose model calls are billed: a run never
+    spends without saying so before its first step."""
+    from ratchet.model_names import ModelKind, model_kind
+
+    if model_kind(model) in (ModelKind.ANTHROPIC, ModelKind.BEDROCK):
+        say(f"model: {model}", console=console)
 
 
 def _progress_line(report: Any, printer: Any) -> None:
