@@ -32,6 +32,7 @@ from typing import Any
 from ratchet.engine import Engine, Outcome, StepOutcome
 from ratchet.errors import (
     AbandonedCallRunning,
+    AgentUnloadable,
     InvalidInput,
     RatchetError,
     RunNotFound,
@@ -189,7 +190,8 @@ class Worker:
     on_step: Callable[[StepReport], None] | None = None
     """Called after each step this worker committed, and when a run it works ends."""
     on_wait: Callable[[str], None] | None = None
-    """Called with a sentence when the worker starts waiting for another worker's lease."""
+    """Called with a sentence when the worker starts waiting for another worker's lease, and
+    when it leaves a run whose agent it cannot load."""
     heartbeat_seconds: float | None = None
     """How often the lease is renewed; by default a third of `lease_seconds`."""
     expire_approvals: Callable[[datetime], Sequence[str]] | None = None
@@ -213,6 +215,8 @@ class Worker:
     in order (`ratchet.limits`)."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
+    unloadable: dict[str, AgentUnloadable] = field(default_factory=dict, init=False)
+    """Runs whose agent this worker cannot load, and why; it leaves them to other workers."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _waited_for: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _beat_every: float = field(default=0.0, init=False, repr=False)
@@ -238,6 +242,10 @@ class Worker:
     @property
     def worker_id(self) -> str:
         return self.engine.worker_id
+
+    @property
+    def _skipped(self) -> set[str]:
+        return self.unreadable | self.unloadable.keys()
 
     def run(self, *, until_idle: bool = False, run_id: str | None = None) -> None:
         """Work until stopped; with `until_idle`, until no run (or `run_id`) is running.
@@ -272,12 +280,10 @@ class Worker:
                     self.worker_id,
                     self.lease_seconds,
                     run_id=run_id,
-                    skip=self.unreadable,
+                    skip=self._skipped,
                     limit_of=self.limits,
                 )
-                idle = claimed is None and not self.leases.running_runs(
-                    run_id, skip=self.unreadable
-                )
+                idle = claimed is None and not self.leases.running_runs(run_id, skip=self._skipped)
             except StoreBusy as error:  # another process holds the write lock for long
                 busy += 1
                 self.logger.warning(
@@ -361,7 +367,7 @@ class Worker:
         """Once per run and holder: which live worker's lease this worker waits out, and
         until when (a dead worker's lease lapses on its own; until then nothing shows)."""
         try:
-            held = self.leases.held_by_others(self.worker_id, run_id, skip=self.unreadable)
+            held = self.leases.held_by_others(self.worker_id, run_id, skip=self._skipped)
         except RatchetError:
             return
         for held_run, holder, expires_at in held:
@@ -439,6 +445,17 @@ class Worker:
                 extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(running)},
             )
             raise
+        except AgentUnloadable as unloadable:
+            # Nothing was counted (the engine gave the attempt back): the run waits, as it
+            # was, for a worker that can load its agent. This one says so once and goes on.
+            self.unloadable[run_id] = unloadable
+            self.logger.error(
+                "run left: its agent cannot be loaded here",
+                extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(unloadable)},
+            )
+            if self.on_wait is not None:
+                self.on_wait(str(unloadable))
+            return False
         except StepAttemptFailed as failure:
             # Counted by the engine, and recorded with the time the next attempt may start
             # (unless the store refused that write too); the next attempt, or the last strike,

@@ -3,6 +3,7 @@ a user has (a key set, a typo, Ctrl-C), each held by the real `ratchet` command 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -62,3 +63,60 @@ def test_a_run_on_a_paid_model_names_it_in_its_first_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"model: {PAID}"
     assert len(api.requests) == 1
+
+
+AGENT_MODULE = '''
+from pydantic import BaseModel
+from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
+
+
+class Note(BaseModel):
+    text: str
+
+
+@tool()
+def note(args: Note, ctx: ToolContext) -> str:
+    """Write a note."""
+    return "noted"
+
+
+def policy(view: StepView):
+    if view.messages:
+        return Done(summary="noted")
+    return ToolCall(name="note", arguments={"text": "x"})
+
+
+agent = Agent(name="first_hour", goal="note", tools=[note], policy=policy)
+'''
+
+
+def a_project(tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "first_hour_agent.py").write_text(AGENT_MODULE, encoding="utf-8")
+    return project
+
+
+def test_a_worker_that_cannot_load_an_agent_leaves_its_run_untouched(tmp_path):
+    project = a_project(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    started = ratchet_in(tmp_path, "start", "--agent", "first_hour_agent:agent", cwd=project)
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+
+    # When a worker started in another folder finds the run
+    skipped = ratchet_in(tmp_path, "worker", "--until-idle", cwd=elsewhere)
+
+    # Then it says which agent it cannot load and why, and ends non-zero; the run has no strike
+    assert skipped.returncode == 1, skipped.stdout + skipped.stderr
+    assert "cannot load agent 'first_hour_agent:agent'" in skipped.stdout
+    assert "first_hour_agent" in skipped.stdout
+    assert f"left runs whose agent this worker cannot load: {run_id}" in skipped.stderr
+    state = json.loads(ratchet_in(tmp_path, "status", run_id, "--json").stdout)
+    assert (state["status"], state["step"], state["attempts"]) == ("running", 0, 0)
+    # And a worker that can load it does the run from its first attempt
+    worked = ratchet_in(tmp_path, "worker", "--until-idle", cwd=project)
+    assert worked.returncode == 0, worked.stderr
+    state = json.loads(ratchet_in(tmp_path, "status", run_id, "--json").stdout)
+    assert state["status"] == "done"

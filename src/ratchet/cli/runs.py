@@ -312,6 +312,10 @@ def worker(
     finally:
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
+    if work.unloadable:
+        left = ", ".join(sorted(work.unloadable))
+        err.print(f"left runs whose agent this worker cannot load: {left}", markup=False)
+        raise typer.Exit(1)
 
 
 def _new_run(

@@ -490,6 +490,8 @@ class LocalRuntime:
         )
         while True:
             worker.run(until_idle=True, run_id=run_id)
+            if run_id in worker.unloadable:
+                raise worker.unloadable[run_id]
             # A run waiting for its children: work them here too, as `ratchet run` would be
             # expected to, until the run goes on (or one waits, for a person, say).
             head = self.store.load_head(run_id)
