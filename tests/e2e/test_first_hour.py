@@ -67,7 +67,7 @@ def test_a_run_on_a_paid_model_names_it_in_its_first_line(tmp_path):
 
 AGENT_MODULE = '''
 from pydantic import BaseModel
-from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
+from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, ask_person, tool
 
 
 class Note(BaseModel):
@@ -87,6 +87,21 @@ def policy(view: StepView):
 
 
 agent = Agent(name="first_hour", goal="note", tools=[note], policy=policy)
+
+
+@tool()
+def ask(args: Note, ctx: ToolContext):
+    """Ask a person."""
+    return ask_person(f"May I {args.text}?")
+
+
+def asking(view: StepView):
+    if view.messages:
+        return Done(summary=view.last_result or "")
+    return ToolCall(name="ask", arguments={"text": "refund"})
+
+
+asker = Agent(name="first_hour_asker", goal="ask", tools=[ask], policy=asking)
 '''
 
 
@@ -120,3 +135,25 @@ def test_a_worker_that_cannot_load_an_agent_leaves_its_run_untouched(tmp_path):
     assert worked.returncode == 0, worked.stderr
     state = json.loads(ratchet_in(tmp_path, "status", run_id, "--json").stdout)
     assert state["status"] == "done"
+
+
+def test_a_run_worked_from_python_asks_its_person(tmp_path, monkeypatch):
+    project = a_project(tmp_path)
+    monkeypatch.syspath_prepend(str(project))
+    client = ratchet.connect(f"sqlite:///{tmp_path}/ratchet.db", environ={})
+    try:
+        # When a script works a run to where it waits for a person
+        run = client.run(
+            run_id="asks",
+            agent="first_hour_agent:asker",
+            notify={"email": ["dana@example.com"]},
+        )
+        # Then the request is open and dana has the message, as a worker would have done
+        assert run.status is RunStatus.WAITING
+        [request] = client.runtime.approvals.of_run("asks")
+        assert request.status.value == "pending"
+        [message] = client.runtime.outbox.messages()
+        assert "May I refund?" in json.dumps(message)
+        assert "dana@example.com" in json.dumps(message)
+    finally:
+        client.close()

@@ -462,6 +462,8 @@ def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
         faults=client.faults,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
+        # The operator's own request (the link it prints after the run parks is theirs).
+        on_park=lambda parked: parked_line(client.runtime, parked),
     )
 
 

@@ -385,6 +385,19 @@ class LocalRuntime:
         """Every approval request's messages, as files beside the store."""
         return OutboxNotifier(Path(f"{self.root}.outbox"))
 
+    def _approval_opener(self, worker_id: str, logger: Any) -> Callable[[str], None]:
+        """Opens the approval request of a run parked for a person, notifying who it names
+        (another wait has no request: nothing to open)."""
+
+        def open_request(run_id: str) -> None:
+            head = self.store.load_head(run_id)
+            if head is None or head.waiting is None or head.waiting.kind != "person":
+                return
+            desk = self.approval_desk(worker_id=worker_id, logger=logger)
+            desk.open(run_id, timeout_seconds=self.settings.approval_timeout_seconds)
+
+        return open_request
+
     def approval_desk(self, *, worker_id: str, logger: Any) -> ApprovalDesk:
         """Approvals decided through signed links to `ratchet serve`, signed with a key kept
         beside the store (`<store>.approval-key`, made on first use, owner-only)."""
@@ -470,10 +483,13 @@ class LocalRuntime:
         faults: FaultPlan = NO_FAULTS,
         on_step: Callable[[StepReport], None] | None = None,
         on_wait: Callable[[str], None] | None = None,
+        on_park: Callable[[str], None] | None = None,
     ) -> None:
         """Work the run in this process, as a worker holding its lease: until it is done,
-        waiting or failed, or another worker holds it. `on_step` and `on_wait` are the
-        worker's (`ratchet run` prints its progress through them)."""
+        waiting or failed, or another worker holds it. `on_step`, `on_wait` and `on_park` are
+        the worker's (`ratchet run` prints its progress through them); by default a run parked
+        for a person has its approval request opened and its people notified, as a worker's
+        would (a script's `client.run` asks someone too)."""
         from ratchet.worker import Worker
 
         engine = self.engine(worker_id=worker_id, logger=logger, faults=faults)
@@ -483,6 +499,7 @@ class LocalRuntime:
             logger,
             on_step=on_step,
             on_wait=on_wait,
+            on_park=on_park or self._approval_opener(worker_id, logger),
             expire_approvals=self.approval_expiry(engine),
             deliver_decisions=self.decision_delivery(engine),
             settle_waits=self.wait_settler(engine),
@@ -508,6 +525,7 @@ class LocalRuntime:
                     faults=faults,
                     on_step=on_step,
                     on_wait=on_wait,
+                    on_park=on_park,
                 )
                 head = self.store.load_head(run_id)
                 if head is None or head.status is not RunStatus.WAITING:
