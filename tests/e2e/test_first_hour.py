@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import ratchet
+from ratchet.runtime.local import LocalRuntime
 from ratchet.state import RunStatus
 from tests.integration.fake_messages_api import FakeMessagesApi, text_response
 from tests.processes import RATCHET, clean_env
@@ -150,9 +151,11 @@ def test_a_run_worked_from_python_asks_its_person(tmp_path, monkeypatch):
         )
         # Then the request is open and dana has the message, as a worker would have done
         assert run.status is RunStatus.WAITING
-        [request] = client.runtime.approvals.of_run("asks")
+        runtime = client.runtime
+        assert isinstance(runtime, LocalRuntime)
+        [request] = runtime.approvals.of_run("asks")
         assert request.status.value == "pending"
-        [message] = client.runtime.outbox.messages()
+        [message] = runtime.outbox.messages()
         assert "May I refund?" in json.dumps(message)
         assert "dana@example.com" in json.dumps(message)
     finally:
