@@ -190,8 +190,8 @@ class Worker:
     on_step: Callable[[StepReport], None] | None = None
     """Called after each step this worker committed, and when a run it works ends."""
     on_wait: Callable[[str], None] | None = None
-    """Called with a sentence when the worker starts waiting for another worker's lease, and
-    when it leaves a run whose agent it cannot load."""
+    """Called with a sentence when the worker starts waiting for another worker's lease, when
+    an attempt fails, and when it leaves a run whose agent it cannot load."""
     heartbeat_seconds: float | None = None
     """How often the lease is renewed; by default a third of `lease_seconds`."""
     expire_approvals: Callable[[datetime], Sequence[str]] | None = None
@@ -460,6 +460,7 @@ class Worker:
             # Counted by the engine, and recorded with the time the next attempt may start
             # (unless the store refused that write too); the next attempt, or the last strike,
             # is the next advance.
+            self._say_attempt_failed(run_id, failure)
             if failure.not_before is not None:
                 self._wait_until(run_id, failure.not_before)
             else:
@@ -513,6 +514,26 @@ class Worker:
             )
             return False
         return True
+
+    def _say_attempt_failed(self, run_id: str, failure: StepAttemptFailed) -> None:
+        """`attempt 1 of step 3 failed: ...; next in 5 s`, as it happens: a retry's backoff
+        is never a blank screen."""
+        if self.on_wait is None:
+            return
+        head = self._head(run_id)
+        if head is None:
+            return
+        said = f"{run_id}: attempt {head.attempts} of step {head.next_step} failed: {failure}"
+        if failure.not_before is not None:
+            seconds = max(0.0, (failure.not_before - self.clock()).total_seconds())
+            said += f"; next in {seconds:.0f} s"
+        try:
+            self.on_wait(said)
+        except Exception:
+            # Progress output is a courtesy: the failure is on record whatever happens to it.
+            self.logger.exception(
+                "could not report progress", extra={"run_id": run_id, "worker_id": self.worker_id}
+            )
 
     def _report(self, outcome: StepOutcome, ms: float) -> None:
         assert self.on_step is not None

@@ -4,6 +4,7 @@ a user has (a key set, a typo, Ctrl-C), each held by the real `ratchet` command 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def asking(view: StepView):
 
 
 asker = Agent(name="first_hour_asker", goal="ask", tools=[ask], policy=asking)
+
+
+@tool(side_effect=True)
+def flaky(args: Note, ctx: ToolContext) -> str:
+    """Fails at its first try."""
+    if ctx.resources.put_once("tried", "1"):
+        raise RuntimeError("the service is down")
+    return "worked"
+
+
+def retrying(view: StepView):
+    if view.messages:
+        return Done(summary=view.last_result or "")
+    return ToolCall(name="flaky", arguments={"text": "x"})
+
+
+flaky_agent = Agent(
+    name="first_hour_flaky",
+    goal="try",
+    tools=[flaky],
+    policy=retrying,
+    resources=lambda run: run.data,
+)
 '''
 
 
@@ -160,3 +184,21 @@ def test_a_run_worked_from_python_asks_its_person(tmp_path, monkeypatch):
         assert "dana@example.com" in json.dumps(message)
     finally:
         client.close()
+
+
+def test_a_failed_attempt_is_said_as_it_happens(tmp_path):
+    project = a_project(tmp_path)
+
+    done = ratchet_in(
+        tmp_path, "run", "--agent", "first_hour_agent:flaky_agent", "--run-id", "r", cwd=project
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    failed = next(i for i, line in enumerate(lines) if "attempt 1 of step 1 failed" in line)
+    stepped = next(i for i, line in enumerate(lines) if line.startswith("r  step 1"))
+    # Said before the retry that took the step, with why and when the next attempt starts
+    assert failed < stepped, lines
+    assert re.fullmatch(
+        r"r: attempt 1 of step 1 failed: .*the service is down.*; next in \d+ s", lines[failed]
+    ), lines[failed]
