@@ -338,6 +338,9 @@ class StepAttemptFailed(RatchetError):
     transient: bool = False
     not_before: datetime | None = None
     usage: Usage | None = None
+    step: int | None = None
+    attempt: int | None = None
+    """Which step and attempt failed, once the engine counted it (None before)."""
 
     def __init__(self, message: str = "", *, transient: bool | None = None) -> None:
         super().__init__(message)

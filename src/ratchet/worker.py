@@ -518,12 +518,9 @@ class Worker:
     def _say_attempt_failed(self, run_id: str, failure: StepAttemptFailed) -> None:
         """`attempt 1 of step 3 failed: ...; next in 5 s`, as it happens: a retry's backoff
         is never a blank screen."""
-        if self.on_wait is None:
+        if self.on_wait is None or failure.step is None:
             return
-        head = self._head(run_id)
-        if head is None:
-            return
-        said = f"{run_id}: attempt {head.attempts} of step {head.next_step} failed: {failure}"
+        said = f"{run_id}: attempt {failure.attempt} of step {failure.step} failed: {failure}"
         if failure.not_before is not None:
             seconds = max(0.0, (failure.not_before - self.clock()).total_seconds())
             said += f"; next in {seconds:.0f} s"
