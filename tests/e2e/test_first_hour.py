@@ -12,7 +12,7 @@ import ratchet
 from ratchet.runtime.local import LocalRuntime
 from ratchet.state import RunStatus
 from tests.integration.fake_messages_api import FakeMessagesApi, text_response
-from tests.processes import RATCHET, clean_env
+from tests.processes import RATCHET, Cli, clean_env, serving
 
 PAID = "claude-sonnet-4-6"
 
@@ -202,3 +202,22 @@ def test_a_failed_attempt_is_said_as_it_happens(tmp_path):
     assert re.fullmatch(
         r"r: attempt 1 of step 1 failed: .*the service is down.*; next in \d+ s", lines[failed]
     ), lines[failed]
+
+
+def test_links_point_where_a_serve_of_the_store_listens(tmp_path):
+    project = a_project(tmp_path)
+    cli = Cli(tmp_path)
+    log = tmp_path / "serve.log"
+    env = clean_env(PYTHONUNBUFFERED="1")
+    env.pop("RATCHET_PUBLIC_URL", None)
+    with serving(cli.argv("serve", "--port", "0", "--no-worker"), log=log, env=env) as served:
+        assert not served.base.endswith(":8765")
+        # When a run started elsewhere parks for a person
+        parked = ratchet_in(
+            tmp_path, "run", "--agent", "first_hour_agent:asker", "--run-id", "a", cwd=project
+        )
+    # Then its link is the serve's, not the default port's
+    assert parked.returncode == 0, parked.stderr
+    [link] = re.findall(r"Approve or reject at: (\S+)", parked.stdout)
+    assert link.startswith(f"{served.base}/approvals/"), link
+    assert not (tmp_path / "ratchet.serve").exists()  # gone with the serve

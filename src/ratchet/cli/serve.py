@@ -97,7 +97,8 @@ def serve(
         raise
     try:
         token = None if is_local(host) else runtime.serve_token()
-        _serve(runtime, listening, host=host, token=token, work=work, agents=agents)
+        with runtime.serving(chosen.public_url):
+            _serve(runtime, listening, host=host, token=token, work=work, agents=agents)
     finally:
         listening.close()  # served and closed by now, unless the token was refused
         runtime.close()

@@ -7,10 +7,12 @@ run for an agent that keeps files (the migration demo's app database) in `ratche
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -282,6 +284,45 @@ class LocalRuntime:
         beyond this machine: `<store>.serve-token`, beside the store's keys, owner-only."""
         return Path(f"{self.root}.serve-token")
 
+    @property
+    def serve_file(self) -> Path:
+        """Where a `ratchet serve` of this store says where its links point, while it runs:
+        `<store>.serve`, read by every other command's links (`public_url`)."""
+        return Path(f"{self.root}.serve")
+
+    @contextmanager
+    def serving(self, url: str) -> Iterator[None]:
+        """While a `ratchet serve` reached at `url` runs, the links every other process of
+        this store makes point there (not at the default port, which may be another
+        project's serve)."""
+        said = json.dumps({"url": url, "pid": os.getpid()})
+        self.serve_file.write_text(said, encoding="utf-8")
+        try:
+            yield
+        finally:
+            # A later serve of this store may have written its own since: only ours goes.
+            try:
+                if self.serve_file.read_text(encoding="utf-8") == said:
+                    self.serve_file.unlink()
+            except OSError:
+                pass
+
+    @property
+    def public_url(self) -> str:
+        """The base of this store's links: `RATCHET_PUBLIC_URL`; else where a live `ratchet
+        serve` of this store listens; else the default address."""
+        if self.settings.public_url_set:
+            return self.settings.public_url
+        try:
+            served = json.loads(self.serve_file.read_text(encoding="utf-8"))
+            url = str(served["url"])
+            os.kill(int(served["pid"]), 0)  # a serve killed outright left its file behind
+        except PermissionError:  # alive, and another user's
+            return url
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.settings.public_url
+        return url
+
     def serve_token(self) -> str:
         """The token in `serve_token_file`, made on first use and kept for the next start."""
         return token_file(self.serve_token_file)
@@ -406,7 +447,7 @@ class LocalRuntime:
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
             signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
-            public_url=self.settings.public_url,
+            public_url=self.public_url,
             notifiers=[self.outbox],
             faults=FaultPlan.parse(self.settings.fault),
         )
