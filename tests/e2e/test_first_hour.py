@@ -221,3 +221,24 @@ def test_links_point_where_a_serve_of_the_store_listens(tmp_path):
     [link] = re.findall(r"Approve or reject at: (\S+)", parked.stdout)
     assert link.startswith(f"{served.base}/approvals/"), link
     assert not (tmp_path / "ratchet.serve").exists()  # gone with the serve
+
+
+def test_a_mistyped_store_is_refused_and_a_start_names_its_store(tmp_path):
+    nowhere = tmp_path / "nonexistent" / "dir" / "x.db"
+
+    refused = subprocess.run(
+        [*RATCHET, "--store", str(nowhere), "start", "--goal", "g"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    started = ratchet_in(tmp_path, "start", "--goal", "g", "--run-id", "s")
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"no folder {nowhere.parent} for the store {nowhere}" in refused.stderr
+    assert not (tmp_path / "nonexistent").exists()
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == "s\n"
+    assert f"run s started in store {tmp_path / 'ratchet.db'}" in started.stderr

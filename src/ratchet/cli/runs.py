@@ -26,6 +26,7 @@ from ratchet.cli.context import (
     require_local_store,
     say,
     settings,
+    store_named,
 )
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
@@ -182,6 +183,8 @@ def start(
     out.print(state.run_id)
     if not created:
         err.print(f"run {state.run_id} already exists; nothing changed")
+    else:
+        say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
 
 
 def run(
@@ -230,6 +233,8 @@ def run(
             state = _with_approval_timeout(state, approval_timeout)
         if state is not None and not client.create(state).created:
             err.print(f"run {state.run_id} already exists; resuming it")
+        elif state is not None:
+            say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
         if not as_json:
