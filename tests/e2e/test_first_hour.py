@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import ratchet
@@ -118,6 +120,29 @@ def retrying(view: StepView):
     if view.messages:
         return Done(summary=view.last_result or "")
     return ToolCall(name="flaky", arguments={"text": "x"})
+
+
+@tool()
+def hold(args: Note, ctx: ToolContext) -> str:
+    """Holds its step until the test lets it go."""
+    import time
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    (here / "held").touch()
+    deadline = time.monotonic() + 120
+    while not (here / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "let go"
+
+
+def holding(view: StepView):
+    if view.messages:
+        return Done(summary=view.last_result or "")
+    return ToolCall(name="hold", arguments={"text": "x"})
+
+
+holder = Agent(name="first_hour_holder", goal="hold", tools=[hold], policy=holding)
 
 
 flaky_agent = Agent(
@@ -242,3 +267,53 @@ def test_a_mistyped_store_is_refused_and_a_start_names_its_store(tmp_path):
     assert started.returncode == 0, started.stderr
     assert started.stdout == "s\n"
     assert f"run s started in store {tmp_path / 'ratchet.db'}" in started.stderr
+
+
+def interrupted_in_its_step(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ratchet ARGS`, sent SIGINT (Ctrl-C) once its step is under way, to its end."""
+    project = tmp_path / "project"
+    process = subprocess.Popen(
+        [*RATCHET, "--store", f"sqlite:///{tmp_path / 'ratchet.db'}", *args],
+        cwd=project,
+        env=clean_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (project / "held").exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the step never began"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        (project / "go").touch()  # lets the abandoned tool's thread end
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_ctrl_c_in_run_says_where_the_run_stands_and_how_to_go_on(tmp_path):
+    a_project(tmp_path)
+
+    stopped = interrupted_in_its_step(
+        tmp_path, "run", "--agent", "first_hour_agent:holder", "--run-id", "h"
+    )
+
+    assert stopped.returncode == 130, stopped.stderr
+    assert "interrupted: h is running at step 0" in stopped.stderr
+    assert "go on with: ratchet run --run-id h" in stopped.stderr
+
+
+def test_a_worker_stopped_by_ctrl_c_says_so_and_exits_non_zero(tmp_path):
+    project = a_project(tmp_path)
+    started = ratchet_in(tmp_path, "start", "--agent", "first_hour_agent:holder", cwd=project)
+    assert started.returncode == 0, started.stderr
+
+    stopped = interrupted_in_its_step(tmp_path, "worker")
+
+    assert stopped.returncode == 130, stopped.stderr
+    assert "worker interrupted" in stopped.stderr

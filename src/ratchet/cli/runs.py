@@ -239,8 +239,12 @@ def run(
         assert worked_id is not None
         if not as_json:
             _say_if_paid(client.head(worked_id).options.model, console=out)
-        with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
-            _work_showing_progress(client, worked_id, printer)
+        try:
+            with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
+                _work_showing_progress(client, worked_id, printer)
+        except KeyboardInterrupt:
+            _say_interrupted(client.head(worked_id))
+            raise typer.Exit(130) from None
         final = client.head(worked_id)
         waits_for_person = (
             final.status is RunStatus.WAITING
@@ -309,14 +313,25 @@ def worker(
         on_wait=printer.say,
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
+    interrupted = False
     try:
         with printer:
             work.run(until_idle=until_idle)
     except KeyboardInterrupt:
         work.stop.set()
+        interrupted = True
     finally:
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
+    if interrupted:
+        # Whatever step it was in did not commit: its run goes on from its last checkpoint
+        # with the next worker (its lease was given back as the worker let go of it).
+        say(
+            "worker interrupted: a step it was taking resumes from its run's last checkpoint "
+            f"with the next worker ({command('worker')})",
+            console=err,
+        )
+        raise typer.Exit(130)
     if work.unloadable:
         left = ", ".join(sorted(work.unloadable))
         err.print(f"left runs whose agent this worker cannot load: {left}", markup=False)
@@ -441,6 +456,15 @@ def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
         return state
     options = state.options.model_copy(update={"approval_timeout_seconds": seconds})
     return state.model_copy(update={"options": options})
+
+
+def _say_interrupted(state: RunState) -> None:
+    """Where a run worked in the foreground stands after Ctrl-C, and how to go on."""
+    say(
+        f"interrupted: {state.run_id} is {state.status.value} at step {state.step} (a step "
+        f"under way resumes from there); go on with: {command('run', '--run-id', state.run_id)}",
+        console=err,
+    )
 
 
 def _say_if_paid(model: str, *, console: Any) -> None:
