@@ -21,6 +21,8 @@ is still ahead (its last worker died while backing off) waits out the rest the s
 from __future__ import annotations
 
 import math
+import os
+import socket
 import threading
 import time
 import uuid
@@ -293,7 +295,7 @@ class Worker:
                 continue
             busy = 0
             if claimed is None:
-                if until_idle and idle:
+                if until_idle and (idle or (run_id is None and self._left_to_live_workers())):
                     return
                 if not idle:
                     self._say_whose_lease(run_id)
@@ -362,6 +364,28 @@ class Worker:
                 "wait settled; the run goes on",
                 extra={"run_id": run_id, "worker_id": self.worker_id},
             )
+
+    def _left_to_live_workers(self) -> bool:
+        """Whether every run still running is held by another worker that is alive (a process
+        on this host, by its default id `host:pid`): then a worker that stops when idle has
+        nothing it could work, and ends, saying what it left. A holder it cannot see alive
+        (another host, an id of its own, a process gone) may be dead: its lease lapses, and
+        this worker waits to take the run over."""
+        try:
+            held = self.leases.held_by_others(self.worker_id, skip=self._skipped)
+            running = self.leases.running_runs(skip=self._skipped)
+        except RatchetError:
+            return False
+        if not held or len(held) != running or not all(_alive_here(h) for _, h, _ in held):
+            return False
+        for held_run, holder, _ in held:
+            said = f"left {held_run} to worker {holder}, which is working it"
+            self.logger.info(
+                said, extra={"run_id": held_run, "worker_id": self.worker_id, "holder": holder}
+            )
+            if self.on_wait is not None:
+                self.on_wait(said)
+        return True
 
     def _say_whose_lease(self, run_id: str | None) -> None:
         """Once per run and holder: which live worker's lease this worker waits out, and
@@ -623,6 +647,20 @@ class Worker:
             self.sleep(seconds)
         else:
             self.stop.wait(seconds)
+
+
+def _alive_here(worker_id: str) -> bool:
+    """Whether `worker_id` is a default id (`host:pid`) of a process alive on this host."""
+    host, _, pid = worker_id.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # alive, and another user's
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _backoff(failures: int) -> float:

@@ -20,7 +20,11 @@ PAID = "claude-sonnet-4-6"
 
 
 def ratchet_in(
-    root: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    root: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     """The `ratchet` command on the store in `root`, to its end."""
     return subprocess.run(
@@ -29,7 +33,7 @@ def ratchet_in(
         text=True,
         env=env if env is not None else clean_env(),
         cwd=cwd,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
 
@@ -317,3 +321,35 @@ def test_a_worker_stopped_by_ctrl_c_says_so_and_exits_non_zero(tmp_path):
 
     assert stopped.returncode == 130, stopped.stderr
     assert "worker interrupted" in stopped.stderr
+
+
+def test_a_worker_until_idle_leaves_a_run_a_live_worker_holds(tmp_path):
+    project = a_project(tmp_path)
+    started = ratchet_in(
+        tmp_path, "start", "--agent", "first_hour_agent:holder", "--run-id", "held", cwd=project
+    )
+    assert started.returncode == 0, started.stderr
+    live = subprocess.Popen(
+        [*RATCHET, "--store", f"sqlite:///{tmp_path / 'ratchet.db'}", "worker"],
+        cwd=project,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (project / "held").exists():
+            assert live.poll() is None, "the live worker ended"
+            assert time.monotonic() < deadline, "the live worker never began its step"
+            time.sleep(0.05)
+
+        # When another worker is asked to work until idle
+        idle = ratchet_in(tmp_path, "worker", "--until-idle", cwd=project, timeout=60)
+    finally:
+        (project / "go").touch()
+        live.send_signal(signal.SIGTERM)
+        live.wait(timeout=60)
+
+    # Then it ends (nothing is left that it could work) and says what it left to whom
+    assert idle.returncode == 0, idle.stderr
+    assert re.search(r"left held to worker \S+:\d+, which is working it", idle.stdout), idle.stdout
