@@ -417,6 +417,7 @@ def tool(
         args_model = hints.get(params[0]) if params else None
         if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
             raise TypeError(f"{fn.__name__}: the first parameter must be a pydantic model")
+        _check_called_with_context(fn)
         description = inspect.getdoc(fn)
         if not description:
             raise TypeError(f"{fn.__name__}: a tool needs a docstring; the model reads it")
@@ -430,6 +431,19 @@ def tool(
         )
 
     return wrap
+
+
+def _check_called_with_context(fn: Callable[..., Any]) -> None:
+    """A tool is called as `fn(args, ctx)`: refuse, when the agent is defined, a function that
+    cannot take that call (no `ctx` parameter, or a third one without a default), rather than
+    at every attempt of the run's first step that calls it."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"{fn.__name__}: a tool takes two parameters, (args: SomeModel, ctx: ToolContext); "
+            "add ctx even if the tool does not use it"
+        ) from None
 
 
 MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
