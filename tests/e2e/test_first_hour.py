@@ -13,7 +13,7 @@ from pathlib import Path
 import ratchet
 from ratchet.runtime.local import LocalRuntime
 from ratchet.state import RunStatus
-from tests.integration.fake_messages_api import FakeMessagesApi, text_response
+from tests.integration.fake_messages_api import FakeMessagesApi, overloaded, text_response
 from tests.processes import RATCHET, Cli, clean_env, serving
 
 PAID = "claude-sonnet-4-6"
@@ -271,6 +271,9 @@ def test_a_mistyped_store_is_refused_and_a_start_names_its_store(tmp_path):
     assert started.returncode == 0, started.stderr
     assert started.stdout == "s\n"
     assert f"run s started in store {tmp_path / 'ratchet.db'}" in started.stderr
+    ran = ratchet_in(tmp_path, "run", "--goal", "g", "--run-id", "t")
+    assert ran.returncode == 0, ran.stderr
+    assert f"(the run is in store {tmp_path / 'ratchet.db'})" in ran.stdout.splitlines()
 
 
 def interrupted_in_its_step(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -353,3 +356,19 @@ def test_a_worker_until_idle_leaves_a_run_a_live_worker_holds(tmp_path):
     # Then it ends (nothing is left that it could work) and says what it left to whom
     assert idle.returncode == 0, idle.stderr
     assert re.search(r"left held to worker \S+:\d+, which is working it", idle.stdout), idle.stdout
+
+
+def test_a_model_call_still_retrying_says_so(tmp_path):
+    with FakeMessagesApi() as api:
+        api.enqueue(overloaded(retry_after_s=1), text_response("DONE: filed."))
+        done = ratchet_in(
+            tmp_path,
+            *("run", "--goal", "g", "--model", PAID, "--run-id", "slow"),
+            env=clean_env(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url),
+        )
+
+    assert done.returncode == 0, done.stderr
+    [said] = [line for line in done.stdout.splitlines() if "still retrying" in line]
+    assert said.startswith("model call failed ("), said
+    assert "try 2 in 1 s" in said, said
+    assert len(api.requests) == 2

@@ -37,7 +37,7 @@ from ratchet.cli.options import (
     MIN_LEASE_SECONDS,
     not_empty,
 )
-from ratchet.cli.progress import ProgressPrinter, line_of_state
+from ratchet.cli.progress import ProgressPrinter, line_of_state, model_retries_said
 from ratchet.cli.waits import parked_line
 from ratchet.errors import InvalidInput, JsonOverLimit, StoreMissing, StoreUnavailable
 from ratchet.untrusted import loads
@@ -231,16 +231,19 @@ def run(
     try:
         if state is not None:
             state = _with_approval_timeout(state, approval_timeout)
-        if state is not None and not client.create(state).created:
+        created = state is not None and client.create(state).created
+        if state is not None and not created:
             err.print(f"run {state.run_id} already exists; resuming it")
-        elif state is not None:
-            say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
         if not as_json:
             _say_if_paid(client.head(worked_id).options.model, console=out)
+
         try:
-            with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
+            with (
+                ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer,
+                model_retries_said(printer),
+            ):
                 _work_showing_progress(client, worked_id, printer)
         except KeyboardInterrupt:
             _say_interrupted(client.head(worked_id))
@@ -254,7 +257,7 @@ def run(
         link = approval_link(client.runtime, final.run_id) if waits_for_person else None
     finally:
         client.close()
-    _say_where_it_stands(final, link, as_json=as_json)
+    _say_where_it_stands(final, link, as_json=as_json, store=store_named(settings().store))
 
 
 def worker(
@@ -315,7 +318,7 @@ def worker(
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     interrupted = False
     try:
-        with printer:
+        with printer, model_retries_said(printer):
             work.run(until_idle=until_idle)
     except KeyboardInterrupt:
         work.stop.set()
@@ -496,8 +499,9 @@ def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
     )
 
 
-def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) -> None:
-    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed)."""
+def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool, store: str) -> None:
+    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed), and
+    which store it is in."""
     from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
 
     if as_json:
@@ -518,6 +522,7 @@ def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) ->
     elif final.status is RunStatus.WAITING and final.waiting:
         wait = readout.wait_of(final.waiting.model_dump(mode="json"))
         say(readout.wait_announcement(final.run_id, wait))
+    say(f"(the run is in store {store})")
     if final.status is RunStatus.FAILED:
         say(f"run failed: {final.error}", console=err)
         raise typer.Exit(1)
