@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import ratchet
 from ratchet.runtime.local import LocalRuntime
@@ -372,3 +373,34 @@ def test_a_model_call_still_retrying_says_so(tmp_path):
     assert said.startswith("model call failed ("), said
     assert "try 2 in 1 s" in said, said
     assert len(api.requests) == 2
+
+
+def test_approve_and_reject_take_either_note_and_a_repeat_changes_nothing(tmp_path):
+    project = a_project(tmp_path)
+    for run_id in ("no", "yes"):
+        parked = ratchet_in(
+            tmp_path, "run", "--agent", "first_hour_agent:asker", "--run-id", run_id, cwd=project
+        )
+        assert parked.returncode == 0, parked.stderr
+
+    rejected = ratchet_in(tmp_path, "reject", "no", "--comment", "too much", cwd=project)
+    approved = ratchet_in(tmp_path, "approve", "yes", "--reason", "fine", cwd=project)
+    again = ratchet_in(tmp_path, "approve", "yes", cwd=project)
+
+    assert rejected.returncode == 0, rejected.stderr
+    assert approved.returncode == 0, approved.stderr
+    assert again.returncode == 2
+    assert re.search(r"yes was already approved by \S+ at .*; nothing changed", again.stderr)
+    notes = {
+        run_id: [c.comment for c in history_of(tmp_path, run_id) if c.event == "decided"]
+        for run_id in ("no", "yes")
+    }
+    assert notes == {"no": ["too much"], "yes": ["fine"]}
+
+
+def history_of(root: Path, run_id: str) -> list[Any]:
+    client = ratchet.connect(f"sqlite:///{root / 'ratchet.db'}", environ={})
+    try:
+        return list(client.history(run_id))
+    finally:
+        client.close()
