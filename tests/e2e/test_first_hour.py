@@ -148,6 +148,7 @@ def holding(view: StepView):
 
 
 holder = Agent(name="first_hour_holder", goal="hold", tools=[hold], policy=holding)
+noted = Agent(name="first_hour_noted", goal="note", tools=[note], policy=policy, input=Note)
 
 
 flaky_agent = Agent(
@@ -404,3 +405,20 @@ def history_of(root: Path, run_id: str) -> list[Any]:
         return list(client.history(run_id))
     finally:
         client.close()
+
+
+def test_a_refused_input_field_names_the_flag_it_came_in(tmp_path):
+    project = a_project(tmp_path)
+    agent = "first_hour_agent:noted"
+
+    in_input = ratchet_in(tmp_path, "start", "--agent", agent, "--input", "{}", cwd=project)
+    in_param = ratchet_in(tmp_path, "start", "--agent", agent, "--param", "text=5", cwd=project)
+    typed = ratchet_in(tmp_path, "start", "--agent", agent, "--input", '{"text": 5}', cwd=project)
+
+    assert in_input.returncode == 2
+    assert in_input.stderr.strip().endswith("(--input field text)"), in_input.stderr
+    assert "--param" not in in_input.stderr
+    assert typed.returncode == 2
+    assert typed.stderr.strip().endswith("(--input field text)"), typed.stderr
+    assert in_param.returncode == 2
+    assert in_param.stderr.strip().endswith("(--param text)"), in_param.stderr

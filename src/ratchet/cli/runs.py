@@ -386,7 +386,18 @@ def _new_run(
     try:
         return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
     except RunRequestInvalid as refused:
-        raise InvalidInput(refused.for_cli()) from None
+        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, params)) from None
+
+
+def _as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
+    """`said` naming the flag an input field came in: `--param cents` for one a --param set,
+    `--input field cents` for one that came in --input (or is missing from it)."""
+    by_param = {p.partition("=")[0] for p in params or []}
+    for field in fields:
+        name = field.removeprefix("input.")
+        if field.startswith("input.") and name not in by_param:
+            said = said.replace(f"(--param {name})", f"(--input field {name})")
+    return said
 
 
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
