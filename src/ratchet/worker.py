@@ -273,6 +273,7 @@ class Worker:
         self, heartbeat: Heartbeat, *, until_idle: bool, run_id: str | None
     ) -> None:
         busy = 0
+        said_idle = False
         while not self.stop.is_set() and not heartbeat.displaced.is_set():
             self._expire_overdue_approvals()
             self._fire_schedules()
@@ -299,8 +300,13 @@ class Worker:
                     return
                 if not idle:
                     self._say_whose_lease(run_id)
+                elif not said_idle and self.on_wait is not None:
+                    # Once per stretch of idleness: a worker with nothing to do is not silent.
+                    self.on_wait("no run to work; waiting for one (Ctrl-C or SIGTERM stops)")
+                said_idle = True
                 self.stop.wait(self.poll_seconds)
                 continue
+            said_idle = False
             self._work_on(claimed, heartbeat)
 
     def _expire_overdue_approvals(self) -> None:

@@ -422,3 +422,23 @@ def test_a_refused_input_field_names_the_flag_it_came_in(tmp_path):
     assert typed.stderr.strip().endswith("(--input field text)"), typed.stderr
     assert in_param.returncode == 2
     assert in_param.stderr.strip().endswith("(--param text)"), in_param.stderr
+
+
+def test_an_idle_worker_says_it_waits_for_runs(tmp_path):
+    log = tmp_path / "worker.log"
+    with log.open("w") as output:
+        worker = subprocess.Popen(
+            [*RATCHET, "--store", f"sqlite:///{tmp_path / 'ratchet.db'}", "worker"],
+            env=clean_env(PYTHONUNBUFFERED="1"),
+            stdout=output,
+            stderr=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "no run to work; waiting for one" not in log.read_text():
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the idle worker said nothing: {log.read_text()}"
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
