@@ -677,6 +677,7 @@ class Agent:
         filled in. An agent without one takes its `default_params`, and no input beyond their
         names (a `ValueError` names the first unknown one)."""
         if self.input is not None:
+            self._refuse_unknown_input(self.input, given)
             return self.input.model_validate(dict(given)).model_dump(mode="json")
         unknown = sorted(set(given) - set(self.default_params))
         if unknown:
@@ -689,6 +690,22 @@ class Agent:
                 )
             )
         return {**self.default_params, **given}
+
+    def _refuse_unknown_input(self, model: type[BaseModel], given: Mapping[str, Any]) -> None:
+        """A field the input model does not have would be dropped without a word (pydantic's
+        default): refused instead, as a misspelt `--param` is a mistake. A model that says
+        what to do with extras (`extra="ignore"`, `"allow"`, `"forbid"`) decides itself."""
+        if model.model_config.get("extra") is not None:
+            return
+        known = set(model.model_fields) | {
+            f.alias for f in model.model_fields.values() if f.alias is not None
+        }
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(
+                f"agent {self.name!r} takes no input {unknown[0]!r} "
+                f"(it takes: {', '.join(sorted(model.model_fields))})"
+            )
 
     def goal_for(self, params: Mapping[str, Any]) -> str:
         return self.goal.format(**{**self.default_params, **params})
