@@ -169,10 +169,8 @@ def load_agent(reference: str) -> Agent:
 def _import(target: str, reference: str) -> Agent:
     try:
         found = import_object(target, what="agent", reference=reference)
-    except ImportFailed as failed:
-        if "cannot import" in str(failed):
-            raise AgentNotFound(str(failed)) from None
-        found = None
+    except ImportFailed as failed:  # the module does not import, or lacks the attribute
+        raise AgentNotFound(str(failed)) from None
     if not isinstance(found, Agent):
         raise AgentNotFound(f"{target!r} is not a ratchet.tools.Agent")
     return found

@@ -192,6 +192,19 @@ class AgentNotFound(RatchetError):
     """An --agent or --scenario reference did not resolve to an Agent."""
 
 
+class AgentUnloadable(AgentNotFound):
+    """A run's agent cannot be loaded in this process (a worker started in another folder, a
+    bundle without the agent's module): the process's fault, not the run's. Its step is not
+    taken and no attempt is counted; the run waits for a process that can load the agent."""
+
+    def __init__(self, run_id: str, agent: str, why: str) -> None:
+        self.run_id = run_id
+        self.agent = agent
+        super().__init__(
+            f"cannot load agent {agent!r} here, so run {run_id} is left as it is: {why}"
+        )
+
+
 class ScheduleInvalid(InvalidInput):
     """A schedule refused before anything was written: `str()` is `<field>: <why>`, which
     may quote what was given (the CLI's line); `field` is the one at fault."""
@@ -330,6 +343,9 @@ class StepAttemptFailed(RatchetError):
     transient: bool = False
     not_before: datetime | None = None
     usage: Usage | None = None
+    step: int | None = None
+    attempt: int | None = None
+    """Which step and attempt failed, once the engine counted it (None before)."""
 
     def __init__(self, message: str = "", *, transient: bool | None = None) -> None:
         super().__init__(message)

@@ -416,7 +416,11 @@ class ToolSpec(BaseModel):
 
 
 class StepView(BaseModel):
-    """The bounded view of a run that a model decides from."""
+    """The bounded view of a run that a model decides from.
+
+    `messages` and `tool_results` hold only the window (the agent's last `memory_window`
+    steps, 5 by default); older steps are folded into `digest`. A policy that needs what
+    the whole run has done asks `calls(tool)` or `done(tool)`, which count both."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -442,6 +446,16 @@ class StepView(BaseModel):
     """`summarise`: the model is asked to fold the oldest steps of `messages` (those up to
     `summarise_through`) into `summary` and answer `Done(summary=<the new summary>)`."""
     summarise_through: int = 0
+
+    def calls(self, tool: str) -> int:
+        """How many steps of the run so far called `tool`: those in the window and those
+        folded out of it."""
+        folded = self.digest.get(tool)
+        return (folded.calls if folded else 0) + sum(m.tool == tool for m in self.messages)
+
+    def done(self, tool: str) -> bool:
+        """Whether any step of the run so far called `tool`."""
+        return self.calls(tool) > 0
 
 
 class ModelRequest(BaseModel):

@@ -107,8 +107,8 @@ class RunRequest(BaseModel):
         default=None,
         description="'scripted' (the agent's own policy, offline), a Claude model on the "
         "Anthropic API ('claude-sonnet-4-6'), or on Amazon Bedrock ('bedrock:<model id>'); "
-        "locally also your own Model as module:attr. Default: Claude when a key is "
-        "configured, else scripted.",
+        "locally also your own Model as module:attr. Default: the agent's scripted policy "
+        "when it has one; else Claude when a key is configured.",
     )
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS, description="The step cap (default 60)."
@@ -308,7 +308,7 @@ def new_run(
         if not agents.import_paths:
             raise  # a registered agent that does not load: the deployment's fault, not the caller's
         raise RunRequestInvalid(str(unloadable), field, cli=str(unloadable)) from None
-    model = request.model or (DEFAULT_CLAUDE_MODEL if has_anthropic_key else SCRIPTED)
+    model = request.model or default_model(agent, has_anthropic_key=has_anthropic_key)
     # A model the deployment registers is named like an agent; the run records its target.
     model = agents.models.get(model, model)
     _check_model_request(agent, model, has_anthropic_key=has_anthropic_key, agents=agents)
@@ -337,6 +337,15 @@ def new_run(
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
     )
+
+
+def default_model(agent: Agent, *, has_anthropic_key: bool) -> str:
+    """The model of a run that names none: the agent's own policy when it has one, so that a
+    key in the environment never turns an offline run into a paid one unasked; Claude only
+    for an agent that has nothing else (refused without a key, naming `model`)."""
+    if agent.policy is not None or not has_anthropic_key:
+        return SCRIPTED
+    return DEFAULT_CLAUDE_MODEL
 
 
 def _params(agent: Agent, request: RunRequest) -> dict[str, Any]:

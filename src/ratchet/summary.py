@@ -105,7 +105,9 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
             "event": f"event {name!r} arrived{sent}",
             "timeout": f"no {name!r} event in time",
             "due": "woke: the time came",
-            "woken": f"woken early by {event.get('by')}",
+            "woken": f"woken early by {event.get('by')}"
+            if str(event.get("text", "")).startswith("Woken early")
+            else f"woken by {event.get('by')} after its time had come",
             "children": _children_ended(event.get("children") or []),
         }.get(how, f"wait settled: {how}")
         return {"by": event.get("by"), "result": event["text"], "explanation": said}

@@ -417,6 +417,7 @@ def tool(
         args_model = hints.get(params[0]) if params else None
         if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
             raise TypeError(f"{fn.__name__}: the first parameter must be a pydantic model")
+        _check_called_with_context(fn)
         description = inspect.getdoc(fn)
         if not description:
             raise TypeError(f"{fn.__name__}: a tool needs a docstring; the model reads it")
@@ -430,6 +431,19 @@ def tool(
         )
 
     return wrap
+
+
+def _check_called_with_context(fn: Callable[..., Any]) -> None:
+    """A tool is called as `fn(args, ctx)`: refuse, when the agent is defined, a function that
+    cannot take that call (no `ctx` parameter, or a third one without a default), rather than
+    at every attempt of the run's first step that calls it."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"{fn.__name__}: a tool takes two parameters, (args: SomeModel, ctx: ToolContext); "
+            "add ctx even if the tool does not use it"
+        ) from None
 
 
 MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -663,6 +677,7 @@ class Agent:
         filled in. An agent without one takes its `default_params`, and no input beyond their
         names (a `ValueError` names the first unknown one)."""
         if self.input is not None:
+            self._refuse_unknown_input(self.input, given)
             return self.input.model_validate(dict(given)).model_dump(mode="json")
         unknown = sorted(set(given) - set(self.default_params))
         if unknown:
@@ -675,6 +690,22 @@ class Agent:
                 )
             )
         return {**self.default_params, **given}
+
+    def _refuse_unknown_input(self, model: type[BaseModel], given: Mapping[str, Any]) -> None:
+        """A field the input model does not have would be dropped without a word (pydantic's
+        default): refused instead, as a misspelt `--param` is a mistake. A model that says
+        what to do with extras (`extra="ignore"`, `"allow"`, `"forbid"`) decides itself."""
+        if model.model_config.get("extra") is not None:
+            return
+        known = set(model.model_fields) | {
+            f.alias for f in model.model_fields.values() if f.alias is not None
+        }
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(
+                f"agent {self.name!r} takes no input {unknown[0]!r} "
+                f"(it takes: {', '.join(sorted(model.model_fields))})"
+            )
 
     def goal_for(self, params: Mapping[str, Any]) -> str:
         return self.goal.format(**{**self.default_params, **params})

@@ -287,9 +287,12 @@ def timer_due(wait: TimerWait, step: int, at: datetime) -> WaitSettled:
 
 def timer_woken(wait: TimerWait, step: int, at: datetime, *, by: str) -> WaitSettled:
     planned = f" (it was to sleep until {wait.until:%Y-%m-%d %H:%M:%S} UTC)" if wait.until else ""
+    # A wake after the time came, before any worker settled it, is no early wake.
+    late = wait.until is not None and at >= wait.until
+    woken = f"Woken by {by}, after its time had come," if late else f"Woken early by {by}"
     return WaitSettled(
         step=step,
         how="woken",
         by=by,
-        text=f"Woken early by {by} at {at:%Y-%m-%d %H:%M:%S} UTC{planned}.",
+        text=f"{woken} at {at:%Y-%m-%d %H:%M:%S} UTC{planned}.",
     )

@@ -21,6 +21,8 @@ is still ahead (its last worker died while backing off) waits out the rest the s
 from __future__ import annotations
 
 import math
+import os
+import socket
 import threading
 import time
 import uuid
@@ -32,6 +34,7 @@ from typing import Any
 from ratchet.engine import Engine, Outcome, StepOutcome
 from ratchet.errors import (
     AbandonedCallRunning,
+    AgentUnloadable,
     InvalidInput,
     RatchetError,
     RunNotFound,
@@ -189,7 +192,8 @@ class Worker:
     on_step: Callable[[StepReport], None] | None = None
     """Called after each step this worker committed, and when a run it works ends."""
     on_wait: Callable[[str], None] | None = None
-    """Called with a sentence when the worker starts waiting for another worker's lease."""
+    """Called with a sentence when the worker starts waiting for another worker's lease, when
+    an attempt fails, and when it leaves a run whose agent it cannot load."""
     heartbeat_seconds: float | None = None
     """How often the lease is renewed; by default a third of `lease_seconds`."""
     expire_approvals: Callable[[datetime], Sequence[str]] | None = None
@@ -213,6 +217,8 @@ class Worker:
     in order (`ratchet.limits`)."""
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
+    unloadable: dict[str, AgentUnloadable] = field(default_factory=dict, init=False)
+    """Runs whose agent this worker cannot load, and why; it leaves them to other workers."""
     _failures: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _waited_for: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     _beat_every: float = field(default=0.0, init=False, repr=False)
@@ -239,6 +245,10 @@ class Worker:
     def worker_id(self) -> str:
         return self.engine.worker_id
 
+    @property
+    def _skipped(self) -> set[str]:
+        return self.unreadable | self.unloadable.keys()
+
     def run(self, *, until_idle: bool = False, run_id: str | None = None) -> None:
         """Work until stopped; with `until_idle`, until no run (or `run_id`) is running.
 
@@ -263,6 +273,7 @@ class Worker:
         self, heartbeat: Heartbeat, *, until_idle: bool, run_id: str | None
     ) -> None:
         busy = 0
+        said_idle = False
         while not self.stop.is_set() and not heartbeat.displaced.is_set():
             self._expire_overdue_approvals()
             self._fire_schedules()
@@ -272,12 +283,10 @@ class Worker:
                     self.worker_id,
                     self.lease_seconds,
                     run_id=run_id,
-                    skip=self.unreadable,
+                    skip=self._skipped,
                     limit_of=self.limits,
                 )
-                idle = claimed is None and not self.leases.running_runs(
-                    run_id, skip=self.unreadable
-                )
+                idle = claimed is None and not self.leases.running_runs(run_id, skip=self._skipped)
             except StoreBusy as error:  # another process holds the write lock for long
                 busy += 1
                 self.logger.warning(
@@ -287,12 +296,17 @@ class Worker:
                 continue
             busy = 0
             if claimed is None:
-                if until_idle and idle:
+                if until_idle and (idle or (run_id is None and self._left_to_live_workers())):
                     return
                 if not idle:
                     self._say_whose_lease(run_id)
+                elif not said_idle and self.on_wait is not None:
+                    # Once per stretch of idleness: a worker with nothing to do is not silent.
+                    self.on_wait("no run to work; waiting for one (Ctrl-C or SIGTERM stops)")
+                said_idle = True
                 self.stop.wait(self.poll_seconds)
                 continue
+            said_idle = False
             self._work_on(claimed, heartbeat)
 
     def _expire_overdue_approvals(self) -> None:
@@ -357,11 +371,33 @@ class Worker:
                 extra={"run_id": run_id, "worker_id": self.worker_id},
             )
 
+    def _left_to_live_workers(self) -> bool:
+        """Whether every run still running is held by another worker that is alive (a process
+        on this host, by its default id `host:pid`): then a worker that stops when idle has
+        nothing it could work, and ends, saying what it left. A holder it cannot see alive
+        (another host, an id of its own, a process gone) may be dead: its lease lapses, and
+        this worker waits to take the run over."""
+        try:
+            held = self.leases.held_by_others(self.worker_id, skip=self._skipped)
+            running = self.leases.running_runs(skip=self._skipped)
+        except RatchetError:
+            return False
+        if not held or len(held) != running or not all(_alive_here(h) for _, h, _ in held):
+            return False
+        for held_run, holder, _ in held:
+            said = f"left {held_run} to worker {holder}, which is working it"
+            self.logger.info(
+                said, extra={"run_id": held_run, "worker_id": self.worker_id, "holder": holder}
+            )
+            if self.on_wait is not None:
+                self.on_wait(said)
+        return True
+
     def _say_whose_lease(self, run_id: str | None) -> None:
         """Once per run and holder: which live worker's lease this worker waits out, and
         until when (a dead worker's lease lapses on its own; until then nothing shows)."""
         try:
-            held = self.leases.held_by_others(self.worker_id, run_id, skip=self.unreadable)
+            held = self.leases.held_by_others(self.worker_id, run_id, skip=self._skipped)
         except RatchetError:
             return
         for held_run, holder, expires_at in held:
@@ -439,10 +475,22 @@ class Worker:
                 extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(running)},
             )
             raise
+        except AgentUnloadable as unloadable:
+            # Nothing was counted (the engine gave the attempt back): the run waits, as it
+            # was, for a worker that can load its agent. This one says so once and goes on.
+            self.unloadable[run_id] = unloadable
+            self.logger.error(
+                "run left: its agent cannot be loaded here",
+                extra={"run_id": run_id, "worker_id": self.worker_id, "error": str(unloadable)},
+            )
+            if self.on_wait is not None:
+                self.on_wait(str(unloadable))
+            return False
         except StepAttemptFailed as failure:
             # Counted by the engine, and recorded with the time the next attempt may start
             # (unless the store refused that write too); the next attempt, or the last strike,
             # is the next advance.
+            self._say_attempt_failed(run_id, failure)
             if failure.not_before is not None:
                 self._wait_until(run_id, failure.not_before)
             else:
@@ -496,6 +544,23 @@ class Worker:
             )
             return False
         return True
+
+    def _say_attempt_failed(self, run_id: str, failure: StepAttemptFailed) -> None:
+        """`attempt 1 of step 3 failed: ...; next in 5 s`, as it happens: a retry's backoff
+        is never a blank screen."""
+        if self.on_wait is None or failure.step is None:
+            return
+        said = f"{run_id}: attempt {failure.attempt} of step {failure.step} failed: {failure}"
+        if failure.not_before is not None:
+            seconds = max(0.0, (failure.not_before - self.clock()).total_seconds())
+            said += f"; next in {seconds:.0f} s"
+        try:
+            self.on_wait(said)
+        except Exception:
+            # Progress output is a courtesy: the failure is on record whatever happens to it.
+            self.logger.exception(
+                "could not report progress", extra={"run_id": run_id, "worker_id": self.worker_id}
+            )
 
     def _report(self, outcome: StepOutcome, ms: float) -> None:
         assert self.on_step is not None
@@ -588,6 +653,20 @@ class Worker:
             self.sleep(seconds)
         else:
             self.stop.wait(seconds)
+
+
+def _alive_here(worker_id: str) -> bool:
+    """Whether `worker_id` is a default id (`host:pid`) of a process alive on this host."""
+    host, _, pid = worker_id.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # alive, and another user's
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _backoff(failures: int) -> float:

@@ -265,7 +265,7 @@ CATALOGUE: list[Case] = [
         "--input",
         '{"batches": "many"}',
         line="bad input for agent 'migration': Input should be a valid integer, unable to "
-        "parse string as an integer (--param batches)",
+        "parse string as an integer (--input field batches)",
     ),
     # Nested deeper than `json` recurses: refused before it is parsed, naming the flag.
     case(

@@ -1072,7 +1072,7 @@ def test_every_channel_finds_a_request_decided_before_the_run_records_it(
     assert seen["page"] == (409, "Already decided", True)
     assert seen["slack"] == f"Already decided: {said}"
     assert seen["api"] == (409, said)
-    assert seen["cli"] == (2, f"ratchet: {said}\n")
+    assert seen["cli"] == (2, f"ratchet: {parked.run_id} was already {said}; nothing changed\n")
     assert seen["python"] == said
     assert seen["unchanged"], "a refused channel changed the store"
     assert clicked.approval.status is ApprovalStatus.APPROVED

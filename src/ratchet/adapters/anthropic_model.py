@@ -21,6 +21,7 @@ in the error it raises.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import time
@@ -44,6 +45,10 @@ from ratchet.engine.backoff import Backoff
 from ratchet.errors import ModelOutputInvalid, ModelUnavailable, PermanentError
 from ratchet.ports import ModelReply, ModelRequest
 from ratchet.state import Decision, Done, ToolCall, Usage
+
+RETRIES = logging.getLogger("ratchet.model")
+"""Each retry of a model call is a warning here, its `notice` a sentence for a person (the CLI
+prints it among the step lines): a call that retries for a minute is never silent."""
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_TIMEOUT_S = 60.0
@@ -212,6 +217,13 @@ class AnthropicModel:
                     f"{delay:.1f} s more would pass the agent's {budget:g} s retry budget "
                     "(model_retry_seconds)"
                 )
+            RETRIES.warning(
+                "model call retrying",
+                extra={
+                    "notice": f"model call failed ({failure.message}); still retrying, try "
+                    f"{tries + 1} in {delay:.0f} s (gives up after {budget:g} s)"
+                },
+            )
             self._pacing.sleep(delay)
 
     def _try(self, body: dict[str, Any]) -> Message | _Transient:

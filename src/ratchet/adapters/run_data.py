@@ -33,7 +33,9 @@ def checked_prefix(prefix: Any) -> str:
 def checked_value(value: Any) -> str:
     """`value` if a run's data can keep it; `InvalidInput` otherwise."""
     if not isinstance(value, str):
-        raise InvalidInput(f"a run data value is text, not {type(value).__name__}")
+        raise InvalidInput(
+            f"a run data value is text (json.dumps anything else), not {type(value).__name__}"
+        )
     size = _utf8_size(value, "value")
     if size > MAX_DATA_VALUE_BYTES:
         raise InvalidInput(

@@ -109,7 +109,35 @@ def check_worker_settings() -> None:
 def open_runtime(*, create: bool, store: str | None = None) -> Any:
     from ratchet.runtime import runtime_for
 
-    return runtime_for(settings(store), create=create)
+    chosen = settings(store)
+    if create:
+        check_store_folder(chosen.store)
+    return runtime_for(chosen, create=create)
+
+
+def check_store_folder(store: str) -> None:
+    """A command makes a new local store in a folder that exists, or in a folder of its own
+    inside one that does (as the default's `.ratchet`), never down a path of folders that do
+    not exist: a mistyped `--store` is refused, not made somewhere no one will read it."""
+    from ratchet.store_urls import sqlite_file
+
+    path = sqlite_file(store)
+    if path is None or path == ":memory:":
+        return
+    folder = Path(path).parent
+    if not folder.is_dir() and not folder.absolute().parent.is_dir():
+        raise InvalidInput(
+            f"no folder {folder} for the store {path}: check --store (or RATCHET_STORE), or "
+            "make the folder first"
+        )
+
+
+def store_named(store: str) -> str:
+    """The store as a person finds it: a local store's file, in full."""
+    from ratchet.store_urls import sqlite_file
+
+    path = sqlite_file(store)
+    return str(Path(path).resolve()) if path is not None else store
 
 
 def open_client(*, create: bool, worker_id: str | None = None, logs: bool = True) -> Any:
@@ -120,6 +148,8 @@ def open_client(*, create: bool, worker_id: str | None = None, logs: bool = True
     from ratchet.runtime import runtime_for
 
     chosen = settings()
+    if create:
+        check_store_folder(chosen.store)
     return Client(
         runtime_for(chosen, create=create),
         worker_id=worker_id or cli_worker_id(),

@@ -37,7 +37,10 @@ WhoOption = Annotated[
 def approve(
     run_id: RunArgument,
     comment: Annotated[
-        str, typer.Option("--comment", metavar="TEXT", help="A note for the record.")
+        str,
+        typer.Option(
+            "--comment", "--reason", metavar="TEXT", help="A note for the record (or --reason)."
+        ),
     ] = "",
     by: ByOption = None,
     answer: Annotated[
@@ -58,7 +61,10 @@ def approve(
 def reject(
     run_id: RunArgument,
     reason: Annotated[
-        str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")
+        str,
+        typer.Option(
+            "--reason", "--comment", metavar="TEXT", help="Why, for the record (or --comment)."
+        ),
     ] = "",
     by: ByOption = None,
 ) -> None:
@@ -149,6 +155,7 @@ def _decide(
     """Decide through the run's open approval request, so its links and page show the
     decision; a run parked by a worker that died before opening one is decided directly."""
     from ratchet.approvals.answers import parse_answer_json  # the run models (see context)
+    from ratchet.errors import ApprovalDecided
 
     client = open_client(create=False)
     try:
@@ -157,5 +164,7 @@ def _decide(
             client.approve(run_id, by=by, comment=comment, answer=given)
         else:
             client.reject(run_id, by=by, comment=comment)
+    except ApprovalDecided as decided:
+        raise ApprovalDecided(f"{run_id} was already {decided}; nothing changed") from None
     finally:
         client.close()

@@ -23,8 +23,10 @@ Otherwise there is no bar, only the lines.
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -238,3 +240,29 @@ class ProgressPrinter:
 
 def _json_line(payload: dict[str, Any]) -> str:
     return json_for_terminal(json.dumps(payload, ensure_ascii=False)) + "\n"
+
+
+class _Notices(logging.Handler):
+    """Hands a log record's `notice` (a sentence for a person) to `say`."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        notice = getattr(record, "notice", None)
+        if isinstance(notice, str):
+            self._say(notice)
+
+
+@contextmanager
+def model_retries_said(printer: ProgressPrinter) -> Iterator[None]:
+    """While it lasts, each retry of a model call (`ratchet.adapters.anthropic_model`) is a
+    line among the step lines: a call retrying for a minute is never a blank screen."""
+    retries = logging.getLogger("ratchet.model")
+    handler = _Notices(printer.say)
+    retries.addHandler(handler)
+    try:
+        yield
+    finally:
+        retries.removeHandler(handler)

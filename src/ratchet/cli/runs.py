@@ -26,6 +26,7 @@ from ratchet.cli.context import (
     require_local_store,
     say,
     settings,
+    store_named,
 )
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
@@ -36,7 +37,7 @@ from ratchet.cli.options import (
     MIN_LEASE_SECONDS,
     not_empty,
 )
-from ratchet.cli.progress import ProgressPrinter, line_of_state
+from ratchet.cli.progress import ProgressPrinter, line_of_state, model_retries_said
 from ratchet.cli.waits import parked_line
 from ratchet.errors import InvalidInput, JsonOverLimit, StoreMissing, StoreUnavailable
 from ratchet.untrusted import loads
@@ -73,8 +74,8 @@ ModelOption = Annotated[
         metavar="MODEL",
         callback=not_empty,
         help="'scripted' (offline), claude-… (with ANTHROPIC_API_KEY), bedrock:<model id> "
-        "(AWS credentials), or your own Model as module:attr; default Claude when "
-        "ANTHROPIC_API_KEY is set, else scripted.",
+        "(AWS credentials), or your own Model as module:attr; default the agent's scripted "
+        "policy, or Claude (with ANTHROPIC_API_KEY) for an agent without one.",
     ),
 ]
 MaxStepsOption = Annotated[
@@ -177,10 +178,13 @@ def start(
         notify=notify,
         notify_slack=notify_slack,
     )
+    _say_if_paid(state.options.model, console=err)
     created = _start(_with_approval_timeout(state, approval_timeout))
     out.print(state.run_id)
     if not created:
         err.print(f"run {state.run_id} already exists; nothing changed")
+    else:
+        say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
 
 
 def run(
@@ -227,12 +231,23 @@ def run(
     try:
         if state is not None:
             state = _with_approval_timeout(state, approval_timeout)
-        if state is not None and not client.create(state).created:
+        created = state is not None and client.create(state).created
+        if state is not None and not created:
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
-        with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
-            _work_showing_progress(client, worked_id, printer)
+        if not as_json:
+            _say_if_paid(client.head(worked_id).options.model, console=out)
+
+        try:
+            with (
+                ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer,
+                model_retries_said(printer),
+            ):
+                _work_showing_progress(client, worked_id, printer)
+        except KeyboardInterrupt:
+            _say_interrupted(client.head(worked_id))
+            raise typer.Exit(130) from None
         final = client.head(worked_id)
         waits_for_person = (
             final.status is RunStatus.WAITING
@@ -242,7 +257,7 @@ def run(
         link = approval_link(client.runtime, final.run_id) if waits_for_person else None
     finally:
         client.close()
-    _say_where_it_stands(final, link, as_json=as_json)
+    _say_where_it_stands(final, link, as_json=as_json, store=store_named(settings().store))
 
 
 def worker(
@@ -301,14 +316,29 @@ def worker(
         on_wait=printer.say,
     )
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
+    interrupted = False
     try:
-        with printer:
+        with printer, model_retries_said(printer):
             work.run(until_idle=until_idle)
     except KeyboardInterrupt:
         work.stop.set()
+        interrupted = True
     finally:
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
+    if interrupted:
+        # Whatever step it was in did not commit: its run goes on from its last checkpoint
+        # with the next worker (its lease was given back as the worker let go of it).
+        say(
+            "worker interrupted: a step it was taking resumes from its run's last checkpoint "
+            f"with the next worker ({command('worker')})",
+            console=err,
+        )
+        raise typer.Exit(130)
+    if work.unloadable:
+        left = ", ".join(sorted(work.unloadable))
+        err.print(f"left runs whose agent this worker cannot load: {left}", markup=False)
+        raise typer.Exit(1)
 
 
 def _new_run(
@@ -356,7 +386,18 @@ def _new_run(
     try:
         return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
     except RunRequestInvalid as refused:
-        raise InvalidInput(refused.for_cli()) from None
+        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, params)) from None
+
+
+def _as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
+    """`said` naming the flag an input field came in: `--param cents` for one a --param set,
+    `--input field cents` for one that came in --input (or is missing from it)."""
+    by_param = {p.partition("=")[0] for p in params or []}
+    for field in fields:
+        name = field.removeprefix("input.")
+        if field.startswith("input.") and name not in by_param:
+            said = said.replace(f"(--param {name})", f"(--input field {name})")
+    return said
 
 
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -431,6 +472,24 @@ def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
     return state.model_copy(update={"options": options})
 
 
+def _say_interrupted(state: RunState) -> None:
+    """Where a run worked in the foreground stands after Ctrl-C, and how to go on."""
+    say(
+        f"interrupted: {state.run_id} is {state.status.value} at step {state.step} (a step "
+        f"under way resumes from there); go on with: {command('run', '--run-id', state.run_id)}",
+        console=err,
+    )
+
+
+def _say_if_paid(model: str, *, console: Any) -> None:
+    """`model: claude-sonnet-4-6` first, for a run whose model calls are billed: a run never
+    spends without saying so before its first step."""
+    from ratchet.model_names import ModelKind, model_kind
+
+    if model_kind(model) in (ModelKind.ANTHROPIC, ModelKind.BEDROCK):
+        say(f"model: {model}", console=console)
+
+
 def _progress_line(report: Any, printer: Any) -> None:
     state = report.state
     printer.show(line_of_state(state, ms=report.ms, before=printer.before(state.run_id)))
@@ -446,11 +505,14 @@ def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
         faults=client.faults,
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
+        # The operator's own request (the link it prints after the run parks is theirs).
+        on_park=lambda parked: parked_line(client.runtime, parked),
     )
 
 
-def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) -> None:
-    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed)."""
+def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool, store: str) -> None:
+    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed), and
+    which store it is in."""
     from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
 
     if as_json:
@@ -471,6 +533,7 @@ def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool) ->
     elif final.status is RunStatus.WAITING and final.waiting:
         wait = readout.wait_of(final.waiting.model_dump(mode="json"))
         say(readout.wait_announcement(final.run_id, wait))
+    say(f"(the run is in store {store})")
     if final.status is RunStatus.FAILED:
         say(f"run failed: {final.error}", console=err)
         raise typer.Exit(1)

@@ -107,15 +107,16 @@ def serve(
         # store connection of its own (the routes' one connection serves the app's thread).
         readers = LocalRuntime.open(chosen, create=False)
         try:
-            _serve(
-                runtime,
-                listening,
-                host=host,
-                token=token,
-                work=work,
-                agents=agents,
-                readers=readers,
-            )
+            with runtime.serving(chosen.public_url):
+                _serve(
+                    runtime,
+                    listening,
+                    host=host,
+                    token=token,
+                    work=work,
+                    agents=agents,
+                    readers=readers,
+                )
         finally:
             readers.close()
     finally:

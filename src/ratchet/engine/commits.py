@@ -149,6 +149,7 @@ class Commits:
         # attempt that comes earlier is not refused.
         delay = self._backoff.delay(state.attempts, self._rng)
         not_before = self._clock() + timedelta(seconds=delay)
+        error.step, error.attempt = step, state.attempts
         failed = AttemptFailed(
             step=step,
             attempt=state.attempts,

@@ -59,6 +59,7 @@ from ratchet.engine.failures import (
 from ratchet.engine.outcome import Outcome, StepOutcome
 from ratchet.errors import (
     AgentSetupFailed,
+    AgentUnloadable,
     CallUnderWay,
     ChildRunsRefused,
     InjectedFault,
@@ -359,6 +360,12 @@ class Engine:
                 update={"version": version, "attempts": state.attempts - 1}
             )
             return self._wait_for_call(given_back, under_way)
+        except AgentUnloadable:
+            # This process cannot import the run's agent (started in another folder, say):
+            # nothing of the step began, so its attempt is given back and the run is left for
+            # a process that can load it, with no strike against it.
+            self._store.release_attempt(state.run_id, state.version)
+            raise
         except Exception as error:
             return self._record_failure(state, attempt_failure(error, f"step {step} failed"))
         self._faults.hit(FaultPoint.BEFORE_COMMIT, step)
@@ -615,7 +622,7 @@ class Engine:
         clock = StepClock(state.run_id, state.next_step, MAX_STEP_TIMEOUT_SECONDS, deadline)
         try:
             return clock.run(lambda: self._bind(state), f"setting up agent {state.agent!r}")
-        except StepTimedOut:
+        except (StepTimedOut, AgentUnloadable):
             raise
         except Exception as error:  # the agent's own hooks run here: any failure is this attempt's
             raise AgentSetupFailed(

@@ -102,7 +102,7 @@ def local_hooks(runtime: LocalRuntime, agents: AgentRegistry = LOCAL) -> Hooks:
         book=runtime.hook_book,
         keys=runtime.hook_keys,
         store=runtime.store,
-        public_url=runtime.settings.public_url,
+        public_url=runtime.public_url,
         events_of=lambda agent: declared_events(agent, agents),
     )
 

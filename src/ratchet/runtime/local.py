@@ -7,10 +7,12 @@ run for an agent that keeps files (the migration demo's app database) in `ratche
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -311,6 +313,45 @@ class LocalRuntime:
         beyond this machine: `<store>.serve-token`, beside the store's keys, owner-only."""
         return Path(f"{self.root}.serve-token")
 
+    @property
+    def serve_file(self) -> Path:
+        """Where a `ratchet serve` of this store says where its links point, while it runs:
+        `<store>.serve`, read by every other command's links (`public_url`)."""
+        return Path(f"{self.root}.serve")
+
+    @contextmanager
+    def serving(self, url: str) -> Iterator[None]:
+        """While a `ratchet serve` reached at `url` runs, the links every other process of
+        this store makes point there (not at the default port, which may be another
+        project's serve)."""
+        said = json.dumps({"url": url, "pid": os.getpid()})
+        self.serve_file.write_text(said, encoding="utf-8")
+        try:
+            yield
+        finally:
+            # A later serve of this store may have written its own since: only ours goes.
+            try:
+                if self.serve_file.read_text(encoding="utf-8") == said:
+                    self.serve_file.unlink()
+            except OSError:
+                pass
+
+    @property
+    def public_url(self) -> str:
+        """The base of this store's links: `RATCHET_PUBLIC_URL`; else where a live `ratchet
+        serve` of this store listens; else the default address."""
+        if self.settings.public_url_set:
+            return self.settings.public_url
+        try:
+            served = json.loads(self.serve_file.read_text(encoding="utf-8"))
+            url = str(served["url"])
+            os.kill(int(served["pid"]), 0)  # a serve killed outright left its file behind
+        except PermissionError:  # alive, and another user's
+            return url
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.settings.public_url
+        return url
+
     def serve_token(self) -> str:
         """The token in `serve_token_file`, made on first use and kept for the next start."""
         return token_file(self.serve_token_file)
@@ -420,6 +461,19 @@ class LocalRuntime:
         """Every approval request's messages, as files beside the store."""
         return OutboxNotifier(Path(f"{self.root}.outbox"))
 
+    def _approval_opener(self, worker_id: str, logger: Any) -> Callable[[str], None]:
+        """Opens the approval request of a run parked for a person, notifying who it names
+        (another wait has no request: nothing to open)."""
+
+        def open_request(run_id: str) -> None:
+            head = self.store.load_head(run_id)
+            if head is None or head.waiting is None or head.waiting.kind != "person":
+                return
+            desk = self.approval_desk(worker_id=worker_id, logger=logger)
+            desk.open(run_id, timeout_seconds=self.settings.approval_timeout_seconds)
+
+        return open_request
+
     def approval_desk(self, *, worker_id: str, logger: Any) -> ApprovalDesk:
         """Approvals decided through signed links to `ratchet serve`, signed with a key kept
         beside the store (`<store>.approval-key`, made on first use, owner-only)."""
@@ -429,7 +483,7 @@ class LocalRuntime:
             store=self.store,
             clock=self.clock,
             signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
-            public_url=self.settings.public_url,
+            public_url=self.public_url,
             notifiers=[self.outbox],
             faults=FaultPlan.parse(self.settings.fault),
         )
@@ -509,11 +563,14 @@ class LocalRuntime:
         on_wait: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
         lease_seconds: float | None = None,
+        on_park: Callable[[str], None] | None = None,
     ) -> None:
         """Work the run in this process, as a worker holding its lease: until it is done,
-        waiting or failed, or another worker holds it. `on_step` and `on_wait` are the
-        worker's (`ratchet run` prints its progress through them); `stop` ends the work after
-        the current step (`ratchet.testing` sets it when it crashes a step on purpose), and
+        waiting or failed, or another worker holds it. `on_step`, `on_wait` and `on_park` are
+        the worker's (`ratchet run` prints its progress through them); by default a run parked
+        for a person has its approval request opened and its people notified, as a worker's
+        would (a script's `client.run` asks someone too). `stop` ends the work after the
+        current step (`ratchet.testing` sets it when it crashes a step on purpose), and
         `lease_seconds` is the lease's length (a process expected to die soon takes a short
         one, so the next process need not wait long for it to lapse)."""
         from ratchet.worker import DEFAULT_LEASE_SECONDS, Worker
@@ -529,6 +586,7 @@ class LocalRuntime:
             clock=self.clock,
             on_step=on_step,
             on_wait=on_wait,
+            on_park=on_park or self._approval_opener(worker_id, logger),
             expire_approvals=self.approval_expiry(engine),
             deliver_decisions=self.decision_delivery(engine),
             settle_waits=self.wait_settler(engine),
@@ -536,6 +594,8 @@ class LocalRuntime:
         )
         while not stop.is_set():
             worker.run(until_idle=True, run_id=run_id)
+            if run_id in worker.unloadable:
+                raise worker.unloadable[run_id]
             # A run waiting for its children: work them here too, as `ratchet run` would be
             # expected to, until the run goes on (or one waits, for a person, say).
             head = self.store.load_head(run_id)
@@ -554,6 +614,7 @@ class LocalRuntime:
                     on_wait=on_wait,
                     stop=stop,
                     lease_seconds=lease_seconds,
+                    on_park=on_park,
                 )
                 head = self.store.load_head(run_id)
                 if stop.is_set() or head is None or head.status is not RunStatus.WAITING:

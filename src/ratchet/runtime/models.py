@@ -18,7 +18,7 @@ from ratchet.adapters.scripted import ScriptedModel
 from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine import Binding
 from ratchet.engine.deadline import await_on_loop
-from ratchet.errors import AgentNotFound, InvalidInput
+from ratchet.errors import AgentNotFound, AgentUnloadable, InvalidInput
 from ratchet.model_names import (
     BEDROCK_PREFIX,
     MODEL_NAMES,
@@ -129,7 +129,10 @@ class Bindings:
         with self._lock:
             binding = self._bound.get(state.run_id)
         if binding is None:
-            agent = self._agents.load(state.agent)
+            try:
+                agent = self._agents.load(state.agent)
+            except AgentNotFound as missing:
+                raise AgentUnloadable(state.run_id, state.agent, str(missing)) from None
             context = self._context(state.run_id, state.options)
             if agent.mcp:
                 # The tools pinned when the run started, the same in every process.
