@@ -27,6 +27,7 @@ from ratchet.cli.context import (
     say,
     settings,
 )
+from ratchet.cli.deliveries import say_still_owed, webhook_sender
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
     MAX_BATCHES,
@@ -224,6 +225,11 @@ def run(
             notify_slack=notify_slack,
         )
     client = open_client(create=True)
+    # Started before the run is created: on a store's first sender, a run made earlier is not
+    # owed (`SqliteDeliveries.prepare`).
+    sender = webhook_sender(client.runtime, console=err)
+    if sender is not None:
+        sender.start()
     try:
         if state is not None:
             state = _with_approval_timeout(state, approval_timeout)
@@ -233,6 +239,10 @@ def run(
         assert worked_id is not None
         with ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer:
             _work_showing_progress(client, worked_id, printer)
+        if sender is not None:
+            # The run has ended or parked here, in the foreground: its changes are sent before
+            # the command exits (bounded), or stay owed in the store for the next sender.
+            say_still_owed(sender.drain(worked_id))
         final = client.head(worked_id)
         waits_for_person = (
             final.status is RunStatus.WAITING
@@ -241,6 +251,8 @@ def run(
         )
         link = approval_link(client.runtime, final.run_id) if waits_for_person else None
     finally:
+        if sender is not None:
+            sender.stop()
         client.close()
     _say_where_it_stands(final, link, as_json=as_json)
 
@@ -300,13 +312,22 @@ def worker(
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
     )
+    sender = webhook_sender(runtime, console=err)
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     try:
+        if sender is not None:
+            sender.start()
         with printer:
             work.run(until_idle=until_idle)
+        if sender is not None and until_idle:
+            # A worker that exits once idle sends what it committed first (bounded): no other
+            # sender may be running to send it.
+            say_still_owed(sender.drain())
     except KeyboardInterrupt:
         work.stop.set()
     finally:
+        if sender is not None:
+            sender.stop()
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
 

@@ -1,11 +1,17 @@
-"""`ratchet serve`'s webhook sender: each change of a run's status (`ratchet.pushes`), POSTed
-signed to every URL of `RATCHET_WEBHOOKS`, retried with backoff for `RETRY_SECONDS`, each
-delivery and its outcome kept in the store (`ratchet.adapters.sqlite.deliveries`, read by
-`ratchet deliveries`).
+"""The webhook sender: each change of a run's status (`ratchet.pushes`), POSTed signed to
+every URL of `RATCHET_WEBHOOKS` and of the run's agent (`Agent.webhooks`), retried with backoff
+for `RETRY_SECONDS`, each delivery and its outcome kept in the store
+(`ratchet.adapters.sqlite.deliveries`, read by `ratchet deliveries` and the dashboard).
 
-It runs on a thread of its own with a store connection of its own, and keeps nothing in memory
-that the store does not: a sender killed at any point owes on its next start what it owed,
-and sends again what it was sending (with the same delivery id: a receiver deduplicates on it).
+It runs on a thread of its own with a store connection of its own, in each process that works or
+serves runs with `RATCHET_WEBHOOKS` set (`ratchet serve`, `ratchet worker`, `ratchet run`, which
+also starts one for an agent that declares webhooks), and keeps nothing in memory that the store
+does not: a sender killed at any point owes on its next start what it owed, and sends again what
+it was sending (with the same delivery id: a receiver deduplicates on it). Several senders on one
+store (two workers, a worker and `ratchet serve`) share the work through the store: a change is
+owed once (`SqliteDeliveries.enqueue`), and a delivery is sent by one sender at a time
+(`SqliteDeliveries.claim`); only a sender that dies mid-send, or outlives its claim, leaves it to
+be sent again.
 
 A delivery is sent once its URL's host resolves to no link-local address (a name may resolve
 to one though its URL did not say so); a redirect is not followed (it is an answer that is not
@@ -23,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,6 +53,9 @@ SEND_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 0.2
 """How often the sender reads the store for runs that moved: a commit is sent within this."""
 STOP_SECONDS = 15.0
+DRAIN_SECONDS = 10.0
+"""How long a process that works runs and exits (`ratchet run`, `ratchet worker --until-idle`)
+waits for what it owes to be sent: the first attempts and a few retries."""
 
 _log = logging.getLogger("ratchet.webhooks")
 
@@ -94,7 +104,32 @@ class WebhookSender:
         self._thread = threading.Thread(target=self._run, name="ratchet webhooks", daemon=True)
 
     def start(self) -> None:
+        """Start sending. The store's delivery tables are made first, here, so that a run
+        created once this returns is owed from its start even on a store's first sender."""
+        runtime = LocalRuntime.open(self._settings, create=False)
+        try:
+            runtime.deliveries.prepare()
+        finally:
+            runtime.close()
         self._thread.start()
+
+    def drain(self, run_id: str | None = None, timeout: float = DRAIN_SECONDS) -> int | None:
+        """Wait (at most `timeout` seconds) until nothing (of `run_id`) is owed: what a process
+        that works runs and then exits does, so that what it committed is sent before it goes.
+        Returns what is still owed then (None if the store was too busy to say): a delivery
+        retried later than the bound stays in the store, for the next sender."""
+        deadline = time.monotonic() + timeout
+        owed: int | None = None
+        runtime = LocalRuntime.open(self._settings, create=False)
+        try:
+            while True:
+                with suppress(StoreBusy):
+                    owed = runtime.deliveries.owing(run_id)
+                if owed == 0 or time.monotonic() >= deadline or not self._thread.is_alive():
+                    return owed
+                time.sleep(self._poll)
+        finally:
+            runtime.close()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         self._stop.set()

@@ -110,7 +110,9 @@ class SqliteDeliveries:
         self._db = db
         self._ready = False
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
+        """Make the tables (the first sender on the store marks where it starts): a sender
+        does it before it starts, so that a run created just after is owed from its start."""
         if self._ready:
             return
         with self._db.write() as tx:
@@ -130,7 +132,7 @@ class SqliteDeliveries:
 
     def moved(self) -> list[Moved]:
         """The runs whose head is past their cursor."""
-        self._prepare()
+        self.prepare()
         rows = self._db.connection.execute(
             "SELECT r.run_id, r.version, c.version, c.status FROM runs AS r "
             "LEFT JOIN push_cursors AS c ON c.run_id = r.run_id "
@@ -178,7 +180,7 @@ class SqliteDeliveries:
 
     def due(self, *, limit: int = 20) -> list[Delivery]:
         """Pending deliveries whose time has come and that no sender holds, oldest first."""
-        self._prepare()
+        self.prepare()
         now = time.time()
         rows = self._db.connection.execute(
             f"SELECT {_COLUMNS} FROM deliveries WHERE state = 'pending' AND next_at <= ? "
@@ -189,11 +191,26 @@ class SqliteDeliveries:
 
     def next_due(self) -> float | None:
         """When the next pending delivery is due (a Unix time), or None."""
-        self._prepare()
+        self.prepare()
         (at,) = self._db.connection.execute(
             "SELECT min(max(next_at, claimed_until)) FROM deliveries WHERE state = 'pending'"
         ).fetchone()
         return float(at) if at is not None else None
+
+    def owing(self, run_id: str | None = None) -> int:
+        """How much (of one run) is still owed: pending deliveries, and runs whose changes are
+        not yet owed (each counts one). Zero once everything that moved was sent or given up."""
+        self.prepare()
+        (pending,) = self._db.connection.execute(
+            "SELECT count(*) FROM deliveries WHERE state = 'pending' AND (? IS NULL OR run_id = ?)",
+            (run_id, run_id),
+        ).fetchone()
+        (behind,) = self._db.connection.execute(
+            "SELECT count(*) FROM runs AS r LEFT JOIN push_cursors AS c ON c.run_id = r.run_id "
+            "WHERE (c.version IS NULL OR r.version > c.version) AND (? IS NULL OR r.run_id = ?)",
+            (run_id, run_id),
+        ).fetchone()
+        return int(pending) + int(behind)
 
     def claim(self, delivery: Delivery) -> bool:
         """Hold `delivery` for `CLAIM_SECONDS`; False if another sender sent or holds it."""
