@@ -2,11 +2,13 @@
 sends, and `ratchet run` and `ratchet worker --until-idle` send what they committed before they
 exit. Two workers at once share the deliveries through the store's claims: each change is
 delivered, with its id, and none twice while both live (the receiver answers slowly, so that
-both senders hold the same deliveries due at once)."""
+both senders hold the same deliveries due at once). An agent's own `webhooks` are sent to
+beside the deployment's."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +25,7 @@ import pytest
 
 from ratchet.state import RunStatus
 from tests.e2e.test_outbound_webhooks import Receiver, _hooked, _until
-from tests.e2e.test_serve_local import PATIENCE
+from tests.e2e.test_serve_local import PATIENCE, _env
 from tests.processes import Cli
 
 pytestmark = pytest.mark.slow
@@ -40,7 +42,7 @@ def slow_receiver() -> Iterator[tuple[Receiver, str]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            status = kept.answer(dict(self.headers.items()), body)
+            status = kept.answer({**self.headers, "Path": self.path}, body)
             time.sleep(ANSWER_SECONDS)
             self.send_response(status)
             self.send_header("Content-Length", "0")
@@ -164,3 +166,70 @@ def test_run_and_an_idle_worker_send_what_they_committed_before_they_exit(tmp_pa
     assert parked == ["running", "waiting"]
     assert ended == ["running", "waiting", "running", "done"]
     assert "still owed" not in ran.stderr + worked.stderr
+
+
+HOOKED_AGENT = '''
+from pydantic import BaseModel
+
+from ratchet.tools import Agent, Done, StepView, ToolCall, ToolContext, tool
+
+
+class Greeting(BaseModel):
+    name: str
+
+
+@tool(side_effect=True)
+def greet(args: Greeting, ctx: ToolContext) -> str:
+    """Greet someone, once per key."""
+    return f"hello {args.name}"
+
+
+def scripted(view: StepView) -> ToolCall | Done:
+    if not view.messages:
+        return ToolCall(name="greet", arguments={"name": "ada"})
+    return Done(summary="greeted ada")
+
+
+agent = Agent(
+    name="hooked", goal="Greet ada.", tools=[greet], policy=scripted, webhooks=[AGENT_URL]
+)
+'''
+
+
+def test_an_agents_own_webhooks_are_sent_beside_the_deployments(tmp_path, slow_receiver):
+    kept, url = slow_receiver
+    cli = Cli(tmp_path)
+    code = tmp_path / "code"
+    code.mkdir()
+    agent_url = f"{url}/agent"
+    (code / "hooked.py").write_text(HOOKED_AGENT.replace("AGENT_URL", repr(agent_url)))
+    path = os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])
+
+    def run(run_id: str, env: dict[str, str]) -> None:
+        done = subprocess.run(
+            cli.argv("run", "--agent", "hooked:agent", "--run-id", run_id),
+            capture_output=True,
+            text=True,
+            env={**env, "PYTHONPATH": path},
+            timeout=PATIENCE,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+    # The agent's URL alone (no RATCHET_WEBHOOKS): `ratchet run` sends to it.
+    run("a1", _env())
+    # Beside the deployment's: each change to both.
+    run("a2", _hooked(f"{url}/deployment"))
+
+    sent = sorted(
+        (json.loads(r.body)["run_id"], json.loads(r.body)["status"], r.headers["Path"])
+        for r in kept.received
+    )
+    assert sent == [
+        ("a1", "done", "/hook/agent"),
+        ("a1", "running", "/hook/agent"),
+        ("a2", "done", "/hook/agent"),
+        ("a2", "done", "/hook/deployment"),
+        ("a2", "running", "/hook/agent"),
+        ("a2", "running", "/hook/deployment"),
+    ]

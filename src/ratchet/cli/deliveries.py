@@ -94,11 +94,24 @@ def webhook_sender(runtime: Any, *, agent_urls: Sequence[str] = (), console: Any
         else str(webhook_secret_file(runtime))
     )
     say(
-        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)}, signed with "
-        f"the secret in {secret} (ratchet deliveries lists them)",
+        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)} (and to the "
+        f"URLs its agent declares), signed with the secret in {secret} (ratchet deliveries "
+        "lists them)",
         console=console,
     )
     return sender
+
+
+def agent_webhooks(reference: str) -> tuple[str, ...]:
+    """The webhooks the agent declares (`Agent.webhooks`); none if it does not load here (the
+    run's own commands then say why)."""
+    from ratchet.agents import load_agent
+    from ratchet.errors import RatchetError
+
+    try:
+        return tuple(load_agent(reference).webhooks)
+    except RatchetError:
+        return ()
 
 
 def say_still_owed(owed: int | None) -> None:

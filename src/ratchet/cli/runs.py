@@ -27,7 +27,7 @@ from ratchet.cli.context import (
     say,
     settings,
 )
-from ratchet.cli.deliveries import say_still_owed, webhook_sender
+from ratchet.cli.deliveries import agent_webhooks, say_still_owed, webhook_sender
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
     MAX_BATCHES,
@@ -227,7 +227,8 @@ def run(
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not
     # owed (`SqliteDeliveries.prepare`).
-    sender = webhook_sender(client.runtime, console=err)
+    reference = state.agent if state is not None else client.head(str(run_id)).agent
+    sender = webhook_sender(client.runtime, agent_urls=agent_webhooks(reference), console=err)
     if sender is not None:
         sender.start()
     try:

@@ -55,7 +55,6 @@ from ratchet.limits import (
     parse_overrides,
     resolve_overrides,
 )
-from ratchet.pushes import parse_webhook_urls
 from ratchet.runs import RunRequest, new_run
 from ratchet.runtime.local_approvals import (
     LocalResumer,
@@ -69,6 +68,7 @@ from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import HookKeys
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
+from ratchet.webhook_urls import parse_webhook_urls
 
 if TYPE_CHECKING:
     from ratchet.runtime.hooks import Hooks

@@ -35,18 +35,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ratchet.adapters.sqlite.deliveries import Delivery, Moved, Owed, SqliteDeliveries
+from ratchet.agents import load_agent
 from ratchet.approvals.links import token_file
 from ratchet.errors import RatchetError, StoreBusy
 from ratchet.pushes import (
     DELIVERY_HEADER,
     RETRY_SECONDS,
     SIGNATURE_HEADER,
-    any_link_local,
     backoff,
     signature,
     status_changes,
 )
 from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.webhook_urls import any_link_local
 
 SEND_TIMEOUT_SECONDS = 10.0
 """How long a receiver has to answer; slower is a failed attempt, tried again."""
@@ -97,6 +98,7 @@ class WebhookSender:
     ) -> None:
         self._settings = settings
         self._urls = settings.webhooks
+        self._agent_urls: dict[str, tuple[str, ...]] = {}
         self._secret = secret
         self._poll = poll_seconds
         self._retry_seconds = retry_seconds
@@ -177,9 +179,25 @@ class WebhookSender:
             owed=[
                 Owed(delivery_id(c.id, url), c.id, c.run_id, url, c.body().decode())
                 for c in changes
-                for url in self._urls
+                for url in self.urls_of(head.agent)
             ],
         )
+
+    def urls_of(self, agent: str) -> tuple[str, ...]:
+        """Where a change of a run of `agent` (its stored reference) goes: the deployment's
+        URLs, then the agent's own (`Agent.webhooks`). An agent this process cannot load (its
+        code is not here) is sent the deployment's only, and the log says so, once."""
+        if agent not in self._agent_urls:
+            try:
+                declared = tuple(load_agent(agent).webhooks)
+            except RatchetError as error:
+                _log.warning(
+                    "webhooks: the agent's own URLs are unknown here (it does not load)",
+                    extra={"agent": agent, "error": str(error)},
+                )
+                declared = ()
+            self._agent_urls[agent] = declared
+        return tuple(dict.fromkeys([*self._urls, *self._agent_urls[agent]]))
 
     def _send(self, book: SqliteDeliveries, delivery: Delivery) -> None:
         error = refusal(delivery.url)
