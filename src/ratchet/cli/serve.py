@@ -139,6 +139,7 @@ def _serve(
     from ratchet.runtime.services import approval_services, local_runs_services
     from ratchet.runtime.serving import ServeWorker
     from ratchet.web.approvals import build_app
+    from ratchet.web.dashboard import MAX_DELIVERY_ROWS
     from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.feed import FeedStreams, HistoryWaits
     from ratchet.web.hooks import BODY_LIMIT, Throttle
@@ -158,6 +159,7 @@ def _serve(
         runtime, worker_id=f"serve:{cli_worker_id()}", logger=logger, agents=agents
     )
     runs_app = build_runs_app(lambda: runs)
+    book = runtime.deliveries  # the webhooks' deliveries, which a run's page lists
     routes = [
         ("/approvals/", approvals),
         ("/slack/", approvals),
@@ -166,7 +168,11 @@ def _serve(
         (
             "/dashboard",
             dashboard_app(
-                runs.client, services.desk, operator=operator_name(), mailbox=runtime.mailbox
+                runs.client,
+                services.desk,
+                operator=operator_name(),
+                mailbox=runtime.mailbox,
+                deliveries=lambda run_id: book.listed(run_id, limit=MAX_DELIVERY_ROWS),
             ),
         ),
     ]
