@@ -119,8 +119,9 @@ class LocalSettings(BaseModel):
     """Model calls a minute shared by every worker on the store
     (`RATCHET_REQUESTS_PER_MINUTE`): see `ratchet.limits`."""
     webhooks: tuple[str, ...] = ()
-    """Where `ratchet serve` POSTs each change of a run's status (`RATCHET_WEBHOOKS`: URLs
-    separated by commas or spaces), signed (`ratchet.runtime.webhooks`)."""
+    """Where each change of a run's status is POSTed, signed, beside its agent's own URLs
+    (`RATCHET_WEBHOOKS`: URLs separated by commas or spaces), by every `ratchet worker`,
+    `ratchet serve` and `ratchet run` that has them (`ratchet.runtime.webhooks`)."""
     webhook_secret: SecretStr | None = None
     """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
     beside the store (`<store>.webhook-secret`)."""
