@@ -116,20 +116,25 @@ class WebhookSender:
         self._thread.start()
 
     def drain(self, run_id: str | None = None, timeout: float = DRAIN_SECONDS) -> int | None:
-        """Wait (at most `timeout` seconds) until nothing (of `run_id`) is owed: what a process
-        that works runs and then exits does, so that what it committed is sent before it goes.
-        Returns what is still owed then (None if the store was too busy to say): a delivery
-        retried later than the bound stays in the store, for the next sender."""
-        deadline = time.monotonic() + timeout
+        """Wait (at most `timeout` seconds) until nothing (of `run_id`) that can be sent within
+        them is owed: what a process that works runs and then exits does, so that what it
+        committed is sent before it goes. Returns what is still owed then (None if the store
+        was too busy to say): a delivery retried later than the bound stays in the store, for
+        the next sender, and is not waited for."""
+        deadline = time.time() + timeout
         owed: int | None = None
         runtime = LocalRuntime.open(self._settings, create=False)
         try:
-            while True:
+            while self._thread.is_alive():
                 with suppress(StoreBusy):
-                    owed = runtime.deliveries.owing(run_id)
-                if owed == 0 or time.monotonic() >= deadline or not self._thread.is_alive():
-                    return owed
+                    if runtime.deliveries.owing(run_id, due_by=deadline) == 0:
+                        break
+                if time.time() >= deadline:
+                    break
                 time.sleep(self._poll)
+            with suppress(StoreBusy):
+                owed = runtime.deliveries.owing(run_id)
+            return owed
         finally:
             runtime.close()
 

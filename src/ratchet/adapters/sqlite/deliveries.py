@@ -197,13 +197,15 @@ class SqliteDeliveries:
         ).fetchone()
         return float(at) if at is not None else None
 
-    def owing(self, run_id: str | None = None) -> int:
-        """How much (of one run) is still owed: pending deliveries, and runs whose changes are
-        not yet owed (each counts one). Zero once everything that moved was sent or given up."""
+    def owing(self, run_id: str | None = None, *, due_by: float | None = None) -> int:
+        """How much (of one run) is still owed: pending deliveries (only those due by `due_by`,
+        a Unix time, if given), and runs whose changes are not yet owed (each counts one). Zero
+        once everything that moved was sent or given up."""
         self.prepare()
         (pending,) = self._db.connection.execute(
-            "SELECT count(*) FROM deliveries WHERE state = 'pending' AND (? IS NULL OR run_id = ?)",
-            (run_id, run_id),
+            "SELECT count(*) FROM deliveries WHERE state = 'pending' AND (? IS NULL OR run_id = ?) "
+            "AND (? IS NULL OR next_at <= ?)",
+            (run_id, run_id, due_by, due_by),
         ).fetchone()
         (behind,) = self._db.connection.execute(
             "SELECT count(*) FROM runs AS r LEFT JOIN push_cursors AS c ON c.run_id = r.run_id "
