@@ -150,7 +150,7 @@ def test_run_and_an_idle_worker_send_what_they_committed_before_they_exit(tmp_pa
     )
     assert ran.returncode == 0, ran.stderr
     # No sender runs once `ratchet run` has exited: what was received came from it.
-    parked = [json.loads(r.body)["status"] for r in kept.received]
+    parked = _statuses(kept)
     cli.ok("approve", "f1", "--comment", "ok", "--by", "tester")
     worked = subprocess.run(
         cli.argv("worker", "--until-idle", "--worker-id", "idle"),
@@ -161,7 +161,7 @@ def test_run_and_an_idle_worker_send_what_they_committed_before_they_exit(tmp_pa
         check=False,
     )
     assert worked.returncode == 0, worked.stderr
-    ended = [json.loads(r.body)["status"] for r in kept.received]
+    ended = _statuses(kept)
 
     assert parked == ["running", "waiting"]
     assert ended == ["running", "waiting", "running", "done"]
@@ -233,3 +233,10 @@ def test_an_agents_own_webhooks_are_sent_beside_the_deployments(tmp_path, slow_r
         ("a2", "running", "/hook/agent"),
         ("a2", "running", "/hook/deployment"),
     ]
+
+
+def _statuses(kept: Receiver) -> list[str]:
+    """The statuses received, in the order of the changes (a sender may send two due at once in
+    either order)."""
+    bodies = sorted((json.loads(r.body) for r in kept.received), key=lambda b: b["version"])
+    return [b["status"] for b in bodies]
