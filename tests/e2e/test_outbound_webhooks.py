@@ -267,3 +267,18 @@ def test_a_runs_dashboard_page_lists_its_deliveries_and_failures(tmp_path, recei
         assert int(row[4]) >= 1
         assert row[5] == "answered HTTP 500"
         assert row[6].startswith("next try ")
+
+
+def test_a_store_no_sender_ran_on_lists_no_deliveries_and_its_run_pages_serve(tmp_path):
+    cli = Cli(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--batches", "1", "--run-id", "n1")
+
+    printed = cli.ok("deliveries")
+    listed = json.loads(cli.ok("deliveries", "n1", "--json"))
+    with ratchet_serve(cli, "--port", "0", "--no-worker") as served:
+        status, _, page = request(f"{served.base}/dashboard/runs/n1")
+
+    assert printed == "No webhook deliveries (workers send them: RATCHET_WEBHOOKS).\n"
+    assert listed == {"deliveries": []}
+    assert status == 200
+    assert "<h2>Webhook deliveries</h2><p class='note' id='deliveries'>None" in page

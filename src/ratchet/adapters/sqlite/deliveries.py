@@ -19,7 +19,6 @@ deployment that turns webhooks on is not sent the history of every run it has.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -250,16 +249,18 @@ class SqliteDeliveries:
 
     def listed(self, run_id: str | None = None, *, limit: int = 50) -> list[Delivery]:
         """The latest deliveries (of one run), newest first; none on a store that never sent."""
-        try:
-            connection = self._db.connection
-            where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
-            rows = connection.execute(
-                f"SELECT {_COLUMNS} FROM deliveries {where} "
-                "ORDER BY created_at DESC, delivery_id DESC LIMIT ?",
-                (*args, limit),
-            ).fetchall()
-        except sqlite3.OperationalError as error:
-            if "no such table" in str(error):
-                return []
-            raise
+        connection = self._db.connection
+        # Read, never made here: a store no sender ever ran on has no table (and a reader
+        # writes nothing). The store's errors are Ratchet's, so the table is looked up first.
+        made = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'"
+        ).fetchone()
+        if made is None:
+            return []
+        where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+        rows = connection.execute(
+            f"SELECT {_COLUMNS} FROM deliveries {where} "
+            "ORDER BY created_at DESC, delivery_id DESC LIMIT ?",
+            (*args, limit),
+        ).fetchall()
         return [Delivery(*row) for row in rows]
