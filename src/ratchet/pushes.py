@@ -1,5 +1,6 @@
 """What a run pushes when its status changes: the change (`StatusChange`), the same for an
-outbound webhook and an EventBridge event, and the webhooks' signature and address rules.
+outbound webhook and an EventBridge event, and the webhooks' signature (the URLs they may go to
+are `ratchet.webhook_urls`, a floor down, where an agent's are checked too).
 
 A change is read from the records the store already keeps: each record whose status differs
 from the record before it (the first record, `started`, changes nothing into `running`). A
@@ -15,16 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from ratchet.errors import InvalidInput
 from ratchet.feed import FeedEvent, FeedWait, feed_event
 from ratchet.state import RunStatus, StoredCheckpoint
 
@@ -128,44 +125,6 @@ def verify(
         return False
     expected = signature(secret, body, timestamp=at).partition("v1=")[2]
     return any(hmac.compare_digest(expected, given) for given in parts.get("v1", []))
-
-
-# --- addresses --------------------------------------------------------------------------------
-
-
-def check_webhook_url(url: str) -> str:
-    """`url` if a webhook may be sent there; else `InvalidInput` saying why: it must be http
-    or https with a host, and not a link-local address (169.254.0.0/16, fe80::/10: a cloud's
-    instance metadata, whose credentials a delivery must never reach)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInput(f"webhook URL {url!r}: only http:// or https:// URLs with a host")
-    if parts.username or parts.password:
-        raise InvalidInput(f"webhook URL {url!r}: no user or password in it")
-    if link_local(parts.hostname):
-        raise InvalidInput(f"webhook URL {url!r}: a link-local address is never sent to")
-    return url.strip()
-
-
-def parse_webhook_urls(text: str) -> tuple[str, ...]:
-    """The URLs of `RATCHET_WEBHOOKS` (separated by commas or spaces), each checked."""
-    return tuple(check_webhook_url(u) for u in text.replace(",", " ").split())
-
-
-def link_local(host: str) -> bool:
-    """Whether `host` is a link-local IP address (a name is checked once resolved)."""
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return bool(address.is_link_local or (mapped is not None and mapped.is_link_local))
-
-
-def any_link_local(addresses: Sequence[Any]) -> bool:
-    """Whether any of `socket.getaddrinfo`'s answers is link-local: a name that resolves there
-    is refused as its address would be."""
-    return any(link_local(str(info[4][0]).split("%")[0]) for info in addresses)
 
 
 # --- retries ----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ratchet.errors import (
     ForkRefused,
+    InvalidInput,
     ModelOutputInvalid,
     ModelUnavailable,
     PermanentError,
@@ -67,6 +68,7 @@ from ratchet.state import (
     duration_words,
     utcnow,
 )
+from ratchet.webhook_urls import check_webhook_url
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -636,6 +638,11 @@ class Agent:
     deployment); the others wait their turn, without failing and without a model call. None
     sets no bound. A deployment may override it (`RATCHET_MAX_CONCURRENT`): see
     docs/limits.md."""
+    webhooks: Sequence[str] = ()
+    """URLs each change of a run's status is POSTed to, signed, beside the deployment's
+    (`RATCHET_WEBHOOKS`): locally, by the webhook sender of a worker, `ratchet serve` or
+    `ratchet run` (docs/following-runs.md). Checked here, by the deployment's rule: http or
+    https with a host, no user or password, no link-local address."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -661,6 +668,17 @@ class Agent:
             )
 
         check_max_concurrent(self.max_concurrent, f"agent {self.name!r}: max_concurrent")
+        if isinstance(self.webhooks, str):
+            raise ValueError(f"agent {self.name!r}: webhooks must be a list of URLs, not one")
+        urls: dict[str, None] = {}
+        for url in self.webhooks:
+            if not isinstance(url, str):
+                raise ValueError(f"agent {self.name!r}: a webhook is a URL, not {url!r}")
+            try:
+                urls[check_webhook_url(url)] = None
+            except InvalidInput as refused:
+                raise ValueError(f"agent {self.name!r}: {refused}") from None
+        object.__setattr__(self, "webhooks", tuple(urls))
         window = self.memory_window
         if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 50:
             raise ValueError(

@@ -2,9 +2,9 @@
 of `RATCHET_WEBHOOKS`, signed, to a receiver on loopback in this process. Each delivery verifies
 with the snippet of docs/following-runs.md (executed as written) and a forged one does not; a
 receiver answering 500 then 200 gets the delivery again with the same id; a `ratchet serve`
-SIGKILLed between two attempts delivers after its restart; `ratchet deliveries` says how each
-went; and a URL that is not http(s), or names a link-local address, is one line, nothing
-written."""
+SIGKILLed between two attempts delivers after its restart; `ratchet deliveries` and the run's
+dashboard page say how each went; and a URL that is not http(s), or names a link-local address,
+is one line, nothing written."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_serve_local import PATIENCE, _env, ratchet_serve
+from tests.e2e.test_serve_local import PATIENCE, _env, ratchet_serve, request
 from tests.processes import Cli
 
 pytestmark = pytest.mark.slow
@@ -242,3 +242,43 @@ def test_a_webhook_url_that_may_not_be_sent_to_is_one_line_and_nothing_written(t
     assert done.stderr.count("\n") == 1
     assert done.stderr.startswith("ratchet: RATCHET_WEBHOOKS is not valid: webhook URL")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_runs_dashboard_page_lists_its_deliveries_and_failures(tmp_path, receiver):
+    kept, url = receiver
+    kept.answers = [500] * 1000
+    cli = Cli(tmp_path)
+    with ratchet_serve(cli, "--port", "0", "--no-worker", env=_hooked(url)) as served:
+        cli.ok("start", "--scenario", "migration", "--batches", "1", "--run-id", "d1")
+        listed = _until("a failed attempt is recorded", lambda: _deliveries(cli, attempts=1))
+        status, _, page = request(f"{served.base}/dashboard/runs/d1")
+
+    assert status == 200
+    table = re.search(r"<table id='deliveries'>.*?</table>", page, re.DOTALL)
+    assert table is not None, page
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class='\w+'>(.*?)</tr>", table.group(0))
+    ]
+    shown = {row[0]: row for row in rows}
+    for delivery in listed:
+        row = shown[delivery["id"]]
+        assert row[1:4] == [delivery["status"], url, "pending"]
+        assert int(row[4]) >= 1
+        assert row[5] == "answered HTTP 500"
+        assert row[6].startswith("next try ")
+
+
+def test_a_store_no_sender_ran_on_lists_no_deliveries_and_its_run_pages_serve(tmp_path):
+    cli = Cli(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--batches", "1", "--run-id", "n1")
+
+    printed = cli.ok("deliveries")
+    listed = json.loads(cli.ok("deliveries", "n1", "--json"))
+    with ratchet_serve(cli, "--port", "0", "--no-worker") as served:
+        status, _, page = request(f"{served.base}/dashboard/runs/n1")
+
+    assert printed == "No webhook deliveries (workers send them: RATCHET_WEBHOOKS).\n"
+    assert listed == {"deliveries": []}
+    assert status == 200
+    assert "<h2>Webhook deliveries</h2><p class='note' id='deliveries'>None" in page

@@ -9,6 +9,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from ratchet.adapters.sqlite.deliveries import Delivery
 from ratchet.client import Checkpoint, Run, UsageTotals, Wait
 from ratchet.state import RunState, RunStatus
 from ratchet.web.dashboard import (
@@ -429,3 +430,86 @@ def test_a_deployed_run_waiting_with_no_request_open_names_no_local_command():
 
     assert "the stack's notify function opens one" in page
     assert "ratchet link" not in page
+
+
+# --- issue 35: a run's webhook deliveries ------------------------------------------------------
+
+
+def _delivery(
+    n: int, state: str, *, error: str | None = None, url: str = "https://a.example/h"
+) -> Delivery:
+    at = NOW.timestamp()
+    return Delivery(
+        delivery_id=f"r1:{n}@0a1b2c3d",
+        change_id=f"r1:{n}",
+        run_id="r1",
+        url=url,
+        body=f'{{"id":"r1:{n}","status":"{"waiting" if n == 2 else "running"}"}}',
+        state=state,
+        attempts=3 if error else 1,
+        created_at=at,
+        next_at=at + 4,
+        answered_at=at + 1,
+        last_error=error,
+    )
+
+
+def test_a_runs_page_lists_its_webhook_deliveries_and_their_failures_escaped():
+    timeline = Timeline(
+        run=_run("r1"),
+        checkpoints=[_step(1, 1)],
+        attempts={},
+        gaps=[],
+        approvals=[],
+        pending=None,
+        deliveries=[
+            _delivery(
+                2, "pending", error=f"answered HTTP 500{EVIL}", url=f"http://b.example/{EVIL}"
+            ),
+            _delivery(1, "delivered"),
+        ],
+    )
+
+    page = run_page(timeline)
+
+    table = re.search(r"<table id='deliveries'>.*?</table>", page, re.DOTALL)
+    assert table is not None
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+        for row in re.findall(r"<tr class='\w+'>(.*?)</tr>", table.group(0))
+    ]
+    assert rows == [
+        [
+            "r1:2@0a1b2c3d",
+            "waiting",
+            "http://b.example/&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;",
+            "pending",
+            "3",
+            "answered HTTP 500&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;",
+            f"next try {_at(4)}",
+        ],
+        ["r1:1@0a1b2c3d", "running", "https://a.example/h", "delivered", "1", "", _at(1)],
+    ]
+    _no_markup_from_the_run(page)
+
+
+def _at(seconds: int) -> str:
+    return f"2026-12-01 12:00:{seconds:02d} UTC"
+
+
+def test_a_run_with_no_deliveries_says_so_and_a_store_that_keeps_none_shows_none():
+    def page(deliveries: list[Delivery] | None) -> str:
+        return run_page(
+            Timeline(
+                run=_run("r1"),
+                checkpoints=[_step(1, 1)],
+                attempts={},
+                gaps=[],
+                approvals=[],
+                pending=None,
+                deliveries=deliveries,
+            )
+        )
+
+    assert "<h2>Webhook deliveries</h2><p class='note' id='deliveries'>None" in page([])
+    assert "Webhook deliveries" not in page(None)

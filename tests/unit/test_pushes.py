@@ -8,14 +8,8 @@ import socket
 import pytest
 
 from ratchet.errors import InvalidInput
-from ratchet.pushes import (
-    any_link_local,
-    backoff,
-    check_webhook_url,
-    parse_webhook_urls,
-    signature,
-    verify,
-)
+from ratchet.pushes import backoff, signature, verify
+from ratchet.webhook_urls import any_link_local, check_webhook_url, parse_webhook_urls
 
 NOW = 1_767_225_600
 BODY = b'{"id":"r1:9","status":"waiting"}'

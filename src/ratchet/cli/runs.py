@@ -28,6 +28,7 @@ from ratchet.cli.context import (
     settings,
     store_named,
 )
+from ratchet.cli.deliveries import agent_webhooks, say_still_owed, webhook_sender
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
     MAX_BATCHES,
@@ -228,6 +229,12 @@ def run(
             notify_slack=notify_slack,
         )
     client = open_client(create=True)
+    # Started before the run is created: on a store's first sender, a run made earlier is not
+    # owed (`SqliteDeliveries.prepare`).
+    reference = state.agent if state is not None else client.head(str(run_id)).agent
+    sender = webhook_sender(client.runtime, agent_urls=agent_webhooks(reference), console=err)
+    if sender is not None:
+        sender.start()
     try:
         if state is not None:
             state = _with_approval_timeout(state, approval_timeout)
@@ -248,6 +255,10 @@ def run(
         except KeyboardInterrupt:
             _say_interrupted(client.head(worked_id))
             raise typer.Exit(130) from None
+        if sender is not None:
+            # The run has ended or parked here, in the foreground: its changes are sent before
+            # the command exits (bounded), or stay owed in the store for the next sender.
+            say_still_owed(sender.drain(worked_id))
         final = client.head(worked_id)
         waits_for_person = (
             final.status is RunStatus.WAITING
@@ -256,6 +267,8 @@ def run(
         )
         link = approval_link(client.runtime, final.run_id) if waits_for_person else None
     finally:
+        if sender is not None:
+            sender.stop()
         client.close()
     _say_where_it_stands(final, link, as_json=as_json, store=store_named(settings().store))
 
@@ -315,15 +328,24 @@ def worker(
         on_step=lambda report: _progress_line(report, printer),
         on_wait=printer.say,
     )
+    sender = webhook_sender(runtime, console=err)
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     interrupted = False
     try:
+        if sender is not None:
+            sender.start()
         with printer, model_retries_said(printer):
             work.run(until_idle=until_idle)
+        if sender is not None and until_idle:
+            # A worker that exits once idle sends what it committed first (bounded): no other
+            # sender may be running to send it.
+            say_still_owed(sender.drain())
     except KeyboardInterrupt:
         work.stop.set()
         interrupted = True
     finally:
+        if sender is not None:
+            sender.stop()
         runtime.close()
     logger.info("worker stopped", extra={"worker_id": work.worker_id})
     if interrupted:

@@ -25,6 +25,7 @@ from ratchet.cli.context import (
     say,
     settings,
 )
+from ratchet.cli.deliveries import webhook_sender
 from ratchet.cli.options import MAX_BATCHES, not_empty
 from ratchet.errors import InvalidInput
 from ratchet.store_urls import DYNAMODB_SCHEME
@@ -139,6 +140,7 @@ def _serve(
     from ratchet.runtime.services import approval_services, local_runs_services
     from ratchet.runtime.serving import ServeWorker
     from ratchet.web.approvals import build_app
+    from ratchet.web.dashboard import MAX_DELIVERY_ROWS
     from ratchet.web.dashboard import local_app as dashboard_app
     from ratchet.web.feed import FeedStreams, HistoryWaits
     from ratchet.web.hooks import BODY_LIMIT, Throttle
@@ -158,6 +160,7 @@ def _serve(
         runtime, worker_id=f"serve:{cli_worker_id()}", logger=logger, agents=agents
     )
     runs_app = build_runs_app(lambda: runs)
+    book = runtime.deliveries  # the webhooks' deliveries, which a run's page lists
     routes = [
         ("/approvals/", approvals),
         ("/slack/", approvals),
@@ -166,7 +169,11 @@ def _serve(
         (
             "/dashboard",
             dashboard_app(
-                runs.client, services.desk, operator=operator_name(), mailbox=runtime.mailbox
+                runs.client,
+                services.desk,
+                operator=operator_name(),
+                mailbox=runtime.mailbox,
+                deliveries=lambda run_id: book.listed(run_id, limit=MAX_DELIVERY_ROWS),
             ),
         ),
     ]
@@ -195,7 +202,7 @@ def _serve(
             markup=False,
         )
         say(f"The token is in {runtime.serve_token_file} (owner-only; kept for the next start)")
-    sender = _webhooks(runtime)
+    sender = webhook_sender(runtime)
     stopped: list[BaseException | None] = []
 
     def on_stopped(failure: BaseException | None) -> None:
@@ -241,27 +248,6 @@ def _serve(
         reason = f"{type(stopped[0]).__name__}: {stopped[0]}" if stopped[0] else "it stopped"
         say(f"ratchet serve stops: its worker stopped ({reason})", console=err)
         raise typer.Exit(1)
-
-
-def _webhooks(runtime: Any) -> Any:
-    """The sender of the webhooks of RATCHET_WEBHOOKS, said on the banner; None if there are
-    none."""
-    from ratchet.runtime.webhooks import open_sender, webhook_secret_file
-
-    urls = runtime.settings.webhooks
-    if not urls:
-        return None
-    sender = open_sender(runtime)
-    secret = (
-        "RATCHET_WEBHOOK_SECRET"
-        if runtime.settings.webhook_secret
-        else str(webhook_secret_file(runtime))
-    )
-    say(
-        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)}, signed with "
-        f"the secret in {secret} (ratchet deliveries lists them)"
-    )
-    return sender
 
 
 def _announce(runtime: Any, run_id: str) -> None:

@@ -57,7 +57,6 @@ from ratchet.limits import (
     parse_overrides,
     resolve_overrides,
 )
-from ratchet.pushes import parse_webhook_urls
 from ratchet.runs import RunRequest, new_run
 from ratchet.runtime.local_approvals import (
     LocalResumer,
@@ -71,6 +70,7 @@ from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
 from ratchet.waiting.hooks import HookKeys
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
+from ratchet.webhook_urls import parse_webhook_urls
 
 if TYPE_CHECKING:
     from ratchet.runtime.hooks import Hooks
@@ -121,8 +121,9 @@ class LocalSettings(BaseModel):
     """Model calls a minute shared by every worker on the store
     (`RATCHET_REQUESTS_PER_MINUTE`): see `ratchet.limits`."""
     webhooks: tuple[str, ...] = ()
-    """Where `ratchet serve` POSTs each change of a run's status (`RATCHET_WEBHOOKS`: URLs
-    separated by commas or spaces), signed (`ratchet.runtime.webhooks`)."""
+    """Where each change of a run's status is POSTed, signed, beside its agent's own URLs
+    (`RATCHET_WEBHOOKS`: URLs separated by commas or spaces), by every `ratchet worker`,
+    `ratchet serve` and `ratchet run` that has them (`ratchet.runtime.webhooks`)."""
     webhook_secret: SecretStr | None = None
     """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
     beside the store (`<store>.webhook-secret`)."""

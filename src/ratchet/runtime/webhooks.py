@@ -1,11 +1,17 @@
-"""`ratchet serve`'s webhook sender: each change of a run's status (`ratchet.pushes`), POSTed
-signed to every URL of `RATCHET_WEBHOOKS`, retried with backoff for `RETRY_SECONDS`, each
-delivery and its outcome kept in the store (`ratchet.adapters.sqlite.deliveries`, read by
-`ratchet deliveries`).
+"""The webhook sender: each change of a run's status (`ratchet.pushes`), POSTed signed to
+every URL of `RATCHET_WEBHOOKS` and of the run's agent (`Agent.webhooks`), retried with backoff
+for `RETRY_SECONDS`, each delivery and its outcome kept in the store
+(`ratchet.adapters.sqlite.deliveries`, read by `ratchet deliveries` and the dashboard).
 
-It runs on a thread of its own with a store connection of its own, and keeps nothing in memory
-that the store does not: a sender killed at any point owes on its next start what it owed,
-and sends again what it was sending (with the same delivery id: a receiver deduplicates on it).
+It runs on a thread of its own with a store connection of its own, in each process that works or
+serves runs with `RATCHET_WEBHOOKS` set (`ratchet serve`, `ratchet worker`, `ratchet run`, which
+also starts one for an agent that declares webhooks), and keeps nothing in memory that the store
+does not: a sender killed at any point owes on its next start what it owed, and sends again what
+it was sending (with the same delivery id: a receiver deduplicates on it). Several senders on one
+store (two workers, a worker and `ratchet serve`) share the work through the store: a change is
+owed once (`SqliteDeliveries.enqueue`), and a delivery is sent by one sender at a time
+(`SqliteDeliveries.claim`); only a sender that dies mid-send, or outlives its claim, leaves it to
+be sent again.
 
 A delivery is sent once its URL's host resolves to no link-local address (a name may resolve
 to one though its URL did not say so); a redirect is not followed (it is an answer that is not
@@ -23,29 +29,34 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ratchet.adapters.sqlite.deliveries import Delivery, Moved, Owed, SqliteDeliveries
+from ratchet.agents import load_agent
 from ratchet.approvals.links import token_file
 from ratchet.errors import RatchetError, StoreBusy
 from ratchet.pushes import (
     DELIVERY_HEADER,
     RETRY_SECONDS,
     SIGNATURE_HEADER,
-    any_link_local,
     backoff,
     signature,
     status_changes,
 )
 from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.webhook_urls import any_link_local
 
 SEND_TIMEOUT_SECONDS = 10.0
 """How long a receiver has to answer; slower is a failed attempt, tried again."""
 POLL_SECONDS = 0.2
 """How often the sender reads the store for runs that moved: a commit is sent within this."""
 STOP_SECONDS = 15.0
+DRAIN_SECONDS = 10.0
+"""How long a process that works runs and exits (`ratchet run`, `ratchet worker --until-idle`)
+waits for what it owes to be sent: the first attempts and a few retries."""
 
 _log = logging.getLogger("ratchet.webhooks")
 
@@ -87,6 +98,7 @@ class WebhookSender:
     ) -> None:
         self._settings = settings
         self._urls = settings.webhooks
+        self._agent_urls: dict[str, tuple[str, ...]] = {}
         self._secret = secret
         self._poll = poll_seconds
         self._retry_seconds = retry_seconds
@@ -94,7 +106,37 @@ class WebhookSender:
         self._thread = threading.Thread(target=self._run, name="ratchet webhooks", daemon=True)
 
     def start(self) -> None:
+        """Start sending. The store's delivery tables are made first, here, so that a run
+        created once this returns is owed from its start even on a store's first sender."""
+        runtime = LocalRuntime.open(self._settings, create=False)
+        try:
+            runtime.deliveries.prepare()
+        finally:
+            runtime.close()
         self._thread.start()
+
+    def drain(self, run_id: str | None = None, timeout: float = DRAIN_SECONDS) -> int | None:
+        """Wait (at most `timeout` seconds) until nothing (of `run_id`) that can be sent within
+        them is owed: what a process that works runs and then exits does, so that what it
+        committed is sent before it goes. Returns what is still owed then (None if the store
+        was too busy to say): a delivery retried later than the bound stays in the store, for
+        the next sender, and is not waited for."""
+        deadline = time.time() + timeout
+        owed: int | None = None
+        runtime = LocalRuntime.open(self._settings, create=False)
+        try:
+            while self._thread.is_alive():
+                with suppress(StoreBusy):
+                    if runtime.deliveries.owing(run_id, due_by=deadline) == 0:
+                        break
+                if time.time() >= deadline:
+                    break
+                time.sleep(self._poll)
+            with suppress(StoreBusy):
+                owed = runtime.deliveries.owing(run_id)
+            return owed
+        finally:
+            runtime.close()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         self._stop.set()
@@ -142,9 +184,25 @@ class WebhookSender:
             owed=[
                 Owed(delivery_id(c.id, url), c.id, c.run_id, url, c.body().decode())
                 for c in changes
-                for url in self._urls
+                for url in self.urls_of(head.agent)
             ],
         )
+
+    def urls_of(self, agent: str) -> tuple[str, ...]:
+        """Where a change of a run of `agent` (its stored reference) goes: the deployment's
+        URLs, then the agent's own (`Agent.webhooks`). An agent this process cannot load (its
+        code is not here) is sent the deployment's only, and the log says so, once."""
+        if agent not in self._agent_urls:
+            try:
+                declared = tuple(load_agent(agent).webhooks)
+            except RatchetError as error:
+                _log.warning(
+                    "webhooks: the agent's own URLs are unknown here (it does not load)",
+                    extra={"agent": agent, "error": str(error)},
+                )
+                declared = ()
+            self._agent_urls[agent] = declared
+        return tuple(dict.fromkeys([*self._urls, *self._agent_urls[agent]]))
 
     def _send(self, book: SqliteDeliveries, delivery: Delivery) -> None:
         error = refusal(delivery.url)

@@ -3,7 +3,7 @@
     GET /dashboard?status=                        runs by status, most recently updated first
     GET /dashboard/runs/{run_id}                  the run's timeline, its charts, what it
                                                   waits for (a pending approval's link, an
-                                                  event, a time)
+                                                  event, a time), its webhook deliveries
     GET /dashboard/runs/{run_id}/steps/{step}     the state as of that step
     GET /dashboard/runs/{run_id}/steps/{step}/prompt   the prompt that step's model saw
 
@@ -23,9 +23,9 @@ import html
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import quote, urlencode
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -63,6 +63,9 @@ RUNS_PER_PAGE = MAX_PAGE_RUNS
 MAX_TIMELINE_ROWS = 500
 """A run's page reads and lists its most recent checkpoints, this many (one bounded read of the
 store, whatever the run's length); `ratchet history` has them all."""
+MAX_DELIVERY_ROWS = 50
+"""A run's page lists its latest webhook deliveries, this many; `ratchet deliveries RUN --limit
+N` has more."""
 MAX_CHART_POINTS = 220
 """A chart draws at most this many bars or dots (2 pixels each); a longer run's are bucketed,
 each showing the largest value of its steps."""
@@ -88,6 +91,29 @@ class Deployed:
         return f"{self.api_url.rstrip('/')}{path}" if self.api_url else path
 
 
+class DeliveryRecord(Protocol):
+    """A webhook delivery as the store keeps it (`ratchet deliveries` prints the same)."""
+
+    @property
+    def delivery_id(self) -> str: ...
+    @property
+    def change_id(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def body(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def next_at(self) -> float: ...
+    @property
+    def answered_at(self) -> float | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class DashboardServices:
     """What the pages read: the runs through a client, and the approval desk, which signs the
@@ -100,6 +126,8 @@ class DashboardServices:
     mailbox: Mailbox | None = None
     """The runs' mailboxes, to count the events a waiting run has not taken yet."""
     deployed: Deployed | None = None
+    deliveries: Callable[[str], Sequence[DeliveryRecord]] | None = None
+    """A run's latest webhook deliveries, newest first (a local store's); None: none kept."""
 
 
 # --- what the pages show ---------------------------------------------------------------------
@@ -152,6 +180,9 @@ class Timeline:
     the newest; None: `checkpoints` are all of them."""
     on_stack: bool = False
     """Read from a deployed stack's tables: what settles a wait goes through the stack's API."""
+    deliveries: Sequence[DeliveryRecord] | None = None
+    """The run's latest webhook deliveries, newest first; None: the store keeps none (a
+    deployed stack's changes go to EventBridge)."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +341,7 @@ def read_timeline(services: DashboardServices, run_id: str) -> Timeline:
         children=recent.children,
         total=head.version,
         on_stack=deployed is not None,
+        deliveries=services.deliveries(run_id) if services.deliveries is not None else None,
     )
 
 
@@ -728,6 +760,48 @@ def _approvals(approvals: Sequence[Approval]) -> str:
     )
 
 
+def _deliveries(deliveries: Sequence[DeliveryRecord] | None) -> str:
+    if deliveries is None:
+        return ""
+    if not deliveries:
+        return (
+            "<h2>Webhook deliveries</h2><p class='note' id='deliveries'>None: its changes are "
+            "POSTed to the URLs of RATCHET_WEBHOOKS and of its agent's webhooks, by a worker or "
+            "<code>ratchet serve</code> that has them.</p>"
+        )
+    rows = "".join(
+        f"<tr class='{e(d.state)}'><td><code>{e(d.delivery_id)}</code></td>"
+        f"<td>{e(_change_status(d.body))}</td><td>{e(d.url)}</td><td>{e(d.state)}</td>"
+        f"<td>{d.attempts}</td><td>{e(shorten(d.last_error or '', RESULT_PREVIEW_CHARS))}</td>"
+        f"<td>{_delivery_when(d)}</td></tr>"
+        for d in deliveries[:MAX_DELIVERY_ROWS]
+    )
+    return (
+        "<h2>Webhook deliveries</h2><div class='wide'><table id='deliveries'><thead><tr>"
+        "<th>delivery id</th><th>change</th><th>URL</th><th>state</th><th>attempts</th>"
+        "<th>last error</th><th>answered / next try</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div><p class='note'>The latest {MAX_DELIVERY_ROWS} at "
+        "most, newest first; <code>ratchet deliveries RUN</code> lists them too.</p>"
+    )
+
+
+def _change_status(body: str) -> str:
+    """The status a delivery's change moved the run to, from its body (the sender's JSON)."""
+    try:
+        status = json.loads(body).get("status")
+    except (ValueError, AttributeError):
+        return "?"
+    return str(status) if status is not None else "?"
+
+
+def _delivery_when(delivery: DeliveryRecord) -> str:
+    if delivery.state == "pending":
+        return f"next try {_time(datetime.fromtimestamp(delivery.next_at, UTC))}"
+    if delivery.answered_at is None:
+        return ""
+    return _time(datetime.fromtimestamp(delivery.answered_at, UTC))
+
+
 def run_page(timeline: Timeline) -> str:
     """A run's status and summary, its pending approval's link, its charts and one row per
     checkpoint (with the versions no record explains)."""
@@ -769,7 +843,7 @@ def run_page(timeline: Timeline) -> str:
         "<th>attempt</th><th>time</th></tr></thead>"
         f"<tbody>{_timeline_rows(timeline)}</tbody></table></div>"
         "<p class='note'>A step's number links to the run's state as of that step.</p>"
-        f"{_approvals(timeline.approvals)}"
+        f"{_approvals(timeline.approvals)}{_deliveries(timeline.deliveries)}"
     )
     return _page(f"Run {run.run_id}", body, refresh=REFRESH_SECONDS.get(run.status))
 
@@ -937,11 +1011,18 @@ class _Plot:
 
 
 def local_app(
-    client: Client, desk: ApprovalDesk, *, operator: str, mailbox: Mailbox | None = None
+    client: Client,
+    desk: ApprovalDesk,
+    *,
+    operator: str,
+    mailbox: Mailbox | None = None,
+    deliveries: Callable[[str], Sequence[DeliveryRecord]] | None = None,
 ) -> APIGatewayRestResolver:
     """The dashboard as `ratchet serve` mounts it: one client and desk for every request
-    (the server answers one request at a time), and the runs' mailboxes."""
-    services = DashboardServices(client=client, desk=desk, operator=operator, mailbox=mailbox)
+    (the server answers one request at a time), the runs' mailboxes and webhook deliveries."""
+    services = DashboardServices(
+        client=client, desk=desk, operator=operator, mailbox=mailbox, deliveries=deliveries
+    )
     return build_app(lambda: services)
 
 

@@ -19,7 +19,6 @@ deployment that turns webhooks on is not sent the history of every run it has.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,7 +109,9 @@ class SqliteDeliveries:
         self._db = db
         self._ready = False
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
+        """Make the tables (the first sender on the store marks where it starts): a sender
+        does it before it starts, so that a run created just after is owed from its start."""
         if self._ready:
             return
         with self._db.write() as tx:
@@ -130,7 +131,7 @@ class SqliteDeliveries:
 
     def moved(self) -> list[Moved]:
         """The runs whose head is past their cursor."""
-        self._prepare()
+        self.prepare()
         rows = self._db.connection.execute(
             "SELECT r.run_id, r.version, c.version, c.status FROM runs AS r "
             "LEFT JOIN push_cursors AS c ON c.run_id = r.run_id "
@@ -178,7 +179,7 @@ class SqliteDeliveries:
 
     def due(self, *, limit: int = 20) -> list[Delivery]:
         """Pending deliveries whose time has come and that no sender holds, oldest first."""
-        self._prepare()
+        self.prepare()
         now = time.time()
         rows = self._db.connection.execute(
             f"SELECT {_COLUMNS} FROM deliveries WHERE state = 'pending' AND next_at <= ? "
@@ -189,11 +190,28 @@ class SqliteDeliveries:
 
     def next_due(self) -> float | None:
         """When the next pending delivery is due (a Unix time), or None."""
-        self._prepare()
+        self.prepare()
         (at,) = self._db.connection.execute(
             "SELECT min(max(next_at, claimed_until)) FROM deliveries WHERE state = 'pending'"
         ).fetchone()
         return float(at) if at is not None else None
+
+    def owing(self, run_id: str | None = None, *, due_by: float | None = None) -> int:
+        """How much (of one run) is still owed: pending deliveries (only those due by `due_by`,
+        a Unix time, if given), and runs whose changes are not yet owed (each counts one). Zero
+        once everything that moved was sent or given up."""
+        self.prepare()
+        (pending,) = self._db.connection.execute(
+            "SELECT count(*) FROM deliveries WHERE state = 'pending' AND (? IS NULL OR run_id = ?) "
+            "AND (? IS NULL OR next_at <= ?)",
+            (run_id, run_id, due_by, due_by),
+        ).fetchone()
+        (behind,) = self._db.connection.execute(
+            "SELECT count(*) FROM runs AS r LEFT JOIN push_cursors AS c ON c.run_id = r.run_id "
+            "WHERE (c.version IS NULL OR r.version > c.version) AND (? IS NULL OR r.run_id = ?)",
+            (run_id, run_id),
+        ).fetchone()
+        return int(pending) + int(behind)
 
     def claim(self, delivery: Delivery) -> bool:
         """Hold `delivery` for `CLAIM_SECONDS`; False if another sender sent or holds it."""
@@ -231,16 +249,18 @@ class SqliteDeliveries:
 
     def listed(self, run_id: str | None = None, *, limit: int = 50) -> list[Delivery]:
         """The latest deliveries (of one run), newest first; none on a store that never sent."""
-        try:
-            connection = self._db.connection
-            where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
-            rows = connection.execute(
-                f"SELECT {_COLUMNS} FROM deliveries {where} "
-                "ORDER BY created_at DESC, delivery_id DESC LIMIT ?",
-                (*args, limit),
-            ).fetchall()
-        except sqlite3.OperationalError as error:
-            if "no such table" in str(error):
-                return []
-            raise
+        connection = self._db.connection
+        # Read, never made here: a store no sender ever ran on has no table (and a reader
+        # writes nothing). The store's errors are Ratchet's, so the table is looked up first.
+        made = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'"
+        ).fetchone()
+        if made is None:
+            return []
+        where, args = ("WHERE run_id = ?", (run_id,)) if run_id else ("", ())
+        rows = connection.execute(
+            f"SELECT {_COLUMNS} FROM deliveries {where} "
+            "ORDER BY created_at DESC, delivery_id DESC LIMIT ?",
+            (*args, limit),
+        ).fetchall()
         return [Delivery(*row) for row in rows]
