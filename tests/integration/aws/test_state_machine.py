@@ -17,6 +17,7 @@ from ratchet.adapters.stepfunctions import (
     execution_name,
 )
 from ratchet.agents import AgentRegistry, load_agent
+from ratchet.client import Client
 from ratchet.engine import Engine
 from ratchet.errors import AgentNotFound, InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
@@ -24,6 +25,7 @@ from ratchet.handlers import _wiring, decide, mark_failed, step
 from ratchet.state import RunStatus
 from tests.integration.aws import agents
 from tests.integration.aws.harness import (
+    APPROVER,
     FakeContext,
     Stack,
     entered_states,
@@ -312,3 +314,22 @@ def test_a_bundle_that_cannot_load_the_agent_leaves_its_run_untouched(stack: Sta
     assert stack.finished(execution_name("gone", 1))["status"] == "SUCCEEDED"
     assert stack.head("gone").status is RunStatus.DONE
     assert set(agents.WORLD.deliveries_of("gone").values()) == {1}
+
+
+def test_a_run_worked_from_python_on_the_stacks_tables_asks_its_person(stack: Stack):
+    # Given the stack's tables and state machine, as its StoreUrl output names them
+    client = Client(_wiring.runtime(), agents=_wiring.agents())
+
+    # When a run worked in this process parks for a person
+    waiting = client.run(run_id="py-1", scenario="migration", input={"batches": 3})
+    assert waiting.status is RunStatus.WAITING
+    assert [name for name, _ in stack.lambdas.invocations] == [], "worked on AWS, not here"
+
+    # Then the request is opened and its approver emailed, as for a run worked on AWS, and
+    # deciding through the link takes the run to its end
+    approval = stack.parked("py-1", timeout=30)
+    assert approval.step == waiting.step
+    assert stack.submit(stack.link("py-1"), "approve").status == 200
+    assert stack.finished(execution_name("py-1", 0))["status"] == "SUCCEEDED"
+    assert stack.head("py-1").status is RunStatus.DONE
+    assert stack.decisions("py-1") == [(True, APPROVER, "")]
