@@ -10,6 +10,7 @@ how fast the machine is.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -303,6 +304,26 @@ def test_run_works_in_this_process_until_waiting_then_until_done(store, client):
     assert (done.status, done.step) == (RunStatus.DONE, DONE_STEP)
     assert client.verify(run_id)["legacy_dropped"] is True
     assert client.run(run_id=run_id) == done  # a done run: nothing more happens
+
+
+def test_a_run_parked_on_tables_that_name_no_state_machine_says_nobody_is_asked(
+    moto_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    offline: None,
+    caplog: pytest.LogCaptureFixture,
+):
+    # A stack's tables without its state machine (`&machine=`): the request can be opened
+    # only by the stack, which holds the link key, so the client cannot ask, and says so.
+    client = _dynamodb_store(moto_endpoint, monkeypatch).connect()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ratchet"):
+            waiting = client.run(run_id="nobody", scenario="migration", input={"batches": BATCHES})
+    finally:
+        client.close()
+
+    assert waiting.status is RunStatus.WAITING
+    (said,) = [r.getMessage() for r in caplog.records if "nobody is asked" in r.getMessage()]
+    assert "&machine=" in said
 
 
 def test_a_rejected_run_goes_on_knowing_the_answer_was_no(store, client):

@@ -124,12 +124,14 @@ CRASHES = ("Lambda.Unknown", "Runtime.ExitError", "Sandbox.Timedout")
 Sandbox.Timedout), the runtime process killed or exited (Runtime.ExitError)."""
 TERMINAL = {"StaleVersion", "Superseded"}
 """The Step errors that are answers, not failures: another execution owns the run."""
+NOT_THE_RUNS = {"AgentUnloadable"}
+"""The Step errors that are the deployment's, not the run's: the bundle cannot load its agent."""
 
 
 @pytest.mark.parametrize(
     "error",
     [
-        *sorted(RATCHET_ERRORS - TERMINAL),
+        *sorted(RATCHET_ERRORS - TERMINAL - NOT_THE_RUNS),
         *CRASHES,
         "ClientError",
         "EndpointConnectionError",
@@ -164,6 +166,15 @@ def test_a_step_that_lost_the_run_to_another_execution_is_never_retried(error: s
     assert retrier["MaxAttempts"] == 0, "retried"
     catcher = _catcher("Step", error)
     assert STATES[catcher["Next"]]["Type"] == "Succeed", "a superseded execution fails no run"
+
+
+def test_a_bundle_that_cannot_load_the_agent_ends_the_execution_leaving_the_run_unfailed():
+    retrier = _retrier("Step", "AgentUnloadable")
+    assert retrier is not None, "left to States.ALL"
+    assert retrier["MaxAttempts"] == 0, "retried: the same bundle cannot load it either"
+    ending = STATES[_catcher("Step", "AgentUnloadable")["Next"]]
+    assert (ending["Type"], ending["Error"]) == ("Fail", "AgentUnloadable"), "the run is failed"
+    assert ending["CausePath"] == "$.error.Cause", "the cause must name the agent and why"
 
 
 def test_states_all_is_the_last_retrier_and_alone_in_it():

@@ -437,11 +437,16 @@ class AwsRuntime:
         retries = sum(isinstance(c.event, Retried) for c in self.store.list_checkpoints(run_id))
         if retries == 0:
             return self.start_execution(run_id, logger=logger)
-        for retry in range(retries, retries + MAX_NAME_PROBES):
+        return self._start_in_a_free_slot(run_id, retries, logger=logger)
+
+    def _start_in_a_free_slot(self, run_id: str, first: int, *, logger: Any) -> str:
+        """Start an execution of the run in the first slot of generations (`first_generation`)
+        from `first` whose name is free, and return its name."""
+        for retry in range(first, first + MAX_NAME_PROBES):
             generation = first_generation(retry)
             if self._start_execution(run_id, generation):
                 name = execution_name(run_id, generation)
-                logger.info("retry execution started", extra={"run_id": run_id, "execution": name})
+                logger.info("execution started", extra={"run_id": run_id, "execution": name})
                 return name
         raise RuntimeError(
             f"no free execution name for run {run_id!r} after {MAX_NAME_PROBES} tries"
@@ -493,7 +498,35 @@ class AwsRuntime:
                 pause = min(pause * 2, MAX_RETRY_PAUSE_SECONDS)
                 continue
             if taken.outcome is not Outcome.CONTINUE:
+                if taken.outcome is Outcome.WAITING and taken.bytes_written:
+                    self._ask_for(run_id, logger=logger)
                 return
+
+    def _ask_for(self, run_id: str, *, logger: Any) -> None:
+        """A run this process has just parked for a person is handed to the deployment's
+        state machine, whose approval task opens the request and notifies, as for a run worked
+        there: links are signed with the stack's key, which no laptop holds, and sent through
+        its SES and Slack. Its execution then works the run on from the decision. Another wait
+        needs nobody; a runtime that knows no state machine can ask nobody, and says so."""
+        head = self.store.load_head(run_id)
+        if head is None or head.waiting is None or head.waiting.kind != "person":
+            return
+        if not self.settings.state_machine_arn or self._stepfunctions is None:
+            logger.warning(
+                "the run waits for a person, but nobody is asked: this store URL names no state "
+                "machine (add &machine= with the stack's StateMachineArn, as its StoreUrl "
+                "output does)",
+                extra={"run_id": run_id},
+            )
+            return
+        # Its own slot of generations, as a retry's: the names of the run's earlier executions
+        # (the API's start, a retry) and of their successors stay theirs. The execution finds
+        # the run parked with no request open, so it parks and asks (`_stop_if_parked_elsewhere`).
+        name = self._start_in_a_free_slot(run_id, 0, logger=logger)
+        logger.info(
+            "the run waits for a person: its execution asks them",
+            extra={"run_id": run_id, "execution": name},
+        )
 
     def decide(
         self, run_id: str, verdict: Verdict, *, channel: str, worker_id: str, logger: Any

@@ -16,14 +16,16 @@ from ratchet.adapters.stepfunctions import (
     Rejection,
     execution_name,
 )
-from ratchet.agents import load_agent
+from ratchet.agents import AgentRegistry, load_agent
+from ratchet.client import Client
 from ratchet.engine import Engine
-from ratchet.errors import InjectedFault
+from ratchet.errors import AgentNotFound, InjectedFault
 from ratchet.faults import Fault, FaultAction, FaultPlan, FaultPoint
 from ratchet.handlers import _wiring, decide, mark_failed, step
 from ratchet.state import RunStatus
 from tests.integration.aws import agents
 from tests.integration.aws.harness import (
+    APPROVER,
     FakeContext,
     Stack,
     entered_states,
@@ -268,3 +270,66 @@ def test_a_late_decision_or_failure_leaves_a_finished_run_as_it_is(stack: Stack)
     assert decided == {"run_id": "late", "status": "done", "step": 3, "recorded": False}
     assert failed == {"run_id": "late", "status": "done", "step": 3}
     assert stack.head("late") == done
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics:UserWarning")
+def test_a_bundle_that_cannot_load_the_agent_leaves_its_run_untouched(stack: Stack):
+    # Given a run whose step function, once the run was started, cannot import its agent
+    # (a deployment whose bundle lacks the agent's module)
+    held = stack.hold("ratchet-step")
+    _, started = stack.post_run({"agent": "tests.integration.aws.agents:rows", "run_id": "gone"})
+    held.wait_entered()
+    before = stack.head("gone")
+
+    def unloadable(self: Any, reference: str) -> Any:
+        raise AgentNotFound(f"cannot import {reference}: No module named 'my_agents'")
+
+    with pytest.MonkeyPatch.context() as bundle_without_the_agent:
+        bundle_without_the_agent.setattr(AgentRegistry, "load", unloadable)
+        held.release()
+        execution = stack.finished(started["execution_name"], timeout=30)
+
+    # Then the execution ends naming the agent and why, and the run is neither failed nor struck
+    assert (execution["status"], execution["error"]) == ("FAILED", "AgentUnloadable")
+    assert "cannot load agent 'tests.integration.aws.agents:rows'" in execution["cause"]
+    assert "No module named 'my_agents'" in execution["cause"]
+    history = stack.history(started["execution_name"])
+    assert _errors(history) == ["AgentUnloadable"]
+    assert "MarkFailed" not in entered_states(history)
+    after = stack.head("gone")
+    assert (after.status, after.step, after.attempts) == (RunStatus.RUNNING, 0, 0)
+    assert after.step == before.step
+    assert agents.WORLD.rows_of("gone") == {}
+
+    # When a bundle with the agent is deployed and the run's next execution started (deploy.md)
+    ended = ExecutionInput.model_validate_json(execution["input"])
+    again = ended.model_copy(update={"generation": ended.generation + 1})
+    stack.sfn.start_execution(
+        stateMachineArn=stack.state_machine_arn,
+        name=execution_name("gone", again.generation),
+        input=again.model_dump_json(),
+    )
+
+    # Then the run goes on from where it was left, each step once
+    assert stack.finished(execution_name("gone", 1))["status"] == "SUCCEEDED"
+    assert stack.head("gone").status is RunStatus.DONE
+    assert set(agents.WORLD.deliveries_of("gone").values()) == {1}
+
+
+def test_a_run_worked_from_python_on_the_stacks_tables_asks_its_person(stack: Stack):
+    # Given the stack's tables and state machine, as its StoreUrl output names them
+    client = Client(_wiring.runtime(), agents=_wiring.agents())
+
+    # When a run worked in this process parks for a person
+    waiting = client.run(run_id="py-1", scenario="migration", input={"batches": 3})
+    assert waiting.status is RunStatus.WAITING
+    assert [name for name, _ in stack.lambdas.invocations] == [], "worked on AWS, not here"
+
+    # Then the request is opened and its approver emailed, as for a run worked on AWS, and
+    # deciding through the link takes the run to its end
+    approval = stack.parked("py-1", timeout=30)
+    assert approval.step == waiting.step
+    assert stack.submit(stack.link("py-1"), "approve").status == 200
+    assert stack.finished(execution_name("py-1", 0))["status"] == "SUCCEEDED"
+    assert stack.head("py-1").status is RunStatus.DONE
+    assert stack.decisions("py-1") == [(True, APPROVER, "")]
