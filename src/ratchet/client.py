@@ -17,7 +17,6 @@ through this same client.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import functools
@@ -1272,7 +1271,7 @@ class AsyncClient:
 
         @functools.wraps(method)
         async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(method, *args, **kwargs)
+            return await _to_thread(method, *args, **kwargs)
 
         return call
 
@@ -1291,6 +1290,8 @@ class AsyncClient:
         """`Client.follow` as an async iterator (`async for event in client.follow(...)`):
         each read of the store on a thread of the loop's executor, the waits between them on
         the loop."""
+        import asyncio  # loaded already: this runs on a loop (see `_to_thread`)
+
         cursor = await asyncio.to_thread(self.client._feed_cursor, run_id, after, until)
         busy = 0
         while True:
@@ -1311,7 +1312,16 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        await asyncio.to_thread(self.client.close)
+        await _to_thread(self.client.close)
+
+
+async def _to_thread(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """`asyncio.to_thread`. `asyncio` is imported here, not with this module: it is loaded
+    already wherever a coroutine runs, and the commands that never run one (`ratchet start`,
+    `approve`) would otherwise pay for loading it (bench/cli_start.py)."""
+    import asyncio
+
+    return await asyncio.to_thread(function, *args, **kwargs)
 
 
 class _Steering(BaseModel):

@@ -26,7 +26,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from ratchet.errors import InvalidInput, ScheduleInvalid, is_transient
@@ -76,7 +75,7 @@ class ScheduleSpec(BaseModel):
     def _cron(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if len(value.split()) != 5 or not croniter.is_valid(value):
+        if len(value.split()) != 5 or not _croniter().is_valid(value):
             raise ValueError(
                 f"{value!r} is not a five-field cron expression (minute hour day-of-month "
                 "month day-of-week, e.g. '0 9 * * 1-5')"
@@ -140,7 +139,7 @@ def next_fire(spec: ScheduleSpec, anchor: datetime, *, after: datetime) -> datet
     assert spec.cron is not None
     zone = ZoneInfo(spec.timezone)
     wall = after.astimezone(zone).replace(tzinfo=None)
-    candidates = croniter(spec.cron, wall)
+    candidates = _croniter()(spec.cron, wall)
     for _ in range(_FIRE_LOOKAHEAD):
         # The wall time, placed in the zone at its first occurrence (fold 0: a skipped one
         # at the offset before the change): each instant after `after` once.
@@ -169,7 +168,7 @@ def latest_due(schedule: Schedule, now: datetime) -> datetime | None:
     # hour's after later ones), so the latest at or before `now` is sought within a window
     # wider than any change, not taken as the first found.
     wall_now = now.astimezone(zone).replace(tzinfo=None)
-    candidates = croniter(spec.cron, wall_now + _CLOCK_CHANGE + _JUST_AFTER)
+    candidates = _croniter()(spec.cron, wall_now + _CLOCK_CHANGE + _JUST_AFTER)
     latest: datetime | None = None
     for _ in range(_FIRE_LOOKAHEAD):
         wall_fire: datetime = candidates.get_prev(datetime)
@@ -278,3 +277,12 @@ def paused(schedule: Schedule, now: datetime, *, pause: bool) -> Schedule:
             }
         )
     return schedule.model_copy(update={"paused": True})
+
+
+def _croniter() -> Any:
+    """`croniter.croniter`, imported when a cron is first read: with `dateutil` it takes longer
+    to load than the rest of this module, and the client that imports this module starts and
+    decides runs (`ratchet start`, `approve`) with no cron to read (bench/cli_start.py)."""
+    from croniter import croniter
+
+    return croniter

@@ -5,7 +5,6 @@ summarise its oldest steps. What it returns, `Attempted`, is what the step's com
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -359,6 +358,10 @@ class StepWork:
                     ended()
 
             async def run_async_tool() -> ToolResult:
+                # Here, not with the module: loaded already on the loop this runs on, and a
+                # command that works no step (`ratchet start`, `approve`) never loads it.
+                import asyncio
+
                 try:
                     if latency:
                         await asyncio.sleep(latency)

@@ -18,7 +18,6 @@ holds out (it caught the cancellation, or blocks the loop) is fenced as an aband
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import os
@@ -28,9 +27,12 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ratchet.errors import StepTimedOut
+
+if TYPE_CHECKING:
+    import asyncio
 
 ABANDONED_GRACE_SECONDS = 30.0
 """Before failing a run by its strikes, how long the engine waits for a call of the run that
@@ -223,6 +225,10 @@ class AgentLoop:
     holds up every other."""
 
     def __init__(self) -> None:
+        # `asyncio` is loaded with the first loop, not with this module: a command that works
+        # no step (`ratchet start`, `approve`) has no use for it (bench/cli_start.py).
+        import asyncio
+
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="ratchet-agent-loop", daemon=True

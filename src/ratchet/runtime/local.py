@@ -29,7 +29,6 @@ from pydantic import (
 
 from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.file_blobs import FileBlobStore
-from ratchet.adapters.outbox import OutboxNotifier
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
@@ -41,7 +40,6 @@ from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
-from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
 from ratchet.approvals.desk import ApprovalDesk, Decider
@@ -64,7 +62,6 @@ from ratchet.runtime.local_approvals import (
     delivery_time,
     expire_overdue,
 )
-from ratchet.schedules import Starter, fire_due
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
@@ -73,7 +70,10 @@ from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.webhook_urls import parse_webhook_urls
 
 if TYPE_CHECKING:
+    from ratchet.adapters.outbox import OutboxNotifier
+    from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.runtime.hooks import Hooks
+    from ratchet.schedules import Starter
     from ratchet.worker import StepReport, Worker
 from ratchet.runtime.models import Bindings
 from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
@@ -460,6 +460,10 @@ class LocalRuntime:
     @property
     def outbox(self) -> OutboxNotifier:
         """Every approval request's messages, as files beside the store."""
+        # Imported here: the messages' templates are loaded by the runs that park for a
+        # person, not by every command (`ratchet start` has none to write: bench/cli_start.py).
+        from ratchet.adapters.outbox import OutboxNotifier
+
         return OutboxNotifier(Path(f"{self.root}.outbox"))
 
     def _approval_opener(self, worker_id: str, logger: Any) -> Callable[[str], None]:
@@ -491,11 +495,17 @@ class LocalRuntime:
 
     @property
     def schedules(self) -> SqliteScheduleBook:
+        # Imported here: the schedules load croniter, which only the commands and workers that
+        # read or fire schedules need (not `ratchet start` or `approve`: bench/cli_start.py).
+        from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
+
         return SqliteScheduleBook(self.db)
 
     def schedule_firer(self, start: Starter, *, logger: Any) -> Callable[[datetime], Sequence[str]]:
         """What a worker calls to fire the store's due schedules, each run started by
         `start` (the client's own start path)."""
+        from ratchet.schedules import fire_due
+
         book = self.schedules
         return lambda now: fire_due(book, start, now, logger=logger)
 
