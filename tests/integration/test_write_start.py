@@ -1,0 +1,70 @@
+"""`ratchet start` and `ratchet approve` load what they use (issue 36): not the engine's event
+loop (`asyncio`, loaded by the commands that work steps), not the cron reader (`croniter`,
+with `dateutil`, loaded by whatever reads a schedule) and not the approval messages' templates
+(loaded by a run that parks for a person, to write them to the outbox).
+
+Held on the modules a command loads, not on its time, which a shared machine makes noisy:
+`python -m bench.cli_start` times the same commands beside `python -c pass`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+UNUSED = (
+    "asyncio",
+    "croniter",
+    "dateutil",
+    "ratchet.adapters.outbox",
+    "ratchet.approvals.messages",
+)
+"""What neither command uses, and so must not load."""
+BUDGET = 480
+"""The most modules either command may have loaded when it exits (the interpreter's own
+included). `start` loaded 519 before issue 36 and 467 after; a new import at the top of a module
+on their path shows here first, with the modules it brought."""
+
+PROBE = (
+    "import sys\n"
+    "from ratchet.cli.app import main\n"
+    "try:\n"
+    "    main(sys.argv[1:])\n"
+    "except SystemExit as exit:\n"
+    "    assert not exit.code, exit.code\n"
+    "print('MODULES', ' '.join(sorted(sys.modules)))\n"
+)
+
+
+def _loaded(store: Path, *args: str) -> set[str]:
+    """The modules `ratchet ARGS` had loaded when it finished, in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "ANTHROPIC_"))}
+    env["RATCHET_STORE"] = f"sqlite:///{store}"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env=env,
+        cwd=store.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("MODULES "), done.stdout
+    return set(last.removeprefix("MODULES ").split())
+
+
+def test_start_and_approve_load_only_what_they_use(tmp_path: Path) -> None:
+    store = tmp_path / "ratchet.db"
+    migration = ("--scenario=migration", "--param=batches=2")
+    started = _loaded(store, "start", *migration, "--run-id=started")
+    worked = _loaded(store, "run", *migration, "--run-id=parked")  # to the wait for a person
+    approved = _loaded(store, "approve", "parked")
+
+    # The probe is not blind: the run that parks for a person writes its messages.
+    assert {"ratchet.adapters.outbox", "ratchet.approvals.messages"} <= worked
+    for name, loaded in (("start", started), ("approve", approved)):
+        unused = sorted(m for m in loaded if m.partition(".")[0] in UNUSED or m in UNUSED)
+        assert not unused, f"ratchet {name} loaded {unused}"
+        assert len(loaded) <= BUDGET, f"ratchet {name} loaded {len(loaded)} modules"
