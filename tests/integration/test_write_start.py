@@ -3,8 +3,7 @@ loop (`asyncio`, loaded by the commands that work steps), not the cron reader (`
 with `dateutil`, loaded by whatever reads a schedule) and not the approval messages' templates
 (loaded by a run that parks for a person, to write them to the outbox).
 
-Held on the modules a command loads, not on its time, which a shared machine makes noisy:
-`python -m bench.cli_start` times the same commands beside `python -c pass`."""
+Held on the modules a command loads, not on its time, which a shared machine makes noisy."""
 
 from __future__ import annotations
 
