@@ -200,7 +200,9 @@ def test_a_sender_killed_between_attempts_delivers_after_its_restart(tmp_path, r
     sent = [r.headers["Ratchet-Delivery"] for r in kept.received]
     assert set(sent) == {first["id"], by_run["k2"]["id"]}
     assert len(kept.received) > refused
-    assert first["attempts"] == sent.count(first["id"])
+    # Each attempt the store records was received; one more may have been received whose
+    # answer the killed sender never recorded (at least once: it comes again, with its id).
+    assert sent.count(first["id"]) - first["attempts"] in (0, 1)
     assert by_run["k2"]["attempts"] == 1
 
 
