@@ -34,7 +34,7 @@ from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 from ratchet.errors import StackPartUnreadable, StackUnreachable
 
-_CREDENTIALS_REFUSED = frozenset(
+CREDENTIALS_REFUSED = frozenset(
     {
         "UnrecognizedClientException",
         "InvalidClientTokenId",
@@ -229,7 +229,7 @@ class DeployedStack:
             message = error.response.get("Error", {}).get("Message", "")
             if code in _NOT_FOUND:
                 return None
-            if code in _CREDENTIALS_REFUSED:
+            if code in CREDENTIALS_REFUSED:
                 raise StackUnreachable(f"AWS refused the credentials ({code}: {message})") from None
             raise StackPartUnreadable(f"{what}: {code}: {message}") from None
         except NoCredentialsError:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+from ratchet.adapters.deployed import CREDENTIALS_REFUSED
 from ratchet.adapters.dynamodb.items import RUNS_INDEX, error_code, text_attribute
 from ratchet.adapters.dynamodb.store import list_partition
 from ratchet.errors import StoreUnavailable
@@ -24,17 +25,6 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 STACK_TAG = "aws:cloudformation:stack-name"
-_CREDENTIALS_REFUSED = frozenset(
-    {
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "InvalidSignatureException",
-        "MissingAuthenticationTokenException",
-        "SignatureDoesNotMatch",
-    }
-)
 _NOT_ALLOWED = frozenset({"AccessDeniedException", "AccessDenied", "UnauthorizedOperation"})
 
 
@@ -101,7 +91,7 @@ def _refusal(error: ClientError, table: str) -> StoreUnavailable:
             f"table {table!r} has no {RUNS_INDEX.name} index: it is not a Ratchet checkpoints "
             "table; give the stack's StoreUrl output as --store"
         )
-    if code in _CREDENTIALS_REFUSED:
+    if code in CREDENTIALS_REFUSED:
         return StoreUnavailable(f"AWS refused your credentials ({code}): sign in again")
     status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     if code in _NOT_ALLOWED or status == 403:
