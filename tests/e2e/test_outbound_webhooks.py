@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,14 +72,16 @@ class Receiver:
             return [json.loads(r.body) for r in self.received]
 
 
-@pytest.fixture
-def receiver() -> Iterator[tuple[Receiver, str]]:
-    kept = Receiver()
+@contextmanager
+def serving(kept: Receiver, *, answer_after: float = 0.0) -> Iterator[str]:
+    """A loopback HTTP server that gives each POST to `kept` and answers after
+    `answer_after` seconds; its URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            status = kept.answer(dict(self.headers.items()), body)
+            status = kept.answer({**self.headers, "Path": self.path}, body)
+            time.sleep(answer_after)
             self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -87,13 +90,19 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield kept, kept.url(server)
+        yield kept.url(server)
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[Receiver, str]]:
+    kept = Receiver()
+    with serving(kept) as url:
+        yield kept, url
 
 
 def _until(what: str, check: Callable[[], Any]) -> Any:

@@ -12,19 +12,17 @@ import os
 import signal
 import sqlite3
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ratchet.state import RunStatus
-from tests.e2e.test_outbound_webhooks import Receiver, _hooked, _until
+from tests.e2e.test_outbound_webhooks import Receiver, _hooked, _until, serving
 from tests.e2e.test_serve_local import PATIENCE, _env
 from tests.processes import Cli
 
@@ -38,26 +36,8 @@ other sender reads the same deliveries due while one is being sent."""
 @pytest.fixture
 def slow_receiver() -> Iterator[tuple[Receiver, str]]:
     kept = Receiver()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            status = kept.answer({**self.headers, "Path": self.path}, body)
-            time.sleep(ANSWER_SECONDS)
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield kept, kept.url(server)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(kept, answer_after=ANSWER_SECONDS) as url:
+        yield kept, url
 
 
 def _worker(cli: Cli, name: str, url: str) -> subprocess.Popen[str]:
