@@ -77,7 +77,12 @@ def test_two_workers_deliver_each_change_once_without_serve(tmp_path, slow_recei
         _until("every change delivered", lambda: len(set(_ids(kept))) >= 4 * len(runs))
         listed = _until("each delivery recorded delivered", lambda: _settled(cli, 4 * len(runs)))
         time.sleep(2 * ANSWER_SECONDS)  # a repeat, were one in flight, arrives meanwhile
-        assert all(w.poll() is None for w in workers), "both senders lived throughout"
+        gone = {
+            n: w.returncode
+            for n, w in zip(("wa", "wb"), workers, strict=True)
+            if w.poll() is not None
+        }
+        assert not gone, f"both senders lived throughout: {gone}\n{_logs(cli, gone)}"
         received = list(kept.received)
     finally:
         for process in workers:
@@ -97,6 +102,10 @@ def test_two_workers_deliver_each_change_once_without_serve(tmp_path, slow_recei
         by_run.setdefault(body["run_id"], []).append(body["status"])
     assert by_run == {r: ["running", "waiting", "running", "done"] for r in runs}
     assert sorted((d["id"], d["attempts"]) for d in listed) == sorted((i, 1) for i in sent)
+
+
+def _logs(cli: Cli, names: dict[str, int | None]) -> str:
+    return "\n".join(f"--- {n}.log:\n{(cli.root / f'{n}.log').read_text()}" for n in names)
 
 
 def _waiting(cli: Cli, run_id: str) -> bool:

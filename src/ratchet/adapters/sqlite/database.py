@@ -341,11 +341,19 @@ class SqliteDatabase:
                 # The mode is the file's, so the connections opened later find it.
                 connection.execute("PRAGMA journal_mode=WAL")
             if create:
-                connection.executescript(
-                    _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA + HOOKS_SCHEMA
-                )
-                if not marked:
-                    connection.execute(f"PRAGMA application_id={RATCHET_APPLICATION_ID}")
+                schema = _SCHEMA + APPROVALS_SCHEMA + RUN_DATA_SCHEMA + WAITS_SCHEMA + HOOKS_SCHEMA
+                if marked:
+                    # Tables a later Ratchet added, on a store an earlier one made.
+                    connection.executescript(schema)
+                else:
+                    # A new store is made in one transaction, its marker with its tables:
+                    # another process that opens it meanwhile (two workers started at once)
+                    # finds it empty, and makes it too (each statement is IF NOT EXISTS), or
+                    # whole; never a part of it, which is not yet a Ratchet store.
+                    connection.executescript(
+                        f"BEGIN IMMEDIATE;{schema};"
+                        f"PRAGMA application_id={RATCHET_APPLICATION_ID};COMMIT;"
+                    )
         except BaseException:
             self.close()
             raise
