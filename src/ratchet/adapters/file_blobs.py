@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ratchet.adapters.private import private_folder
 from ratchet.errors import BlobCorrupt, BlobMissing
 from ratchet.state import BlobRef
 
@@ -23,7 +24,8 @@ class FileBlobStore:
             # unreferenced blobs starts over.
             os.utime(path)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_folder(self._root)
+            private_folder(path.parent)
             # Write aside, fsync, then rename: a crash leaves either no blob or a whole one.
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as handle:

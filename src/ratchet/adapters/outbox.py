@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ratchet.adapters.private import private_folder
 from ratchet.approvals.messages import email_html, email_text, slack_blocks
 from ratchet.waits import ApprovalNotice
 
@@ -60,7 +61,7 @@ class OutboxNotifier:
         return [json.loads(p.read_text(encoding="utf-8")) for p in files]
 
     def _write(self, name: str, message: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_folder(self.folder)
         path = self.folder / f"{_UNSAFE.sub('_', name)[:200]}.json"
         # mkstemp: owner-only from the start (the links in it decide in their recipient's
         # name), and a draft of this call's own.

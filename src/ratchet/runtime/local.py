@@ -29,6 +29,7 @@ from pydantic import (
 
 from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
@@ -382,7 +383,8 @@ class LocalRuntime:
         return RunContext(
             run_id=run_id,
             options=options,
-            workdir=Path(f"{self.root}.data") / run_id,
+            # The runs' folders are private to the store's owner, as the store is.
+            workdir=private_folder(Path(f"{self.root}.data")) / run_id,
             data=SqliteRunData(self.db, run_id),
             secrets=EnvironmentSecrets(),
         )

@@ -16,6 +16,7 @@ leases) works through `SqliteDatabase`, whose connection raises Ratchet's errors
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from ratchet.adapters.private import PRIVATE_FILE, private_folder
 from ratchet.errors import (
     CheckpointTooLarge,
     RatchetError,
@@ -321,7 +323,9 @@ class SqliteDatabase:
         if not create and not path.exists():
             raise StoreMissing(f"no Ratchet store at {path} (start a run first)")
         if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_private(path)
+        else:
+            _warn_if_exposed(path)
         self.read_only = not create and not _writable(path)
         self._any_thread = any_thread
         self._lock = threading.Lock()
@@ -515,6 +519,39 @@ class SqliteDatabase:
             opened, self._opened = list(self._opened.values()), {}
         for connection in opened:
             connection.close()
+
+
+_log = logging.getLogger("ratchet.store")
+_warned: set[Path] = set()
+
+
+def _make_private(path: Path) -> None:
+    """Make a missing store file (and its folder, if missing) owner-only before SQLite opens it:
+    SQLite gives its WAL and SHM the store's mode. An existing store keeps its mode, and is
+    warned about if others may read it (`_warn_if_exposed`)."""
+    private_folder(path.parent)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+    except FileExistsError:
+        _warn_if_exposed(path)
+    except OSError:
+        pass  # not a file this process may make (a device, a read-only folder): SQLite says
+
+
+def _warn_if_exposed(path: Path) -> None:
+    """One line, once per process and store, if others than its owner may read the store:
+    what its runs' tools saw and did is in it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if not mode & 0o077 or path in _warned or not path.is_file():
+        return
+    _warned.add(path)
+    _log.warning(
+        f"warning: {path} may be read by other users (mode {mode & 0o777:o}): "
+        f"chmod 600 {path} {path}-wal {path}-shm makes it private"
+    )
 
 
 def _writable(path: Path) -> bool:
