@@ -322,10 +322,7 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         if not create and not path.exists():
             raise StoreMissing(f"no Ratchet store at {path} (start a run first)")
-        if create:
-            _make_private(path)
-        else:
-            _warn_if_exposed(path)
+        made = create and _make_private(path)
         self.read_only = not create and not _writable(path)
         self._any_thread = any_thread
         self._lock = threading.Lock()
@@ -335,6 +332,8 @@ class SqliteDatabase:
         connection = self._connect()
         try:
             marked = self._check_ownership(create=create)
+            if not made:
+                _warn_if_exposed(path)  # only now, knowing the file is a store of Ratchet's
             if create and not marked:
                 # A new store: small pages, so that a step's two commits append little to the
                 # WAL, which SQLite writes a whole page at a time (rows here are 0.1-2 KB).
@@ -525,17 +524,18 @@ _log = logging.getLogger("ratchet.store")
 _warned: set[Path] = set()
 
 
-def _make_private(path: Path) -> None:
+def _make_private(path: Path) -> bool:
     """Make a missing store file (and its folder, if missing) owner-only before SQLite opens it:
-    SQLite gives its WAL and SHM the store's mode. An existing store keeps its mode, and is
-    warned about if others may read it (`_warn_if_exposed`)."""
+    SQLite gives its WAL and SHM the store's mode. True if this made it; an existing store
+    keeps its mode (see `_warn_if_exposed`)."""
     private_folder(path.parent)
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
     except FileExistsError:
-        _warn_if_exposed(path)
+        return False
     except OSError:
-        pass  # not a file this process may make (a device, a read-only folder): SQLite says
+        return False  # not a file this process may make (a read-only folder): SQLite says
+    return True
 
 
 def _warn_if_exposed(path: Path) -> None:
