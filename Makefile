@@ -41,9 +41,10 @@ typecheck: $(VENV)/.synced
 unit: $(VENV)/.synced $(NODE_TOOLS) $(CHROMIUM)
 	$(VENV)/bin/pytest -n 2 --durations=15
 
-# Retakes the README's pictures from the browser tests: the approval page (docs/approval-page.png)
-# and the runs dashboard (docs/dashboard-runs.png, docs/dashboard-run.png), on a deployed stack's
-# tables too (docs/dashboard-deployed-runs.png, docs/dashboard-deployed-run.png).
+# Retakes the pictures of the README and docs/ from the browser tests: the approval page
+# (docs/approval-page.png) and the runs dashboard (docs/dashboard-runs.png, docs/dashboard-run.png),
+# on a deployed stack's tables too (docs/dashboard-deployed-runs.png,
+# docs/dashboard-deployed-run.png).
 screenshot: $(VENV)/.synced $(CHROMIUM)
 	RATCHET_SCREENSHOT=docs/approval-page.png $(VENV)/bin/pytest -q \
 		tests/e2e/test_approval_browser.py -k approving

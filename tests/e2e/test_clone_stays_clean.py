@@ -18,7 +18,7 @@ README_MODULE = re.compile(r"^```python\n(# my_agents\.py\n.*?)^```$", re.MULTIL
 
 
 def a_clone_after_the_readme(tmp_path: Path) -> Path:
-    """The project's tracked files, and what the README's "Define your own agent" makes in
+    """The project's tracked files, and what the README's "Your first agent" makes in
     the clone: `my_agents.py`, as printed, and a store."""
     clone = tmp_path / "clone"
     tracked = subprocess.run(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
 DEPLOY = ROOT / "docs" / "deploy.md"
 BYTES_TOLERANCE = 0.01
 OVERHEAD_FACTOR = 2.0
@@ -167,13 +167,13 @@ def test_the_docs_quote_the_write_units_a_step_costs(dynamodb: DynamoDbFigures) 
     table = _one(r"\| \*\*per step\*\* \| \*\*(?P<wru>\d+) WRU \+ ", deploy, "docs/deploy.md")
     # Every step writes the attempt counter by itself, a further step of an invocation too.
     assert int(table["wru"]) in units
-    readme = _one(
+    performance = _one(
         r"On DynamoDB a step costs (?P<wru>\d+) write units \([^)]*\), as "
         r"`python -m bench\.dynamodb_cost` computes",
-        _doc(README),
-        "README.md",
+        _doc(PERFORMANCE),
+        "docs/performance.md",
     )
-    assert int(readme["wru"]) in units
+    assert int(performance["wru"]) in units
 
 
 # --- AWS per 1,000 steps: python -m bench.aws_cost -------------------------------------------
@@ -258,14 +258,14 @@ def _cli_rounds() -> Iterator[str]:
         yield _printed("bench.cli_start", "--runs", "5")
 
 
-def test_the_readme_quotes_how_fast_the_cli_reads_and_helps() -> None:
+def test_the_performance_page_quotes_how_fast_the_cli_reads_and_helps() -> None:
     sentence = _one(
         r"`python -m bench\.cli_start` measured [\d.]+ to [\d.]+ ms for the reads "
         r"\((?P<low>[\d.]+)x to (?P<high>[\d.]+)x a bare `python -c pass`, [\d.]+ ms\) and "
         r"[\d.]+ ms for `ratchet --help` \((?P<help>[\d.]+)x\) .*? Through the full CLI the "
         r"same reads took [\d.]+ to [\d.]+ ms \((?P<full_low>[\d.]+)x to (?P<full_high>[\d.]+)x\)",
-        _doc(README),
-        "README.md",
+        _doc(PERFORMANCE),
+        "docs/performance.md",
     )
     reads = (float(sentence["low"]), float(sentence["high"]))
     help_ratio = float(sentence["help"])
@@ -288,8 +288,8 @@ def test_the_readme_quotes_how_fast_the_cli_reads_and_helps() -> None:
         if not far:
             return
     pytest.fail(
-        f"the README says reads {reads[0]}x to {reads[1]}x (full CLI {full[0]}x to {full[1]}x) "
-        f"and --help {help_ratio}x; bench.cli_start printed, twice: {', '.join(far)}"
+        f"docs/performance.md says reads {reads[0]}x to {reads[1]}x (full CLI {full[0]}x to "
+        f"{full[1]}x) and --help {help_ratio}x; bench.cli_start printed, twice: {', '.join(far)}"
     )
 
 

@@ -1,6 +1,6 @@
-"""The README's pull-request example, command by command, as a reader types it: real `ratchet`
-processes, a real `ratchet serve` taking CI's signed webhook delivery (the curl line `ratchet
-hook` prints), and a person's approval. It ends merged, once."""
+"""The pull-request example of docs/waits.md (once the README's), command by command, as a
+reader types it: real `ratchet` processes, a real `ratchet serve` taking CI's signed webhook
+delivery (the curl line `ratchet hook` prints), and a person's approval. It ends merged, once."""
 
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ from ratchet.state import RunStatus, WaitSettled
 from tests.processes import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+WAITS = REPO / "docs" / "waits.md"
 PATIENCE = 60.0
 
 
 def example_commands() -> list[str]:
-    """The lines of the README's `sh` block that runs the example, comments cut off."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.DOTALL)
+    """The lines of the doc's `sh` block that runs the example, comments cut off."""
+    blocks = re.findall(r"```sh\n(.*?)```", WAITS.read_text(), re.DOTALL)
     (block,) = [b for b in blocks if "pr_agent.agent:agent" in b]
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
-def test_the_readme_pull_request_example_runs_as_printed(tmp_path):
+def test_the_pull_request_example_runs_as_printed(tmp_path):
     store = f"sqlite:///{tmp_path / 'ratchet.db'}"
     env = clean_env(RATCHET_STORE=store, PYTHONUNBUFFERED="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
