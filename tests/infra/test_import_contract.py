@@ -95,6 +95,14 @@ FORBIDDEN = [
     ("web/approvals.py", "from ratchet.engine import Engine", "ratchet.web", "ratchet.engine"),
     # adapters and the engine share what they both use on the ground floor (ratchet.backoff)
     ("adapters/anthropic_model.py", "import ratchet.engine", "ratchet.adapters", "ratchet.engine"),
+    # the runs API's route modules: schedules and their shared floor never import the runs API
+    ("web/schedules.py", "import ratchet.web.runs", "ratchet.web.schedules", "ratchet.web.runs"),
+    (
+        "web/routes.py",
+        "import ratchet.web.schedules",
+        "ratchet.web.routes",
+        "ratchet.web.schedules",
+    ),
 ]
 
 
