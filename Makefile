@@ -32,7 +32,7 @@ test: lint typecheck unit
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(VENV)/bin/lint-imports --no-cache --no-logo pyproject.toml imports-in-annotations.toml
 
 typecheck: $(VENV)/.synced
 	$(VENV)/bin/mypy

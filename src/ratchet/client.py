@@ -92,8 +92,7 @@ from ratchet.worker import MAX_WORKER_ID_CHARS
 
 if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
-    from ratchet.ports import BlobStore, CheckpointStore, IdempotencyLedger
-    from ratchet.runtime.hooks import Hooks
+    from ratchet.ports import BlobStore, CheckpointStore, HookOpener, IdempotencyLedger
     from ratchet.tools import RunContext
     from ratchet.waiting.desk import EventDesk
 
@@ -560,9 +559,9 @@ class Runtime(Protocol):
         waits with `engine`; on AWS it also wakes the execution parked on the wait."""
         ...
 
-    def hooks(self, agents: AgentRegistry) -> Hooks:
-        """The runtime's webhooks (`ratchet.runtime.hooks`), whose event names are checked
-        against what the agents in `agents` declare."""
+    def hooks(self, agents: AgentRegistry) -> HookOpener:
+        """The runtime's webhooks (`ratchet.runtime.hooks` builds them), whose event names are
+        checked against what the agents in `agents` declare."""
         ...
 
     def cancel(self, run_id: str, *, by: str, reason: str, worker_id: str, logger: Any) -> RunState:

@@ -659,6 +659,24 @@ class HookBook(Protocol):
     def get(self, hook_id: str) -> Hook | None: ...
 
 
+@dataclass(frozen=True)
+class OpenedHook:
+    hook: Hook
+    url: str
+    secret: str
+
+
+class HookOpener(Protocol):
+    """Opens a run's webhooks: what a client gets from its runtime (`Runtime.hooks`), which
+    builds one (`ratchet.runtime.hooks.Hooks`). Here, below both, so that the client names
+    nothing of the runtime it acts through."""
+
+    def open(self, run_id: str, name: str) -> OpenedHook:
+        """The hook of `name` on the run (made if it is new), its URL and its secret; the
+        refusals are `Hooks.open`'s."""
+        ...
+
+
 class Notifier(Protocol):
     """Tells people that a run waits for them (email, Slack, a local outbox). A notifier
     sends to the recipients of its own channel in the notice and ignores the rest."""

@@ -17,7 +17,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from ratchet.cdk.api import PUBLIC_THROTTLE_BURST, PUBLIC_THROTTLE_RATE_PER_SECOND, STAGE
 from ratchet.runs import RunRequest
 from ratchet.waits import MAX_COMMENT_CHARS
-from ratchet.web.runs import RequestRefused, RunsServices
+from ratchet.web.routes import RequestRefused, RunsServices
 from tests.infra.queries import environment, function_id
 from tests.infra.synth import Synthesized
 

@@ -22,8 +22,8 @@ from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
+from ratchet.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine import Binding, Engine, Outcome
-from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.errors import ModelUnavailable, StepAttemptFailed, ToolFailed
 from ratchet.ports import Model, ModelRequest, StepView
 from ratchet.state import MAX_ATTEMPTS, AttemptFailed, Decision, Done, RunStatus, ToolCall

@@ -24,8 +24,9 @@ from ratchet.agents import AgentRegistry
 from ratchet.handlers import _wiring
 from ratchet.handlers import api as api_function
 from ratchet.handlers import hooks as hooks_function
+from ratchet.ports import OpenedHook
 from ratchet.runtime.aws_settings import ENVIRONMENT
-from ratchet.runtime.hooks import OpenedHook, aws_hooks
+from ratchet.runtime.hooks import aws_hooks
 from ratchet.state import MAX_EVENT_BYTES, RunOptions, RunState, RunStatus, WaitSettled
 from ratchet.waiting.hooks import generic_signature, github_signature
 from tests.dynamodb_support import REGION, SETTINGS, create_tables, scan

@@ -21,7 +21,8 @@ from ratchet.agents import AgentRegistry
 from ratchet.client import Client as RatchetClient
 from ratchet.errors import EventNotAwaited, InvalidInput, RunEnded, RunNotFound
 from ratchet.observability import json_logger
-from ratchet.runtime.hooks import Hooks, OpenedHook, hook_url, local_hooks
+from ratchet.ports import OpenedHook
+from ratchet.runtime.hooks import Hooks, hook_url, local_hooks
 from ratchet.runtime.local import LocalRuntime
 from ratchet.runtime.services import local_runs_services
 from ratchet.state import MAX_EVENT_BYTES, RunStatus

@@ -27,8 +27,8 @@ from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import SqliteLeases, WorkerIdInUse
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
+from ratchet.backoff import DEFAULT_BACKOFF
 from ratchet.engine import Binding, Engine
-from ratchet.engine.backoff import DEFAULT_BACKOFF
 from ratchet.errors import (
     AbandonedCallRunning,
     InvalidInput,

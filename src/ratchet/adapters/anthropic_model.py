@@ -41,7 +41,7 @@ from anthropic.types import (
     ToolUseBlock,
 )
 
-from ratchet.engine.backoff import Backoff
+from ratchet.backoff import Backoff
 from ratchet.errors import ModelOutputInvalid, ModelUnavailable, PermanentError
 from ratchet.ports import ModelReply, ModelRequest
 from ratchet.state import Decision, Done, ToolCall, Usage

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from ratchet.engine.backoff import Backoff
+from ratchet.backoff import Backoff
 from ratchet.engine.deadline import wait_for_abandoned
 from ratchet.engine.failures import cut, describe, terminal_cause
 from ratchet.engine.fold import apply_event

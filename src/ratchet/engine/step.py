@@ -40,8 +40,8 @@ from datetime import datetime
 from typing import Any
 
 from ratchet import tracing
+from ratchet.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.attempt import Attempted, Binding, StepWork
-from ratchet.engine.backoff import DEFAULT_BACKOFF, Backoff
 from ratchet.engine.commits import Commits
 from ratchet.engine.deadline import (
     ABANDONED_GRACE_SECONDS,

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ratchet.waiting.desk import EventDesk
     from ratchet.web.approvals import ApprovalServices
     from ratchet.web.hooks import HookServices
-    from ratchet.web.runs import RunsServices
+    from ratchet.web.routes import RunsServices
 
 SERVICE = "ratchet"
 METRICS_NAMESPACE = "Ratchet"

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from ratchet.agents import LOCAL, AgentRegistry, declared_events
 from ratchet.errors import EventNotAwaited, RunEnded, RunNotFound
-from ratchet.ports import CheckpointStore, Hook, HookBook
+from ratchet.ports import CheckpointStore, HookBook, OpenedHook
 from ratchet.state import EventWait, RunStatus, utcnow
 from ratchet.waiting.desk import EventDesk, check_event_name
 from ratchet.waiting.hooks import HookKeys, WebhooksNotTaken, open_hook
@@ -30,16 +30,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class OpenedHook:
-    hook: Hook
-    url: str
-    secret: str
-
-
-@dataclass(frozen=True)
 class Hooks:
     """A runtime's hooks: where they are kept, the key they derive from, where they are
-    reached (the public URL: `RATCHET_PUBLIC_URL`, `ratchet serve`'s or the API stage's)."""
+    reached (the public URL: `RATCHET_PUBLIC_URL`, `ratchet serve`'s or the API stage's).
+    The `HookOpener` a client opens hooks through (`Runtime.hooks`)."""
 
     book: HookBook
     keys: HookKeys

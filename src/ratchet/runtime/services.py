@@ -25,7 +25,7 @@ from ratchet.errors import InvalidInput
 from ratchet.runs import RunRequest
 from ratchet.web.approvals import ApprovalServices
 from ratchet.web.dashboard import Deployed
-from ratchet.web.runs import RunsServices, RunStarted
+from ratchet.web.routes import RunsServices, RunStarted
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -56,9 +56,8 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -68,23 +67,18 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
-from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from ratchet.approvals.desk import ApprovalDesk
 from ratchet.client import (
     MAX_PAGE_RUNS,
     AnswerModel,
     Checkpoint,
     CheckpointsExpired,
-    Client,
     EventSent,
     HookOpened,
     NoCheckpointAtStep,
     Run,
     RunListed,
-    Started,
 )
 from ratchet.errors import (
     AgentNotFound,
@@ -119,6 +113,17 @@ from ratchet.untrusted import loads
 from ratchet.waiting.desk import EventInvalid
 from ratchet.waiting.hooks import WebhooksNotTaken
 from ratchet.waits import EVENT_ID_PATTERN, MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
+from ratchet.web import schedules
+from ratchet.web.routes import (
+    Problem,
+    Refusal,
+    RunsServices,
+    RunStarted,
+    count_metric,
+    openapi_responses,
+    refuse,
+    require_json,
+)
 
 OPENAPI_TITLE = "Ratchet runs API"
 OPENAPI_VERSION = "1"
@@ -137,41 +142,6 @@ MAX_BODY_CHARS = 1024 * 1024
 JSON escape) and input (16 KB) with room to spare."""
 
 # --- the API's models --------------------------------------------------------------------------
-
-
-class Problem(AnswerModel):
-    field: str
-    """The field at fault: a body field (`max_steps`, `notify.email.0`), a path or query
-    parameter (`run_id`, `limit`), or `(body)` when the body as a whole is."""
-    message: str
-
-
-class RequestRefused(AnswerModel):
-    error: str
-    problems: list[Problem]
-    """Which fields are wrong, and how; empty when nothing the caller sent is at fault."""
-
-
-class RunStarted(AnswerModel):
-    run_id: str
-    status: RunStatus
-    step: int
-    execution_name: str | None
-    """The Step Functions execution working the run (AWS); none locally, where a worker
-    picks the run up."""
-    created: bool
-    """False when the run existed already: the request changed nothing about it."""
-
-    @classmethod
-    def of(cls, started: Started, *, execution_name: str | None) -> RunStarted:
-        run = started.run
-        return cls(
-            run_id=run.run_id,
-            status=run.status,
-            step=run.step,
-            execution_name=execution_name,
-            created=started.created,
-        )
 
 
 class RunList(AnswerModel):
@@ -300,39 +270,6 @@ EventName = Annotated[
     ),
 ]
 
-# --- what the routes need from a runtime ---------------------------------------------------------
-
-
-class StartRun(Protocol):
-    def __call__(self, request: RunRequest, *, request_id: str) -> RunStarted:
-        """Validate the request for this runtime (`new_run`), create the run if it is new and
-        set it going; raise `RunRequestInvalid` and change nothing if it is refused."""
-        ...
-
-
-@dataclass(frozen=True)
-class RunsServices:
-    """What the routes use. The same app serves AWS and the local runtime; these differ."""
-
-    client: Client
-    """Reads runs (and starts them, through `start`) on the runtime's store."""
-    desk: Callable[[], ApprovalDesk]
-    """Built when a decision needs it, so that reading runs needs no approval settings."""
-    start: StartRun
-    logger: Any
-    metrics: Any = None
-    """Powertools metrics (AWS, flushed by the handler); none locally."""
-    anonymous_caller: str | None = None
-    """Who decides when a request carries no IAM identity: locally, whoever runs `ratchet
-    serve` (it listens on localhost, unsigned). None: such a request is refused (403)."""
-    launch: Callable[[str], str | None] = lambda run_id: None
-    """Sets a run just retried or forked going: on AWS starts its execution and returns its
-    name; locally nothing (None): the next free worker takes it."""
-    holds_long_polls: bool = True
-    """Whether the history route holds a long poll (`wait`) itself: on AWS it does; `ratchet
-    serve` holds it before the app sees it, on the connection's own thread
-    (`ratchet.web.feed.HistoryWaits`), so that its app's one thread never waits."""
-
 
 def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     """The runs API: each route below, then how each refusal is answered."""
@@ -342,93 +279,91 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     routes = RunsRoutes(app, services)
     app.post(
         "/runs",
-        responses=_responses(200, 201, 400, 409, 413, 415),
+        responses=openapi_responses(200, 201, 400, 409, 413, 415),
         summary="Start a run",
         operation_id="startRun",
     )(routes.start_run)
     app.get(
         "/runs",
-        responses=_responses(200, 400),
+        responses=openapi_responses(200, 400),
         summary="List runs, recent first",
         operation_id="listRuns",
     )(routes.list_runs)
     app.get(
         "/runs/<run_id>",
-        responses=_responses(200, 400, 404),
+        responses=openapi_responses(200, 400, 404),
         summary="Where a run stands",
         operation_id="getRun",
     )(routes.get_run)
     app.get(
         "/runs/<run_id>/history",
-        responses=_responses(200, 400, 404),
+        responses=openapi_responses(200, 400, 404),
         summary="One row per checkpoint",
         operation_id="getRunHistory",
     )(routes.get_history)
     app.get(
         "/runs/<run_id>/checkpoints/<step>",
-        responses=_responses(200, 400, 404, 410),
+        responses=openapi_responses(200, 400, 404, 410),
         summary="The run's state as of a step",
         operation_id="getRunCheckpoint",
     )(routes.get_checkpoint)
     app.post(
         "/runs/<run_id>/approve",
-        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Approve what a run waits for",
         operation_id="approveRun",
     )(routes.approve)
     app.post(
         "/runs/<run_id>/reject",
-        responses=_responses(200, 400, 403, 404, 409, 410, 413, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 410, 413, 415),
         summary="Reject what a run waits for",
         operation_id="rejectRun",
     )(routes.reject)
     app.post(
         "/runs/<run_id>/retry",
-        responses=_responses(200, 400, 403, 404, 409, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 415),
         summary="Retry a failed run",
         operation_id="retryRun",
     )(routes.retry)
     app.post(
         "/runs/<run_id>/cancel",
-        responses=_responses(200, 400, 403, 404, 409, 413, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 413, 415),
         summary="Cancel a running or waiting run",
         operation_id="cancelRun",
     )(routes.cancel)
     app.post(
         "/runs/<run_id>/fork",
-        responses=_responses(201, 400, 403, 404, 409, 410, 413, 415),
+        responses=openapi_responses(201, 400, 403, 404, 409, 410, 413, 415),
         summary="Fork a run from one of its steps",
         operation_id="forkRun",
     )(routes.fork)
     app.post(
         "/runs/<run_id>/events/<name>",
-        responses=_responses(200, 202, 400, 404, 409, 413, 415, 422, 429),
+        responses=openapi_responses(200, 202, 400, 404, 409, 413, 415, 422, 429),
         summary="Send a run an event",
         operation_id="sendEvent",
     )(routes.send_event)
     app.post(
         "/runs/<run_id>/wake",
-        responses=_responses(200, 400, 403, 404, 409, 413, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 413, 415),
         summary="Wake a sleeping run",
         operation_id="wakeRun",
     )(routes.wake)
     app.post(
         "/runs/<run_id>/hooks/<name>",
-        responses=_responses(200, 400, 403, 404, 409, 415),
+        responses=openapi_responses(200, 400, 403, 404, 409, 415),
         summary="Open a run's webhook for an event",
         operation_id="openHook",
     )(routes.open_hook)
     app.get(
         "/runs/<run_id>/steps/<step>/prompt",
-        responses=_responses(200, 400, 404, 410),
+        responses=openapi_responses(200, 400, 404, 410),
         summary="The prompt a step's model saw",
         operation_id="getStepPrompt",
     )(routes.get_step_prompt)
 
     refusals = RunsRefusals(app, services)
-    from ratchet.web import schedules  # its routes are written in terms of this module's
-
-    schedules.register(app, services, refusals)
+    schedules.register(app, services)
     app.exception_handler(RequestValidationError)(refusals.invalid_request)
     app.exception_handler(RequestUnsupportedContentType)(refusals.not_json)
     app.exception_handler(RunRequestInvalid)(refusals.invalid_run)
@@ -442,16 +377,11 @@ def build_app(services: Callable[[], RunsServices]) -> APIGatewayRestResolver:
     app.exception_handler(ApprovalError)(refusals.not_decided)
     app.exception_handler(AnswerInvalid)(refusals.answer_invalid)
     app.not_found(refusals.no_route)
-    app.exception_handler(_Refusal)(refusals.refused)
+    app.exception_handler(Refusal)(refusals.refused)
     app.exception_handler([RunUnreadable, UnsupportedSchema])(refusals.unreadable)
     app.exception_handler(StoreDamaged)(refusals.damaged)
     app.exception_handler([StoreBusy, StoreUnavailable])(refusals.busy)
     return app
-
-
-def _count(services: RunsServices, name: str) -> None:
-    if services.metrics is not None:
-        services.metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
 
 
 class RunsRoutes:
@@ -463,7 +393,7 @@ class RunsRoutes:
         self.services = services
 
     def start_run(self, request: Annotated[RunRequest, Body()]) -> Response[RunStarted]:
-        _require_json(self.app)
+        require_json(self.app)
         started = self.services().start(request, request_id=self.app.lambda_context.aws_request_id)
         return Response(
             status_code=HTTPStatus.CREATED if started.created else HTTPStatus.OK,
@@ -487,7 +417,7 @@ class RunsRoutes:
         try:
             page = self.services().client.runs_page(status=status, limit=limit, after=after)
         except InvalidInput:
-            raise _Refusal(
+            raise Refusal(
                 HTTPStatus.BAD_REQUEST,
                 "not a page token",
                 "after",
@@ -556,13 +486,13 @@ class RunsRoutes:
     def _decide(
         self, run_id: str, *, approved: bool, comment: str, answer: dict[str, Any] | None = None
     ) -> Decided:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         by = _caller(self.app, wired)
         verdict = Verdict(approved=approved, by=by, comment=comment, answer=answer)
         view = wired.desk().decide_run(run_id, verdict, channel="api")
         run = view.run
-        _count(wired, "DecidedThroughApi")
+        count_metric(wired, "DecidedThroughApi")
         wired.logger.info(
             "decided through the API",
             extra={"run_id": run_id, "step": view.approval.step, "approved": approved},
@@ -577,48 +507,48 @@ class RunsRoutes:
         )
 
     def retry(self, run_id: RunId) -> RunSetGoing:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         run = wired.client.retry(run_id, by=_caller(self.app, wired))
         execution = wired.launch(run_id)
-        _count(wired, "RunsRetried")
+        count_metric(wired, "RunsRetried")
         wired.logger.info("run retried", extra={"run_id": run_id, "execution": execution})
         return RunSetGoing(
             run_id=run_id, status=run.status, step=run.step, execution_name=execution
         )
 
     def cancel(self, run_id: RunId, body: Annotated[Cancel | None, Body()] = None) -> RunView:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         reason = body.reason if body else ""
         cancelled = wired.client.cancel(run_id, reason=reason, by=_caller(self.app, wired))
-        _count(wired, "RunsCancelled")
+        count_metric(wired, "RunsCancelled")
         wired.logger.info("run cancelled", extra={"run_id": run_id})
         return RunView.of_run(cancelled)
 
     def fork(self, run_id: RunId, body: Annotated[Fork, Body()]) -> Response[RunSetGoing]:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         source = wired.client.get(run_id)
         if body.from_step > source.step:
-            raise _Refusal(
+            raise Refusal(
                 HTTPStatus.BAD_REQUEST,
                 "the run has not reached this step",
                 "from_step",
                 "at most the source's completed steps",
             )
         if body.run_id is not None and wired.client.runtime.store.load_head(body.run_id):
-            raise _Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
+            raise Refusal(HTTPStatus.CONFLICT, "a run has this id", "run_id", "choose another")
         with _rebuilding("from_step", "the state as of this step"):
             try:
                 run = wired.client.fork(run_id, from_step=body.from_step, run_id=body.run_id)
             except ForkRefused as refused:
                 # The agent's own reason (`Agent.fork`): it cannot give the fork its data.
-                raise _Refusal(
+                raise Refusal(
                     HTTPStatus.CONFLICT, "the agent refuses this fork", "from_step", str(refused)
                 ) from None
         execution = wired.launch(run.run_id)
-        _count(wired, "RunsForked")
+        count_metric(wired, "RunsForked")
         wired.logger.info(
             "run forked",
             extra={"run_id": run.run_id, "source": run_id, "from_step": body.from_step},
@@ -634,11 +564,11 @@ class RunsRoutes:
     def send_event(
         self, run_id: RunId, name: EventName, body: Annotated[SendEvent | None, Body()] = None
     ) -> Response[EventSent]:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         given = body or SendEvent()
         sent = wired.client.send_event(run_id, name, given.data, event_id=given.event_id)
-        _count(wired, "DuplicateEvents" if sent.duplicate else "EventsSent")
+        count_metric(wired, "DuplicateEvents" if sent.duplicate else "EventsSent")
         queued = sent.status == "queued"
         return Response(
             status_code=HTTPStatus.ACCEPTED if queued else HTTPStatus.OK,
@@ -647,21 +577,21 @@ class RunsRoutes:
         )
 
     def wake(self, run_id: RunId, body: Annotated[Wake | None, Body()] = None) -> RunView:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         caller = _caller(self.app, wired)
         # The signed identity is always on record; a name given in the body goes beside it.
         by = caller if body is None or body.by is None else f"{body.by} (via {caller})"
         woken = wired.client.wake(run_id, by=by[:MAX_BY_CHARS])
-        _count(wired, "RunsWoken")
+        count_metric(wired, "RunsWoken")
         wired.logger.info("run woken", extra={"run_id": run_id, "step": woken.step})
         return RunView.of_run(woken)
 
     def open_hook(self, run_id: RunId, name: EventName) -> HookOpened:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         opened = wired.client.hook(run_id, name)
-        _count(wired, "HooksOpened")
+        count_metric(wired, "HooksOpened")
         return opened
 
     def get_step_prompt(self, run_id: RunId, step: Annotated[int, Path(ge=1)]) -> StepPrompt:
@@ -679,18 +609,7 @@ class RunsRefusals:
         self.services = services
 
     def refuse(self, status: int, error: str, problems: Sequence[Problem]) -> Response[str]:
-        wired = self.services()
-        if status < HTTPStatus.INTERNAL_SERVER_ERROR:
-            _count(wired, "RequestsRefused")
-        wired.logger.info(
-            "request refused",
-            extra={"status": int(status), "error": error, "fields": [p.field for p in problems]},
-        )
-        return Response(
-            status_code=status,
-            content_type=content_types.APPLICATION_JSON,
-            body=RequestRefused(error=error, problems=list(problems)).model_dump_json(),
-        )
+        return refuse(self.services(), status, error, problems)
 
     def invalid_request(self, error: RequestValidationError) -> Response[str]:
         if any(_where(e) == "response" for e in error.errors()):
@@ -704,8 +623,8 @@ class RunsRefusals:
             # Validation runs before the route: a body that is not JSON (a form, say) was
             # parsed as something else, and its "fields" would quote what was sent.
             try:
-                _require_json(self.app)
-            except _Refusal as not_json:
+                require_json(self.app)
+            except Refusal as not_json:
                 return self.refuse(not_json.status, not_json.error, not_json.problems)
         problems = [_problem(e) for e in error.errors()]
         where = "request body" if all(_is_body(e) for e in error.errors()) else "request"
@@ -784,7 +703,7 @@ class RunsRefusals:
         problem = Problem(field="(path)", message="see docs/openapi.json for the routes")
         return self.refuse(HTTPStatus.NOT_FOUND, "no such route", [problem])
 
-    def refused(self, error: _Refusal) -> Response[str]:
+    def refused(self, error: Refusal) -> Response[str]:
         return self.refuse(error.status, error.error, error.problems)
 
     def unreadable(self, error: RunUnreadable | UnsupportedSchema) -> Response[str]:
@@ -823,14 +742,6 @@ _WAIT_PROBLEMS: dict[type[WaitError], tuple[str, str]] = {
 """The field each refusal of an event or a wake names, and what the API says of it."""
 
 
-class _Refusal(Exception):
-    def __init__(self, status: int, error: str, field: str, message: str) -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.problems = [Problem(field=field, message=message)]
-
-
 @contextmanager
 def _rebuilding(field: str, what: str) -> Iterator[None]:
     """Refuse, naming `field`, a read or fork of a step the run has no record of (404), or
@@ -839,11 +750,11 @@ def _rebuilding(field: str, what: str) -> Iterator[None]:
     try:
         yield
     except NoCheckpointAtStep:
-        raise _Refusal(
+        raise Refusal(
             HTTPStatus.NOT_FOUND, "no checkpoint at this step", field, "the run has none"
         ) from None
     except CheckpointsExpired:
-        raise _Refusal(
+        raise Refusal(
             HTTPStatus.GONE,
             "the run's early checkpoints are past their retention",
             field,
@@ -857,28 +768,13 @@ def _bounded_body(text: str) -> Any:
     return loads(text, field="", max_chars=MAX_BODY_CHARS)
 
 
-def _require_json(app: APIGatewayRestResolver) -> None:
-    """Every POST says it sends JSON, even with no body. A web page can make a browser send a
-    form or a bodiless POST anywhere without asking first (CORS lets "simple" requests
-    through), but not one that claims to be JSON: so no page can start or decide a run
-    through `ratchet serve`, which listens on localhost unsigned."""
-    content_type = app.current_event.headers.get("content-type") or ""
-    if content_type.split(";")[0].strip().lower() != content_types.APPLICATION_JSON:
-        raise _Refusal(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-            "the body must be JSON",
-            "Content-Type",
-            "use application/json",
-        )
-
-
 def _caller(app: APIGatewayRestResolver, services: RunsServices) -> str:
     """The IAM principal that signed the request (API Gateway checked the signature)."""
     identity = app.current_event.request_context.identity
     names = [n for n in (identity.user_arn, identity.caller) if n]
     if not names:
         if services.anonymous_caller is None:
-            raise _Refusal(
+            raise Refusal(
                 HTTPStatus.FORBIDDEN,
                 "the request has no caller identity",
                 "Authorization",
@@ -909,20 +805,6 @@ def _problem(error: dict[str, Any]) -> Problem:
         return Problem(field="(body)", message="the body is not valid JSON")
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return Problem(field=".".join(loc) or "(body)", message=message)
-
-
-def _responses(*codes: int) -> dict[int, OpenAPIResponse]:
-    """The OpenAPI responses of a route: its model for 2xx, `RequestRefused` for the rest."""
-    described: dict[int, OpenAPIResponse] = {}
-    for code in (*codes, HTTPStatus.INTERNAL_SERVER_ERROR):
-        if code < HTTPStatus.BAD_REQUEST:
-            described[code] = {"description": HTTPStatus(code).phrase}
-        else:
-            described[code] = {
-                "description": HTTPStatus(code).phrase,
-                "content": {"application/json": {"model": RequestRefused}},
-            }
-    return described
 
 
 # --- the OpenAPI document ------------------------------------------------------------------------

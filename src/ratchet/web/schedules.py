@@ -28,7 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from ratchet.client import AnswerModel
 from ratchet.errors import ScheduleExists, ScheduleInvalid, ScheduleNotFound, SchedulesNotKept
 from ratchet.schedules import SCHEDULE_NAME, Schedule
-from ratchet.web.runs import Problem, RunsRefusals, RunsServices, _count, _require_json, _responses
+from ratchet.web.routes import (
+    Problem,
+    RunsServices,
+    count_metric,
+    openapi_responses,
+    refuse,
+    require_json,
+)
 
 SCHEDULES_ON_AWS = (
     "schedules on AWS are declared in the project's [tool.ratchet] schedules and deployed "
@@ -134,7 +141,7 @@ class ScheduleRoutes:
         return ScheduleList(schedules=[ScheduleView.of(s) for s in schedules])
 
     def add_schedule(self, body: Annotated[AddSchedule, Body()]) -> Response[ScheduleView]:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         schedule = wired.client.schedule_add(
             body.name,
@@ -144,7 +151,7 @@ class ScheduleRoutes:
             input=body.input,
             timezone=body.timezone,
         )
-        _count(wired, "SchedulesAdded")
+        count_metric(wired, "SchedulesAdded")
         wired.logger.info("schedule added", extra={"schedule": body.name})
         return Response(
             status_code=HTTPStatus.CREATED,
@@ -161,12 +168,12 @@ class ScheduleRoutes:
     def remove_schedule(self, name: ScheduleName) -> ScheduleRemoved:
         wired = self.services()
         wired.client.schedule_remove(name)
-        _count(wired, "SchedulesRemoved")
+        count_metric(wired, "SchedulesRemoved")
         wired.logger.info("schedule removed", extra={"schedule": name})
         return ScheduleRemoved(name=name)
 
     def _pause(self, name: str, *, pause: bool) -> ScheduleView:
-        _require_json(self.app)
+        require_json(self.app)
         wired = self.services()
         schedule = wired.client.schedule_pause(name, pause=pause)
         wired.logger.info(
@@ -176,8 +183,8 @@ class ScheduleRoutes:
 
 
 class ScheduleRefusals:
-    def __init__(self, refusals: RunsRefusals) -> None:
-        self.refuse = refusals.refuse
+    def __init__(self, services: Callable[[], RunsServices]) -> None:
+        self.services = services
 
     def invalid(self, error: ScheduleInvalid) -> Response[str]:
         if isinstance(error, ScheduleExists):
@@ -186,48 +193,48 @@ class ScheduleRefusals:
             status, said = HTTPStatus.NOT_FOUND, "no schedule has this name"
         else:
             status, said = HTTPStatus.BAD_REQUEST, _SAID.get(error.field, error.reason)
-        return self.refuse(status, said, [Problem(field=error.field, message=said)])
+        return refuse(self.services(), status, said, [Problem(field=error.field, message=said)])
 
     def not_kept(self, error: SchedulesNotKept) -> Response[str]:
         problem = Problem(field="(path)", message=SCHEDULES_ON_AWS)
-        return self.refuse(HTTPStatus.NOT_FOUND, "this store keeps no schedules", [problem])
+        return refuse(
+            self.services(), HTTPStatus.NOT_FOUND, "this store keeps no schedules", [problem]
+        )
 
 
-def register(
-    app: APIGatewayRestResolver, services: Callable[[], RunsServices], refusals: RunsRefusals
-) -> None:
+def register(app: APIGatewayRestResolver, services: Callable[[], RunsServices]) -> None:
     """Add the schedules routes, and how their refusals are answered, to the runs API."""
     routes = ScheduleRoutes(app, services)
     app.get(
         "/schedules",
-        responses=_responses(200, 404),
+        responses=openapi_responses(200, 404),
         summary="List schedules",
         operation_id="listSchedules",
     )(routes.list_schedules)
     app.post(
         "/schedules",
-        responses=_responses(201, 400, 404, 409, 413, 415),
+        responses=openapi_responses(201, 400, 404, 409, 413, 415),
         summary="Add a schedule",
         operation_id="addSchedule",
     )(routes.add_schedule)
     app.post(
         "/schedules/<name>/pause",
-        responses=_responses(200, 400, 404, 415),
+        responses=openapi_responses(200, 400, 404, 415),
         summary="Pause a schedule",
         operation_id="pauseSchedule",
     )(routes.pause_schedule)
     app.post(
         "/schedules/<name>/resume",
-        responses=_responses(200, 400, 404, 415),
+        responses=openapi_responses(200, 400, 404, 415),
         summary="Resume a paused schedule",
         operation_id="resumeSchedule",
     )(routes.resume_schedule)
     app.delete(
         "/schedules/<name>",
-        responses=_responses(200, 400, 404),
+        responses=openapi_responses(200, 400, 404),
         summary="Remove a schedule",
         operation_id="removeSchedule",
     )(routes.remove_schedule)
-    answers = ScheduleRefusals(refusals)
+    answers = ScheduleRefusals(services)
     app.exception_handler(ScheduleInvalid)(answers.invalid)
     app.exception_handler(SchedulesNotKept)(answers.not_kept)

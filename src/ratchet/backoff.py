@@ -4,6 +4,9 @@ The engine records the wait in the run's head (`not_before`) with the failed att
 worker honours it. On AWS the state machine's Retry on the step spaces the attempts itself, with
 the same figures (`statemachine/agent_run.asl.json`: IntervalSeconds 5, BackoffRate 3,
 JitterStrategy FULL), so both runtimes back off alike.
+
+On the ground floor, not in the engine: the Anthropic adapter spaces its own tries of a model
+call with it too, and adapters import no engine module.
 """
 
 from __future__ import annotations
