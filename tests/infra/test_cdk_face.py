@@ -48,6 +48,7 @@ PINNED_PROPS = [
     "checkpoint_retention_days",
     "email_sender",
     "event_bus_name",
+    "kms_key_arn",
     "max_concurrent",
     "max_steps_per_invocation",
     "notify_emails",
@@ -62,13 +63,14 @@ PINNED_PROPS = [
     "slack_bot_token_secret_arn",
     "slack_signing_secret_arn",
 ]
-ATTRIBUTES = {
+ATTRIBUTES: dict[str, type] = {
     "api": apigateway.RestApi,
     "checkpoints_table": dynamodb.Table,
     "idempotency_table": dynamodb.Table,
     "app_table": dynamodb.Table,
     "blob_bucket": s3.Bucket,
     "state_machine": sfn.StateMachine,
+    "kms_key": type(None),  # a key with `kms_key_arn` only (tests/infra/test_kms.py)
     "functions": dict,
     "roles": dict,
     "store_url": str,

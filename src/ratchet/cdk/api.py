@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigateway
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -104,10 +105,18 @@ _PUBLIC = {
 
 class RunsApi(Construct):
     def __init__(
-        self, scope: Construct, construct_id: str, *, handlers: Mapping[str, lambda_.IFunction]
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        handlers: Mapping[str, lambda_.IFunction],
+        key: kms.IKey | None = None,
     ) -> None:
+        """`key`: the deployment's own key, which the access and execution logs then use."""
         super().__init__(scope, construct_id)
-        access_logs = logs.LogGroup(self, "AccessLogs", retention=logs.RetentionDays.ONE_MONTH)
+        access_logs = logs.LogGroup(
+            self, "AccessLogs", retention=logs.RetentionDays.ONE_MONTH, encryption_key=key
+        )
         self.rest_api = apigateway.RestApi(
             self,
             "Api",
@@ -159,6 +168,7 @@ class RunsApi(Construct):
             "ExecutionLogs",
             log_group_name=f"API-Gateway-Execution-Logs_{self.rest_api.rest_api_id}/{STAGE}",
             retention=logs.RetentionDays.ONE_MONTH,
+            encryption_key=key,
         )
         self.rest_api.deployment_stage.node.add_dependency(execution_logs)
 

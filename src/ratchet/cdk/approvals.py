@@ -7,8 +7,11 @@ next to the state machine.
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
@@ -39,7 +42,9 @@ class ApprovalChannels(Construct):
         config: DeployConfig,
         functions: Functions,
         public_url: str,
+        key: kms.IKey | None = None,
     ) -> None:
+        """`key`: the deployment's own key, which the link key's secret is then encrypted with."""
         super().__init__(scope, construct_id)
         self.link_key = secretsmanager.Secret(
             self,
@@ -49,6 +54,13 @@ class ApprovalChannels(Construct):
                 password_length=LINK_KEY_CHARS, exclude_punctuation=True
             ),
         )
+        if key is not None:
+            # By the secret's own property rather than `encryption_key`: with that, `grant_read`
+            # would write the readers into a created key's policy and grant nothing on an
+            # imported key; the stack grants each reader itself (`StoreKey.grant_secret`).
+            cast(
+                secretsmanager.CfnSecret, self.link_key.node.default_child
+            ).kms_key_id = key.key_arn
         acknowledge(
             self.link_key,
             "AwsSolutions-SMG4",

@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from constructs import Construct
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from ratchet.cdk.project import AGENT_NAME_PATTERN as AGENT_NAME_PATTERN
 from ratchet.cdk.project import BUILT_IN_AGENTS as BUILT_IN_AGENTS
@@ -94,6 +95,10 @@ class DeployConfig:
     """Bounds on concurrent runs, over each agent's own `max_concurrent`, by a name this
     deployment registers the agent under (`ratchet:maxConcurrent`, e.g. `{"support": 5}`), as
     `RATCHET_MAX_CONCURRENT` takes them: the step function reads them (docs/limits.md)."""
+    kms_key_arn: str | None = None
+    """A customer-managed KMS key (its ARN, in the stack's region) that every store of the stack
+    encrypts with, or `create` for a key the stack makes; none: the AWS managed and AWS owned
+    keys (docs/security.md)."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -386,6 +391,31 @@ def _check_bounded_agents(bounds_json: str, agents: Mapping[str, str], keys: _Ke
         seen[target] = name
 
 
+CREATE_KMS_KEY = "create"
+"""`ratchet:kmsKeyArn=create`: the stack makes the key (rotated yearly, retained with the data)."""
+KMS_KEY_ARN_PATTERN = (
+    r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/"
+    r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|mrk-[0-9a-f]{32})$"
+)
+_KMS_KEY_ARN: TypeAdapter[str] = TypeAdapter(
+    Annotated[str, StringConstraints(strip_whitespace=True, pattern=KMS_KEY_ARN_PATTERN)]
+)
+
+
+def _kms_key(key: str, raw: Any) -> str:
+    """A key's own ARN, not an alias's: IAM grants and key policies name the key itself, and
+    an alias could be pointed at another key after the deploy."""
+    if isinstance(raw, str) and raw.strip() == CREATE_KMS_KEY:
+        return CREATE_KMS_KEY
+    try:
+        return _KMS_KEY_ARN.validate_python(raw, strict=True)
+    except ValidationError:
+        raise ValueError(
+            f"{key} must be a KMS key's ARN (arn:aws:kms:<region>:<account>:key/<key id>, "
+            f"not an alias) or {CREATE_KMS_KEY!r}: {raw!r}"
+        ) from None
+
+
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")
 _EVENT_BUS = re.compile(
     r"^(?:[A-Za-z0-9._\-]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:\d{12}:event-bus/[A-Za-z0-9._\-/]{1,256})$"
@@ -411,6 +441,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "bedrock_models": _bedrock_models,
     "prices": _prices,
     "max_concurrent": _max_concurrent,
+    "kms_key_arn": _kms_key,
     "project": _project,
 }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -153,8 +154,11 @@ class Functions(Construct):
         specs: list[FunctionSpec],
         environment: Mapping[str, str],
         project: Project | None = None,
+        key: kms.IKey | None = None,
     ) -> None:
+        """`key`: the deployment's own key, which the functions' log groups then use."""
         super().__init__(scope, construct_id)
+        self._key = key
         asset = lambda_code(code, project)
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
@@ -172,7 +176,9 @@ class Functions(Construct):
         self, spec: FunctionSpec, code: lambda_.Code, environment: Mapping[str, str]
     ) -> lambda_.Function:
         construct_id = "".join(part.title() for part in spec.name.split("_"))
-        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=LOG_RETENTION)
+        log_group = logs.LogGroup(
+            self, f"{construct_id}Logs", retention=LOG_RETENTION, encryption_key=self._key
+        )
         role = iam.Role(
             self,
             f"{construct_id}Role",

@@ -8,6 +8,9 @@ make no webhook secret. Readable by exactly the functions that derive ids and se
 
 from __future__ import annotations
 
+from typing import cast
+
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
@@ -24,7 +27,15 @@ function opens a run's hook (`POST /runs/{id}/hooks/{name}`), whose answer holds
 
 
 class Webhooks(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, functions: Functions) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: Functions,
+        key: kms.IKey | None = None,
+    ) -> None:
+        """`key`: the deployment's own key, which the hook key's secret is then encrypted with."""
         super().__init__(scope, construct_id)
         self.hook_key = secretsmanager.Secret(
             self,
@@ -34,6 +45,13 @@ class Webhooks(Construct):
                 password_length=HOOK_KEY_CHARS, exclude_punctuation=True
             ),
         )
+        if key is not None:
+            # By the secret's own property rather than `encryption_key`: with that, `grant_read`
+            # would write the readers into a created key's policy and grant nothing on an
+            # imported key; the stack grants each reader itself (`StoreKey.grant_secret`).
+            cast(
+                secretsmanager.CfnSecret, self.hook_key.node.default_child
+            ).kms_key_id = key.key_arn
         acknowledge(
             self.hook_key,
             "AwsSolutions-SMG4",

@@ -15,6 +15,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_s3 as s3
@@ -24,10 +25,11 @@ from constructs import Construct
 
 from ratchet.cdk import contract, functions
 from ratchet.cdk.api import STAGE, RunsApi
-from ratchet.cdk.approvals import ApprovalChannels
+from ratchet.cdk.approvals import BUILDS_LINKS, ApprovalChannels
 from ratchet.cdk.config import PROPS, DeployConfig, profiled_model
+from ratchet.cdk.encryption import StoreKey
 from ratchet.cdk.functions import Functions
-from ratchet.cdk.hooks import Webhooks
+from ratchet.cdk.hooks import READS_HOOK_KEY, Webhooks
 from ratchet.cdk.nag import acknowledge
 from ratchet.cdk.project import Project
 from ratchet.cdk.schedules import Schedules
@@ -147,6 +149,14 @@ STARTS_RUNS = ("api", "schedule")
 """Create runs and start their executions (StartExecution on the machine); refuse at start a
 Bedrock model the step may not invoke (`RATCHET_BEDROCK_MODELS`)."""
 
+CALLS_EXECUTIONS = frozenset(
+    {*STARTS_RUNS, *RESTARTS_SLEEPERS, *STARTS_CHILDREN, "rollover", *ANSWERS_EXECUTIONS}
+    | set(NUDGES_WAITS)
+)
+"""Every function that hands an execution data (StartExecution's input, SendTaskSuccess's and
+SendTaskFailure's output) or stops one: with the deployment's own key, Step Functions encrypts
+and decrypts that data with it, as the caller."""
+
 
 OUTPUTS = (
     "RunsUrl",
@@ -188,6 +198,8 @@ class RatchetAgents(Construct):
     blob_bucket: s3.Bucket
     """Large tool outputs, by content hash under `blobs/`."""
     state_machine: sfn.StateMachine
+    kms_key: kms.IKey | None
+    """The deployment's own key (`kms_key_arn`), which every store uses; none: AWS's keys."""
     functions: dict[str, lambda_.Function]
     """By name: step, notify, decide, mark_failed, api, approvals, open_wait, record_wait,
     hooks, sweep, and rollover and schedule when the machine and the project use them."""
@@ -219,7 +231,9 @@ class RatchetAgents(Construct):
         config = DeployConfig.from_context(self, {**props, "project": project})
         code = RatchetCode.find()
         definition = AslDefinition.load(asl_path or code.state_machine)
-        storage = Storage(self, "Storage")
+        store_key = StoreKey.of(self, config.kms_key_arn) if config.kms_key_arn else None
+        key = store_key.key if store_key is not None else None
+        storage = Storage(self, "Storage", key=key)
 
         state_machine_name = f"{stack.stack_name}-agent-run"
         specs = [functions.STEP, functions.NOTIFY, functions.DECIDE, functions.MARK_FAILED]
@@ -236,6 +250,7 @@ class RatchetAgents(Construct):
             code=code,
             project=config.project,
             specs=specs,
+            key=key,
             environment={
                 contract.CHECKPOINTS_TABLE: storage.checkpoints.table_name,
                 contract.IDEMPOTENCY_TABLE: storage.idempotency.table_name,
@@ -289,6 +304,7 @@ class RatchetAgents(Construct):
             definition=definition,
             functions=lambdas.by_name,
             state_machine_name=state_machine_name,
+            key=key,
         )
         state_machine = workflow.state_machine
         api_function = lambdas["api"]
@@ -393,12 +409,16 @@ class RatchetAgents(Construct):
         if config.project is not None:
             self._give_the_tools(lambdas, config.project)
 
-        api = RunsApi(self, "Runs", handlers=lambdas.by_name)
+        api = RunsApi(self, "Runs", handlers=lambdas.by_name, key=key)
         public_url = config.public_url or api.default_url
         channels = ApprovalChannels(
-            self, "Approvals", config=config, functions=lambdas, public_url=public_url
+            self, "Approvals", config=config, functions=lambdas, public_url=public_url, key=key
         )
-        webhooks = Webhooks(self, "Webhooks", functions=lambdas)
+        webhooks = Webhooks(self, "Webhooks", functions=lambdas, key=key)
+        if store_key is not None:
+            readers = [(name, channels.link_key.secret_arn) for name in BUILDS_LINKS]
+            readers += [(name, webhooks.hook_key.secret_arn) for name in READS_HOOK_KEY]
+            self._grant_key(store_key, lambdas, storage, state_machine_name, readers)
 
         self.api = api.rest_api
         self.checkpoints_table = storage.checkpoints
@@ -406,6 +426,7 @@ class RatchetAgents(Construct):
         self.app_table = storage.app
         self.blob_bucket = storage.blobs
         self.state_machine = state_machine
+        self.kms_key = key
         self.functions = dict(lambdas.by_name)
         self.roles = dict(lambdas.roles)
         self.runs_url = api.rest_api.url_for_path("/runs")
@@ -462,6 +483,32 @@ class RatchetAgents(Construct):
             value=self.store_url,
         )
         CfnOutput(stack, "BlobBucket", value=storage.blobs.bucket_name)
+
+    def _grant_key(
+        self,
+        store_key: StoreKey,
+        lambdas: Functions,
+        storage: Storage,
+        state_machine_name: str,
+        secret_readers: list[tuple[str, str]],
+    ) -> None:
+        """Each function's uses of the deployment's own key, each through the one service that
+        calls KMS for it (docs/security.md): every function reads or writes a table; the
+        functions that get or put blobs; those that start, stop or answer executions; those
+        that read the stack's secrets (function name, secret ARN). The machine's role gets
+        its own from CDK (`CustomerManagedEncryptionConfiguration`)."""
+        for function in lambdas.by_name.values():
+            store_key.grant_tables(function)
+        writers = {"step", *STORES_BLOBS}
+        for name in sorted({"step", *READS_BLOBS, *STORES_BLOBS}):
+            store_key.grant_blobs(lambdas[name], storage.blobs.bucket_arn, writes=name in writers)
+        # The machine's ARN from its name: the machine calls some of these functions, so its
+        # ARN would make each depend on the other.
+        machine = state_machine_arn(self, state_machine_name)
+        for function in lambdas.among(sorted(CALLS_EXECUTIONS)):
+            store_key.grant_executions(function, machine)
+        for name, secret_arn in secret_readers:
+            store_key.grant_secret(lambdas[name], secret_arn)
 
     def _give_the_tools(self, lambdas: Functions, project: Project) -> None:
         """What the project's tools need, on the step function alone (where they run): read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -19,6 +20,7 @@ def _table(
     sort_key: str | None = None,
     ttl_attribute: str | None = None,
     stream: dynamodb.StreamViewType | None = None,
+    key: kms.IKey | None = None,
 ) -> dynamodb.Table:
     return dynamodb.Table(
         scope,
@@ -36,11 +38,15 @@ def _table(
         point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
             point_in_time_recovery_enabled=True
         ),
-        # The AWS managed key (aws/dynamodb) rather than the default AWS owned key: every use of
-        # the key shows in CloudTrail, with no key policy to maintain and no monthly key fee. A
-        # customer managed key would add only cross-account sharing and crypto-shredding, which
-        # nothing here needs.
-        encryption=dynamodb.TableEncryption.AWS_MANAGED,
+        # Without the deployment's own key (`ratchet:kmsKeyArn`), the AWS managed key
+        # (aws/dynamodb) rather than the default AWS owned key: every use of the key shows in
+        # CloudTrail, with no key policy to maintain and no monthly key fee.
+        encryption=(
+            dynamodb.TableEncryption.CUSTOMER_MANAGED
+            if key
+            else dynamodb.TableEncryption.AWS_MANAGED
+        ),
+        encryption_key=key,
         removal_policy=RemovalPolicy.RETAIN,
     )
 
@@ -52,7 +58,8 @@ WAKES_INDEX_NAME = "wakes-owed"
 class Storage(Construct):
     """The run's durable state. Data survives the stack: the tables and buckets are retained."""
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, key: kms.IKey | None = None) -> None:
+        """`key`: the deployment's own key, which the tables and the blob bucket then use."""
         super().__init__(scope, construct_id)
 
         self.checkpoints = _table(
@@ -65,6 +72,7 @@ class Storage(Construct):
             # changes of a run's status come from the commits themselves, so a step that dies
             # right after its commit loses none (ratchet.adapters.dynamodb.stream).
             stream=dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
+            key=key,
         )
         # Run heads by status and last change, for a page of the runs list without a Scan
         # (ratchet.adapters.dynamodb.items.RUNS_INDEX): only head items carry its keys.
@@ -86,12 +94,12 @@ class Storage(Construct):
             non_key_attributes=["wake_how"],
         )
         self.idempotency = _table(
-            self, "Idempotency", partition_key="key", ttl_attribute=TTL_ATTRIBUTE
+            self, "Idempotency", partition_key="key", ttl_attribute=TTL_ATTRIBUTE, key=key
         )
-        self.app = _table(self, "App", partition_key="pk", sort_key="sk")
+        self.app = _table(self, "App", partition_key="pk", sort_key="sk", key=key)
 
         # Who read or wrote which blob. SSE-S3 because S3 log delivery cannot write to a bucket
-        # whose default encryption is SSE-KMS.
+        # whose default encryption is SSE-KMS, with the deployment's own key or any other.
         self.access_logs = s3.Bucket(
             self,
             "AccessLogs",
@@ -105,9 +113,11 @@ class Storage(Construct):
         self.blobs = s3.Bucket(
             self,
             "Blobs",
-            # SSE-KMS with the AWS managed key, like the tables; the bucket key keeps the KMS
-            # request count (and cost) to about one per object batch instead of one per object.
-            encryption=s3.BucketEncryption.KMS_MANAGED,
+            # SSE-KMS with the AWS managed key (or the deployment's own), like the tables; the
+            # bucket key keeps the KMS request count (and cost) to about one per object batch
+            # instead of one per object.
+            encryption=s3.BucketEncryption.KMS if key else s3.BucketEncryption.KMS_MANAGED,
+            encryption_key=key,
             bucket_key_enabled=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,

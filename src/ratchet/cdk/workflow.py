@@ -17,6 +17,7 @@ from typing import Any
 
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -132,9 +133,14 @@ class AgentRunStateMachine(Construct):
         definition: AslDefinition,
         functions: Mapping[str, lambda_.IFunction],
         state_machine_name: str,
+        key: kms.IKey | None = None,
     ) -> None:
+        """`key`: the deployment's own key, which the executions' data (inputs, outputs, the
+        history) and the log group then use; CDK grants the machine's role its uses of it."""
         super().__init__(scope, construct_id)
-        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=logs.RetentionDays.ONE_MONTH, encryption_key=key
+        )
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
@@ -154,6 +160,9 @@ class AgentRunStateMachine(Construct):
                 include_execution_data=False,
             ),
             tracing_enabled=True,
+            encryption_configuration=(
+                sfn.CustomerManagedEncryptionConfiguration(key) if key is not None else None
+            ),
         )
         called = [functions[name] for name in definition.functions]
         if called:
