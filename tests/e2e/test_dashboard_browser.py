@@ -157,9 +157,9 @@ def test_the_dashboard_lists_runs_and_shows_a_resumed_runs_timeline(local, brows
             r"counted as its work started$"
         )
     )
-    expect(page.locator("#timeline tbody tr.gap").first).to_contain_text(
-        "Attempt 1 at step 1 counted before its work started"
-    )
+    # And it is the one attempt row: the attempt each other step counted, then committed, is
+    # bookkeeping, not news
+    expect(page.locator("#timeline tbody tr.gap")).to_have_count(1)
 
     # And the charts of step duration and bytes written are drawn, one mark per step/write
     charts = page.locator("svg.chart")

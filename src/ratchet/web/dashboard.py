@@ -653,6 +653,12 @@ def _died(checkpoints: Sequence[Checkpoint]) -> dict[int, list[int]]:
 
 def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) -> str:
     """The `versions` with no record just before `after` (None: the latest), in words."""
+    if after is not None and after.event == "attempt_failed" and after.attempt is not None:
+        # The failed attempt's record is filed under the run's committed step, the one before.
+        return (
+            f"Attempt {after.attempt} at step {after.step + 1} counted before its work started "
+            "(a write to the head alone, with no record of its own)"
+        )
     if after is None or after.event != "step" or after.attempt is None:
         return UNRECORDED_VERSIONS[0].upper() + UNRECORDED_VERSIONS[1:]
     if died:
@@ -669,6 +675,17 @@ def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) 
     )
 
 
+def _only_counted(after: Checkpoint | None, died: Sequence[int], versions: int) -> bool:
+    """Whether the `versions` with no record just before `after` did nothing but count the
+    attempt that `after` committed on the first try (a step, or the run's end): every step
+    writes one, and a row for each would bury the attempts that failed or were abandoned."""
+    if after is None or died or versions != 1:
+        return False
+    if after.event == "step":
+        return after.attempt == 1
+    return after.event == "finished" and after.status is not RunStatus.FAILED
+
+
 def _timeline_rows(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
     shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
@@ -682,7 +699,10 @@ def _timeline_rows(timeline: Timeline) -> str:
         if isinstance(item, str):
             after = by_version.get(spans[item] + 1)
             first, last = next(g for g in gaps if version_span(*g) == item)
-            said = _gap_text(after, died.get(after.version, []) if after else [], last - first + 1)
+            died_there = died.get(after.version, []) if after else []
+            if _only_counted(after, died_there, last - first + 1):
+                continue
+            said = _gap_text(after, died_there, last - first + 1)
             rows.append(
                 f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>{e(said)}</td></tr>"
             )
@@ -842,7 +862,9 @@ def run_page(timeline: Timeline) -> str:
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
         f"<tbody>{_timeline_rows(timeline)}</tbody></table></div>"
-        "<p class='note'>A step's number links to the run's state as of that step.</p>"
+        "<p class='note'>A step's number links to the run's state as of that step. A version "
+        "with no row counted the attempt that committed the row after it (a write to the head "
+        "alone); attempts that failed or were abandoned have rows.</p>"
         f"{_approvals(timeline.approvals)}{_deliveries(timeline.deliveries)}"
     )
     return _page(f"Run {run.run_id}", body, refresh=REFRESH_SECONDS.get(run.status))
