@@ -383,7 +383,28 @@ text-decoration:none;font-weight:600}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;font-size:14px;margin:8px 0}
 dt{color:#5b6475}dd{margin:0}
 .charts{display:flex;flex-wrap:wrap;gap:16px}svg{background:#fbfbfc;border-radius:6px}
+#timeline{table-layout:fixed;min-width:1100px}#timeline td{overflow-wrap:anywhere}
+.c-version{width:64px}.c-step{width:40px}.c-what{width:120px}.c-worker{width:110px}
+.c-result{width:200px}.c-duration{width:80px}.c-bytes{width:60px}.c-attempt{width:90px}
+.c-time{width:70px}
 """
+"""The timeline's columns are as wide as the card (1,100 px, its width from a 1,156 px window),
+so long words (a checksum, a path) wrap inside their cells rather than widen the table past the
+card. Every column but the tool call's has its width; the call takes the rest, wide enough for
+a tool's name and its first argument on one line. A narrower window scrolls the table."""
+
+_TIMELINE_COLUMNS = (
+    "version",
+    "step",
+    "what",
+    "call",
+    "result",
+    "worker",
+    "duration",
+    "bytes",
+    "attempt",
+    "time",
+)
 
 
 REFRESH_SECONDS = {RunStatus.RUNNING: 5, RunStatus.WAITING: 30}
@@ -704,7 +725,7 @@ def _timeline_rows(timeline: Timeline) -> str:
                 continue
             said = _gap_text(after, died_there, last - first + 1)
             rows.append(
-                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>{e(said)}</td></tr>"
+                f"<tr class='gap'><td>{item}</td><td></td><td colspan='8'>{e(said)}</td></tr>"
             )
             continue
         c = shown[item]
@@ -857,7 +878,9 @@ def run_page(timeline: Timeline) -> str:
         )
         + "</div>"
         f"<h2>Timeline</h2>{_older_note(timeline)}{retried_note}"
-        "<div class='wide'><table id='timeline'><thead><tr><th>version</th><th>step</th>"
+        "<div class='wide'><table id='timeline'><colgroup>"
+        + "".join(f"<col class='c-{name}'>" for name in _TIMELINE_COLUMNS)
+        + "</colgroup><thead><tr><th>version</th><th>step</th>"
         "<th>what happened</th>"
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
