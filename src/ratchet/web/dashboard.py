@@ -384,9 +384,9 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;font-size:14p
 dt{color:#5b6475}dd{margin:0}
 .charts{display:flex;flex-wrap:wrap;gap:16px}svg{background:#fbfbfc;border-radius:6px}
 #timeline{table-layout:fixed;min-width:1100px}#timeline td{overflow-wrap:anywhere}
-.c-version{width:64px}.c-step{width:40px}.c-what{width:120px}.c-worker{width:110px}
-.c-result{width:200px}.c-duration{width:80px}.c-bytes{width:60px}.c-attempt{width:90px}
-.c-time{width:70px}
+.c-version{width:60px}.c-step{width:40px}.c-what{width:140px}.c-result{width:170px}
+.c-worker{width:96px}.c-duration{width:76px}.c-bytes{width:60px}.c-attempt{width:90px}
+.c-time{width:84px}
 """
 """The timeline's columns are as wide as the card (1,100 px, its width from a 1,156 px window),
 so long words (a checksum, a path) wrap inside their cells rather than widen the table past the
