@@ -50,6 +50,16 @@ class ApprovalStatus(StrEnum):
         return self is not ApprovalStatus.PENDING
 
 
+class RecentStep(BaseModel):
+    """A step done before a request, as its message and its page show it (the result cut)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    tool: str
+    result: str
+
+
 class Approval(BaseModel):
     """One request for a person's decision on one waiting step of a run."""
 
@@ -78,6 +88,10 @@ class Approval(BaseModel):
     """That call's arguments, as its step record keeps them (a preview of large ones)."""
     answer: dict[str, Any] | None = None
     """The answer given with the approval, for a request that asked for one."""
+    recent: list[RecentStep] = Field(default_factory=list)
+    """The steps before the asking one that the request's page shows, as they were when it was
+    opened: what the person saw when deciding. Once decided, the run has moved on and its
+    window no longer holds them all. Empty for a request an older Ratchet opened."""
 
     def is_expired(self, now: datetime) -> bool:
         return now >= self.expires_at
@@ -143,14 +157,6 @@ def expired_verdict(timeout_seconds: int) -> Verdict:
     return Verdict(
         approved=False, by=EXPIRED_BY, comment=f"approval expired after {timeout_seconds} s"
     )
-
-
-class RecentStep(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    step: int
-    tool: str
-    result: str
 
 
 class Invitation(BaseModel):

@@ -20,7 +20,7 @@ from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalError, ApprovalExpired
 from ratchet.ports import ApprovalBook
-from ratchet.waits import Approval, ApprovalStatus, Verdict
+from ratchet.waits import Approval, ApprovalStatus, RecentStep, Verdict
 from tests.dynamodb_support import SETTINGS, moto_tables, scan
 
 if TYPE_CHECKING:
@@ -186,6 +186,26 @@ def test_a_decided_approval_still_holds_what_was_asked(backend):
     assert kept is not None
     assert (kept.prompt, kept.details) == (asked.prompt, asked.details)
     assert (kept.tool, kept.arguments) == (asked.tool, asked.arguments)
+
+
+def test_a_decided_or_closed_approval_still_holds_the_steps_its_page_showed(backend):
+    # The page lists, once decided, the steps the person saw pending, from the record alone:
+    # by then the run's window has moved on past them.
+    recent = [
+        RecentStep(step=1, tool="lookup", result="Order A-1042: 2 lines, 120 EUR"),
+        RecentStep(step=2, tool="check_stock", result="Line 2 <damaged> & returned"),
+    ]
+    decided = backend.book.open(approval(1).model_copy(update={"recent": recent}))
+    closed = backend.book.open(approval(2, step=4).model_copy(update={"recent": recent[:1]}))
+
+    backend.book.settle(decided, APPROVE, channel="link", at=T0 + timedelta(hours=1))
+    backend.book.close("run-1", 4, ApprovalStatus.EXPIRED, at=T0 + DAY)
+
+    kept = {a.approval_id: a for a in backend.book.of_run("run-1")}
+    assert kept[decided.approval_id].status is ApprovalStatus.APPROVED
+    assert kept[decided.approval_id].recent == recent
+    assert kept[closed.approval_id].status is ApprovalStatus.EXPIRED
+    assert kept[closed.approval_id].recent == recent[:1]
 
 
 def test_settle_decides_once_and_a_second_decision_changes_nothing(backend):

@@ -90,6 +90,25 @@ agent = Agent(
 AGENT = f"{__name__}:agent"
 
 
+def notes_around_an_ask(view: StepView) -> ToolCall | Done:
+    """`params.before` notes, then ask a person, then `params.after` notes, then finish."""
+    before, after = int(view.params["before"]), int(view.params["after"])
+    if view.step == before + 1:
+        return ToolCall(name="ask", arguments={"text": "may I?"})
+    if view.step <= before + 1 + after:
+        return ToolCall(name="note", arguments={"text": f"fact {view.step}"})
+    return Done(summary="noted around the ask")
+
+
+asks_late = Agent(
+    name="asks-late",
+    tools=agent.tools,
+    goal="Note facts, ask, note more",
+    policy=notes_around_an_ask,
+)
+ASKS_LATE = f"{__name__}:asks_late"
+
+
 # --- the local runtime behind `ratchet serve` --------------------------------------------------
 
 
@@ -122,10 +141,17 @@ class Local:
         app = build_app(lambda: self.services)
         self.client = Client(wsgi_app([("/approvals/", app), ("/slack/", app)]))
 
-    def park(self, run_id: str = "run-1", *, asks: int = 1) -> Parked:
+    def park(
+        self,
+        run_id: str = "run-1",
+        *,
+        asks: int = 1,
+        agent_name: str = AGENT,
+        params: dict[str, Any] | None = None,
+    ) -> Parked:
         """Start a run, work it until it waits for a person, and open its request."""
-        options = RunOptions(model="scripted", params={"asks": asks})
-        state = RunState(run_id=run_id, agent=AGENT, goal=agent.goal, options=options)
+        options = RunOptions(model="scripted", params={"asks": asks, **(params or {})})
+        state = RunState(run_id=run_id, agent=agent_name, goal=agent.goal, options=options)
         assert self.engine.start(state)
         self.work(run_id)
         assert self.head(run_id).status is RunStatus.WAITING
@@ -372,6 +398,34 @@ def test_a_decided_link_still_shows_what_was_asked_after_the_run_finished(local,
     for name, value in DETAILS.items():
         shown = html.escape(value if isinstance(value, str) else json.dumps(value))
         assert f"<th>{html.escape(name)}</th><td><code>{shown}</code>" in page
+
+
+def steps_listed(response: TestResponse) -> list[str]:
+    """The steps before the request that its page lists, as text."""
+    found = re.search(r"<ul class='steps' id='before'>(.*?)</ul>", response.get_data(as_text=True))
+    assert found is not None
+    items = re.findall(r"<li>(.*?)</li>", found[1])
+    return [html.unescape(re.sub(r"<[^>]+>", "", item)) for item in items]
+
+
+def test_a_decided_link_lists_the_steps_its_pending_page_listed(local):
+    # Given a run that asked at step 5, after four notes, and what its pending page lists
+    parked = local.park(agent_name=ASKS_LATE, params={"before": 4, "after": 3})
+    assert parked.approval.step == 5
+    pending = steps_listed(local.client.get(parked.link))
+
+    # When it is approved and the run goes on, its window moving past the steps before the ask
+    post(local, parked.link, "decision=approve")
+    local.work(parked.run_id)
+    assert local.head(parked.run_id).status is RunStatus.DONE
+    assert min(r.step for r in local.head(parked.run_id).tool_results) > 2
+
+    # Then the decided page lists the same steps: those the person saw when deciding
+    decided = local.client.get(parked.link)
+    assert title(decided) == "Already decided"
+    assert pending == [f"Step {n}, note: noted: fact {n}" for n in (2, 3, 4)]
+    assert steps_listed(decided) == pending
+    assert [r.step for r in local.approval(parked).recent] == [2, 3, 4]
 
 
 def test_opening_a_decided_link_says_who_decided(local, parked):

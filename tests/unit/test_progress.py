@@ -1,14 +1,23 @@
-"""The pure parts of progress output (`ratchet.cli.progress`) and the option bounds the CLI keeps
-beside the modules that own them."""
+"""The pure parts of progress output (`ratchet.cli.progress`), the bar a terminal is shown, and
+the option bounds the CLI keeps beside the modules that own them."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 
 from ratchet.cli import options
-from ratchet.cli.progress import StepLine, json_object, line_of_state, plain_line, position
+from ratchet.cli.progress import (
+    ProgressPrinter,
+    StepLine,
+    json_object,
+    line_of_state,
+    plain_line,
+    position,
+)
 from ratchet.ports import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from ratchet.runs import MAX_BATCHES, MAX_STEPS, MAX_TOOL_LATENCY_MS
 from ratchet.state import Message, RunOptions, RunState, RunStatus, ToolOutput
@@ -129,3 +138,34 @@ def test_a_step_line_shows_a_tools_escapes_escaped():
     )
 
     assert plain_line(line) == "r1  step 1  shout() -> \\x1b]0;x\\x07"
+
+
+class Terminal(io.StringIO):
+    """What rich draws on a terminal, kept: a stream that says it is one."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_bar_drawn_with_a_steps_line_counts_that_step():
+    # Given a live display on a terminal, and a run of 3 batches
+    terminal = Terminal()
+    lines = [
+        StepLine("r1", n, "running", "copy_batch", f"batch={n}", "ok", 1.0, n, 3) for n in (1, 2, 3)
+    ]
+
+    # When each step's line is shown
+    with ProgressPrinter(stream=terminal) as printer:
+        for line in lines:
+            printer.show(line)
+
+    # Then the bar drawn with each line (printing redraws it) counts the step just committed,
+    # not the one before
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())
+    counts = []
+    for line in lines:
+        after = drawn[drawn.index(plain_line(line)) + len(plain_line(line)) :]
+        bar = re.search(r"r1 [━╺╸ ]+ (\d+)/3", after)
+        assert bar is not None, after
+        counts.append(int(bar[1]))
+    assert counts == [1, 2, 3]

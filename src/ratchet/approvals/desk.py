@@ -139,6 +139,7 @@ class ApprovalDesk:
             details=run.waiting.request.details,
             tool=asking.tool if asking else None,
             arguments=asking.arguments if asking else {},
+            recent=steps_before(run, run.step),
             approval_id=secrets.token_urlsafe(16),
             run_id=run_id,
             step=run.step,
@@ -440,6 +441,17 @@ def decided_text(approval: Approval) -> str:
         return "closed: the run was decided another way or stopped waiting"
     when = approval.decided_at.strftime(" at %Y-%m-%d %H:%M UTC") if approval.decided_at else ""
     return f"{approval.status.value} by {approval.decided_by}{when}"
+
+
+def steps_before(run: RunState, step: int) -> list[RecentStep]:
+    """The last `RECENT_STEPS_SHOWN` steps the run's window holds before `step`, their results
+    cut: what a request's page shows of what led to it. The asking step's own result only
+    repeats the question; steps after it are not what the person was asked about."""
+    done = [r for r in run.tool_results if r.step < step][-RECENT_STEPS_SHOWN:]
+    return [
+        RecentStep(step=r.step, tool=r.tool, result=_clip(r.text, RESULT_PREVIEW_CHARS))
+        for r in done
+    ]
 
 
 def _clip(text: str, limit: int) -> str:

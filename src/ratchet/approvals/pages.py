@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.approvals.answers import FORM_PREFIX, AnswerField, answer_fields
-from ratchet.approvals.desk import RECENT_STEPS_SHOWN, ApprovalView, decided_text
+from ratchet.approvals.desk import ApprovalView, decided_text, steps_before
 from ratchet.state import ApprovalRequest
 from ratchet.waits import MAX_COMMENT_CHARS, ApprovalStatus
 
@@ -120,19 +120,19 @@ def _request_summary(view: ApprovalView) -> str:
     ]
     if rows:
         parts.append(f"<table id='asked'>{''.join(rows)}</table>")
+    # The steps the request kept when it was opened, so the page shows, decided, what the
+    # person saw pending: by then the run's window has moved on past some of them. A request
+    # an older Ratchet opened kept none: the window, as it stands, is all there is.
+    recent = approval.recent or (steps_before(run, approval.step) if run is not None else [])
+    if recent:
+        items = "".join(
+            f"<li>Step {r.step}, <b>{e(r.tool)}</b>: {e(r.result)}</li>" for r in recent
+        )
+        parts.append(
+            f"<p class='note'>The last steps before step {approval.step}:</p>"
+            f"<ul class='steps' id='before'>{items}</ul>"
+        )
     if run is not None:
-        # The asking step's own result only repeats the question; steps after it (the run
-        # went on once decided) are not what the person was asked about.
-        done = [r for r in run.tool_results if r.step < approval.step]
-        recent = done[-RECENT_STEPS_SHOWN:]
-        if recent:
-            items = "".join(
-                f"<li>Step {r.step}, <b>{e(r.tool)}</b>: {e(r.text[:300])}</li>" for r in recent
-            )
-            parts.append(
-                f"<p class='note'>The last steps before step {approval.step}:</p>"
-                f"<ul class='steps' id='before'>{items}</ul>"
-            )
         parts.append(f"<p class='note'>Goal: {e(run.goal[:500])}</p>")
     return "".join(parts)
 

@@ -218,13 +218,16 @@ class ProgressPrinter:
             self.stream.write(plain_line(line) + "\n")
             self.stream.flush()
             return
-        self._progress.console.print(plain_line(line), markup=False)
         if line.total is not None:
+            # The bar moves first, and is drawn again then: printing the line redraws the bar
+            # as last drawn, which without this would count the step before until the next
+            # tick of rich's refresh (a whole step behind, at a step every few milliseconds).
             task = self._tasks.get(line.run_id)
             if task is None:
                 task = self._progress.add_task(line.run_id, total=line.total)
                 self._tasks[line.run_id] = task
-            self._progress.update(task, completed=line.done)
+            self._progress.update(task, completed=line.done, refresh=True)
+        self._progress.console.print(plain_line(line), markup=False)
 
     def say(self, text: str) -> None:
         """A line that is not a step (a lease waited for), in the same output."""

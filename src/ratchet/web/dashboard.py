@@ -383,7 +383,28 @@ text-decoration:none;font-weight:600}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 14px;font-size:14px;margin:8px 0}
 dt{color:#5b6475}dd{margin:0}
 .charts{display:flex;flex-wrap:wrap;gap:16px}svg{background:#fbfbfc;border-radius:6px}
+#timeline{table-layout:fixed;min-width:1100px}#timeline td{overflow-wrap:anywhere}
+.c-version{width:60px}.c-step{width:40px}.c-what{width:140px}.c-result{width:170px}
+.c-worker{width:96px}.c-duration{width:76px}.c-bytes{width:60px}.c-attempt{width:90px}
+.c-time{width:84px}
 """
+"""The timeline's columns are as wide as the card (1,100 px, its width from a 1,156 px window),
+so long words (a checksum, a path) wrap inside their cells rather than widen the table past the
+card. Every column but the tool call's has its width; the call takes the rest, wide enough for
+a tool's name and its first argument on one line. A narrower window scrolls the table."""
+
+_TIMELINE_COLUMNS = (
+    "version",
+    "step",
+    "what",
+    "call",
+    "result",
+    "worker",
+    "duration",
+    "bytes",
+    "attempt",
+    "time",
+)
 
 
 REFRESH_SECONDS = {RunStatus.RUNNING: 5, RunStatus.WAITING: 30}
@@ -653,6 +674,12 @@ def _died(checkpoints: Sequence[Checkpoint]) -> dict[int, list[int]]:
 
 def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) -> str:
     """The `versions` with no record just before `after` (None: the latest), in words."""
+    if after is not None and after.event == "attempt_failed" and after.attempt is not None:
+        # The failed attempt's record is filed under the run's committed step, the one before.
+        return (
+            f"Attempt {after.attempt} at step {after.step + 1} counted before its work started "
+            "(a write to the head alone, with no record of its own)"
+        )
     if after is None or after.event != "step" or after.attempt is None:
         return UNRECORDED_VERSIONS[0].upper() + UNRECORDED_VERSIONS[1:]
     if died:
@@ -669,6 +696,17 @@ def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) 
     )
 
 
+def _only_counted(after: Checkpoint | None, died: Sequence[int], versions: int) -> bool:
+    """Whether the `versions` with no record just before `after` did nothing but count the
+    attempt that `after` committed on the first try (a step, or the run's end): every step
+    writes one, and a row for each would bury the attempts that failed or were abandoned."""
+    if after is None or died or versions != 1:
+        return False
+    if after.event == "step":
+        return after.attempt == 1
+    return after.event == "finished" and after.status is not RunStatus.FAILED
+
+
 def _timeline_rows(timeline: Timeline) -> str:
     run_id = timeline.run.run_id
     shown = timeline.checkpoints[-MAX_TIMELINE_ROWS:]
@@ -682,9 +720,12 @@ def _timeline_rows(timeline: Timeline) -> str:
         if isinstance(item, str):
             after = by_version.get(spans[item] + 1)
             first, last = next(g for g in gaps if version_span(*g) == item)
-            said = _gap_text(after, died.get(after.version, []) if after else [], last - first + 1)
+            died_there = died.get(after.version, []) if after else []
+            if _only_counted(after, died_there, last - first + 1):
+                continue
+            said = _gap_text(after, died_there, last - first + 1)
             rows.append(
-                f"<tr class='gap'><td>{item}</td><td></td><td colspan='9'>{e(said)}</td></tr>"
+                f"<tr class='gap'><td>{item}</td><td></td><td colspan='8'>{e(said)}</td></tr>"
             )
             continue
         c = shown[item]
@@ -837,12 +878,16 @@ def run_page(timeline: Timeline) -> str:
         )
         + "</div>"
         f"<h2>Timeline</h2>{_older_note(timeline)}{retried_note}"
-        "<div class='wide'><table id='timeline'><thead><tr><th>version</th><th>step</th>"
+        "<div class='wide'><table id='timeline'><colgroup>"
+        + "".join(f"<col class='c-{name}'>" for name in _TIMELINE_COLUMNS)
+        + "</colgroup><thead><tr><th>version</th><th>step</th>"
         "<th>what happened</th>"
         "<th>tool call</th><th>result</th><th>worker</th><th>duration</th><th>bytes</th>"
         "<th>attempt</th><th>time</th></tr></thead>"
         f"<tbody>{_timeline_rows(timeline)}</tbody></table></div>"
-        "<p class='note'>A step's number links to the run's state as of that step.</p>"
+        "<p class='note'>A step's number links to the run's state as of that step. A version "
+        "with no row counted the attempt that committed the row after it (a write to the head "
+        "alone); attempts that failed or were abandoned have rows.</p>"
         f"{_approvals(timeline.approvals)}{_deliveries(timeline.deliveries)}"
     )
     return _page(f"Run {run.run_id}", body, refresh=REFRESH_SECONDS.get(run.status))
