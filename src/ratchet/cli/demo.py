@@ -159,7 +159,11 @@ class _Demo:
                     process.kill()
                     raise TimeoutError(f"{label} did not finish in {TIMEOUT_SECONDS:.0f} s")
                 state = self.head()
-                progress.update(task, completed=state.step, status=state.status.value)
+                # The last decision ends the run without a step of its own: a run done is
+                # every step of the bar.
+                done = state.status is RunStatus.DONE
+                completed = self.total_steps if done else state.step
+                progress.update(task, completed=completed, status=state.status.value)
                 time.sleep(0.05)
         return process.wait()
 
