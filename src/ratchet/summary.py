@@ -194,6 +194,18 @@ def interleaved(versions: Sequence[int], gaps: Iterable[tuple[int, int]]) -> Ite
         yield version_span(*gap)
 
 
+def only_counted(event: str | None, attempt: int | None, status: str | None, versions: int) -> bool:
+    """Whether `versions` with no record, just before a record of `event` (None: none after
+    them), did nothing but count the attempt that record committed on the first try (a step,
+    or the run's end): every step writes one, and a row for each would bury the attempts that
+    failed or were abandoned, which a history shows."""
+    if versions != 1:
+        return False
+    if event == "step":
+        return attempt == 1
+    return event == "finished" and status != "failed"
+
+
 def version_span(first: int, last: int) -> str:
     """A run of versions without a row, as `interleaved` yields it: `"3"`, `"3..5"`."""
     return f"{first}" if first == last else f"{first}..{last}"

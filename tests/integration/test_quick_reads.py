@@ -237,7 +237,7 @@ def test_the_store_holds_what_the_comparison_needs(store):
     assert {r["status"] for r in listed} == quick.STATUSES
     assert kinds == {"created", "step", "decided", "attempt_failed", "finished", "retried"}
     assert priced["cost_usd"] > 0
-    assert "attempt counted (no record)" in both(url, ["history", "done"])[1]
+    assert "attempt counted (no record)" in both(url, ["history", "run"])[1]
 
 
 def test_a_run_priced_by_ratchet_prices_names_them_the_same_on_both_paths(store):

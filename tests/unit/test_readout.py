@@ -137,6 +137,20 @@ def test_history_explains_versions_without_a_row_and_fits_a_narrow_terminal():
     assert "…" in narrow
 
 
+def test_history_leaves_out_an_attempt_counted_then_committed_and_keeps_a_retried_one():
+    rows = [
+        _row(1, "created"),
+        {**_row(3, "step committed", tool="write"), "attempt": 1},
+        {**_row(5, "step committed", tool="write"), "attempt": 2},
+    ]
+
+    said = readout.history_text(rows, head_version=5)
+
+    assert [line.split()[0] for line in said.splitlines()[2:-1]] == ["1", "3", "4", "5"]
+    assert "attempt counted (no record)" in said.splitlines()[4]
+    assert said.splitlines()[-1].startswith("Versions without a row: attempts counted")
+
+
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07\u202e\x9b"
 
 

@@ -22,9 +22,11 @@ from ratchet.summary import (
     argument_summary,
     interleaved,
     iso,
+    only_counted,
     shorten,
     usage_totals,
     version_gaps,
+    version_span,
     wait_kind,
 )
 from ratchet.untrusted import for_terminal, json_for_terminal
@@ -327,16 +329,25 @@ def history_text(
     per run of versions no checkpoint records (explained under the table). Given the
     terminal's `width`, the two columns of words are cut to fit it."""
     versions = [r["version"] for r in rows]
+    by_version = {r["version"]: r for r in rows}
+    gaps = version_gaps(versions, head_version, first=first)
     lines: list[list[str]] = []
-    for item in interleaved(versions, version_gaps(versions, head_version, first=first)):
+    for item in interleaved(versions, gaps):
         if isinstance(item, str):
+            first_missing, last_missing = next(g for g in gaps if version_span(*g) == item)
+            after = by_version.get(last_missing + 1)
+            missing = last_missing - first_missing + 1
+            if after is not None and only_counted(
+                after["event"], after.get("attempt"), after["status"], missing
+            ):
+                continue  # an attempt counted, then committed: every step has one
             lines.append([item, "", "", "attempt counted (no record)", "", "", "", "", ""])
         else:
             lines.append(_history_line(rows[item]))
     if width is not None:
         _fit(lines, width)
     said = table(HISTORY_COLUMNS, lines)
-    if any(line[3] == "attempt counted (no record)" for line in lines):
+    if gaps:
         said += f"Versions without a row: {UNRECORDED_VERSIONS}.\n"
     return said
 

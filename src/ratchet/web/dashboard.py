@@ -50,6 +50,7 @@ from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
     interleaved,
+    only_counted,
     shorten,
     version_gaps,
     version_span,
@@ -698,13 +699,10 @@ def _gap_text(after: Checkpoint | None, died: Sequence[int], versions: int = 1) 
 
 def _only_counted(after: Checkpoint | None, died: Sequence[int], versions: int) -> bool:
     """Whether the `versions` with no record just before `after` did nothing but count the
-    attempt that `after` committed on the first try (a step, or the run's end): every step
-    writes one, and a row for each would bury the attempts that failed or were abandoned."""
-    if after is None or died or versions != 1:
+    attempt that `after` committed on the first try (`ratchet.summary.only_counted`)."""
+    if after is None or died:
         return False
-    if after.event == "step":
-        return after.attempt == 1
-    return after.event == "finished" and after.status is not RunStatus.FAILED
+    return only_counted(after.event, after.attempt, after.status.value, versions)
 
 
 def _timeline_rows(timeline: Timeline) -> str:
