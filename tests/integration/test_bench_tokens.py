@@ -21,6 +21,7 @@ from bench.tokens import (
 from ratchet.adapters.anthropic_model import AnthropicModel, anthropic_client
 from ratchet.engine.prompt import step_prompt_template
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 STEPS = 60
 STEP_BYTES = ARGUMENT_BYTES + RESULT_BYTES
 """What a step of the scripted agent adds to a transcript, before JSON escaping."""
@@ -165,3 +166,15 @@ def test_the_table_prints_the_columns_said_with_totals_over_every_step(
     ratio = sum(s.bytes for s in window_5.transcript) / sum(s.bytes for s in window_5.ratchet)
     assert total[7] == f"{ratio:.2f}x"
     print(printed)
+
+
+def test_the_docs_quote_the_bench_as_it_prints(window_5: Comparison) -> None:
+    performance = (DOCS / "performance.md").read_text(encoding="utf-8")
+    section = performance.split("## What a step sends the model", 1)[1].split("\n## ", 1)[0]
+    quoted = section.split("```\n", 2)[1].removesuffix("\n")
+    limits = " ".join((DOCS / "limits.md").read_text(encoding="utf-8").split())
+    ratio_60 = window_5.transcript[STEPS - 1].bytes / window_5.ratchet[STEPS - 1].bytes
+    ratio_run = sum(s.bytes for s in window_5.transcript) / sum(s.bytes for s in window_5.ratchet)
+
+    assert quoted == report(window_5)
+    assert f"sends {ratio_60:.2f}x that at step 60 and {ratio_run:.2f}x over 60 steps" in limits
