@@ -58,6 +58,7 @@ bench: $(VENV)/.synced
 	$(VENV)/bin/python -m bench.many_runs
 	$(VENV)/bin/python -m bench.trace_cost
 	$(VENV)/bin/python -m bench.aws_cost
+	$(VENV)/bin/python -m bench.tokens
 
 # Breaks each guarantee's code on purpose, one committed mutation (mutants/*.toml) at a time, and
 # runs the tests that guard it: every mutant must be killed (bench/mutants.py). Minutes, not in
