@@ -54,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     said = help_text(os.environ) if args == ["--help"] else answer(args, os.environ)
     if said is None:
+        from ratchet.cli import quick_writes
+
+        if quick_writes.main(args, os.environ):
+            return
         from ratchet.cli.app import main as full
 
         full(args)
