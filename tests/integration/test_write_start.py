@@ -25,7 +25,7 @@ UNUSED = (
 """What neither command uses, and so must not load."""
 BUDGET = 425
 """The most modules either command may have loaded when it exits (the interpreter's own
-included). `start` loaded 519 before issue 36, 467 with its lazy imports and 418 through the
+included). `start` loaded 519 before issue 36, 467 with its lazy imports and 414 through the
 entry point's own reading of its options, without typer; a new import at the top of a module on
 their path shows here first, with the modules it brought."""
 
