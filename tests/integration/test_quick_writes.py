@@ -21,7 +21,7 @@ import typer
 
 import ratchet
 from ratchet.cli import app as cli
-from ratchet.cli import options, quick_writes
+from ratchet.cli import options, quick_writes, writes
 
 WAITING = "waiting"
 """A run parked for a person's approval."""
@@ -183,6 +183,21 @@ def test_a_write_says_and_stores_the_same_on_both_paths(base, tmp_path, commands
     )
 
     assert quick_said == full_said
+    assert quick_store == full_store
+
+
+def test_ctrl_c_in_a_write_ends_alike_on_both_paths(base, tmp_path, monkeypatch):
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C as the run is about to be written: on both paths the same functions run.
+    monkeypatch.setattr(writes, "say_if_paid", interrupted)
+
+    (quick_said, quick_store), (full_said, full_store) = _on_both_paths(
+        base, tmp_path / "store", SAME["start"]
+    )
+
+    assert quick_said == full_said == [(130, "", "")]
     assert quick_store == full_store
 
 

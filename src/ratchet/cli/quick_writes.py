@@ -15,6 +15,9 @@ tests/integration/test_quick_writes.py holds both paths' output, exit codes and 
 
 from __future__ import annotations
 
+import os
+import sys
+
 from ratchet.cli.argv import LOG_JSON, STORE, arrange
 from ratchet.untrusted import is_utf8
 
@@ -86,11 +89,12 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
     try:
         acts[name](**given)
     except KeyboardInterrupt:
-        # What click does with Ctrl-C (an empty line, then `Abort`), and `app.main` with that.
-        import sys
-
-        sys.stderr.write("\n")
-        refuse("aborted", code=1)
+        sys.exit(130)  # as typer ends a command interrupted by Ctrl-C, saying nothing
+    except BrokenPipeError:
+        # As typer ends a command whose reader went away (`| head -0`): exit 1, and no
+        # complaint at exit about the output it could not flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except ImportInterrupted as error:
         refuse(str(error), code=130)
     except AbandonedCallRunning as error:
