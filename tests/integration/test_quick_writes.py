@@ -102,7 +102,8 @@ def _on_both_paths(
         shutil.copytree(base, work)
         said = []
         with _environment(f"sqlite:///{work / 'ratchet.db'}"):
-            for args in commands:
+            for typed in commands:
+                args = [arg.replace(STORE, str(work / "ratchet.db")) for arg in typed]
                 if path == "quick":
                     assert quick_writes.write_command(args, os.environ) is not None, args
                     said.append(_said(functools.partial(quick_writes.main, args, os.environ)))
@@ -113,6 +114,8 @@ def _on_both_paths(
 
 
 MIGRATION = ["--scenario", "migration", "--param", "batches=2"]
+STORE = "<the store's file>"
+"""Where a case types `--store`: the path of the store the case runs on."""
 
 SAME = {
     "start": [["start", *MIGRATION, "--run-id", "new"]],
@@ -145,7 +148,10 @@ SAME = {
         ]
     ],
     "start, own agent": [["start", "--agent", "tests.breaker_agent:agent", "--run-id", "own"]],
-    "start, store typed after": [["start", *MIGRATION, "--run-id", "s", "--log-json"]],
+    "start, log lines typed after": [["start", *MIGRATION, "--run-id", "s", "--log-json"]],
+    "start, store typed after": [["start", *MIGRATION, "--store", STORE, "--run-id", "s"]],
+    "start, store typed before": [[f"--store={STORE}", "--log-json", "start", *MIGRATION]],
+    "approve, store typed after": [["approve", WAITING, "--store", STORE]],
     "start twice": [["start", *MIGRATION, "--run-id", "t"]] * 2,
     "start, taken id": [
         ["start", "--scenario", "migration", "--batches", "4", "--run-id", RUNNING]
