@@ -1,15 +1,23 @@
-"""How fast the `ratchet` command answers: the read commands (`status`, `history`, `list`)
-and `--help` beside a bare `python -c pass`, each the median over rounds of fresh processes.
+"""How fast the `ratchet` command answers: the read commands (`status`, `history`, `list`),
+`--help` and the commands that write (`start`, `run`, `approve`) beside a bare
+`python -c pass`, each the median over rounds of fresh processes.
 
     python -m bench.cli_start [--runs 11]
 
 It makes a store of its own in a temporary directory, with one migration run waiting for a
 person, and times the installed console script (the one beside this Python). Every figure is
 also a ratio over `python -c pass`, beside its target: a read command within 2x,
-`--help` within 4x. The read commands and `--help` answer through `ratchet.cli.quick`, which
+`--help` within 4x, a command that writes within 11x (150 ms beside a 13.7 ms `python -c pass`,
+issue 36). The read commands and `--help` answer through `ratchet.cli.quick`, which
 loads neither pydantic, typer nor rich (nor `re`, `json` or `sqlite3`'s Python half); beside
 each is the same command through the full CLI (`python -m ratchet.cli`), timed in the same
 rounds: what the quick path saves, and what a command it does not answer pays.
+
+The commands that write: each round starts a run of the migration (`start`, which a worker
+would work), runs another to where it waits for a person (`run`: its 4 steps, in the
+foreground) and approves that one (`approve`), once through the console script and once through
+the full CLI, each on runs of its own. The console script reads `start`'s and `approve`'s
+options itself (`ratchet.cli.quick_writes`) and hands `run` to the full CLI.
 
 Two things keep the figures honest on a shared, noisy machine:
 
@@ -44,6 +52,11 @@ READ_TARGET = 2.0
 """A read command within this many times `python -c pass`."""
 HELP_TARGET = 4.0
 """`ratchet --help` within this many times `python -c pass`."""
+WRITE_TARGET = 11.0
+"""A command that writes within this many times `python -c pass` (issue 36: 150 ms beside a
+13.7 ms `python -c pass`)."""
+WRITES = ("ratchet start", "ratchet run", "ratchet approve RUN")
+"""The commands that write, timed on runs of their own each round (see `_writes`)."""
 BARE = "python -c pass"
 FULL = "full: "
 """The key prefix of a case run through the full CLI (`python -m ratchet.cli`)."""
@@ -81,19 +94,38 @@ def main() -> None:
         cases = {BARE: [sys.executable, "-c", "pass"]}
         cases |= {name: [str(RATCHET), *args] for name, args in commands.items()}
         cases |= {FULL + name: [*full, *args] for name, args in commands.items()}
+        rounds = iter(range(runs + 1))
 
         def timed(command: list[str]) -> float:
             # No timeout: with one, `subprocess` waits by polling with sleeps that double from
             # 0.5 ms, and every figure would round up to 15.5 or 31.5 ms.
             started = time.perf_counter()
-            subprocess.run(command, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                command,
+                cwd=cwd,
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # the writes' lines for a person, and their logs
+            )
             return time.perf_counter() - started
 
-        for command in cases.values():  # the warm-up round: writes the bytecode
+        def round_of(number: int) -> dict[str, list[str]]:
+            # The cases in the order they run: a write's run is new each round, and `approve`
+            # decides the run `run` just parked (on each path, a run of its own).
+            quick = _writes(f"r{number}")
+            slow = _writes(f"full-r{number}")
+            return (
+                cases
+                | {name: [str(RATCHET), *args] for name, args in quick.items()}
+                | {FULL + name: [*full, *args] for name, args in slow.items()}
+            )
+
+        for command in round_of(next(rounds)).values():  # the warm-up round: the bytecode
             timed(command)
-        taken: dict[str, list[float]] = {name: [] for name in cases}
-        for _ in range(runs):
-            for name, command in cases.items():
+        taken: dict[str, list[float]] = {name: [] for name in round_of(0)}
+        for number in rounds:
+            for name, command in round_of(number).items():
                 taken[name].append(timed(command))
         polls = _poll_seconds(cwd, env)
     figures = {name: statistics.median(seconds) for name, seconds in taken.items()}
@@ -105,19 +137,35 @@ def main() -> None:
             continue
         line = f"{name:<28}{seconds * 1000:>8.1f}{seconds / bare:>7.2f}x"
         if name != BARE:
-            target = HELP_TARGET if "help" in name else READ_TARGET
+            target = (
+                WRITE_TARGET if name in WRITES else HELP_TARGET if "help" in name else READ_TARGET
+            )
             slow = figures[FULL + name]
             line += f"{target:>7.0f}x{slow * 1000:>14.1f}{slow / bare:>7.2f}x"
         print(line.rstrip())
     print(
-        "full CLI: the same command through `python -m ratchet.cli` (pydantic, typer, rich and "
-        "the runtime), what the quick path saves; the commands it does not answer (start, run, "
-        "approve, ...) pay that"
+        "full CLI: the same command through `python -m ratchet.cli` (typer and every command), "
+        "what the quick path saves; the commands it does not answer (run, worker, ...) pay that"
+    )
+    print(
+        "start, run, approve: each on a migration run (--param=batches=2) of its own; run works "
+        "its 4 steps to the wait for a person (through the full CLI on both paths), approve "
+        "decides it"
     )
     print(
         f"ratchet watch RUN, a poll of a run that has not moved: {polls['poll'] * 1e6:.1f} µs "
         f"(a head read, what each poll read before: {polls['head'] * 1e6:.1f} µs)"
     )
+
+
+def _writes(suffix: str) -> dict[str, list[str]]:
+    """The arguments of the commands that write, on runs named with `suffix` (one per round)."""
+    migration = ["--scenario=migration", "--param=batches=2"]
+    return {
+        "ratchet start": ["start", *migration, f"--run-id=start-{suffix}"],
+        "ratchet run": ["run", *migration, f"--run-id=run-{suffix}"],
+        "ratchet approve RUN": ["approve", f"run-{suffix}", "--comment", "ok", "--by", "bench"],
+    }
 
 
 def _poll_seconds(cwd: Path, env: dict[str, str]) -> dict[str, float]:

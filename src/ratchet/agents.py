@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +210,9 @@ def project_agents(folder: Path) -> ProjectAgents:
         config_file = folder / name
         if not config_file.is_file():
             continue
+        # Loaded only for a project that has a file to read: `ratchet start` elsewhere has none.
+        import tomllib
+
         try:
             document = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:

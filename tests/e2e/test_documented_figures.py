@@ -258,6 +258,11 @@ def _cli_rounds() -> Iterator[str]:
         yield _printed("bench.cli_start", "--runs", "5")
 
 
+WRITES = {"ratchet start", "ratchet run", "ratchet approve RUN"}
+"""The commands that write, which bench.cli_start times beside the reads (issue 36): the
+docs quote no figure for them yet, so the reads' figures are not theirs to meet."""
+
+
 def test_the_performance_page_quotes_how_fast_the_cli_reads_and_helps() -> None:
     sentence = _one(
         r"`python -m bench\.cli_start` measured [\d.]+ to [\d.]+ ms for the reads "
@@ -277,13 +282,13 @@ def test_the_performance_page_quotes_how_fast_the_cli_reads_and_helps() -> None:
         far = [
             f"{command}: {ratio:.2f}x"
             for command, ratio in ratios.items()
-            if command != "python -c pass"
+            if command not in {"python -c pass", *WRITES}
             and not _near(ratio, (help_ratio, help_ratio) if "help" in command else reads)
         ]
         far += [
             f"{command} (full CLI): {ratio:.2f}x"
             for command, ratio in _cli_ratios(printed, full=True).items()
-            if "help" not in command and not _near(ratio, full)
+            if "help" not in command and command not in WRITES and not _near(ratio, full)
         ]
         if not far:
             return
@@ -325,6 +330,12 @@ def test_the_parsers_read_what_the_benches_print() -> None:
         full=True,
     )
     assert full == {"ratchet status RUN --json": 28.9}
+    writes = (
+        "python -c pass   7.2   1.00x\n"
+        "ratchet approve RUN   151.3  21.01x     11x   251.3  34.90x\n"
+    )
+    assert _cli_ratios(writes) == {"python -c pass": 1.0, "ratchet approve RUN": 21.01}
+    assert _cli_ratios(writes, full=True) == {"ratchet approve RUN": 34.9}
     assert _near(1.66, (1.64, 1.72))
     assert not _near(2.6, (1.64, 1.72))
     assert not _near(1.1, (1.64, 1.72))

@@ -87,6 +87,9 @@ FORBIDDEN = [
     ("approvals/desk.py", "import ratchet.client", "ratchet.approvals", "ratchet.client"),
     ("client.py", "import ratchet.cli", "ratchet.client", "ratchet.cli"),
     ("cli/quick.py", "import typer", "ratchet.cli.quick", "typer"),
+    ("cli/quick_writes.py", "import typer", "ratchet.cli.quick_writes", "typer"),
+    # the full CLI never imports the entry point back (it hands on to the full CLI)
+    ("cli/inspection.py", "import ratchet.cli.quick", "ratchet.cli.app", "ratchet.cli.quick"),
     # the floors (docs/architecture.md), one crossing each
     ("client.py", "import ratchet.runtime", "ratchet.client", "ratchet.runtime"),
     ("web/runs.py", "import ratchet.runtime", "ratchet.web", "ratchet.runtime"),

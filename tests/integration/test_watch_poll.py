@@ -1,5 +1,5 @@
 """`ratchet watch` reads a run's head again only when the run has moved: on a SQLite store a
-poll of a run nobody wrote to is one row read (`ratchet.cli.quick.RunMarks`)."""
+poll of a run nobody wrote to is one row read (`ratchet.cli.store_file.RunMarks`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import ratchet
 from ratchet.cli.inspection import WatchPoll
-from ratchet.cli.quick import RunMarks
+from ratchet.cli.store_file import RunMarks
 
 RATCHET = Path(sys.executable).with_name("ratchet")
 

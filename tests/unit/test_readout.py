@@ -9,14 +9,14 @@ import pytest
 
 from ratchet import pricing, summary
 from ratchet.adapters.sqlite.database import RATCHET_APPLICATION_ID
-from ratchet.cli import options, quick, readout
+from ratchet.cli import options, quick, readout, store_file
 from ratchet.state import FINISHED, MAX_MEMORY_WINDOW, SCHEMA_VERSION, RunStatus, Usage
 from ratchet.stored import window_reads
 
 
 def test_the_quick_path_constants_are_those_of_the_modules_that_own_them():
     assert quick.SCHEMA_VERSION == SCHEMA_VERSION
-    assert quick.APPLICATION_ID == RATCHET_APPLICATION_ID
+    assert store_file.APPLICATION_ID == RATCHET_APPLICATION_ID
     assert {s.value for s in RunStatus} == quick.STATUSES
     assert {s.value for s in FINISHED} == readout.FINISHED
     assert quick.MAX_ROWS == options.MAX_ROWS

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
@@ -40,7 +40,8 @@ from ratchet.cli import (
     waits,
 )
 from ratchet.cli.argv import arrange
-from ratchet.cli.context import err, global_options, say
+from ratchet.cli.context import DISTRIBUTION, installed_version, out, refuse, use_global_options
+from ratchet.cli.options import LogJsonOption, StoreOption
 from ratchet.cli.usage import Command, example
 from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
@@ -78,6 +79,31 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 """Every command, in the order `ratchet --help` lists them."""
 
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        out.print(f"{DISTRIBUTION} {installed_version()}", markup=False)
+        raise typer.Exit()
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        expose_value=False,
+        help="Print the installed version (of the ratchet-agents distribution) and exit.",
+    ),
+]
+
+
+def global_options(
+    store: StoreOption = None, log_json: LogJsonOption = False, version: VersionOption = False
+) -> None:
+    use_global_options(store, log_json)
+
+
 app = typer.Typer(
     name="ratchet",
     help="Run long LLM agents that survive crashes, deploys and week-long waits for a person.",
@@ -105,21 +131,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         error.show()
         sys.exit(2)
     except UsageError as error:
-        _refuse(_usage_line(error))
+        refuse(_usage_line(error))
     except typer.Abort:
-        _refuse("aborted", code=1)
+        refuse("aborted", code=1)
     except ImportInterrupted as error:
-        _refuse(str(error), code=130)
+        refuse(str(error), code=130)
     except AbandonedCallRunning as error:
-        _refuse(str(error), code=1)
+        refuse(str(error), code=1)
     except RatchetError as error:
-        _refuse(str(error))
+        refuse(str(error))
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _refuse(message: str, *, code: int = 2) -> NoReturn:
-    say(f"ratchet: {' '.join(message.split())}", console=err)
-    sys.exit(code)
 
 
 def _check_text(args: Sequence[str]) -> None:

@@ -125,7 +125,7 @@ def check(
     """Crash your agent at every fault point of every step it takes, as an exception and as a
     killed process, resume it, and compare the end with a run without a crash: status,
     summary, effects, model calls. Exit 1 on any difference."""
-    from ratchet.cli.runs import run_input
+    from ratchet.cli.writes import run_input
     from ratchet.testing import check as sweep
 
     given = run_input(input_json, param) or {}

@@ -5,6 +5,9 @@ The runtime, the client, the logger and whatever else is built on the run models
 inside the functions that use them, here and in the command modules: typer reads the options of
 every command before it runs one, and `ratchet --help` or an option refused should not wait for
 them (the run models alone would about double that time).
+
+Nothing here loads typer: the commands that write which the entry point answers before the full
+CLI (`ratchet.cli.quick_writes`) act through this module too.
 """
 
 from __future__ import annotations
@@ -12,12 +15,10 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import typer
 from rich.console import Console
 
-from ratchet.cli.options import LogJsonOption, StoreOption
 from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.store_urls import sqlite_file, store_url
@@ -50,27 +51,8 @@ def installed_version() -> str:
         return "unknown (not installed)"
 
 
-def _print_version(wanted: bool) -> None:
-    if wanted:
-        out.print(f"{DISTRIBUTION} {installed_version()}", markup=False)
-        raise typer.Exit()
-
-
-VersionOption = Annotated[
-    bool,
-    typer.Option(
-        "--version",
-        callback=_print_version,
-        is_eager=True,
-        expose_value=False,
-        help="Print the installed version (of the ratchet-agents distribution) and exit.",
-    ),
-]
-
-
-def global_options(
-    store: StoreOption = None, log_json: LogJsonOption = False, version: VersionOption = False
-) -> None:
+def use_global_options(store: str | None, log_json: bool) -> None:
+    """What `ratchet --store URL --log-json` set for the command that runs."""
     _Globals.store = store
     _Globals.log_json = log_json
     # A run started with `--agent my_module:agent` is later worked and verified by other
@@ -217,6 +199,12 @@ def say(text: str, *, console: Console = out, lines: bool = False) -> None:
     """Print a line that may hold stored or tool-given text: never as rich markup, and with
     every control character escaped (`ratchet.untrusted.for_terminal`)."""
     console.print(for_terminal(text, lines=lines), markup=False)
+
+
+def refuse(message: str, *, code: int = 2) -> NoReturn:
+    """End the command as bad input ends: one line on stderr, `ratchet: ...`, and `code`."""
+    say(f"ratchet: {' '.join(message.split())}", console=err)
+    sys.exit(code)
 
 
 def cli_logger() -> Any:

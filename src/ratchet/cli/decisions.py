@@ -3,7 +3,6 @@ approval page; steering them: `retry` a failed run, `cancel` one, `fork` a new r
 
 from __future__ import annotations
 
-import getpass
 from typing import Annotated
 
 import typer
@@ -18,6 +17,7 @@ from ratchet.cli.context import (
     require_local_store,
 )
 from ratchet.cli.options import MAX_STEPS, RunArgument, not_empty
+from ratchet.cli.writes import approve_run, reject_run
 
 ByOption = Annotated[
     str | None,
@@ -53,9 +53,7 @@ def approve(
     ] = None,
 ) -> None:
     """Approve what a waiting run asked for; the next free worker resumes it."""
-    require_local_store("approve")
-    _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer)
-    out.print(f"{run_id}: approved; it resumes on the next free worker")
+    approve_run(run_id, comment=comment, by=by, answer=answer)
 
 
 def reject(
@@ -69,9 +67,7 @@ def reject(
     by: ByOption = None,
 ) -> None:
     """Reject what a waiting run asked for; the run goes on knowing the answer was no."""
-    require_local_store("reject")
-    _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
-    out.print(f"{run_id}: rejected; it resumes on the next free worker")
+    reject_run(run_id, reason=reason, by=by)
 
 
 def link(run_id: RunArgument) -> None:
@@ -147,24 +143,3 @@ def fork(
         f"free worker takes it (or: ratchet run --run-id {run.run_id})",
         markup=False,
     )
-
-
-def _decide(
-    run_id: str, *, approved: bool, by: str, comment: str, answer: str | None = None
-) -> None:
-    """Decide through the run's open approval request, so its links and page show the
-    decision; a run parked by a worker that died before opening one is decided directly."""
-    from ratchet.approvals.answers import parse_answer_json  # the run models (see context)
-    from ratchet.errors import ApprovalDecided
-
-    client = open_client(create=False)
-    try:
-        if approved:
-            given = parse_answer_json(answer) if answer is not None else None
-            client.approve(run_id, by=by, comment=comment, answer=given)
-        else:
-            client.reject(run_id, by=by, comment=comment)
-    except ApprovalDecided as decided:
-        raise ApprovalDecided(f"{run_id} was already {decided}; nothing changed") from None
-    finally:
-        client.close()

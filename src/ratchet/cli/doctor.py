@@ -60,7 +60,7 @@ def doctor(
     """Check a deployed stack with your AWS credentials, from its StoreUrl output (--store
     dynamodb://...): its tables, state machine and functions, the secrets they read, the API
     and, with --run, a run through it. One line per check; exit 1 if any failed."""
-    from ratchet.cli.runs import input_object
+    from ratchet.cli.writes import input_object
     from ratchet.runtime.doctor import RunWanted, check_stack
     from ratchet.store_urls import DYNAMODB_SCHEME
 

@@ -15,7 +15,7 @@ from ratchet.cli import readout
 from ratchet.cli.context import open_client, out, print_json, settings
 from ratchet.cli.options import MAX_ROWS, MAX_STEPS, JsonOption, RunArgument, not_empty
 from ratchet.cli.progress import ProgressPrinter, line_of_checkpoint
-from ratchet.cli.quick import RunMarks
+from ratchet.cli.store_file import RunMarks
 from ratchet.untrusted import for_terminal, json_for_terminal
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ def _watch_lines(client: Client, run_id: str, *, after: int, interval: float) ->
 class WatchPoll:
     """What `watch` reads of the run each poll: its head, read again only when the run has
     moved. On a SQLite store a poll first reads the run's version and status alone
-    (`ratchet.cli.quick.RunMarks`, one row): the same mark as the last poll's means no write
+    (`ratchet.cli.store_file.RunMarks`, one row): the same mark as the last poll's means no write
     since, and the head read then is kept. On another store each poll reads the head."""
 
     def __init__(self, client: Client, run_id: str, store: str) -> None:

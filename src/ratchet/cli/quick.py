@@ -6,8 +6,10 @@ and the run models (pydantic) costs more than ten times what reading the answer 
 SQLite store these commands read the store's JSON with `sqlite3` and say it through
 `ratchet.cli.readout`, the functions the full CLI says it with. Anything else, and anything this
 path is not sure of (another store, a head of an older schema, a run that is not there, an
-option it does not know, a `RATCHET_*` setting the full CLI would check), goes to the full CLI
-(`ratchet.cli.app`), which answers or refuses as it always does. Nothing here writes.
+option it does not know, a `RATCHET_*` setting the full CLI would check), goes on: to
+`ratchet.cli.quick_writes` for `start`, `approve` and `reject` (which it reads without typer),
+else to the full CLI (`ratchet.cli.app`), which answers or refuses as it always does. Nothing
+here writes.
 
 `bench/cli_start.py` measures both paths; `tests/integration/test_quick_reads.py` holds their
 output equal, byte for byte.
@@ -20,7 +22,8 @@ import sys
 
 from ratchet import quickjson as json
 from ratchet.cli.argv import LOG_JSON, arrange
-from ratchet.store_urls import DEFAULT_STORE, sqlite_file, store_url
+from ratchet.cli.store_file import connect
+from ratchet.store_urls import DEFAULT_STORE, store_url
 
 # Nothing here loads a module that takes longer to load than a read takes to answer: not
 # `typing` nor `pathlib`, nor `json` or `re` (`ratchet.quickjson` reads and writes JSON as
@@ -40,8 +43,6 @@ upgrades it in memory (a unit test holds the two equal)."""
 MAX_MEMORY_WINDOW = 50
 """`ratchet.state.MAX_MEMORY_WINDOW`: the window's records are among the newest
 `4 * (MAX_MEMORY_WINDOW + 1)` (`ratchet.stored.window_reads`)."""
-APPLICATION_ID = 0x52744368
-"""`ratchet.adapters.sqlite.database.RATCHET_APPLICATION_ID`: the mark of a Ratchet store."""
 STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
 """`ratchet.state.RunStatus`, by value."""
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
@@ -55,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     said = help_text(os.environ) if args == ["--help"] else answer(args, os.environ)
     if said is None:
+        from ratchet.cli import quick_writes
+
+        if quick_writes.main(args, os.environ):
+            return
         from ratchet.cli.app import main as full
 
         full(args)
@@ -230,7 +235,7 @@ class _Documents:
 
     @classmethod
     def open(cls, store: str) -> _Documents | None:
-        connection = _connect(store)
+        connection = connect(store)
         return None if connection is None else cls(connection)
 
     def __enter__(self) -> _Documents:
@@ -307,63 +312,6 @@ class _Documents:
                 }
             )
         return runs
-
-
-class RunMarks:
-    """A run's version and status, read from a SQLite store in one row read: what
-    `ratchet watch` polls between reads of the run, so that a poll of a run that has not
-    moved costs a query, not a head read with its window's records and their validation.
-    Every write of a run raises its version, so the same mark means nothing was written."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-
-    @classmethod
-    def open(cls, store: str) -> RunMarks | None:
-        """The marks of `store`, or None if it is not a SQLite store this path reads."""
-        connection = _connect(store)
-        return None if connection is None else cls(connection)
-
-    def of(self, run_id: str) -> tuple[int, str] | None:
-        """The run's version and status as stored now; None if there is no such run."""
-        row = self.connection.execute(
-            "SELECT version, status FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
-
-    def close(self) -> None:
-        self.connection.close()
-
-
-def _connect(store: str) -> Connection | None:
-    """A connection to the Ratchet store `store` names, if it is a SQLite file (never one
-    that creates it), in autocommit: each statement reads what is committed."""
-    path = sqlite_file(store)
-    if path is None or not os.path.isfile(path):
-        return None
-    import _sqlite3
-
-    try:
-        # mode=rw: never create the file (the full CLI says there is no store).
-        connection = _sqlite3.connect(
-            f"file:{_uri_path(os.path.abspath(path))}?mode=rw", uri=True, isolation_level=None
-        )
-    except _sqlite3.Error:
-        return None
-    try:
-        (application_id,) = connection.execute("PRAGMA application_id").fetchone()
-        if application_id == APPLICATION_ID:
-            return connection
-    except _sqlite3.Error:
-        pass
-    connection.close()
-    return None
-
-
-def _uri_path(path: str) -> str:
-    """`path` in a `file:` URI: the characters SQLite would read as URI syntax escaped
-    (`urllib.parse.quote` would do, and take longer to load than the read takes)."""
-    return path.replace("%", "%25").replace("?", "%3f").replace("#", "%23")
 
 
 if __name__ == "__main__":

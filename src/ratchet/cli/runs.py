@@ -3,7 +3,6 @@ the foreground, a line per step) and `worker` (claims runnable runs and advances
 
 from __future__ import annotations
 
-import re
 import signal
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,6 +30,7 @@ from ratchet.cli.context import (
 from ratchet.cli.deliveries import agent_webhooks, say_still_owed, webhook_sender
 from ratchet.cli.inspection import status_payload
 from ratchet.cli.options import (
+    MAX_APPROVAL_TIMEOUT_SECONDS,
     MAX_BATCHES,
     MAX_LEASE_SECONDS,
     MAX_STEPS,
@@ -40,8 +40,8 @@ from ratchet.cli.options import (
 )
 from ratchet.cli.progress import ProgressPrinter, line_of_state, model_retries_said
 from ratchet.cli.waits import parked_line
-from ratchet.errors import InvalidInput, JsonOverLimit, StoreMissing, StoreUnavailable
-from ratchet.untrusted import loads
+from ratchet.cli.writes import say_if_paid, start_run, validated_run, with_approval_timeout
+from ratchet.errors import StoreMissing, StoreUnavailable
 
 if TYPE_CHECKING:
     from ratchet.state import RunState
@@ -139,7 +139,7 @@ ApprovalTimeoutOption = Annotated[
         help="Seconds a person has to answer this run's requests; then a worker records "
         "the expiry and the run goes on (default: RATCHET_APPROVAL_TIMEOUT_SECONDS, 7 days).",
         min=1,
-        max=365 * 24 * 3600,
+        max=MAX_APPROVAL_TIMEOUT_SECONDS,
     ),
 ]
 ProgressJsonOption = Annotated[
@@ -164,8 +164,7 @@ def start(
     approval_timeout: ApprovalTimeoutOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
-    require_local_store("start")
-    state = _new_run(
+    start_run(
         goal=goal,
         scenario=scenario,
         agent_ref=agent,
@@ -178,14 +177,8 @@ def start(
         tool_latency_ms=tool_latency_ms,
         notify=notify,
         notify_slack=notify_slack,
+        approval_timeout=approval_timeout,
     )
-    _say_if_paid(state.options.model, console=err)
-    created = _start(_with_approval_timeout(state, approval_timeout))
-    out.print(state.run_id)
-    if not created:
-        err.print(f"run {state.run_id} already exists; nothing changed")
-    else:
-        say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
 
 
 def run(
@@ -214,7 +207,7 @@ def run(
     if continuing and run_id is not None and _exists(run_id):
         state = None
     else:
-        state = _new_run(
+        state = validated_run(
             goal=goal,
             scenario=scenario,
             agent_ref=agent,
@@ -237,14 +230,14 @@ def run(
         sender.start()
     try:
         if state is not None:
-            state = _with_approval_timeout(state, approval_timeout)
+            state = with_approval_timeout(state, approval_timeout)
         created = state is not None and client.create(state).created
         if state is not None and not created:
             err.print(f"run {state.run_id} already exists; resuming it")
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
         if not as_json:
-            _say_if_paid(client.head(worked_id).options.model, console=out)
+            say_if_paid(client.head(worked_id).options.model, console=out)
 
         try:
             with (
@@ -363,105 +356,6 @@ def worker(
         raise typer.Exit(1)
 
 
-def _new_run(
-    *,
-    goal: str | None,
-    scenario: str | None,
-    agent_ref: str | None,
-    run_id: str | None,
-    model: str | None,
-    max_steps: int | None,
-    input_json: str | None,
-    params: list[str] | None,
-    batches: int | None,
-    tool_latency_ms: int | None,
-    notify: list[str] | None = None,
-    notify_slack: str | None = None,
-) -> RunState:
-    """Validate everything about a new run before anything touches the store. Refusals
-    name the CLI's flags (the API names the same fields as JSON fields)."""
-    # pydantic and the run models (see ratchet.cli.context).
-    from pydantic import ValidationError
-
-    from ratchet.runs import RunRequest, RunRequestInvalid, cli_flag, new_run, request_problems
-
-    if run_id is not None:
-        check_run_id(run_id)
-    try:
-        request = RunRequest(
-            run_id=run_id,
-            scenario=scenario,
-            agent=agent_ref,
-            goal=goal,
-            model=model,
-            max_steps=max_steps,
-            input=run_input(input_json, params),
-            batches=batches,
-            tool_latency_ms=tool_latency_ms,
-            notify={"email": notify or [], "slack_channel": notify_slack}
-            if notify or notify_slack
-            else None,
-        )
-    except ValidationError as error:
-        field, message = request_problems(error)[0]
-        raise InvalidInput(f"{cli_flag(field)}: {message}") from None
-    try:
-        return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
-    except RunRequestInvalid as refused:
-        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, params)) from None
-
-
-def _as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
-    """`said` naming the flag an input field came in: `--param cents` for one a --param set,
-    `--input field cents` for one that came in --input (or is missing from it)."""
-    by_param = {p.partition("=")[0] for p in params or []}
-    for field in fields:
-        name = field.removeprefix("input.")
-        if field.startswith("input.") and name not in by_param:
-            said = said.replace(f"(--param {name})", f"(--input field {name})")
-    return said
-
-
-_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-
-def input_object(text: str) -> dict[str, Any]:
-    """`--input` as a JSON object; refused, naming the flag, if it is not one (or is nested
-    too deep to be parsed)."""
-    try:
-        parsed = loads(text, field="--input")
-    except JsonOverLimit:
-        raise
-    except ValueError as error:
-        raise InvalidInput(f"--input is not JSON: {error}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput(
-            f"--input must be a JSON object, like '{{\"batches\": 2}}', not {type(parsed).__name__}"
-        )
-    return parsed
-
-
-def run_input(input_json: str | None, params: list[str] | None) -> dict[str, Any] | None:
-    """`--input '{"batches": 2}'` and `--param batches=2` (repeatable, later ones win) as one
-    object. A `--param` value is read as JSON when it is JSON (`2`, `true`, `[1, 2]`, `"2"`),
-    as text otherwise (`--param who=dana`). JSON nested too deep is refused before it is
-    parsed, naming the flag."""
-    if input_json is None and not params:
-        return None
-    given: dict[str, Any] = input_object(input_json) if input_json is not None else {}
-    for param in params or []:
-        name, equals, raw = param.partition("=")
-        if not equals or not _PARAM_NAME.fullmatch(name):
-            raise InvalidInput(f"--param {param!r}: use --param NAME=VALUE")
-        try:
-            given[name] = loads(raw, field=f"--param {name}")
-        except JsonOverLimit:
-            raise
-        except ValueError:
-            given[name] = raw
-    return given
-
-
 def _exists(run_id: str) -> bool:
     """Whether the store holds this run (no store yet: it does not)."""
     check_run_id(run_id)
@@ -475,25 +369,6 @@ def _exists(run_id: str) -> bool:
         runtime.close()
 
 
-def _start(state: RunState) -> bool:
-    from ratchet.runs import RunRequestInvalid
-
-    client = open_client(create=True)
-    try:
-        return bool(client.create(state).created)
-    except RunRequestInvalid as refused:  # a taken id under another request
-        raise InvalidInput(refused.for_cli()) from None
-    finally:
-        client.close()
-
-
-def _with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
-    if seconds is None:
-        return state
-    options = state.options.model_copy(update={"approval_timeout_seconds": seconds})
-    return state.model_copy(update={"options": options})
-
-
 def _say_interrupted(state: RunState) -> None:
     """Where a run worked in the foreground stands after Ctrl-C, and how to go on."""
     say(
@@ -501,15 +376,6 @@ def _say_interrupted(state: RunState) -> None:
         f"under way resumes from there); go on with: {command('run', '--run-id', state.run_id)}",
         console=err,
     )
-
-
-def _say_if_paid(model: str, *, console: Any) -> None:
-    """`model: claude-sonnet-4-6` first, for a run whose model calls are billed: a run never
-    spends without saying so before its first step."""
-    from ratchet.model_names import ModelKind, model_kind
-
-    if model_kind(model) in (ModelKind.ANTHROPIC, ModelKind.BEDROCK):
-        say(f"model: {model}", console=console)
 
 
 def _progress_line(report: Any, printer: Any) -> None:

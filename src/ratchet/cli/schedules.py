@@ -14,8 +14,8 @@ import typer
 from ratchet.cli import readout
 from ratchet.cli.context import open_client, print_json, require_local_store, say
 from ratchet.cli.options import JsonOption, not_empty
-from ratchet.cli.runs import input_object
 from ratchet.cli.usage import Command, example
+from ratchet.cli.writes import input_object
 from ratchet.errors import InvalidInput
 
 app = typer.Typer(
