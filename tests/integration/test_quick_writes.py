@@ -207,6 +207,18 @@ def test_ctrl_c_in_a_write_ends_alike_on_both_paths(base, tmp_path, monkeypatch)
     assert quick_store == full_store
 
 
+def test_a_run_id_is_printed_as_typed_not_as_an_emoji(base, tmp_path):
+    # A run id may hold `:`; rich would print `a:smile:b` as an emoji, which `status` does not.
+    (quick_said, _), (full_said, _) = _on_both_paths(
+        base, tmp_path / "store", [["start", *MIGRATION, "--run-id", "a:smile:b"]]
+    )
+
+    assert quick_said == full_said
+    code, stdout, stderr = quick_said[0]
+    assert (code, stdout) == (0, "a:smile:b\n")
+    assert stderr.startswith("run a:smile:b started in store "), stderr
+
+
 def test_the_cases_are_not_blind(base, tmp_path):
     # Among the cases above some write and some are refused, on both paths.
     for case, code in {"start": 0, "start, unknown scenario": 2, "approve twice": 2}.items():

@@ -194,7 +194,7 @@ class ProgressPrinter:
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                console=Console(file=self.stream, highlight=False, soft_wrap=True),
+                console=Console(file=self.stream, highlight=False, soft_wrap=True, emoji=False),
                 transient=True,
             )
             self._progress.start()
