@@ -6,8 +6,10 @@ inside the functions that use them, here and in the command modules: typer reads
 every command before it runs one, and `ratchet --help` or an option refused should not wait for
 them (the run models alone would about double that time).
 
-Nothing here loads typer: the commands that write which the entry point answers before the full
-CLI (`ratchet.cli.quick_writes`) act through this module too.
+Nothing here loads typer, nor rich until a command prints through `out` or `err` (rich's
+consoles, made at first use): the commands that write which the entry point answers before the
+full CLI (`ratchet.cli.quick_writes`) act through this module too, and say their lines with
+`say_line`, which writes the bytes rich would.
 """
 
 from __future__ import annotations
@@ -17,19 +19,37 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rich.console import Console
-
 from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.store_urls import sqlite_file, store_url
 from ratchet.untrusted import for_terminal
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ratchet.state import RunState
 
+    out: Console
+    err: Console
+else:
 
-out = Console(highlight=False, soft_wrap=True, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    def __getattr__(name: str) -> Any:
+        """`out` and `err`, rich's consoles on stdout and stderr, made when a command first
+        prints through them: rich takes longer to load than `ratchet start` takes to write a run
+        (issue 36), and the commands that write print without it (`say_line`)."""
+        if name not in ("out", "err"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _consoles()[name]
+
+
+def _consoles() -> dict[str, Console]:
+    made = globals()
+    if "out" not in made:
+        from rich.console import Console
+
+        made["out"] = Console(highlight=False, soft_wrap=True, emoji=False)
+        made["err"] = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    return {"out": made["out"], "err": made["err"]}
 
 
 class _Globals:
@@ -195,15 +215,25 @@ def print_json(payload: Any) -> None:
     sys.stdout.write(json_text(payload))
 
 
-def say(text: str, *, console: Console = out, lines: bool = False) -> None:
-    """Print a line that may hold stored or tool-given text: never as rich markup, and with
-    every control character escaped (`ratchet.untrusted.for_terminal`)."""
-    console.print(for_terminal(text, lines=lines), markup=False)
+def say(text: str, *, console: Console | None = None, lines: bool = False) -> None:
+    """Print a line that may hold stored or tool-given text (on `console`, else `out`): never
+    as rich markup, and with every control character escaped (`ratchet.untrusted.for_terminal`)."""
+    (console or _consoles()["out"]).print(for_terminal(text, lines=lines), markup=False)
+
+
+def say_line(text: str, *, stderr: bool = False) -> None:
+    """`say(text)` (on `err` with `stderr`) without loading rich, in the same bytes: escaped,
+    the text has no tab or newline, the only characters rich would change in text it prints
+    without markup, and it goes out with its newline and a flush, as rich writes a line
+    (tests/unit/test_cli_lines.py holds the two equal)."""
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write(f"{for_terminal(text)}\n")
+    stream.flush()
 
 
 def refuse(message: str, *, code: int = 2) -> NoReturn:
     """End the command as bad input ends: one line on stderr, `ratchet: ...`, and `code`."""
-    say(f"ratchet: {' '.join(message.split())}", console=err)
+    say_line(f"ratchet: {' '.join(message.split())}", stderr=True)
     sys.exit(code)
 
 

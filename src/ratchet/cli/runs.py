@@ -20,7 +20,6 @@ from ratchet.cli.context import (
     logs_on_terminal,
     open_client,
     open_runtime,
-    out,
     print_json,
     require_local_store,
     say,
@@ -237,7 +236,7 @@ def run(
         worked_id = state.run_id if state is not None else run_id
         assert worked_id is not None
         if not as_json:
-            say_if_paid(client.head(worked_id).options.model, console=out)
+            say_if_paid(client.head(worked_id).options.model, stderr=False)
 
         try:
             with (

@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.cli.context import (
     check_run_id,
-    err,
     open_client,
-    out,
     require_local_store,
-    say,
+    say_line,
     settings,
     store_named,
 )
@@ -63,13 +61,15 @@ def start_run(
         notify=notify,
         notify_slack=notify_slack,
     )
-    say_if_paid(state.options.model, console=err)
+    say_if_paid(state.options.model, stderr=True)
     created = _create(with_approval_timeout(state, approval_timeout))
-    out.print(state.run_id)
+    say_line(state.run_id)
     if not created:
-        err.print(f"run {state.run_id} already exists; nothing changed")
+        say_line(f"run {state.run_id} already exists; nothing changed", stderr=True)
     else:
-        say(f"run {state.run_id} started in store {store_named(settings().store)}", console=err)
+        say_line(
+            f"run {state.run_id} started in store {store_named(settings().store)}", stderr=True
+        )
 
 
 def validated_run(
@@ -190,27 +190,27 @@ def with_approval_timeout(state: RunState, seconds: int | None) -> RunState:
     return state.model_copy(update={"options": options})
 
 
-def say_if_paid(model: str, *, console: Any) -> None:
+def say_if_paid(model: str, *, stderr: bool) -> None:
     """`model: claude-sonnet-4-6` first, for a run whose model calls are billed: a run never
     spends without saying so before its first step."""
     from ratchet.model_names import ModelKind, model_kind
 
     if model_kind(model) in (ModelKind.ANTHROPIC, ModelKind.BEDROCK):
-        say(f"model: {model}", console=console)
+        say_line(f"model: {model}", stderr=stderr)
 
 
 def approve_run(run_id: str, *, comment: str, by: str | None, answer: str | None) -> None:
     """`ratchet approve`: the next free worker resumes the run."""
     require_local_store("approve")
     _decide(run_id, approved=True, by=by or getpass.getuser(), comment=comment, answer=answer)
-    out.print(f"{run_id}: approved; it resumes on the next free worker")
+    say_line(f"{run_id}: approved; it resumes on the next free worker")
 
 
 def reject_run(run_id: str, *, reason: str, by: str | None) -> None:
     """`ratchet reject`: the run goes on knowing the answer was no."""
     require_local_store("reject")
     _decide(run_id, approved=False, by=by or getpass.getuser(), comment=reason)
-    out.print(f"{run_id}: rejected; it resumes on the next free worker")
+    say_line(f"{run_id}: rejected; it resumes on the next free worker")
 
 
 def _decide(
