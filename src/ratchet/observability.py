@@ -100,15 +100,34 @@ class AppendedLines:
 
 
 def json_logger(stream: Lines, *, level: str = "INFO") -> Any:
-    from aws_lambda_powertools import Logger
-
+    """The JSON logger writing to `stream`, one per stream. Powertools is loaded when the
+    logger is first used (`OnFirstUse`): `ratchet start` hands the engine a logger and writes
+    no line, and Powertools takes longer to load than the start takes (issue 36)."""
     key = id(stream)
     if key not in _loggers:
-        _loggers[key] = Logger(
-            service="ratchet",
-            level=level,
-            logger_handler=logging.StreamHandler(stream),
-            utc=True,
-            json_serializer=redacted_json,
-        )
+        _loggers[key] = OnFirstUse(stream, level=level)
     return _loggers[key]
+
+
+class OnFirstUse:
+    """A Powertools Logger on `stream`, made when anything is first asked of it (a line
+    logged, a key appended) and then answering for it: the same logger, made later."""
+
+    def __init__(self, stream: Lines, *, level: str) -> None:
+        self._stream = stream
+        self._level = level
+        self._logger: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for what this object lacks: everything the Powertools Logger has.
+        if self._logger is None:
+            from aws_lambda_powertools import Logger
+
+            self._logger = Logger(
+                service="ratchet",
+                level=self._level,
+                logger_handler=logging.StreamHandler(self._stream),
+                utc=True,
+                json_serializer=redacted_json,
+            )
+        return getattr(self._logger, name)

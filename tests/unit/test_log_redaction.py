@@ -96,7 +96,7 @@ def test_no_token_is_written_from_a_message_an_extra_or_an_exception():
 def test_every_ratchet_logger_writes_through_redacted_json():
     # The handlers' logger and the CLI's are Powertools loggers of the `ratchet` service: the
     # first one made in a process attaches the handler that writes every line of both.
-    json_logger(io.StringIO())
+    json_logger(io.StringIO()).debug("made")  # made when first used
     handlers = logging.getLogger(_wiring.SERVICE).handlers
     assert handlers
     for handler in handlers:
