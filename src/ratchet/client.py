@@ -48,7 +48,6 @@ from ratchet.errors import (
     StoreBusy,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan
-from ratchet.feed import ENDED, FeedBatch, FeedCursor, FeedEvent
 from ratchet.ports import RunCursor, RunSummary
 from ratchet.pricing import estimate
 from ratchet.runs import (
@@ -61,15 +60,7 @@ from ratchet.runs import (
     new_run,
     request_problems,
 )
-from ratchet.schedules import (
-    MAX_SCHEDULES,
-    Schedule,
-    ScheduleBook,
-    ScheduleSpec,
-    new_schedule,
-    parse_every,
-    paused,
-)
+from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.state import (
     ChildrenWait,
     Created,
@@ -88,11 +79,12 @@ from ratchet.state import (
 from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
-from ratchet.worker import MAX_WORKER_ID_CHARS
 
 if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
+    from ratchet.feed import FeedBatch, FeedCursor, FeedEvent
     from ratchet.ports import BlobStore, CheckpointStore, HookOpener, IdempotencyLedger
+    from ratchet.schedules import Schedule, ScheduleBook
     from ratchet.tools import RunContext
     from ratchet.waiting.desk import EventDesk
 
@@ -111,6 +103,19 @@ __all__ = [
     "Wait",
     "WaitTimedOut",
 ]
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """`FeedEvent`, loaded with the feed when first asked for: a command that starts or
+        decides a run does not follow one (issue 36)."""
+        if name != "FeedEvent":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from ratchet.feed import FeedEvent
+
+        return FeedEvent
+
 
 SETTLED = frozenset({RunStatus.DONE, RunStatus.WAITING, RunStatus.FAILED})
 """Where `run` and `wait` stop by default: nothing more happens without someone."""
@@ -786,6 +791,8 @@ class Client:
         if not wanted:
             raise InvalidInput("until: name at least one run status the feed ends at")
         self.head(run_id)
+        from ratchet.feed import FeedCursor  # loaded by what follows a run (see `__getattr__`)
+
         return FeedCursor(self.runtime.store, run_id, after=after or 0, until=wanted)
 
     # --- deciding ---------------------------------------------------------------------------
@@ -850,6 +857,9 @@ class Client:
         as a start would check them. `ScheduleInvalid` naming the field (`ScheduleExists` for a
         name taken), and nothing written, if the schedule cannot fire; `SchedulesNotKept` on a
         store that keeps no schedules (AWS: they are deployed from the project)."""
+        # Loaded by what schedules runs, not by every command (`ratchet start`: issue 36).
+        from ratchet.schedules import MAX_SCHEDULES, ScheduleSpec, new_schedule, parse_every
+
         book = self._schedules()
         fields: dict[str, Any] = {
             "name": name,
@@ -882,6 +892,8 @@ class Client:
     def schedule_pause(self, name: str, *, pause: bool = True) -> Schedule:
         """Pause the schedule (its fires are skipped until it is resumed), or resume it (it
         fires next at its first time from now). `InvalidInput` if there is no such schedule."""
+        from ratchet.schedules import paused
+
         book = self._schedules()
         for _ in range(3):  # a fire, a pause or a resume may land meanwhile: read it again
             schedule = book.get(name)
@@ -1228,6 +1240,8 @@ class Client:
     def _worker(self) -> str:
         """Who works runs from this thread: a thread of its own is a worker of its own, since
         a lease held by one worker id lets that id in again."""
+        from ratchet.worker import MAX_WORKER_ID_CHARS  # loaded by what works runs
+
         thread = threading.current_thread()
         if thread is threading.main_thread():
             return self.worker_id
