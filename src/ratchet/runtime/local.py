@@ -34,12 +34,8 @@ from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
-from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
-from ratchet.adapters.sqlite.hooks import SqliteHookBook
-from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.ledger import SqliteLedger
-from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
@@ -65,16 +61,20 @@ from ratchet.runtime.local_approvals import (
 )
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
-from ratchet.waiting.desk import EventDesk
-from ratchet.waiting.hooks import HookKeys
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.webhook_urls import parse_webhook_urls
 
 if TYPE_CHECKING:
     from ratchet.adapters.outbox import OutboxNotifier
+    from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
+    from ratchet.adapters.sqlite.hooks import SqliteHookBook
+    from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+    from ratchet.adapters.sqlite.mailbox import SqliteMailbox
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.runtime.hooks import Hooks
     from ratchet.schedules import Starter
+    from ratchet.waiting.desk import EventDesk
+    from ratchet.waiting.hooks import HookKeys
     from ratchet.worker import StepReport, Worker
 from ratchet.runtime.models import Bindings
 from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
@@ -292,6 +292,10 @@ class LocalRuntime:
 
     @property
     def mailbox(self) -> SqliteMailbox:
+        # This and the books below are loaded by the commands that use them, not by a start
+        # or a decision (issue 36).
+        from ratchet.adapters.sqlite.mailbox import SqliteMailbox
+
         return SqliteMailbox(self.db)
 
     @property
@@ -300,6 +304,8 @@ class LocalRuntime:
 
     @property
     def hook_book(self) -> SqliteHookBook:
+        from ratchet.adapters.sqlite.hooks import SqliteHookBook
+
         return SqliteHookBook(self.db)
 
     @property
@@ -307,6 +313,8 @@ class LocalRuntime:
         """Hook ids and secrets, derived from a key kept beside the store (`<store>.hook-key`,
         made on first use, owner-only, as the approval link key is): its own key, so that
         rotating one revokes only its own (links, or hooks)."""
+        from ratchet.waiting.hooks import HookKeys
+
         return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
 
     @property
@@ -368,11 +376,15 @@ class LocalRuntime:
     @property
     def deliveries(self) -> SqliteDeliveries:
         """The webhooks' deliveries (`ratchet.runtime.webhooks`, `ratchet deliveries`)."""
+        from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
+
         return SqliteDeliveries(self.db)
 
     @property
     def housekeeping(self) -> SqliteHousekeeping:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
+        from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
+
         return SqliteHousekeeping(self.db)
 
     @property
@@ -637,6 +649,8 @@ class LocalRuntime:
 
     def event_desk(self, engine: Engine) -> EventDesk:
         """Events sent to runs (`ratchet send`, `ratchet serve`), settled with `engine`."""
+        from ratchet.waiting.desk import EventDesk
+
         return EventDesk(
             store=self.store,
             mailbox=self.mailbox,
