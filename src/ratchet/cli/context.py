@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ratchet.cli.readout import json_text
 from ratchet.errors import InvalidInput, RunNotFound
 from ratchet.store_urls import sqlite_file, store_url
 from ratchet.untrusted import for_terminal
@@ -212,6 +211,8 @@ def load_head(runtime: Any, run_id: str) -> RunState:
 
 
 def print_json(payload: Any) -> None:
+    from ratchet.cli.readout import json_text  # the read commands' text, which a write has none of
+
     sys.stdout.write(json_text(payload))
 
 
