@@ -39,7 +39,6 @@ from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore, SqliteWaitBook
 from ratchet.agents import AgentRegistry, declared_events
-from ratchet.approvals.desk import ApprovalDesk, Decider
 from ratchet.approvals.links import LinkSigner, key_file, token_file
 from ratchet.children import CHILDREN_SWEEP_SECONDS, ChildRunDesk
 from ratchet.engine import Binding, Engine
@@ -71,6 +70,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.adapters.sqlite.mailbox import SqliteMailbox
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
+    from ratchet.approvals.desk import ApprovalDesk
     from ratchet.runtime.hooks import Hooks
     from ratchet.schedules import Starter
     from ratchet.waiting.desk import EventDesk
@@ -496,6 +496,8 @@ class LocalRuntime:
     def approval_desk(self, *, worker_id: str, logger: Any) -> ApprovalDesk:
         """Approvals decided through signed links to `ratchet serve`, signed with a key kept
         beside the store (`<store>.approval-key`, made on first use, owner-only)."""
+        from ratchet.approvals.desk import ApprovalDesk  # loaded by what opens or decides one
+
         return ApprovalDesk(
             book=self.approvals,
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
@@ -696,6 +698,8 @@ class LocalRuntime:
     ) -> None:
         """Through the run's open approval request, so its links and page show the decision;
         a run parked by a worker that died before opening one is decided directly."""
+        from ratchet.approvals.desk import Decider
+
         engine = self.engine(
             worker_id=worker_id, logger=logger, faults=FaultPlan.parse(self.settings.fault)
         )
