@@ -113,6 +113,28 @@ class BlobMissing(BlobCorrupt):
         self.sha256 = sha256
 
 
+class PayloadKeyMissing(RatchetError):
+    """A stored payload is sealed with a key this process does not have (`RATCHET_PAYLOAD_KEY`
+    unset, a keyring without that key, a KMS key it may not use): nothing of it is shown, and
+    nothing is retried, since no retry brings the key back."""
+
+    def __init__(self, key_id: str, why: str) -> None:
+        super().__init__(f"a stored payload is sealed with key {key_id!r}: {why}")
+        self.key_id = key_id
+
+
+class PayloadTampered(RatchetError):
+    """A sealed payload fails its authentication (AES-GCM's tag): its bytes, or where it was
+    put, are not what was sealed. Never opened, never retried."""
+
+    def __init__(self, key_id: str, what: str) -> None:
+        super().__init__(
+            f"{what} sealed with key {key_id!r} fails its authentication: it was damaged or "
+            "tampered with, or moved from where it was stored"
+        )
+        self.key_id = key_id
+
+
 class StoreUnavailable(RatchetError):
     """The store could not be opened or read (missing file, not a database, bad URL)."""
 

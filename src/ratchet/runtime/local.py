@@ -63,6 +63,8 @@ from ratchet.runtime.local_approvals import (
     delivery_time,
     expire_overdue,
 )
+from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
+from ratchet.sealing import check_setting
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
@@ -128,6 +130,10 @@ class LocalSettings(BaseModel):
     webhook_secret: SecretStr | None = None
     """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
     beside the store (`<store>.webhook-secret`)."""
+    payload_key: str | None = None
+    """Seals what runs' records carry about the world before it is stored
+    (`RATCHET_PAYLOAD_KEY`: `local`, `file:PATH` or `kms:<key ARN or alias>`, see
+    `ratchet.sealing`); unset, nothing is sealed."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -148,6 +154,11 @@ class LocalSettings(BaseModel):
             return parse_webhook_urls(value) if isinstance(value, str) else value
         except InvalidInput as refused:
             raise ValueError(str(refused)) from None
+
+    @field_validator("payload_key")
+    @classmethod
+    def _valid_payload_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_setting(value)
 
     @field_validator("fault")
     @classmethod
@@ -195,6 +206,7 @@ class LocalSettings(BaseModel):
             requests_per_minute=env.get("RATCHET_REQUESTS_PER_MINUTE") or None,
             webhooks=env.get("RATCHET_WEBHOOKS") or (),
             webhook_secret=env.get("RATCHET_WEBHOOK_SECRET") or None,
+            payload_key=env.get(PAYLOAD_KEY_ENV) or None,
         )
 
 
@@ -212,6 +224,7 @@ _ENV_NAMES = {
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
     "webhooks": "RATCHET_WEBHOOKS",
     "webhook_secret": "RATCHET_WEBHOOK_SECRET",
+    "payload_key": PAYLOAD_KEY_ENV,
 }
 
 
