@@ -103,6 +103,18 @@ class BlobCorrupt(RatchetError, ValueError):
         self.sha256 = sha256
 
 
+class BlobTampered(BlobCorrupt):
+    """A sealed blob fails its authentication: as a corrupt one, never used, never retried."""
+
+    def __init__(self, address: str, where: str, key_id: str) -> None:
+        RatchetError.__init__(
+            self,
+            f"blob {address} is corrupt in {where}: it fails its authentication under key "
+            f"{key_id!r}",
+        )
+        self.sha256 = address
+
+
 class BlobMissing(BlobCorrupt):
     """A blob a run references is not in the blob store (removed by hand, or lost). The same
     rule as a corrupt one: what was stored is gone, so no retry can bring it back, and the run

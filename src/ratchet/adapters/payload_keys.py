@@ -18,9 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from ratchet.errors import InvalidInput, PayloadKeyMissing, PayloadTampered, StoreUnavailable
 from ratchet.sealing import KEY_BYTES, header_of, open_with, seal_with
 
@@ -29,6 +26,11 @@ ADDRESS_INFO = b"ratchet blob address"
 
 
 def _address_key(key: bytes) -> bytes:
+    # Loaded when first needed, as `ratchet.sealing` loads AES-GCM: not by the runtime's
+    # import when no codec is set.
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=ADDRESS_INFO).derive(
         key
     )

@@ -60,6 +60,7 @@ from ratchet.pushes import DETAIL_TYPE, SOURCE, StatusChange
 from ratchet.runs import AgentNotRunnable, ModelNotGranted, RunRequest, new_run
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
+from ratchet.sealing import PayloadCodec
 from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waiting.desk import EventDesk, Nudge
@@ -93,12 +94,14 @@ class AwsRuntime:
         anthropic_api_key: SecretStr | None = None,
         stepfunctions: Callable[[], SFNClient] | None = None,
         hook_key: Callable[[], SecretStr] | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
         none is given, a default one is made here. Without a bucket, a tool output that needs
         a blob fails its step with a clear error. `stepfunctions` makes the client that
         answers a run parked by the state machine (`decide`), when one is needed; `hook_key`
-        reads the key webhooks derive from, when a hook is first opened (`hooks`)."""
+        reads the key webhooks derive from, when a hook is first opened (`hooks`); `codec`
+        seals what runs' records and blobs say of the world (`RATCHET_PAYLOAD_KEY`)."""
         self.settings = settings
         self.dynamodb = dynamodb
         self._stepfunctions = stepfunctions
@@ -109,6 +112,7 @@ class AwsRuntime:
             table=settings.checkpoints_table,
             ledger_table=settings.idempotency_table,
             retention_days=settings.checkpoint_retention_days,
+            codec=codec,
         )
         self.ledger = DynamoDbLedger(
             dynamodb,
@@ -121,7 +125,7 @@ class AwsRuntime:
                 import boto3
 
                 s3 = boto3.client("s3")
-            self.blobs = S3BlobStore(s3, settings.blob_bucket)
+            self.blobs = S3BlobStore(s3, settings.blob_bucket, codec)
         self._bindings = Bindings(
             self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
         )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +30,7 @@ from pydantic import (
 
 from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.payload_keys import payload_codec
 from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
@@ -64,7 +66,7 @@ from ratchet.runtime.local_approvals import (
     expire_overdue,
 )
 from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
-from ratchet.sealing import check_setting
+from ratchet.sealing import PayloadCodec, check_setting
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waiting.desk import EventDesk
@@ -237,6 +239,16 @@ def concurrency_limits(settings: LocalSettings) -> ConcurrencyLimits:
     return ConcurrencyLimits(local, resolve_overrides(settings.max_concurrent, local))
 
 
+def _kms_client() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise InvalidInput(
+            "RATCHET_PAYLOAD_KEY=kms:... needs boto3: pip install 'ratchet-agents[aws]'"
+        ) from None
+    return boto3.client("kms")
+
+
 def sqlite_path(url: str) -> Path:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or len(url) == len(prefix):
@@ -287,9 +299,15 @@ class LocalRuntime:
         )
         return cls(database, settings, clock)
 
+    @cached_property
+    def codec(self) -> PayloadCodec | None:
+        """What seals runs' records and blobs (`RATCHET_PAYLOAD_KEY`), or None: its keyring
+        read (and, for `local`, made) once, when first needed."""
+        return payload_codec(self.settings.payload_key, beside=self.root, kms=_kms_client)
+
     @property
     def store(self) -> SqliteCheckpointStore:
-        return SqliteCheckpointStore(self.db)
+        return SqliteCheckpointStore(self.db, self.codec)
 
     @property
     def ledger(self) -> SqliteLedger:
@@ -404,7 +422,7 @@ class LocalRuntime:
 
     @property
     def blobs(self) -> FileBlobStore:
-        return FileBlobStore(Path(f"{self.root}.blobs"))
+        return FileBlobStore(Path(f"{self.root}.blobs"), self.codec)
 
     @property
     def anthropic_configured(self) -> bool:
