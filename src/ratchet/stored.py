@@ -118,6 +118,18 @@ def parse_event(
     return EVENTS.validate_json(opened, context=RecordRow(run_id, step))
 
 
+def sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """`text` as a store writes it: sealed, bound to the run and the `part` it is (a ledger's
+    decision, ...), if there is a codec; as it is if not."""
+    return text if codec is None else _sealed(text, codec, _context(part, run_id))
+
+
+def open_sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """The text `sealed_text` was given (see `opened_text` for what it raises)."""
+    opened = opened_text(text, codec, context=_context(part, run_id))
+    return opened if isinstance(opened, str) else opened.decode()
+
+
 def _context(part: str, run_id: str) -> bytes:
     """What a sealed text is bound to: a head, a static part or a record of one run. A text
     copied to another run, or a record put where a head was, fails its authentication."""

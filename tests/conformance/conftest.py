@@ -60,7 +60,7 @@ def _sqlite(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backen
 
     yield Backend(
         SqliteCheckpointStore(db, codec),
-        SqliteLedger(db),
+        SqliteLedger(db, codec=codec),
         SqliteMailbox(db),
         connect,
         lambda: list(db.connection.iterdump()),
@@ -104,7 +104,7 @@ def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Back
             DynamoDbCheckpointStore(
                 client, table="checkpoints", ledger_table="idempotency", codec=codec
             ),
-            DynamoDbLedger(client, table="idempotency"),
+            DynamoDbLedger(client, table="idempotency", codec=codec),
             DynamoMailbox(client, "checkpoints"),
             connect,
             lambda: [scan(client, table) for table in ("checkpoints", "idempotency", "app")],

@@ -118,6 +118,7 @@ class AwsRuntime:
             dynamodb,
             table=settings.idempotency_table,
             retention_days=settings.checkpoint_retention_days,
+            codec=codec,
         )
         self.blobs: BlobStore = NoBlobStore()
         if settings.blob_bucket:

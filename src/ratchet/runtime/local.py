@@ -311,7 +311,7 @@ class LocalRuntime:
 
     @property
     def ledger(self) -> SqliteLedger:
-        return SqliteLedger(self.db)
+        return SqliteLedger(self.db, codec=self.codec)
 
     @property
     def leases(self) -> SqliteLeases:
