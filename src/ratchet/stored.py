@@ -83,14 +83,20 @@ def head_json(state: RunState, codec: PayloadCodec | None = None) -> str:
 def static_json(state: RunState, codec: PayloadCodec | None = None) -> str:
     """The static part of the head, written once with the run's first checkpoint."""
     text = state.model_dump_json(include={*STATIC_FIELDS, "schema_version"}, exclude_none=True)
+    return sealed_static_text(text, codec, run_id=state.run_id)
+
+
+STATIC_CLEAR = ("run_id", "agent", "created_at")
+"""What a sealed static part keeps in clear: SQL counts a worker's runs by agent."""
+
+
+def sealed_static_text(text: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """A static part's text (`static_json`'s, unsealed) as a store writes it."""
     if codec is None:
         return text
-    clear = {
-        "run_id": state.run_id,
-        "agent": state.agent,
-        "created_at": state.created_at.isoformat(),
-    }
-    return _sealed(text, codec, _context("static", state.run_id), clear)
+    parsed = json.loads(text)
+    clear = {name: parsed[name] for name in STATIC_CLEAR if name in parsed}
+    return _sealed(text, codec, _context("static", run_id), clear)
 
 
 EVENTS: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)

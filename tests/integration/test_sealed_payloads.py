@@ -153,6 +153,26 @@ def test_without_the_key_every_read_is_one_line_naming_it(tmp_path: Path):
     assert "s1" in listed.stdout
 
 
+def test_migrate_and_gc_read_a_sealed_store_and_keep_its_blobs(tmp_path: Path):
+    store = tmp_path / "ratchet.db"
+    ran = _cli(store, "run", "--agent", AGENT, "--param", f"customer={SECRET}", "--run-id", "s1")
+    assert ran.returncode == 0, ran.stderr
+    blobs = sorted(Path(f"{tmp_path / 'ratchet'}.blobs").rglob("*/*"))
+    assert len(blobs) == 1
+
+    migrated = _cli(store, "migrate", "--json")
+    collected = _cli(store, "gc", "--older-than", "0", "--json")
+
+    assert migrated.returncode == 0, migrated.stderr
+    assert json.loads(migrated.stdout)["runs"] == [
+        {"run_id": "s1", "from_version": 4, "outcome": "current", "reason": None}
+    ]
+    assert collected.returncode == 0, collected.stderr
+    # The only reference to the blob is in sealed records: their envelopes name it in clear.
+    assert sorted(Path(f"{tmp_path / 'ratchet'}.blobs").rglob("*/*")) == blobs
+    assert _cli(store, "status", "s1").returncode == 0
+
+
 def _keyring_ids(store: Path) -> list[str]:
     from ratchet.adapters.payload_keys import local_key_id
 

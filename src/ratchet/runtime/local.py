@@ -404,7 +404,7 @@ class LocalRuntime:
     @property
     def housekeeping(self) -> SqliteHousekeeping:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
-        return SqliteHousekeeping(self.db)
+        return SqliteHousekeeping(self.db, self.codec)
 
     @property
     def root(self) -> Path:
