@@ -173,6 +173,28 @@ def test_migrate_and_gc_read_a_sealed_store_and_keep_its_blobs(tmp_path: Path):
     assert _cli(store, "status", "s1").returncode == 0
 
 
+def test_a_comment_typed_by_a_person_is_in_no_stored_byte_and_history_shows_it(tmp_path: Path):
+    store = tmp_path / "ratchet.db"
+    comment = f"approved for {SECRET}"
+    held = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
+    try:
+        # A run that parks for a person's approval, approved with a comment
+        parked = _cli(store, "run", "--scenario", "migration", "--batches", "1", "--run-id", "m1")
+        assert parked.returncode == 0, parked.stderr
+        approved = _cli(store, "approve", "m1", "--by", "dana", "--comment", comment)
+        assert approved.returncode == 0, approved.stderr
+
+        for name, data in _stored_bytes(store).items():
+            assert SECRET.encode() not in data, name
+        history = _cli(store, "history", "m1", "--json")
+        assert history.returncode == 0, history.stderr
+        assert comment in history.stdout
+        (request,) = held.approvals.of_run("m1")
+        assert request.comment == comment
+    finally:
+        held.close()
+
+
 def _keyring_ids(store: Path) -> list[str]:
     from ratchet.adapters.payload_keys import local_key_id
 

@@ -106,6 +106,7 @@ class AwsRuntime:
         self.dynamodb = dynamodb
         self._stepfunctions = stepfunctions
         self._hook_key = hook_key
+        self._codec = codec
         self.anthropic_configured = anthropic_api_key is not None
         self.store = DynamoDbCheckpointStore(
             dynamodb,
@@ -247,6 +248,7 @@ class AwsRuntime:
             self.dynamodb,
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
+            codec=self._codec,
         )
 
     def mailbox(self) -> DynamoMailbox:

@@ -319,7 +319,7 @@ class LocalRuntime:
 
     @property
     def approvals(self) -> SqliteApprovalBook:
-        return SqliteApprovalBook(self.db)
+        return SqliteApprovalBook(self.db, self.codec)
 
     @property
     def mailbox(self) -> SqliteMailbox:
