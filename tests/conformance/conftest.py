@@ -54,14 +54,14 @@ def _sqlite(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backen
     def connect() -> Iterator[Mailbox]:
         other = SqliteDatabase(path)
         try:
-            yield SqliteMailbox(other)
+            yield SqliteMailbox(other, codec)
         finally:
             other.close()
 
     yield Backend(
         SqliteCheckpointStore(db, codec),
         SqliteLedger(db, codec=codec),
-        SqliteMailbox(db),
+        SqliteMailbox(db, codec),
         connect,
         lambda: list(db.connection.iterdump()),
         lambda run_id, version: db.connection.execute(
@@ -82,7 +82,7 @@ def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Back
         def connect() -> Iterator[Mailbox]:
             # The mailbox keeps no state of its own and a boto3 client serves any thread, so
             # one client stands for many senders.
-            yield DynamoMailbox(client, "checkpoints")
+            yield DynamoMailbox(client, "checkpoints", codec=codec)
 
         def key(run_id: str, version: int) -> dict[str, Any]:
             return {"run_id": {"S": run_id}, "sk": {"S": checkpoint_sk(version)}}
@@ -105,7 +105,7 @@ def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Back
                 client, table="checkpoints", ledger_table="idempotency", codec=codec
             ),
             DynamoDbLedger(client, table="idempotency", codec=codec),
-            DynamoMailbox(client, "checkpoints"),
+            DynamoMailbox(client, "checkpoints", codec=codec),
             connect,
             lambda: [scan(client, table) for table in ("checkpoints", "idempotency", "app")],
             record,
@@ -135,8 +135,8 @@ def _sealed(backend: Callable[[Any, PayloadCodec | None], Iterator[Backend]]) ->
 
 
 SEALED_BACKENDS = {"sqlite-sealed": _sealed(_sqlite), "dynamodb-sealed": _sealed(_dynamodb)}
-"""The checkpoint store's contract holds whether its records are sealed or not
-(`test_store_contract.py` runs on these too)."""
+"""The checkpoint store's and the mailbox's contracts hold whether their records are sealed or
+not (`test_store_contract.py` and `test_mailbox_contract.py` run on these too)."""
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -195,6 +195,33 @@ def test_a_comment_typed_by_a_person_is_in_no_stored_byte_and_history_shows_it(t
         held.close()
 
 
+def test_an_event_sent_to_a_run_is_in_no_stored_byte_and_the_run_takes_it(tmp_path: Path):
+    store = tmp_path / "ratchet.db"
+    payload = json.dumps({"conclusion": "success", "url": f"https://ci.example/{SECRET}"})
+    held = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
+    try:
+        # An event sent before the run waits for it: kept in the run's mailbox
+        started = _cli(store, "start", "--agent", "tests.waits_agent:agent", "--run-id", "e1")
+        assert started.returncode == 0, started.stderr
+        sent = _cli(store, "send", "e1", "ci-finished", "--data", payload)
+        assert sent.returncode == 0, sent.stderr
+        (kept,) = held.mailbox.of_run("e1")
+        assert kept.payload == json.loads(payload)
+        for name, data in _stored_bytes(store).items():
+            assert SECRET.encode() not in data, name
+
+        # Then the run takes it when it waits, and its history shows it
+        worked = _cli(store, "worker", "--until-idle")
+        assert worked.returncode == 0, worked.stderr
+        history = _cli(store, "history", "e1", "--json")
+        assert history.returncode == 0, history.stderr
+        assert SECRET in history.stdout
+        for name, data in _stored_bytes(store).items():
+            assert SECRET.encode() not in data, name
+    finally:
+        held.close()
+
+
 def _keyring_ids(store: Path) -> list[str]:
     from ratchet.adapters.payload_keys import local_key_id
 

@@ -258,6 +258,7 @@ class AwsRuntime:
             self.dynamodb,
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
+            codec=self._codec,
         )
 
     def hooks(self, agents: AgentRegistry) -> Hooks:

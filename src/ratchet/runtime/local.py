@@ -323,7 +323,7 @@ class LocalRuntime:
 
     @property
     def mailbox(self) -> SqliteMailbox:
-        return SqliteMailbox(self.db)
+        return SqliteMailbox(self.db, self.codec)
 
     @property
     def wait_book(self) -> SqliteWaitBook:
