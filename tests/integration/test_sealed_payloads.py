@@ -20,7 +20,7 @@ from werkzeug.test import Client as HttpClient
 from ratchet.adapters.payload_keys import KmsCodec, new_keyring_line
 from ratchet.client import Client
 from ratchet.engine import Outcome
-from ratchet.errors import BlobCorrupt, PayloadKeyMissing, PayloadTampered
+from ratchet.errors import BlobCorrupt, InvalidInput, PayloadKeyMissing, PayloadTampered
 from ratchet.runtime import connect
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.local import LocalRuntime, LocalSettings
@@ -362,3 +362,25 @@ def test_on_aws_a_secret_is_in_no_item_and_no_object_and_the_client_shows_it(dyn
     assert any(CARD in (c.result or "") for c in client.history("a1"))
     (blob,) = [r.blob for r in head.tool_results if r.blob is not None]
     assert f"order 199 for {SECRET}".encode() in runtime.blobs.get(blob)
+
+
+def test_a_dynamodb_store_url_reads_and_seals_with_the_kms_key_its_setting_names(dynamodb):
+    kms = boto3.client("kms", region_name=REGION)
+    key = kms.create_key()["KeyMetadata"]["Arn"]
+    url = (
+        f"dynamodb://{SETTINGS.checkpoints_table}?ledger={SETTINGS.idempotency_table}"
+        f"&app={SETTINGS.app_table}&region={REGION}"
+    )
+    # A run written through the store's URL with the setting, as `ratchet start` would
+    writer = connect(url, environ={"RATCHET_PAYLOAD_KEY": f"kms:{key}"})
+    assert writer.start(agent=AGENT, run_id="k1", input={"customer": SECRET}).run_id == "k1"
+    assert writer.head("k1").options.params == {"customer": SECRET}
+    assert SECRET not in json.dumps(scan(dynamodb, SETTINGS.checkpoints_table))
+
+    # Read without the setting: one error naming the KMS key
+    reader = connect(url, environ={})
+    with pytest.raises(PayloadKeyMissing) as refused:
+        reader.head("k1")
+    assert refused.value.key_id == key
+    with pytest.raises(InvalidInput, match="RATCHET_PAYLOAD_KEY is not valid"):
+        connect(url, environ={"RATCHET_PAYLOAD_KEY": "vault:main"})
