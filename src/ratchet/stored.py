@@ -38,7 +38,7 @@ from pydantic import TypeAdapter
 
 from ratchet.errors import PayloadKeyMissing, PayloadTampered
 from ratchet.migrations import load_state, load_state_raw
-from ratchet.sealing import PayloadCodec, header_of
+from ratchet.sealing import PayloadCodec, header_of, is_sealed
 from ratchet.state import (
     CheckpointEvent,
     Created,
@@ -151,6 +151,27 @@ def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str
     envelope = json.loads(text)
     run_id = envelope.get("run_id", "") if isinstance(envelope, dict) else ""
     return open_sealed_text(text, codec, part=part, run_id=str(run_id))
+
+
+def sealed_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """A value a run's code chose (`RunData`'s) as a store writes it: sealed if there is a
+    codec, whatever it looks like, so that no value of the run's is taken for an envelope."""
+    return value if codec is None else _sealed(value, codec, _context(part, run_id))
+
+
+def opened_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """The value `sealed_value` was given. A value is an envelope only if it is a whole one (its
+    sealed value begins with the marker): any other text, even one that begins as an envelope
+    does, was written without a codec and reads as it is."""
+    if not is_sealed_text(value):
+        return value
+    try:
+        envelope = json.loads(value)
+        if not is_sealed(base64.b64decode(envelope["sealed"], validate=True)):
+            return value
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        return value
+    return open_sealed_text(value, codec, part=part, run_id=run_id)
 
 
 def _context(part: str, run_id: str) -> bytes:

@@ -384,3 +384,28 @@ def test_a_dynamodb_store_url_reads_and_seals_with_the_kms_key_its_setting_names
     assert refused.value.key_id == key
     with pytest.raises(InvalidInput, match="RATCHET_PAYLOAD_KEY is not valid"):
         connect(url, environ={"RATCHET_PAYLOAD_KEY": "vault:main"})
+
+
+def test_a_runs_data_is_sealed_and_a_value_that_only_looks_sealed_reads_as_it_is(tmp_path):
+    store = tmp_path / "ratchet.db"
+    looks_sealed = '{"sealed":"not base64 at all"}'
+    plain = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}"))
+    try:
+        # A value written without the codec, shaped like an envelope
+        plain.context("d1", RunOptions()).data.put("odd", looks_sealed)
+        assert plain.context("d1", RunOptions()).data.get("odd") == looks_sealed
+    finally:
+        plain.close()
+
+    sealed = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
+    try:
+        data = sealed.context("d1", RunOptions()).data
+        data.put("card", SECRET)
+        data.put("also-odd", looks_sealed)
+
+        assert data.get("card") == SECRET
+        assert data.items() == [("also-odd", looks_sealed), ("card", SECRET), ("odd", looks_sealed)]
+        for name, stored in _stored_bytes(store).items():
+            assert SECRET.encode() not in stored, name
+    finally:
+        sealed.close()

@@ -151,7 +151,7 @@ class AwsRuntime:
             options=options,
             workdir=SCRATCH / run_id,
             services={"dynamodb": self.dynamodb, "app_table": self.settings.app_table},
-            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id),
+            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id, codec=self._codec),
             secrets=self._secrets,
         )
 

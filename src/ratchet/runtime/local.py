@@ -416,7 +416,7 @@ class LocalRuntime:
             options=options,
             # The runs' folders are private to the store's owner, as the store is.
             workdir=private_folder(Path(f"{self.root}.data")) / run_id,
-            data=SqliteRunData(self.db, run_id),
+            data=SqliteRunData(self.db, run_id, self.codec),
             secrets=EnvironmentSecrets(),
         )
 
