@@ -21,6 +21,7 @@ from ratchet.adapters.payload_keys import KmsCodec, new_keyring_line
 from ratchet.client import Client
 from ratchet.engine import Outcome
 from ratchet.errors import BlobCorrupt, InvalidInput, PayloadKeyMissing, PayloadTampered
+from ratchet.ports import RunData
 from ratchet.runtime import connect
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.local import LocalRuntime, LocalSettings
@@ -392,14 +393,15 @@ def test_a_runs_data_is_sealed_and_a_value_that_only_looks_sealed_reads_as_it_is
     plain = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}"))
     try:
         # A value written without the codec, shaped like an envelope
-        plain.context("d1", RunOptions()).data.put("odd", looks_sealed)
-        assert plain.context("d1", RunOptions()).data.get("odd") == looks_sealed
+        before = _data(plain)
+        before.put("odd", looks_sealed)
+        assert before.get("odd") == looks_sealed
     finally:
         plain.close()
 
     sealed = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
     try:
-        data = sealed.context("d1", RunOptions()).data
+        data = _data(sealed)
         data.put("card", SECRET)
         data.put("also-odd", looks_sealed)
 
@@ -409,3 +411,9 @@ def test_a_runs_data_is_sealed_and_a_value_that_only_looks_sealed_reads_as_it_is
             assert SECRET.encode() not in stored, name
     finally:
         sealed.close()
+
+
+def _data(runtime: LocalRuntime) -> RunData:
+    data = runtime.context("d1", RunOptions()).data
+    assert data is not None
+    return data
