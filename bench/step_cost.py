@@ -663,6 +663,66 @@ def report(figures: Figures) -> str:
     return "\n".join(lines)
 
 
+def codec_comparison(off: Figures, on: Figures, setting: str) -> str:
+    """What a step costs with the payload codec off and on, side by side, from two runs of the
+    bench in one process (`--compare-codec`)."""
+
+    def window(figures: Figures, low: int, high: int, part: str) -> float:
+        timed = [t for t in figures.timings if low <= t.step <= high]
+        return _median(getattr(t.engine, part) for t in timed)
+
+    rows: list[Row] = [("figure (medians)", "codec off", f"codec on ({setting})", "on / off")]
+    for a, b in zip(off.bytes_at, on.bytes_at, strict=True):
+        rows.append(
+            (
+                f"rows written by step {a.step:,}",
+                f"{a.total:,} B",
+                f"{b.total:,} B",
+                f"{b.total / a.total:.2f}x",
+            )
+        )
+    for a, b in zip(off.bytes_at, on.bytes_at, strict=True):
+        assert a.wal is not None
+        assert b.wal is not None
+        rows.append(
+            (
+                f"WAL bytes a step from step {a.wal_step:,}",
+                f"{a.wal:,.0f} B",
+                f"{b.wal:,.0f} B",
+                f"{b.wal / a.wal:.2f}x",
+            )
+        )
+    for low, high in (START_WINDOW, (END_WINDOW[0], END_RESUMES_FROM - 1)):
+        for part, what in (("wall_ms", "engine overhead"), ("cpu_ms", "  of it CPU")):
+            a_ms, b_ms = window(off, low, high, part), window(on, low, high, part)
+            rows.append(
+                (
+                    f"{what}, steps {low:,}-{high:,}",
+                    f"{a_ms:.2f} ms",
+                    f"{b_ms:.2f} ms",
+                    f"{b_ms / a_ms:.2f}x",
+                )
+            )
+    for what, a_samples, b_samples in (
+        ("resume in a fresh process, from step 10", off.start_resumes, on.start_resumes),
+        ("resume in a fresh process, from step 996", off.end_resumes, on.end_resumes),
+    ):
+        a_ms = _median(r.total_ms for r in a_samples)
+        b_ms = _median(r.total_ms for r in b_samples)
+        rows.append((what, f"{a_ms:.1f} ms", f"{b_ms:.1f} ms", f"{b_ms / a_ms:.2f}x"))
+    return "\n".join(
+        [
+            f"Ratchet step cost with the payload codec off and on: {off.bytes_at[-1].step:,} "
+            f"steps each, SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, "
+            f"{os.cpu_count()} CPUs",
+            "",
+            *_table(rows, "<>>>"),
+            "",
+            f"bench took {off.seconds + on.seconds:.1f} s",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="What one Ratchet step costs.")
     parser.add_argument(
@@ -675,7 +735,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="SETTING",
         help="seal what the run stores, as RATCHET_PAYLOAD_KEY does (local, file:PATH, kms:...)",
     )
+    parser.add_argument(
+        "--compare-codec",
+        metavar="SETTING",
+        help="run the bench twice, the codec off then on (a RATCHET_PAYLOAD_KEY value), and "
+        "print the two side by side",
+    )
     args = parser.parse_args(argv)
+    if args.compare_codec:
+        with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
+            (Path(directory) / "off").mkdir()
+            (Path(directory) / "on").mkdir()
+            os.environ.pop("RATCHET_PAYLOAD_KEY", None)
+            off = measure(Path(directory) / "off")
+            os.environ["RATCHET_PAYLOAD_KEY"] = args.compare_codec
+            on = measure(Path(directory) / "on")
+        print(codec_comparison(off, on, args.compare_codec))
+        return
     if args.payload_key:
         os.environ["RATCHET_PAYLOAD_KEY"] = args.payload_key
     if args.resume_one:
