@@ -53,6 +53,7 @@ import aws_lambda_powertools  # noqa: F401
 
 from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
+from ratchet import stored
 from ratchet.adapters.sqlite.database import PAGE_SIZE
 from ratchet.engine import Binder, Binding, Engine, Outcome
 from ratchet.engine.decisions import decision_from, payload_of
@@ -216,7 +217,7 @@ class BenchRun:
 
     def __init__(self, directory: Path, *, steps: int, max_steps: int) -> None:
         self.url = f"sqlite:///{directory / 'ratchet.db'}"
-        self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
+        self.runtime = LocalRuntime.open(_settings(self.url))
         self.clock = ToolClock()
         self.engine = bench_engine(self.runtime, self.clock)
         # What `ratchet start --agent bench.scripted_agent:agent --param steps=N` does.
@@ -272,12 +273,17 @@ class BenchRun:
 
     def step_bytes(self, step: int) -> StepBytes:
         connection = self.runtime.db.connection
-        records = {
-            record_step: (size, json.loads(event))
+        codec = self.runtime.codec
+        opened = (
+            (record_step, size, stored.open_sealed_text(event, codec, part="event", run_id=RUN_ID))
             for record_step, size, event in connection.execute(
                 "SELECT step, bytes, event FROM checkpoints WHERE run_id = ? AND step = ?",
                 (RUN_ID, step),
             )
+        )
+        records = {
+            record_step: (size, json.loads(event))
+            for record_step, size, event in opened
             if json.loads(event)["kind"] == "step"
         }
         receipts = [records[step][0]] if step in records else []
@@ -290,10 +296,15 @@ class BenchRun:
             raise LookupError(f"step {step} of {RUN_ID} has no single step record")
         written = list(decision)
         if written[5] is None:  # dropped by the commit: what `begin` wrote is the record's call
-            written[5] = json.dumps(
-                payload_of(decision_from(records[step][1]["call"])),
-                sort_keys=True,
-                separators=(",", ":"),
+            written[5] = stored.sealed_text(
+                json.dumps(
+                    payload_of(decision_from(records[step][1]["call"])),
+                    sort_keys=True,
+                    separators=(",", ":"),
+                ),
+                codec,
+                part="decision",
+                run_id=RUN_ID,
             )
         return StepBytes(step, receipts[0], _row_bytes(written))
 
@@ -369,9 +380,15 @@ def resume_in_fresh_process(url: str) -> ResumeSample:
     return ResumeSample(**json.loads(completed.stdout.splitlines()[-1]))
 
 
+def _settings(url: str) -> LocalSettings:
+    """The store's settings, with the payload codec `--payload-key` names (the resume
+    processes inherit it as `RATCHET_PAYLOAD_KEY`)."""
+    return LocalSettings(store=url, payload_key=os.environ.get("RATCHET_PAYLOAD_KEY") or None)
+
+
 def _resume_one(url: str) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
-    runtime = LocalRuntime.open(LocalSettings(store=url), create=False)
+    runtime = LocalRuntime.open(_settings(url), create=False)
     clock = ToolClock()
     outcome = bench_engine(runtime, clock).advance(RUN_ID)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -578,7 +595,8 @@ def report(figures: Figures) -> str:
         f"{RESULT_BYTES:,} B result a step, {NEW_DATA_BYTES:,} B of new data), "
         f"{written[-1].step:,} steps, scripted model",
         f"SQLite {sqlite3.sqlite_version} (WAL, synchronous=FULL) in {tempfile.gettempdir()}, "
-        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs",
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, payload codec "
+        f"{os.environ.get('RATCHET_PAYLOAD_KEY') or 'off'}",
         "",
         *_table(
             [
@@ -645,6 +663,66 @@ def report(figures: Figures) -> str:
     return "\n".join(lines)
 
 
+def codec_comparison(off: Figures, on: Figures, setting: str) -> str:
+    """What a step costs with the payload codec off and on, side by side, from two runs of the
+    bench in one process (`--compare-codec`)."""
+
+    def window(figures: Figures, low: int, high: int, part: str) -> float:
+        timed = [t for t in figures.timings if low <= t.step <= high]
+        return _median(getattr(t.engine, part) for t in timed)
+
+    rows: list[Row] = [("figure (medians)", "codec off", f"codec on ({setting})", "on / off")]
+    for a, b in zip(off.bytes_at, on.bytes_at, strict=True):
+        rows.append(
+            (
+                f"rows written by step {a.step:,}",
+                f"{a.total:,} B",
+                f"{b.total:,} B",
+                f"{b.total / a.total:.2f}x",
+            )
+        )
+    for a, b in zip(off.bytes_at, on.bytes_at, strict=True):
+        assert a.wal is not None
+        assert b.wal is not None
+        rows.append(
+            (
+                f"WAL bytes a step from step {a.wal_step:,}",
+                f"{a.wal:,.0f} B",
+                f"{b.wal:,.0f} B",
+                f"{b.wal / a.wal:.2f}x",
+            )
+        )
+    for low, high in (START_WINDOW, (END_WINDOW[0], END_RESUMES_FROM - 1)):
+        for part, what in (("wall_ms", "engine overhead"), ("cpu_ms", "  of it CPU")):
+            a_ms, b_ms = window(off, low, high, part), window(on, low, high, part)
+            rows.append(
+                (
+                    f"{what}, steps {low:,}-{high:,}",
+                    f"{a_ms:.2f} ms",
+                    f"{b_ms:.2f} ms",
+                    f"{b_ms / a_ms:.2f}x",
+                )
+            )
+    for what, a_samples, b_samples in (
+        ("resume in a fresh process, from step 10", off.start_resumes, on.start_resumes),
+        ("resume in a fresh process, from step 996", off.end_resumes, on.end_resumes),
+    ):
+        a_ms = _median(r.total_ms for r in a_samples)
+        b_ms = _median(r.total_ms for r in b_samples)
+        rows.append((what, f"{a_ms:.1f} ms", f"{b_ms:.1f} ms", f"{b_ms / a_ms:.2f}x"))
+    return "\n".join(
+        [
+            f"Ratchet step cost with the payload codec off and on: {off.bytes_at[-1].step:,} "
+            f"steps each, SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, "
+            f"{os.cpu_count()} CPUs",
+            "",
+            *_table(rows, "<>>>"),
+            "",
+            f"bench took {off.seconds + on.seconds:.1f} s",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="What one Ratchet step costs.")
     parser.add_argument(
@@ -652,7 +730,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="STORE_URL",
         help="used by the bench: take one step of its run in this fresh process",
     )
+    parser.add_argument(
+        "--payload-key",
+        metavar="SETTING",
+        help="seal what the run stores, as RATCHET_PAYLOAD_KEY does (local, file:PATH, kms:...)",
+    )
+    parser.add_argument(
+        "--compare-codec",
+        metavar="SETTING",
+        help="run the bench twice, the codec off then on (a RATCHET_PAYLOAD_KEY value), and "
+        "print the two side by side",
+    )
     args = parser.parse_args(argv)
+    if args.compare_codec:
+        with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
+            (Path(directory) / "off").mkdir()
+            (Path(directory) / "on").mkdir()
+            os.environ.pop("RATCHET_PAYLOAD_KEY", None)
+            off = measure(Path(directory) / "off")
+            os.environ["RATCHET_PAYLOAD_KEY"] = args.compare_codec
+            on = measure(Path(directory) / "on")
+        print(codec_comparison(off, on, args.compare_codec))
+        return
+    if args.payload_key:
+        os.environ["RATCHET_PAYLOAD_KEY"] = args.payload_key
     if args.resume_one:
         _resume_one(args.resume_one)
         return

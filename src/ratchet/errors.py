@@ -103,6 +103,18 @@ class BlobCorrupt(RatchetError, ValueError):
         self.sha256 = sha256
 
 
+class BlobTampered(BlobCorrupt):
+    """A sealed blob fails its authentication: as a corrupt one, never used, never retried."""
+
+    def __init__(self, address: str, where: str, key_id: str) -> None:
+        RatchetError.__init__(
+            self,
+            f"blob {address} is corrupt in {where}: it fails its authentication under key "
+            f"{key_id!r}",
+        )
+        self.sha256 = address
+
+
 class BlobMissing(BlobCorrupt):
     """A blob a run references is not in the blob store (removed by hand, or lost). The same
     rule as a corrupt one: what was stored is gone, so no retry can bring it back, and the run
@@ -111,6 +123,28 @@ class BlobMissing(BlobCorrupt):
     def __init__(self, sha256: str, where: str) -> None:
         RatchetError.__init__(self, f"blob {sha256} is missing from {where}")
         self.sha256 = sha256
+
+
+class PayloadKeyMissing(RatchetError):
+    """A stored payload is sealed with a key this process does not have (`RATCHET_PAYLOAD_KEY`
+    unset, a keyring without that key, a KMS key it may not use): nothing of it is shown, and
+    nothing is retried, since no retry brings the key back."""
+
+    def __init__(self, key_id: str, why: str) -> None:
+        super().__init__(f"a stored payload is sealed with key {key_id!r}: {why}")
+        self.key_id = key_id
+
+
+class PayloadTampered(RatchetError):
+    """A sealed payload fails its authentication (AES-GCM's tag): its bytes, or where it was
+    put, are not what was sealed. Never opened, never retried."""
+
+    def __init__(self, key_id: str, what: str) -> None:
+        super().__init__(
+            f"{what} sealed with key {key_id!r} fails its authentication: it was damaged or "
+            "tampered with, or moved from where it was stored"
+        )
+        self.key_id = key_id
 
 
 class StoreUnavailable(RatchetError):

@@ -12,10 +12,23 @@ So a commit writes the counters, the status, the digest and the references, and 
 writes does not grow with its arguments, its results or the goal. Every store (SQLite,
 DynamoDB) uses these functions; `tests/conformance` checks that a state read back equals the
 state written.
+
+With a payload codec (`RATCHET_PAYLOAD_KEY`, `ratchet.sealing`), each of the three texts is
+sealed whole and stored as a small JSON envelope, `{"sealed":"<base64>",...}`: what it says of
+the world (the goal, inputs and params, decisions' arguments, tool results, answers, comments,
+summaries, the digest's texts) is in the sealed value, bound to its run and its part. What the
+stores search or condition on is in their own columns and attributes (ids, status, step,
+version, times, sizes), and the envelope keeps in clear only what is read without the models:
+the static part's run id, agent and creation time (a worker's concurrency bound counts runs by
+agent in SQL), and the digests of the blobs a text references (`ratchet gc` keeps them;
+under a codec they are keyed hashes, `PayloadCodec.address`). Without a codec every text is
+written as before, byte for byte, and a sealed one is refused in one line naming its key.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Iterable
@@ -23,7 +36,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from ratchet.errors import PayloadKeyMissing, PayloadTampered
 from ratchet.migrations import load_state, load_state_raw
+from ratchet.sealing import PayloadCodec, header_of, is_sealed
 from ratchet.state import (
     CheckpointEvent,
     Created,
@@ -49,7 +64,11 @@ RECORDS_PER_STEP = 4
 A store reading the window back reads `window_reads(size)` records, newest first."""
 
 
-def head_json(state: RunState) -> str:
+SEALED_PREFIX = '{"sealed":"'
+"""How every sealed text begins; no text of a model does (none has a field `sealed`)."""
+
+
+def head_json(state: RunState, codec: PayloadCodec | None = None) -> str:
     """What a commit writes of the head: neither the static part nor the window, nor a field
     at its default (no usage yet, nothing pinned). So a field's default must keep its meaning
     for good: changing one needs a schema version and a migration."""
@@ -57,32 +76,146 @@ def head_json(state: RunState) -> str:
         mode="json", exclude=set(STATIC_FIELDS | WINDOW_FIELDS), exclude_defaults=True
     )
     head["schema_version"] = state.schema_version  # always stored: loading reads it first
-    return json.dumps(head, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(head, separators=(",", ":"), ensure_ascii=False)
+    return text if codec is None else _sealed(text, codec, _context("head", state.run_id))
 
 
-def static_json(state: RunState) -> str:
+def static_json(state: RunState, codec: PayloadCodec | None = None) -> str:
     """The static part of the head, written once with the run's first checkpoint."""
-    return state.model_dump_json(include={*STATIC_FIELDS, "schema_version"}, exclude_none=True)
+    text = state.model_dump_json(include={*STATIC_FIELDS, "schema_version"}, exclude_none=True)
+    return sealed_static_text(text, codec, run_id=state.run_id)
+
+
+STATIC_CLEAR = ("run_id", "agent", "created_at")
+"""What a sealed static part keeps in clear: SQL counts a worker's runs by agent."""
+
+
+def sealed_static_text(text: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """A static part's text (`static_json`'s, unsealed) as a store writes it."""
+    if codec is None:
+        return text
+    parsed = json.loads(text)
+    clear = {name: parsed[name] for name in STATIC_CLEAR if name in parsed}
+    return _sealed(text, codec, _context("static", run_id), clear)
 
 
 EVENTS: TypeAdapter[CheckpointEvent] = TypeAdapter(CheckpointEvent)
 
 
-def event_json(checkpoint: StoredCheckpoint) -> str:
+def event_json(checkpoint: StoredCheckpoint, codec: PayloadCodec | None = None) -> str:
     """A checkpoint record's event, without the fields it leaves unset, and a step's without
     what the record's row says (`StepCompleted.stored_exclusions`): its step, its key, its
     output's step and tool, some 60 B of a step's 1.5 KB record."""
     event = checkpoint.event
     if isinstance(event, StepCompleted):
         left = event.stored_exclusions(checkpoint.run_id, checkpoint.step)
-        return event.model_dump_json(exclude_none=True, exclude=left)
-    return EVENTS.dump_json(event, exclude_none=True).decode()
+        text = event.model_dump_json(exclude_none=True, exclude=left)
+    else:
+        text = EVENTS.dump_json(event, exclude_none=True).decode()
+    return text if codec is None else _sealed(text, codec, _context("event", checkpoint.run_id))
 
 
-def parse_event(text: str | bytes, *, run_id: str, step: int) -> CheckpointEvent:
+def parse_event(
+    text: str | bytes, *, run_id: str, step: int, codec: PayloadCodec | None = None
+) -> CheckpointEvent:
     """The event of a record stored by `event_json`, read with its row's run and step, which
     fill in what a step record leaves out; a record stored whole reads as it is."""
-    return EVENTS.validate_json(text, context=RecordRow(run_id, step))
+    opened = opened_text(text, codec, context=_context("event", run_id))
+    return EVENTS.validate_json(opened, context=RecordRow(run_id, step))
+
+
+def sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """`text` as a store writes it: sealed, bound to the run and the `part` it is (a ledger's
+    decision, ...), if there is a codec; as it is if not."""
+    return text if codec is None else _sealed(text, codec, _context(part, run_id))
+
+
+def open_sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """The text `sealed_text` was given (see `opened_text` for what it raises)."""
+    opened = opened_text(text, codec, context=_context(part, run_id))
+    return opened if isinstance(opened, str) else opened.decode()
+
+
+def sealed_record_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """`sealed_text` for a record read back without its run's id at hand (an approval listed
+    with every pending one): the envelope names the run in clear, and is bound to it."""
+    return (
+        text if codec is None else _sealed(text, codec, _context(part, run_id), {"run_id": run_id})
+    )
+
+
+def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str:
+    """The text `sealed_record_text` was given."""
+    if not is_sealed_text(text):
+        return text
+    envelope = json.loads(text)
+    run_id = envelope.get("run_id", "") if isinstance(envelope, dict) else ""
+    return open_sealed_text(text, codec, part=part, run_id=str(run_id))
+
+
+def sealed_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """A value a run's code chose (`RunData`'s) as a store writes it: sealed if there is a
+    codec, whatever it looks like, so that no value of the run's is taken for an envelope."""
+    return value if codec is None else _sealed(value, codec, _context(part, run_id))
+
+
+def opened_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+    """The value `sealed_value` was given. A value is an envelope only if it is a whole one (its
+    sealed value begins with the marker): any other text, even one that begins as an envelope
+    does, was written without a codec and reads as it is."""
+    if not is_sealed_text(value):
+        return value
+    try:
+        envelope = json.loads(value)
+        if not is_sealed(base64.b64decode(envelope["sealed"], validate=True)):
+            return value
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        return value
+    return open_sealed_text(value, codec, part=part, run_id=run_id)
+
+
+def _context(part: str, run_id: str) -> bytes:
+    """What a sealed text is bound to: a head, a static part or a record of one run. A text
+    copied to another run, or a record put where a head was, fails its authentication."""
+    return f"ratchet:{part}:{run_id}".encode()
+
+
+def _sealed(
+    text: str, codec: PayloadCodec, context: bytes, clear: dict[str, str] | None = None
+) -> str:
+    envelope: dict[str, Any] = {
+        "sealed": base64.b64encode(codec.seal(text.encode(), context=context)).decode("ascii"),
+        **(clear or {}),
+    }
+    blobs = sorted(blob_digests(text))
+    if blobs:
+        envelope["blobs"] = blobs
+    return json.dumps(envelope, separators=(",", ":"))
+
+
+def is_sealed_text(text: str | bytes) -> bool:
+    prefix = SEALED_PREFIX if isinstance(text, str) else SEALED_PREFIX.encode()
+    return text.startswith(prefix)  # type: ignore[arg-type]
+
+
+def opened_text(text: str | bytes, codec: PayloadCodec | None, *, context: bytes) -> str | bytes:
+    """`text` as written before it was sealed (as it is, if it was not): `PayloadKeyMissing`
+    naming the key, if there is no codec or not that key; `PayloadTampered` if it fails its
+    authentication (or its envelope is not whole); `ValueError` if it is not JSON."""
+    if not is_sealed_text(text):
+        return text
+    envelope = json.loads(text)
+    try:
+        sealed = base64.b64decode(envelope["sealed"], validate=True)
+    except (binascii.Error, TypeError, KeyError):
+        raise PayloadTampered("?", "a stored payload's envelope") from None
+    if codec is None:
+        raise PayloadKeyMissing(
+            header_of(sealed)[0],
+            "this process has no payload key (set RATCHET_PAYLOAD_KEY as it was set when "
+            "the payload was written)",
+        )
+    return codec.open(sealed, context=context).decode()
 
 
 def window_reads(size: int) -> int:
@@ -96,13 +229,19 @@ def load_head(
     *,
     version: int,
     attempts: int,
+    codec: PayloadCodec | None = None,
 ) -> RunState:
     """The state from its stored parts, the head and the static part (None for a head written
     whole, by schema 2 and earlier), without its window (`with_window` adds it from the
     records). Raises `ValueError` for a part that is not a state."""
     if static is None:
         return load_state(head, version=version, attempts=attempts)
-    raw: dict[str, Any] = {**json.loads(static), **json.loads(head)}
+    parsed_static = json.loads(static)
+    run_id = parsed_static.get("run_id", "") if isinstance(parsed_static, dict) else ""
+    if is_sealed_text(static):
+        parsed_static = json.loads(opened_text(static, codec, context=_context("static", run_id)))
+    opened_head = opened_text(head, codec, context=_context("head", run_id))
+    raw: dict[str, Any] = {**parsed_static, **json.loads(opened_head)}
     return load_state_raw(raw, version=version, attempts=attempts)
 
 

@@ -2,21 +2,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import boto3
 import pytest
 from moto import mock_aws
 
+from ratchet import stored
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, checkpoint_sk
+from ratchet.adapters.payload_keys import KeyringCodec
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.ports import CheckpointStore, IdempotencyLedger, Mailbox
+from ratchet.sealing import PayloadCodec
 from tests.dynamodb_support import create_tables, one_dynamodb_call_at_a_time, scan
 
 
@@ -36,7 +39,7 @@ class Backend:
     """Store other JSON text as a record's event, as an older Ratchet would have written it."""
 
 
-def _sqlite(tmp_path: Any) -> Iterator[Backend]:
+def _sqlite(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backend]:
     path = tmp_path / "ratchet.db"
     db = SqliteDatabase(path)
 
@@ -51,14 +54,14 @@ def _sqlite(tmp_path: Any) -> Iterator[Backend]:
     def connect() -> Iterator[Mailbox]:
         other = SqliteDatabase(path)
         try:
-            yield SqliteMailbox(other)
+            yield SqliteMailbox(other, codec)
         finally:
             other.close()
 
     yield Backend(
-        SqliteCheckpointStore(db),
-        SqliteLedger(db),
-        SqliteMailbox(db),
+        SqliteCheckpointStore(db, codec),
+        SqliteLedger(db, codec=codec),
+        SqliteMailbox(db, codec),
         connect,
         lambda: list(db.connection.iterdump()),
         lambda run_id, version: db.connection.execute(
@@ -69,7 +72,7 @@ def _sqlite(tmp_path: Any) -> Iterator[Backend]:
     db.close()
 
 
-def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
+def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backend]:
     # Requests served one at a time, which is all the racing tests need of moto.
     with one_dynamodb_call_at_a_time(), mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
@@ -79,7 +82,7 @@ def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
         def connect() -> Iterator[Mailbox]:
             # The mailbox keeps no state of its own and a boto3 client serves any thread, so
             # one client stands for many senders.
-            yield DynamoMailbox(client, "checkpoints")
+            yield DynamoMailbox(client, "checkpoints", codec=codec)
 
         def key(run_id: str, version: int) -> dict[str, Any]:
             return {"run_id": {"S": run_id}, "sk": {"S": checkpoint_sk(version)}}
@@ -98,9 +101,11 @@ def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
             )
 
         yield Backend(
-            DynamoDbCheckpointStore(client, table="checkpoints", ledger_table="idempotency"),
-            DynamoDbLedger(client, table="idempotency"),
-            DynamoMailbox(client, "checkpoints"),
+            DynamoDbCheckpointStore(
+                client, table="checkpoints", ledger_table="idempotency", codec=codec
+            ),
+            DynamoDbLedger(client, table="idempotency", codec=codec),
+            DynamoMailbox(client, "checkpoints", codec=codec),
             connect,
             lambda: [scan(client, table) for table in ("checkpoints", "idempotency", "app")],
             record,
@@ -109,6 +114,29 @@ def _dynamodb(tmp_path: Any) -> Iterator[Backend]:
 
 
 BACKENDS = {"sqlite": _sqlite, "dynamodb": _dynamodb}
+
+
+def _sealed(backend: Callable[[Any, PayloadCodec | None], Iterator[Backend]]) -> Any:
+    """The backend with a payload codec on (`RATCHET_PAYLOAD_KEY=local`); its `record` is the
+    record's text as it was before it was sealed, which is what the contract speaks of."""
+
+    def sealed(tmp_path: Any) -> Iterator[Backend]:
+        codec = KeyringCodec(tmp_path / "payload-keys", create=True)
+        for found in backend(tmp_path, codec):
+
+            def record(run_id: str, version: int, found: Backend = found) -> str:
+                text = found.record(run_id, version)
+                opened = stored.opened_text(text, codec, context=f"ratchet:event:{run_id}".encode())
+                return opened if isinstance(opened, str) else opened.decode()
+
+            yield replace(found, record=record)
+
+    return sealed
+
+
+SEALED_BACKENDS = {"sqlite-sealed": _sealed(_sqlite), "dynamodb-sealed": _sealed(_dynamodb)}
+"""The checkpoint store's and the mailbox's contracts hold whether their records are sealed or
+not (`test_store_contract.py` and `test_mailbox_contract.py` run on these too)."""
 
 
 @pytest.fixture(params=sorted(BACKENDS))

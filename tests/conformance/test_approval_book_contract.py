@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.approvals import AwsApprovals, approval_sk
 from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE
+from ratchet.adapters.payload_keys import KeyringCodec
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalError, ApprovalExpired
@@ -53,15 +54,20 @@ def emptied(client: DynamoDBClient) -> DynamoDBClient:
     return client
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "sqlite-sealed", "dynamodb-sealed"])
 def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[ApprovalBackend]:
-    if request.param == "sqlite":
+    # "-sealed": with a payload codec (`RATCHET_PAYLOAD_KEY`), which seals each record.
+    name, _, sealed = request.param.partition("-")
+    codec = KeyringCodec(tmp_path / "payload-keys", create=True) if sealed else None
+    if name == "sqlite":
         db = SqliteDatabase(tmp_path / "ratchet.db")
-        yield ApprovalBackend("sqlite", SqliteApprovalBook(db))
+        yield ApprovalBackend("sqlite", SqliteApprovalBook(db, codec))
         db.close()
     else:
         client = emptied(request.getfixturevalue("dynamodb"))
-        yield ApprovalBackend("dynamodb", AwsApprovals(client, SETTINGS.checkpoints_table))
+        yield ApprovalBackend(
+            "dynamodb", AwsApprovals(client, SETTINGS.checkpoints_table, codec=codec)
+        )
 
 
 def approval(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from ratchet.state import (
     utcnow,
 )
 from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent, event_arrived
+from tests.conformance.conftest import BACKENDS, SEALED_BACKENDS
 from tests.conformance.test_store_contract import commit_of, new_run, step_commit
 
 if TYPE_CHECKING:
@@ -36,6 +38,12 @@ if TYPE_CHECKING:
 
 T0 = utcnow().replace(microsecond=0)
 RACERS = 20
+
+
+@pytest.fixture(params=[*sorted(BACKENDS), *sorted(SEALED_BACKENDS)])
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Backend]:
+    """Each backend, and each with its records sealed (`RATCHET_PAYLOAD_KEY`)."""
+    yield from {**BACKENDS, **SEALED_BACKENDS}[request.param](tmp_path)
 
 
 def sent(
@@ -289,7 +297,7 @@ def test_a_flood_of_other_names_never_refuses_the_awaited_or_a_declared_name(
     """Names the run neither waits for nor declares fill the room they share; the event it
     waits for and one of a name it declares still get in, each to a room of its own, and the
     wait takes its event."""
-    flood = FLOODS[request.node.callspec.params["backend"]]
+    flood = FLOODS[request.node.callspec.params["backend"].removesuffix("-sealed")]
     head = parked(backend)
     reserved = {WAIT.name, "deploy-done"}
     kept, refusals = 0, set()

@@ -21,6 +21,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
+from ratchet.adapters.payload_keys import KeyringCodec
 from ratchet.adapters.run_data import MAX_DATA_KEY_BYTES
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import SqliteDatabase
@@ -56,15 +57,18 @@ def emptied(client: DynamoDBClient) -> DynamoDBClient:
     return client
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "sqlite-sealed", "dynamodb-sealed"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "sqlite":
+    # "-sealed": with a payload codec (`RATCHET_PAYLOAD_KEY`), which seals each value.
+    name, _, sealed = request.param.partition("-")
+    codec = KeyringCodec(tmp_path / "payload-keys", create=True) if sealed else None
+    if name == "sqlite":
         opened: list[SqliteDatabase] = []
 
         def sqlite_data(run_id: str) -> RunData:
             db = SqliteDatabase(tmp_path / "ratchet.db")
             opened.append(db)
-            return SqliteRunData(db, run_id)
+            return SqliteRunData(db, run_id, codec)
 
         yield Backend("sqlite", sqlite_data)
         for db in opened:
@@ -72,7 +76,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     else:
         emptied(request.getfixturevalue("dynamodb"))
         yield Backend(
-            "dynamodb", lambda run_id: DynamoDbRunData(new_client(), SETTINGS.app_table, run_id)
+            "dynamodb",
+            lambda run_id: DynamoDbRunData(new_client(), SETTINGS.app_table, run_id, codec=codec),
         )
 
 

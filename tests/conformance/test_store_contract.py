@@ -7,8 +7,9 @@ and it must pass all of this unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,13 @@ from ratchet.state import (
     ToolOutput,
     utcnow,
 )
+from tests.conformance.conftest import BACKENDS, SEALED_BACKENDS, Backend
+
+
+@pytest.fixture(params=[*sorted(BACKENDS), *sorted(SEALED_BACKENDS)])
+def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Backend]:
+    """Each backend, and each with its records sealed (`RATCHET_PAYLOAD_KEY`)."""
+    yield from {**BACKENDS, **SEALED_BACKENDS}[request.param](tmp_path)
 
 
 def new_run(run_id: str = "r1", goal: str = "copy the rows") -> tuple[RunState, StoredCheckpoint]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from ratchet.errors import BlobCorrupt, BlobMissing, StoreUnavailable, ToolFailed
+from ratchet.adapters.file_blobs import blob_address, read_blob, stored_blob
+from ratchet.errors import BlobMissing, StoreUnavailable, ToolFailed
+from ratchet.sealing import PayloadCodec
 from ratchet.state import BlobRef
 
 PREFIX = "blobs/"
@@ -15,21 +16,23 @@ class S3BlobStore:
     """`BlobStore` on one bucket, at `blobs/<sha256>`.
 
     A key names its content, so a put is safe to repeat (a retried step stores the same bytes
-    under the same key) and an object is never rewritten with anything else.
+    under the same key) and an object is never rewritten with anything else. With a codec the
+    key is a keyed hash and the object sealed (`ratchet.adapters.file_blobs`, as on disk).
     """
 
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, codec: PayloadCodec | None = None) -> None:
         # `client` is a boto3 S3 client; typed loosely because the S3 stubs are not a
         # dependency of this project.
         self._client = client
         self._bucket = bucket
+        self._codec = codec
 
     def put(self, data: bytes) -> BlobRef:
-        digest = hashlib.sha256(data).hexdigest()
+        digest = blob_address(data, self._codec)
         self._client.put_object(
             Bucket=self._bucket,
             Key=f"{PREFIX}{digest}",
-            Body=data,
+            Body=stored_blob(data, digest, self._codec),
             ContentType="application/octet-stream",
         )
         return BlobRef(sha256=digest, size=len(data))
@@ -41,9 +44,7 @@ class S3BlobStore:
             # Removed or lost: as damaged as bytes that no longer match (see `BlobMissing`).
             raise BlobMissing(ref.sha256, f"s3://{self._bucket}/{PREFIX}") from None
         data: bytes = response["Body"].read()
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
-            raise BlobCorrupt(ref.sha256, f"s3://{self._bucket}/{PREFIX}{ref.sha256}")
-        return data
+        return read_blob(data, ref.sha256, self._codec, f"s3://{self._bucket}/{PREFIX}{ref.sha256}")
 
 
 class NoBlobStore:

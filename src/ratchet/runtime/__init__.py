@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from ratchet.errors import InvalidInput, StoreUnavailable
+from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
+from ratchet.sealing import check_setting
 from ratchet.store_urls import DEFAULT_STORE, DYNAMODB_SCHEME, SQLITE_SCHEME, store_url
 from ratchet.untrusted import is_utf8
 
@@ -76,7 +78,9 @@ def open_runtime(
     env = os.environ if environ is None else environ
     store = store_url(url if url is not None else env.get("RATCHET_STORE") or DEFAULT_STORE)
     if store.startswith(DYNAMODB_SCHEME):
-        return DynamoDbStoreUrl.parse(store).open(anthropic_api_key=_anthropic_api_key(env))
+        return DynamoDbStoreUrl.parse(store).open(
+            anthropic_api_key=_anthropic_api_key(env), payload_key=_payload_key(env)
+        )
     from ratchet.runtime.local import LocalSettings
 
     settings = LocalSettings.from_env(env).model_copy(update={"store": store})
@@ -90,7 +94,9 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
     if url != settings.store:
         settings = settings.model_copy(update={"store": url})
     if url.startswith(DYNAMODB_SCHEME):
-        return DynamoDbStoreUrl.parse(url).open(anthropic_api_key=settings.anthropic_api_key)
+        return DynamoDbStoreUrl.parse(url).open(
+            anthropic_api_key=settings.anthropic_api_key, payload_key=settings.payload_key
+        )
     if url.startswith(SQLITE_SCHEME):
         from ratchet.runtime.local import LocalRuntime
 
@@ -169,10 +175,14 @@ class DynamoDbStoreUrl:
             raise InvalidInput(f"malformed store URL {url!r}: use {DYNAMODB_FORM}")
         return cls(parts.netloc, values["ledger"], values["app"], region, endpoint, machine)
 
-    def open(self, *, anthropic_api_key: SecretStr | None) -> Runtime:
+    def open(
+        self, *, anthropic_api_key: SecretStr | None, payload_key: str | None = None
+    ) -> Runtime:
         """The AWS runtime on these tables, with clients for a person waiting on a command: a
         few quick retries, then a clear error. Needs the `aws` extra (boto3). With
-        `anthropic_api_key`, runs worked in process may call Claude."""
+        `anthropic_api_key`, runs worked in process may call Claude; with `payload_key`
+        (`RATCHET_PAYLOAD_KEY`: `kms:...` or `file:PATH`), sealed records are read and new
+        ones sealed."""
         try:
             import boto3
             from botocore.config import Config
@@ -182,6 +192,7 @@ class DynamoDbStoreUrl:
                 "a dynamodb:// store needs boto3: pip install 'ratchet-agents[aws]'"
             ) from None
 
+        from ratchet.adapters.payload_keys import payload_codec
         from ratchet.runtime.aws import AwsRuntime
         from ratchet.runtime.aws_settings import AwsSettings
 
@@ -203,6 +214,12 @@ class DynamoDbStoreUrl:
                 "stepfunctions", region_name=self.region, endpoint_url=self.endpoint, config=config
             )
 
+        def kms() -> Any:
+            return boto3.client(
+                "kms", region_name=self.region, endpoint_url=self.endpoint, config=config
+            )
+
+        codec = payload_codec(payload_key, beside=None, kms=kms)
         aws_settings = AwsSettings(
             checkpoints_table=self.checkpoints,
             idempotency_table=self.ledger,
@@ -214,7 +231,19 @@ class DynamoDbStoreUrl:
             dynamodb,
             anthropic_api_key=anthropic_api_key,
             stepfunctions=stepfunctions,
+            codec=codec,
         )
+
+
+def _payload_key(env: Mapping[str, str]) -> str | None:
+    """`RATCHET_PAYLOAD_KEY`, checked as `LocalSettings` checks it."""
+    value = env.get(PAYLOAD_KEY_ENV) or None
+    if value is None:
+        return None
+    try:
+        return check_setting(value)
+    except ValueError as refused:
+        raise InvalidInput(f"{PAYLOAD_KEY_ENV} is not valid: {refused}") from None
 
 
 def _anthropic_api_key(env: Mapping[str, str]) -> SecretStr | None:

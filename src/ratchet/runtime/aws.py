@@ -60,6 +60,7 @@ from ratchet.pushes import DETAIL_TYPE, SOURCE, StatusChange
 from ratchet.runs import AgentNotRunnable, ModelNotGranted, RunRequest, new_run
 from ratchet.runtime.aws_settings import AwsSettings
 from ratchet.runtime.models import Bindings
+from ratchet.sealing import PayloadCodec
 from ratchet.state import NotifyTargets, Retried, RunOptions, RunState, utcnow
 from ratchet.tools import Agent, RunContext
 from ratchet.waiting.desk import EventDesk, Nudge
@@ -93,27 +94,32 @@ class AwsRuntime:
         anthropic_api_key: SecretStr | None = None,
         stepfunctions: Callable[[], SFNClient] | None = None,
         hook_key: Callable[[], SecretStr] | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
         none is given, a default one is made here. Without a bucket, a tool output that needs
         a blob fails its step with a clear error. `stepfunctions` makes the client that
         answers a run parked by the state machine (`decide`), when one is needed; `hook_key`
-        reads the key webhooks derive from, when a hook is first opened (`hooks`)."""
+        reads the key webhooks derive from, when a hook is first opened (`hooks`); `codec`
+        seals what runs' records and blobs say of the world (`RATCHET_PAYLOAD_KEY`)."""
         self.settings = settings
         self.dynamodb = dynamodb
         self._stepfunctions = stepfunctions
         self._hook_key = hook_key
+        self._codec = codec
         self.anthropic_configured = anthropic_api_key is not None
         self.store = DynamoDbCheckpointStore(
             dynamodb,
             table=settings.checkpoints_table,
             ledger_table=settings.idempotency_table,
             retention_days=settings.checkpoint_retention_days,
+            codec=codec,
         )
         self.ledger = DynamoDbLedger(
             dynamodb,
             table=settings.idempotency_table,
             retention_days=settings.checkpoint_retention_days,
+            codec=codec,
         )
         self.blobs: BlobStore = NoBlobStore()
         if settings.blob_bucket:
@@ -121,7 +127,7 @@ class AwsRuntime:
                 import boto3
 
                 s3 = boto3.client("s3")
-            self.blobs = S3BlobStore(s3, settings.blob_bucket)
+            self.blobs = S3BlobStore(s3, settings.blob_bucket, codec)
         self._bindings = Bindings(
             self.context, anthropic_api_key=anthropic_api_key, limit=MAX_BINDINGS
         )
@@ -145,7 +151,7 @@ class AwsRuntime:
             options=options,
             workdir=SCRATCH / run_id,
             services={"dynamodb": self.dynamodb, "app_table": self.settings.app_table},
-            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id),
+            data=DynamoDbRunData(self.dynamodb, self.settings.app_table, run_id, codec=self._codec),
             secrets=self._secrets,
         )
 
@@ -242,6 +248,7 @@ class AwsRuntime:
             self.dynamodb,
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
+            codec=self._codec,
         )
 
     def mailbox(self) -> DynamoMailbox:
@@ -251,6 +258,7 @@ class AwsRuntime:
             self.dynamodb,
             self.settings.checkpoints_table,
             retention_days=self.settings.checkpoint_retention_days,
+            codec=self._codec,
         )
 
     def hooks(self, agents: AgentRegistry) -> Hooks:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,6 +30,7 @@ from pydantic import (
 
 from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.file_blobs import FileBlobStore
+from ratchet.adapters.payload_keys import payload_codec
 from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
@@ -58,6 +60,8 @@ from ratchet.runtime.local_approvals import (
     delivery_time,
     expire_overdue,
 )
+from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
+from ratchet.sealing import PayloadCodec, check_setting
 from ratchet.store_urls import DEFAULT_STORE, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
@@ -128,6 +132,10 @@ class LocalSettings(BaseModel):
     webhook_secret: SecretStr | None = None
     """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
     beside the store (`<store>.webhook-secret`)."""
+    payload_key: str | None = None
+    """Seals what runs' records carry about the world before it is stored
+    (`RATCHET_PAYLOAD_KEY`: `local`, `file:PATH` or `kms:<key ARN or alias>`, see
+    `ratchet.sealing`); unset, nothing is sealed."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -148,6 +156,11 @@ class LocalSettings(BaseModel):
             return parse_webhook_urls(value) if isinstance(value, str) else value
         except InvalidInput as refused:
             raise ValueError(str(refused)) from None
+
+    @field_validator("payload_key")
+    @classmethod
+    def _valid_payload_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_setting(value)
 
     @field_validator("fault")
     @classmethod
@@ -195,6 +208,7 @@ class LocalSettings(BaseModel):
             requests_per_minute=env.get("RATCHET_REQUESTS_PER_MINUTE") or None,
             webhooks=env.get("RATCHET_WEBHOOKS") or (),
             webhook_secret=env.get("RATCHET_WEBHOOK_SECRET") or None,
+            payload_key=env.get(PAYLOAD_KEY_ENV) or None,
         )
 
 
@@ -212,6 +226,7 @@ _ENV_NAMES = {
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
     "webhooks": "RATCHET_WEBHOOKS",
     "webhook_secret": "RATCHET_WEBHOOK_SECRET",
+    "payload_key": PAYLOAD_KEY_ENV,
 }
 
 
@@ -222,6 +237,16 @@ def concurrency_limits(settings: LocalSettings) -> ConcurrencyLimits:
     scenario's name (`AgentRegistry.local`), so those are the names an override takes."""
     local = AgentRegistry.local()
     return ConcurrencyLimits(local, resolve_overrides(settings.max_concurrent, local))
+
+
+def _kms_client() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise InvalidInput(
+            "RATCHET_PAYLOAD_KEY=kms:... needs boto3: pip install 'ratchet-agents[aws]'"
+        ) from None
+    return boto3.client("kms")
 
 
 def sqlite_path(url: str) -> Path:
@@ -274,13 +299,19 @@ class LocalRuntime:
         )
         return cls(database, settings, clock)
 
+    @cached_property
+    def codec(self) -> PayloadCodec | None:
+        """What seals runs' records and blobs (`RATCHET_PAYLOAD_KEY`), or None: its keyring
+        read (and, for `local`, made) once, when first needed."""
+        return payload_codec(self.settings.payload_key, beside=self.root, kms=_kms_client)
+
     @property
     def store(self) -> SqliteCheckpointStore:
-        return SqliteCheckpointStore(self.db)
+        return SqliteCheckpointStore(self.db, self.codec)
 
     @property
     def ledger(self) -> SqliteLedger:
-        return SqliteLedger(self.db)
+        return SqliteLedger(self.db, codec=self.codec)
 
     @property
     def leases(self) -> SqliteLeases:
@@ -288,7 +319,7 @@ class LocalRuntime:
 
     @property
     def approvals(self) -> SqliteApprovalBook:
-        return SqliteApprovalBook(self.db)
+        return SqliteApprovalBook(self.db, self.codec)
 
     @property
     def mailbox(self) -> SqliteMailbox:
@@ -296,7 +327,7 @@ class LocalRuntime:
         # or a decision (issue 36).
         from ratchet.adapters.sqlite.mailbox import SqliteMailbox
 
-        return SqliteMailbox(self.db)
+        return SqliteMailbox(self.db, self.codec)
 
     @property
     def wait_book(self) -> SqliteWaitBook:
@@ -385,7 +416,7 @@ class LocalRuntime:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
         from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 
-        return SqliteHousekeeping(self.db)
+        return SqliteHousekeeping(self.db, self.codec)
 
     @property
     def root(self) -> Path:
@@ -397,13 +428,13 @@ class LocalRuntime:
             options=options,
             # The runs' folders are private to the store's owner, as the store is.
             workdir=private_folder(Path(f"{self.root}.data")) / run_id,
-            data=SqliteRunData(self.db, run_id),
+            data=SqliteRunData(self.db, run_id, self.codec),
             secrets=EnvironmentSecrets(),
         )
 
     @property
     def blobs(self) -> FileBlobStore:
-        return FileBlobStore(Path(f"{self.root}.blobs"))
+        return FileBlobStore(Path(f"{self.root}.blobs"), self.codec)
 
     @property
     def anthropic_configured(self) -> bool:

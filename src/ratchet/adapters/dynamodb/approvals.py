@@ -27,6 +27,8 @@ from botocore.exceptions import ClientError
 from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE, error_code, translated_errors
 from ratchet.adapters.dynamodb.wakes import CLEARED, MARKED, mark_values
 from ratchet.errors import ApprovalClosed, ApprovalDecided, ApprovalExpired
+from ratchet.sealing import PayloadCodec
+from ratchet.stored import open_record_text, sealed_record_text
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 
 if TYPE_CHECKING:
@@ -48,10 +50,19 @@ class AwsApprovals:
     its methods do not answer themselves is raised under Ratchet's name (`StoreBusy`,
     `StoreUnavailable`), as the store's and the ledger's are."""
 
-    def __init__(self, dynamodb: DynamoDBClient, table: str, *, retention_days: int = 30) -> None:
+    def __init__(
+        self,
+        dynamodb: DynamoDBClient,
+        table: str,
+        *,
+        retention_days: int = 30,
+        codec: PayloadCodec | None = None,
+    ) -> None:
         self._client = dynamodb
         self._table = table
         self._retention = timedelta(days=retention_days)
+        # Seals each request's record: its question, the answer and comment a person gives.
+        self._codec = codec
 
     @translated_errors
     def open(self, approval: Approval, *, task_token: str | None = None) -> Approval:
@@ -74,7 +85,7 @@ class AwsApprovals:
             ProjectionExpression="#r",
             ExpressionAttributeNames={"#r": "record"},
         ).get("Item")
-        return Approval.model_validate_json(found["record"]["S"]) if found else None
+        return self._approval(found["record"]["S"]) if found else None
 
     @translated_errors
     def of_run(self, run_id: str) -> list[Approval]:
@@ -90,7 +101,7 @@ class AwsApprovals:
             ExpressionAttributeNames={"#r": "record"},
             ConsistentRead=True,
         )
-        found = [Approval.model_validate_json(i["record"]["S"]) for p in pages for i in p["Items"]]
+        found = [self._approval(i["record"]["S"]) for p in pages for i in p["Items"]]
         return sorted(found, key=lambda a: a.created_at)
 
     @translated_errors
@@ -189,7 +200,7 @@ class AwsApprovals:
         token when `drop_token`: a reopened request owes nothing, a closed one has no task."""
         values: dict[str, AttributeValueTypeDef] = {
             ":new": {"S": approval.status.value},
-            ":record": {"S": approval.model_dump_json()},
+            ":record": {"S": self._record(approval)},
             ":expected": {"S": expect.value},
         }
         if owe_wake_at is not None:
@@ -208,6 +219,14 @@ class AwsApprovals:
             ExpressionAttributeValues=values,
         )
 
+    def _record(self, approval: Approval) -> str:
+        return sealed_record_text(
+            approval.model_dump_json(), self._codec, part="approval", run_id=approval.run_id
+        )
+
+    def _approval(self, record: str) -> Approval:
+        return Approval.model_validate_json(open_record_text(record, self._codec, part="approval"))
+
     @staticmethod
     def _key(run_id: str, approval_id: str) -> dict[str, AttributeValueTypeDef]:
         return {"run_id": {"S": run_id}, "sk": {"S": approval_sk(approval_id)}}
@@ -218,6 +237,6 @@ class AwsApprovals:
             "approval_id": {"S": approval.approval_id},
             "step": {"N": str(approval.step)},
             "status": {"S": approval.status.value},
-            "record": {"S": approval.model_dump_json()},
+            "record": {"S": self._record(approval)},
             TTL_ATTRIBUTE: {"N": str(int((approval.expires_at + self._retention).timestamp()))},
         }

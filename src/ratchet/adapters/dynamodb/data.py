@@ -15,6 +15,8 @@ from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.items import error_code, text_attribute, translated_errors
 from ratchet.adapters.run_data import checked_key, checked_prefix, checked_value
+from ratchet.sealing import PayloadCodec
+from ratchet.stored import opened_value, sealed_value
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -35,12 +37,20 @@ class DynamoDbRunData:
     """
 
     def __init__(
-        self, client: DynamoDBClient, table: str, run_id: str, *, page_size: int | None = None
+        self,
+        client: DynamoDBClient,
+        table: str,
+        run_id: str,
+        *,
+        page_size: int | None = None,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self._client = client
         self._table = table
+        self._run_id = run_id
         self._pk = data_pk(run_id)
         self._page_size = page_size
+        self._codec = codec  # seals each value, bound to its run and key
 
     @translated_errors
     def get(self, key: str) -> str | None:
@@ -50,7 +60,7 @@ class DynamoDbRunData:
             Key={"pk": text_attribute(self._pk), "sk": text_attribute(key)},
             ConsistentRead=True,
         ).get("Item")
-        return None if found is None else found["value"]["S"]
+        return None if found is None else self._opened(key, found["value"]["S"])
 
     @translated_errors
     def put(self, key: str, value: str) -> None:
@@ -106,7 +116,10 @@ class DynamoDbRunData:
         found: list[tuple[str, str]] = []
         while True:
             page = self._client.query(**query)
-            found.extend((item["sk"]["S"], item["value"]["S"]) for item in page.get("Items", []))
+            found.extend(
+                (item["sk"]["S"], self._opened(item["sk"]["S"], item["value"]["S"]))
+                for item in page.get("Items", [])
+            )
             last: Any = page.get("LastEvaluatedKey")
             if not last:
                 return found
@@ -116,5 +129,10 @@ class DynamoDbRunData:
         return {
             "pk": text_attribute(self._pk),
             "sk": text_attribute(key),
-            "value": text_attribute(value),
+            "value": text_attribute(
+                sealed_value(value, self._codec, part=f"data:{key}", run_id=self._run_id)
+            ),
         }
+
+    def _opened(self, key: str, value: str) -> str:
+        return opened_value(value, self._codec, part=f"data:{key}", run_id=self._run_id)

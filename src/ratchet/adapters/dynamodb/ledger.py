@@ -30,7 +30,9 @@ from ratchet.adapters.dynamodb.items import (
 )
 from ratchet.errors import IdempotencyConflict
 from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
+from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
+from ratchet.stored import open_sealed_text, sealed_text
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -49,10 +51,12 @@ class DynamoDbLedger:
         *,
         table: str,
         retention_days: int = DEFAULT_RETENTION_DAYS,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self._client = client
         self._table = table
         self._retention = timedelta(days=retention_days)
+        self._codec = codec  # seals a decision's arguments until its step's record holds them
 
     @translated_errors
     def begin(self, entry: LedgerEntry) -> LedgerEntry:
@@ -67,7 +71,14 @@ class DynamoDbLedger:
             "step": number_attribute(entry.step),
             "status": text_attribute(LedgerStatus.IN_PROGRESS.value),
             "args_hash": text_attribute(entry.args_hash),
-            "decision": text_attribute(json.dumps(entry.decision, sort_keys=True)),
+            "decision": text_attribute(
+                sealed_text(
+                    json.dumps(entry.decision, sort_keys=True),
+                    self._codec,
+                    part="decision",
+                    run_id=entry.run_id,
+                )
+            ),
             "created_at": text_attribute(now.isoformat()),
             TTL_ATTRIBUTE: number_attribute(epoch_seconds(expires_at)),
         }
@@ -86,7 +97,7 @@ class DynamoDbLedger:
             if error_code(error) != "ConditionalCheckFailedException":
                 raise
             old = cast("dict[str, Any]", error.response).get("Item")
-            stored = _ledger_entry(old) if old is not None else self.get(entry.key)
+            stored = _ledger_entry(old, self._codec) if old is not None else self.get(entry.key)
             assert stored is not None, "a ledger record vanished between the check and the read"
             if stored.args_hash != entry.args_hash:
                 raise IdempotencyConflict(entry.key) from None
@@ -100,7 +111,7 @@ class DynamoDbLedger:
         found = self._client.get_item(
             TableName=self._table, Key={"key": text_attribute(key)}, ConsistentRead=True
         ).get("Item")
-        return None if found is None else _ledger_entry(found)
+        return None if found is None else _ledger_entry(found, self._codec)
 
     @translated_errors
     def complete(self, key: str, result: str) -> None:
@@ -158,20 +169,28 @@ class DynamoDbLedger:
         return True
 
 
-def _ledger_entry(item: Mapping[str, AttributeValueTypeDef]) -> LedgerEntry:
+def _ledger_entry(
+    item: Mapping[str, AttributeValueTypeDef], codec: PayloadCodec | None
+) -> LedgerEntry:
     # A completed key carries no decision (the completion removes it; one written for a key
     # that was never begun had none): it reads back as None. A called key's `result` is its
     # call's start.
     status = LedgerStatus(item["status"]["S"])
     result = item["result"]["S"] if "result" in item else None
     called = status is LedgerStatus.CALLED
+    run_id = item["run_id"]["S"] if "run_id" in item else ""
+    decision = (
+        open_sealed_text(item["decision"]["S"], codec, part="decision", run_id=run_id)
+        if "decision" in item
+        else None
+    )
     return LedgerEntry(
         key=item["key"]["S"],
-        run_id=item["run_id"]["S"] if "run_id" in item else "",
+        run_id=run_id,
         step=int(item["step"]["N"]) if "step" in item else 0,
         status=status,
         args_hash=item["args_hash"]["S"] if "args_hash" in item else "",
-        decision=json.loads(item["decision"]["S"]) if "decision" in item else None,
+        decision=None if decision is None else json.loads(decision),
         result=None if called else result,
         expires_at=_from_epoch(item.get(TTL_ATTRIBUTE)),
         call=CallStart.model_validate_json(result) if called and result else None,

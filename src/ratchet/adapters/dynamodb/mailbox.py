@@ -61,7 +61,9 @@ from ratchet.adapters.dynamodb.items import (
 )
 from ratchet.errors import StoreBusy
 from ratchet.ports import Consumption
+from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
+from ratchet.stored import open_record_text, sealed_record_text
 from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent, mailbox_full
 
 if TYPE_CHECKING:
@@ -147,10 +149,12 @@ class DynamoMailbox:
         table: str,
         *,
         retention_days: int = DEFAULT_RETENTION_DAYS,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self._client = client
         self._table = table
         self._retention = timedelta(days=retention_days)
+        self._codec = codec  # seals each event's record: its payload, who sent it
 
     @translated_errors
     def post(self, event: SentEvent, *, reserved: Collection[str] = ()) -> tuple[SentEvent, bool]:
@@ -204,11 +208,11 @@ class DynamoMailbox:
             ProjectionExpression=_RECORD,
             ExpressionAttributeNames=_NAMES,
         ).get("Item")
-        return _event(found) if found else None
+        return _event(found, self._codec) if found else None
 
     @translated_errors
     def of_run(self, run_id: str) -> list[SentEvent]:
-        return [_event(item) for item in self._events(run_id)]
+        return [_event(item, self._codec) for item in self._events(run_id)]
 
     @translated_errors
     def next_for(self, run_id: str, name: str) -> SentEvent | None:
@@ -221,7 +225,7 @@ class DynamoMailbox:
                 ":name": text_attribute(name),
             },
         )
-        return _event(pending[0]) if pending else None
+        return _event(pending[0], self._codec) if pending else None
 
     @translated_errors
     def refuse(self, run_id: str, event_id: str, reason: str) -> None:
@@ -342,14 +346,20 @@ class DynamoMailbox:
             "ExpressionAttributeValues": {":next": number_attribute(accepted + 1), **values},
         }
 
-    @staticmethod
-    def _item(event: SentEvent, *, seq: int) -> Item:
+    def _item(self, event: SentEvent, *, seq: int) -> Item:
         return {
             **mail_key(event.run_id, event.event_id),
             "seq": number_attribute(seq),
             "name": text_attribute(event.name),
             "status": text_attribute(MailStatus.PENDING.value),
-            "record": text_attribute(event.model_dump_json(exclude={"consumed_step", "refused"})),
+            "record": text_attribute(
+                sealed_record_text(
+                    event.model_dump_json(exclude={"consumed_step", "refused"}),
+                    self._codec,
+                    part="mail",
+                    run_id=event.run_id,
+                )
+            ),
         }
 
 
@@ -371,10 +381,11 @@ def _room(name: str, reserved: Collection[str]) -> tuple[list[str], dict[str, st
     return clauses, {"#name": "name"}, values
 
 
-def _event(item: dict[str, AttributeValueTypeDef]) -> SentEvent:
+def _event(item: dict[str, AttributeValueTypeDef], codec: PayloadCodec | None) -> SentEvent:
     consumed = item.get("consumed_step")
     refused = item.get("refused")
-    return SentEvent.model_validate_json(item["record"]["S"]).model_copy(
+    opened = open_record_text(item["record"]["S"], codec, part="mail")
+    return SentEvent.model_validate_json(opened).model_copy(
         update={
             "consumed_step": int(consumed["N"]) if consumed else None,
             "refused": refused["S"] if refused else None,

@@ -52,6 +52,7 @@ from ratchet.adapters.dynamodb.items import (
 from ratchet.adapters.dynamodb.mailbox import consumption
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, RunCursor, RunSummary
+from ratchet.sealing import PayloadCodec
 from ratchet.state import (
     RECENT_STEPS,
     CheckpointEvent,
@@ -136,22 +137,26 @@ def committed_head_item(state: RunState, state_json: str) -> Item:
     }
 
 
-def created_head_item(state: RunState) -> Item:
+def created_head_item(state: RunState, codec: PayloadCodec | None = None) -> Item:
     """The head's whole item, as `create_run` writes it and every later commit leaves it."""
     # The static part rides in the head item, written at creation only: a commit's update
     # sets the changing attributes and leaves it as it is.
     return {
-        **committed_head_item(state, stored.head_json(state)),
-        "static": text_attribute(stored.static_json(state)),
+        **committed_head_item(state, stored.head_json(state, codec)),
+        "static": text_attribute(stored.static_json(state, codec)),
     }
 
 
 def checkpoint_item(
-    checkpoint: StoredCheckpoint, *, other_bytes: int, retention: timedelta
+    checkpoint: StoredCheckpoint,
+    *,
+    other_bytes: int,
+    retention: timedelta,
+    codec: PayloadCodec | None = None,
 ) -> tuple[Item, int]:
     """The record's item, expiring `retention` after it was written, and its own logical
     bytes (the SQLite row's, for the receipt)."""
-    event_json = stored.event_json(checkpoint)
+    event_json = stored.event_json(checkpoint, codec)
     own_bytes = text_bytes(
         checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
     )
@@ -187,19 +192,22 @@ class DynamoDbCheckpointStore:
         table: str,
         ledger_table: str,
         retention_days: int = DEFAULT_RETENTION_DAYS,
+        codec: PayloadCodec | None = None,
     ) -> None:
         self._client = client
+        self._codec = codec  # seals what runs' records say of the world (`ratchet.stored`)
         self._table = table
         self._ledger_table = ledger_table
         self._retention = timedelta(days=retention_days)
 
     @translated_errors
     def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
-        head = created_head_item(state)
+        head = created_head_item(state, self._codec)
         record, _ = checkpoint_item(
             checkpoint,
             other_bytes=text_bytes(head["state"]["S"], head["static"]["S"]),
             retention=self._retention,
+            codec=self._codec,
         )
         check_size(f"run {state.run_id} head", head)
         check_size(f"run {state.run_id} checkpoint", record)
@@ -250,6 +258,7 @@ class DynamoDbCheckpointStore:
                 static["S"] if static else None,
                 version=int(found["version"]["N"]),
                 attempts=int(found["attempts"]["N"]),
+                codec=self._codec,
             )
         except (ValueError, TypeError, KeyError) as error:
             # The run's own damage, named as the SQLite store names it: the other runs, and
@@ -266,7 +275,9 @@ class DynamoDbCheckpointStore:
                 if record_step < first:
                     return stored.with_window(state, recent[::-1])
                 try:
-                    event = stored.parse_event(item["event"]["S"], run_id=run_id, step=record_step)
+                    event = stored.parse_event(
+                        item["event"]["S"], run_id=run_id, step=record_step, codec=self._codec
+                    )
                     recent.append(event)
                 except ValueError as error:
                     version, reason = item["version"]["N"], " ".join(str(error).split())[:200]
@@ -323,11 +334,14 @@ class DynamoDbCheckpointStore:
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
-        state_json = stored.head_json(head)
+        state_json = stored.head_json(head, self._codec)
         result = commit.completes.result if commit.completes else None
         head_item = committed_head_item(head, state_json)
         record, record_bytes = checkpoint_item(
-            commit.checkpoint, other_bytes=text_bytes(state_json, result), retention=self._retention
+            commit.checkpoint,
+            other_bytes=text_bytes(state_json, result),
+            retention=self._retention,
+            codec=self._codec,
         )
         check_size(f"run {head.run_id} head", head_item)
         check_size(f"run {head.run_id} step {commit.checkpoint.step} record", record)
@@ -366,7 +380,7 @@ class DynamoDbCheckpointStore:
                         ":attempts": head_item["attempts"],
                         ":state": head_item["state"],
                         ":updated_at": head_item["updated_at"],
-                        ":static": text_attribute(stored.static_json(head)),
+                        ":static": text_attribute(stored.static_json(head, self._codec)),
                         ":list_pk": head_item["list_pk"],
                         ":list_sk": head_item["list_sk"],
                         ":agent": head_item["agent"],
@@ -422,7 +436,7 @@ class DynamoDbCheckpointStore:
             },
             ConsistentRead=True,
         )
-        return [_checkpoint(item) for page in pages for item in page.get("Items", [])]
+        return [_checkpoint(item, self._codec) for page in pages for item in page.get("Items", [])]
 
     @translated_errors
     def last_checkpoints(self, run_id: str, *, limit: int) -> list[StoredCheckpoint]:
@@ -452,7 +466,7 @@ class DynamoDbCheckpointStore:
             start = page.get("LastEvaluatedKey")
             if not start:
                 break
-        return [_checkpoint(item) for item in reversed(items)]
+        return [_checkpoint(item, self._codec) for item in reversed(items)]
 
     @translated_errors
     def index_unlisted(self, *, dry_run: bool = False) -> int:
@@ -648,7 +662,9 @@ def _failed_condition(error: ClientError, index: int) -> bool:
     return index < len(reasons) and reasons[index].get("Code") == _CONDITION_FAILED
 
 
-def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> StoredCheckpoint:
+def _checkpoint(
+    item: Mapping[str, AttributeValueTypeDef], codec: PayloadCodec | None
+) -> StoredCheckpoint:
     run_id, step = item["run_id"]["S"], int(item["step"]["N"])
     return StoredCheckpoint(
         run_id=run_id,
@@ -658,5 +674,5 @@ def _checkpoint(item: Mapping[str, AttributeValueTypeDef]) -> StoredCheckpoint:
         worker_id=item["worker_id"]["S"],
         size=int(item["bytes"]["N"]),
         created_at=datetime.fromisoformat(item["created_at"]["S"]),
-        event=stored.parse_event(item["event"]["S"], run_id=run_id, step=step),
+        event=stored.parse_event(item["event"]["S"], run_id=run_id, step=step, codec=codec),
     )

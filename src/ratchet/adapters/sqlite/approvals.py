@@ -6,13 +6,17 @@ from datetime import datetime
 
 from ratchet.adapters.sqlite.database import APPROVALS_SCHEMA, SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalExpired, ApprovalNotFound
+from ratchet.sealing import PayloadCodec
 from ratchet.state import RunStatus
+from ratchet.stored import open_record_text, sealed_record_text
 from ratchet.waits import Approval, ApprovalStatus, Verdict
 
 
 class SqliteApprovalBook:
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
+        # Seals each request's record: its question, the answer and comment a person gives.
+        self._codec = codec
         # A store made before approvals existed gets the table on first use.
         exists = db.connection.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approvals'"
@@ -29,7 +33,7 @@ class SqliteApprovalBook:
                 (approval.run_id, approval.step, ApprovalStatus.PENDING.value),
             ).fetchone()
             if row is not None:
-                return Approval.model_validate_json(row[0])
+                return self._approval(row[0])
             self._put(tx, approval)
         return approval
 
@@ -38,24 +42,20 @@ class SqliteApprovalBook:
             "SELECT record FROM approvals WHERE approval_id = ? AND run_id = ?",
             (approval_id, run_id),
         ).fetchone()
-        return Approval.model_validate_json(row[0]) if row else None
+        return self._approval(row[0]) if row else None
 
     def of_run(self, run_id: str) -> list[Approval]:
         rows = self._db.connection.execute(
             "SELECT record FROM approvals WHERE run_id = ?", (run_id,)
         ).fetchall()
-        return sorted(
-            (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
-        )
+        return sorted((self._approval(r[0]) for r in rows), key=lambda a: a.created_at)
 
     def pending(self) -> list[Approval]:
         """Every request still waiting for a decision, in every run, oldest first."""
         rows = self._db.connection.execute(
             "SELECT record FROM approvals WHERE status = ?", (ApprovalStatus.PENDING.value,)
         ).fetchall()
-        return sorted(
-            (Approval.model_validate_json(r[0]) for r in rows), key=lambda a: a.created_at
-        )
+        return sorted((self._approval(r[0]) for r in rows), key=lambda a: a.created_at)
 
     def undelivered(self, *, decided_before: datetime) -> list[Approval]:
         """Requests a person approved or rejected before `decided_before` whose run still
@@ -71,7 +71,7 @@ class SqliteApprovalBook:
                 ApprovalStatus.REJECTED.value,
             ),
         ).fetchall()
-        found = (Approval.model_validate_json(r[0]) for r in rows)
+        found = (self._approval(r[0]) for r in rows)
         return sorted(
             (a for a in found if a.decided_at is not None and a.decided_at < decided_before),
             key=lambda a: a.created_at,
@@ -88,7 +88,7 @@ class SqliteApprovalBook:
             ).fetchone()
             if current is None:
                 raise ApprovalNotFound("no such approval request")
-            stored = Approval.model_validate_json(current[0])
+            stored = self._approval(current[0])
             if stored.status.is_decided:
                 raise ApprovalDecided(f"already {stored.status.value} by {stored.decided_by}")
             if stored.is_expired(at):
@@ -114,13 +114,15 @@ class SqliteApprovalBook:
                 (run_id, step, ApprovalStatus.PENDING.value),
             ).fetchall()
             for (record,) in rows:
-                closed = Approval.model_validate_json(record).model_copy(
+                closed = self._approval(record).model_copy(
                     update={"status": status, "decided_at": at}
                 )
                 self._put(tx, closed)
 
-    @staticmethod
-    def _put(tx: object, approval: Approval) -> None:
+    def _approval(self, record: str) -> Approval:
+        return Approval.model_validate_json(open_record_text(record, self._codec, part="approval"))
+
+    def _put(self, tx: object, approval: Approval) -> None:
         tx.execute(  # type: ignore[attr-defined]
             "INSERT INTO approvals (approval_id, run_id, step, status, expires_at, record) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (approval_id) DO UPDATE SET "
@@ -131,6 +133,11 @@ class SqliteApprovalBook:
                 approval.step,
                 approval.status.value,
                 approval.expires_at.isoformat(),
-                approval.model_dump_json(),
+                sealed_record_text(
+                    approval.model_dump_json(),
+                    self._codec,
+                    part="approval",
+                    run_id=approval.run_id,
+                ),
             ),
         )

@@ -19,6 +19,8 @@ from typing import Any, TypeVar, cast
 
 from ratchet.adapters.run_data import checked_key, checked_prefix, checked_value
 from ratchet.adapters.sqlite.database import RUN_DATA_SCHEMA, SqliteDatabase, store_error
+from ratchet.sealing import PayloadCodec
+from ratchet.stored import opened_value, sealed_value
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -42,10 +44,11 @@ def _translating(method: _Method) -> _Method:
 class SqliteRunData:
     """`RunData` for one run (see `ratchet.ports.RunData` for the contract)."""
 
-    def __init__(self, db: SqliteDatabase, run_id: str) -> None:
+    def __init__(self, db: SqliteDatabase, run_id: str, codec: PayloadCodec | None = None) -> None:
         self._path = db.path
         self._busy_timeout = db.busy_timeout
         self._run_id = run_id
+        self._codec = codec  # seals each value, bound to its run and key
         self._threads = threading.local()
 
     @_translating
@@ -57,7 +60,7 @@ class SqliteRunData:
         row = db.connection.execute(
             "SELECT value FROM run_data WHERE run_id = ? AND key = ?", (self._run_id, key)
         ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else self._opened(key, str(row[0]))
 
     @_translating
     def put(self, key: str, value: str) -> None:
@@ -67,7 +70,7 @@ class SqliteRunData:
             tx.execute(
                 "INSERT INTO run_data (run_id, key, value) VALUES (?, ?, ?) "
                 "ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
-                (self._run_id, key, value),
+                (self._run_id, key, self._sealed(key, value)),
             )
 
     @_translating
@@ -81,7 +84,7 @@ class SqliteRunData:
             inserted = tx.execute(
                 "INSERT INTO run_data (run_id, key, value) VALUES (?, ?, ?) "
                 "ON CONFLICT (run_id, key) DO NOTHING",
-                (self._run_id, key, value),
+                (self._run_id, key, self._sealed(key, value)),
             ).rowcount
         return bool(inserted)
 
@@ -108,8 +111,14 @@ class SqliteRunData:
         for key, value in rows:
             if not str(key).startswith(prefix):
                 break
-            found.append((str(key), str(value)))
+            found.append((str(key), self._opened(str(key), str(value))))
         return found
+
+    def _sealed(self, key: str, value: str) -> str:
+        return sealed_value(value, self._codec, part=f"data:{key}", run_id=self._run_id)
+
+    def _opened(self, key: str, value: str) -> str:
+        return opened_value(value, self._codec, part=f"data:{key}", run_id=self._run_id)
 
     def _db(self) -> SqliteDatabase:
         db: SqliteDatabase | None = getattr(self._threads, "db", None)

@@ -11,13 +11,20 @@ from contextlib import AbstractContextManager
 from ratchet import stored
 from ratchet.adapters.sqlite.database import RowTexts, SqliteDatabase, check_size
 from ratchet.ports import StoredHead, StoredRecord, Trimmed
+from ratchet.sealing import PayloadCodec
 
 
 class SqliteHousekeeping:
     """The rows `ratchet.housekeeping` reads and writes in a SQLite store (`migrate`, `gc`)."""
 
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
+        # `ratchet migrate` reads heads and records as a worker does, and writes a head back
+        # as a commit would: opened on the way up, sealed again on the way down.
+        self._codec = codec
+
+    def _opened(self, text: str, part: str, run_id: str) -> str:
+        return stored.open_sealed_text(text, self._codec, part=part, run_id=run_id)
 
     def heads(self) -> list[StoredHead]:
         # A store made before schema 3 has no run_static table until a write command adds it.
@@ -36,15 +43,22 @@ class SqliteHousekeeping:
         for run_id, version, attempts, status, at, head, static in rows:
             texts = RowTexts()
             updated_at = texts.time("updated_at", at)
+            run = texts.text("run_id", run_id)
+            head_text = self._opened(texts.text("state", head), "head", run)
+            static_text = (
+                None
+                if static is None
+                else self._opened(texts.text("run_static.state", static), "static", run)
+            )
             heads.append(
                 StoredHead(
-                    texts.text("run_id", run_id),
+                    run,
                     version,
                     attempts,
                     texts.status(status),
                     updated_at,
-                    texts.text("state", head),
-                    None if static is None else texts.text("run_static.state", static),
+                    head_text,
+                    static_text,
                     texts.damage,
                 )
             )
@@ -59,10 +73,14 @@ class SqliteHousekeeping:
         records = []
         for version, step, event in rows:
             texts = RowTexts()
-            records.append(StoredRecord(version, step, texts.text("event", event), texts.damage))
+            text = self._opened(texts.text("event", event), "event", run_id)
+            records.append(StoredRecord(version, step, text, texts.damage))
         return records
 
     def rewrite_head(self, head: StoredHead, text: str, static: str | None) -> bool:
+        text = stored.sealed_text(text, self._codec, part="head", run_id=head.run_id)
+        if static is not None:
+            static = stored.sealed_static_text(static, self._codec, run_id=head.run_id)
         check_size(f"run {head.run_id} head", text)
         with self._db.write() as tx:
             # Conditional on the version read, as a commit is, but without bumping it: the

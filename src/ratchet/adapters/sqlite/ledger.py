@@ -14,7 +14,9 @@ from datetime import datetime, timedelta
 from ratchet.adapters.sqlite.database import SqliteDatabase, check_size
 from ratchet.errors import IdempotencyConflict
 from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
+from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
+from ratchet.stored import open_sealed_text, sealed_text
 
 LEDGER_RETENTION = timedelta(days=30)
 COMPLETION_SQL = "UPDATE idempotency SET status = ?, result = ?, decision = NULL WHERE key = ?"
@@ -24,12 +26,24 @@ step's arguments are stored once. A retry before the commit still finds it here.
 
 
 class SqliteLedger:
-    def __init__(self, db: SqliteDatabase, *, retention: timedelta = LEDGER_RETENTION) -> None:
+    def __init__(
+        self,
+        db: SqliteDatabase,
+        *,
+        retention: timedelta = LEDGER_RETENTION,
+        codec: PayloadCodec | None = None,
+    ) -> None:
         self._db = db
         self._retention = retention
+        self._codec = codec  # seals a decision's arguments until its step's record holds them
 
     def begin(self, entry: LedgerEntry) -> LedgerEntry:
-        decision_json = json.dumps(entry.decision, sort_keys=True, separators=(",", ":"))
+        decision_json = sealed_text(
+            json.dumps(entry.decision, sort_keys=True, separators=(",", ":")),
+            self._codec,
+            part="decision",
+            run_id=entry.run_id,
+        )
         check_size(f"ledger decision of {entry.key}", decision_json)
         now = utcnow()
         expires_at = entry.expires_at or now + self._retention
@@ -91,8 +105,7 @@ class SqliteLedger:
                 raise KeyError(f"no idempotency record for {key!r}")
         return False
 
-    @staticmethod
-    def _read(connection: sqlite3.Connection, key: str) -> LedgerEntry | None:
+    def _read(self, connection: sqlite3.Connection, key: str) -> LedgerEntry | None:
         row = connection.execute(
             "SELECT key, run_id, step, status, args_hash, decision, result, expires_at "
             "FROM idempotency WHERE key = ?",
@@ -108,7 +121,11 @@ class SqliteLedger:
             step=step,
             status=LedgerStatus(status),
             args_hash=args_hash,
-            decision=None if decision is None else json.loads(decision),
+            decision=None
+            if decision is None
+            else json.loads(
+                open_sealed_text(decision, self._codec, part="decision", run_id=run_id)
+            ),
             result=None if called else result,
             expires_at=datetime.fromisoformat(expires_at) if expires_at else None,
             call=CallStart.model_validate_json(result) if called and result else None,

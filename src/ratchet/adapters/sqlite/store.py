@@ -20,6 +20,7 @@ from ratchet.adapters.sqlite.database import RUN_STATUSES, RowTexts, SqliteDatab
 from ratchet.adapters.sqlite.ledger import COMPLETION_SQL
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion, StoreDamaged
 from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunCursor, RunSummary
+from ratchet.sealing import PayloadCodec
 from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
 
 
@@ -47,13 +48,16 @@ def _text_bytes(*values: str | None) -> int:
 
 
 class SqliteCheckpointStore:
-    def __init__(self, db: SqliteDatabase) -> None:
+    """`codec`, when given, seals what runs' records say of the world (`ratchet.stored`)."""
+
+    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
+        self._codec = codec
 
     def create_run(self, state: RunState, checkpoint: StoredCheckpoint) -> bool:
-        state_json = stored.head_json(state)
-        static_json = stored.static_json(state)
-        event_json = stored.event_json(checkpoint)
+        state_json = stored.head_json(state, self._codec)
+        static_json = stored.static_json(state, self._codec)
+        event_json = stored.event_json(checkpoint, self._codec)
         check_size(f"run {state.run_id} head", state_json)
         check_size(f"run {state.run_id} static state", static_json)
         check_size(f"run {state.run_id} checkpoint", event_json)
@@ -106,7 +110,7 @@ class SqliteCheckpointStore:
                 )
             try:
                 state = stored.load_head(
-                    state_json, static_json, version=version, attempts=attempts
+                    state_json, static_json, version=version, attempts=attempts, codec=self._codec
                 )
             except (ValueError, TypeError) as error:
                 raise RunUnreadable(
@@ -134,7 +138,11 @@ class SqliteCheckpointStore:
                 if record_step < first:
                     return found[::-1]
                 try:
-                    found.append(stored.parse_event(event, run_id=run_id, step=record_step))
+                    found.append(
+                        stored.parse_event(
+                            event, run_id=run_id, step=record_step, codec=self._codec
+                        )
+                    )
                 except ValueError as error:
                     raise RunUnreadable(
                         run_id, f"its checkpoint {version} is damaged ({_first_line(error)})"
@@ -172,8 +180,8 @@ class SqliteCheckpointStore:
     def commit(self, commit: Commit) -> CommitReceipt:
         started = time.perf_counter()
         head = commit.head
-        state_json = stored.head_json(head)
-        event_json = stored.event_json(commit.checkpoint)
+        state_json = stored.head_json(head, self._codec)
+        event_json = stored.event_json(commit.checkpoint, self._codec)
         check_size(f"run {head.run_id} head", state_json)
         check_size(f"run {head.run_id} step {commit.checkpoint.step} record", event_json)
         result = commit.completes.result if commit.completes else None
@@ -209,7 +217,7 @@ class SqliteCheckpointStore:
                 # row: its first lean commit writes that row.
                 tx.execute(
                     "INSERT INTO run_static (run_id, state) VALUES (?, ?)",
-                    (head.run_id, stored.static_json(head)),
+                    (head.run_id, stored.static_json(head, self._codec)),
                 )
             if stored_status != head.status.value:
                 # Apart, and only if it changed: setting the indexed status column rewrites
@@ -261,8 +269,7 @@ class SqliteCheckpointStore:
             ).fetchall()
         return self._checkpoints(run_id, rows[::-1])
 
-    @staticmethod
-    def _checkpoints(run_id: str, rows: list[Any]) -> list[StoredCheckpoint]:
+    def _checkpoints(self, run_id: str, rows: list[Any]) -> list[StoredCheckpoint]:
         checkpoints = []
         for version, step, status, worker_id, size, created_at, event in rows:
             try:
@@ -275,7 +282,9 @@ class SqliteCheckpointStore:
                         worker_id=worker_id,
                         size=size,
                         created_at=datetime.fromisoformat(created_at),
-                        event=stored.parse_event(event, run_id=run_id, step=step),
+                        event=stored.parse_event(
+                            event, run_id=run_id, step=step, codec=self._codec
+                        ),
                     )
                 )
             except (ValueError, TypeError) as error:
