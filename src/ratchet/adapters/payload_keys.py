@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import importlib.util
 import os
 import tempfile
 import threading
@@ -241,6 +242,11 @@ def payload_codec(
     use; `kms` builds its client with `kms` when it is first needed."""
     if setting is None:
         return None
+    if importlib.util.find_spec("cryptography") is None:
+        raise InvalidInput(
+            "RATCHET_PAYLOAD_KEY needs the encryption extra: "
+            "pip install 'ratchet-agents[encryption]'"
+        )
     kind, _, rest = setting.partition(":")
     if setting == "local":
         if beside is None:
@@ -252,5 +258,7 @@ def payload_codec(
     if kind == "file":
         return KeyringCodec(Path(rest).expanduser(), create=False)
     if kms is None:
-        raise InvalidInput("RATCHET_PAYLOAD_KEY=kms:... needs boto3 (pip install 'ratchet[aws]')")
+        raise InvalidInput(
+            "RATCHET_PAYLOAD_KEY=kms:... needs boto3 (pip install 'ratchet-agents[aws]')"
+        )
     return KmsCodec(kms(), rest)
