@@ -39,6 +39,7 @@ from ratchet.agents import LOCAL, AgentRegistry
 from ratchet.engine.fold import replay
 from ratchet.errors import (
     InvalidInput,
+    NotResumable,
     RatchetError,
     RunNotFound,
     ScheduleExists,
@@ -505,6 +506,18 @@ def _operator() -> str:
         return "python client"
 
 
+class Resumed(AnswerModel):
+    """What `Client.resume` did for a run."""
+
+    run_id: str
+    execution: str | None
+    """The name of the execution that now works the run; None where none is needed (a local
+    store: any worker takes a running run)."""
+    started: bool
+    """Whether this call started it (False: another resume started it first, or none was
+    needed)."""
+
+
 class Runtime(Protocol):
     """What a client acts through: a runtime (`ratchet.runtime`: `LocalRuntime`,
     `AwsRuntime`), built from a store URL by `ratchet.runtime.open_runtime`."""
@@ -574,6 +587,12 @@ class Runtime(Protocol):
         finished run and cancels the child runs it started that have not ended, each through
         this method), keeping its checkpoints; close its open approval requests (`CLOSED`)
         and, on AWS, stop the execution working it. Returns the cancelled head."""
+        ...
+
+    def resume(self, run_id: str, *, logger: Any) -> tuple[str, bool] | None:
+        """On AWS, start the next execution of a run that no execution works any more, and
+        return its name and whether this call started it (`NotResumable` while one runs);
+        locally None: no execution works a run there."""
         ...
 
     def close(self) -> None: ...
@@ -1008,6 +1027,23 @@ class Client:
             logger=self.logger,
         )
         return Run.of(head)
+
+    def resume(self, run_id: str) -> Resumed:
+        """Go on with a running or waiting run that nothing works: on AWS, start its next
+        execution, where its last one ended without ending the run (a deployment whose bundle
+        lacked its agent: docs/deploy.md). `NotResumable` for a run that has ended (a failed
+        one takes `retry`) or whose execution runs; `InvalidInput` for a store URL that names
+        no state machine. Locally nothing is needed: any worker takes a running run."""
+        head = self.head(run_id)
+        if head.status is RunStatus.FAILED:
+            raise NotResumable(run_id, "has failed: retry it instead (ratchet retry)")
+        if head.status in ENDED:
+            raise NotResumable(run_id, f"is {head.status.value}: there is nothing to resume")
+        started = self.runtime.resume(run_id, logger=self.logger)
+        if started is None:
+            return Resumed(run_id=run_id, execution=None, started=False)
+        execution, by_this_call = started
+        return Resumed(run_id=run_id, execution=execution, started=by_this_call)
 
     def children(self, run_id: str) -> list[Run]:
         """The child runs the run's steps started (`start_runs`), in the order they were

@@ -56,6 +56,14 @@ class NotCancellable(InvalidInput):
         self.status = status
 
 
+class NotResumable(InvalidInput):
+    """`resume` found nothing for it to do: the run has ended, or an execution works it."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(f"run {run_id!r} {why}")
+        self.run_id = run_id
+
+
 class StaleVersion(RatchetError):
     """Another worker advanced the run since we read it: our write was rejected, nothing changed."""
 

@@ -1,5 +1,5 @@
-"""The steering commands through the real `ratchet` process: cancel, retry, fork and replay
-(issue 10). The engine's own guarantees are in tests/integration/test_steering.py."""
+"""The steering commands through the real `ratchet` process: cancel, retry, resume, fork and
+replay (issue 10). The engine's own guarantees are in tests/integration/test_steering.py."""
 
 from __future__ import annotations
 
@@ -57,6 +57,16 @@ def test_retry_is_refused_for_a_run_that_did_not_fail(tmp_path):
 
     assert refused.returncode == 2
     assert "only a failed run can be retried" in refused.stderr
+
+
+def test_resume_on_a_local_store_says_in_one_line_that_any_worker_takes_the_run(tmp_path):
+    cli = fresh(tmp_path)
+    cli.ok("start", "--scenario", "migration", "--param", f"batches={BATCHES}", "--run-id", "r1")
+
+    said = cli.ok("resume", "r1")
+
+    assert said == "r1: no execution works a run on a local store: the next free worker takes it\n"
+    assert cli.json("status", "r1")["status"] == "running"
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@
   commands do them; anything else goes to the full CLI, which never imports `quick` back.
 - `app`: the full CLI, its typer app and `main`; the commands live by group in `runs` (start,
   run, worker), `inspection` (status, history, list, watch, show, verify, replay), `decisions`
-  (approve, reject, link, retry, cancel, fork), `housekeeping` (migrate, gc), `serve`
+  (approve, reject, link, retry, resume, cancel, fork), `housekeeping` (migrate, gc), `serve`
   (serve, demo) and `check` (the crash sweep of a user's agent), which share `options` (what
   they take) and `context` (what they act through).
 - `progress`: the line per step that run, worker and watch print; `demo`: the offline demo.

@@ -68,6 +68,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "gc": housekeeping.gc,
     "demo": serve.demo,
     "retry": decisions.retry,
+    "resume": decisions.resume,
     "cancel": decisions.cancel,
     "fork": decisions.fork,
     "replay": inspection.replay,

@@ -1,5 +1,6 @@
 """Deciding on runs: `approve` or `reject` what a waiting run asked for, and `link` to its
-approval page; steering them: `retry` a failed run, `cancel` one, `fork` a new run from a step."""
+approval page; steering them: `retry` a failed run, `resume` one on AWS that no execution
+works, `cancel` one, `fork` a new run from a step."""
 
 from __future__ import annotations
 
@@ -94,6 +95,23 @@ def retry(run_id: RunArgument, by: WhoOption = None) -> None:
         f"(or: ratchet run --run-id {run.run_id})",
         markup=False,
     )
+
+
+def resume(run_id: RunArgument) -> None:
+    """Start the next execution of a run on AWS that none works (one ended on a bundle
+    that could not load its agent)."""
+    client = open_client(create=False)
+    try:
+        resumed = client.resume(run_id)
+    finally:
+        client.close()
+    if resumed.execution is None:
+        said = "no execution works a run on a local store: the next free worker takes it"
+    elif resumed.started:
+        said = f"started execution {resumed.execution}"
+    else:
+        said = f"execution {resumed.execution} was started already, by another resume"
+    out.print(f"{resumed.run_id}: {said}", markup=False)
 
 
 def cancel(

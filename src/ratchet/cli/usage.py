@@ -34,6 +34,7 @@ EXAMPLES = {
     "gc": "ratchet gc --older-than 30 --dry-run",
     "demo": "ratchet demo",
     "retry": "ratchet retry m1",
+    "resume": "ratchet resume m1",
     "cancel": "ratchet cancel m1 --reason 'wrong table'",
     "fork": "ratchet fork m1 --from-step 2 --run-id m1-again",
     "replay": "ratchet replay m1 --step 2",

@@ -38,6 +38,7 @@ from ratchet.adapters.stepfunctions import (
     execution_name,
     first_generation,
     generation_of,
+    latest_execution,
     start_execution,
 )
 from ratchet.agents import AgentRegistry, declared_events
@@ -47,6 +48,7 @@ from ratchet.children import ChildRunDesk
 from ratchet.engine import Binding, Engine, Outcome
 from ratchet.errors import (
     InvalidInput,
+    NotResumable,
     StaleVersion,
     StepAttemptFailed,
     StoreBusy,
@@ -374,6 +376,50 @@ class AwsRuntime:
                     executionArn=arn, error="Woken", cause="woken early: a successor goes on"
                 )
         return execution_name(run_id, generation)
+
+    def resume(self, run_id: str, *, logger: Any) -> tuple[str, bool]:
+        """Start the next execution of a run that no execution works any more (its last one
+        ended on a bundle that could not load its agent: docs/deploy.md), and return its name
+        and whether this call started it (False: another resume took the name first).
+
+        The next is the run's latest execution's generation + 1, as its rollover would have
+        named it; a run with none gets generation 0, a start's. `NotResumable` naming the
+        latest if it is running: two executions of one run would only race for its steps."""
+        machine = self.settings.state_machine_arn
+        if not machine or self._stepfunctions is None:
+            raise InvalidInput(
+                "resume starts the run's next execution on the stack's state machine, which "
+                "this store URL does not name: add &machine= with the stack's StateMachineArn, "
+                "as its StoreUrl output does"
+            )
+        sfn = self._stepfunctions()
+        latest = latest_execution(sfn, machine, run_id)
+        timeout = self.settings.approval_timeout_seconds
+        generation = 0
+        if latest is not None:
+            found, described = latest
+            if described["status"] == "RUNNING":
+                raise NotResumable(
+                    run_id,
+                    f"is worked by its running execution {execution_name(run_id, found)}: "
+                    "there is nothing to resume",
+                )
+            # The stack's own wait (its input carries ratchet:approvalTimeoutSeconds), not
+            # this runtime's default.
+            timeout = ExecutionInput.model_validate_json(
+                described["input"]
+            ).approval_timeout_seconds
+            generation = found + 1
+        execution = ExecutionInput(
+            run_id=run_id, generation=generation, iteration=0, approval_timeout_seconds=timeout
+        )
+        started = start_execution(sfn, machine, execution)
+        name = execution_name(run_id, generation)
+        logger.info(
+            "execution started" if started else "execution exists",
+            extra={"run_id": run_id, "execution": name},
+        )
+        return name, started
 
     @staticmethod
     def _running_executions(sfn: SFNClient, machine: str, run_id: str) -> list[tuple[int, str]]:

@@ -752,5 +752,9 @@ class LocalRuntime:
         self.approvals.close(run_id, head.step, ApprovalStatus.CLOSED, at=utcnow())
         return head
 
+    def resume(self, run_id: str, *, logger: Any) -> None:
+        """Nothing to start: no execution works a local run, and any worker takes a running
+        one."""
+
     def close(self) -> None:
         self.db.close()
