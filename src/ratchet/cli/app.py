@@ -40,10 +40,17 @@ from ratchet.cli import (
     waits,
 )
 from ratchet.cli.argv import arrange
-from ratchet.cli.context import DISTRIBUTION, installed_version, out, refuse, use_global_options
+from ratchet.cli.context import (
+    DISTRIBUTION,
+    installed_version,
+    out,
+    refuse,
+    refuse_error,
+    use_global_options,
+)
 from ratchet.cli.options import LogJsonOption, StoreOption
 from ratchet.cli.usage import Command, example
-from ratchet.errors import AbandonedCallRunning, ImportInterrupted, InvalidInput, RatchetError
+from ratchet.errors import InvalidInput, RatchetError
 from ratchet.untrusted import is_utf8
 
 COMMANDS: dict[str, Callable[..., None]] = {
@@ -135,12 +142,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         refuse(_usage_line(error))
     except typer.Abort:
         refuse("aborted", code=1)
-    except ImportInterrupted as error:
-        refuse(str(error), code=130)
-    except AbandonedCallRunning as error:
-        refuse(str(error), code=1)
     except RatchetError as error:
-        refuse(str(error))
+        refuse_error(error)
     sys.exit(code if isinstance(code, int) else 0)
 
 

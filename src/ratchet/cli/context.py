@@ -19,7 +19,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ratchet.errors import InvalidInput, RunNotFound
+from ratchet.errors import (
+    AbandonedCallRunning,
+    ImportInterrupted,
+    InvalidInput,
+    RatchetError,
+    RunNotFound,
+)
 from ratchet.store_urls import sqlite_file, store_url
 from ratchet.untrusted import for_terminal
 
@@ -236,6 +242,17 @@ def refuse(message: str, *, code: int = 2) -> NoReturn:
     """End the command as bad input ends: one line on stderr, `ratchet: ...`, and `code`."""
     say_line(f"ratchet: {' '.join(message.split())}", stderr=True)
     sys.exit(code)
+
+
+def refuse_error(error: RatchetError) -> NoReturn:
+    """End the command on Ratchet's `error`, in one line: exit 130 for an agent module
+    interrupted while it was imported, 1 for a worker that must stop beside a call it abandoned
+    (nothing typed was wrong), and 2, bad input, for every other."""
+    if isinstance(error, ImportInterrupted):
+        refuse(str(error), code=130)
+    if isinstance(error, AbandonedCallRunning):
+        refuse(str(error), code=1)
+    refuse(str(error))
 
 
 def cli_logger() -> Any:

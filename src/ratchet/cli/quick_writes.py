@@ -76,8 +76,8 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
     if command is None:
         return False
     from ratchet.cli import writes
-    from ratchet.cli.context import refuse, use_global_options
-    from ratchet.errors import AbandonedCallRunning, ImportInterrupted, RatchetError
+    from ratchet.cli.context import refuse_error, use_global_options
+    from ratchet.errors import RatchetError
 
     name, store, log_json, given = command
     use_global_options(store, log_json)
@@ -95,12 +95,8 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
         # complaint at exit about the output it could not flush.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except ImportInterrupted as error:
-        refuse(str(error), code=130)
-    except AbandonedCallRunning as error:
-        refuse(str(error), code=1)
     except RatchetError as error:
-        refuse(str(error))
+        refuse_error(error)
     return True
 
 
