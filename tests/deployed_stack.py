@@ -21,12 +21,7 @@ import io
 import json
 import math
 import os
-import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,9 +42,9 @@ from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 from ratchet.waits import Approval
 from tests.dynamodb_seed import _run_items, _step_records, _write, seed_runs
 from tests.dynamodb_support import REGION, SETTINGS, make_tables, scan
+from tests.processes import RATCHET, Served, serving
 from tests.support import LOG
 
-RATCHET = [sys.executable, "-m", "ratchet.cli"]
 STACK = "MyAgents"
 ACCOUNT = "123456789012"  # moto's
 SEEDER = "ratchet-test-seeder"
@@ -58,7 +53,6 @@ SMALL_RUNS = 110
 """More than a runs page shows (100): the list has a second page."""
 LONG_STEPS = 650
 """More step records than a run's page reads (500)."""
-SERVE_PATIENCE = 60.0
 APPROVAL_ID = "appr0000000000000001"
 DAMAGED = "damaged-1"
 FAKE_CREDENTIALS = {
@@ -308,41 +302,18 @@ def deployed_stack(*, many: bool = True) -> Iterator[Stack]:
         yield stack
 
 
-@dataclass(frozen=True)
-class Served:
-    process: subprocess.Popen[str]
-    url: str
-    log: Path
-
-
 @contextmanager
 def serve(stack: Stack, log: Path, *args: str, **extra: str) -> Iterator[Served]:
     """`ratchet serve` on the stack's tables, as a process of its own in the log's folder;
-    stopped on the way out."""
+    stopped on the way out. It works no runs, and says so last; `Served.base` is where its
+    dashboard is."""
     argv = [*RATCHET, "--store", stack.url(), "serve", "--port", "0", *args]
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            argv,
-            env=env(**extra),
-            cwd=log.parent,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    try:
-        deadline = time.monotonic() + SERVE_PATIENCE
-        while not re.search(r"^No worker here", log.read_text(), re.MULTILINE):
-            assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
-            time.sleep(0.05)
-        found = re.search(r"The runs dashboard: (http://\S+)/dashboard", log.read_text())
-        assert found, log.read_text()
-        yield Served(process, found.group(1), log)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=SERVE_PATIENCE)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=SERVE_PATIENCE)
+    with serving(
+        argv,
+        log=log,
+        env=env(**extra),
+        cwd=log.parent,
+        ready=r"^No worker here",
+        address=r"The runs dashboard: (http://\S+)/dashboard",
+    ) as served:
+        yield served

@@ -122,22 +122,29 @@ class Served:
 
 @contextmanager
 def serving(
-    argv: Sequence[str], *, log: Path, env: dict[str, str], cwd: Path | None = None
+    argv: Sequence[str],
+    *,
+    log: Path,
+    env: dict[str, str],
+    cwd: Path | None = None,
+    ready: str = r"^(A worker|No worker)",
+    address: str = r"Serving approvals on (http://\S+)",
 ) -> Iterator[Served]:
-    """Start `ratchet serve` (`argv`), wait until its banner is printed to the end (its last
-    line says whether a worker works the runs), and stop it on the way out: SIGTERM, then a
-    kill if it does not stop in time."""
+    """Start `ratchet serve` (`argv`), wait until its banner is printed to the end (`ready`:
+    its last line, which says whether a worker works the runs), read where it listens
+    (`address`'s group), and stop it on the way out: SIGTERM, then a kill if it does not stop
+    in time."""
     with log.open("w") as output:
         process = subprocess.Popen(
             list(argv), cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True
         )
     try:
         deadline = time.monotonic() + SERVE_PATIENCE
-        while not re.search(r"^(A worker|No worker)", log.read_text(), re.MULTILINE):
+        while not re.search(ready, log.read_text(), re.MULTILINE):
             assert process.poll() is None, f"ratchet serve exited:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"ratchet serve never listened:\n{log.read_text()}"
             time.sleep(0.05)
-        found = re.search(r"Serving approvals on (http://\S+)", log.read_text())
+        found = re.search(address, log.read_text())
         assert found, log.read_text()
         yield Served(process, found.group(1), log)
     finally:

@@ -57,7 +57,7 @@ def test_the_deployed_dashboard_lists_the_stacks_runs_and_shows_a_runs_timeline(
         page = browser.new_page()
 
         # When the operator opens the dashboard of the deployed stack
-        response = page.goto(f"{served.url}/dashboard")
+        response = page.goto(f"{served.base}/dashboard")
         assert response is not None
         assert response.status == 200
 
@@ -92,7 +92,7 @@ def test_the_deployed_dashboard_lists_the_stacks_runs_and_shows_a_runs_timeline(
         _screenshot_if_asked(page, "dashboard-deployed-run.png")
 
         # And the waiting run names the stack's own approval route, no page of this server's
-        page.goto(f"{served.url}/dashboard/runs/wait-1")
+        page.goto(f"{served.base}/dashboard/runs/wait-1")
         pending = page.locator("#pending")
         expect(pending).to_contain_text(f"POST {API_URL}/runs/wait-1/approve")
         expect(pending.get_by_role("link")).to_have_count(0)

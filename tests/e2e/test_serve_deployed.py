@@ -35,16 +35,15 @@ from tests.deployed_stack import (
     ACCOUNT,
     DAMAGED,
     LONG_STEPS,
-    RATCHET,
     SMALL_RUNS,
     STACK,
     Call,
-    Served,
     Stack,
     deployed_stack,
     env,
     serve,
 )
+from tests.processes import RATCHET, Served
 
 API_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod"
 """The stack's public URL, as RATCHET_PUBLIC_URL gives it to serve: its routes are named in
@@ -78,7 +77,7 @@ def served(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 def get(served: Served, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(served.url + path, timeout=60) as answer:
+        with urllib.request.urlopen(served.base + path, timeout=60) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as refused:
         return refused.code, refused.read().decode()
@@ -230,7 +229,7 @@ def test_every_write_is_refused_before_any_route_and_nothing_is_written(stack, s
 
     for method, path in routes:
         asked = urllib.request.Request(
-            served.url + path,
+            served.base + path,
             data=b'{"comment": "ok"}',
             method=method,
             headers={"Content-Type": "application/json"},
@@ -251,7 +250,7 @@ def test_off_localhost_the_dashboard_and_the_runs_api_take_the_bearer_token(stac
     with serve(stack, tmp_path / "serve.log", "--host", "127.0.0.2") as remote:
         token = (tmp_path / ".ratchet" / "ratchet-checkpoints.serve-token").read_text().strip()
         for path in ("/dashboard", "/runs/done-1"):
-            asked = urllib.request.Request(remote.url + path)
+            asked = urllib.request.Request(remote.base + path)
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(asked, timeout=60)
             assert refused.value.code == 401, path
