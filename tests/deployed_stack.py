@@ -41,7 +41,7 @@ from ratchet.scenarios import migration
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 from ratchet.waits import Approval
 from tests.dynamodb_seed import _run_items, _step_records, _write, seed_runs
-from tests.dynamodb_support import REGION, SETTINGS, make_tables, scan
+from tests.dynamodb_support import REGION, SETTINGS, make_tables, scan, server_store_url
 from tests.processes import RATCHET, Served, serving
 from tests.support import LOG
 
@@ -171,15 +171,7 @@ class Stack:
     calls: Calls
 
     def url(self, **overrides: str) -> str:
-        parameters = {
-            "ledger": SETTINGS.idempotency_table,
-            "app": SETTINGS.app_table,
-            "region": REGION,
-            "endpoint": self.endpoint,
-        } | overrides
-        table = parameters.pop("table", SETTINGS.checkpoints_table)
-        query = "&".join(f"{name}={value}" for name, value in parameters.items() if value)
-        return f"dynamodb://{table}?{query}"
+        return server_store_url(self.endpoint, **overrides)
 
     def everything(self) -> dict[str, list[dict[str, Any]]]:
         tables = (SETTINGS.checkpoints_table, SETTINGS.idempotency_table, SETTINGS.app_table)

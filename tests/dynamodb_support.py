@@ -129,6 +129,20 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
+def server_store_url(endpoint: str, **overrides: str) -> str:
+    """The `dynamodb://` store URL of the test tables on the moto server at `endpoint`; an
+    override replaces a parameter (`table=` the checkpoints table), and an empty one drops it."""
+    parameters = {
+        "ledger": SETTINGS.idempotency_table,
+        "app": SETTINGS.app_table,
+        "region": REGION,
+        "endpoint": endpoint,
+    } | overrides
+    table = parameters.pop("table", SETTINGS.checkpoints_table)
+    query = "&".join(f"{name}={value}" for name, value in parameters.items() if value)
+    return f"dynamodb://{table}?{query}"
+
+
 def server_client(endpoint: str) -> DynamoDBClient:
     """A client of the moto server at `endpoint`, with test credentials of its own."""
     return boto3.client(

@@ -26,7 +26,15 @@ from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
 from ratchet.state import PersonDecided, RunOptions, RunState
-from tests.dynamodb_support import REGION, SETTINGS, make_tables, moto_server, scan, server_client
+from tests.dynamodb_support import (
+    REGION,
+    SETTINGS,
+    make_tables,
+    moto_server,
+    scan,
+    server_client,
+    server_store_url,
+)
 from tests.support import LOG
 
 RATCHET = Path(sys.executable).with_name("ratchet")
@@ -48,15 +56,7 @@ class Deployed:
     runtime: AwsRuntime
 
     def url(self, **overrides: str) -> str:
-        parameters = {
-            "ledger": SETTINGS.idempotency_table,
-            "app": SETTINGS.app_table,
-            "region": REGION,
-            "endpoint": self.endpoint,
-        } | overrides
-        table = parameters.pop("table", SETTINGS.checkpoints_table)
-        query = "&".join(f"{name}={value}" for name, value in parameters.items() if value)
-        return f"dynamodb://{table}?{query}"
+        return server_store_url(self.endpoint, **overrides)
 
     def ratchet(self, *args: str, store: str | None = None) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_PREFIXES)}
