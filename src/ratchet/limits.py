@@ -1,4 +1,4 @@
-"""How many runs of an agent may work a step at the same time.
+"""How many runs of an agent, and of each of its keys, may work a step at the same time.
 
 An agent says it (`Agent.max_concurrent`); a deployment may override it with
 `RATCHET_MAX_CONCURRENT`, a JSON object such as `{"support": 5}` (the local worker's
@@ -7,6 +7,14 @@ slot: a claim takes a run only while fewer runs of its agent are under a live le
 bound, in the same write transaction, so a SIGKILLed worker's slot frees when its lease
 lapses. On AWS a step takes a slot item with a conditional write before its work and gives it
 back after its commit (`ratchet.ports.Slots`). docs/limits.md says what each costs.
+
+A run may be started with a `concurrency_key` (a tenant, a customer) and an agent may say
+`max_concurrent_per_key`: at most that many runs of one key work a step at once, on top of
+`max_concurrent`. Locally a claim counts the live leases of the run's agent and key in the same
+transaction; on AWS a step takes a slot of its key (`ConcurrencyBound.key_slots`) and then one
+of its agent, giving the first back if the second is not free. Of the runs waiting, the one of
+highest `priority` goes first, its priority growing with the time it has waited
+(`ratchet.state.effective_priority`), so none waits forever while slots free up.
 
 One identity per agent serves every bound: its name, `Agent.name`. A run records its agent
 by a reference (an import path, or the target of a registered name), and two references may
@@ -115,7 +123,10 @@ class ConcurrencyLimits:
             except Exception:
                 return None  # not remembered: a module fixed meanwhile is read again
             limit = self.overrides.get(agent.name, agent.max_concurrent)
+            per_key = agent.max_concurrent_per_key
             self._known[reference] = (
-                ConcurrencyBound(agent.name, limit) if limit is not None else None
+                ConcurrencyBound(agent.name, limit, per_key)
+                if limit is not None or per_key is not None
+                else None
             )
         return self._known[reference]

@@ -80,6 +80,9 @@ class RunSummary:
     agent: str | None = None
     """The run's agent; None where the store's row does not say (a damaged row, or a DynamoDB
     head last written before heads kept it)."""
+    concurrency_key: str | None = None
+    """The run's `concurrency_key`, where the store's listing reads its static part (a full
+    listing); None for none, and in a page of the DynamoDB runs index, which does not keep it."""
 
 
 @dataclass(frozen=True)
@@ -722,21 +725,40 @@ class RunData(Protocol):
 class ConcurrencyBound(NamedTuple):
     """How many runs of an agent may work a step at once (`ratchet.limits`), and whose slots
     they take: the agent's name (`Agent.name`), which every reference to the agent loads, so
-    its runs share one bound however they name it."""
+    its runs share one bound however they name it. `limit` bounds all its runs (None: no
+    bound), `per_key` those of each `concurrency_key` (None: no bound)."""
 
     agent: str
-    limit: int
+    limit: int | None
+    per_key: int | None = None
+
+    def key_slots(self, key: str) -> str:
+        """The name of the slots of the agent's runs of `key` (a key has no '#')."""
+        return f"{self.agent}#key#{key}"
 
 
 class Slots(Protocol):
     """At most `limit` holders of a name's slots at a time (on AWS, the steps of a bounded
-    agent's runs, under its `ConcurrencyBound.agent`). A slot lapses `seconds` after it was
-    taken, so a holder that died frees it on its own."""
+    agent's runs, under its `ConcurrencyBound.agent`, and those of each of its keys, under
+    `ConcurrencyBound.key_slots`). A slot lapses `seconds` after it was taken, so a holder that
+    died frees it on its own.
 
-    def take(self, name: str, limit: int, holder: str, seconds: float) -> bool:
+    Contract (`tests/conformance/test_slots_contract.py`):
+    - a take refused marks its holder as waiting, with its `priority`, from its first refused
+      take; the mark lapses a while after its last (a waiter that stopped asking: its run was
+      cancelled, its execution died) and is cleared by its take that succeeds;
+    - a take succeeds only while the live holders, and the waiters that rank above the taker
+      (`ratchet.state.effective_priority`: higher priority, grown by the time waited; of two
+      alike, the one waiting longer), leave a slot free: so the freed slot goes to the
+      highest, and a run of low priority, its priority growing, is never passed over for good.
+    """
+
+    def take(
+        self, name: str, limit: int, holder: str, seconds: float, *, priority: int = 0
+    ) -> bool:
         """Take one of `name`'s slots for `holder`, atomically against every other taker:
         True if taken (or `holder` already held one, now renewed), False if all `limit` are
-        held by others whose time has not lapsed."""
+        held by others whose time has not lapsed, or are owed to waiters ranked above it."""
         ...
 
     def release(self, name: str, holder: str) -> None:

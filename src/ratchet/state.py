@@ -78,6 +78,25 @@ MAX_ERROR_CHARS = 2000
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN.pattern)]
 
+CONCURRENCY_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,64}$")
+"""A run's `concurrency_key` (a tenant, a customer): 1-64 letters, digits, '.', '_', ':', '@'
+or '-'. Short and printable: it names a slot partition on AWS and shows in every listing."""
+ConcurrencyKey = Annotated[str, StringConstraints(pattern=CONCURRENCY_KEY_PATTERN.pattern)]
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+"""A run's `priority`: 0 (the default) to 9; of the runs waiting for a slot, the higher goes
+first, as aged by `effective_priority`."""
+PRIORITY_AGING_SECONDS = 30.0
+"""A waiting run's priority grows by one for each this many seconds it has waited."""
+
+
+def effective_priority(priority: int, waited_seconds: float) -> float:
+    """Which waiting run takes a freed slot first: the highest of these. A run's priority
+    grows by one for every `PRIORITY_AGING_SECONDS` it waits, so no run waits forever while
+    slots free up: one of priority 0 outranks a fresh one of priority 9 once it has waited
+    9 x 30 s, and from then on only runs that have waited longer go before it."""
+    return priority + max(waited_seconds, 0.0) / PRIORITY_AGING_SECONDS
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -534,6 +553,11 @@ class RunState(_Model):
     parent_step: int | None = None
     depth: int = Field(default=0, ge=0, le=MAX_CHILD_DEPTH)
     """0 for a run started from outside; a child's is its parent's plus one."""
+    concurrency_key: ConcurrencyKey | None = None
+    """The tenant (a customer, ...) the run works for: at most its agent's
+    `max_concurrent_per_key` runs of one key work a step at once (`ratchet.limits`)."""
+    priority: int = Field(default=MIN_PRIORITY, ge=MIN_PRIORITY, le=MAX_PRIORITY)
+    """Of the runs waiting for a slot, the higher goes first (`effective_priority`)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

@@ -40,6 +40,7 @@ from ratchet.errors import PayloadKeyMissing, PayloadTampered
 from ratchet.migrations import load_state, load_state_raw
 from ratchet.sealing import PayloadCodec, header_of, is_sealed
 from ratchet.state import (
+    MIN_PRIORITY,
     CheckpointEvent,
     Created,
     Message,
@@ -55,7 +56,9 @@ from ratchet.state import (
     preview_of,
 )
 
-STATIC_FIELDS = frozenset({"run_id", "agent", "goal", "options", "created_at"})
+STATIC_FIELDS = frozenset(
+    {"run_id", "agent", "goal", "options", "created_at", "concurrency_key", "priority"}
+)
 """Set when the run is created and never changed by a step: stored once."""
 WINDOW_FIELDS = frozenset({"messages", "tool_results", "last_result"})
 """Read back from the step records of the window: never stored in the head."""
@@ -82,12 +85,18 @@ def head_json(state: RunState, codec: PayloadCodec | None = None) -> str:
 
 def static_json(state: RunState, codec: PayloadCodec | None = None) -> str:
     """The static part of the head, written once with the run's first checkpoint."""
-    text = state.model_dump_json(include={*STATIC_FIELDS, "schema_version"}, exclude_none=True)
+    # A run at the default priority stores none: its static part is as it was before runs
+    # had one.
+    left_out = {"priority"} if state.priority == MIN_PRIORITY else set()
+    text = state.model_dump_json(
+        include={*STATIC_FIELDS, "schema_version"} - left_out, exclude_none=True
+    )
     return sealed_static_text(text, codec, run_id=state.run_id)
 
 
-STATIC_CLEAR = ("run_id", "agent", "created_at")
-"""What a sealed static part keeps in clear: SQL counts a worker's runs by agent."""
+STATIC_CLEAR = ("run_id", "agent", "created_at", "concurrency_key", "priority")
+"""What a sealed static part keeps in clear: SQL counts a worker's runs by agent and key, and
+orders the runs waiting for a slot by priority."""
 
 
 def sealed_static_text(text: str, codec: PayloadCodec | None, *, run_id: str) -> str:

@@ -638,6 +638,11 @@ class Agent:
     deployment); the others wait their turn, without failing and without a model call. None
     sets no bound. A deployment may override it (`RATCHET_MAX_CONCURRENT`): see
     docs/limits.md."""
+    max_concurrent_per_key: int | None = None
+    """At most this many runs of the agent started with one `concurrency_key` (a tenant, a
+    customer) work a step at the same time, on top of `max_concurrent`: one key's burst
+    leaves the other keys their turns. Runs started without a key are not bounded by it.
+    None sets no bound (docs/limits.md)."""
     webhooks: Sequence[str] = ()
     """URLs each change of a run's status is POSTed to, signed, beside the deployment's
     (`RATCHET_WEBHOOKS`): locally, by the webhook sender of a worker, `ratchet serve` or
@@ -668,6 +673,9 @@ class Agent:
             )
 
         check_max_concurrent(self.max_concurrent, f"agent {self.name!r}: max_concurrent")
+        check_max_concurrent(
+            self.max_concurrent_per_key, f"agent {self.name!r}: max_concurrent_per_key"
+        )
         if isinstance(self.webhooks, str):
             raise ValueError(f"agent {self.name!r}: webhooks must be a list of URLs, not one")
         urls: dict[str, None] = {}

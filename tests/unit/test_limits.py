@@ -77,7 +77,9 @@ def test_every_reference_to_an_agent_has_the_agents_bound_under_its_name():
 def test_an_override_applies_to_the_agent_its_key_names(registry, key):
     overrides = resolve_overrides({key: 1}, registry)
     assert overrides == {"bounded-two": 1}
-    assert ConcurrencyLimits(AgentRegistry.local(), overrides)(TWO) == ("bounded-two", 1)
+    assert ConcurrencyLimits(AgentRegistry.local(), overrides)(TWO) == ConcurrencyBound(
+        "bounded-two", 1
+    )
 
 
 @pytest.mark.parametrize(

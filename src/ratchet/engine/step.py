@@ -147,9 +147,10 @@ class Engine:
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
         step of a bounded agent's run takes one of its agent's slots (by the agent's name,
-        which every reference to it shares) before any work and gives it back once the step
-        is over; finding none free, it is `Outcome.QUEUED` (on AWS; a local worker's claim
-        bounds its runs instead, see `ratchet.limits`).
+        which every reference to it shares), and one of its key's if the agent bounds runs
+        per key, before any work and gives them back once the step is over; finding none
+        free, it is `Outcome.QUEUED` (on AWS; a local worker's claim bounds its runs instead,
+        see `ratchet.limits`).
 
         With `rate` and `requests_per_minute`, every step (each may call the model) counts
         one request of the deployment's shared limit before its attempt is counted; over it,
@@ -298,15 +299,39 @@ class Engine:
             )
             return self._commits.finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
         bound = self._limits(state.agent) if self._slots and self._limits else None
-        if bound is None:
+        names = self._slot_names(bound, state) if bound is not None else []
+        if not names:
             return self._take_step(state)
-        assert self._slots is not None
-        if not self._slots.take(bound.agent, bound.limit, run_id, self._slot_seconds(state)):
+        if not self._take_slots(names, state):
             return StepOutcome.queued(state)
         try:
             return self._take_step(state)
         finally:
-            self._give_back_slot(bound, state)
+            self._give_back_slots([name for name, _ in names], state)
+
+    @staticmethod
+    def _slot_names(bound: ConcurrencyBound, state: RunState) -> list[tuple[str, int]]:
+        """The slots a step of the run takes, by name and limit: its key's first, so a run of
+        a key at its bound waits for the key alone and holds back no run of another key."""
+        names = []
+        if bound.per_key is not None and state.concurrency_key is not None:
+            names.append((bound.key_slots(state.concurrency_key), bound.per_key))
+        if bound.limit is not None:
+            names.append((bound.agent, bound.limit))
+        return names
+
+    def _take_slots(self, names: list[tuple[str, int]], state: RunState) -> bool:
+        """Take each of the step's slots, in order; if one is not free, give back those taken
+        (the run waits holding none) and say False."""
+        assert self._slots is not None
+        seconds = self._slot_seconds(state)
+        taken: list[str] = []
+        for name, limit in names:
+            if not self._slots.take(name, limit, state.run_id, seconds, priority=state.priority):
+                self._give_back_slots(taken, state)
+                return False
+            taken.append(name)
+        return True
 
     def _take_step(self, state: RunState) -> StepOutcome:
         run_id, step = state.run_id, state.next_step
@@ -418,10 +443,11 @@ class Engine:
             limit = None
         return (MAX_STEP_TIMEOUT_SECONDS if limit is None else limit) + SLOT_MARGIN_SECONDS
 
-    def _give_back_slot(self, bound: ConcurrencyBound, state: RunState) -> None:
+    def _give_back_slots(self, names: list[str], state: RunState) -> None:
         assert self._slots is not None
         try:
-            self._slots.release(bound.agent, state.run_id)
+            for name in names:
+                self._slots.release(name, state.run_id)
         except Exception:
             # The step is over whatever happened: the slot lapses at its time instead.
             self._logger.warning(

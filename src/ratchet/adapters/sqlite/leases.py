@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput
 from ratchet.ports import Beat, ConcurrencyBound, check_lease_seconds
-from ratchet.state import RunStatus
+from ratchet.state import PRIORITY_AGING_SECONDS, RunStatus
 
 WORKERS_SCHEMA = """
 -- ratchet.adapters.sqlite.leases registers the live local workers here.
@@ -46,6 +47,11 @@ _AGENT = (
 one, its head); SQL over `runs AS r LEFT JOIN run_static AS s`. NULL for a damaged row: the
 run is claimed as if unbounded, and the worker that reads it skips it, saying why."""
 _HELD_AGENT = _AGENT.replace("s.state", "hs.state").replace("r.state", "hr.state")
+_KEY = "CASE WHEN json_valid(s.state) THEN json_extract(s.state, '$.concurrency_key') END"
+"""A run's `concurrency_key`, from its static part (in clear when sealed); NULL for none."""
+_HELD_KEY = _KEY.replace("s.state", "hs.state")
+_PRIORITY = "CASE WHEN json_valid(s.state) THEN json_extract(s.state, '$.priority') END"
+"""A run's `priority`, from its static part; NULL for the default (0), which is not stored."""
 
 
 class WorkerIdInUse(InvalidInput):
@@ -95,45 +101,60 @@ class SqliteLeases:
         skip: Collection[str] = (),
         limit_of: Callable[[str], ConcurrencyBound | None] | None = None,
     ) -> str | None:
-        """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
-        runs in `skip`, and those whose agent (by `limit_of` its stored reference) already has
-        as many runs under a live lease as its bound; None if there is none."""
+        """Lease the running run (or `run_id`) of highest effective priority (its `priority`
+        grown by the time since it was last written, `effective_priority`; of two alike, the
+        longest idle) that nobody holds, leaving out the runs in `skip`, and those whose agent
+        (by `limit_of` its stored reference) already has as many runs under a live lease as
+        its bound, or whose key as many of its agent's runs as the agent's bound per key; None
+        if there is none."""
         check_lease_seconds(seconds)
-        agents, bounds = self._bounds(limit_of) if limit_of is not None else ({}, {})
+        agents, bounds, per_key = self._bounds(limit_of) if limit_of is not None else ({}, {}, {})
         now = self._clock()
         with self._write() as tx:
             # Find and take in one write transaction: SQLite's write lock makes the pair
             # atomic, so two workers can never both see the same run as free, and never both
-            # take an agent's last slot (a live lease on one of its runs is a slot). The runs
-            # counted are those of the agent, by its name (`agent.value`), not of the
-            # reference this run stores: two references to one agent share its slots.
+            # take an agent's (or a key's) last slot (a live lease on one of its runs is a
+            # slot). The runs counted are those of the agent, by its name (`agent.value`),
+            # not of the reference this run stores: two references to one agent share its
+            # slots.
             bounded = (
-                "LEFT JOIN run_static s ON s.run_id = r.run_id "
                 f"LEFT JOIN json_each(?) AS agent ON agent.key = {_AGENT} "
                 "LEFT JOIN json_each(?) AS bound ON bound.key = agent.value "
-                if bounds
+                "LEFT JOIN json_each(?) AS per_key ON per_key.key = agent.value "
+                if agents
                 else ""
             )
-            within = (
-                "AND (bound.value IS NULL OR (SELECT count(*) FROM leases h "
-                "JOIN runs hr ON hr.run_id = h.run_id "
+            held = (
+                "(SELECT count(*) FROM leases h JOIN runs hr ON hr.run_id = h.run_id "
                 "LEFT JOIN run_static hs ON hs.run_id = h.run_id "
                 f"JOIN json_each(?) AS held ON held.key = {_HELD_AGENT} "
                 "WHERE h.expires_at > ? AND hr.status = ? AND h.run_id != r.run_id "
-                "AND held.value = agent.value) < bound.value) "
-                if bounds
+                "AND held.value = agent.value"
+            )
+            within = (
+                f"AND (bound.value IS NULL OR {held}) < bound.value) "
+                f"AND (per_key.value IS NULL OR {_KEY} IS NULL OR {held} "
+                f"AND {_HELD_KEY} = {_KEY}) < per_key.value) "
+                if agents
                 else ""
             )
-            bound_parameters = (json.dumps(agents), json.dumps(bounds)) if bounds else ()
-            within_parameters = (json.dumps(agents), now, RunStatus.RUNNING.value) if bounds else ()
+            bound_parameters = (
+                (json.dumps(agents), json.dumps(bounds), json.dumps(per_key)) if agents else ()
+            )
+            counted = (json.dumps(agents), now, RunStatus.RUNNING.value)
+            within_parameters = (*counted, *counted) if agents else ()
             row = tx.execute(
                 "SELECT r.run_id FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id "
+                "LEFT JOIN run_static s ON s.run_id = r.run_id "
                 f"{bounded}"
                 "WHERE r.status = ? AND (? IS NULL OR r.run_id = ?) "
                 "AND r.run_id NOT IN (SELECT value FROM json_each(?)) "
                 "AND (l.run_id IS NULL OR l.expires_at <= ? OR l.owner = ?) "
                 f"{within}"
-                "ORDER BY r.updated_at LIMIT 1",
+                # `ratchet.state.effective_priority`, in SQL: the freed slot goes to the
+                # highest, and a run of low priority gains on the others while it waits.
+                f"ORDER BY coalesce({_PRIORITY}, 0) + (julianday(?) - julianday(r.updated_at)) "
+                "* 86400.0 / ? DESC, r.updated_at LIMIT 1",
                 (
                     *bound_parameters,
                     RunStatus.RUNNING.value,
@@ -143,6 +164,8 @@ class SqliteLeases:
                     now,
                     owner,
                     *within_parameters,
+                    datetime.fromtimestamp(now, UTC).isoformat(),
+                    PRIORITY_AGING_SECONDS,
                 ),
             ).fetchone()
             if row is None:
@@ -157,12 +180,12 @@ class SqliteLeases:
 
     def _bounds(
         self, limit_of: Callable[[str], ConcurrencyBound | None]
-    ) -> tuple[dict[str, str], dict[str, int]]:
+    ) -> tuple[dict[str, str], dict[str, int], dict[str, int]]:
         """The agent (by name) of each stored reference of a running run whose agent is
-        bounded, and each such agent's bound: of every running run, not only those the claim
-        may take, since the runs held under any reference to an agent count against its bound
-        (read outside the write transaction: loading an agent the first time imports its
-        module)."""
+        bounded, and each such agent's bound and bound per key: of every running run, not
+        only those the claim may take, since the runs held under any reference to an agent
+        count against its bound (read outside the write transaction: loading an agent the
+        first time imports its module)."""
         references = self._db.connection.execute(
             f"SELECT DISTINCT {_AGENT} FROM runs r LEFT JOIN run_static s "
             "ON s.run_id = r.run_id WHERE r.status = ?",
@@ -170,14 +193,18 @@ class SqliteLeases:
         ).fetchall()
         agents: dict[str, str] = {}
         bounds: dict[str, int] = {}
+        per_key: dict[str, int] = {}
         for (reference,) in references:
             bound = limit_of(reference) if isinstance(reference, str) else None
             if bound is None:
                 continue
             agents[reference] = bound.agent
             # Two agents of one name are one agent here; the tighter bound holds for both.
-            bounds[bound.agent] = min(bounds.get(bound.agent, bound.limit), bound.limit)
-        return agents, bounds
+            if bound.limit is not None:
+                bounds[bound.agent] = min(bounds.get(bound.agent, bound.limit), bound.limit)
+            if bound.per_key is not None:
+                per_key[bound.agent] = min(per_key.get(bound.agent, bound.per_key), bound.per_key)
+        return agents, bounds, per_key
 
     def renew(self, run_id: str, owner: str, seconds: float) -> bool:
         """Extend our lease; False if it lapsed and another worker took the run."""
