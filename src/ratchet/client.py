@@ -61,8 +61,8 @@ from ratchet.runs import (
     new_run,
     request_problems,
 )
-from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.state import (
+    CONCURRENCY_KEY_PATTERN,
     ChildrenWait,
     Created,
     EventWait,
@@ -77,6 +77,7 @@ from ratchet.state import (
     utcnow,
     wait_kind,
 )
+from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
@@ -272,6 +273,10 @@ class Run(AnswerModel):
     is known for the model (scripted, your own)."""
     created_at: datetime
     updated_at: datetime
+    concurrency_key: str | None = None
+    """The tenant the run was started for (`max_concurrent_per_key`); None for none."""
+    priority: int = 0
+    """Of the runs waiting for a slot, the higher goes first (0-9)."""
 
     @classmethod
     def of(cls, state: RunState) -> Self:
@@ -303,6 +308,8 @@ class Run(AnswerModel):
             cost_usd=estimate(state.options.model, state.usage),
             created_at=state.created_at,
             updated_at=state.updated_at,
+            concurrency_key=state.concurrency_key,
+            priority=state.priority,
         )
 
 
@@ -360,6 +367,9 @@ class RunListed(AnswerModel):
     agent: str | None = None
     """The run's agent; None for a run whose stored row does not say (see
     `ratchet.ports.RunSummary.agent`)."""
+    concurrency_key: str | None = None
+    """The run's key, in a listing by key (`runs(key=...)`, `runs_page(key=...)`); None
+    otherwise and for a run without one."""
 
 
 def _answer(c: StoredCheckpoint) -> Checkpoint:
@@ -484,7 +494,15 @@ def _listed(summary: RunSummary) -> RunListed:
         updated_at=summary.updated_at,
         damage=damage,
         agent=summary.agent,
+        concurrency_key=summary.concurrency_key,
     )
+
+
+def _check_key(key: str) -> None:
+    if not CONCURRENCY_KEY_PATTERN.fullmatch(key):
+        raise InvalidInput(
+            "key: a concurrency key is 1-64 letters, digits, '.', '_', ':', '@' or '-'"
+        )
 
 
 def _status_damage(status: str) -> str | None:
@@ -645,11 +663,14 @@ class Client:
         max_steps: int | None = None,
         notify: Mapping[str, Any] | None = None,
         tool_latency_ms: int | None = None,
+        concurrency_key: str | None = None,
+        priority: int | None = None,
     ) -> Run:
         """Create the run unless its id exists (then nothing changes); return where it
         stands. Raises `RunRequestInvalid`, naming the argument at fault, and writes nothing
         if the request cannot run: an unknown agent, input its model refuses, a Claude model
-        without a key, ..."""
+        without a key, a `concurrency_key` that is not 1-64 of [A-Za-z0-9._:@-], a `priority`
+        not from 0 to 9, ..."""
         fields = {
             "run_id": run_id,
             "scenario": scenario,
@@ -660,6 +681,8 @@ class Client:
             "max_steps": max_steps,
             "notify": dict(notify) if notify is not None else None,
             "tool_latency_ms": tool_latency_ms,
+            "concurrency_key": concurrency_key,
+            "priority": priority,
         }
         try:
             request = RunRequest.model_validate({k: v for k, v in fields.items() if v is not None})
@@ -1221,12 +1244,23 @@ class Client:
         assert rebuilt is not None, "the records up to a checkpoint rebuild a state"
         return rebuilt
 
-    def runs(self, *, status: RunStatus | str | None = None) -> list[RunListed]:
-        """Every run in the store, most recently updated first; only those in `status`."""
+    def runs(
+        self, *, status: RunStatus | str | None = None, key: str | None = None
+    ) -> list[RunListed]:
+        """Every run in the store, most recently updated first; only those in `status`, and
+        only those started with `concurrency_key=key` (`InvalidInput` for a key that is not
+        one)."""
         wanted = _status(status) if status is not None else None
+        if key is not None:
+            _check_key(key)
         listed = [_listed(r) for r in self.runtime.store.list_runs()]
         return sorted(
-            (r for r in listed if wanted is None or r.status is wanted),
+            (
+                r
+                for r in listed
+                if (wanted is None or r.status is wanted)
+                and (key is None or r.concurrency_key == key)
+            ),
             key=lambda r: r.updated_at,
             reverse=True,
         )
@@ -1237,15 +1271,33 @@ class Client:
         status: RunStatus | str | None = None,
         limit: int = 20,
         after: str | None = None,
+        key: str | None = None,
     ) -> RunPage:
         """A page of at most `limit` runs (1-100), most recently changed first, only those in
         `status` if given, each with its agent; `after` is the `next` of the page before. It
         reads the page's runs, not every run the store holds (on DynamoDB an index, not a
-        Scan). `InvalidInput` for a bad status, limit or token."""
+        Scan), except by `key` (only the runs started with that `concurrency_key`), which
+        reads them all. `InvalidInput` for a bad status, limit, token or key."""
         wanted = _status(status) if status is not None else None
         if not 1 <= limit <= MAX_PAGE_RUNS:
             raise InvalidInput(f"limit: {limit} is not between 1 and {MAX_PAGE_RUNS}")
         cursor = parse_cursor(after) if after is not None else None
+        if key is not None:
+            # The stores' pages (the DynamoDB runs index) do not keep a run's key: a listing
+            # by key reads every run (on DynamoDB a Scan), and pages what it kept.
+            keyed = sorted(
+                (
+                    run
+                    for run in self.runs(status=wanted, key=key)
+                    if cursor is None
+                    or (run.updated_at, run.run_id) < (cursor.updated_at, cursor.run_id)
+                ),
+                key=lambda run: (run.updated_at, run.run_id),
+                reverse=True,
+            )
+            page, more = keyed[:limit], len(keyed) > limit
+            end = page[-1] if page and more else None
+            return RunPage(runs=page, next=page_cursor(end.updated_at, end.run_id) if end else None)
         found = self.runtime.store.list_page(
             status=wanted.value if wanted is not None else None, limit=limit + 1, after=cursor
         )

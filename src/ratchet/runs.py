@@ -35,7 +35,10 @@ from ratchet.model_names import (
 )
 from ratchet.state import (
     MAX_GOAL_BYTES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     RUN_ID_PATTERN,
+    ConcurrencyKey,
     NotifyTargets,
     RunOptions,
     RunState,
@@ -132,6 +135,19 @@ class RunRequest(BaseModel):
         description="Who is asked when the run waits for a person; none: the deployment's "
         "default recipients.",
     )
+    concurrency_key: ConcurrencyKey | None = Field(
+        default=None,
+        description="The tenant (a customer, ...) the run works for: 1-64 letters, digits, "
+        "'.', '_', ':', '@' or '-'. At most the agent's max_concurrent_per_key runs of one key "
+        "work a step at once.",
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="0 (the default) to 9: of the runs waiting for a slot, the higher goes "
+        "first; a waiting run's priority grows by one every 30 s.",
+    )
 
 
 CLI_FLAGS: Mapping[str, str] = {
@@ -147,6 +163,8 @@ CLI_FLAGS: Mapping[str, str] = {
     "notify": "--notify/--notify-slack",
     "notify.email": "--notify",
     "notify.slack_channel": "--notify-slack",
+    "concurrency_key": "--key",
+    "priority": "--priority",
 }
 """How the CLI spells each field of `RunRequest`."""
 
@@ -197,6 +215,10 @@ def conflicting_fields(existing: RunState, wanted: RunState) -> tuple[str, ...]:
         differs.append("goal")
     if existing.options.params != wanted.options.params:
         differs.append("input")
+    if existing.concurrency_key != wanted.concurrency_key:
+        differs.append("concurrency_key")
+    if existing.priority != wanted.priority:
+        differs.append("priority")
     return tuple(differs)
 
 
@@ -336,6 +358,8 @@ def new_run(
         agent=stored,
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
+        concurrency_key=request.concurrency_key,
+        priority=request.priority if request.priority is not None else MIN_PRIORITY,
     )
 
 

@@ -22,6 +22,7 @@ import typer
 import ratchet
 from ratchet.cli import app as cli
 from ratchet.cli import options, quick_writes, writes
+from ratchet.state import MAX_PRIORITY
 
 WAITING = "waiting"
 """A run parked for a person's approval."""
@@ -285,3 +286,4 @@ def test_the_quick_path_bounds_are_those_of_the_full_cli():
     assert quick_writes.MAX_BATCHES == options.MAX_BATCHES
     assert quick_writes.MAX_TOOL_LATENCY_MS == options.MAX_TOOL_LATENCY_MS
     assert quick_writes.MAX_APPROVAL_TIMEOUT_SECONDS == options.MAX_APPROVAL_TIMEOUT_SECONDS
+    assert quick_writes.MAX_PRIORITY == options.MAX_PRIORITY == MAX_PRIORITY

@@ -15,6 +15,7 @@ MAX_LEASE_SECONDS = 3600.0  # ratchet.ports
 MAX_STEPS = 10_000  # ratchet.runs
 MAX_TOOL_LATENCY_MS = 30_000  # ratchet.runs
 MAX_BATCHES = 500  # ratchet.runs
+MAX_PRIORITY = 9  # ratchet.state
 MAX_APPROVAL_TIMEOUT_SECONDS = 365 * 24 * 3600
 """The longest `--approval-timeout`: a year."""
 MAX_ROWS = 100_000

@@ -31,6 +31,7 @@ MAX_STEPS = 10_000
 MAX_BATCHES = 500
 MAX_TOOL_LATENCY_MS = 30_000
 MAX_APPROVAL_TIMEOUT_SECONDS = 365 * 24 * 3600
+MAX_PRIORITY = 9
 
 TEXT = "text"
 MANY = "many"
@@ -50,6 +51,8 @@ START: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--notify": ("notify", MANY),
     "--notify-slack": ("notify_slack", TEXT),
     "--approval-timeout": ("approval_timeout", (1, MAX_APPROVAL_TIMEOUT_SECONDS)),
+    "--key": ("concurrency_key", TEXT),
+    "--priority": ("priority", (0, MAX_PRIORITY)),
 }
 """`ratchet start`'s options (`ratchet.cli.runs.start`): the keyword each sets on
 `ratchet.cli.writes.start_run`, and what it takes (text, repeated text, or a whole number

@@ -32,6 +32,7 @@ from ratchet.cli.options import (
     MAX_APPROVAL_TIMEOUT_SECONDS,
     MAX_BATCHES,
     MAX_LEASE_SECONDS,
+    MAX_PRIORITY,
     MAX_STEPS,
     MAX_TOOL_LATENCY_MS,
     MIN_LEASE_SECONDS,
@@ -141,6 +142,26 @@ ApprovalTimeoutOption = Annotated[
         max=MAX_APPROVAL_TIMEOUT_SECONDS,
     ),
 ]
+KeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key",
+        metavar="KEY",
+        callback=not_empty,
+        help="The tenant the run works for (1-64 of A-Z a-z 0-9 . _ : @ -): at most the "
+        "agent's max_concurrent_per_key runs of one key work a step at once.",
+    ),
+]
+PriorityOption = Annotated[
+    int | None,
+    typer.Option(
+        "--priority",
+        metavar="N",
+        help="0 (default) to 9: of the runs waiting for a slot, the higher goes first.",
+        min=0,
+        max=MAX_PRIORITY,
+    ),
+]
 ProgressJsonOption = Annotated[
     bool,
     typer.Option("--json", help="Print one JSON object per step, then one for the run."),
@@ -161,6 +182,8 @@ def start(
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
     approval_timeout: ApprovalTimeoutOption = None,
+    key: KeyOption = None,
+    priority: PriorityOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     start_run(
@@ -177,6 +200,8 @@ def start(
         notify=notify,
         notify_slack=notify_slack,
         approval_timeout=approval_timeout,
+        concurrency_key=key,
+        priority=priority,
     )
 
 
@@ -194,6 +219,8 @@ def run(
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
     approval_timeout: ApprovalTimeoutOption = None,
+    key: KeyOption = None,
+    priority: PriorityOption = None,
     as_json: ProgressJsonOption = False,
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
@@ -219,6 +246,8 @@ def run(
             tool_latency_ms=tool_latency_ms,
             notify=notify,
             notify_slack=notify_slack,
+            concurrency_key=key,
+            priority=priority,
         )
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not
