@@ -103,12 +103,21 @@ def list_runs(
             help="Go on where an earlier list stopped: the token it printed as `next`.",
         ),
     ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            metavar="KEY",
+            callback=not_empty,
+            help="Only the runs started with this --key (it reads every run).",
+        ),
+    ] = None,
 ) -> None:
     """Every run in the store, most recently updated first. A list cut short by `--limit`
     ends with a `next` token; `--after TOKEN` lists the runs after it."""
     client = open_client(create=False, logs=False)
     try:
-        rows, more = _listed_rows(client, status=status, limit=limit, after=after)
+        rows, more = _listed_rows(client, status=status, limit=limit, after=after, key=key)
     finally:
         client.close()
     if as_json:
@@ -118,11 +127,17 @@ def list_runs(
     if more is not None:
         again = f" --status {status}" if status else ""
         again += f" --limit {limit}" if limit else ""
+        again += f" --key {key}" if key else ""
         sys.stdout.write(f"more: ratchet list{again} --after {more}\n")
 
 
 def _listed_rows(
-    client: Client, *, status: str | None, limit: int | None, after: str | None
+    client: Client,
+    *,
+    status: str | None,
+    limit: int | None,
+    after: str | None,
+    key: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Up to `limit` rows (all, without one), read a page of the store's listing at a time
     (on DynamoDB an index, never a Scan), and the token of what is left, if any."""
@@ -132,7 +147,7 @@ def _listed_rows(
     token = after
     while True:
         wanted = MAX_PAGE_RUNS if limit is None else min(MAX_PAGE_RUNS, limit - len(rows))
-        page = client.runs_page(status=status, limit=wanted, after=token)
+        page = client.runs_page(status=status, limit=wanted, after=token, key=key)
         rows += [readout.listed(r.model_dump(mode="json")) for r in page.runs]
         token = page.next
         if token is None or (limit is not None and len(rows) >= limit):

@@ -79,6 +79,8 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "failed_step": step + 1 if status == "failed" else None,
         "not_before": iso(head["not_before"]) if head.get("not_before") else None,
         "parent": head.get("parent"),
+        "concurrency_key": head.get("concurrency_key"),
+        "priority": head.get("priority", 0),
     }
 
 
@@ -102,6 +104,8 @@ def status_text(payload: Mapping[str, Any]) -> str:
         if payload.get("parent")
         else None,
         "usage": usage_text(usage) if usage["calls"] else None,
+        # The default priority says nothing: shown only when the run was started with one.
+        "priority": payload.get("priority") or None,
         "cost_usd": f"{cost:.4f} (estimated, {price_source(payload['model'])})"
         if cost is not None
         else None,
@@ -423,6 +427,8 @@ def listed(run: Mapping[str, Any]) -> dict[str, Any]:
         "version": run["version"],
         "updated_at": iso(run["updated_at"]),
     }
+    if run.get("concurrency_key"):
+        row["concurrency_key"] = run["concurrency_key"]
     if run.get("damage"):
         row["damage"] = run["damage"]
     return row

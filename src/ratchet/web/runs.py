@@ -108,7 +108,13 @@ from ratchet.errors import (
 )
 from ratchet.feed import hold_until_written
 from ratchet.runs import MAX_STEPS, RunRequest, RunRequestInvalid
-from ratchet.state import EVENT_NAME_PATTERN, RUN_ID_PATTERN, RunState, RunStatus
+from ratchet.state import (
+    EVENT_NAME_PATTERN,
+    RUN_ID_PATTERN,
+    ConcurrencyKey,
+    RunState,
+    RunStatus,
+)
 from ratchet.untrusted import loads
 from ratchet.waiting.desk import EventInvalid
 from ratchet.waiting.hooks import WebhooksNotTaken
@@ -412,10 +418,17 @@ class RunsRoutes:
                 description="The `next` of the page before: the runs changed before its last",
             ),
         ] = None,
+        key: Annotated[
+            ConcurrencyKey | None,
+            Query(description="Only the runs started with this concurrency_key (reads every run)"),
+        ] = None,
     ) -> RunList:
-        # A page from the store's index of runs (on DynamoDB a Query, not a Scan).
+        # A page from the store's index of runs (on DynamoDB a Query, not a Scan); by key,
+        # from every run (the index does not keep a run's key).
         try:
-            page = self.services().client.runs_page(status=status, limit=limit, after=after)
+            page = self.services().client.runs_page(
+                status=status, limit=limit, after=after, key=key
+            )
         except InvalidInput:
             raise Refusal(
                 HTTPStatus.BAD_REQUEST,

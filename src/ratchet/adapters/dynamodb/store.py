@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -110,6 +112,15 @@ def _summary(item: Mapping[str, Any]) -> RunSummary:
         updated_at=datetime.fromisoformat(item["updated_at"]["S"]),
         agent=item["agent"]["S"] if "agent" in item else None,
     )
+
+
+def _key_of(item: Mapping[str, Any]) -> str | None:
+    """The `concurrency_key` in a head item's static part (in clear when sealed)."""
+    try:
+        key = json.loads(item["static"]["S"]).get("concurrency_key")
+    except (KeyError, ValueError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
 
 
 def checkpoint_sk(version: int) -> str:
@@ -524,7 +535,7 @@ class DynamoDbCheckpointStore:
         pages = self._client.get_paginator("scan").paginate(
             TableName=self._table,
             FilterExpression="#sk = :head",
-            ProjectionExpression="#run_id, #status, #step, #version, #updated_at, #agent",
+            ProjectionExpression="#run_id, #status, #step, #version, #updated_at, #agent, #static",
             ExpressionAttributeNames={
                 "#sk": "sk",
                 "#run_id": "run_id",
@@ -533,11 +544,18 @@ class DynamoDbCheckpointStore:
                 "#version": "version",
                 "#updated_at": "updated_at",
                 "#agent": "agent",
+                "#static": "static",
             },
             ExpressionAttributeValues={":head": text_attribute(HEAD_SK)},
             ConsistentRead=True,
         )
-        runs = [_summary(item) for page in pages for item in page.get("Items", [])]
+        # A Scan reads (and is charged for) whole items: the static part, for the run's key,
+        # costs no more read units.
+        runs = [
+            replace(_summary(item), concurrency_key=_key_of(item))
+            for page in pages
+            for item in page.get("Items", [])
+        ]
         return sorted(runs, key=lambda run: run.updated_at)
 
     @translated_errors

@@ -352,15 +352,18 @@ class SqliteCheckpointStore:
             )
             parsed = texts.json("state", head)
             agent = parsed.get("agent") if isinstance(parsed, dict) else None
+            key = None
             if static_head is not None:
                 parsed_static = texts.json("run_static.state", static_head)
                 if isinstance(parsed_static, dict):
                     agent = parsed_static.get("agent", agent)
+                    key = parsed_static.get("concurrency_key")
             runs.append(
                 replace(
                     summary,
                     damage=texts.damage,
                     agent=agent if isinstance(agent, str) else None,
+                    concurrency_key=key if isinstance(key, str) else None,
                 )
             )
         return runs
