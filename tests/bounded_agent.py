@@ -5,7 +5,8 @@ the steps in flight at any moment; with `params.hold`, a run's first try of its 
 holds on for that many seconds (a worker to kill mid-step), and with `params.gate`, until that
 file exists (a test holding every slot taken while the other workers try for one). `two` is the
 same agent bounded at 2, and `tests.bounded_alias` re-exports both, as a package re-exports its
-agent: two import paths of one agent."""
+agent: two import paths of one agent. `keyed` and `keyed_one` bound the runs of each
+`concurrency_key` instead (at 2, at 1)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ agent = Agent(
 AGENT = f"{__name__}:agent"
 two = dataclasses.replace(agent, name="bounded-two", max_concurrent=2)
 TWO = f"{__name__}:two"
+keyed = dataclasses.replace(
+    agent, name="bounded-keyed", max_concurrent=None, max_concurrent_per_key=2
+)
+"""No bound on all its runs; at most 2 of one `concurrency_key` at work at once."""
+KEYED = f"{__name__}:keyed"
+keyed_one = dataclasses.replace(agent, name="bounded-keyed-one", max_concurrent_per_key=1)
+"""At most 1 run of one key at work at once, and 3 of all its runs."""
+KEYED_ONE = f"{__name__}:keyed_one"
 
 
 def in_flight(log: Path, runs: Collection[str] | None = None) -> tuple[int, dict[str, int]]:
