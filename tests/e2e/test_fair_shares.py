@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from pydantic import JsonValue
+
 from ratchet.agents import LOCAL
 from ratchet.client import Client
 from ratchet.runtime.local import LocalRuntime, LocalSettings
@@ -25,7 +27,7 @@ KEYS = ("acme", "globex", "initech")
 HIGH, LOW = 9, 0
 
 
-def _start(cli: Cli, reference: str, runs: list[tuple[str, str, int]], **params: object) -> None:
+def _start(cli: Cli, reference: str, runs: list[tuple[str, str, int]], **params: JsonValue) -> None:
     """Start each (run id, key, priority) as the CLI and the runs API start runs."""
     runtime = LocalRuntime.open(LocalSettings(store=cli.store))
     try:
