@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -179,6 +180,45 @@ IN_FLIGHT = InFlight()
 HELDOUT_IN_FLIGHT = InFlight()
 
 
+@dataclass
+class Timeline:
+    """When each step's tool started and ended (wall clock), by run: what a test counts the
+    steps in flight from."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def work(self, args: WriteRow, ctx: ToolContext) -> str:
+        started = time.time()
+        time.sleep(0.05)
+        written = WORLD.write(args, ctx)
+        with self.lock:
+            self.spans.append((ctx.run_id, started, time.time()))
+        return written
+
+    def most_at_once(self, runs: Collection[str]) -> int:
+        """The most steps of `runs` in flight at once (an end before a start at one instant)."""
+        with self.lock:
+            events = sorted(
+                (moment, change)
+                for run_id, start, end in self.spans
+                if run_id in runs
+                for moment, change in ((start, 1), (end, -1))
+            )
+        most = now = 0
+        for _, change in events:
+            now += change
+            most = max(most, now)
+        return most
+
+    def first_start(self, run_id: str) -> float:
+        with self.lock:
+            return min(start for run, start, _ in self.spans if run == run_id)
+
+
+TIMELINE = Timeline()
+
+
 rows = _agent("rows", WORLD.write)
 quick = dataclasses.replace(_agent("quick", WORLD.write), step_timeout_seconds=10)
 """`rows` with a short step time limit: an invocation holds many more of its steps."""
@@ -193,6 +233,8 @@ heldout = _agent("heldout", HELDOUT_IN_FLIGHT.work)
 """No bound of its own: a deployment bounds it by a name it registers it under."""
 heldout_alias = heldout
 """`heldout` under a second import path, as a package re-exports its agent."""
+keyed = dataclasses.replace(_agent("keyed", TIMELINE.work), max_concurrent_per_key=2)
+"""At most 2 runs of one `concurrency_key` at work at once; its steps' times in `TIMELINE`."""
 
 
 # --- waits on the world: an event, a time -------------------------------------------------------
