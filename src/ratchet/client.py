@@ -56,13 +56,14 @@ from ratchet.runs import (
     RunConflict,
     RunRequest,
     RunRequestInvalid,
+    check_concurrency_key,
     check_run_id,
     conflicting_fields,
     new_run,
     request_problems,
 )
+from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.state import (
-    CONCURRENCY_KEY_PATTERN,
     ChildrenWait,
     Created,
     EventWait,
@@ -77,7 +78,6 @@ from ratchet.state import (
     utcnow,
     wait_kind,
 )
-from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.summary import checkpoint_fields, usage_totals
 from ratchet.tools import Agent
 from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
@@ -496,13 +496,6 @@ def _listed(summary: RunSummary) -> RunListed:
         agent=summary.agent,
         concurrency_key=summary.concurrency_key,
     )
-
-
-def _check_key(key: str) -> None:
-    if not CONCURRENCY_KEY_PATTERN.fullmatch(key):
-        raise InvalidInput(
-            "key: a concurrency key is 1-64 letters, digits, '.', '_', ':', '@' or '-'"
-        )
 
 
 def _status_damage(status: str) -> str | None:
@@ -1252,7 +1245,7 @@ class Client:
         one)."""
         wanted = _status(status) if status is not None else None
         if key is not None:
-            _check_key(key)
+            check_concurrency_key(key, "key")
         listed = [_listed(r) for r in self.runtime.store.list_runs()]
         return sorted(
             (

@@ -34,6 +34,7 @@ from ratchet.model_names import (
     model_kind,
 )
 from ratchet.state import (
+    CONCURRENCY_KEY_PATTERN,
     MAX_GOAL_BYTES,
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -204,6 +205,18 @@ class RunConflict(RunRequestInvalid):
             "only with the same request; choose another run id",
             *fields,
         )
+
+
+def check_concurrency_key(key: str, name: str) -> str:
+    """`key` if it is a concurrency key (`ratchet.state.CONCURRENCY_KEY_PATTERN`);
+    `InvalidInput` naming it as `name` (a flag, a parameter) otherwise, in one line (`repr`
+    escapes what a terminal would act on)."""
+    if not CONCURRENCY_KEY_PATTERN.fullmatch(key):
+        raise InvalidInput(
+            f"{name}: {key!r} is not a concurrency key: use 1-64 letters, digits, '.', '_', "
+            "':', '@' or '-'"
+        )
+    return key
 
 
 def conflicting_fields(existing: RunState, wanted: RunState) -> tuple[str, ...]:

@@ -215,6 +215,57 @@ CATALOGUE: list[Case] = [
         line="--batches must be a whole number from 1 to 500, not '1000000000' "
         "(see: ratchet start --help)",
     ),
+    case(
+        "priority-ten",
+        "start",
+        *R_NEW,
+        "--priority",
+        "10",
+        line="--priority must be a whole number from 0 to 9, not '10' (see: ratchet start --help)",
+    ),
+    case(
+        "priority-negative",
+        "run",
+        *R_NEW,
+        "--priority=-1",
+        line="--priority must be a whole number from 0 to 9, not '-1' (see: ratchet run --help)",
+    ),
+    # --- a concurrency key: short and printable -----------------------------------------------
+    case(
+        "key-with-a-space",
+        "start",
+        *R_NEW,
+        "--key",
+        "acme corp",
+        line="--key: 'acme corp' is not a concurrency key: use 1-64 letters, digits, '.', '_', "
+        "':', '@' or '-'",
+    ),
+    case(
+        "key-too-long",
+        "start",
+        *R_NEW,
+        "--key",
+        "k" * 65,
+        line=f"--key: '{'k' * 65}' is not a concurrency key: use 1-64 letters, digits, '.', "
+        "'_', ':', '@' or '-'",
+    ),
+    case(
+        "key-with-a-control-character",
+        "run",
+        *R_NEW,
+        "--key",
+        "acme\x1b[31m",
+        line="--key: 'acme\\x1b[31m' is not a concurrency key: use 1-64 letters, digits, '.', "
+        "'_', ':', '@' or '-'",
+    ),
+    case(
+        "list-key-with-a-space",
+        "list",
+        "--key",
+        "acme corp",
+        line="--key: 'acme corp' is not a concurrency key: use 1-64 letters, digits, '.', '_', "
+        "':', '@' or '-'",
+    ),
     # --- the agent's input: the field its model refuses, named as the flag that set it ------
     case(
         "param-out-of-range",

@@ -205,6 +205,11 @@ def tripwire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             400,
             "notify.slack_channel",
         ),
+        ({"scenario": "migration", "concurrency_key": "acme corp"}, 400, "concurrency_key"),
+        ({"scenario": "migration", "concurrency_key": "k" * 65}, 400, "concurrency_key"),
+        ({"scenario": "migration", "concurrency_key": ""}, 400, "concurrency_key"),
+        ({"scenario": "migration", "priority": 10}, 400, "priority"),
+        ({"scenario": "migration", "priority": -1}, 400, "priority"),
         ("{", 400, "(body)"),
         # Nested deeper than json can recurse: refused before it is parsed, naming the field.
         ('{"scenario": "migration", "input": ' + DEEP + "}", 400, "input"),
@@ -437,3 +442,27 @@ def test_a_fork_the_agent_refuses_is_409_naming_from_step_with_its_reason(served
     assert _refused((status, answer)) == (409, "from_step")
     assert "does not record what src/step-2 did" in answer["problems"][0]["message"]
     assert served.rows() == before
+
+
+def test_runs_started_with_a_key_and_a_priority_say_them_and_are_listed_by_key(served: Served):
+    for run_id, key, priority in [("a-1", "acme", 9), ("a-2", "acme", 0), ("g-1", "globex", 3)]:
+        body = {"scenario": "migration", "run_id": run_id, "concurrency_key": key}
+        status, started = served.call("POST", "/runs", {**body, "priority": priority})
+        assert status == 201, started
+    served.call("POST", "/runs", {"scenario": "migration", "run_id": "none"})
+
+    status, run = served.call("GET", "/runs/a-1")
+    assert (status, run["concurrency_key"], run["priority"]) == (200, "acme", 9)
+    status, listed = served.call("GET", "/runs?key=acme")
+    assert status == 200
+    assert sorted((r["run_id"], r["concurrency_key"]) for r in listed["runs"]) == [
+        ("a-1", "acme"),
+        ("a-2", "acme"),
+    ]
+    status, first = served.call("GET", "/runs?key=acme&limit=1")
+    status, rest = served.call("GET", f"/runs?key=acme&limit=1&after={first['next']}")
+    assert {first["runs"][0]["run_id"], rest["runs"][0]["run_id"]} == {"a-1", "a-2"}
+    assert rest["next"] is None
+
+    status, refused = served.call("GET", "/runs?key=acme%20corp")
+    assert (status, [p["field"] for p in refused["problems"]]) == (400, ["key"])

@@ -115,6 +115,10 @@ def list_runs(
 ) -> None:
     """Every run in the store, most recently updated first. A list cut short by `--limit`
     ends with a `next` token; `--after TOKEN` lists the runs after it."""
+    if key is not None:
+        from ratchet.runs import check_concurrency_key  # the run models (ratchet.cli.context)
+
+        check_concurrency_key(key, "--key")
     client = open_client(create=False, logs=False)
     try:
         rows, more = _listed_rows(client, status=status, limit=limit, after=after, key=key)

@@ -98,10 +98,19 @@ def validated_run(
     # pydantic and the run models (see ratchet.cli.context).
     from pydantic import ValidationError
 
-    from ratchet.runs import RunRequest, RunRequestInvalid, cli_flag, new_run, request_problems
+    from ratchet.runs import (
+        RunRequest,
+        RunRequestInvalid,
+        check_concurrency_key,
+        cli_flag,
+        new_run,
+        request_problems,
+    )
 
     if run_id is not None:
         check_run_id(run_id)
+    if concurrency_key is not None:
+        check_concurrency_key(concurrency_key, "--key")
     try:
         request = RunRequest(
             run_id=run_id,
