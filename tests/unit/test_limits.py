@@ -12,7 +12,7 @@ from ratchet.limits import ConcurrencyLimits, resolve_overrides
 from ratchet.ports import ConcurrencyBound
 from ratchet.runtime.local import LocalSettings
 from ratchet.tools import Agent
-from tests.bounded_agent import AGENT, TWO
+from tests.bounded_agent import AGENT, KEYED, TWO
 
 ALIAS = "tests.bounded_alias:two"
 """`TWO` under another import path (`tests.bounded_alias` re-exports it)."""
@@ -32,6 +32,29 @@ def test_an_agent_refuses_a_bound_that_is_not_a_number_of_runs(value, said):
     with pytest.raises(ValueError, match=r"^agent 'a': ") as refused:
         Agent(name="a", tools=[], max_concurrent=value)
     assert str(refused.value).endswith(said)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (0, "max_concurrent_per_key must be from 1 to 10,000, not 0"),
+        (True, "max_concurrent_per_key must be a whole number of runs, not True"),
+        ("2", "max_concurrent_per_key must be a whole number of runs, not '2'"),
+    ],
+)
+def test_an_agent_refuses_a_bound_per_key_that_is_not_a_number_of_runs(value, said):
+    with pytest.raises(ValueError, match=r"^agent 'a': ") as refused:
+        Agent(name="a", tools=[], max_concurrent_per_key=value)
+    assert str(refused.value).endswith(said)
+
+
+def test_an_agent_bounded_per_key_only_has_a_bound_and_one_with_neither_none():
+    limits = ConcurrencyLimits(AgentRegistry.local())
+
+    bound = limits(KEYED)
+    assert bound == ConcurrencyBound("bounded-keyed", None, per_key=2)
+    assert bound.key_slots("acme") == "bounded-keyed#key#acme"
+    assert limits("tests.integration.aws.agents:heldout") is None
 
 
 @pytest.mark.parametrize(

@@ -516,6 +516,10 @@ def _summary(run: Run) -> str:
         facts.append(
             ("parent", f"<a id='parent' href='{_run_url(run.parent)}'>{e(run.parent)}</a>")
         )
+    if run.concurrency_key is not None:
+        facts.append(("concurrency key", e(run.concurrency_key)))
+    if run.priority:
+        facts.append(("priority", str(run.priority)))
     if run.attempts and run.status in (RunStatus.RUNNING, RunStatus.WAITING):
         facts.append(("attempts at the next step", str(run.attempts)))
     usage = run.usage
