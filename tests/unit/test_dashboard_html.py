@@ -513,3 +513,22 @@ def test_a_run_with_no_deliveries_says_so_and_a_store_that_keeps_none_shows_none
 
     assert "<h2>Webhook deliveries</h2><p class='note' id='deliveries'>None" in page([])
     assert "Webhook deliveries" not in page(None)
+
+
+def test_the_run_page_shows_a_runs_key_and_a_priority_other_than_the_default():
+    keyed = run_page(
+        Timeline(
+            run=_run("r1", concurrency_key="acme", priority=9),
+            checkpoints=[_step(1, 1)],
+            attempts={},
+            gaps=[],
+            approvals=[],
+            pending=None,
+        )
+    )
+    plain = run_page(_timeline([_step(1, 1)], []))
+
+    assert "<dt>concurrency key</dt><dd>acme</dd>" in keyed
+    assert "<dt>priority</dt><dd>9</dd>" in keyed
+    assert "concurrency key" not in plain
+    assert "<dt>priority</dt>" not in plain
