@@ -368,8 +368,9 @@ class RunListed(AnswerModel):
     """The run's agent; None for a run whose stored row does not say (see
     `ratchet.ports.RunSummary.agent`)."""
     concurrency_key: str | None = None
-    """The run's key, in a listing by key (`runs(key=...)`, `runs_page(key=...)`); None
-    otherwise and for a run without one."""
+    """The run's key, in a full listing (`runs`) and a page by key (`runs_page(key=...)`);
+    None for a run without one, and in a page of every run (the DynamoDB runs index keeps
+    no key)."""
 
 
 def _answer(c: StoredCheckpoint) -> Checkpoint:
@@ -1294,7 +1295,9 @@ class Client:
         found = self.runtime.store.list_page(
             status=wanted.value if wanted is not None else None, limit=limit + 1, after=cursor
         )
-        listed = [_listed(r) for r in found[:limit]]
+        # No key here: the DynamoDB runs index keeps none, and a page says the same of a run
+        # on every store (a listing by key, above, says it).
+        listed = [_listed(r).model_copy(update={"concurrency_key": None}) for r in found[:limit]]
         more = len(found) > limit
         last = listed[-1] if listed and more else None
         return RunPage(

@@ -301,8 +301,7 @@ class _Documents:
         for run_id, status, step, version, updated_at, head, static in rows:
             if status not in STATUSES:
                 raise ValueError(f"run {run_id!r} has no run status")
-            json.loads(head)
-            fixed = json.loads(static) if static is not None else {}
+            json.loads(head), static is None or json.loads(static)
             runs.append(
                 {
                     "run_id": run_id,
@@ -310,7 +309,6 @@ class _Documents:
                     "step": step,
                     "version": version,
                     "updated_at": updated_at,
-                    "concurrency_key": fixed.get("concurrency_key"),
                 }
             )
         return runs

@@ -307,7 +307,7 @@ def test_reading_runs_answers_the_documented_shapes(stack: Stack):
     assert status == 200
     assert [r["run_id"] for r in listed["runs"]] == ["read-2", "read-1"], "recent first"
     fields = {"run_id", "status", "step", "version", "updated_at", "damage", "agent"}
-    assert set(listed["runs"][0]) == fields
+    assert set(listed["runs"][0]) == {*fields, "concurrency_key"}
     assert {r["damage"] for r in listed["runs"]} == {None}, "no run is damaged"
     assert listed["runs"][0]["agent"] == "migration"
     assert listed["next"] is None
