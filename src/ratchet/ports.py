@@ -379,10 +379,12 @@ class Leases(Protocol):
         skip: Collection[str] = (),
         limit_of: Callable[[str], ConcurrencyBound | None] | None = None,
     ) -> str | None:
-        """Lease the longest-idle running run (or `run_id`) that nobody holds, leaving out the
-        runs in `skip`, and those whose agent already has its bound of runs under a live
-        lease (`limit_of` maps a stored agent reference to its bound; None: no bound). The
-        runs counted against a bound are those of every reference with the same
+        """Lease the running run (or `run_id`) of highest effective priority
+        (`ratchet.state.effective_priority`, the time waited counted from its last write; of
+        two alike, the longest idle) that nobody holds, leaving out the runs in `skip`, and
+        those whose agent already has its bound of runs under a live lease, or whose key its
+        agent's bound per key (`limit_of` maps a stored agent reference to its bound; None: no
+        bound). The runs counted against a bound are those of every reference with the same
         `ConcurrencyBound.agent`. None if there is none. The find and the take are atomic: no
         two claims share a run or a slot."""
         ...
