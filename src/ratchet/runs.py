@@ -34,8 +34,10 @@ from ratchet.model_names import (
     model_kind,
 )
 from ratchet.state import (
+    MAX_BUDGET_USD,
     MAX_GOAL_BYTES,
     RUN_ID_PATTERN,
+    Budget,
     NotifyTargets,
     RunOptions,
     RunState,
@@ -132,6 +134,15 @@ class RunRequest(BaseModel):
         description="Who is asked when the run waits for a person; none: the deployment's "
         "default recipients.",
     )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_USD,
+        allow_inf_nan=False,
+        description="The run's budget in US dollars, above 0 and at most 10,000 (default: the "
+        "agent's max_cost_usd): a model call that might pass it is not made, and the run waits "
+        "for a person to raise it.",
+    )
 
 
 CLI_FLAGS: Mapping[str, str] = {
@@ -147,6 +158,7 @@ CLI_FLAGS: Mapping[str, str] = {
     "notify": "--notify/--notify-slack",
     "notify.email": "--notify",
     "notify.slack_channel": "--notify-slack",
+    "budget_usd": "--budget",
 }
 """How the CLI spells each field of `RunRequest`."""
 
@@ -336,7 +348,26 @@ def new_run(
         agent=stored,
         goal=goal if goal is not None else agent.goal_for(params),
         options=options,
+        budget=_budget(agent, request, model),
     )
+
+
+def _budget(agent: Agent, request: RunRequest, model: str) -> Budget | None:
+    """The run's budget: the start's `budget_usd`, else the agent's `max_cost_usd`, and the
+    agent's `max_tokens_total`; None for no bound. A bound in dollars on a model without a
+    price could never let a call through: refused, naming `budget_usd`."""
+    from ratchet.engine.spending import price_of  # only for a run with a budget
+
+    usd = request.budget_usd if request.budget_usd is not None else agent.max_cost_usd
+    if usd is None and agent.max_tokens_total is None:
+        return None
+    if usd is not None and price_of(model) is None:
+        raise RunRequestInvalid(
+            f"model {model!r} has no price, so a budget in dollars cannot hold it: give it one "
+            "in RATCHET_PRICES, or bound the run in tokens (Agent.max_tokens_total)",
+            "budget_usd",
+        )
+    return Budget(usd=usd, tokens=agent.max_tokens_total)
 
 
 def default_model(agent: Agent, *, has_anthropic_key: bool) -> str:

@@ -50,6 +50,7 @@ START: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--notify": ("notify", MANY),
     "--notify-slack": ("notify_slack", TEXT),
     "--approval-timeout": ("approval_timeout", (1, MAX_APPROVAL_TIMEOUT_SECONDS)),
+    "--budget": ("budget", TEXT),
 }
 """`ratchet start`'s options (`ratchet.cli.runs.start`): the keyword each sets on
 `ratchet.cli.writes.start_run`, and what it takes (text, repeated text, or a whole number

@@ -141,6 +141,15 @@ ApprovalTimeoutOption = Annotated[
         max=MAX_APPROVAL_TIMEOUT_SECONDS,
     ),
 ]
+BudgetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--budget",
+        metavar="USD",
+        help="The run's budget in US dollars, above 0 and at most 10,000 (default: the "
+        "agent's max_cost_usd); past it the run waits for a person to raise it.",
+    ),
+]
 ProgressJsonOption = Annotated[
     bool,
     typer.Option("--json", help="Print one JSON object per step, then one for the run."),
@@ -161,6 +170,7 @@ def start(
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
     approval_timeout: ApprovalTimeoutOption = None,
+    budget: BudgetOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     start_run(
@@ -177,6 +187,7 @@ def start(
         notify=notify,
         notify_slack=notify_slack,
         approval_timeout=approval_timeout,
+        budget=budget,
     )
 
 
@@ -194,6 +205,7 @@ def run(
     notify: NotifyOption = None,
     notify_slack: NotifySlackOption = None,
     approval_timeout: ApprovalTimeoutOption = None,
+    budget: BudgetOption = None,
     as_json: ProgressJsonOption = False,
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
@@ -219,6 +231,7 @@ def run(
             tool_latency_ms=tool_latency_ms,
             notify=notify,
             notify_slack=notify_slack,
+            budget=budget,
         )
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not

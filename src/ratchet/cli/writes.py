@@ -44,6 +44,7 @@ def start_run(
     notify: list[str] | None = None,
     notify_slack: str | None = None,
     approval_timeout: int | None = None,
+    budget: str | None = None,
 ) -> None:
     """`ratchet start`: create the run (a worker does the steps) and print its id."""
     require_local_store("start")
@@ -60,6 +61,7 @@ def start_run(
         tool_latency_ms=tool_latency_ms,
         notify=notify,
         notify_slack=notify_slack,
+        budget=budget,
     )
     say_if_paid(state.options.model, stderr=True)
     created = _create(with_approval_timeout(state, approval_timeout))
@@ -86,6 +88,7 @@ def validated_run(
     tool_latency_ms: int | None,
     notify: list[str] | None = None,
     notify_slack: str | None = None,
+    budget: str | None = None,
 ) -> RunState:
     """Validate everything about a new run before anything touches the store. Refusals
     name the CLI's flags (the API names the same fields as JSON fields)."""
@@ -110,6 +113,9 @@ def validated_run(
             notify={"email": notify or [], "slack_channel": notify_slack}
             if notify or notify_slack
             else None,
+            # As text: the model reads it as a number, and says the same line whichever path
+            # (this CLI's option or the quick one) read it.
+            budget_usd=budget,
         )
     except ValidationError as error:
         field, message = request_problems(error)[0]
