@@ -147,6 +147,9 @@ SAME = {
             "move the rows",
         ]
     ],
+    "start, budget": [["start", *MIGRATION, "--run-id", "b", "--budget", "0.05"]],
+    "start, budget absurd": [["start", *MIGRATION, "--run-id", "b", "--budget=10000.5"]],
+    "start, budget not a number": [["start", *MIGRATION, "--budget", "five"]],
     "start, own agent": [["start", "--agent", "tests.breaker_agent:agent", "--run-id", "own"]],
     "start, log lines typed after": [["start", *MIGRATION, "--run-id", "s", "--log-json"]],
     "start, store typed after": [["start", *MIGRATION, "--store", STORE, "--run-id", "s"]],
