@@ -100,7 +100,7 @@ def test_a_worker_killed_in_every_steps_model_call_never_lets_the_run_overspend(
         assert api.received() == killing.killed + parked.step
         assert budget.spent_usd >= api.billed_usd - 1e-9
         assert api.billed_usd <= 0.05
-        first = (parked.step, api.billed_usd, budget.spent_usd, request.prompt)
+        first = (parked.step, api.billed_usd, budget.spent_usd + budget.reserved_usd)
 
         # When a person raises it by $0.03, it goes on the same way and parks again
         killing.command("approve", RUN, "--by", "dana", "--answer", json.dumps({"raise_usd": 0.03}))
@@ -116,10 +116,11 @@ def test_a_worker_killed_in_every_steps_model_call_never_lets_the_run_overspend(
         assert api.billed_usd <= 0.08
 
     most = max(0.0, *overspent)
+    counted = budget.spent_usd + budget.reserved_usd
     print(
         f"\nkilled {killing.killed} calls of {api.received()}; at $0.05: {first[0]} steps, billed "
-        f"${first[1]:.6f}, counted ${first[2]:.6f} ({first[3]}); at $0.08: {again.step} steps, "
-        f"billed ${api.billed_usd:.6f}, counted ${budget.spent_usd + budget.reserved_usd:.6f}; the most any run "
+        f"${first[1]:.6f}, counted ${first[2]:.6f} ({request.prompt}); at $0.08: {again.step} "
+        f"steps, billed ${api.billed_usd:.6f}, counted ${counted:.6f}; the most any run "
         f"overspent: ${most:.6f}"
     )
     assert most == 0
