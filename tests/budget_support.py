@@ -58,6 +58,13 @@ class BillingMessagesApi(FakeMessagesApi):
         self.billed: list[float] = []
         self._held: list[threading.Event] = []
 
+    def start(self) -> BillingMessagesApi:
+        super().start()
+        return self
+
+    def __enter__(self) -> BillingMessagesApi:
+        return self.start()
+
     @property
     def billed_usd(self) -> float:
         with self._lock:

@@ -92,7 +92,8 @@ def test_a_worker_killed_in_every_steps_model_call_never_lets_the_run_overspend(
         request = parked_request(parked)
         budget = parked.budget
         assert budget is not None
-        overspent.append(api.billed_usd - budget.usd)  # type: ignore[operator]
+        assert budget.usd is not None
+        overspent.append(api.billed_usd - budget.usd)
         # Then every call it made was counted (the killed ones in full), and none passed $0.05
         # (a step whose killed call left too little for its retry parked instead of calling)
         assert parked.step >= 2
@@ -108,8 +109,9 @@ def test_a_worker_killed_in_every_steps_model_call_never_lets_the_run_overspend(
         parked_request(again)
         budget = again.budget
         assert budget is not None
+        assert budget.usd is not None
         assert budget.usd == pytest.approx(0.08)
-        overspent.append(api.billed_usd - budget.usd)  # type: ignore[operator]
+        overspent.append(api.billed_usd - budget.usd)
         assert again.step > parked.step
         assert api.received() == killing.killed + again.step
         assert budget.spent_usd >= api.billed_usd - 1e-9

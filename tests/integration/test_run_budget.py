@@ -7,11 +7,13 @@ call was reserved on the run before it was made, and the run's spending is what 
 from __future__ import annotations
 
 import html
+import json
 import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -19,10 +21,14 @@ from pydantic import SecretStr
 from werkzeug.test import Client
 
 from ratchet.approvals.desk import ApprovalDesk
+from ratchet.cli.readout import status_payload, status_text
 from ratchet.runs import RunRequest, new_run
 from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.runtime.services import local_runs_services
 from ratchet.state import ApprovalRequest, Budget, RunState, RunStatus
 from ratchet.web.approvals import ApprovalServices, build_app
+from ratchet.web.dashboard import local_app
+from ratchet.web.runs import build_app as build_runs_app
 from ratchet.web.serve import wsgi_app
 from ratchet.worker import Worker
 from tests.budget_support import MODEL, BillingMessagesApi
@@ -90,6 +96,22 @@ class Budgeted:
         state = self.runtime.store.load_head(RUN)
         assert state is not None
         return state
+
+    def views(self) -> dict[str, Any]:
+        """The run's budget as the client, the runs API, the dashboard's run page and
+        `ratchet status` (its JSON and its text) show it."""
+        runs = local_runs_services(self.runtime, worker_id="serve:test", logger=LOG)
+        dashboard = local_app(runs.client, self.desk(), operator=OPERATOR)
+        api = build_runs_app(lambda: runs)
+        http = Client(wsgi_app([("/dashboard", dashboard), ("/runs", api)]))
+        payload = status_payload(self.head().model_dump(mode="json"))
+        return {
+            "client": runs.client.get(RUN).budget,
+            "api": json.loads(http.get(f"/runs/{RUN}").get_data(as_text=True)),
+            "dashboard": html.unescape(http.get(f"/dashboard/runs/{RUN}").get_data(as_text=True)),
+            "status": payload,
+            "status text": status_text(payload),
+        }
 
     def desk(self) -> ApprovalDesk:
         return self.runtime.approval_desk(worker_id="serve", logger=LOG)
@@ -168,6 +190,13 @@ def test_a_run_stops_calling_the_model_at_its_budget_and_goes_on_once_a_person_r
     # And the run's spending is what was billed, settled call by call, nothing held
     assert spent.spent_usd == pytest.approx(budgeted.api.billed_usd, abs=1e-6)
     assert spent.reserved_usd == 0
+    # Its spend and budget show wherever the run is read
+    shown = budgeted.views()
+    assert shown["client"] == spent
+    assert shown["api"]["budget"] == spent.model_dump(mode="json")
+    assert f"${spent.spent_usd:.4f} spent of $0.05" in shown["dashboard"]
+    assert shown["status"]["budget"]["spent_usd"] == spent.spent_usd
+    assert f"${spent.spent_usd:.4f} spent of $0.05" in shown["status text"]
     # A worker that finds it parked calls nothing
     assert budgeted.work().version == parked.version
     assert budgeted.api.received() == calls
