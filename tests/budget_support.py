@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ratchet.pricing import prices_for
+from ratchet.tools import ModelReply, ModelRequest, ToolCall, Usage
 from tests.integration.fake_messages_api import (
     FakeMessagesApi,
     RecordedRequest,
@@ -104,3 +105,35 @@ class BillingMessagesApi(FakeMessagesApi):
             else:
                 release.set()
         return dataclasses.replace(answer, hang=self.hold), release
+
+
+METERED = "tests.budget_support:metered"
+"""A model of a deployment's own that reports usage, for runs where no HTTP stand-in fits (the
+step Lambda on moto): priced by `METERED_PRICES` in `RATCHET_PRICES`."""
+METERED_PRICES = {METERED: {"input": 1, "output": 5}}
+
+
+class MeteredModel:
+    """Always writes a note, and reports a token per 4 bytes of the prompt and instructions in,
+    `OUTPUT_TOKENS` out; `billed` is what each call cost at `METERED_PRICES`."""
+
+    def __init__(self) -> None:
+        self.billed: list[float] = []
+        self._lock = threading.Lock()
+
+    def decide(self, request: ModelRequest) -> ModelReply:
+        sent = len((request.prompt + request.instructions).encode("utf-8"))
+        usage = Usage(input_tokens=sent // 4, output_tokens=OUTPUT_TOKENS, calls=1)
+        with self._lock:
+            self.billed.append((usage.input_tokens * 1 + usage.output_tokens * 5) / 1_000_000)
+        return ModelReply(
+            decision=ToolCall(name="write_note", arguments={"text": "a note"}), usage=usage
+        )
+
+    @property
+    def billed_usd(self) -> float:
+        with self._lock:
+            return round(sum(self.billed), 6)
+
+
+metered = MeteredModel()
