@@ -49,6 +49,21 @@ def test_the_runs_api_refuses_a_bad_budget_with_a_400_naming_the_field(served: S
     assert served.runtime.store.load_head("b") is None
 
 
+def test_the_runs_api_takes_a_budget_in_bounds_and_answers_it(served: Served):
+    # (The refusals above hold only beside this: a runs API that knew no `budget_usd` would
+    # refuse every budget as an unknown field, naming it just the same.)
+    answered, started = served.call(
+        "POST", "/runs", {"scenario": "migration", "run_id": "b", "budget_usd": 10_000}
+    )
+    assert answered == 201, started
+
+    answered, run = served.call("GET", "/runs/b")
+
+    assert answered == 200
+    assert run["budget"]["usd"] == 10_000
+    assert run["budget"]["spent_usd"] == 0
+
+
 @pytest.mark.parametrize("given", [-1, 0, 10_000.01, float("nan"), float("inf")])
 def test_the_client_refuses_a_bad_budget_as_invalid_input_naming_it(tmp_path, given):
     client = ratchet.connect(f"sqlite:///{tmp_path}/ratchet.db", environ={})
