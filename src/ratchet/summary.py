@@ -121,6 +121,13 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": event.get("error"), "explanation": f"{said}: {why}" if why else said}
     if kind == "retried":
         return {"by": event["by"], "explanation": f"retried by {event['by']}"}
+    if kind == "reserved":
+        held = f"{_dollars(event.get('usd', 0.0))}, {event.get('tokens', 0):,} tokens"
+        said = f"reserved up to {held} of the budget for step {event['step']}"
+        return {"attempt": event["attempt"], "explanation": said}
+    if kind == "budget_asked":
+        prompt = event["request"]["prompt"]
+        return {"explanation": f"asked a person to raise the budget: {prompt}"}
     return {"explanation": "created"}
 
 

@@ -111,6 +111,7 @@ class Budgeted:
             "dashboard": html.unescape(http.get(f"/dashboard/runs/{RUN}").get_data(as_text=True)),
             "status": payload,
             "status text": status_text(payload),
+            "feed": list(runs.client.follow(RUN, until={"waiting"}, timeout=30)),
         }
 
     def desk(self) -> ApprovalDesk:
@@ -197,6 +198,9 @@ def test_a_run_stops_calling_the_model_at_its_budget_and_goes_on_once_a_person_r
     assert f"${spent.spent_usd:.4f} spent of $0.05" in shown["dashboard"]
     assert shown["status"]["budget"]["spent_usd"] == spent.spent_usd
     assert f"${spent.spent_usd:.4f} spent of $0.05" in shown["status text"]
+    assert shown["feed"][-1].type == "waiting"
+    assert shown["feed"][-1].wait.prompt == request.prompt
+    assert [e.type for e in shown["feed"]].count("step") == parked.step
     # A worker that finds it parked calls nothing
     assert budgeted.work().version == parked.version
     assert budgeted.api.received() == calls
