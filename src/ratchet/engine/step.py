@@ -7,7 +7,9 @@ makes a crash at any point cost at most that step and never repeat a side effect
 1. load the head; stop rules (not running, step cap, third strike);
 2. count the attempt, durably, as the step begins and before any work (a crash before it, right
    after the step before committed, is no strike on this step);
-3. decide: reuse the decision recorded under the step's key, or call the model once and record
+3. with a budget, reserve the most the attempt's model calls can cost, in a commit of its own
+   before any call, or park the run for a person when that would not fit (`spending`);
+   decide: reuse the decision recorded under the step's key, or call the model once and record
    it before acting;
 4. act: run the one tool with the key `<run_id>/step-<n>`;
 5. commit the step record and the new head in one write, conditional on the version read.
