@@ -6,6 +6,7 @@ and exits 2 (on its quick path and its full one alike), the runs API answers 400
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import ratchet
 from ratchet.errors import InvalidInput
 from ratchet.runs import RunRequestInvalid
+from ratchet.tools import Agent
 from tests.integration.test_runs_api_local import Served, _served
 from tests.processes import Cli
 
@@ -102,3 +104,17 @@ def test_a_budget_at_the_bound_is_taken_and_shown(tmp_path):
         "refused": None,
     }
     assert "$0.00 spent of $10,000.00" in cli.ok("status", "b")
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"max_cost_usd": -1}, "max_cost_usd must be above $0 and at most $10,000, not -1"),
+        ({"max_cost_usd": 10_001}, "max_cost_usd must be above $0 and at most $10,000"),
+        ({"max_cost_usd": "5"}, "max_cost_usd must be a number of US dollars, not '5'"),
+        ({"max_tokens_total": 0}, "max_tokens_total must be from 1 to 1,000,000,000, not 0"),
+    ],
+)
+def test_an_agent_with_a_bad_budget_is_refused_when_it_is_defined(given, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Agent(name="spender", tools=[], **given)
