@@ -59,7 +59,7 @@ from ratchet.engine import Binder, Binding, Engine, Outcome
 from ratchet.engine.decisions import decision_from, payload_of
 from ratchet.observability import json_logger
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.state import RunState, idempotency_key
+from ratchet.state import Budget, RunState, idempotency_key
 from ratchet.tools import Handler, ToolContext, ToolResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -215,13 +215,17 @@ class BenchRun:
     """A run of the scripted agent in a fresh store under `directory`, advanced by the real
     engine."""
 
-    def __init__(self, directory: Path, *, steps: int, max_steps: int) -> None:
+    def __init__(
+        self, directory: Path, *, steps: int, max_steps: int, budget: Budget | None = None
+    ) -> None:
         self.url = f"sqlite:///{directory / 'ratchet.db'}"
         self.runtime = LocalRuntime.open(_settings(self.url))
         self.clock = ToolClock()
         self.engine = bench_engine(self.runtime, self.clock)
-        # What `ratchet start --agent bench.scripted_agent:agent --param steps=N` does.
-        if not self.engine.start(new_scripted_run(RUN_ID, steps=steps, max_steps=max_steps)):
+        # What `ratchet start --agent bench.scripted_agent:agent --param steps=N` does (with
+        # `--budget`, when given one).
+        state = new_scripted_run(RUN_ID, steps=steps, max_steps=max_steps)
+        if not self.engine.start(state.model_copy(update={"budget": budget})):
             raise RuntimeError(f"run {RUN_ID} already exists in {self.url}")
 
     def __enter__(self) -> BenchRun:
@@ -723,6 +727,138 @@ def codec_comparison(off: Figures, on: Figures, setting: str) -> str:
     )
 
 
+# --- what a budget costs a step ------------------------------------------------------------
+
+BUDGET_STEPS = 300
+BUDGET_DYNAMODB_STEPS = 50
+NO_BOUND = Budget(usd=10_000.0)
+"""A budget the scripted agent never reaches (its calls cost nothing): every step still
+reserves and settles, which is what is measured."""
+
+
+def budget_comparison(directory: Path, steps: int = BUDGET_STEPS) -> str:
+    """A step's engine time, records and bytes without a budget and with one, from two runs
+    stepped in turn in this process (so both see the same noise), and on DynamoDB (moto)
+    its requests and write units."""
+    started = time.perf_counter()
+    timed: dict[str, list[StepTiming]] = {"without": [], "with": []}
+    records: dict[str, int] = {}
+    with (
+        BenchRun(directory / "without", steps=steps + 10, max_steps=MAX_STEPS) as plain,
+        BenchRun(
+            directory / "with", steps=steps + 10, max_steps=MAX_STEPS, budget=NO_BOUND
+        ) as budgeted,
+    ):
+        for step in range(1, steps + 1):
+            timed["without"] += plain.advance_to(step)
+            timed["with"] += budgeted.advance_to(step)
+        for name, run in (("without", plain), ("with", budgeted)):
+            records[name] = len(run.runtime.store.list_checkpoints(RUN_ID))
+            written = run.runtime.db.connection.execute(
+                "SELECT SUM(bytes) FROM checkpoints WHERE run_id = ?", (RUN_ID,)
+            ).fetchone()[0]
+            records[f"{name} bytes"] = int(written)
+    dynamodb = {
+        name: _dynamodb_step_cost(budget)
+        for name, budget in (("without", None), ("with", NO_BOUND))
+    }
+    rows: list[Row] = [("figure (medians over the steps)", "no budget", "a budget", "difference")]
+    for part, what in (("wall_ms", "engine time a step"), ("cpu_ms", "  of it CPU")):
+        a = _median(getattr(t.engine, part) for t in timed["without"])
+        b = _median(getattr(t.engine, part) for t in timed["with"])
+        rows.append((what, f"{a:.3f} ms", f"{b:.3f} ms", f"{b - a:+.3f} ms"))
+    a_records, b_records = records["without"] / steps, records["with"] / steps
+    rows.append(
+        (
+            "checkpoint records a step",
+            f"{a_records:.2f}",
+            f"{b_records:.2f}",
+            f"{b_records - a_records:+.2f}",
+        )
+    )
+    a_bytes, b_bytes = records["without bytes"] / steps, records["with bytes"] / steps
+    rows.append(
+        (
+            "bytes committed a step",
+            f"{a_bytes:,.0f} B",
+            f"{b_bytes:,.0f} B",
+            f"{b_bytes - a_bytes:+,.0f} B",
+        )
+    )
+    for what, counts in (
+        ("DynamoDB requests a step", {k: v[0] for k, v in dynamodb.items()}),
+        ("DynamoDB write units a step", {k: v[1] for k, v in dynamodb.items()}),
+    ):
+        rows.append(
+            (
+                what,
+                str(counts["without"]),
+                str(counts["with"]),
+                f"{counts['with'] - counts['without']:+d}",
+            )
+        )
+    a_ops, b_ops = dynamodb["without"][2], dynamodb["with"][2]
+    return "\n".join(
+        [
+            f"What a run's budget costs a step: the scripted agent, {steps} steps of a run "
+            "without a budget and of one with, in turn, in one process (SQLite "
+            f"{sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} "
+            f"CPUs); DynamoDB: AwsRuntime on moto, step {BUDGET_DYNAMODB_STEPS}",
+            "",
+            *_table(rows, "<>>>"),
+            "",
+            f"DynamoDB requests at step {BUDGET_DYNAMODB_STEPS} without a budget: {a_ops}",
+            f"                                   with one: {b_ops}",
+            f"bench took {time.perf_counter() - started:.1f} s",
+        ]
+    )
+
+
+def _dynamodb_step_cost(budget: Budget | None) -> tuple[int, int, str]:
+    """Requests, write units and requests by operation of step `BUDGET_DYNAMODB_STEPS` of a
+    scripted run on moto, as `bench.dynamodb_cost` counts them."""
+    import boto3
+    from moto import mock_aws
+
+    from bench.dynamodb_cost import (
+        LOG,
+        REGION,
+        SETTINGS,
+        RequestMeter,
+        StepCost,
+        item_size,
+        updated_keys,
+    )
+    from ratchet.runtime.aws import AwsRuntime
+    from tests.dynamodb_support import create_tables
+
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name=REGION)
+        create_tables(
+            client,
+            checkpoints=SETTINGS.checkpoints_table,
+            idempotency=SETTINGS.idempotency_table,
+            app=SETTINGS.app_table,
+        )
+        runtime = AwsRuntime(SETTINGS, client)
+        engine = runtime.engine(worker_id="bench", logger=LOG)
+        state = new_scripted_run(RUN_ID, steps=BUDGET_DYNAMODB_STEPS + 5, max_steps=MAX_STEPS)
+        engine.start(state.model_copy(update={"budget": budget}))
+        meter = RequestMeter(client)
+        for _ in range(BUDGET_DYNAMODB_STEPS - 1):
+            engine.advance(RUN_ID)
+        meter.take()
+        engine.advance(RUN_ID)
+        requests = meter.take()
+        sizes = {}
+        for table, key in updated_keys(requests):
+            found = client.get_item(TableName=table, Key=json.loads(key), ConsistentRead=True)
+            sizes[(table, key)] = item_size(found.get("Item", {}))
+        cost = StepCost(BUDGET_DYNAMODB_STEPS, requests, sizes)
+        ops = ", ".join(f"{op} {n}" for op, n in sorted(cost.by_operation().items()))
+        return sum(cost.by_operation().values()), cost.write_units(), ops
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="What one Ratchet step costs.")
     parser.add_argument(
@@ -741,7 +877,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="run the bench twice, the codec off then on (a RATCHET_PAYLOAD_KEY value), and "
         "print the two side by side",
     )
+    parser.add_argument(
+        "--compare-budget",
+        action="store_true",
+        help="what a run's budget costs a step: engine time, records and bytes without a "
+        "budget and with one, side by side, and DynamoDB requests and write units (moto)",
+    )
     args = parser.parse_args(argv)
+    if args.compare_budget:
+        with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
+            (Path(directory) / "without").mkdir()
+            (Path(directory) / "with").mkdir()
+            print(budget_comparison(Path(directory)))
+        return
     if args.compare_codec:
         with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
             (Path(directory) / "off").mkdir()

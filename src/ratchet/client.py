@@ -64,6 +64,7 @@ from ratchet.runs import (
 )
 from ratchet.state import FINISHED as ENDED  # `ratchet.feed.ENDED`, without loading the feed
 from ratchet.state import (
+    Budget,
     ChildrenWait,
     Created,
     EventWait,
@@ -271,6 +272,9 @@ class Run(AnswerModel):
     cost_usd: float | None
     """The estimated cost of `usage` in US dollars (`ratchet.pricing`); None when no price
     is known for the model (scripted, your own)."""
+    budget: Budget | None = None
+    """The run's budget and what its model calls spent against it (`spent_usd`), with what
+    the step under way holds (`reserved_usd`); None for a run without one."""
     created_at: datetime
     updated_at: datetime
     concurrency_key: str | None = None
@@ -306,6 +310,7 @@ class Run(AnswerModel):
             wait=Wait.of(state),
             usage=UsageTotals.of(state.usage),
             cost_usd=estimate(state.options.model, state.usage),
+            budget=state.budget,
             created_at=state.created_at,
             updated_at=state.updated_at,
             concurrency_key=state.concurrency_key,
@@ -659,12 +664,16 @@ class Client:
         tool_latency_ms: int | None = None,
         concurrency_key: str | None = None,
         priority: int | None = None,
+        budget_usd: float | None = None,
     ) -> Run:
         """Create the run unless its id exists (then nothing changes); return where it
         stands. Raises `RunRequestInvalid`, naming the argument at fault, and writes nothing
         if the request cannot run: an unknown agent, input its model refuses, a Claude model
         without a key, a `concurrency_key` that is not 1-64 of [A-Za-z0-9._:@-], a `priority`
-        not from 0 to 9, ..."""
+        not from 0 to 9, a budget that is not above $0 and at most $10,000, ...
+
+        `budget_usd` bounds what the run's model calls may cost (default: the agent's
+        `max_cost_usd`): see docs/limits.md."""
         fields = {
             "run_id": run_id,
             "scenario": scenario,
@@ -677,6 +686,7 @@ class Client:
             "tool_latency_ms": tool_latency_ms,
             "concurrency_key": concurrency_key,
             "priority": priority,
+            "budget_usd": budget_usd,
         }
         try:
             request = RunRequest.model_validate({k: v for k, v in fields.items() if v is not None})

@@ -41,11 +41,13 @@ from ratchet.state import (
     AnyWait,
     ApprovalRequest,
     AttemptFailed,
+    BudgetAsked,
     ChildrenWait,
     Created,
     EventWait,
     Finished,
     PersonDecided,
+    Reserved,
     Retried,
     RunState,
     RunStatus,
@@ -211,6 +213,12 @@ def feed_event(checkpoint: StoredCheckpoint) -> FeedEvent:
         )
     if isinstance(event, Retried):
         return FeedEvent(type="retried", by=event.by, **common)
+    if isinstance(event, BudgetAsked):
+        # The run parks for a person, as a step that asks one does: at its last step.
+        request = event.request
+        return FeedEvent(
+            type="waiting", wait=feed_wait(checkpoint.run_id, checkpoint.step, request), **common
+        )
     raise AssertionError(f"no feed event for a {type(event).__name__} record")  # pragma: no cover
 
 
@@ -300,6 +308,10 @@ class FeedCursor:
         if self.done:
             return FeedBatch([], True)
         records = self.store.list_checkpoints(self.run_id, after=self.after)
+        # A reservation of a run's budget (`ratchet.engine.spending`) changes nothing a
+        # reader follows: no event, as the count of an attempt has none (one read again after
+        # the last event is left out again).
+        records = [record for record in records if not isinstance(record.event, Reserved)]
         events = [feed_event(record) for record in records]
         if events:
             self.after = events[-1].id

@@ -779,6 +779,28 @@ class RateLimit(Protocol):
         ...
 
 
+class DailySpend(Protocol):
+    """What an agent's runs spent on model calls each day (UTC), in millionths of a US dollar,
+    shared by every run and every process of a store or deployment: one counter per agent and
+    day, moved only by conditional writes. A call is reserved before it is made (`reserve`,
+    only while the day's total stays within its limit) and settled once its usage is known
+    (`settle`), so the counter never passes the limit, whoever reserves at once."""
+
+    def reserve(self, agent: str, day: str, amount: int, limit: int) -> bool:
+        """Add `amount` to the agent's spend on `day` (`YYYY-MM-DD`) if the total stays at
+        most `limit`, and say so; else change nothing and return False."""
+        ...
+
+    def settle(self, agent: str, day: str, reserved: int, used: int) -> None:
+        """Replace a reservation of `reserved` on `day` by what was `used` (at most as much):
+        the day's spend moves by `used - reserved`."""
+        ...
+
+    def spent(self, agent: str, day: str) -> int:
+        """The agent's spend on `day`, reservations not yet settled included (0: none)."""
+        ...
+
+
 class ChildRuns(Protocol):
     """Runs that runs start (`start_runs`), for the engine: started before the step that
     starts them commits, and told of their end so their parent's wait settles

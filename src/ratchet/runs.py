@@ -35,10 +35,12 @@ from ratchet.model_names import (
 )
 from ratchet.state import (
     CONCURRENCY_KEY_PATTERN,
+    MAX_BUDGET_USD,
     MAX_GOAL_BYTES,
     MAX_PRIORITY,
     MIN_PRIORITY,
     RUN_ID_PATTERN,
+    Budget,
     ConcurrencyKey,
     NotifyTargets,
     RunOptions,
@@ -149,6 +151,15 @@ class RunRequest(BaseModel):
         description="0 (the default) to 9: of the runs waiting for a slot, the higher goes "
         "first; a waiting run's priority grows by one every 30 s.",
     )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BUDGET_USD,
+        allow_inf_nan=False,
+        description="The run's budget in US dollars, above 0 and at most 10,000 (default: the "
+        "agent's max_cost_usd): a model call that might pass it is not made, and the run waits "
+        "for a person to raise it.",
+    )
 
 
 CLI_FLAGS: Mapping[str, str] = {
@@ -166,6 +177,7 @@ CLI_FLAGS: Mapping[str, str] = {
     "notify.slack_channel": "--notify-slack",
     "concurrency_key": "--key",
     "priority": "--priority",
+    "budget_usd": "--budget",
 }
 """How the CLI spells each field of `RunRequest`."""
 
@@ -373,7 +385,26 @@ def new_run(
         options=options,
         concurrency_key=request.concurrency_key,
         priority=request.priority if request.priority is not None else MIN_PRIORITY,
+        budget=_budget(agent, request, model),
     )
+
+
+def _budget(agent: Agent, request: RunRequest, model: str) -> Budget | None:
+    """The run's budget: the start's `budget_usd`, else the agent's `max_cost_usd`, and the
+    agent's `max_tokens_total`; None for no bound. A bound in dollars on a model without a
+    price could never let a call through: refused, naming `budget_usd`."""
+    from ratchet.engine.spending import price_of  # only for a run with a budget
+
+    usd = request.budget_usd if request.budget_usd is not None else agent.max_cost_usd
+    if usd is None and agent.max_tokens_total is None:
+        return None
+    if usd is not None and price_of(model) is None:
+        raise RunRequestInvalid(
+            f"model {model!r} has no price, so a budget in dollars cannot hold it: give it one "
+            "in RATCHET_PRICES, or bound the run in tokens (Agent.max_tokens_total)",
+            "budget_usd",
+        )
+    return Budget(usd=usd, tokens=agent.max_tokens_total)
 
 
 def default_model(agent: Agent, *, has_anthropic_key: bool) -> str:

@@ -189,6 +189,36 @@ class Usage(_Model):
         return self.cache_read_tokens / total if total else 0.0
 
 
+MAX_BUDGET_USD = 10_000.0
+"""The most a run's budget (or one raise of it) may be, in US dollars: a larger one is a typo
+(or cents given as dollars), not a bound."""
+MAX_BUDGET_TOKENS = 1_000_000_000
+"""The most a run's token budget (`max_tokens_total`, or one raise of it) may be."""
+
+
+class Budget(_Model):
+    """A run's spending bound and what its model calls have spent against it: in US dollars
+    at the prices Ratchet knows (`usd`), or in tokens (`tokens`, for a model without a price),
+    or both. Every model call is reserved before it is made, at the most it can cost, and the
+    reservation settles to what the call used once that is recorded; a reservation never
+    settled (its process died in the call) counts in full (`ratchet.engine.spending`)."""
+
+    usd: float | None = Field(default=None, ge=0)
+    """The bound in dollars, raises included (None: none)."""
+    tokens: int | None = Field(default=None, ge=0)
+    """The bound in tokens, input and output, raises included (None: none)."""
+    spent_usd: float = Field(default=0.0, ge=0)
+    spent_tokens: int = Field(default=0, ge=0)
+    """Settled spending: what recorded calls used, and reservations counted in full."""
+    reserved_usd: float = Field(default=0.0, ge=0)
+    reserved_tokens: int = Field(default=0, ge=0)
+    """What the attempt under way (or the last one, if its process died) holds for its
+    model calls, not yet settled."""
+    refused: str | None = None
+    """Set when a person would not raise the budget, to what the run ends with: the run's
+    next step stops it (`RunStatus.STOPPED`)."""
+
+
 class RunOptions(_Model):
     model: str = "scripted"
     max_steps: int = Field(default=DEFAULT_MAX_STEPS, ge=1, le=100_000)
@@ -264,6 +294,10 @@ class ApprovalRequest(_Model):
     uncertain: str | None = None
     """Set (to the tool's name) when the engine asks whether an at-most-once tool's call,
     started and never recorded, ran (`Tool.at_most_once`): the answer's `ran` says."""
+    raises_budget: bool = False
+    """Set when the engine asks a person to raise the run's budget (its next model call may
+    cost more than is left): approving raises it by the answer's `raise_usd` (or
+    `raise_tokens`), rejecting stops the run with the reason."""
 
 
 EVENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -548,6 +582,9 @@ class RunState(_Model):
     parked_span: SpanLink | None = None
     """With tracing on: the span of the step that parked the run (its record's `span`), kept
     until the next step commits, whose spans link to it."""
+    budget: Budget | None = None
+    """The run's spending bound and its spending (None: no bound; `Agent.max_cost_usd`,
+    `max_tokens_total`, or a start's `budget_usd`)."""
     parent: RunId | None = None
     """The run whose step started this one (`start_runs`), told when this one ends."""
     parent_step: int | None = None
@@ -726,6 +763,28 @@ class AttemptFailed(_Model):
     usage: Usage | None = None
 
 
+class Reserved(_Model):
+    """The most the model calls of an attempt at step `step` may cost, held against the run's
+    budget before the first of them is made (in the write that commits nothing else, so a
+    process that dies in the call leaves it counted). It settles any reservation still open
+    (an attempt whose process died) in full."""
+
+    kind: Literal["reserved"] = "reserved"
+    step: int
+    attempt: int
+    usd: float = Field(default=0.0, ge=0)
+    tokens: int = Field(default=0, ge=0)
+
+
+class BudgetAsked(_Model):
+    """Step `step` would not fit in what is left of the run's budget: the run did not call
+    the model, and waits for a person to raise the budget (`request`), at the last step."""
+
+    kind: Literal["budget_asked"] = "budget_asked"
+    step: int
+    request: ApprovalRequest
+
+
 class Finished(_Model):
     kind: Literal["finished"] = "finished"
     status: Literal[RunStatus.DONE, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.CANCELLED]
@@ -744,7 +803,15 @@ class Retried(_Model):
 
 
 CheckpointEvent = Annotated[
-    Created | StepCompleted | PersonDecided | WaitSettled | AttemptFailed | Finished | Retried,
+    Created
+    | StepCompleted
+    | PersonDecided
+    | WaitSettled
+    | AttemptFailed
+    | Finished
+    | Retried
+    | Reserved
+    | BudgetAsked,
     Field(discriminator="kind"),
 ]
 

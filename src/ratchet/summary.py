@@ -121,6 +121,13 @@ def described(event: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": event.get("error"), "explanation": f"{said}: {why}" if why else said}
     if kind == "retried":
         return {"by": event["by"], "explanation": f"retried by {event['by']}"}
+    if kind == "reserved":
+        held = f"{_dollars(event.get('usd', 0.0))}, {event.get('tokens', 0):,} tokens"
+        said = f"reserved up to {held} of the budget for step {event['step']}"
+        return {"attempt": event["attempt"], "explanation": said}
+    if kind == "budget_asked":
+        prompt = event["request"]["prompt"]
+        return {"explanation": f"asked a person to raise the budget: {prompt}"}
     return {"explanation": "created"}
 
 
@@ -229,3 +236,43 @@ def argument_summary(arguments: Mapping[str, Any] | None, limit: int = ARGUMENTS
         for name, value in arguments.items()
     )
     return shorten(", ".join(pairs), limit)
+
+
+def budget_of(stored: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A run's budget as `--json` says it, every field named (a head leaves those at their
+    default out); None for a run without one."""
+    if stored is None:
+        return None
+    return {
+        "usd": stored.get("usd"),
+        "tokens": stored.get("tokens"),
+        "spent_usd": stored.get("spent_usd", 0.0),
+        "spent_tokens": stored.get("spent_tokens", 0),
+        "reserved_usd": stored.get("reserved_usd", 0.0),
+        "reserved_tokens": stored.get("reserved_tokens", 0),
+        "refused": stored.get("refused"),
+    }
+
+
+def budget_text(budget: Mapping[str, Any]) -> str:
+    """`$0.0412 spent of $0.0500, $0.0090 held by the step under way`; in tokens for a
+    budget in tokens."""
+    parts = []
+    if budget["usd"] is not None:
+        said = f"{_dollars(budget['spent_usd'])} spent of {_dollars(budget['usd'])}"
+        if budget["reserved_usd"]:
+            said += f", {_dollars(budget['reserved_usd'])} held by the step under way"
+        parts.append(said)
+    if budget["tokens"] is not None:
+        said = f"{budget['spent_tokens']:,} of {budget['tokens']:,} tokens spent"
+        if budget["reserved_tokens"]:
+            said += f", {budget['reserved_tokens']:,} held by the step under way"
+        parts.append(said)
+    return "; ".join(parts)
+
+
+def _dollars(amount: float) -> str:
+    """`ratchet.engine.spending.dollars`, without loading the engine."""
+    if amount and abs(amount) < 0.1:
+        return f"${amount:.4f}"
+    return f"${amount:,.2f}"

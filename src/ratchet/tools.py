@@ -50,6 +50,8 @@ from ratchet.errors import (
 from ratchet.ports import Model, ModelReply, ModelRequest, RunData, StepView, ToolSpec
 from ratchet.state import (
     EVENT_NAME_PATTERN,
+    MAX_BUDGET_TOKENS,
+    MAX_BUDGET_USD,
     MAX_CHILDREN,
     MAX_WAIT_SECONDS,
     MIN_SLEEP_SECONDS,
@@ -189,6 +191,22 @@ class CallRan(BaseModel):
         default="",
         max_length=2000,
         description="What it did, if it ran and you know (a confirmation number, ...).",
+    )
+
+
+class RaiseBudget(BaseModel):
+    """What a person answers when a run's next step would not fit in its budget in dollars."""
+
+    raise_usd: float = Field(
+        gt=0, le=MAX_BUDGET_USD, description="Raise the run's budget by this many US dollars."
+    )
+
+
+class RaiseTokens(BaseModel):
+    """What a person answers when a run's next step would not fit in its budget in tokens."""
+
+    raise_tokens: int = Field(
+        gt=0, le=MAX_BUDGET_TOKENS, description="Raise the run's budget by this many tokens."
     )
 
 
@@ -553,6 +571,31 @@ def check_max_concurrent(value: object, what: str) -> int | None:
     return value
 
 
+def check_budget(value: object, what: str) -> float | None:
+    """`value` if it is None or a number of dollars above 0 and at most `MAX_BUDGET_USD`; a
+    `ValueError` starting with `what` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a number of US dollars, not {value!r}")
+    if not 0 < value <= MAX_BUDGET_USD:
+        raise ValueError(
+            f"{what} must be above $0 and at most ${MAX_BUDGET_USD:,.0f}, not {value!r}"
+        )
+    return float(value)
+
+
+def check_budget_tokens(value: object, what: str) -> int | None:
+    """`value` if it is None or a whole number of tokens from 1 to `MAX_BUDGET_TOKENS`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be a whole number of tokens, not {value!r}")
+    if not 1 <= value <= MAX_BUDGET_TOKENS:
+        raise ValueError(f"{what} must be from 1 to {MAX_BUDGET_TOKENS:,}, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Agent:
     """Everything Ratchet needs to run one kind of agent.
@@ -643,6 +686,14 @@ class Agent:
     customer) work a step at the same time, on top of `max_concurrent`: one key's burst
     leaves the other keys their turns. Runs started without a key are not bounded by it.
     None sets no bound (docs/limits.md)."""
+    max_cost_usd: float | None = None
+    """Each run's budget in US dollars (a start's `budget_usd` overrides it), from its model
+    calls' recorded usage at the prices Ratchet knows (`ratchet.pricing`): before every model
+    call the most it can cost is reserved against what is left, and when it would not fit the
+    run waits for a person to raise the budget. None sets no bound. See docs/limits.md."""
+    max_tokens_total: int | None = None
+    """Each run's budget in tokens (input and output), for a model without a price; held like
+    `max_cost_usd`. None sets no bound."""
     webhooks: Sequence[str] = ()
     """URLs each change of a run's status is POSTed to, signed, beside the deployment's
     (`RATCHET_WEBHOOKS`): locally, by the webhook sender of a worker, `ratchet serve` or
@@ -676,6 +727,8 @@ class Agent:
         check_max_concurrent(
             self.max_concurrent_per_key, f"agent {self.name!r}: max_concurrent_per_key"
         )
+        check_budget(self.max_cost_usd, f"agent {self.name!r}: max_cost_usd")
+        check_budget_tokens(self.max_tokens_total, f"agent {self.name!r}: max_tokens_total")
         if isinstance(self.webhooks, str):
             raise ValueError(f"agent {self.name!r}: webhooks must be a list of URLs, not one")
         urls: dict[str, None] = {}

@@ -27,10 +27,13 @@ from ratchet.ports import (
 from ratchet.state import (
     ApprovalRequest,
     AttemptFailed,
+    Budget,
+    BudgetAsked,
     CheckpointEvent,
     Created,
     Finished,
     PersonDecided,
+    Reserved,
     Retried,
     RunState,
     RunStatus,
@@ -717,3 +720,52 @@ def test_list_runs_shows_a_run_created_waiting_or_running_as_it_was_created(back
         backend, heads["fork"], "decided" if status is RunStatus.WAITING else "step"
     )
     assert_listed(backend, heads, "the fork's first commit")
+
+
+def test_a_budgeted_runs_reservation_park_and_raise_are_kept_as_written(backend):
+    # Given a run with a budget, its attempt counted
+    state, created = new_run("b1")
+    state = state.model_copy(update={"budget": Budget(usd=0.05)})
+    created = created.model_copy(update={"event": Created(state=state)})
+    assert backend.store.create_run(state, created)
+    head = backend.store.load_head("b1")
+    assert head is not None
+    assert head.budget == Budget(usd=0.05)
+    backend.store.begin_attempt("b1", head.version)
+    head = backend.store.load_head("b1")
+    assert head is not None
+
+    # When the attempt reserves, finds no room for the next one, and a person raises it
+    reserved = Reserved(step=1, attempt=1, usd=0.03, tokens=5000)
+    backend.store.commit(commit_of(head, reserved, step=0))
+    held = backend.store.load_head("b1")
+    assert held is not None
+    asked = BudgetAsked(
+        step=1,
+        request=ApprovalRequest(
+            prompt="Spent $0.0300 of $0.0500 in 0 steps; the next step may cost up to "
+            "$0.0300. Raise the budget?",
+            details={"spent_usd": 0.03, "budget_usd": 0.05, "next_step_usd": 0.03},
+            answer_schema={"type": "object", "properties": {"raise_usd": {"type": "number"}}},
+            raises_budget=True,
+        ),
+    )
+    backend.store.commit(commit_of(held, asked, step=0))
+    parked = backend.store.load_head("b1")
+    assert parked is not None
+    raised = PersonDecided(approved=True, by="dana", answer={"raise_usd": 0.02})
+    backend.store.commit(commit_of(parked, raised, step=0))
+
+    # Then each head reads back as it was folded, and every record as it was written
+    assert held.budget == Budget(usd=0.05, reserved_usd=0.03, reserved_tokens=5000)
+    assert (parked.status, parked.attempts) == (RunStatus.WAITING, 0)
+    assert parked.waiting is not None
+    assert parked.waiting.request == asked.request
+    assert parked.budget == held.budget
+    final = backend.store.load_head("b1")
+    assert final is not None
+    assert final.status is RunStatus.RUNNING
+    assert final.budget == Budget(usd=0.07, reserved_usd=0.03, reserved_tokens=5000)
+    events = [c.event for c in backend.store.list_checkpoints("b1")]
+    assert events[1:] == [reserved, asked, raised]
+    assert [r.status for r in backend.store.list_runs() if r.run_id == "b1"] == ["running"]

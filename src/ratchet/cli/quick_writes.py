@@ -53,6 +53,7 @@ START: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--approval-timeout": ("approval_timeout", (1, MAX_APPROVAL_TIMEOUT_SECONDS)),
     "--key": ("concurrency_key", TEXT),
     "--priority": ("priority", (0, MAX_PRIORITY)),
+    "--budget": ("budget", TEXT),
 }
 """`ratchet start`'s options (`ratchet.cli.runs.start`): the keyword each sets on
 `ratchet.cli.writes.start_run`, and what it takes (text, repeated text, or a whole number

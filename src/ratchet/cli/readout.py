@@ -20,6 +20,8 @@ from ratchet.pricing import estimate, price_source
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
+    budget_of,
+    budget_text,
     interleaved,
     iso,
     only_counted,
@@ -81,6 +83,7 @@ def status_payload(head: Mapping[str, Any]) -> dict[str, Any]:
         "parent": head.get("parent"),
         "concurrency_key": head.get("concurrency_key"),
         "priority": head.get("priority", 0),
+        "budget": budget_of(head.get("budget")),
     }
 
 
@@ -109,6 +112,7 @@ def status_text(payload: Mapping[str, Any]) -> str:
         "cost_usd": f"{cost:.4f} (estimated, {price_source(payload['model'])})"
         if cost is not None
         else None,
+        "budget": budget_text(payload["budget"]) if payload.get("budget") else None,
     }
     wait = payload.get("wait")
     if wait is not None and wait["kind"] != "person":

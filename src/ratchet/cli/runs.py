@@ -162,6 +162,15 @@ PriorityOption = Annotated[
         max=MAX_PRIORITY,
     ),
 ]
+BudgetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--budget",
+        metavar="USD",
+        help="The run's budget in US dollars, above 0 and at most 10,000 (default: the "
+        "agent's max_cost_usd); past it the run waits for a person to raise it.",
+    ),
+]
 ProgressJsonOption = Annotated[
     bool,
     typer.Option("--json", help="Print one JSON object per step, then one for the run."),
@@ -184,6 +193,7 @@ def start(
     approval_timeout: ApprovalTimeoutOption = None,
     key: KeyOption = None,
     priority: PriorityOption = None,
+    budget: BudgetOption = None,
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     start_run(
@@ -202,6 +212,7 @@ def start(
         approval_timeout=approval_timeout,
         concurrency_key=key,
         priority=priority,
+        budget=budget,
     )
 
 
@@ -221,6 +232,7 @@ def run(
     approval_timeout: ApprovalTimeoutOption = None,
     key: KeyOption = None,
     priority: PriorityOption = None,
+    budget: BudgetOption = None,
     as_json: ProgressJsonOption = False,
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
@@ -248,6 +260,7 @@ def run(
             notify_slack=notify_slack,
             concurrency_key=key,
             priority=priority,
+            budget=budget,
         )
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not

@@ -46,6 +46,7 @@ def start_run(
     approval_timeout: int | None = None,
     concurrency_key: str | None = None,
     priority: int | None = None,
+    budget: str | None = None,
 ) -> None:
     """`ratchet start`: create the run (a worker does the steps) and print its id."""
     require_local_store("start")
@@ -64,6 +65,7 @@ def start_run(
         notify_slack=notify_slack,
         concurrency_key=concurrency_key,
         priority=priority,
+        budget=budget,
     )
     say_if_paid(state.options.model, stderr=True)
     created = _create(with_approval_timeout(state, approval_timeout))
@@ -92,6 +94,7 @@ def validated_run(
     notify_slack: str | None = None,
     concurrency_key: str | None = None,
     priority: int | None = None,
+    budget: str | None = None,
 ) -> RunState:
     """Validate everything about a new run before anything touches the store. Refusals
     name the CLI's flags (the API names the same fields as JSON fields)."""
@@ -127,6 +130,9 @@ def validated_run(
             else None,
             concurrency_key=concurrency_key,
             priority=priority,
+            # As text: the model reads it as a number, and says the same line whichever path
+            # (this CLI's option or the quick one) read it.
+            budget_usd=budget,
         )
     except ValidationError as error:
         field, message = request_problems(error)[0]

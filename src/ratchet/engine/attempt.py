@@ -194,6 +194,11 @@ class StepWork:
         self._faults.hit(FaultPoint.AFTER_DECISION, step)
         return decision_from(recorded.decision), usage
 
+    def decides(self, state: RunState) -> bool:
+        """Whether the next attempt may ask the model for the step's decision: none is
+        recorded under the step's key (a step made again may still find one to reuse)."""
+        return self._ledger.get(idempotency_key(state.run_id, state.next_step)) is None
+
     def call_under_way(self, state: RunState) -> CallUnderWay | None:
         """What keeps the run's next step from being taken now: its at-most-once call, found
         started with no outcome by an earlier attempt, that may still be running (see

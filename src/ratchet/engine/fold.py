@@ -8,16 +8,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from ratchet.engine import spending
 from ratchet.engine.memory import REMEMBER
 from ratchet.state import (
     MAX_PINNED_FACTS,
     ApprovalRequest,
     AttemptFailed,
+    Budget,
+    BudgetAsked,
     CheckpointEvent,
     Created,
     Finished,
     Message,
     PersonDecided,
+    Reserved,
     Retried,
     RunState,
     RunStatus,
@@ -46,6 +50,9 @@ def apply_event(
     match event:
         case StepCompleted():
             update |= _after_step(state, event, at)
+            update |= _settled(state, event.usage)
+        case PersonDecided() if _asks_to_raise(state):
+            update |= _after_budget_decision(state, event)
         case PersonDecided() | WaitSettled():
             update |= _after_decision(state, event)
         case AttemptFailed():
@@ -54,6 +61,18 @@ def apply_event(
                 "error": event.error,
                 "not_before": event.not_before,
                 "usage": _plus(state.usage, event.usage),
+            }
+            update |= _settled(state, event.usage)
+        case Reserved() if state.budget is not None:
+            cost = spending.Cost(event.usd, event.tokens)
+            update["budget"] = spending.reserved(state.budget, cost)
+        case BudgetAsked():
+            # The attempt that found no room called nothing: it is given back, and the run
+            # waits at its last step, as a step that asks a person does.
+            update |= {
+                "attempts": max(state.attempts - 1, 0),
+                "status": RunStatus.WAITING,
+                "waiting": Waiting(step=state.step, request=event.request, since=at),
             }
         case Retried():
             update |= {
@@ -72,6 +91,7 @@ def apply_event(
                 "not_before": None,
                 "usage": _plus(state.usage, event.usage),
             }
+            update |= _settled(state, event.usage)
     return state.model_copy(update=update)
 
 
@@ -155,6 +175,40 @@ def _after_decision(state: RunState, event: PersonDecided | WaitSettled) -> dict
         "tool_results": results,
         "redo_step": asked_at if redo else None,
     }
+
+
+def _settled(state: RunState, used: Usage | None) -> dict[str, object]:
+    """The run's budget once the open reservation settles to what the attempt's calls `used`
+    (None: unknown, so it counts in full). The price is the one the engine reserved at, read
+    when the checkpoint is written; `replay` reads today's."""
+    budget = state.budget
+    if budget is None:
+        return {}
+    if budget.reserved_usd == 0 and budget.reserved_tokens == 0 and used is None:
+        return {}
+    prices = spending.price_of(state.options.model)
+    cost = None if used is None else spending.used(used, prices)
+    return {"budget": spending.settled(budget, cost)}
+
+
+def _asks_to_raise(state: RunState) -> bool:
+    request = state.waiting.request if state.waiting else None
+    return isinstance(request, ApprovalRequest) and request.raises_budget
+
+
+def _after_budget_decision(state: RunState, event: PersonDecided) -> dict[str, object]:
+    """A person raised the budget (the run goes on and tries its step again), or would not
+    (the run's next step stops it, with their reason). The model sees neither: no step of its
+    asked."""
+    budget = state.budget or Budget()
+    if event.approved:
+        budget = spending.raised(budget, event.answer)
+    else:
+        reason = f"Budget not raised by {event.by}" + (
+            f": {event.comment}" if event.comment else "."
+        )
+        budget = budget.model_copy(update={"refused": reason})
+    return {"status": RunStatus.RUNNING, "waiting": None, "budget": budget}
 
 
 def _plus(total: Usage, used: Usage | None) -> Usage:

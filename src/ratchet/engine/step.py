@@ -7,7 +7,9 @@ makes a crash at any point cost at most that step and never repeat a side effect
 1. load the head; stop rules (not running, step cap, third strike);
 2. count the attempt, durably, as the step begins and before any work (a crash before it, right
    after the step before committed, is no strike on this step);
-3. decide: reuse the decision recorded under the step's key, or call the model once and record
+3. with a budget, reserve the most the attempt's model calls can cost, in a commit of its own
+   before any call, or park the run for a person when that would not fit (`spending`);
+   decide: reuse the decision recorded under the step's key, or call the model once and record
    it before acting;
 4. act: run the one tool with the key `<run_id>/step-<n>`;
 5. commit the step record and the new head in one write, conditional on the version read.
@@ -36,11 +38,13 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from ratchet import tracing
 from ratchet.backoff import DEFAULT_BACKOFF, Backoff
+from ratchet.engine import spending
 from ratchet.engine.attempt import Attempted, Binding, StepWork
 from ratchet.engine.commits import Commits
 from ratchet.engine.deadline import (
@@ -90,12 +94,14 @@ from ratchet.state import (
     MAX_ATTEMPTS,
     PREVIEW_CHARS,
     AnyWait,
+    BudgetAsked,
     ChildrenWait,
     Created,
     Done,
     EventWait,
     Finished,
     PersonDecided,
+    Reserved,
     Retried,
     RunState,
     RunStatus,
@@ -104,6 +110,7 @@ from ratchet.state import (
     StoredCheckpoint,
     TimerWait,
     ToolOutput,
+    Usage,
     WaitSettled,
     idempotency_key,
     parent_cancelled,
@@ -298,6 +305,10 @@ class Engine:
                 "was reported done."
             )
             return self._commits.finish(state, Finished(status=RunStatus.STOPPED, summary=summary))
+        if state.budget is not None and state.budget.refused is not None:
+            # A person would not raise the run's budget: it ends here, with their reason.
+            refused = Finished(status=RunStatus.STOPPED, summary=cut(state.budget.refused))
+            return self._commits.finish(state, refused)
         bound = self._limits(state.agent) if self._slots and self._limits else None
         names = self._slot_names(bound, state) if bound is not None else []
         if not names:
@@ -373,7 +384,15 @@ class Engine:
         step = state.next_step
         started = time.perf_counter()
         try:
+            reserved = self._reserve(state)
+            if isinstance(reserved, StepOutcome):
+                return reserved
+            holds, state = reserved is not state, reserved
             attempted = self._attempt(state, span)
+            if holds and attempted.usage is None:
+                # Reserved, and no model called after all (a step made again with the call a
+                # person said did not run): the reservation settles to nothing, not in full.
+                attempted = replace(attempted, usage=Usage())
         except (StaleVersion, InjectedFault):
             raise
         except CallUnderWay as under_way:
@@ -403,6 +422,35 @@ class Engine:
             return self._record_failure(state, paid_for(failure, attempted.usage))
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head, bytes_written=written, step_limit=attempted.step_limit)
+
+    def _reserve(self, state: RunState) -> RunState | StepOutcome:
+        """With a budget: hold the most this attempt's model calls can cost against what is
+        left, in a commit of its own before any call (`ratchet.engine.spending`), and return
+        the head it wrote; or, when that would not fit, park the run for a person to raise
+        the budget and return that outcome. Without one (or with no call to make), `state`."""
+        budget = state.budget
+        if budget is None:
+            return state
+        binding = self._bound(state, time.monotonic() + MAX_STEP_TIMEOUT_SECONDS)
+        cost = spending.attempt_bound(
+            state,
+            binding.agent,
+            spending.price_of(state.options.model),
+            decides=self._work.decides(state),
+        )
+        if cost.tokens == 0:
+            return state  # no call to make: the decision is recorded and no summary is due
+        if not spending.fits(budget, cost):
+            asked = BudgetAsked(
+                step=state.next_step, request=spending.ask_to_raise(state, budget, cost)
+            )
+            head, written = self._commits.commit(state, asked, step=state.step)
+            return StepOutcome.of(head, bytes_written=written)
+        event = Reserved(
+            step=state.next_step, attempt=state.attempts, usd=cost.usd or 0.0, tokens=cost.tokens
+        )
+        head, _ = self._commits.commit(state, event, step=state.step)
+        return head
 
     def _wait_for_call(self, state: RunState, under_way: CallUnderWay) -> StepOutcome:
         self._logger.info(

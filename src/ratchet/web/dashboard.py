@@ -49,6 +49,8 @@ from ratchet.state import RunState, RunStatus, utcnow
 from ratchet.summary import (
     UNRECORDED_VERSIONS,
     argument_summary,
+    budget_of,
+    budget_text,
     interleaved,
     only_counted,
     shorten,
@@ -532,6 +534,9 @@ def _summary(run: Run) -> str:
         if run.cost_usd is not None:
             tokens += f" (about ${run.cost_usd:.4f})"
         facts.append(("usage", e(tokens)))
+    budget = budget_of(run.budget.model_dump() if run.budget is not None else None)
+    if budget is not None:
+        facts.append(("budget", e(budget_text(budget))))  # as `ratchet status` says it
     facts.append(("updated", _time(run.updated_at)))
     return "<dl>" + "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts) + "</dl>"
 

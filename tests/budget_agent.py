@@ -1,0 +1,30 @@
+"""An agent whose runs have a budget, for the budget's tests: one tool that writes a note, and
+a model that never says it is done (each test ends its run at the bound or the step cap)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from ratchet.tools import Agent, ToolContext, tool
+
+
+class Note(BaseModel):
+    text: str
+
+
+@tool()
+def write_note(args: Note, ctx: ToolContext) -> str:
+    """Write one note in the notebook."""
+    return f"noted: {args.text}"
+
+
+agent = Agent(
+    name="budgeted",
+    goal="Write notes, one a step.",
+    tools=[write_note],
+    instructions="You keep a tidy notebook.",
+    max_tokens=1024,
+    model_retry_seconds=0,
+    step_timeout_seconds=None,
+    max_cost_usd=0.05,
+)
