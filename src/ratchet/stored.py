@@ -198,6 +198,20 @@ def is_sealed_text(text: str | bytes) -> bool:
     return text.startswith(prefix)  # type: ignore[arg-type]
 
 
+def sealed_key_id(text: str) -> str | None:
+    """The id of the key a stored text is sealed with (read from its envelope's header, in
+    clear), or None for a text written in clear: a whole envelope only, as `opened_value`
+    takes one."""
+    if not is_sealed_text(text):
+        return None
+    try:
+        envelope = json.loads(text)
+        sealed = base64.b64decode(envelope["sealed"], validate=True)
+        return header_of(sealed)[0] if is_sealed(sealed) else None
+    except (ValueError, TypeError, KeyError, binascii.Error, PayloadTampered):
+        return None
+
+
 def opened_text(text: str | bytes, codec: PayloadCodec | None, *, context: bytes) -> str | bytes:
     """`text` as written before it was sealed (as it is, if it was not): `PayloadKeyMissing`
     naming the key, if there is no codec or not that key; `PayloadTampered` if it fails its
