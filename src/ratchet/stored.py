@@ -136,12 +136,16 @@ def open_sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id
     return opened if isinstance(opened, str) else opened.decode()
 
 
-def sealed_record_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+def sealed_record_text(
+    text: str, codec: PayloadCodec | None, *, part: str, run_id: str, names_blobs: bool = True
+) -> str:
     """`sealed_text` for a record read back without its run's id at hand (an approval listed
-    with every pending one): the envelope names the run in clear, and is bound to it."""
-    return (
-        text if codec is None else _sealed(text, codec, _context(part, run_id), {"run_id": run_id})
-    )
+    with every pending one): the envelope names the run in clear, and is bound to it. Not
+    `names_blobs` for a text that references no blob and may hold other 64-hex words (an
+    email's signed link): the envelope lists none of them."""
+    if codec is None:
+        return text
+    return _sealed(text, codec, _context(part, run_id), {"run_id": run_id}, names_blobs=names_blobs)
 
 
 def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str:
@@ -181,13 +185,18 @@ def _context(part: str, run_id: str) -> bytes:
 
 
 def _sealed(
-    text: str, codec: PayloadCodec, context: bytes, clear: dict[str, str] | None = None
+    text: str,
+    codec: PayloadCodec,
+    context: bytes,
+    clear: dict[str, str] | None = None,
+    *,
+    names_blobs: bool = True,
 ) -> str:
     envelope: dict[str, Any] = {
         "sealed": base64.b64encode(codec.seal(text.encode(), context=context)).decode("ascii"),
         **(clear or {}),
     }
-    blobs = sorted(blob_digests(text))
+    blobs = sorted(blob_digests(text)) if names_blobs else []
     if blobs:
         envelope["blobs"] = blobs
     return json.dumps(envelope, separators=(",", ":"))

@@ -23,6 +23,7 @@ from ratchet.stored import sealed_key_id
 from ratchet.web.dashboard import local_app
 from ratchet.web.serve import wsgi_app
 from tests.integration.test_sealed_payloads import (
+    AGENT,
     SECRET,
     _cli,
     _keyring_ids,
@@ -66,13 +67,18 @@ def test_after_reencrypt_the_old_key_can_go_and_every_run_still_reads(tmp_path: 
     store = tmp_path / "ratchet.db"
     url = f"sqlite:///{store}"
 
-    # Given a run written in clear before the codec was turned on,
+    # Given a run and a schedule written in clear before the codec was turned on,
     plain = LocalRuntime.open(LocalSettings(store=url))
     try:
         assert plain.engine(worker_id="w1", logger=LOG).start(_state("c1"))
         _work(plain, "c1")
     finally:
         plain.close()
+    scheduled = _cli(
+        store, *("schedule", "add", "nightly", "--agent", AGENT, "--every", "1h"),
+        *("--input", json.dumps({"customer": SECRET})), key=None,
+    )  # fmt: skip
+    assert scheduled.returncode == 0, scheduled.stderr
     # a run started under key A, rotated to key B and worked to its end, and a fork of it
     sealed = LocalSettings(store=url, payload_key="local")
     first = LocalRuntime.open(sealed)
@@ -134,6 +140,7 @@ def test_after_reencrypt_the_old_key_can_go_and_every_run_still_reads(tmp_path: 
     # and with A removed, every run reads: status, history, the client, replay, fork, dashboard
     ring.write_text(f"{both.split()[0]}\n")
     for command in (
+        ["schedule", "list", "--json"],
         *(["status", run_id, "--json"] for run_id in ("c1", "r1", "r1-fork")),
         *(["history", run_id, "--json"] for run_id in ("c1", "r1")),
     ):

@@ -152,7 +152,11 @@ def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
     runtime = _local_store("migrate", write=not dry_run)
     try:
         report = reencrypt(
-            runtime.db, Path(f"{runtime.root}.blobs"), runtime.codec, dry_run=dry_run
+            runtime.db,
+            Path(f"{runtime.root}.blobs"),
+            runtime.codec,
+            outbox=Path(f"{runtime.root}.outbox"),
+            dry_run=dry_run,
         )
     finally:
         runtime.close()
@@ -177,6 +181,8 @@ def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
             f"written in clear; {report.blobs_current} already under it",
             markup=False,
         )
+        if report.outbox_resealed:
+            out.print(f"  outbox: {report.outbox_resealed} messages sealed with an older key")
         if report.moved:
             say(f"  {report.moved} records changed while it ran: run it again to finish")
         for where in report.unreadable:

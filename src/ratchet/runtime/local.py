@@ -409,7 +409,7 @@ class LocalRuntime:
         """The webhooks' deliveries (`ratchet.runtime.webhooks`, `ratchet deliveries`)."""
         from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
 
-        return SqliteDeliveries(self.db)
+        return SqliteDeliveries(self.db, self.codec)
 
     @property
     def housekeeping(self) -> SqliteHousekeeping:
@@ -509,7 +509,7 @@ class LocalRuntime:
         # person, not by every command (`ratchet start` has none to write: bench/cli_start.py).
         from ratchet.adapters.outbox import OutboxNotifier
 
-        return OutboxNotifier(Path(f"{self.root}.outbox"))
+        return OutboxNotifier(Path(f"{self.root}.outbox"), self.codec)
 
     def _approval_opener(self, worker_id: str, logger: Any) -> Callable[[str], None]:
         """Opens the approval request of a run parked for a person, notifying who it names
@@ -546,7 +546,7 @@ class LocalRuntime:
         # read or fire schedules need (not `ratchet start` or `approve`: bench/cli_start.py).
         from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 
-        return SqliteScheduleBook(self.db)
+        return SqliteScheduleBook(self.db, self.codec)
 
     def schedule_firer(self, start: Starter, *, logger: Any) -> Callable[[datetime], Sequence[str]]:
         """What a worker calls to fire the store's due schedules, each run started by

@@ -17,6 +17,7 @@ bound to that name; renaming it would mean rewriting every record that names it)
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -97,6 +98,8 @@ SEALED_COLUMNS = (
     SealedColumn("idempotency", ("key",), "decision", lambda _: "decision"),
     SealedColumn("approvals", ("approval_id",), "record", lambda _: "approval", seal=_seal_record),
     SealedColumn("mailbox", ("seq",), "record", lambda _: "mail", seal=_seal_record),
+    SealedColumn("schedules", ("name",), "record", lambda _: "schedule", run_column="name"),
+    SealedColumn("deliveries", ("delivery_id",), "body", lambda _: "delivery"),
     SealedColumn(
         "run_data",
         ("run_id", "key"),
@@ -128,6 +131,9 @@ class Reencryption:
     blobs_resealed: int = 0
     blobs_sealed: int = 0
     blobs_current: int = 0
+    outbox_resealed: int = 0
+    """Outbox messages sealed under an older key, rewritten (one written in clear is left:
+    it names its run only in its file's name; it was sent, and may be deleted)."""
 
     @property
     def records(self) -> int:
@@ -151,14 +157,21 @@ class Reencryption:
             "blobs_resealed": self.blobs_resealed,
             "blobs_sealed": self.blobs_sealed,
             "blobs_current": self.blobs_current,
+            "outbox_resealed": self.outbox_resealed,
         }
 
 
 def reencrypt(
-    db: SqliteDatabase, blobs: Path, codec: PayloadCodec, *, dry_run: bool = False
+    db: SqliteDatabase,
+    blobs: Path,
+    codec: PayloadCodec,
+    *,
+    outbox: Path | None = None,
+    dry_run: bool = False,
 ) -> Reencryption:
-    """Rewrite every sealed text of the store at `db` and every blob under `blobs` under
-    `codec`'s newest key, sealing those written in clear (see the module's docstring). A text
+    """Rewrite every sealed text of the store at `db`, every blob under `blobs` and every
+    sealed message in `outbox` under `codec`'s newest key, sealing the texts and blobs written
+    in clear (see the module's docstring). A text
     under a key the codec does not hold stops it with `PayloadKeyMissing` naming that key: what
     was rewritten before stays rewritten, and a second run after the key is back finishes."""
     report = Reencryption(codec.key_id, dry_run)
@@ -166,6 +179,8 @@ def reencrypt(
         if db.has_table(column.table):
             _reencrypt_column(db, column, codec, report)
     _reencrypt_blobs(blobs, codec, report)
+    if outbox is not None:
+        _reencrypt_outbox(outbox, codec, report)
     return report
 
 
@@ -258,6 +273,28 @@ def _reencrypt_blobs(root: Path, codec: PayloadCodec, report: Reencryption) -> N
         setattr(report, counted, getattr(report, counted) + 1)
         if not report.dry_run:
             _replace(path, codec.seal(plain, context=context))
+
+
+def _reencrypt_outbox(folder: Path, codec: PayloadCodec, report: Reencryption) -> None:
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.json")):
+        text = path.read_text(encoding="utf-8")
+        key_id = stored.sealed_key_id(text)
+        if key_id is None or key_id == codec.key_id:
+            continue
+        try:
+            plain = stored.open_record_text(text, codec, part="outbox")
+        except PayloadTampered:
+            report.unreadable.append(f"outbox {path.name}")
+            continue
+        report.outbox_resealed += 1
+        if not report.dry_run:
+            run_id = str(json.loads(text)["run_id"])
+            resealed = stored.sealed_record_text(
+                plain, codec, part="outbox", run_id=run_id, names_blobs=False
+            )
+            _replace(path, resealed.encode())
 
 
 def _replace(path: Path, data: bytes) -> None:
