@@ -157,6 +157,23 @@ def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str
     return open_sealed_text(text, codec, part=part, run_id=str(run_id))
 
 
+def sealed_args_hash(digest: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """A ledger entry's hash of its decision's arguments as a store writes it: with a codec,
+    sealed (a plain hash lets whoever reads the store confirm a guess of a call's arguments),
+    bound to its run, and naming no blob (the hash is 64 hex, as a blob's digest is). Sealed
+    rather than keyed: the ledger compares a retry's hash with the stored one, and hands it
+    back (`LedgerEntry.args_hash`) for a step a person said did not run, so it must read back
+    as it was given, under any key of the keyring and after a rotation."""
+    if codec is None:
+        return digest
+    return _sealed(digest, codec, _context("args", run_id), names_blobs=False)
+
+
+def opened_args_hash(text: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """The hash `sealed_args_hash` was given (one stored in clear reads as it is)."""
+    return open_sealed_text(text, codec, part="args", run_id=run_id)
+
+
 def sealed_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
     """A value a run's code chose (`RunData`'s) as a store writes it: sealed if there is a
     codec, whatever it looks like, so that no value of the run's is taken for an envelope."""

@@ -55,6 +55,10 @@ def _seal_value(plain: str, codec: PayloadCodec | None, part: str, run_id: str) 
     return stored.sealed_value(plain, codec, part=part, run_id=run_id)
 
 
+def _seal_args_hash(plain: str, codec: PayloadCodec | None, part: str, run_id: str) -> str:
+    return stored.sealed_args_hash(plain, codec, run_id=run_id)
+
+
 def _open_text(text: str, codec: PayloadCodec | None, part: str, run_id: str) -> str:
     return stored.open_sealed_text(text, codec, part=part, run_id=run_id)
 
@@ -96,6 +100,7 @@ SEALED_COLUMNS = (
     SealedColumn("run_static", ("run_id",), "state", lambda _: "static", seal=_seal_static),
     SealedColumn("checkpoints", ("run_id", "version"), "event", lambda _: "event"),
     SealedColumn("idempotency", ("key",), "decision", lambda _: "decision"),
+    SealedColumn("idempotency", ("key",), "args_hash", lambda _: "args", seal=_seal_args_hash),
     SealedColumn("approvals", ("approval_id",), "record", lambda _: "approval", seal=_seal_record),
     SealedColumn("mailbox", ("seq",), "record", lambda _: "mail", seal=_seal_record),
     SealedColumn("schedules", ("name",), "record", lambda _: "schedule", run_column="name"),
