@@ -422,12 +422,13 @@ def test_a_narrower_terminal_gets_its_help_from_the_full_cli():
     assert quick.help_text({"COLUMNS": "79"}) is None
 
 
-FULL_CLI = [
+QUICK_CLI = [
     sys.executable,
     "-c",
-    "import sys; from ratchet.cli.app import main; main(sys.argv[1:])",
+    "import sys; from ratchet.cli.quick import main; main(sys.argv[1:])",
 ]
-"""The full CLI alone, in a process of its own: stderr as a person sees it (the warning line)."""
+"""The console script `ratchet` (the entry point), in a process of its own: stderr as a person
+sees it (the warning line). `python -m ratchet.cli` is the full CLI alone."""
 
 
 def test_a_sealed_store_and_one_others_may_read_say_the_same_on_both_paths(tmp_path: Path):
@@ -472,8 +473,8 @@ def test_a_sealed_store_and_one_others_may_read_say_the_same_on_both_paths(tmp_p
         store.chmod(mode)
         for env in (clean_env(RATCHET_PAYLOAD_KEY="local"), clean_env()):
             for args in reads:
-                quick_said = said(RATCHET, args, env)
-                full_said = said(FULL_CLI, args, env)
+                quick_said = said(QUICK_CLI, args, env)
+                full_said = said(RATCHET, args, env)
                 # Then both say the same, byte for byte: the secret with the key, one line
                 # naming the key without it (the list's ids and times stay readable), and
                 # the one warning line while others may read the store
