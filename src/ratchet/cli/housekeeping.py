@@ -135,8 +135,7 @@ def gc(
 
 def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
     """`migrate --reencrypt`: every sealed text and blob of a local store under the newest
-    payload key (`ratchet.adapters.sqlite.reencrypt`)."""
-    from ratchet.adapters.sqlite.reencrypt import reencrypt
+    payload key (`LocalRuntime.reencrypt`)."""
     from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
@@ -144,20 +143,9 @@ def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
             "ratchet migrate --reencrypt rewrites a local sqlite:// store; a dynamodb:// "
             "store's sealed items are not rewritten yet (old keys stay needed)"
         )
-    if settings().payload_key is None:
-        raise InvalidInput(
-            "ratchet migrate --reencrypt seals under the payload key: set RATCHET_PAYLOAD_KEY "
-            "(the keyring with the new key first)"
-        )
     runtime = _local_store("migrate", write=not dry_run)
     try:
-        report = reencrypt(
-            runtime.db,
-            Path(f"{runtime.root}.blobs"),
-            runtime.codec,
-            outbox=Path(f"{runtime.root}.outbox"),
-            dry_run=dry_run,
-        )
+        report = runtime.reencrypt(dry_run=dry_run)
     finally:
         runtime.close()
     if as_json:

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.sqlite.hooks import SqliteHookBook
     from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.adapters.sqlite.mailbox import SqliteMailbox
+    from ratchet.adapters.sqlite.reencrypt import Reencryption
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.approvals.desk import ApprovalDesk
     from ratchet.runtime.hooks import Hooks
@@ -417,6 +418,24 @@ class LocalRuntime:
         from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 
         return SqliteHousekeeping(self.db, self.codec)
+
+    def reencrypt(self, *, dry_run: bool) -> Reencryption:
+        """`ratchet migrate --reencrypt`: every sealed record, blob and outbox message of the
+        store under the payload key's newest key (`ratchet.adapters.sqlite.reencrypt`)."""
+        from ratchet.adapters.sqlite.reencrypt import reencrypt
+
+        if self.codec is None:
+            raise InvalidInput(
+                "ratchet migrate --reencrypt seals under the payload key: set "
+                "RATCHET_PAYLOAD_KEY (the keyring with the new key first)"
+            )
+        return reencrypt(
+            self.db,
+            Path(f"{self.root}.blobs"),
+            self.codec,
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
 
     @property
     def root(self) -> Path:
