@@ -145,12 +145,16 @@ def open_sealed_text(text: str, codec: PayloadCodec | None, *, part: str, run_id
     return opened if isinstance(opened, str) else opened.decode()
 
 
-def sealed_record_text(text: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
+def sealed_record_text(
+    text: str, codec: PayloadCodec | None, *, part: str, run_id: str, names_blobs: bool = True
+) -> str:
     """`sealed_text` for a record read back without its run's id at hand (an approval listed
-    with every pending one): the envelope names the run in clear, and is bound to it."""
-    return (
-        text if codec is None else _sealed(text, codec, _context(part, run_id), {"run_id": run_id})
-    )
+    with every pending one): the envelope names the run in clear, and is bound to it. Not
+    `names_blobs` for a text that references no blob and may hold other 64-hex words (an
+    email's signed link): the envelope lists none of them."""
+    if codec is None:
+        return text
+    return _sealed(text, codec, _context(part, run_id), {"run_id": run_id}, names_blobs=names_blobs)
 
 
 def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str:
@@ -160,6 +164,23 @@ def open_record_text(text: str, codec: PayloadCodec | None, *, part: str) -> str
     envelope = json.loads(text)
     run_id = envelope.get("run_id", "") if isinstance(envelope, dict) else ""
     return open_sealed_text(text, codec, part=part, run_id=str(run_id))
+
+
+def sealed_args_hash(digest: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """A ledger entry's hash of its decision's arguments as a store writes it: with a codec,
+    sealed (a plain hash lets whoever reads the store confirm a guess of a call's arguments),
+    bound to its run, and naming no blob (the hash is 64 hex, as a blob's digest is). Sealed
+    rather than keyed: the ledger compares a retry's hash with the stored one, and hands it
+    back (`LedgerEntry.args_hash`) for a step a person said did not run, so it must read back
+    as it was given, under any key of the keyring and after a rotation."""
+    if codec is None:
+        return digest
+    return _sealed(digest, codec, _context("args", run_id), names_blobs=False)
+
+
+def opened_args_hash(text: str, codec: PayloadCodec | None, *, run_id: str) -> str:
+    """The hash `sealed_args_hash` was given (one stored in clear reads as it is)."""
+    return open_sealed_text(text, codec, part="args", run_id=run_id)
 
 
 def sealed_value(value: str, codec: PayloadCodec | None, *, part: str, run_id: str) -> str:
@@ -190,13 +211,18 @@ def _context(part: str, run_id: str) -> bytes:
 
 
 def _sealed(
-    text: str, codec: PayloadCodec, context: bytes, clear: dict[str, str] | None = None
+    text: str,
+    codec: PayloadCodec,
+    context: bytes,
+    clear: dict[str, str] | None = None,
+    *,
+    names_blobs: bool = True,
 ) -> str:
     envelope: dict[str, Any] = {
         "sealed": base64.b64encode(codec.seal(text.encode(), context=context)).decode("ascii"),
         **(clear or {}),
     }
-    blobs = sorted(blob_digests(text))
+    blobs = sorted(blob_digests(text)) if names_blobs else []
     if blobs:
         envelope["blobs"] = blobs
     return json.dumps(envelope, separators=(",", ":"))
@@ -205,6 +231,20 @@ def _sealed(
 def is_sealed_text(text: str | bytes) -> bool:
     prefix = SEALED_PREFIX if isinstance(text, str) else SEALED_PREFIX.encode()
     return text.startswith(prefix)  # type: ignore[arg-type]
+
+
+def sealed_key_id(text: str) -> str | None:
+    """The id of the key a stored text is sealed with (read from its envelope's header, in
+    clear), or None for a text written in clear: a whole envelope only, as `opened_value`
+    takes one."""
+    if not is_sealed_text(text):
+        return None
+    try:
+        envelope = json.loads(text)
+        sealed = base64.b64decode(envelope["sealed"], validate=True)
+        return header_of(sealed)[0] if is_sealed(sealed) else None
+    except (ValueError, TypeError, KeyError, binascii.Error, PayloadTampered):
+        return None
 
 
 def opened_text(text: str | bytes, codec: PayloadCodec | None, *, context: bytes) -> str | bytes:

@@ -6,6 +6,7 @@ and it must pass all of this unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -414,6 +415,26 @@ def test_a_completed_key_keeps_its_hash_for_a_late_begin(backend):
     assert (late.status, late.decision, late.args_hash) == (LedgerStatus.COMPLETED, None, "h1")
     with pytest.raises(IdempotencyConflict):
         backend.ledger.begin(entry(args_hash="h2"))
+
+
+@pytest.mark.parametrize("name", [*sorted(BACKENDS), *sorted(SEALED_BACKENDS)])
+def test_the_arguments_hash_is_sealed_with_a_codec_and_stored_as_given_without(
+    name: str, tmp_path: Any
+):
+    # A call's arguments a reader could guess: with the plain hash stored, the guess is
+    # confirmed by hashing it.
+    guessed = hashlib.sha256(b'{"name":"refund","arguments":{"amount":120}}').hexdigest()
+    for found in {**BACKENDS, **SEALED_BACKENDS}[name](tmp_path):
+        found.ledger.begin(entry(args_hash=guessed))
+
+        everything = json.dumps(found.everything(), default=str)
+        assert (guessed in everything) is (name in BACKENDS)
+        stored = found.ledger.get("r1/step-1")
+        assert stored is not None
+        assert stored.args_hash == guessed
+        assert found.ledger.begin(entry(args_hash=guessed)).args_hash == guessed
+        with pytest.raises(IdempotencyConflict):
+            found.ledger.begin(entry(args_hash="h2"))
 
 
 def call_start(by: str = "w1", seconds: float = 120.0) -> CallStart:

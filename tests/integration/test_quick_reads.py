@@ -27,6 +27,7 @@ from ratchet.worker import Worker
 from tests.fixtures.stores.make_schema_versions import FIXTURE
 from tests.integration import test_model_custom as own_model
 from tests.integration.test_permanent_errors import Lookup, Order, engine_with
+from tests.processes import RATCHET, clean_env
 from tests.support import LOG, Harness, StubModel
 
 PRICES = json.dumps({f"{own_model.__name__}:*": {"input": 3.0, "output": 15.0}})
@@ -252,6 +253,7 @@ def test_heads_of_every_schema_read_the_same_through_the_entry_point(tmp_path, c
     """Older heads go to the full CLI (which upgrades them in memory); current ones do not."""
     copy = tmp_path / "schemas.db"
     shutil.copy(FIXTURE, copy)
+    copy.chmod(0o600)  # as Ratchet makes a store: a copy others may read is the full CLI's
     url = f"sqlite:///{copy}"
     run_ids = [r["run_id"] for r in json.loads(both(url, ["list", "--json"])[1])["runs"]]
     answered = set()
@@ -418,3 +420,71 @@ def test_help_reads_the_same_on_both_paths_on_a_terminal_80_columns_wide_or_wide
 
 def test_a_narrower_terminal_gets_its_help_from_the_full_cli():
     assert quick.help_text({"COLUMNS": "79"}) is None
+
+
+QUICK_CLI = [
+    sys.executable,
+    "-c",
+    "import sys; from ratchet.cli.quick import main; main(sys.argv[1:])",
+]
+"""The console script `ratchet` (the entry point), in a process of its own: stderr as a person
+sees it (the warning line). `python -m ratchet.cli` is the full CLI alone."""
+
+
+def test_a_sealed_store_and_one_others_may_read_say_the_same_on_both_paths(tmp_path: Path):
+    # Given a store whose records are sealed (RATCHET_PAYLOAD_KEY), of a run given a secret
+    store = tmp_path / "ratchet.db"
+    secret = "Zanzibar-Quokka-7731"
+    made = subprocess.run(
+        [
+            *(*RATCHET, "--store", str(store), "run", "--agent"),
+            *("tests.fixtures.sealed_agent:agent", "--param", f"customer={secret}"),
+            *("--run-id", "s1"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean_env(RATCHET_PAYLOAD_KEY="local"),
+    )
+    assert made.returncode == 0, made.stderr
+    reads = (
+        ["status", "s1"],
+        ["status", "s1", "--json"],
+        ["history", "s1"],
+        ["history", "s1", "--json"],
+        ["list"],
+        ["list", "--json"],
+    )
+
+    def said(command: list[str], args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+        done = subprocess.run(
+            [*command, "--store", str(store), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+            timeout=120,
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    # When each read is asked of the entry point and of the full CLI, with the key and without,
+    # and again once others may read the store
+    for mode in (0o600, 0o644):
+        store.chmod(mode)
+        for env in (clean_env(RATCHET_PAYLOAD_KEY="local"), clean_env()):
+            for args in reads:
+                quick_said = said(QUICK_CLI, args, env)
+                full_said = said(RATCHET, args, env)
+                # Then both say the same, byte for byte: the secret with the key, one line
+                # naming the key without it (the list's ids and times stay readable), and
+                # the one warning line while others may read the store
+                assert quick_said == full_said, (mode, "RATCHET_PAYLOAD_KEY" in env, args)
+                code, out, err = quick_said
+                warned = [line for line in err.splitlines() if "may be read by other" in line]
+                assert len(warned) == (1 if mode == 0o644 else 0), err
+                if "RATCHET_PAYLOAD_KEY" in env or args[0] == "list":
+                    assert code == 0, err
+                    assert secret in out or args[0] == "list"
+                else:
+                    assert (code, out) == (2, "")
+                    assert "sealed with key 'local:" in err

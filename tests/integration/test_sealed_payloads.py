@@ -12,12 +12,14 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
 from werkzeug.test import Client as HttpClient
 
 from ratchet.adapters.payload_keys import KmsCodec, new_keyring_line
+from ratchet.adapters.sqlite.deliveries import Moved, Owed
 from ratchet.client import Client
 from ratchet.engine import Outcome
 from ratchet.errors import BlobCorrupt, InvalidInput, PayloadKeyMissing, PayloadTampered
@@ -28,10 +30,12 @@ from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.services import local_runs_services
 from ratchet.sealing import header_of
 from ratchet.state import BlobRef, RunOptions, RunState, RunStatus
+from ratchet.web.approvals import ApprovalServices
+from ratchet.web.approvals import build_app as build_approvals_app
 from ratchet.web.dashboard import local_app
 from ratchet.web.serve import wsgi_app
 from tests.dynamodb_support import REGION, SETTINGS, moto_tables, scan
-from tests.fixtures import sealed_agent
+from tests.fixtures import sealed_agent, sealed_errands
 from tests.processes import RATCHET, clean_env
 from tests.support import LOG
 
@@ -39,6 +43,7 @@ SECRET = "Zanzibar-Quokka-7731"
 """Given as the run's input; the agent's tools return it, inline and in a blob."""
 CARD = "4111 1111 1111 1111"
 AGENT = f"{sealed_agent.__name__}:agent"
+ERRANDS = f"{sealed_errands.__name__}:agent"
 BUCKET = "ratchet-sealed-blobs"
 
 
@@ -62,6 +67,16 @@ def _stored_bytes(store: Path) -> dict[str, bytes]:
         *sorted(Path(f"{store.parent / store.stem}.blobs").rglob("*")),
     ]
     return {str(f.relative_to(store.parent)): f.read_bytes() for f in files if f.is_file()}
+
+
+def _every_byte(store: Path) -> dict[str, bytes]:
+    """`_stored_bytes` and the folders beside the store: the outbox and the runs' data."""
+    files = [
+        *sorted(Path(f"{store.parent / store.stem}.outbox").rglob("*")),
+        *sorted(Path(f"{store.parent / store.stem}.data").rglob("*")),
+    ]
+    beside = {str(f.relative_to(store.parent)): f.read_bytes() for f in files if f.is_file()}
+    return {**_stored_bytes(store), **beside}
 
 
 def _work(runtime: Any, run_id: str, *, steps: int = 10) -> None:
@@ -221,6 +236,117 @@ def test_an_event_sent_to_a_run_is_in_no_stored_byte_and_the_run_takes_it(tmp_pa
             assert SECRET.encode() not in data, name
     finally:
         held.close()
+
+
+def test_a_secret_through_every_record_a_store_keeps_is_in_no_byte_and_every_read_shows_it(
+    tmp_path: Path,
+):
+    store = tmp_path / "ratchet.db"
+    held = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
+    try:
+        # Given the secret in a schedule's input,
+        scheduled = _cli(
+            store, *("schedule", "add", "nightly", "--agent", AGENT, "--every", "1h"),
+            *("--input", json.dumps({"customer": SECRET})),
+        )  # fmt: skip
+        assert scheduled.returncode == 0, scheduled.stderr
+        # an event sent to a run,
+        started = _cli(store, "start", "--agent", "tests.waits_agent:agent", "--run-id", "e1")
+        assert started.returncode == 0, started.stderr
+        event = {"conclusion": "success", "url": f"https://ci.example/{SECRET}"}
+        sent = _cli(store, "send", "e1", "ci-finished", "--data", json.dumps(event))
+        assert sent.returncode == 0, sent.stderr
+        # a question to a person, emailed, and answered with a comment,
+        parked = _cli(
+            store, *("run", "--agent", ERRANDS, "--param", f"customer={SECRET}"),
+            *("--notify", "dana@example.com", "--run-id", "a1"),
+        )  # fmt: skip
+        assert parked.returncode == 0, parked.stderr
+        (email,) = [m for m in held.outbox.messages() if m["to"] == "dana@example.com"]
+        link = urlsplit(email["link"])
+        page = _approval_page(held, f"{link.path}?{link.query}")
+        comment = f"refund {SECRET} in full"
+        approved = _cli(store, "approve", "a1", "--by", "dana", "--comment", comment)
+        assert approved.returncode == 0, approved.stderr
+        worked = _cli(store, "worker", "--until-idle")
+        assert worked.returncode == 0, worked.stderr
+        # and a value of the run's data
+        data = held.context("a1", RunOptions()).data
+        assert data is not None
+        data.put("card", SECRET)
+
+        # Then the secret is in no byte of the store, its WAL, the blobs, the outbox or the
+        # runs' data folders,
+        stored = _every_byte(store)
+        assert any(name.startswith("ratchet.outbox/") for name in stored)
+        print(f"\nbytes read: {sum(len(b) for b in stored.values()):,} in {len(stored)} files")
+        for name, data_bytes in stored.items():
+            assert SECRET.encode() not in data_bytes, name
+
+        # while every read shows it: the commands,
+        listed = _cli(store, "schedule", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout)["schedules"][0]["input"] == {"customer": SECRET}
+        history = _cli(store, "history", "a1", "--json")
+        assert history.returncode == 0, history.stderr
+        assert comment in history.stdout
+        status = _cli(store, "status", "a1", "--json")
+        assert SECRET in json.loads(status.stdout)["summary"]
+        taken = _cli(store, "history", "e1", "--json")
+        assert SECRET in taken.stdout
+        # the client,
+        client = connect(f"sqlite:///{store}", environ={"RATCHET_PAYLOAD_KEY": "local"})
+        try:
+            (schedule,) = client.schedules()
+            assert schedule.spec.input == {"customer": SECRET}
+            assert any(c.comment == comment for c in client.history("a1"))
+        finally:
+            client.close()
+        (request,) = held.approvals.of_run("a1")
+        assert request.comment == comment
+        assert data.get("card") == SECRET
+        # the outbox's email and the approval page its link opens,
+        assert SECRET in email["text"]
+        assert page.status_code == 200
+        assert SECRET in page.get_data(as_text=True)
+        # and the dashboard
+        runs = local_runs_services(held, worker_id="serve:test", logger=LOG)
+        desk = held.approval_desk(worker_id="serve:test", logger=LOG)
+        http = HttpClient(wsgi_app([("/dashboard", local_app(runs.client, desk, operator="d"))]))
+        shown = http.get("/dashboard/runs/a1")
+        assert shown.status_code == 200
+        assert SECRET in shown.get_data(as_text=True)
+    finally:
+        held.close()
+
+
+def test_a_webhook_deliverys_body_is_in_no_stored_byte_and_the_sender_reads_it(tmp_path: Path):
+    store = tmp_path / "ratchet.db"
+    held = LocalRuntime.open(LocalSettings(store=f"sqlite:///{store}", payload_key="local"))
+    try:
+        # Given a status change owed to a URL, its body saying the run's summary
+        body = json.dumps({"run_id": "w1", "status": "done", "summary": f"paid {SECRET}"})
+        deliveries = held.deliveries
+        deliveries.prepare()
+        owed = Owed("d1", "w1:3", "w1", "https://hooks.example/ratchet", body)
+        assert deliveries.enqueue(
+            Moved("w1", 3, None, None), version=3, status=RunStatus.DONE, owed=[owed]
+        )
+
+        # Then its body is in no stored byte, and the sender and the listing read it whole
+        for name, data in _stored_bytes(store).items():
+            assert SECRET.encode() not in data, name
+        (due,) = deliveries.due()
+        assert due.body == body
+        assert [d.body for d in deliveries.listed("w1")] == [body]
+    finally:
+        held.close()
+
+
+def _approval_page(runtime: LocalRuntime, path: str) -> Any:
+    desk = runtime.approval_desk(worker_id="serve:test", logger=LOG)
+    app = build_approvals_app(lambda: ApprovalServices(desk=desk))
+    return HttpClient(wsgi_app([("/approvals/", app)])).get(path)
 
 
 def _keyring_ids(store: Path) -> list[str]:

@@ -25,14 +25,30 @@ DryRunOption = Annotated[
 ]
 
 
-def migrate(dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
+ReencryptOption = Annotated[
+    bool,
+    typer.Option(
+        "--reencrypt",
+        help="Rewrite every sealed record and blob under the newest payload key "
+        "(RATCHET_PAYLOAD_KEY), sealing those written in clear, so old keys can be removed.",
+    ),
+]
+
+
+def migrate(
+    dry_run: DryRunOption = False, as_json: JsonOption = False, reencrypt: ReencryptOption = False
+) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
     and report per schema version. Exit 1 if a run cannot be read or upgraded. On a deployed
-    stack's tables (--store dynamodb://...): index the runs written before the runs index."""
+    stack's tables (--store dynamodb://...): index the runs written before the runs index.
+    With --reencrypt: rewrite every sealed record and blob under the newest payload key."""
     # The run models (see ratchet.cli.context).
     from ratchet.housekeeping import migrate as migrate_heads
     from ratchet.store_urls import DYNAMODB_SCHEME
 
+    if reencrypt:
+        _reencrypt(dry_run=dry_run, as_json=as_json)
+        return
     if settings().store.startswith(DYNAMODB_SCHEME):
         _index_unlisted(dry_run=dry_run, as_json=as_json)
         return
@@ -115,6 +131,52 @@ def gc(
         out.print(f"  {run_id}  skipped: it changed while gc ran", markup=False)
     for run_id, reason in report.unreadable.items():
         say(f"  {run_id}  unreadable, left as it is: {reason}")
+
+
+def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
+    """`migrate --reencrypt`: every sealed text and blob of a local store under the newest
+    payload key (`LocalRuntime.reencrypt`)."""
+    from ratchet.store_urls import DYNAMODB_SCHEME
+
+    if settings().store.startswith(DYNAMODB_SCHEME):
+        raise InvalidInput(
+            "ratchet migrate --reencrypt rewrites a local sqlite:// store; a dynamodb:// "
+            "store's sealed items are not rewritten yet (old keys stay needed)"
+        )
+    runtime = _local_store("migrate", write=not dry_run)
+    try:
+        report = runtime.reencrypt(dry_run=dry_run)
+    finally:
+        runtime.close()
+    if as_json:
+        print_json(report.to_json())
+    else:
+        verb = "would rewrite" if dry_run else "rewrote"
+        note = " (dry run: nothing changed)" if dry_run else ""
+        resealed, sealed = sum(report.resealed.values()), sum(report.sealed.values())
+        out.print(
+            f"{verb} {report.records} records and {report.blobs} blobs under key "
+            f"{report.key_id}{note}",
+            markup=False,
+        )
+        out.print(
+            f"  records: {resealed} sealed with an older key, {sealed} written in clear; "
+            f"{report.current} already under it",
+            markup=False,
+        )
+        out.print(
+            f"  blobs: {report.blobs_resealed} sealed with an older key, {report.blobs_sealed} "
+            f"written in clear; {report.blobs_current} already under it",
+            markup=False,
+        )
+        if report.outbox_resealed:
+            out.print(f"  outbox: {report.outbox_resealed} messages sealed with an older key")
+        if report.moved:
+            say(f"  {report.moved} records changed while it ran: run it again to finish")
+        for where in report.unreadable:
+            say(f"  {where}  fails its authentication: left as it is")
+    if report.unreadable or report.moved:
+        raise typer.Exit(1)
 
 
 def _index_unlisted(*, dry_run: bool, as_json: bool) -> None:

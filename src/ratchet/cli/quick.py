@@ -6,7 +6,8 @@ and the run models (pydantic) costs more than ten times what reading the answer 
 SQLite store these commands read the store's JSON with `sqlite3` and say it through
 `ratchet.cli.readout`, the functions the full CLI says it with. Anything else, and anything this
 path is not sure of (another store, a head of an older schema, a run that is not there, an
-option it does not know, a `RATCHET_*` setting the full CLI would check), goes on: to
+option it does not know, a `RATCHET_*` setting the full CLI would check, a store others may
+read, of which the full CLI warns), goes on: to
 `ratchet.cli.quick_writes` for `start`, `approve` and `reject` (which it reads without typer),
 else to the full CLI (`ratchet.cli.app`), which answers or refuses as it always does. Nothing
 here writes.
@@ -23,7 +24,7 @@ import sys
 from ratchet import quickjson as json
 from ratchet.cli.argv import LOG_JSON, arrange
 from ratchet.cli.store_file import connect
-from ratchet.store_urls import DEFAULT_STORE, store_url
+from ratchet.store_urls import DEFAULT_STORE, sqlite_file, store_url
 
 # Nothing here loads a module that takes longer to load than a read takes to answer: not
 # `typing` nor `pathlib`, nor `json` or `re` (`ratchet.quickjson` reads and writes JSON as
@@ -106,6 +107,10 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     command = _read_command(arrange(list(args)), environ.get("RATCHET_STORE") or DEFAULT_STORE)
     if command is None:
         return None
+    if _exposed(command.store):
+        # Others may read the store: the full CLI says so in one line (as every command that
+        # opens the store does) before it answers, and this path leaves that line to it.
+        return None
     documents = _Documents.open(command.store)
     if documents is None:
         return None
@@ -118,6 +123,16 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
+
+
+def _exposed(store: str) -> bool:
+    """Whether others than its owner may read the store's file
+    (`ratchet.adapters.sqlite.database` warns of it)."""
+    path = sqlite_file(store)
+    try:
+        return path is not None and bool(os.stat(path).st_mode & 0o077)
+    except OSError:
+        return False
 
 
 def _say(documents: _Documents, command: _Command) -> str | None:

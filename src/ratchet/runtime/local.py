@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.sqlite.hooks import SqliteHookBook
     from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
     from ratchet.adapters.sqlite.mailbox import SqliteMailbox
+    from ratchet.adapters.sqlite.reencrypt import Reencryption
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.approvals.desk import ApprovalDesk
     from ratchet.runtime.hooks import Hooks
@@ -409,7 +410,7 @@ class LocalRuntime:
         """The webhooks' deliveries (`ratchet.runtime.webhooks`, `ratchet deliveries`)."""
         from ratchet.adapters.sqlite.deliveries import SqliteDeliveries
 
-        return SqliteDeliveries(self.db)
+        return SqliteDeliveries(self.db, self.codec)
 
     @property
     def housekeeping(self) -> SqliteHousekeeping:
@@ -417,6 +418,24 @@ class LocalRuntime:
         from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 
         return SqliteHousekeeping(self.db, self.codec)
+
+    def reencrypt(self, *, dry_run: bool) -> Reencryption:
+        """`ratchet migrate --reencrypt`: every sealed record, blob and outbox message of the
+        store under the payload key's newest key (`ratchet.adapters.sqlite.reencrypt`)."""
+        from ratchet.adapters.sqlite.reencrypt import reencrypt
+
+        if self.codec is None:
+            raise InvalidInput(
+                "ratchet migrate --reencrypt seals under the payload key: set "
+                "RATCHET_PAYLOAD_KEY (the keyring with the new key first)"
+            )
+        return reencrypt(
+            self.db,
+            Path(f"{self.root}.blobs"),
+            self.codec,
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
 
     @property
     def root(self) -> Path:
@@ -509,7 +528,7 @@ class LocalRuntime:
         # person, not by every command (`ratchet start` has none to write: bench/cli_start.py).
         from ratchet.adapters.outbox import OutboxNotifier
 
-        return OutboxNotifier(Path(f"{self.root}.outbox"))
+        return OutboxNotifier(Path(f"{self.root}.outbox"), self.codec)
 
     def _approval_opener(self, worker_id: str, logger: Any) -> Callable[[str], None]:
         """Opens the approval request of a run parked for a person, notifying who it names
@@ -546,7 +565,7 @@ class LocalRuntime:
         # read or fire schedules need (not `ratchet start` or `approve`: bench/cli_start.py).
         from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 
-        return SqliteScheduleBook(self.db)
+        return SqliteScheduleBook(self.db, self.codec)
 
     def schedule_firer(self, start: Starter, *, logger: Any) -> Callable[[datetime], Sequence[str]]:
         """What a worker calls to fire the store's due schedules, each run started by

@@ -32,7 +32,7 @@ from ratchet.errors import IdempotencyConflict
 from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
 from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
-from ratchet.stored import open_sealed_text, sealed_text
+from ratchet.stored import open_sealed_text, opened_args_hash, sealed_args_hash, sealed_text
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -70,7 +70,9 @@ class DynamoDbLedger:
             "run_id": text_attribute(entry.run_id),
             "step": number_attribute(entry.step),
             "status": text_attribute(LedgerStatus.IN_PROGRESS.value),
-            "args_hash": text_attribute(entry.args_hash),
+            "args_hash": text_attribute(
+                sealed_args_hash(entry.args_hash, self._codec, run_id=entry.run_id)
+            ),
             "decision": text_attribute(
                 sealed_text(
                     json.dumps(entry.decision, sort_keys=True),
@@ -189,7 +191,9 @@ def _ledger_entry(
         run_id=run_id,
         step=int(item["step"]["N"]) if "step" in item else 0,
         status=status,
-        args_hash=item["args_hash"]["S"] if "args_hash" in item else "",
+        args_hash=opened_args_hash(item["args_hash"]["S"], codec, run_id=run_id)
+        if "args_hash" in item
+        else "",
         decision=None if decision is None else json.loads(decision),
         result=None if called else result,
         expires_at=_from_epoch(item.get(TTL_ATTRIBUTE)),

@@ -19,12 +19,15 @@ deployment that turns webhooks on is not sent the history of every run it has.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
+from ratchet.sealing import PayloadCodec
 from ratchet.state import RunStatus
+from ratchet.stored import open_sealed_text, sealed_text
 
 DELIVERIES_SCHEMA = """
 -- ratchet.adapters.sqlite.deliveries keeps the webhooks' deliveries here.
@@ -105,9 +108,12 @@ _COLUMNS = (
 
 
 class SqliteDeliveries:
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
         self._ready = False
+        # Seals each delivery's body (the run's status change, its summary or error), bound to
+        # its run: the sender opens it to send it, `ratchet deliveries` to show it.
+        self._codec = codec
 
     def prepare(self) -> None:
         """Make the tables (the first sender on the store marks where it starts): a sender
@@ -173,7 +179,10 @@ class SqliteDeliveries:
                 "INSERT OR IGNORE INTO deliveries (delivery_id, change_id, run_id, url, body, "
                 "state, attempts, created_at, next_at, claimed_until) "
                 "VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, ?, 0)",
-                [(o.delivery_id, o.change_id, o.run_id, o.url, o.body, now, now) for o in owed],
+                [
+                    (o.delivery_id, o.change_id, o.run_id, o.url, self._sealed(o), now, now)
+                    for o in owed
+                ],
             )
         return True
 
@@ -186,7 +195,7 @@ class SqliteDeliveries:
             "AND claimed_until <= ? ORDER BY next_at, created_at LIMIT ?",
             (now, now, limit),
         ).fetchall()
-        return [Delivery(*row) for row in rows]
+        return [self._delivery(row) for row in rows]
 
     def next_due(self) -> float | None:
         """When the next pending delivery is due (a Unix time), or None."""
@@ -263,4 +272,12 @@ class SqliteDeliveries:
             "ORDER BY created_at DESC, delivery_id DESC LIMIT ?",
             (*args, limit),
         ).fetchall()
-        return [Delivery(*row) for row in rows]
+        return [self._delivery(row) for row in rows]
+
+    def _sealed(self, owed: Owed) -> str:
+        return sealed_text(owed.body, self._codec, part="delivery", run_id=owed.run_id)
+
+    def _delivery(self, row: Sequence[object]) -> Delivery:
+        delivery = Delivery(*row)  # type: ignore[arg-type]
+        body = open_sealed_text(delivery.body, self._codec, part="delivery", run_id=delivery.run_id)
+        return dataclasses.replace(delivery, body=body)

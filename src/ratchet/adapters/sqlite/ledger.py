@@ -16,7 +16,7 @@ from ratchet.errors import IdempotencyConflict
 from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
 from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
-from ratchet.stored import open_sealed_text, sealed_text
+from ratchet.stored import open_sealed_text, opened_args_hash, sealed_args_hash, sealed_text
 
 LEDGER_RETENTION = timedelta(days=30)
 COMPLETION_SQL = "UPDATE idempotency SET status = ?, result = ?, decision = NULL WHERE key = ?"
@@ -59,7 +59,7 @@ class SqliteLedger:
                     entry.run_id,
                     entry.step,
                     LedgerStatus.IN_PROGRESS.value,
-                    entry.args_hash,
+                    sealed_args_hash(entry.args_hash, self._codec, run_id=entry.run_id),
                     decision_json,
                     now.isoformat(),
                     expires_at.isoformat(),
@@ -120,7 +120,7 @@ class SqliteLedger:
             run_id=run_id,
             step=step,
             status=LedgerStatus(status),
-            args_hash=args_hash,
+            args_hash=opened_args_hash(args_hash, self._codec, run_id=run_id),
             decision=None
             if decision is None
             else json.loads(

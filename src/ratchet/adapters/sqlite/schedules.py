@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.schedules import Schedule
+from ratchet.sealing import PayloadCodec
+from ratchet.stored import open_sealed_text, sealed_text
 
 SCHEDULES_SCHEMA = """
 -- ratchet.adapters.sqlite.schedules keeps the schedules here.
@@ -24,8 +26,12 @@ CREATE TABLE IF NOT EXISTS schedules (
 
 
 class SqliteScheduleBook:
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
+        # Seals each schedule's record (the input and params its runs start with), bound to
+        # its name; what a worker selects on (its next fire, whether it is paused) stays in
+        # its own columns.
+        self._codec = codec
 
     def add(self, schedule: Schedule) -> bool:
         with self._db.write() as tx:
@@ -39,7 +45,7 @@ class SqliteScheduleBook:
                     schedule.name,
                     _stamp(schedule.next_fire),
                     schedule.paused,
-                    schedule.model_dump_json(),
+                    self._sealed(schedule),
                 ),
             ).rowcount
         return bool(inserted)
@@ -48,25 +54,25 @@ class SqliteScheduleBook:
         if not self._db.has_table("schedules"):
             return None
         row = self._db.connection.execute(
-            "SELECT record FROM schedules WHERE name = ?", (name,)
+            "SELECT name, record FROM schedules WHERE name = ?", (name,)
         ).fetchone()
-        return Schedule.model_validate_json(row[0]) if row else None
+        return self._schedule(*row) if row else None
 
     def all(self) -> list[Schedule]:
         if not self._db.has_table("schedules"):
             return []
-        rows = self._db.connection.execute("SELECT record FROM schedules ORDER BY name")
-        return [Schedule.model_validate_json(record) for (record,) in rows]
+        rows = self._db.connection.execute("SELECT name, record FROM schedules ORDER BY name")
+        return [self._schedule(name, record) for name, record in rows]
 
     def due(self, now: datetime) -> list[Schedule]:
         """One read of the rows due (what a worker makes every second): not every schedule."""
         if not self._db.has_table("schedules"):
             return []
         rows = self._db.connection.execute(
-            "SELECT record FROM schedules WHERE paused = 0 AND next_fire <= ? ORDER BY name",
+            "SELECT name, record FROM schedules WHERE paused = 0 AND next_fire <= ? ORDER BY name",
             (_stamp(now),),
         )
-        return [Schedule.model_validate_json(record) for (record,) in rows]
+        return [self._schedule(name, record) for name, record in rows]
 
     def remove(self, name: str) -> bool:
         if not self._db.has_table("schedules"):
@@ -100,14 +106,24 @@ class SqliteScheduleBook:
             return False
         with self._db.write() as tx:
             row = tx.execute("SELECT record FROM schedules WHERE name = ?", (name,)).fetchone()
-            changed = change(Schedule.model_validate_json(row[0])) if row else None
+            changed = change(self._schedule(name, row[0])) if row else None
             if changed is None:
                 return False
             tx.execute(
                 "UPDATE schedules SET next_fire = ?, paused = ?, record = ? WHERE name = ?",
-                (_stamp(changed.next_fire), changed.paused, changed.model_dump_json(), name),
+                (_stamp(changed.next_fire), changed.paused, self._sealed(changed), name),
             )
         return True
+
+    def _sealed(self, schedule: Schedule) -> str:
+        return sealed_text(
+            schedule.model_dump_json(), self._codec, part="schedule", run_id=schedule.name
+        )
+
+    def _schedule(self, name: str, record: str) -> Schedule:
+        return Schedule.model_validate_json(
+            open_sealed_text(record, self._codec, part="schedule", run_id=name)
+        )
 
 
 def _stamp(moment: datetime) -> str:
