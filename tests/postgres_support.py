@@ -74,7 +74,7 @@ class Cluster:
         import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as connection:
-            connection.execute(sql)  # type: ignore[arg-type]  # the tests' own, fixed SQL
+            connection.execute(sql.encode())  # the tests' own statements
 
     def fresh_database(self) -> str:
         """An empty database no other test uses: its name."""
