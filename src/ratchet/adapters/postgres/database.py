@@ -228,9 +228,12 @@ class PostgresDatabase:
         )
 
     def _make_or_check(self, connection: psycopg.Connection[Any], *, create: bool) -> None:
-        if self._marked(connection):
-            return
+        # The marker and the other tables are seen in one statement, one snapshot: a store
+        # another process makes meanwhile is seen whole (its marker with its tables) or not
+        # at all, never as tables without their marker, which is another application's.
         tables = _tables(connection)
+        if self._marked(connection, tables):
+            return
         if tables:
             raise StoreUnavailable(
                 f"{self.url.where} is not a Ratchet store: it has tables of another application "
@@ -242,19 +245,20 @@ class PostgresDatabase:
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MAKING_LOCK,))
             # Another process may have made it while this one waited for the lock: then it is
             # whole (made in one transaction), and nothing is made twice.
-            if self._marked(connection):
+            tables = _tables(connection)
+            if self._marked(connection, tables):
                 return
-            if _tables(connection):
+            if tables:
                 raise StoreUnavailable(
                     f"{self.url.where} is not a Ratchet store: another application made its "
                     "tables meanwhile; nothing was changed"
                 )
             connection.execute(_SCHEMA.encode())
 
-    def _marked(self, connection: psycopg.Connection[Any]) -> bool:
-        """Whether the current schema holds Ratchet's marker; `StoreUnavailable` if a newer
-        Ratchet made it."""
-        if MARKER_TABLE not in _tables(connection):
+    def _marked(self, connection: psycopg.Connection[Any], tables: list[str]) -> bool:
+        """Whether `tables` (the current schema's) hold Ratchet's marker; `StoreUnavailable` if
+        a newer Ratchet made it."""
+        if MARKER_TABLE not in tables:
             return False
         row = connection.execute(f"SELECT max(schema_version) FROM {MARKER_TABLE}").fetchone()
         version = row[0] if row else None

@@ -1,0 +1,156 @@
+"""The Postgres store's own guarantees, beside the conformance suites it shares with the others:
+which databases it takes (its own, an empty one) and which it refuses without writing a byte,
+how a new store is made once by many workers at once, and how commits from many connections
+race on a real cluster (tests/postgres_support.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from ratchet.adapters.postgres.database import MARKER_TABLE, PostgresDatabase, PostgresUrl
+from ratchet.adapters.postgres.ledger import PostgresLedger
+from ratchet.adapters.postgres.store import PostgresCheckpointStore
+from ratchet.errors import StaleVersion, StoreMissing, StoreUnavailable
+from ratchet.ports import LedgerEntry
+from tests.conformance.test_store_contract import new_run, step_commit
+from tests.postgres_support import Cluster
+
+RACERS = 8
+
+
+@pytest.fixture
+def database(postgres: Cluster) -> Iterator[str]:
+    """An empty database of the test's own: its URL."""
+    name = postgres.fresh_database()
+    yield postgres.url(name)
+    postgres.drop_database(name)
+
+
+def _rows(url: str) -> list[tuple[str, list[tuple[str]]]]:
+    """Every table of the database with its rows, as text, to compare before and after."""
+    with psycopg.connect(url) as connection:
+        tables = [
+            str(name)
+            for (name,) in connection.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = 'public' ORDER BY table_name"
+            )
+        ]
+        return [
+            (table, connection.execute(f"SELECT t::text FROM {table} AS t ORDER BY 1").fetchall())
+            for table in tables
+        ]
+
+
+def test_a_database_of_another_application_is_refused_in_one_line_and_left_as_it_was(database):
+    with psycopg.connect(database) as connection:
+        connection.execute("CREATE TABLE invoices (id integer PRIMARY KEY, total numeric)")
+        connection.execute("INSERT INTO invoices VALUES (1, 99.5)")
+    before = _rows(database)
+
+    with pytest.raises(StoreUnavailable) as refused:
+        PostgresDatabase(PostgresUrl.parse(database))
+
+    message = str(refused.value)
+    assert "not a Ratchet store: it has tables of another application (invoices)" in message
+    assert "nothing was changed" in message
+    assert "\n" not in message
+    assert _rows(database) == before
+
+
+def test_an_empty_database_becomes_a_store_only_when_asked_to(database):
+    url = PostgresUrl.parse(database)
+
+    with pytest.raises(StoreMissing, match=r"no Ratchet store in .*start a run first"):
+        PostgresDatabase(url, create=False)
+    assert _rows(database) == []
+
+    PostgresDatabase(url).close()
+    PostgresDatabase(url, create=False).close()  # a store now: opened as it is
+    tables = dict(_rows(database))
+    assert tables[MARKER_TABLE][0][0].startswith("(1,")
+    assert {"runs", "checkpoints", "idempotency", "mailbox"} <= tables.keys()
+
+
+def test_workers_that_start_at_once_on_an_empty_database_make_one_store(database):
+    # Eight workers started together on an empty database: each finds it empty, and each
+    # would make it; one does (in one transaction), the others wait and find it made.
+    url = PostgresUrl.parse(database)
+    start = threading.Barrier(RACERS)
+
+    def open_store(_: int) -> None:
+        start.wait(timeout=30)
+        PostgresDatabase(url).close()
+
+    with ThreadPoolExecutor(RACERS) as pool:
+        list(pool.map(open_store, range(RACERS)))
+
+    assert len(dict(_rows(database))[MARKER_TABLE]) == 1
+
+
+def test_a_store_a_newer_ratchet_made_is_refused_and_left_as_it_was(database):
+    PostgresDatabase(PostgresUrl.parse(database)).close()
+    with psycopg.connect(database) as connection:
+        connection.execute(f"UPDATE {MARKER_TABLE} SET schema_version = 99")
+    before = _rows(database)
+
+    with pytest.raises(StoreUnavailable, match=r"schema 99, which this Ratchet .* upgrade Ratchet"):
+        PostgresDatabase(PostgresUrl.parse(database))
+
+    assert _rows(database) == before
+
+
+def test_a_missing_database_is_one_line_naming_it_and_no_password(postgres: Cluster):
+    url = postgres.url("nowhere").replace("postgres@", "postgres:hunter2@")
+
+    with pytest.raises(StoreUnavailable) as refused:
+        PostgresDatabase(PostgresUrl.parse(url))
+
+    message = str(refused.value)
+    assert 'database "nowhere" does not exist' in message
+    assert "hunter2" not in message
+    assert "\n" not in message
+
+
+def test_of_commits_racing_from_one_version_on_their_own_connections_one_lands(database):
+    # Eight workers, each with a pool of its own, commit step 1 of one run from the version
+    # they all read: the conditional update lets exactly one through; every other is stale
+    # and wrote nothing (one record for the step, the winner's).
+    url = PostgresUrl.parse(database)
+    first = PostgresDatabase(url)
+    state, created = new_run()
+    PostgresCheckpointStore(first).create_run(state, created)
+    PostgresLedger(first).begin(
+        LedgerEntry(key="r1/step-1", run_id="r1", step=1, args_hash="h", decision={})
+    )
+    start = threading.Barrier(RACERS)
+
+    def commit(n: int) -> str:
+        db = PostgresDatabase(url)
+        try:
+            store = PostgresCheckpointStore(db)
+            start.wait(timeout=30)
+            try:
+                store.commit(step_commit(state, 1, text=f"worker {n}"))
+            except StaleVersion:
+                return "stale"
+            return f"worker {n}"
+        finally:
+            db.close()
+
+    with ThreadPoolExecutor(RACERS) as pool:
+        outcomes = list(pool.map(commit, range(RACERS)))
+
+    winners = [o for o in outcomes if o != "stale"]
+    assert len(winners) == 1, outcomes
+    records = PostgresCheckpointStore(first).list_checkpoints("r1")
+    assert [c.version for c in records] == [1, 2]
+    head = PostgresCheckpointStore(first).load_head("r1")
+    assert head is not None
+    assert head.last_result == winners[0]
+    first.close()
