@@ -21,11 +21,17 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ratchet.adapters.postgres.database import PostgresDatabase
 
 SERVER_PACKAGE = "postgresql"
 START_SECONDS = 60
@@ -194,3 +200,28 @@ def cluster() -> Cluster:
             _cluster = start_cluster()
             atexit.register(_cluster.stop)
         return _cluster
+
+
+@contextmanager
+def scratch_store() -> Iterator[Callable[[], PostgresDatabase]]:
+    """A database of its own in this process's cluster, as a store: the function given opens
+    it, each time with a pool of its own (as another process would); every one opened is
+    closed, and the database dropped, after."""
+    from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
+
+    postgres = cluster()
+    name = postgres.fresh_database()
+    url = PostgresUrl.parse(postgres.url(name))
+    opened: list[PostgresDatabase] = []
+
+    def open_store() -> PostgresDatabase:
+        db = PostgresDatabase(url)
+        opened.append(db)
+        return db
+
+    try:
+        yield open_store
+    finally:
+        for db in opened:
+            db.close()
+        postgres.drop_database(name)

@@ -108,6 +108,22 @@ CREATE TABLE open_waits (
     due_at timestamptz
 );
 CREATE INDEX open_waits_due ON open_waits (due_at) WHERE due_at IS NOT NULL;
+-- ratchet.adapters.postgres.rate counts requests here, a row per name and minute.
+CREATE TABLE rate_windows (
+    name   text NOT NULL,
+    minute bigint NOT NULL,
+    count  integer NOT NULL,
+    PRIMARY KEY (name, minute)
+);
+-- ratchet.adapters.postgres.data keeps each run's own key-value data here. Keys and values
+-- as their UTF-8 bytes: a text column cannot hold the character NUL, which a run's data may,
+-- and bytes sort as Python's str and the other stores' keys do.
+CREATE TABLE run_data (
+    run_id text NOT NULL,
+    key    bytea NOT NULL,
+    value  bytea NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
