@@ -124,6 +124,14 @@ CREATE TABLE run_data (
     value  bytea NOT NULL,
     PRIMARY KEY (run_id, key)
 );
+-- ratchet.adapters.postgres.hooks keeps the webhooks here: the id a delivery's URL carries,
+-- and the run and event name it delivers to. No secret: each is derived from the id and key.
+CREATE TABLE hooks (
+    hook_id text PRIMARY KEY,
+    run_id  text NOT NULL,
+    name    text NOT NULL,
+    record  text NOT NULL
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
