@@ -108,6 +108,20 @@ CREATE TABLE open_waits (
     due_at timestamptz
 );
 CREATE INDEX open_waits_due ON open_waits (due_at) WHERE due_at IS NOT NULL;
+-- ratchet.adapters.postgres.leases: which worker works on which run, and the live workers.
+-- Times are the workers' clocks, in seconds since the epoch.
+CREATE TABLE leases (
+    run_id     text PRIMARY KEY,
+    owner      text NOT NULL,
+    expires_at double precision NOT NULL
+);
+CREATE TABLE workers (
+    worker_id  text PRIMARY KEY,
+    host       text NOT NULL,
+    pid        integer NOT NULL,
+    token      text NOT NULL,
+    expires_at double precision NOT NULL
+);
 -- ratchet.adapters.postgres.rate counts requests here, a row per name and minute.
 CREATE TABLE rate_windows (
     name   text NOT NULL,
