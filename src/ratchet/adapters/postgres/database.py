@@ -146,6 +146,14 @@ CREATE TABLE hooks (
     name    text NOT NULL,
     record  text NOT NULL
 );
+-- ratchet.adapters.postgres.schedules keeps the schedules here.
+CREATE TABLE schedules (
+    name      text PRIMARY KEY,
+    next_fire timestamptz NOT NULL,
+    paused    boolean NOT NULL,
+    record    text NOT NULL
+);
+CREATE INDEX schedules_due ON schedules (next_fire) WHERE NOT paused;
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
