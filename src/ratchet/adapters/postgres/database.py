@@ -154,6 +154,16 @@ CREATE TABLE schedules (
     record    text NOT NULL
 );
 CREATE INDEX schedules_due ON schedules (next_fire) WHERE NOT paused;
+-- ratchet.adapters.postgres.approvals keeps the approval requests here.
+CREATE TABLE approvals (
+    approval_id text PRIMARY KEY,
+    run_id      text NOT NULL,
+    step        integer NOT NULL,
+    status      text NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    record      text NOT NULL
+);
+CREATE INDEX approvals_by_run ON approvals (run_id, step);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
