@@ -119,10 +119,9 @@ def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Back
 
 
 def _postgres(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backend]:
-    # A database of the test's own in this process's cluster, made a store as a first worker
-    # makes one, and dropped after.
+    # A store in a database of the test's own in this process's cluster, dropped after.
     postgres = cluster()
-    name = postgres.fresh_database()
+    name = postgres.fresh_database(store=True)
     url = PostgresUrl.parse(postgres.url(name))
     db = PostgresDatabase(url)
 
