@@ -154,3 +154,26 @@ def test_of_commits_racing_from_one_version_on_their_own_connections_one_lands(d
     assert head is not None
     assert head.last_result == winners[0]
     first.close()
+
+
+def test_a_tools_output_holding_nul_completes_its_key_and_reads_back_whole(database):
+    # A text column of Postgres cannot hold NUL; a tool's output may, and SQLite keeps it.
+    db = PostgresDatabase(PostgresUrl.parse(database))
+    store, ledger = PostgresCheckpointStore(db), PostgresLedger(db)
+    state, created = new_run()
+    store.create_run(state, created)
+    for key in ("r1/step-1", "r1/step-2"):
+        ledger.begin(LedgerEntry(key=key, run_id="r1", step=1, args_hash="h", decision={}))
+    output = "row 1\x00row 2 \N{GRINNING FACE}"
+
+    ledger.complete("r1/step-2", output)
+    store.commit(step_commit(state, 1, text=output))
+
+    for key in ("r1/step-1", "r1/step-2"):
+        completed = ledger.get(key)
+        assert completed is not None
+        assert completed.result == output
+    head = store.load_head("r1")
+    assert head is not None
+    assert head.last_result == output
+    db.close()

@@ -72,7 +72,9 @@ CREATE TABLE checkpoints (
     PRIMARY KEY (run_id, version)
 );
 -- The ledger (ratchet.adapters.postgres.ledger): `decision` is NULL once the step's commit
--- completed the key, whose record holds the decision from then on.
+-- completed the key, whose record holds the decision from then on. `result` is the tool's
+-- output as its UTF-8 bytes: a text column cannot hold the character NUL, which a tool's
+-- output may (the other columns hold JSON, which writes it as an escape).
 CREATE TABLE idempotency (
     key        text PRIMARY KEY,
     run_id     text NOT NULL,
@@ -80,7 +82,7 @@ CREATE TABLE idempotency (
     status     text NOT NULL,
     args_hash  text NOT NULL,
     decision   text,
-    result     text,
+    result     bytea,
     created_at timestamptz NOT NULL,
     expires_at timestamptz
 );

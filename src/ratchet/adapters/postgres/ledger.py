@@ -88,7 +88,7 @@ class PostgresLedger:
         check_size(f"ledger result of {key}", result)
         with self._db.write() as tx:
             changed = tx.execute(
-                COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result, key)
+                COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result.encode(), key)
             ).rowcount
         if not changed:
             raise KeyError(f"no idempotency record for {key!r}")
@@ -101,7 +101,7 @@ class PostgresLedger:
                 "UPDATE idempotency SET status = %s, result = %s WHERE key = %s AND status = %s",
                 (
                     LedgerStatus.CALLED.value,
-                    call.model_dump_json(),
+                    call.model_dump_json().encode(),
                     key,
                     LedgerStatus.IN_PROGRESS.value,
                 ),
@@ -120,7 +120,8 @@ class PostgresLedger:
         ).fetchone()
         if row is None:
             return None
-        key, run_id, step, status, args_hash, decision, result, expires_at = row
+        key, run_id, step, status, args_hash, decision, stored_result, expires_at = row
+        result = None if stored_result is None else bytes(stored_result).decode()
         called = status == LedgerStatus.CALLED.value
         return LedgerEntry(
             key=key,

@@ -221,7 +221,12 @@ class PostgresCheckpointStore:
             if commit.completes is not None:
                 # The record below holds the step's decision: the ledger's copy goes.
                 tx.execute(
-                    COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result, commit.completes.key)
+                    COMPLETION_SQL,
+                    (
+                        LedgerStatus.COMPLETED.value,
+                        None if result is None else result.encode(),
+                        commit.completes.key,
+                    ),
                 )
             written += _insert_checkpoint(tx, commit.checkpoint, event_json, written)
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
