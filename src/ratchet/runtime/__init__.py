@@ -10,8 +10,8 @@ the approval book. `open_runtime(url)` builds one from a store URL:
   deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
   process where no state machine does;
 - `postgresql://USER@HOST/DATABASE`: recognised and checked (the `postgres` extra, the URL's
-  form), but no runtime runs on it yet: its adapters hold runs' checkpoints, the ledger and
-  the mailbox, and the rest is to come (docs/postgres.md).
+  form), but no runtime runs on it yet: `ratchet.adapters.postgres` holds most of its ports,
+  the runtime that wires them is to come (docs/postgres.md).
 
 Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval_desk`,
 `AwsRuntime.approval_desk`); each run's model is chosen and built in `ratchet.runtime.models`,
@@ -117,9 +117,9 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
         # names a Postgres store learns what to install before anything else.
         PostgresUrl.parse(url)
         raise StoreUnavailable(
-            "a postgresql:// store cannot run agents yet: its checkpoints, ledger and mailbox "
-            "are built, its workers and commands are not (docs/postgres.md); use a sqlite:// "
-            "or dynamodb:// store meanwhile"
+            "a postgresql:// store cannot run agents yet: its store's parts are being built, "
+            "its workers and commands are not (docs/postgres.md); use a sqlite:// or "
+            "dynamodb:// store meanwhile"
         )
     raise StoreUnavailable(
         f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
