@@ -113,6 +113,30 @@ class Cluster:
         # keep the database, nor hold up the next test.
         self.admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
+    def restart(self) -> None:
+        """Stop the server (`fast`: every session cut, what committed kept; an `immediate`
+        stop would lose recent commits to this cluster's fsync and synchronous_commit off) and
+        start it again with the options it had, as an operator's restart under load does."""
+        subprocess.run(
+            [
+                *_as_owner(self.owner),
+                str(self.binaries / "pg_ctl"),
+                "restart",
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                str(START_SECONDS),
+                "-D",
+                str(self.folder / "data"),
+                "-l",
+                str(self.folder / "server.log"),
+            ],
+            capture_output=True,
+            check=True,
+            timeout=START_SECONDS + 10,
+        )
+
     def stop(self) -> None:
         subprocess.run(
             [

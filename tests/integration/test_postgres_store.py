@@ -15,7 +15,7 @@ import pytest
 from ratchet.adapters.postgres.database import MARKER_TABLE, PostgresDatabase, PostgresUrl
 from ratchet.adapters.postgres.ledger import PostgresLedger
 from ratchet.adapters.postgres.store import PostgresCheckpointStore
-from ratchet.errors import StaleVersion, StoreMissing, StoreUnavailable
+from ratchet.errors import StaleVersion, StoreBusy, StoreMissing, StoreUnavailable
 from ratchet.ports import LedgerEntry
 from tests.conformance.test_store_contract import new_run, step_commit
 from tests.postgres_support import Cluster
@@ -176,4 +176,34 @@ def test_a_tools_output_holding_nul_completes_its_key_and_reads_back_whole(datab
     head = store.load_head("r1")
     assert head is not None
     assert head.last_result == output
+    db.close()
+
+
+def test_after_the_database_restarts_a_pool_reconnects_and_a_lost_transaction_is_busy(
+    postgres: Cluster, database
+):
+    # A worker's pool holds connections the restart cuts: a transaction on one of them is
+    # StoreBusy in one line (nothing written, safe to retry), and the pool makes new ones.
+    db = PostgresDatabase(PostgresUrl.parse(database + "&pool_size=2"))
+    store = PostgresCheckpointStore(db)
+    state, created = new_run()
+    store.create_run(state, created)
+
+    postgres.restart()
+
+    head, refusals = store.load_head, []
+    for _ in range(5):
+        try:
+            loaded = head("r1")
+            break
+        except StoreBusy as busy:
+            refusals.append(str(busy))
+    else:
+        pytest.fail(f"never reconnected: {refusals}")
+    print(f"transactions refused as busy after the restart: {len(refusals)}")
+    assert loaded == state
+    assert len(refusals) <= 2, "at most one per connection the pool held"
+    assert all("did not answer" in r and "\n" not in r for r in refusals), refusals
+    store.commit(step_commit(state, 1))
+    assert [c.version for c in store.list_checkpoints("r1")] == [1, 2]
     db.close()
