@@ -207,3 +207,23 @@ def test_after_the_database_restarts_a_pool_reconnects_and_a_lost_transaction_is
     store.commit(step_commit(state, 1))
     assert [c.version for c in store.list_checkpoints("r1")] == [1, 2]
     db.close()
+
+
+def test_a_role_without_rights_is_refused_in_one_line_and_nothing_is_made(postgres, database):
+    # Since Postgres 15 a role may not create tables in a database's public schema it does
+    # not own: such a role cannot make the store, and says so.
+    with psycopg.connect(database, autocommit=True) as connection:
+        connection.execute("DROP ROLE IF EXISTS reader")
+        connection.execute("CREATE ROLE reader LOGIN")
+    try:
+        as_reader = database.replace("postgres@", "reader@")
+
+        with pytest.raises(StoreUnavailable) as refused:
+            PostgresDatabase(PostgresUrl.parse(as_reader))
+
+        message = str(refused.value)
+        assert "cannot be used: permission denied for schema public" in message
+        assert "\n" not in message
+        assert _rows(database) == []
+    finally:
+        postgres.admin("DROP ROLE reader")
