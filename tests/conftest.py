@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.postgres_support import Cluster, cluster
+
 
 @pytest.fixture(autouse=True)
 def _no_fault_plan_outlives_its_test() -> Iterator[None]:
@@ -16,3 +18,10 @@ def _no_fault_plan_outlives_its_test() -> Iterator[None]:
     yield
     after = os.environ.get("RATCHET_FAULT")
     assert after == before, f"the test left RATCHET_FAULT={after!r} in the environment"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Cluster:
+    """This test process's throwaway Postgres cluster (tests/postgres_support.py), started on
+    first use and stopped when the process ends; skipped only where no server is installed."""
+    return cluster()

@@ -1,6 +1,7 @@
 """Where a store is, as the CLI, `RATCHET_STORE` and `ratchet.connect` take it.
 
-A store is named by URL (`sqlite:///runs.db`, `dynamodb://TABLE?...`), or, for a local store,
+A store is named by URL (`sqlite:///runs.db`, `dynamodb://TABLE?...`,
+`postgresql://USER@HOST/DATABASE`), or, for a local store,
 by its plain file path: `runs.db` and `/srv/ratchet/runs.db` mean `sqlite:///runs.db` and
 `sqlite:////srv/ratchet/runs.db`. Nothing here loads more than the standard library's
 string methods: the quick read commands (`ratchet.cli.quick`) use it too.
@@ -8,6 +9,8 @@ string methods: the quick read commands (`ratchet.cli.quick`) use it too.
 
 SQLITE_SCHEME = "sqlite:///"
 DYNAMODB_SCHEME = "dynamodb://"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""A Postgres store's URL, in either of libpq's spellings (docs/postgres.md)."""
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
 

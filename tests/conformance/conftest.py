@@ -14,6 +14,10 @@ from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
 from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore, checkpoint_sk
 from ratchet.adapters.payload_keys import KeyringCodec
+from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
+from ratchet.adapters.postgres.ledger import PostgresLedger
+from ratchet.adapters.postgres.mailbox import PostgresMailbox
+from ratchet.adapters.postgres.store import PostgresCheckpointStore
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.ledger import SqliteLedger
 from ratchet.adapters.sqlite.mailbox import SqliteMailbox
@@ -21,6 +25,7 @@ from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.ports import CheckpointStore, IdempotencyLedger, Mailbox
 from ratchet.sealing import PayloadCodec
 from tests.dynamodb_support import create_tables, one_dynamodb_call_at_a_time, scan
+from tests.postgres_support import cluster
 
 
 @dataclass
@@ -113,7 +118,68 @@ def _dynamodb(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Back
         )
 
 
-BACKENDS = {"sqlite": _sqlite, "dynamodb": _dynamodb}
+def _postgres(tmp_path: Any, codec: PayloadCodec | None = None) -> Iterator[Backend]:
+    # A store in a database of the test's own in this process's cluster, dropped after.
+    postgres = cluster()
+    name = postgres.fresh_database(store=True)
+    url = PostgresUrl.parse(postgres.url(name))
+    db = PostgresDatabase(url)
+
+    def rows() -> list[Any]:
+        with db.read() as tx:
+            tables = [
+                str(table)
+                for (table,) in tx.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema() ORDER BY table_name"
+                )
+            ]
+            return [
+                (table, tx.execute(f"SELECT t::text FROM {table} AS t ORDER BY 1").fetchall())
+                for table in tables
+            ]
+
+    def record(run_id: str, version: int) -> str:
+        with db.read() as tx:
+            row = tx.execute(
+                "SELECT event FROM checkpoints WHERE run_id = %s AND version = %s",
+                (run_id, version),
+            ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def rewrite(run_id: str, version: int, text: str) -> None:
+        with db.write() as tx:
+            tx.execute(
+                "UPDATE checkpoints SET event = %s WHERE run_id = %s AND version = %s",
+                (text, run_id, version),
+            )
+
+    @contextmanager
+    def connect() -> Iterator[Mailbox]:
+        # A pool of its own, as another process's.
+        other = PostgresDatabase(url)
+        try:
+            yield PostgresMailbox(other, codec)
+        finally:
+            other.close()
+
+    try:
+        yield Backend(
+            PostgresCheckpointStore(db, codec),
+            PostgresLedger(db, codec=codec),
+            PostgresMailbox(db, codec),
+            connect,
+            rows,
+            record,
+            rewrite,
+        )
+    finally:
+        db.close()
+        postgres.drop_database(name)
+
+
+BACKENDS = {"sqlite": _sqlite, "dynamodb": _dynamodb, "postgres": _postgres}
 
 
 def _sealed(backend: Callable[[Any, PayloadCodec | None], Iterator[Backend]]) -> Any:
@@ -134,7 +200,11 @@ def _sealed(backend: Callable[[Any, PayloadCodec | None], Iterator[Backend]]) ->
     return sealed
 
 
-SEALED_BACKENDS = {"sqlite-sealed": _sealed(_sqlite), "dynamodb-sealed": _sealed(_dynamodb)}
+SEALED_BACKENDS = {
+    "sqlite-sealed": _sealed(_sqlite),
+    "dynamodb-sealed": _sealed(_dynamodb),
+    "postgres-sealed": _sealed(_postgres),
+}
 """The checkpoint store's and the mailbox's contracts hold whether their records are sealed or
 not (`test_store_contract.py` and `test_mailbox_contract.py` run on these too)."""
 

@@ -17,12 +17,14 @@ from botocore.exceptions import ClientError
 from ratchet.adapters.dynamodb.approvals import AwsApprovals, approval_sk
 from ratchet.adapters.dynamodb.items import TTL_ATTRIBUTE
 from ratchet.adapters.payload_keys import KeyringCodec
+from ratchet.adapters.postgres.approvals import PostgresApprovalBook
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import ApprovalDecided, ApprovalError, ApprovalExpired
 from ratchet.ports import ApprovalBook
 from ratchet.waits import Approval, ApprovalStatus, RecentStep, Verdict
 from tests.dynamodb_support import SETTINGS, moto_tables, scan
+from tests.postgres_support import scratch_store
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -54,7 +56,16 @@ def emptied(client: DynamoDBClient) -> DynamoDBClient:
     return client
 
 
-@pytest.fixture(params=["sqlite", "dynamodb", "sqlite-sealed", "dynamodb-sealed"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        "dynamodb",
+        "postgres",
+        "sqlite-sealed",
+        "dynamodb-sealed",
+        "postgres-sealed",
+    ]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[ApprovalBackend]:
     # "-sealed": with a payload codec (`RATCHET_PAYLOAD_KEY`), which seals each record.
     name, _, sealed = request.param.partition("-")
@@ -63,6 +74,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[ApprovalB
         db = SqliteDatabase(tmp_path / "ratchet.db")
         yield ApprovalBackend("sqlite", SqliteApprovalBook(db, codec))
         db.close()
+    elif name == "postgres":
+        with scratch_store() as open_store:
+            yield ApprovalBackend("postgres", PostgresApprovalBook(open_store(), codec))
     else:
         client = emptied(request.getfixturevalue("dynamodb"))
         yield ApprovalBackend(
@@ -130,7 +144,7 @@ def test_open_is_idempotent_per_run_and_step_locally_and_not_on_aws(backend):
 
     second = backend.book.open(approval(2))
 
-    if backend.name == "sqlite":
+    if backend.name != "dynamodb":  # workers' stores: SQLite, Postgres
         assert second == first
         assert backend.book.of_run("run-1") == [first]
     else:

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ratchet.adapters.dynamodb.hooks import DynamoDbHookBook
+from ratchet.adapters.postgres.hooks import PostgresHookBook
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.hooks import SqliteHookBook
 from ratchet.errors import StoreUnavailable
 from ratchet.ports import Hook, HookBook
 from ratchet.waiting.hooks import HookKeys
 from tests.dynamodb_support import SETTINGS, moto_tables, new_client, scan
+from tests.postgres_support import scratch_store
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -41,8 +43,23 @@ def dynamodb() -> Iterator[DynamoDBClient]:
         yield client
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[HookBackend]:
+    if request.param == "postgres":
+        with scratch_store() as open_store:
+            first = open_store()
+
+            def postgres_rows() -> Any:
+                with first.read() as tx:
+                    return tx.execute("SELECT * FROM hooks ORDER BY hook_id").fetchall()
+
+            yield HookBackend(
+                "postgres",
+                PostgresHookBook(first),
+                lambda: PostgresHookBook(open_store()),
+                postgres_rows,
+            )
+        return
     if request.param == "sqlite":
         path = tmp_path / "ratchet.db"
         db = SqliteDatabase(path)

@@ -285,7 +285,7 @@ def test_concurrent_senders_never_fill_a_mailbox_past_its_bound(backend: Backend
     assert len(events) == MAX_MAILBOX_EVENTS + 5
 
 
-FLOODS = {"sqlite": 10_000, "dynamodb": 500}
+FLOODS = {"sqlite": 10_000, "dynamodb": 500, "postgres": 500}
 """Made-up names sent to a run whose agent declares none, so its mailbox keeps any of them. On
 DynamoDB each post past the bound counts the run's pending events with a Query (~10 ms a post
 on moto: 10,000 took ten minutes), and 400 refused past the 100 kept take the same path."""

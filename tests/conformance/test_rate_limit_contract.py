@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from ratchet.adapters.dynamodb.rate import DynamoDbRateLimit
+from ratchet.adapters.postgres.rate import PostgresRateLimit
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.rate import SqliteRateLimit
 from ratchet.ports import RateLimit
 from tests.dynamodb_support import SETTINGS, serialized_moto_tables
+from tests.postgres_support import scratch_store
 
 MINUTE = 28_000_000 * 60  # the start of a minute
 
@@ -46,14 +48,20 @@ def _dynamodb(tmp_path: Path, clock: Clock) -> Iterator[Callable[[], RateLimit]]
         yield lambda: DynamoDbRateLimit(client, SETTINGS.checkpoints_table, clock=clock)
 
 
+def _postgres(tmp_path: Path, clock: Clock) -> Iterator[Callable[[], RateLimit]]:
+    with scratch_store() as open_store:
+        # Each taker with a pool of its own, as each worker process has its own.
+        yield lambda: PostgresRateLimit(open_store(), clock=clock)
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "postgres"])
 def limits(request, tmp_path, clock) -> Iterator[Callable[[], RateLimit]]:
-    backend = {"sqlite": _sqlite, "dynamodb": _dynamodb}[request.param]
+    backend = {"sqlite": _sqlite, "dynamodb": _dynamodb, "postgres": _postgres}[request.param]
     yield from backend(tmp_path, clock)
 
 

@@ -22,12 +22,14 @@ from botocore.exceptions import ClientError
 
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.payload_keys import KeyringCodec
+from ratchet.adapters.postgres.data import PostgresRunData
 from ratchet.adapters.run_data import MAX_DATA_KEY_BYTES
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.errors import InvalidInput, StoreBusy, StoreUnavailable
 from ratchet.ports import MAX_DATA_KEY_CHARS, MAX_DATA_VALUE_BYTES, RunData
 from tests.dynamodb_support import SETTINGS, new_client, scan, serialized_moto_tables
+from tests.postgres_support import scratch_store
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -57,7 +59,16 @@ def emptied(client: DynamoDBClient) -> DynamoDBClient:
     return client
 
 
-@pytest.fixture(params=["sqlite", "dynamodb", "sqlite-sealed", "dynamodb-sealed"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        "dynamodb",
+        "postgres",
+        "sqlite-sealed",
+        "dynamodb-sealed",
+        "postgres-sealed",
+    ]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     # "-sealed": with a payload codec (`RATCHET_PAYLOAD_KEY`), which seals each value.
     name, _, sealed = request.param.partition("-")
@@ -73,6 +84,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         yield Backend("sqlite", sqlite_data)
         for db in opened:
             db.close()
+    elif name == "postgres":
+        with scratch_store() as open_store:
+            yield Backend("postgres", lambda run_id: PostgresRunData(open_store(), run_id, codec))
     else:
         emptied(request.getfixturevalue("dynamodb"))
         yield Backend(

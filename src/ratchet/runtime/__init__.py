@@ -8,7 +8,10 @@ the approval book. `open_runtime(url)` builds one from a store URL:
   SQLite file and the folders beside it (`ratchet.runtime.local.LocalRuntime`);
 - `dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]`: the tables of a
   deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
-  process where no state machine does.
+  process where no state machine does;
+- `postgresql://USER@HOST/DATABASE`: recognised and checked (the `postgres` extra, the URL's
+  form), but no runtime runs on it yet: `ratchet.adapters.postgres` holds most of its ports,
+  the runtime that wires them is to come (docs/postgres.md).
 
 Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval_desk`,
 `AwsRuntime.approval_desk`); each run's model is chosen and built in `ratchet.runtime.models`,
@@ -34,7 +37,13 @@ from urllib.parse import parse_qs, urlsplit
 from ratchet.errors import InvalidInput, StoreUnavailable
 from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
 from ratchet.sealing import check_setting
-from ratchet.store_urls import DEFAULT_STORE, DYNAMODB_SCHEME, SQLITE_SCHEME, store_url
+from ratchet.store_urls import (
+    DEFAULT_STORE,
+    DYNAMODB_SCHEME,
+    POSTGRES_SCHEMES,
+    SQLITE_SCHEME,
+    store_url,
+)
 from ratchet.untrusted import is_utf8
 
 if TYPE_CHECKING:
@@ -101,6 +110,17 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
         from ratchet.runtime.local import LocalRuntime
 
         return LocalRuntime.open(settings, create=create)
+    if url.startswith(POSTGRES_SCHEMES):
+        from ratchet.adapters.postgres.database import PostgresUrl
+
+        # The URL's form and the extra it needs are said first, in one line each: a user who
+        # names a Postgres store learns what to install before anything else.
+        PostgresUrl.parse(url)
+        raise StoreUnavailable(
+            "a postgresql:// store cannot run agents yet: its store's parts are being built, "
+            "its workers and commands are not (docs/postgres.md); use a sqlite:// or "
+            "dynamodb:// store meanwhile"
+        )
     raise StoreUnavailable(
         f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
         f"sqlite:////absolute/path.db or {DYNAMODB_FORM}"

@@ -1,0 +1,382 @@
+"""One Postgres database of Ratchet's: its URL, its connection pool, its schema, its
+transactions, and Ratchet's names for Postgres's failures.
+
+Workers on many machines share one database and nothing else. Every write is one transaction
+at READ COMMITTED, Postgres's default: a conditional `UPDATE ... WHERE version = %s` that meets
+a row another transaction is changing waits for it, then checks its condition on the row as
+that transaction left it, so of two writers from one version exactly one changes it. Where a
+write depends on a count rather than on one row (a mailbox's bound), a transaction-scoped
+advisory lock on the run orders the writers.
+
+A database is used only if it is a Ratchet store: its schema holds Ratchet's marker table
+(`ratchet_store`, with the schema's version), or nothing at all, which then becomes a store in
+one transaction, the marker with its tables. A schema holding another application's tables is
+refused before anything is written.
+
+Every Postgres adapter works through `PostgresDatabase`, whose transactions raise Ratchet's
+errors: nothing above the adapters sees a `psycopg` error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from ratchet.errors import InvalidInput, StoreBusy, StoreMissing, StoreUnavailable
+from ratchet.store_urls import POSTGRES_SCHEMES
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+SCHEMA_VERSION = 1
+"""The version of the tables below, kept in the marker: a store made by a newer Ratchet (a
+higher version) is refused rather than misread."""
+
+MARKER_TABLE = "ratchet_store"
+
+_SCHEMA = f"""
+-- Run ids in byte order (COLLATE "C"), as SQLite and DynamoDB order them, whatever the
+-- database's own collation: the runs list pages by them.
+CREATE TABLE runs (
+    run_id     text COLLATE "C" PRIMARY KEY,
+    version    bigint NOT NULL,
+    status     text NOT NULL,
+    step       integer NOT NULL,
+    attempts   integer NOT NULL,
+    state      text NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+CREATE INDEX runs_by_status ON runs (status);
+-- The runs list's order (newest change first): Postgres keeps an index up to date in place,
+-- where SQLite's page of WAL a step made one too dear for a local store.
+CREATE INDEX runs_by_update ON runs (updated_at DESC, run_id DESC);
+-- The part of each run's head that no step changes (goal, options), written once: see
+-- ratchet.stored.
+CREATE TABLE run_static (
+    run_id text PRIMARY KEY,
+    state  text NOT NULL
+);
+CREATE TABLE checkpoints (
+    run_id     text NOT NULL,
+    version    bigint NOT NULL,
+    step       integer NOT NULL,
+    status     text NOT NULL,
+    worker_id  text NOT NULL,
+    bytes      integer NOT NULL,
+    created_at timestamptz NOT NULL,
+    event      text NOT NULL,
+    PRIMARY KEY (run_id, version)
+);
+-- The ledger (ratchet.adapters.postgres.ledger): `decision` is NULL once the step's commit
+-- completed the key, whose record holds the decision from then on. `result` is the tool's
+-- output as its UTF-8 bytes: a text column cannot hold the character NUL, which a tool's
+-- output may (the other columns hold JSON, which writes it as an escape).
+CREATE TABLE idempotency (
+    key        text PRIMARY KEY,
+    run_id     text NOT NULL,
+    step       integer NOT NULL,
+    status     text NOT NULL,
+    args_hash  text NOT NULL,
+    decision   text,
+    result     bytea,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz
+);
+-- The events sent to runs, once per event id, in order of arrival (seq); a step's commit
+-- consumes one in the transaction that records it.
+CREATE TABLE mailbox (
+    seq           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id        text NOT NULL,
+    event_id      text NOT NULL,
+    name          text NOT NULL,
+    consumed_step integer,
+    refused       text,
+    record        text NOT NULL,
+    UNIQUE (run_id, event_id)
+);
+CREATE INDEX mailbox_pending ON mailbox (run_id, name, seq)
+    WHERE consumed_step IS NULL AND refused IS NULL;
+-- The book of open waits: one row per waiting run, written by the commit that parks it and
+-- removed by the one that settles it.
+CREATE TABLE open_waits (
+    run_id text PRIMARY KEY,
+    step   integer NOT NULL,
+    kind   text NOT NULL,
+    name   text,
+    due_at timestamptz
+);
+CREATE INDEX open_waits_due ON open_waits (due_at) WHERE due_at IS NOT NULL;
+-- ratchet.adapters.postgres.leases: which worker works on which run, and the live workers.
+-- Times are the workers' clocks, in seconds since the epoch.
+CREATE TABLE leases (
+    run_id     text PRIMARY KEY,
+    owner      text NOT NULL,
+    expires_at double precision NOT NULL
+);
+CREATE TABLE workers (
+    worker_id  text PRIMARY KEY,
+    host       text NOT NULL,
+    pid        integer NOT NULL,
+    token      text NOT NULL,
+    expires_at double precision NOT NULL
+);
+-- ratchet.adapters.postgres.rate counts requests here, a row per name and minute.
+CREATE TABLE rate_windows (
+    name   text NOT NULL,
+    minute bigint NOT NULL,
+    count  integer NOT NULL,
+    PRIMARY KEY (name, minute)
+);
+-- ratchet.adapters.postgres.data keeps each run's own key-value data here. Keys and values
+-- as their UTF-8 bytes: a text column cannot hold the character NUL, which a run's data may,
+-- and bytes sort as Python's str and the other stores' keys do.
+CREATE TABLE run_data (
+    run_id text NOT NULL,
+    key    bytea NOT NULL,
+    value  bytea NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+-- ratchet.adapters.postgres.hooks keeps the webhooks here: the id a delivery's URL carries,
+-- and the run and event name it delivers to. No secret: each is derived from the id and key.
+CREATE TABLE hooks (
+    hook_id text PRIMARY KEY,
+    run_id  text NOT NULL,
+    name    text NOT NULL,
+    record  text NOT NULL
+);
+-- ratchet.adapters.postgres.schedules keeps the schedules here.
+CREATE TABLE schedules (
+    name      text PRIMARY KEY,
+    next_fire timestamptz NOT NULL,
+    paused    boolean NOT NULL,
+    record    text NOT NULL
+);
+CREATE INDEX schedules_due ON schedules (next_fire) WHERE NOT paused;
+-- ratchet.adapters.postgres.approvals keeps the approval requests here.
+CREATE TABLE approvals (
+    approval_id text PRIMARY KEY,
+    run_id      text NOT NULL,
+    step        integer NOT NULL,
+    status      text NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    record      text NOT NULL
+);
+CREATE INDEX approvals_by_run ON approvals (run_id, step);
+CREATE TABLE {MARKER_TABLE} (
+    schema_version integer NOT NULL,
+    made_at        timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {MARKER_TABLE} (schema_version) VALUES ({SCHEMA_VERSION});
+"""
+
+_MAKING_LOCK = 0x52744368_00000001
+"""The advisory lock (transaction-scoped) two processes making one new store at once take in
+turn: the second finds the store made, and makes nothing."""
+
+DEFAULT_POOL_SIZE = 4
+POOL_SIZE_PARAMETER = "pool_size"
+URL_FORM = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?pool_size=N&...libpq parameters]"
+_CONNECT_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class PostgresUrl:
+    """A `postgresql://` store URL, parsed and checked before any connection is made: what
+    libpq takes (every parameter but Ratchet's own), and the pool's size."""
+
+    conninfo: str = field(repr=False)  # it may hold a password
+    pool_size: int
+    where: str
+    """The database as a message names it: host and database, never a password."""
+
+    @classmethod
+    def parse(cls, url: str) -> PostgresUrl:
+        if not url.startswith(POSTGRES_SCHEMES):
+            raise InvalidInput(f"not a Postgres store URL {url!r}: use {URL_FORM}")
+        try:
+            parts = urlsplit(url)
+            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            port = parts.port
+        except ValueError:
+            raise InvalidInput(f"malformed store URL: use {URL_FORM}") from None
+        database = parts.path.lstrip("/")
+        if not database or "/" in database or parts.fragment:
+            raise InvalidInput(f"the store URL must name one database: use {URL_FORM}")
+        sizes = [value for name, value in query if name == POOL_SIZE_PARAMETER]
+        if len(sizes) > 1:
+            raise InvalidInput(f"parameter {POOL_SIZE_PARAMETER!r} is given twice in the store URL")
+        pool_size = DEFAULT_POOL_SIZE
+        if sizes:
+            if not sizes[0].isdigit() or not 1 <= int(sizes[0]) <= 100:
+                raise InvalidInput(
+                    f"the store URL's {POOL_SIZE_PARAMETER} must be a number of connections "
+                    f"from 1 to 100, not {sizes[0]!r}"
+                )
+            pool_size = int(sizes[0])
+        rest = [(name, value) for name, value in query if name != POOL_SIZE_PARAMETER]
+        host = dict(rest).get("host") or parts.hostname or "localhost"
+        where = f"{host}{f':{port}' if port else ''}/{database}"
+        conninfo = urlunsplit(
+            ("postgresql", parts.netloc, parts.path, urlencode(rest, quote_via=quote), "")
+        )
+        try:
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
+        except ImportError:
+            raise StoreUnavailable(
+                "a postgresql:// store needs psycopg: pip install 'ratchet-agents[postgres]'"
+            ) from None
+        try:
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as error:  # libpq refused its parameters
+            raise InvalidInput(
+                f"malformed store URL ({_first_line(error)}): use {URL_FORM}"
+            ) from None
+        return cls(conninfo, pool_size, where)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+class PostgresDatabase:
+    """A pool of connections to a Ratchet store in Postgres, shared by the store, the ledger
+    and the mailbox (and safe to share between threads: each transaction takes a connection of
+    its own from the pool).
+
+    With `create`, an empty database (its current schema holds no table) becomes a store;
+    without it, an empty one is `StoreMissing`. A database holding other tables than Ratchet's
+    is `StoreUnavailable`, and nothing in it is changed."""
+
+    def __init__(self, url: PostgresUrl, *, create: bool = True) -> None:
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        self.url = url
+        self._psycopg = psycopg
+        try:
+            # One connection first, alone: a wrong host, a missing database or a role refused
+            # fails here with libpq's own reason, rather than as a pool's timeout.
+            with psycopg.connect(
+                url.conninfo, autocommit=True, connect_timeout=_CONNECT_SECONDS
+            ) as connection:
+                self._make_or_check(connection, create=create)
+        except psycopg.OperationalError as error:
+            raise StoreUnavailable(
+                f"cannot reach the Postgres store {url.where}: {_first_line(error)}"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise StoreUnavailable(
+                f"the Postgres store {url.where} cannot be used: {_first_line(error)}"
+            ) from None
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            url.conninfo,
+            min_size=1,
+            max_size=url.pool_size,
+            # Autocommit, so that every transaction is one `transaction()` block and nothing
+            # is left open between them.
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=30,
+            open=True,
+        )
+
+    def _make_or_check(self, connection: psycopg.Connection[Any], *, create: bool) -> None:
+        # The marker and the other tables are seen in one statement, one snapshot: a store
+        # another process makes meanwhile is seen whole (its marker with its tables) or not
+        # at all, never as tables without their marker, which is another application's.
+        tables = _tables(connection)
+        if self._marked(connection, tables):
+            return
+        if tables:
+            raise StoreUnavailable(
+                f"{self.url.where} is not a Ratchet store: it has tables of another application "
+                f"({', '.join(tables[:3])}); nothing was changed"
+            )
+        if not create:
+            raise StoreMissing(f"no Ratchet store in {self.url.where} (start a run first)")
+        with connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MAKING_LOCK,))
+            # Another process may have made it while this one waited for the lock: then it is
+            # whole (made in one transaction), and nothing is made twice.
+            tables = _tables(connection)
+            if self._marked(connection, tables):
+                return
+            if tables:
+                raise StoreUnavailable(
+                    f"{self.url.where} is not a Ratchet store: another application made its "
+                    "tables meanwhile; nothing was changed"
+                )
+            connection.execute(_SCHEMA.encode())
+
+    def _marked(self, connection: psycopg.Connection[Any], tables: list[str]) -> bool:
+        """Whether `tables` (the current schema's) hold Ratchet's marker; `StoreUnavailable` if
+        a newer Ratchet made it."""
+        if MARKER_TABLE not in tables:
+            return False
+        row = connection.execute(f"SELECT max(schema_version) FROM {MARKER_TABLE}").fetchone()
+        version = row[0] if row else None
+        if version is None or version > SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"{self.url.where} holds a Ratchet store of schema {version}, which this Ratchet "
+                f"(schema {SCHEMA_VERSION}) cannot read: upgrade Ratchet"
+            )
+        return True
+
+    @contextmanager
+    def write(self) -> Iterator[psycopg.Connection[Any]]:
+        """One transaction on a connection of the pool: committed when the block ends, rolled
+        back (nothing written) if it raises."""
+        with self._errors(), self.pool.connection() as connection, connection.transaction():
+            yield connection
+
+    @contextmanager
+    def read(self) -> Iterator[psycopg.Connection[Any]]:
+        """One read-only transaction whose statements all see the same snapshot (a head and
+        the records of its window)."""
+        with self._errors(), self.pool.connection() as connection, connection.transaction():
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield connection
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Postgres's failures as Ratchet's: a lost connection, a pool with none free or a
+        transaction Postgres broke off (a deadlock, a serialization failure) is `StoreBusy`:
+        the transaction rolled back, nothing partial was written, and retrying is safe."""
+        from psycopg_pool import PoolTimeout
+
+        psycopg = self._psycopg
+        try:
+            yield
+        except (psycopg.OperationalError, PoolTimeout) as error:
+            raise StoreBusy(
+                f"the Postgres store {self.url.where} did not answer: {_first_line(error)}"
+            ) from None
+        except psycopg.DataError as error:
+            raise InvalidInput(
+                f"the Postgres store refused a value: {_first_line(error)}"
+            ) from None
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _configure(connection: psycopg.Connection[Any]) -> None:
+    """Each new connection of the pool reads times in UTC, as Ratchet writes them. A setting of
+    the session, not `options` in the URL, which stays the user's (a `search_path`, say)."""
+    connection.execute("SET TIME ZONE 'UTC'")
+
+
+def _tables(connection: psycopg.Connection[Any]) -> list[str]:
+    """The tables (and views) of the connection's current schema, by name."""
+    return [
+        str(name)
+        for (name,) in connection.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() ORDER BY table_name"
+        )
+    ]
