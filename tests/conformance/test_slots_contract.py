@@ -1,7 +1,7 @@
 """The contract of `ratchet.ports.Slots`, the bound on a deployed agent's concurrent steps:
 DynamoDB (on moto), its one backend (a local worker's lease is its run's slot instead). The
 bound per key and the priority of waiting runs hold on both: DynamoDB's slots and the local
-leases (a store's static part in clear and sealed)."""
+leases, on SQLite and on Postgres (a store's static part in clear and sealed)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ import pytest
 
 from ratchet.adapters.dynamodb.slots import DynamoDbSlots
 from ratchet.adapters.payload_keys import KeyringCodec
+from ratchet.adapters.postgres.database import PostgresDatabase
+from ratchet.adapters.postgres.leases import PostgresLeases
+from ratchet.adapters.postgres.store import PostgresCheckpointStore
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.adapters.sqlite.leases import SqliteLeases
 from ratchet.adapters.sqlite.store import SqliteCheckpointStore
-from ratchet.ports import ConcurrencyBound
+from ratchet.ports import CheckpointStore, ConcurrencyBound, Leases
 from ratchet.state import PRIORITY_AGING_SECONDS, Created, RunState, StoredCheckpoint
 from tests.dynamodb_support import SETTINGS, serialized_moto_tables
+from tests.postgres_support import scratch_store
 
 AGENT = "tests.bounded_agent:agent"
 
@@ -125,8 +129,10 @@ class SqliteKeyed:
 
     def __init__(self, root: Path, clock: Clock, *, sealed: bool) -> None:
         codec = KeyringCodec(root / "payload-keys", create=True) if sealed else None
-        self.store = SqliteCheckpointStore(SqliteDatabase(root / "ratchet.db"), codec)
-        self.leases = SqliteLeases(SqliteDatabase(root / "ratchet.db"), clock=clock)
+        self.store: CheckpointStore = SqliteCheckpointStore(
+            SqliteDatabase(root / "ratchet.db"), codec
+        )
+        self.leases: Leases = SqliteLeases(SqliteDatabase(root / "ratchet.db"), clock=clock)
         self.clock = clock
         self._owners: dict[str, str] = {}
 
@@ -153,10 +159,15 @@ class SqliteKeyed:
     def release(self, holder: str) -> None:
         # As a worker lets go after a step: the step's commit wrote the run (its wait for the
         # next turn starts now), then the lease is given back.
-        moment = datetime.fromtimestamp(self.clock.now, UTC).isoformat()
-        with self.leases._db.write() as tx:
-            tx.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (moment, holder))
+        self._written(holder, datetime.fromtimestamp(self.clock.now, UTC))
         self.leases.release(holder, self._owners.get(holder, holder))
+
+    def _written(self, holder: str, moment: datetime) -> None:
+        assert isinstance(self.leases, SqliteLeases)
+        with self.leases._db.write() as tx:
+            tx.execute(
+                "UPDATE runs SET updated_at = ? WHERE run_id = ?", (moment.isoformat(), holder)
+            )
 
     def turn(self, waiting: list[str]) -> str | None:
         owner = f"worker-{len(self._owners)}"
@@ -167,6 +178,23 @@ class SqliteKeyed:
 
     def _claim(self, owner: str, *, run_id: str | None) -> str | None:
         return self.leases.claim(owner, SLOT_SECONDS, run_id=run_id, limit_of=lambda _: KEYED)
+
+
+class PostgresKeyed(SqliteKeyed):
+    """Runs in a Postgres store (their static part sealed, with `sealed`), claimed by its
+    leases."""
+
+    def __init__(self, root: Path, clock: Clock, *, sealed: bool, db: PostgresDatabase) -> None:
+        codec = KeyringCodec(root / "payload-keys", create=True) if sealed else None
+        self.store = PostgresCheckpointStore(db, codec)
+        self.leases = PostgresLeases(db, clock=clock)
+        self._db = db
+        self.clock = clock
+        self._owners = {}
+
+    def _written(self, holder: str, moment: datetime) -> None:
+        with self._db.write() as tx:
+            tx.execute("UPDATE runs SET updated_at = %s WHERE run_id = %s", (moment, holder))
 
 
 class DynamoDbKeyed:
@@ -193,10 +221,15 @@ class DynamoDbKeyed:
         return next((holder for holder in waiting if self.take(holder)), None)
 
 
-@pytest.fixture(params=["sqlite", "sqlite-sealed", "dynamodb"])
+@pytest.fixture(params=["sqlite", "sqlite-sealed", "postgres", "postgres-sealed", "dynamodb"])
 def keyed(request, tmp_path, clock: Clock) -> Iterator[SqliteKeyed | DynamoDbKeyed]:
     if request.param.startswith("sqlite"):
         yield SqliteKeyed(tmp_path, clock, sealed=request.param == "sqlite-sealed")
+        return
+    if request.param.startswith("postgres"):
+        with scratch_store() as open_store:
+            sealed = request.param == "postgres-sealed"
+            yield PostgresKeyed(tmp_path, clock, sealed=sealed, db=open_store())
         return
     with serialized_moto_tables() as client:
         yield DynamoDbKeyed(DynamoDbSlots(client, SETTINGS.checkpoints_table, clock=clock))

@@ -15,15 +15,17 @@ import os
 import socket
 import time
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ratchet.adapters.postgres.database import PostgresDatabase
 from ratchet.adapters.sqlite.leases import LiveWorker, WorkerIdInUse
 from ratchet.ports import Beat, ConcurrencyBound, check_lease_seconds
-from ratchet.state import RunStatus
+from ratchet.state import RunStatus, effective_priority
 
 if TYPE_CHECKING:
     import psycopg
+
+_T = TypeVar("_T")
 
 _BOUNDED_CLAIMS_LOCK = 0x52744368_00000002
 """The advisory lock (transaction-scoped) that claims bounded by an agent's concurrency take in
@@ -83,33 +85,48 @@ class PostgresLeases:
             "owner": owner,
             "expires_at": now + seconds,
         }
-        if limit_of is not None:
-            return self._claim_bounded(given, limit_of)
+        bounds = self._bounds(given, limit_of) if limit_of is not None else {}
         with self._db.write() as tx:
-            # The first free run, its row locked; rows another claim holds right now are
-            # skipped rather than waited for (SKIP LOCKED), so claims on many machines each
-            # take a different run at once. The lease is then taken only if still free (_TAKE):
-            # a lease another worker took after this statement's snapshot stands.
-            row = tx.execute(
-                "SELECT r.run_id FROM runs AS r LEFT JOIN leases AS l ON l.run_id = r.run_id "
-                f"WHERE {_RUNNABLE} AND {_FREE} ORDER BY r.updated_at LIMIT 1 "
-                "FOR UPDATE OF r SKIP LOCKED",
+            if bounds:
+                # A bound is a count over many runs' leases, which no one row's lock covers:
+                # bounded claims read the leases and take one in turn, so two workers never
+                # both take an agent's (or a key's) last slot.
+                tx.execute("SELECT pg_advisory_xact_lock(%s)", (_BOUNDED_CLAIMS_LOCK,))
+            candidates = tx.execute(
+                "SELECT r.run_id, s.state, r.updated_at FROM runs AS r "
+                "LEFT JOIN run_static AS s ON s.run_id = r.run_id "
+                f"LEFT JOIN leases AS l ON l.run_id = r.run_id WHERE {_RUNNABLE} AND {_FREE}",
                 given,
-            ).fetchone()
-            if row is None:
-                return None
-            taken = tx.execute(_TAKE, {**given, "taken": row[0]}).fetchone()
-        return str(taken[0]) if taken else None
+            ).fetchall()
+            held = self._held(tx, given, bounds) if bounds else []
+            # `ratchet.state.effective_priority`: the freed slot goes to the highest, and a
+            # run of low priority gains on the others while it waits; of two alike, the
+            # longest idle. Each take is conditional (_TAKE), so a run another worker took
+            # since this read is passed over for the next.
+            candidates.sort(
+                key=lambda row: (
+                    -effective_priority(
+                        _field(row[1], "priority", int) or 0, now - row[2].timestamp()
+                    ),
+                    row[2],
+                )
+            )
+            for candidate, static, _ in candidates:
+                if bounds and not _within(str(candidate), static, bounds, held):
+                    continue
+                taken = tx.execute(_TAKE, {**given, "taken": candidate}).fetchone()
+                if taken:
+                    return str(taken[0])
+        return None
 
-    def _claim_bounded(
+    def _bounds(
         self, given: dict[str, Any], limit_of: Callable[[str], ConcurrencyBound | None]
-    ) -> str | None:
-        """A claim with agents' concurrency bounds: the candidates and the live leases of
-        their agents' runs are read, and one is taken, under one advisory lock, so two workers
-        never both take an agent's last slot (a live lease on one of its runs is a slot)."""
-        # The bounds first, outside the transaction (loading an agent the first time imports
-        # its module): of every running run's reference, since the runs held under any
-        # reference to an agent count against its bound.
+    ) -> dict[str, ConcurrencyBound]:
+        """The bound of each stored agent reference of a running run, where it has one: of
+        every running run, not only those the claim may take, since the runs held under any
+        reference to an agent count against its bound (read outside the write transaction:
+        loading an agent the first time imports its module). Two agents of one name are one
+        agent here; the tighter bounds hold for both."""
         with self._db.read() as tx:
             statics = tx.execute(
                 "SELECT DISTINCT s.state FROM runs AS r JOIN run_static AS s "
@@ -118,49 +135,41 @@ class PostgresLeases:
             ).fetchall()
         bounds: dict[str, ConcurrencyBound] = {}
         for (static,) in statics:
-            reference = _agent(static)
+            reference = _field(static, "agent", str)
             bound = limit_of(reference) if reference is not None else None
             if reference is not None and bound is not None:
                 bounds[reference] = bound
-        # Two agents of one name are one agent here; the tighter bound holds for both.
-        limits: dict[str, int] = {}
+        tightest: dict[str, ConcurrencyBound] = {}
         for bound in bounds.values():
-            limits[bound.agent] = min(limits.get(bound.agent, bound.limit), bound.limit)
+            was = tightest.get(bound.agent, bound)
+            tightest[bound.agent] = ConcurrencyBound(
+                bound.agent, _least(was.limit, bound.limit), _least(was.per_key, bound.per_key)
+            )
+        return {reference: tightest[bound.agent] for reference, bound in bounds.items()}
 
-        def agent_of(static: str | None) -> str | None:
-            reference = _agent(static)
+    @staticmethod
+    def _held(
+        tx: psycopg.Connection[Any], given: dict[str, Any], bounds: dict[str, ConcurrencyBound]
+    ) -> list[tuple[str, str | None, str | None]]:
+        """The runs under a live lease, each as (run id, its bounded agent's name or None,
+        its key or None): each is a slot of its agent, and of its key."""
+        held = []
+        for run, static in tx.execute(
+            "SELECT h.run_id, s.state FROM leases AS h JOIN runs AS r ON r.run_id = h.run_id "
+            "LEFT JOIN run_static AS s ON s.run_id = h.run_id "
+            "WHERE h.expires_at > %(now)s AND r.status = %(running)s",
+            given,
+        ).fetchall():
+            reference = _field(static, "agent", str)
             bound = bounds.get(reference) if reference is not None else None
-            return bound.agent if bound is not None else None
-
-        with self._db.write() as tx:
-            tx.execute("SELECT pg_advisory_xact_lock(%s)", (_BOUNDED_CLAIMS_LOCK,))
-            candidates = tx.execute(
-                "SELECT r.run_id, s.state FROM runs AS r "
-                "LEFT JOIN run_static AS s ON s.run_id = r.run_id "
-                f"LEFT JOIN leases AS l ON l.run_id = r.run_id WHERE {_RUNNABLE} AND {_FREE} "
-                "ORDER BY r.updated_at",
-                given,
-            ).fetchall()
-            held = [
-                (str(run), agent_of(static))
-                for run, static in tx.execute(
-                    "SELECT h.run_id, s.state FROM leases AS h "
-                    "JOIN runs AS r ON r.run_id = h.run_id "
-                    "LEFT JOIN run_static AS s ON s.run_id = h.run_id "
-                    "WHERE h.expires_at > %(now)s AND r.status = %(running)s",
-                    given,
-                ).fetchall()
-            ]
-            for candidate, static in candidates:
-                agent = agent_of(static)  # None: unbounded (or a damaged row, its worker says)
-                if agent is not None:
-                    slots = sum(1 for run, of in held if of == agent and run != candidate)
-                    if slots >= limits[agent]:
-                        continue
-                taken = tx.execute(_TAKE, {**given, "taken": candidate}).fetchone()
-                if taken:
-                    return str(taken[0])
-        return None
+            held.append(
+                (
+                    str(run),
+                    bound.agent if bound is not None else None,
+                    _field(static, "concurrency_key", str),
+                )
+            )
+        return held
 
     def renew(self, run_id: str, owner: str, seconds: float) -> bool:
         """Extend our lease; False if it lapsed and another worker took the run."""
@@ -282,13 +291,40 @@ def _renew(tx: psycopg.Connection[Any], run_id: str, owner: str, expires_at: flo
     return bool(changed)
 
 
-def _agent(static: str | None) -> str | None:
-    """A run's stored agent reference, from its static part; None if it holds none."""
+def _field(static: str | None, name: str, kind: type[_T]) -> _T | None:
+    """A field of a run's static part (its agent reference, `concurrency_key`, `priority`:
+    in clear when the codec seals the rest); None if it holds none of that kind."""
     if static is None:
         return None
     try:
         parsed = json.loads(static)
     except ValueError:
         return None
-    agent = parsed.get("agent") if isinstance(parsed, dict) else None
-    return agent if isinstance(agent, str) else None
+    value = parsed.get(name) if isinstance(parsed, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _within(
+    run: str,
+    static: str | None,
+    bounds: dict[str, ConcurrencyBound],
+    held: list[tuple[str, str | None, str | None]],
+) -> bool:
+    """Whether `run` may take a slot: its agent (None: unbounded, or a damaged row its worker
+    reports) has fewer runs under a live lease than its bound, and its key fewer of the
+    agent's runs than its bound per key (a live lease on one of them is a slot)."""
+    reference = _field(static, "agent", str)
+    bound = bounds.get(reference) if reference is not None else None
+    if bound is None:
+        return True
+    others = [key for other, agent, key in held if agent == bound.agent and other != run]
+    if bound.limit is not None and len(others) >= bound.limit:
+        return False
+    key = _field(static, "concurrency_key", str)
+    if bound.per_key is None or key is None:
+        return True
+    return sum(1 for other in others if other == key) < bound.per_key
