@@ -100,7 +100,14 @@ def runtime() -> AwsRuntime:
         anthropic_api_key=anthropic_api_key(),
         stepfunctions=stepfunctions,
         hook_key=hook_key,
+        kms=kms,
     )
+
+
+def kms() -> Any:
+    """The KMS client of the payload codec (`RATCHET_PAYLOAD_KEY=kms:...`), made when it first
+    asks for a data key: a container that reads no sealed record never makes it."""
+    return boto3.client("kms", config=CLIENT_CONFIG)
 
 
 @cache
