@@ -148,10 +148,10 @@ def _run(command: list[str], cwd: Path, *, failure: str | None = None) -> None:
 
 
 def installed_pins(
-    distribution: str = DISTRIBUTION, *, extras: tuple[str, ...] = _EXTRAS
+    distribution: str = DISTRIBUTION, *, bundled: tuple[str, ...] = _EXTRAS
 ) -> list[str]:
     """`name==version` of every distribution the functions need from Ratchet's installed
-    metadata: its requirements with `extras` (the `aws` and `anthropic` ones; `bundled_extras`),
+    metadata: its requirements with the `bundled` extras (`aws` and `anthropic`; `bundled_extras`),
     and theirs, as Lambda's platform evaluates their markers, each at the version installed
     here.
 
@@ -160,13 +160,13 @@ def installed_pins(
     markers = {key: str(value) for key, value in default_environment().items()}
     markers |= LAMBDA_MARKERS | {"python_full_version": f"{PYTHON_VERSION}.0"}
     pins: dict[str, str] = {}
-    todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(extras))]
+    todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(bundled))]
     walked: set[tuple[str, frozenset[str]]] = set()
     while todo:
-        name, asked = todo.pop()
-        if (name, asked) in walked:
+        name, extras = todo.pop()
+        if (name, extras) in walked:
             continue
-        walked.add((name, asked))
+        walked.add((name, extras))
         try:
             requires = importlib.metadata.distribution(name).requires or []
         except importlib.metadata.PackageNotFoundError:
@@ -180,7 +180,7 @@ def installed_pins(
             requirement = Requirement(text)
             wanted = requirement.marker is None or any(
                 requirement.marker.evaluate({**markers, "extra": extra})
-                for extra in (*sorted(asked), "")
+                for extra in (*sorted(extras), "")
             )
             if not wanted or canonicalize_name(requirement.name) == canonicalize_name(distribution):
                 continue
@@ -237,7 +237,7 @@ class PinnedWheelsBundling:
             )  # fmt: skip
             pinned_by = "Ratchet's locked dependencies (uv.lock)"
         else:
-            pinned.write_text("\n".join(installed_pins(extras=self._extras)) + "\n")
+            pinned.write_text("\n".join(installed_pins(bundled=self._extras)) + "\n")
             pinned_by = f"Ratchet's dependencies as installed here ({sys.prefix})"
         install = [
             uv, "pip", "install", "--quiet", "--target", str(out), "--only-binary", ":all:",
@@ -309,7 +309,7 @@ def asset_hash(code: RatchetCode, project: Project | None = None, *, sealing: bo
     if code.lock is not None:
         parts: tuple[str, ...] = (_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM)
     else:
-        parts = (_INSTALLED_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM, *installed_pins(extras=extras))
+        parts = (_INSTALLED_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM, *installed_pins(bundled=extras))
     if sealing:
         # Only then: a bundle without the setting keeps the hash it had before the setting.
         parts += ("extras", *extras)
