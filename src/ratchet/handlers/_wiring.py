@@ -105,8 +105,8 @@ def runtime() -> AwsRuntime:
 
 
 def kms() -> Any:
-    """The KMS client of the payload codec (`RATCHET_PAYLOAD_KEY=kms:...`), made when it first
-    asks for a data key: a container that reads no sealed record never makes it."""
+    """The KMS client of the payload codec (`RATCHET_PAYLOAD_KEY=kms:...`), made with the
+    runtime when the settings name a KMS key, and only then."""
     return boto3.client("kms", config=CLIENT_CONFIG)
 
 

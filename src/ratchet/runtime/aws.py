@@ -107,8 +107,8 @@ class AwsRuntime:
         reads the key webhooks derive from, when a hook is first opened (`hooks`); `codec`
         seals what runs' records and blobs say of the world (`RATCHET_PAYLOAD_KEY`); without
         one, the codec the settings name (`payload_key`, which the stack sets on every
-        function when the deployment seals payloads), a KMS one asking `kms` for its client
-        when it first needs a data key."""
+        function when the deployment seals payloads), a KMS one with the client `kms`
+        makes."""
         if codec is None:
             codec = payload_codec(settings.payload_key, beside=None, kms=kms)
         self.settings = settings
