@@ -22,6 +22,11 @@ values (UTF-8 strings; numbers as their digits).
 
 What a step writes must not grow with the run: the engine's figures at step 500 match step 10
 but for wider numbers. The app's figures are the scenario's own (a 1,000-row batch).
+
+The run is made twice, with the payload codec off and then on (`RATCHET_PAYLOAD_KEY=kms:...`,
+as a stack with `ratchet:payloadEncryption` gives its functions: `KmsCodec` on a key of moto's
+KMS), and the engine's figures are printed side by side, with the KMS requests the codec made
+(a data key is reused for five minutes, so a run of steps in one process asks for one).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from bench.scripted_agent import new_scripted_run
+from ratchet.adapters.payload_keys import KmsCodec
 from ratchet.engine import Outcome
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.runtime.aws_settings import AwsSettings
@@ -208,13 +214,21 @@ class DynamoDbBenchRun:
     """
 
     def __init__(
-        self, *, batches: int, max_steps: int | None = None, scripted: bool = False
+        self,
+        *,
+        batches: int,
+        max_steps: int | None = None,
+        scripted: bool = False,
+        sealed: bool = False,
     ) -> None:
         """A migration of `batches` batches; with `scripted`, the scripted agent of
-        `bench.scripted_agent`, for `batches` steps."""
+        `bench.scripted_agent`, for `batches` steps; with `sealed`, payloads sealed with data
+        keys of a KMS key (as the stack's functions seal them)."""
         self.batches = batches
         self.max_steps = max_steps or batches + 10
         self.scripted = scripted
+        self.sealed = sealed
+        self.kms_requests: Counter[str] = Counter()
 
     def __enter__(self) -> DynamoDbBenchRun:
         import boto3
@@ -229,7 +243,14 @@ class DynamoDbBenchRun:
             idempotency=SETTINGS.idempotency_table,
             app=SETTINGS.app_table,
         )
-        self.runtime = AwsRuntime(SETTINGS, self.client)
+        codec = None
+        if self.sealed:
+            kms = boto3.client("kms", region_name=REGION)
+            key = kms.create_key()["KeyMetadata"]["Arn"]
+            # Counted from here: the codec's own requests.
+            kms.meta.events.register("before-send.kms", self._on_kms)
+            codec = KmsCodec(kms, key)
+        self.runtime = AwsRuntime(SETTINGS, self.client, codec=codec)
         self.engine = self.runtime.engine(worker_id="bench", logger=LOG)
         if self.scripted:
             state = new_scripted_run(RUN_ID, steps=self.batches, max_steps=self.max_steps)
@@ -247,6 +268,12 @@ class DynamoDbBenchRun:
             raise RuntimeError(f"run {RUN_ID} already exists")
         self.meter = RequestMeter(self.client)
         return self
+
+    def _on_kms(self, request: Any, **_: Any) -> None:
+        target = request.headers.get("X-Amz-Target", b"")
+        if isinstance(target, bytes):
+            target = target.decode()
+        self.kms_requests[target.rpartition(".")[2]] += 1
 
     def __exit__(
         self,
@@ -319,11 +346,51 @@ def report(costs: list[StepCost], seconds: float) -> str:
     return "\n".join(lines)
 
 
+def compare(off: list[StepCost], on: list[StepCost], kms: Counter[str], seconds: float) -> str:
+    """The engine's figures per step with the codec off and on, side by side."""
+    shown = [(a, b) for a, b in zip(off, on, strict=True) if a.step in STEPS_SHOWN]
+    operations = sorted(
+        {op for a, b in shown for op in a.by_operation(ENGINE) | b.by_operation(ENGINE)}
+    )
+    lines = [
+        "The engine's figures per step, payload codec off | on (KMS envelopes, as",
+        "ratchet:payloadEncryption seals them): requests, request bytes, write units",
+        "",
+        f"{'step':>5} {'requests':>9} {'bytes':>15} {'WRU':>7}  write units by operation",
+    ]
+    for a, b in shown:
+        units_off = a.write_units_by_operation(ENGINE)
+        units_on = b.write_units_by_operation(ENGINE)
+        by_operation = ", ".join(
+            f"{op} {units_off[op]}|{units_on[op]}"
+            for op in operations
+            if units_off[op] or units_on[op]
+        )
+        requests = f"{sum(a.by_operation(ENGINE).values())}|{sum(b.by_operation(ENGINE).values())}"
+        lines.append(
+            f"{a.step:>5} {requests:>9} {a.bytes(ENGINE):>7,}|{b.bytes(ENGINE):<7,} "
+            f"{a.write_units(ENGINE):>3}|{b.write_units(ENGINE):<3}  {by_operation}"
+        )
+    lines += [
+        "",
+        f"KMS requests of the codec over the run's start and {len(on)} steps, in {seconds:.1f} s "
+        "(a data key seals for 300 s): "
+        + (", ".join(f"{op} {n}" for op, n in sorted(kms.items())) or "none"),
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     started = time.perf_counter()
-    with DynamoDbBenchRun(batches=BATCHES, scripted=True) as run:
-        costs = run.advance_to(max(STEPS_SHOWN))
+    with DynamoDbBenchRun(batches=BATCHES, scripted=True) as plain:
+        costs = plain.advance_to(max(STEPS_SHOWN))
     print(report(costs, time.perf_counter() - started))
+    print()
+    started = time.perf_counter()
+    with DynamoDbBenchRun(batches=BATCHES, scripted=True, sealed=True) as sealed:
+        sealed_costs = sealed.advance_to(max(STEPS_SHOWN))
+    seconds = time.perf_counter() - started
+    print(compare(costs, sealed_costs, sealed.kms_requests, seconds))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ PINNED_PROPS = [
     "max_steps_per_invocation",
     "notify_emails",
     "notify_slack_channel",
+    "payload_encryption",
     "prices",
     "project",
     "public_url",

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from ratchet import sealing
 from ratchet.cdk import contract, functions
 from ratchet.cdk.bundling import ARCHITECTURE, RUNTIME
 from ratchet.cdk.config import DeployConfig
@@ -18,7 +19,14 @@ from ratchet.cdk.workflow import AslDefinition
 from ratchet.runtime.aws_settings import ENVIRONMENT, AwsSettings
 from ratchet.waiting.wakes import SWEEP_EVERY_SECONDS, WAKE_GRACE_SECONDS
 from tests.infra.queries import HANDLERS, environment, function_id, function_names
-from tests.infra.synth import ANTHROPIC_SECRET, ASL, CONFIGURED, REPO_ROOT, Synthesized
+from tests.infra.synth import (
+    ANTHROPIC_SECRET,
+    ASL,
+    CONFIGURED,
+    REPO_ROOT,
+    Synthesized,
+    synthesize,
+)
 
 CORE_FUNCTIONS = {
     "sweep",
@@ -83,6 +91,19 @@ CONFIGURED_ONLY = {
     "approvals": {"slack_signing_secret_arn"},
 }
 """Beyond those, with every optional key. `slack_api_url` is never set: Slack's own."""
+
+KEY_ARN = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+SEALED = {**CONFIGURED, "ratchet:kmsKeyArn": KEY_ARN, "ratchet:payloadEncryption": "true"}
+"""Every optional key, and payloads sealed with a key of the deployer's (its ARN a literal, so
+the functions' settings can be checked as they will read them)."""
+SEALED_ONLY = {"payload_key"}
+"""Beyond `CONFIGURED_ONLY`, on every function with payloads sealed: each reads or writes the
+runs' records."""
+
+
+@pytest.fixture(scope="module")
+def sealed() -> Synthesized:
+    return synthesize(context=SEALED)
 
 
 def test_the_stack_has_the_core_functions_and_those_the_definition_calls(
@@ -204,22 +225,27 @@ def test_each_function_gets_exactly_the_settings_it_reads(
 
 
 @pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+@pytest.mark.parametrize("variant", ["configured", "sealed"])
 def test_configured_each_function_gets_exactly_the_settings_it_reads(
-    configured: Synthesized, name: str
+    request: pytest.FixtureRequest, variant: str, name: str
 ) -> None:
+    synth: Synthesized = request.getfixturevalue(variant)
     settings = EVERY_FUNCTION | UNCONFIGURED.get(name, set()) | CONFIGURED_ONLY.get(name, set())
+    if variant == "sealed":
+        settings |= SEALED_ONLY
     expected = _names(settings)
     if name in {"step", "api"}:
         expected.add(contract.ANTHROPIC_SECRET_ARN)
-    assert set(environment(configured, name)) == expected | POWERTOOLS
+    assert set(environment(synth, name)) == expected | POWERTOOLS
 
 
 def test_every_setting_but_slacks_own_api_url_and_the_projects_secrets_reaches_some_function(
-    configured: Synthesized,
+    sealed: Synthesized,
 ) -> None:
-    # The project's secrets and models reach the functions only with a project that declares
-    # some (tests/infra/test_project_settings.py).
-    given = {key for name in CORE_FUNCTIONS for key in environment(configured, name)}
+    # With every optional key, payloads sealed included. The project's secrets and models
+    # reach the functions only with a project that declares some
+    # (tests/infra/test_project_settings.py).
+    given = {key for name in CORE_FUNCTIONS for key in environment(sealed, name)}
     assert set(ENVIRONMENT.values()) - given == {
         ENVIRONMENT["slack_api_url"],
         ENVIRONMENT["secrets"],
@@ -228,17 +254,21 @@ def test_every_setting_but_slacks_own_api_url_and_the_projects_secrets_reaches_s
 
 
 @pytest.mark.parametrize("name", sorted(CORE_FUNCTIONS))
+@pytest.mark.parametrize("variant", ["configured", "sealed"])
 def test_the_settings_the_stack_passes_are_valid_settings(
-    configured: Synthesized, name: str
+    request: pytest.FixtureRequest, variant: str, name: str
 ) -> None:
     # Values known only at deploy time (table names, ARNs) are tokens; every literal the
     # configuration produced must be a value the handler accepts.
+    synth: Synthesized = request.getfixturevalue(variant)
     variables = {
         key: value if isinstance(value, str) else "resolved-at-deploy"
-        for key, value in environment(configured, name).items()
+        for key, value in environment(synth, name).items()
         if key not in POWERTOOLS and key != contract.ANTHROPIC_SECRET_ARN
     }
     settings = AwsSettings.from_env(variables)
+
+    assert settings.payload_key == (f"kms:{KEY_ARN}" if variant == "sealed" else None)
 
     assert settings.rollover_after == DeployConfig().rollover_after
     if name == "notify":
@@ -282,6 +312,7 @@ def test_the_environment_names_are_the_settings_names() -> None:
     assert shared - {contract.ANTHROPIC_SECRET_ARN} <= set(ENVIRONMENT.values())
     assert set(ENVIRONMENT.values()) - shared == {ENVIRONMENT["slack_api_url"]}
     assert contract.ANTHROPIC_SECRET_ARN == _wiring.ANTHROPIC_SECRET_ARN
+    assert contract.PAYLOAD_KEY == sealing.SETTING
     assert contract.POWERTOOLS_SERVICE_NAME == _wiring.SERVICE
     assert contract.POWERTOOLS_METRICS_NAMESPACE == _wiring.METRICS_NAMESPACE
 

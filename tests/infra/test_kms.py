@@ -1,7 +1,11 @@
 """The deployment's own KMS key (`ratchet:kmsKeyArn`, docs/security.md): every store of the stack
 names it, each role holds exactly the uses of it its calls need, cdk-nag and cfn-lint stay
 clean, and a malformed setting is refused in one line naming it. Without the setting the
-template is the one the fingerprints hold (tests/infra/test_template_equivalence.py)."""
+template is the one the fingerprints hold (tests/infra/test_template_equivalence.py).
+
+With payloads sealed too (`ratchet:payloadEncryption`), the same holds, each function's role
+also holding the codec's uses of the key (tests/infra/test_payload_encryption.py holds the
+rest of that setting)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from tests.infra.test_lint import IGNORED_CFN_LINT
 
 KEY_ARN = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 CONTEXT_KEY = "ratchet:kmsKeyArn"
+SEALING_KEY = "ratchet:payloadEncryption"
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +50,26 @@ def created() -> Synthesized:
     return synthesize(context={"ratchet:project": str(EXAMPLE_PROJECT), CONTEXT_KEY: "create"})
 
 
-@pytest.fixture(params=["imported", "created"])
-def variant(request: pytest.FixtureRequest) -> tuple[Synthesized, Any]:
-    """A template with the key, and how its resources name that key."""
+@pytest.fixture(scope="module")
+def sealed_imported() -> Synthesized:
+    """`imported`, with payloads sealed."""
+    return synthesize(context={**CONFIGURED, CONTEXT_KEY: KEY_ARN, SEALING_KEY: "true"})
+
+
+@pytest.fixture(scope="module")
+def sealed_created() -> Synthesized:
+    """`created`, with payloads sealed."""
+    return synthesize(
+        context={"ratchet:project": str(EXAMPLE_PROJECT), CONTEXT_KEY: "create", SEALING_KEY: True}
+    )
+
+
+@pytest.fixture(params=["imported", "created", "sealed_imported", "sealed_created"])
+def variant(request: pytest.FixtureRequest) -> tuple[Synthesized, Any, bool]:
+    """A template with the key, how its resources name that key, and whether it seals
+    payloads."""
     synth: Synthesized = request.getfixturevalue(request.param)
-    if request.param == "imported":
+    if request.param.endswith("imported"):
         key: Any = KEY_ARN
     else:
         (key_id,) = synth.of_type("AWS::KMS::Key")
@@ -57,15 +77,15 @@ def variant(request: pytest.FixtureRequest) -> tuple[Synthesized, Any]:
     # What the checks below hold, they hold of a template that uses the key.
     (machine,) = synth.of_type("AWS::StepFunctions::StateMachine").values()
     assert machine["Properties"].get("EncryptionConfiguration", {}).get("KmsKeyId") == key
-    return synth, key
+    return synth, key, request.param.startswith("sealed")
 
 
 def _properties(synth: Synthesized, resource_type: str) -> dict[str, dict[str, Any]]:
     return {k: v["Properties"] for k, v in synth.of_type(resource_type).items()}
 
 
-def test_every_store_names_the_key(variant: tuple[Synthesized, Any]) -> None:
-    synth, key = variant
+def test_every_store_names_the_key(variant: tuple[Synthesized, Any, bool]) -> None:
+    synth, key, _ = variant
 
     tables = _properties(synth, "AWS::DynamoDB::Table")
     buckets = _properties(synth, "AWS::S3::Bucket")
@@ -211,6 +231,22 @@ EXPECTED: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """Each role's KMS statements, by the service that calls KMS for it, and their actions."""
 
+PAYLOAD_WRITE = ("kms:Decrypt", "kms:GenerateDataKey")
+"""A function that seals what it stores asks KMS for data keys, and opens what others sealed."""
+PAYLOAD_READ = ("kms:Decrypt",)
+SEALS_NOTHING = {"status_events", "rollover"}
+"""They read the runs' records (the record of a status change, the head to continue from) and
+write none."""
+
+
+def _expected(role: str, *, sealed: bool) -> dict[str, tuple[str, ...]]:
+    """`EXPECTED`, and with payloads sealed the codec's own statement ("payload") on every
+    function's role: the codec calls KMS itself, not through a service."""
+    expected = dict(EXPECTED[role])
+    if sealed and role != "state_machine":
+        expected["payload"] = PAYLOAD_READ if role in SEALS_NOTHING else PAYLOAD_WRITE
+    return expected
+
 
 def _roles(synth: Synthesized) -> dict[str, str]:
     """Role logical id -> the function whose role it is (or `state_machine`)."""
@@ -239,6 +275,11 @@ def _service(synth: Synthesized, statement: dict[str, Any]) -> str:
     """Which service a statement lets use the key, from its conditions."""
     conditions = statement.get("Condition", {}).get("StringEquals", {})
     via = conditions.get("kms:ViaService")
+    if via is None and "kms:EncryptionContext:ratchet" in conditions:
+        # The payload codec's data keys, and nothing else: KMS gives them only with the
+        # codec's encryption context (`KmsCodec.ENCRYPTION_CONTEXT`).
+        assert conditions == {"kms:EncryptionContext:ratchet": "payload"}, statement
+        return "payload"
     if via is None:
         if "kms:EncryptionContext:aws:states:stateMachineArn" in conditions:
             return "states-role"
@@ -273,9 +314,9 @@ def _context_is_this_stacks(synth: Synthesized, service: str, statement: dict[st
 
 
 def test_each_role_holds_exactly_the_uses_of_the_key_it_needs(
-    variant: tuple[Synthesized, Any],
+    variant: tuple[Synthesized, Any, bool],
 ) -> None:
-    synth, key = variant
+    synth, key, sealed = variant
     held: dict[str, dict[str, tuple[str, ...]]] = {}
     listed = []
 
@@ -293,19 +334,19 @@ def test_each_role_holds_exactly_the_uses_of_the_key_it_needs(
 
     print("\n" + "\n".join(sorted(listed)) + f"\n{len(listed)} statements")
     present = {*function_names(synth), "state_machine"}
-    assert held == {role: EXPECTED[role] for role in sorted(present)}
+    assert held == {role: _expected(role, sealed=sealed) for role in sorted(present)}
 
 
-def test_cdk_nag_finds_nothing_open(variant: tuple[Synthesized, Any]) -> None:
-    synth, _ = variant
+def test_cdk_nag_finds_nothing_open(variant: tuple[Synthesized, Any, bool]) -> None:
+    synth, _, _ = variant
 
     report = AwsSolutionsChecks().validate_scope(synth.stack)
 
     assert [v.rule_name for v in report.violations] == []
 
 
-def test_the_template_passes_cfn_lint(variant: tuple[Synthesized, Any]) -> None:
-    synth, _ = variant
+def test_the_template_passes_cfn_lint(variant: tuple[Synthesized, Any, bool]) -> None:
+    synth, _, _ = variant
     template = json.dumps(synth.template.to_json())
     config = ManualArgs(ignore_checks=IGNORED_CFN_LINT, regions=["us-east-1", "eu-west-1"])
 

@@ -69,6 +69,14 @@ _EXTRAS = ("aws", "anthropic")
 """The extras of Ratchet's own pyproject.toml the functions need (boto3 and Powertools, the
 Anthropic client), with the base dependencies: exported from the lock, or read from the
 installed metadata."""
+SEALING_EXTRAS = ("encryption",)
+"""And those of a deployment that seals payloads (`ratchet:payloadEncryption`): the codec's
+AES-GCM (`cryptography`). Without the setting the bundle is what it was without the codec."""
+
+
+def bundled_extras(*, sealing: bool) -> tuple[str, ...]:
+    return _EXTRAS + SEALING_EXTRAS if sealing else _EXTRAS
+
 
 LAMBDA_MARKERS = {
     "implementation_name": "cpython",
@@ -139,17 +147,20 @@ def _run(command: list[str], cwd: Path, *, failure: str | None = None) -> None:
     )
 
 
-def installed_pins(distribution: str = DISTRIBUTION) -> list[str]:
+def installed_pins(
+    distribution: str = DISTRIBUTION, *, bundled: tuple[str, ...] = _EXTRAS
+) -> list[str]:
     """`name==version` of every distribution the functions need from Ratchet's installed
-    metadata: its requirements with the `aws` and `anthropic` extras, and theirs, as Lambda's
-    platform evaluates their markers, each at the version installed here.
+    metadata: its requirements with the `bundled` extras (`aws` and `anthropic`; `bundled_extras`),
+    and theirs, as Lambda's platform evaluates their markers, each at the version installed
+    here.
 
     A requirement with nothing installed here is left to uv (a package only Lambda's platform
     needs); the requirement of the one that needs it still bounds it."""
     markers = {key: str(value) for key, value in default_environment().items()}
     markers |= LAMBDA_MARKERS | {"python_full_version": f"{PYTHON_VERSION}.0"}
     pins: dict[str, str] = {}
-    todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(_EXTRAS))]
+    todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(bundled))]
     walked: set[tuple[str, frozenset[str]]] = set()
     while todo:
         name, extras = todo.pop()
@@ -187,9 +198,12 @@ def installed_pins(distribution: str = DISTRIBUTION) -> list[str]:
 class PinnedWheelsBundling:
     """Builds the asset on the host (`ILocalBundling`), never in Docker."""
 
-    def __init__(self, code: RatchetCode, project: Project | None = None) -> None:
+    def __init__(
+        self, code: RatchetCode, project: Project | None = None, *, sealing: bool = False
+    ) -> None:
         self._code = code
         self._project = project
+        self._extras = bundled_extras(sealing=sealing)
 
     def try_bundle(self, output_dir: str, *, image: DockerImage, **_options: Any) -> bool:
         """Build the asset in `output_dir`; `image` and the other Docker options go unused."""
@@ -212,7 +226,7 @@ class PinnedWheelsBundling:
         cwd = self._code.repo_root or scratch
         pinned = scratch / "requirements.txt"
         if self._code.lock is not None:
-            extras = [arg for extra in _EXTRAS for arg in ("--extra", extra)]
+            extras = [arg for extra in self._extras for arg in ("--extra", extra)]
             _run(
                 [
                     uv, "export", "--frozen", "--no-dev", *extras, "--no-emit-project",
@@ -223,7 +237,7 @@ class PinnedWheelsBundling:
             )  # fmt: skip
             pinned_by = "Ratchet's locked dependencies (uv.lock)"
         else:
-            pinned.write_text("\n".join(installed_pins()) + "\n")
+            pinned.write_text("\n".join(installed_pins(bundled=self._extras)) + "\n")
             pinned_by = f"Ratchet's dependencies as installed here ({sys.prefix})"
         install = [
             uv, "pip", "install", "--quiet", "--target", str(out), "--only-binary", ":all:",
@@ -282,7 +296,7 @@ def _compile_bytecode(out: Path) -> None:
     )  # fmt: skip
 
 
-def asset_hash(code: RatchetCode, project: Project | None = None) -> str:
+def asset_hash(code: RatchetCode, project: Project | None = None, *, sealing: bool = False) -> str:
     """A hash of everything that goes into the bundle: the recipe, the pins (the lock, or the
     versions installed here), the code, and the project's files and requirements.
 
@@ -291,10 +305,14 @@ def asset_hash(code: RatchetCode, project: Project | None = None) -> str:
     project requirement is hashed as written: pin it (`==`) for a deploy to follow an upgrade.
     """
     digest = hashlib.sha256()
+    extras = bundled_extras(sealing=sealing)
     if code.lock is not None:
         parts: tuple[str, ...] = (_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM)
     else:
-        parts = (_INSTALLED_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM, *installed_pins())
+        parts = (_INSTALLED_RECIPE, PYTHON_VERSION, WHEEL_PLATFORM, *installed_pins(bundled=extras))
+    if sealing:
+        # Only then: a bundle without the setting keeps the hash it had before the setting.
+        parts += ("extras", *extras)
     for part in parts:
         digest.update(part.encode() + b"\0")
     if code.lock is not None:
@@ -312,20 +330,23 @@ def asset_hash(code: RatchetCode, project: Project | None = None) -> str:
     return digest.hexdigest()
 
 
-def lambda_code(code: RatchetCode, project: Project | None = None) -> lambda_.Code:
+def lambda_code(
+    code: RatchetCode, project: Project | None = None, *, sealing: bool = False
+) -> lambda_.Code:
     """The one code asset every function uses.
 
     The asset's source is the folder that holds the entry points, so when bundling is skipped
     (CDK's `aws:cdk:bundling-stacks` context, which template-only tests set) the functions
-    still point at a folder holding the entry points their handlers name.
+    still point at a folder holding the entry points their handlers name. With `sealing` the
+    bundle also holds the payload codec's dependencies (`SEALING_EXTRAS`).
     """
     return lambda_.Code.from_asset(
         str(code.entry_points.parent),
         asset_hash_type=AssetHashType.CUSTOM,
-        asset_hash=asset_hash(code, project),
+        asset_hash=asset_hash(code, project, sealing=sealing),
         exclude=["**/__pycache__", "**/*.pyc"],
         bundling=BundlingOptions(
-            local=PinnedWheelsBundling(code, project),
+            local=PinnedWheelsBundling(code, project, sealing=sealing),
             # Required by the API; used only if local bundling declined, which it never does.
             image=RUNTIME.bundling_image,
         ),

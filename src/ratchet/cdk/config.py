@@ -99,6 +99,10 @@ class DeployConfig:
     """A customer-managed KMS key (its ARN, in the stack's region) that every store of the stack
     encrypts with, or `create` for a key the stack makes; none: the AWS managed and AWS owned
     keys (docs/security.md)."""
+    payload_encryption: bool = False
+    """Every function seals what runs' records and blobs say of the world before it stores
+    them, with data keys of the deployment's own key (`RATCHET_PAYLOAD_KEY=kms:<its ARN>`):
+    needs `kms_key_arn` (docs/security.md)."""
     project: Project | None = None
     """The user's project (`ratchet:project`, a path relative to the working directory): its
     code and requirements go into the bundle, its agents join `agents`."""
@@ -154,6 +158,13 @@ class DeployConfig:
             raise ValueError(
                 f"{keys.label(bot, given)} and {keys.name(signing, given)} go together: the "
                 "bot token posts the buttons, the signing secret verifies a press"
+            )
+        if self.payload_encryption and not self.kms_key_arn:
+            # The functions seal with data keys of the deployment's own key, the one the
+            # stack grants them: never a key the stack does not know.
+            raise ValueError(
+                keys.needs("payload_encryption", "kms_key_arn")
+                + f" (a key's ARN, or {CREATE_KMS_KEY!r})"
             )
         if self.ses_identity_arn and not self.email_sender:
             raise ValueError(keys.needs("ses_identity_arn", "email_sender"))
@@ -416,6 +427,18 @@ def _kms_key(key: str, raw: Any) -> str:
         ) from None
 
 
+_FLAGS = {"true": True, "false": False}
+
+
+def _flag(key: str, raw: Any) -> bool:
+    """`true` or `false`: a boolean from cdk.json, or its text from `cdk deploy -c`."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _FLAGS:
+        return _FLAGS[raw.strip().lower()]
+    raise ValueError(f"{key} must be true or false: {raw!r}")
+
+
 _SECRET = _matching(_SECRET_ARN, "a Secrets Manager secret ARN")
 _EVENT_BUS = re.compile(
     r"^(?:[A-Za-z0-9._\-]{1,256}|arn:aws[a-z-]*:events:[a-z0-9-]+:\d{12}:event-bus/[A-Za-z0-9._\-/]{1,256})$"
@@ -442,6 +465,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "prices": _prices,
     "max_concurrent": _max_concurrent,
     "kms_key_arn": _kms_key,
+    "payload_encryption": _flag,
     "project": _project,
 }
 

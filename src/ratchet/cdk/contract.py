@@ -72,6 +72,13 @@ EVENT_BUS_NAME = "RATCHET_EVENT_BUS_NAME"
 """The bus the status-events function puts each change of a run's status on."""
 PRICES = "RATCHET_PRICES"
 """The deployer's prices for cost estimates (`ratchet:prices`)."""
+PAYLOAD_KEY = "RATCHET_PAYLOAD_KEY"
+"""What seals the runs' records and blobs (`ratchet.sealing.SETTING`): `kms:<the stack's key
+ARN>` on every function, when the deployment seals payloads (`ratchet:payloadEncryption`)."""
+PAYLOAD_ENCRYPTION_CONTEXT = {"ratchet": "payload"}
+"""The encryption context the payload codec gives KMS with every data key
+(`ratchet.adapters.payload_keys.KmsCodec.ENCRYPTION_CONTEXT`): the functions' grants hold for
+it alone, so they let no function use the key directly for anything else."""
 
 SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
 """The context attribute EventBridge Scheduler replaces with a fire's time in the target's

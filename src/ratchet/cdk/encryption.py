@@ -23,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from ratchet.cdk import contract
 from ratchet.cdk.config import CREATE_KMS_KEY
 
 TABLE_KEY_ACTIONS = ("kms:Decrypt",)
@@ -45,6 +46,12 @@ key it reuses (up to five minutes by default) and the execution's data for StopE
 SECRET_ACTIONS = ("kms:Decrypt",)
 """Reading a secret's value: Secrets Manager decrypts its data key as the caller. The stack
 makes the secrets' values itself (CloudFormation, as the deployer), so no function encrypts."""
+
+PAYLOAD_READ_ACTIONS = ("kms:Decrypt",)
+PAYLOAD_WRITE_ACTIONS = ("kms:Decrypt", "kms:GenerateDataKey")
+"""The payload codec (`ratchet:payloadEncryption`) calls KMS itself, not through a service: a
+function that seals a record asks for a data key (`GenerateDataKey`, reused for five minutes);
+every function opens records sealed under other data keys (`Decrypt`, each kept once opened)."""
 
 LOGS_KEY_ACTIONS = (
     "kms:Encrypt*",
@@ -131,6 +138,21 @@ class StoreKey:
             SECRET_ACTIONS,
             "secretsmanager",
             {"kms:EncryptionContext:SecretARN": secret_arn},
+        )
+
+    def grant_payloads(self, grantee: iam.IGrantable, *, writes: bool) -> None:
+        # Called directly, so no service to name: the codec's encryption context instead,
+        # without which KMS gives none of these data keys (nor any other use of the key).
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=list(PAYLOAD_WRITE_ACTIONS if writes else PAYLOAD_READ_ACTIONS),
+            resource_arns=[self.key.key_arn],
+            conditions={
+                "StringEquals": {
+                    f"kms:EncryptionContext:{name}": value
+                    for name, value in contract.PAYLOAD_ENCRYPTION_CONTEXT.items()
+                }
+            },
         )
 
     def _grant(

@@ -155,11 +155,13 @@ class Functions(Construct):
         environment: Mapping[str, str],
         project: Project | None = None,
         key: kms.IKey | None = None,
+        sealing: bool = False,
     ) -> None:
-        """`key`: the deployment's own key, which the functions' log groups then use."""
+        """`key`: the deployment's own key, which the functions' log groups then use;
+        `sealing`: the functions seal payloads, so their code holds the codec's packages."""
         super().__init__(scope, construct_id)
         self._key = key
-        asset = lambda_code(code, project)
+        asset = lambda_code(code, project, sealing=sealing)
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
         for spec in specs:

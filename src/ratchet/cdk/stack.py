@@ -158,6 +158,13 @@ SendTaskFailure's output) or stops one: with the deployment's own key, Step Func
 and decrypts that data with it, as the caller."""
 
 
+OPENS_PAYLOADS_ONLY = ("status_events", "rollover")
+"""With payloads sealed (`ratchet:payloadEncryption`), every function reads the runs' records
+and so opens them (kms:Decrypt); these seal none: the status-events function reads the record
+a head's change was committed with, the rollover function the head it continues from. Every
+other function writes a head, a record, an approval, an event or a blob (kms:GenerateDataKey
+too)."""
+
 OUTPUTS = (
     "RunsUrl",
     "RunsInvokeArn",
@@ -251,6 +258,7 @@ class RatchetAgents(Construct):
             project=config.project,
             specs=specs,
             key=key,
+            sealing=config.payload_encryption,
             environment={
                 contract.CHECKPOINTS_TABLE: storage.checkpoints.table_name,
                 contract.IDEMPOTENCY_TABLE: storage.idempotency.table_name,
@@ -419,6 +427,8 @@ class RatchetAgents(Construct):
             readers = [(name, channels.link_key.secret_arn) for name in BUILDS_LINKS]
             readers += [(name, webhooks.hook_key.secret_arn) for name in READS_HOOK_KEY]
             self._grant_key(store_key, lambdas, storage, state_machine_name, readers)
+            if config.payload_encryption:
+                self._seal_payloads(store_key, lambdas)
 
         self.api = api.rest_api
         self.checkpoints_table = storage.checkpoints
@@ -509,6 +519,14 @@ class RatchetAgents(Construct):
             store_key.grant_executions(function, machine)
         for name, secret_arn in secret_readers:
             store_key.grant_secret(lambdas[name], secret_arn)
+
+    def _seal_payloads(self, store_key: StoreKey, lambdas: Functions) -> None:
+        """Every function seals what it stores of the runs and opens what it reads
+        (`RATCHET_PAYLOAD_KEY=kms:<the key's ARN>`, `ratchet.sealing`), each granted the uses
+        of the key its codec makes (`OPENS_PAYLOADS_ONLY` never seals): docs/security.md."""
+        for name, function in lambdas.by_name.items():
+            function.add_environment(contract.PAYLOAD_KEY, f"kms:{store_key.key.key_arn}")
+            store_key.grant_payloads(function, writes=name not in OPENS_PAYLOADS_ONLY)
 
     def _give_the_tools(self, lambdas: Functions, project: Project) -> None:
         """What the project's tools need, on the step function alone (where they run): read

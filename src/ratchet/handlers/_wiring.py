@@ -100,7 +100,14 @@ def runtime() -> AwsRuntime:
         anthropic_api_key=anthropic_api_key(),
         stepfunctions=stepfunctions,
         hook_key=hook_key,
+        kms=kms,
     )
+
+
+def kms() -> Any:
+    """The KMS client of the payload codec (`RATCHET_PAYLOAD_KEY=kms:...`), made with the
+    runtime when the settings name a KMS key, and only then."""
+    return boto3.client("kms", config=CLIENT_CONFIG)
 
 
 @cache

@@ -27,6 +27,7 @@ from ratchet.adapters.dynamodb.store import DynamoDbCheckpointStore
 from ratchet.adapters.dynamodb.stream import EventBridgeEvents, HeadChange, head_change
 from ratchet.adapters.dynamodb.tables import TablesSeen, describe_tables
 from ratchet.adapters.dynamodb.waits import AwsWaitTokens
+from ratchet.adapters.payload_keys import payload_codec
 from ratchet.adapters.s3_blobs import NoBlobStore, S3BlobStore
 from ratchet.adapters.secrets import AwsSecrets
 from ratchet.adapters.ses import SesNotifier
@@ -97,13 +98,19 @@ class AwsRuntime:
         stepfunctions: Callable[[], SFNClient] | None = None,
         hook_key: Callable[[], SecretStr] | None = None,
         codec: PayloadCodec | None = None,
+        kms: Callable[[], Any] | None = None,
     ) -> None:
         """`s3` is a boto3 S3 client for the blob bucket; if the settings name a bucket and
         none is given, a default one is made here. Without a bucket, a tool output that needs
         a blob fails its step with a clear error. `stepfunctions` makes the client that
         answers a run parked by the state machine (`decide`), when one is needed; `hook_key`
         reads the key webhooks derive from, when a hook is first opened (`hooks`); `codec`
-        seals what runs' records and blobs say of the world (`RATCHET_PAYLOAD_KEY`)."""
+        seals what runs' records and blobs say of the world (`RATCHET_PAYLOAD_KEY`); without
+        one, the codec the settings name (`payload_key`, which the stack sets on every
+        function when the deployment seals payloads), a KMS one with the client `kms`
+        makes."""
+        if codec is None:
+            codec = payload_codec(settings.payload_key, beside=None, kms=kms)
         self.settings = settings
         self.dynamodb = dynamodb
         self._stepfunctions = stepfunctions

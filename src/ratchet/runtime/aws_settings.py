@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ratchet.errors import InvalidInput
 from ratchet.limits import (
@@ -20,6 +20,7 @@ from ratchet.limits import (
     parse_overrides,
 )
 from ratchet.pricing import check_prices
+from ratchet.sealing import SETTING, check_setting
 
 ENVIRONMENT = {
     "checkpoints_table": "RATCHET_CHECKPOINTS_TABLE",
@@ -49,6 +50,7 @@ ENVIRONMENT = {
     "secrets": "RATCHET_SECRETS",
     "models": "RATCHET_MODELS",
     "event_bus_name": "RATCHET_EVENT_BUS_NAME",
+    "payload_key": SETTING,
 }
 """Setting name -> environment variable, the contract between the stack and the handlers."""
 
@@ -117,6 +119,16 @@ class AwsSettings(BaseModel):
     prices: str | None = None
     """`RATCHET_PRICES` (`ratchet.pricing`), checked here at cold start rather than by the first
     cost estimate."""
+    payload_key: str | None = None
+    """What seals the runs' records and blobs before they are stored (`RATCHET_PAYLOAD_KEY`,
+    `ratchet.sealing`): the stack sets `kms:<its key's ARN>` on every function that reads or
+    writes them when the deployment asks for it (`ratchet:payloadEncryption`); unset, nothing
+    is sealed."""
+
+    @field_validator("payload_key")
+    @classmethod
+    def _payload_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_setting(value)
 
     @field_validator("bedrock_models", mode="before")
     @classmethod
@@ -190,4 +202,13 @@ class AwsSettings(BaseModel):
         if "notify_emails" in values:
             listed = str(values["notify_emails"]).split(",")
             values["notify_emails"] = [e.strip() for e in listed if e.strip()]
-        return cls.model_validate(values)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            # A payload key the codec cannot use would fail every read of a sealed record:
+            # said at cold start in one line naming the variable, as a local process says it.
+            for refused in error.errors(include_url=False):
+                if refused["loc"] == ("payload_key",):
+                    message = str(refused["msg"]).removeprefix("Value error, ")
+                    raise InvalidInput(f"{SETTING} is not valid: {message}") from None
+            raise

@@ -29,10 +29,12 @@ from ratchet.tools import (
     ToolCall,
     ToolContext,
     ToolResult,
+    ask_person,
     sleep,
     start_runs,
     wait_for_event,
 )
+from tests.fixtures import sealed_agent
 from tests.waits_agent import CiResult
 
 ROWS = 3
@@ -397,3 +399,29 @@ slow_wires = dataclasses.replace(
 )
 """`wires` whose portal holds the first call until the test lets it go, past the step's time
 limit (1 s): the step gives the call up at its deadline, and the call goes on."""
+
+
+def _ask_to_export(args: sealed_agent.Customer, ctx: ToolContext) -> ToolResult:
+    return ask_person(f"Send the orders of {args.customer} to the auditor?")
+
+
+def _sealed_policy(view: StepView) -> Decision:
+    customer = view.params["customer"]
+    if view.step == 3:
+        return ToolCall(name="ask", arguments={"customer": customer})
+    if view.step > 3:
+        return Done(summary=f"exported the orders of {customer}")
+    return sealed_agent.policy(view)
+
+
+sealed = dataclasses.replace(
+    sealed_agent.agent,
+    tools=[
+        *sealed_agent.agent.tools,
+        Tool("ask", "Ask a person.", sealed_agent.Customer, _ask_to_export),
+    ],
+    policy=_sealed_policy,
+)
+"""`tests.fixtures.sealed_agent`'s run (its input in its goal, a result and a blob that say it)
+with a person asked about it, in the question, before it ends: what the deployed stack must
+store sealed (tests/integration/aws/test_sealed_stack.py)."""

@@ -454,7 +454,8 @@ class Stack:
     # --- approvals ---------------------------------------------------------------------------
 
     def book(self) -> AwsApprovals:
-        return AwsApprovals(self.dynamodb, TABLES["checkpoints"])
+        """The functions' approval book (with their payload codec, if they seal)."""
+        return _wiring.approvals()
 
     def approvals(self, run_id: str) -> list[Approval]:
         return self.book().of_run(run_id)
