@@ -107,7 +107,7 @@ def _dynamodb_figures(printed: str) -> DynamoDbFigures:
 
 @pytest.fixture(scope="module")
 def dynamodb() -> DynamoDbFigures:
-    return _dynamodb_figures(_printed("bench.dynamodb_cost"))
+    return _dynamodb_figures(_printed("bench.dynamodb_cost", "--clear-only"))
 
 
 def _operations(listed: str) -> dict[str, int]:
