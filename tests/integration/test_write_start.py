@@ -14,8 +14,10 @@ Held on the modules a command loads, not on its time, which a shared machine mak
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 UNUSED = (
@@ -95,3 +97,21 @@ def test_start_and_approve_load_only_what_they_use(tmp_path: Path) -> None:
         unused = sorted(m for m in loaded if m.partition(".")[0] in unwanted or m in unwanted)
         assert not unused, f"ratchet {name} loaded {unused}"
         assert len(loaded) <= BUDGETS[name], f"ratchet {name} loaded {len(loaded)} modules"
+
+
+def test_start_leaves_the_migrations_app_data_to_its_first_step(tmp_path: Path) -> None:
+    # A start need not wait for the syncs of a SQLite file the worker makes anyway: the
+    # migration's data is made and seeded by the step that first opens it.
+    store = tmp_path / "ratchet.db"
+    migration = ("--scenario=migration", "--param=batches=2")
+
+    _loaded(store, "start", *migration, "--run-id=started")
+
+    assert not list(tmp_path.rglob("app.db"))
+    _loaded(store, "run", *migration, "--run-id=worked")  # to the wait for a person
+    (data,) = tmp_path.rglob("app.db")
+    with closing(sqlite3.connect(data)) as app:
+        assert app.execute("SELECT value FROM meta WHERE name = 'source_rows'").fetchone() == (
+            "2000",
+        )
+        assert app.execute("SELECT count(*) FROM orders").fetchone() == (2000,)
