@@ -15,7 +15,7 @@ from ratchet.errors import IdempotencyConflict, InjectedFault
 from ratchet.faults import FaultPlan
 from ratchet.runtime.aws import AwsRuntime
 from ratchet.scenarios import migration
-from ratchet.scenarios.migration_data import BATCH_SIZE
+from ratchet.scenarios.migration_data import BATCH_SIZE, SqliteMigrationData
 from ratchet.scenarios.migration_dynamodb import DynamoDbMigrationData
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 from ratchet.tools import RunContext
@@ -250,7 +250,11 @@ def test_the_sqlite_data_is_used_when_the_runtime_offers_no_table(tmp_path: Path
     options = RunOptions(params={"batches": 1})
     context = RunContext(run_id="local", options=options, workdir=tmp_path / "w")
 
-    migration.prepare(context)
+    migration.prepare(context)  # locally, the first step's open seeds the data
+    assert not (tmp_path / "w").exists()
+    data = migration.open_data(context)
+    assert isinstance(data, SqliteMigrationData)
+    data.close()
 
     assert (tmp_path / "w" / "app.db").is_file()
     state = RunState(run_id="local", agent="migration", goal="g", options=options)

@@ -1,7 +1,8 @@
-"""`ratchet start`, `approve` and `reject` answered by the entry point before the full CLI loads
-(`ratchet.cli.quick_writes`) do what the full CLI does: the same lines on stdout and stderr, the
-same exit code and the same store after, for runs made, refused and decided. What the quick path
-is unsure of goes to the full CLI, which answers or refuses as it always has."""
+"""`ratchet start`, `run`, `approve` and `reject` answered by the entry point before the full CLI
+loads (`ratchet.cli.quick_writes`) do what the full CLI does: the same lines on stdout and
+stderr, the same exit code and the same store after, for runs made, worked, refused and decided.
+What the quick path is unsure of goes to the full CLI, which answers or refuses as it always
+has."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import typer
 
 import ratchet
 from ratchet.cli import app as cli
-from ratchet.cli import options, quick_writes, writes
+from ratchet.cli import foreground, options, quick_writes, writes
 from ratchet.state import MAX_PRIORITY
 
 WAITING = "waiting"
@@ -70,21 +71,28 @@ _TIMES = re.compile(
 )  # to the minute in what a person reads (`approved by dana at 2026-12-01 10:42 UTC`)
 _WORKERS = re.compile(r"[\w.-]+:\d+(?=['\"])")  # host:pid, the CLI's worker id
 _RUN_IDS = re.compile(r"\brun-[0-9a-f]{12}\b")  # the id of a run started without one
+_STEP_TIMES = re.compile(r"  \d+ ms\b")  # what a step took, in `run`'s line of it
+_LINKS = re.compile(r"/approvals/\S+")  # a new approval request's id, expiry and signature
+_DURATIONS = re.compile(r'"duration_ms":[\d.]+')  # what a step took, in its record
+_SIZES = re.compile(r"(?<='W', )\d+(?=, 'T')")  # a checkpoint's bytes, its duration's digits
 
 
 def _blank(text: str) -> str:
-    return _RUN_IDS.sub("run-ID", _WORKERS.sub("W", _TIMES.sub("T", text)))
+    text = _STEP_TIMES.sub("  N ms", _LINKS.sub("/approvals/LINK", text))
+    text = _RUN_IDS.sub("run-ID", _WORKERS.sub("W", _TIMES.sub("T", text)))
+    return _SIZES.sub("N", _DURATIONS.sub('"duration_ms":N', text))
 
 
-def _store(folder: Path) -> list[str]:
-    """Every row of every table of the store, times and worker ids blanked."""
+def _store(folder: Path, *, unlike: tuple[str, ...] = ()) -> list[str]:
+    """Every row of every table of the store but those `unlike`, times and worker ids
+    blanked."""
     database = sqlite3.connect(folder / "ratchet.db")
     try:
         tables = [
             t for (t,) in database.execute("SELECT name FROM sqlite_master WHERE type='table'")
         ]
         rows = []
-        for table in sorted(tables):
+        for table in sorted(set(tables) - set(unlike)):
             for row in database.execute(f"SELECT * FROM {table}"):
                 rows.append(_blank(f"{table} {row!r}"))
         return sorted(rows)
@@ -93,10 +101,11 @@ def _store(folder: Path) -> list[str]:
 
 
 def _on_both_paths(
-    base: Path, work: Path, commands: list[list[str]]
+    base: Path, work: Path, commands: list[list[str]], *, unlike: tuple[str, ...] = ()
 ) -> list[tuple[list[tuple[int, str, str]], list[str]]]:
-    """What each path says for `commands` run one after the other, and its store after; each
-    path starts from a copy of `base` at the same place (the lines name the store's file)."""
+    """What each path says for `commands` run one after the other, and its store after (but
+    its tables `unlike`); each path starts from a copy of `base` at the same place (the lines
+    name the store's file)."""
     results = []
     for path in ("quick", "full"):
         shutil.rmtree(work, ignore_errors=True)
@@ -110,7 +119,7 @@ def _on_both_paths(
                     said.append(_said(functools.partial(quick_writes.main, args, os.environ)))
                 else:
                     said.append(_said(functools.partial(cli.main, args)))
-        results.append((said, _store(work)))
+        results.append((said, _store(work, unlike=unlike)))
     return results
 
 
@@ -193,6 +202,28 @@ SAME = {
     "reject": [["reject", WAITING, "--reason", "not today"]],
     "reject, comment spelling and who": [["reject", WAITING, "--comment", "no", "--by", "sam"]],
     "reject after approve": [["approve", WAITING], ["reject", WAITING]],
+    "run": [["run", "--scenario", "notebook", "--run-id", "nb"]],
+    "run, every option": [
+        [
+            "run",
+            "--scenario=notebook",
+            "--run-id",
+            "nb",
+            "--max-steps",
+            "3",
+            "--notify",
+            "dana@example.com",
+            "--approval-timeout=60",
+            "--goal",
+            "file a note",
+        ]
+    ],
+    "run after approve": [["approve", WAITING], ["run", "--run-id", WAITING]],
+    "run twice": [["run", "--scenario", "notebook", "--run-id", "nb"]] * 2,
+    "run, no such run": [["run", "--run-id", "missing"]],
+    "run, unknown scenario": [["run", "--scenario", "nope"]],
+    "run, failing agent": [["run", "--agent", "tests.breaker_agent:agent", "--run-id", "own"]],
+    "run, store typed before": [[f"--store={STORE}", "run", "--scenario=notebook"]],
 }
 
 
@@ -221,6 +252,38 @@ def test_ctrl_c_in_a_write_ends_alike_on_both_paths(base, tmp_path, monkeypatch)
     assert quick_store == full_store
 
 
+def test_a_run_that_parks_for_a_person_says_and_stores_the_same_on_both_paths(base, tmp_path):
+    # Each path opens an approval request of its own, under an id and a key drawn at random:
+    # its link is blanked, and its row left out.
+    (quick_said, quick_store), (full_said, full_store) = _on_both_paths(
+        base, tmp_path / "store", [["run", *MIGRATION, "--run-id", "r"]], unlike=("approvals",)
+    )
+
+    assert quick_said == full_said
+    assert quick_store == full_store
+    code, stdout, _ = quick_said[0]
+    assert code == 0
+    assert "r: waiting at step 4\nWaiting for a person: Drop legacy_orders" in stdout, stdout
+
+
+def test_ctrl_c_in_a_run_ends_alike_on_both_paths(base, tmp_path, monkeypatch):
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C as the run's first step is about to be worked: it says where the run stands.
+    monkeypatch.setattr(foreground, "work_showing_progress", interrupted)
+
+    (quick_said, quick_store), (full_said, full_store) = _on_both_paths(
+        base, tmp_path / "store", SAME["run"]
+    )
+
+    assert quick_said == full_said
+    assert quick_store == full_store
+    code, _, stderr = quick_said[0]
+    assert code == 130
+    assert stderr.startswith("interrupted: nb is running at step 0"), stderr
+
+
 def test_a_run_id_is_printed_as_typed_not_as_an_emoji(base, tmp_path):
     # A run id may hold `:`; rich would print `a:smile:b` as an emoji, which `status` does not.
     (quick_said, _), (full_said, _) = _on_both_paths(
@@ -235,7 +298,14 @@ def test_a_run_id_is_printed_as_typed_not_as_an_emoji(base, tmp_path):
 
 def test_the_cases_are_not_blind(base, tmp_path):
     # Among the cases above some write and some are refused, on both paths.
-    for case, code in {"start": 0, "start, unknown scenario": 2, "approve twice": 2}.items():
+    cases = {
+        "start": 0,
+        "start, unknown scenario": 2,
+        "approve twice": 2,
+        "run": 0,
+        "run, failing agent": 1,
+    }
+    for case, code in cases.items():
         (said, _), _ = _on_both_paths(base, tmp_path / case, SAME[case])
         assert said[-1][0] == code, (case, said)
 
@@ -283,7 +353,9 @@ def test_the_quick_path_knows_only_options_of_the_full_clis_command(name):
         ["approve", "a", "--by", ""],
         ["approve", "a", "--comment", "x", "--reason", "y"],
         ["reject", "a", "--answer", "{}"],
-        ["run", *MIGRATION],
+        ["run", *MIGRATION, "--json"],
+        ["run", "--json", "--run-id", "r"],
+        ["run", "r"],
         ["status", "a"],
     ],
 )

@@ -1,17 +1,17 @@
 """`ratchet deliveries [RUN]`: the webhooks sent or owed (RATCHET_WEBHOOKS, an agent's
 `webhooks`), each delivery's id, its change, where it went, how it went, and when it is tried
-again; and the sender that `ratchet serve`, `ratchet worker` and `ratchet run` start."""
+again. The sender that `ratchet serve`, `ratchet worker` and `ratchet run` start is
+`ratchet.cli.foreground.webhook_sender`, which loads no typer."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
 
-from ratchet.cli.context import err, open_runtime, out, print_json, require_local_store, say
+from ratchet.cli.context import open_runtime, print_json, require_local_store
 from ratchet.cli.options import JsonOption
 from ratchet.untrusted import for_terminal
 
@@ -75,50 +75,3 @@ def _row(delivery: Any) -> dict[str, Any]:
 
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
-
-
-def webhook_sender(runtime: Any, *, agent_urls: Sequence[str] = (), console: Any = out) -> Any:
-    """The (unstarted) sender of this process's webhooks, said on `console`: those of
-    RATCHET_WEBHOOKS, and `agent_urls` (the webhooks of the agent `ratchet run` works); None if
-    there are neither. Every process with RATCHET_WEBHOOKS sends: the store's claims keep two
-    senders from sending one delivery at once."""
-    from ratchet.runtime.webhooks import open_sender, webhook_secret_file
-
-    urls = [*runtime.settings.webhooks, *agent_urls]
-    if not urls:
-        return None
-    sender = open_sender(runtime)
-    secret = (
-        "RATCHET_WEBHOOK_SECRET"
-        if runtime.settings.webhook_secret
-        else str(webhook_secret_file(runtime))
-    )
-    say(
-        f"Webhooks: each change of a run's status is POSTed to {', '.join(urls)} (and to the "
-        f"URLs its agent declares), signed with the secret in {secret} (ratchet deliveries "
-        "lists them)",
-        console=console,
-    )
-    return sender
-
-
-def agent_webhooks(reference: str) -> tuple[str, ...]:
-    """The webhooks the agent declares (`Agent.webhooks`); none if it does not load here (the
-    run's own commands then say why)."""
-    from ratchet.agents import load_agent
-    from ratchet.errors import RatchetError
-
-    try:
-        return tuple(load_agent(reference).webhooks)
-    except RatchetError:
-        return ()
-
-
-def say_still_owed(owed: int | None) -> None:
-    """What a process that exits says of the deliveries it could not send in time."""
-    if owed:
-        say(
-            f"{owed} webhook deliveries are still owed: the next worker or ratchet serve with "
-            "RATCHET_WEBHOOKS sends them (ratchet deliveries lists them)",
-            console=err,
-        )

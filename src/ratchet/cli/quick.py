@@ -7,10 +7,9 @@ SQLite store these commands read the store's JSON with `sqlite3` and say it thro
 `ratchet.cli.readout`, the functions the full CLI says it with. Anything else, and anything this
 path is not sure of (another store, a head of an older schema, a run that is not there, an
 option it does not know, a `RATCHET_*` setting the full CLI would check, a store others may
-read, of which the full CLI warns), goes on: to
-`ratchet.cli.quick_writes` for `start`, `approve` and `reject` (which it reads without typer),
-else to the full CLI (`ratchet.cli.app`), which answers or refuses as it always does. Nothing
-here writes.
+read, of which the full CLI warns), goes on: to `ratchet.cli.quick_writes` for `start`, `run`,
+`approve` and `reject` (which it reads without typer), else to the full CLI
+(`ratchet.cli.app`), which answers or refuses as it always does. Nothing here writes.
 
 `bench/cli_start.py` measures both paths; `tests/integration/test_quick_reads.py` holds their
 output equal, byte for byte.

@@ -1,11 +1,12 @@
-"""`ratchet start`, `approve` and `reject` answered before the full CLI loads.
+"""`ratchet start`, `run`, `approve` and `reject` answered before the full CLI loads.
 
 Typer loads itself and every command of the CLI, then builds a pydantic adapter for each option
 of the command it runs, before the command begins: about half of what `start` took (issue 36).
 For the command lines this module is sure of (options it knows, each given once, with a value
 the full CLI takes as typed), the entry point (`ratchet.cli.quick`) reads the options here and
-calls what the full CLI's command calls (`ratchet.cli.writes`), which validates the run or the
-answer with the same models, writes through the same client and says the same lines; a refusal
+calls what the full CLI's command calls (`ratchet.cli.writes`, and `ratchet.cli.foreground` for
+`run`), which validates the run or the answer with the same models, writes through the same
+client and says the same lines; a refusal
 ends as `ratchet.cli.app.main` ends it: one line on stderr and its exit code. Anything else (an
 option it does not know or that is given twice, a value the full CLI checks, `--help`) goes to
 the full CLI, which answers or refuses as it always does.
@@ -69,8 +70,9 @@ REJECT: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--comment": ("reason", TEXT),
     "--by": ("by", TEXT),
 }
-COMMANDS = {"start": START, "approve": APPROVE, "reject": REJECT}
-"""The commands this path answers, with their options; `approve` and `reject` take the run."""
+COMMANDS = {"start": START, "run": START, "approve": APPROVE, "reject": REJECT}
+"""The commands this path answers, with their options; `approve` and `reject` take the run.
+`run` takes `start`'s options, and its own `--json` only through the full CLI."""
 
 
 def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -90,6 +92,11 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
         "approve": writes.approve_run,
         "reject": writes.reject_run,
     }
+    if name == "run":
+        # Its lines of steps and of where the run stands, which the others never load.
+        from ratchet.cli.foreground import run_in_foreground
+
+        acts["run"] = run_in_foreground
     try:
         acts[name](**given)
     except KeyboardInterrupt:
@@ -109,7 +116,7 @@ def write_command(
 ) -> tuple[str, str | None, bool, dict[str, object]] | None:
     """The command, its `--store` (typed, else `RATCHET_STORE`), `--log-json`, and the keywords
     of the function in `ratchet.cli.writes` that runs it, for the forms this path answers:
-    `[--store URL] [--log-json] start|approve RUN|reject RUN [OPTION VALUE | OPTION=VALUE]...`.
+    `[--store URL] [--log-json] start|run|approve RUN|reject RUN [OPTION VALUE | OPTION=VALUE]...`.
     None for anything else."""
     if not all(is_utf8(arg) for arg in args):
         return None  # the full CLI names the argument that is not UTF-8
@@ -160,7 +167,7 @@ def write_command(
             given[keyword] = number
         else:
             given[keyword] = value
-    if name == "start":
+    if name in ("start", "run"):
         return (name, store, log_json, given) if not operands else None
     if len(operands) != 1:
         return None

@@ -4,30 +4,28 @@ the foreground, a line per step) and `worker` (claims runnable runs and advances
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from ratchet.cli import readout
 from ratchet.cli.context import (
-    approval_link,
-    check_run_id,
     check_worker_settings,
     cli_logger,
     cli_worker_id,
     command,
     err,
     logs_on_terminal,
-    open_client,
     open_runtime,
-    print_json,
     require_local_store,
     say,
-    settings,
-    store_named,
 )
-from ratchet.cli.deliveries import agent_webhooks, say_still_owed, webhook_sender
-from ratchet.cli.inspection import status_payload
+from ratchet.cli.foreground import (
+    parked_line,
+    progress_line,
+    run_in_foreground,
+    say_still_owed,
+    webhook_sender,
+)
 from ratchet.cli.options import (
     MAX_APPROVAL_TIMEOUT_SECONDS,
     MAX_BATCHES,
@@ -38,14 +36,9 @@ from ratchet.cli.options import (
     MIN_LEASE_SECONDS,
     not_empty,
 )
-from ratchet.cli.progress import ProgressPrinter, line_of_state, model_retries_said
-from ratchet.cli.waits import parked_line
-from ratchet.cli.writes import say_if_paid, start_run, validated_run, with_approval_timeout
-from ratchet.errors import StoreMissing, StoreUnavailable
-
-if TYPE_CHECKING:
-    from ratchet.state import RunState
-
+from ratchet.cli.progress import ProgressPrinter, model_retries_said
+from ratchet.cli.writes import start_run
+from ratchet.errors import StoreMissing
 
 GoalOption = Annotated[
     str | None, typer.Option("--goal", metavar="TEXT", help="What the agent should do.")
@@ -237,74 +230,25 @@ def run(
 ) -> None:
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
     line per step. With only --run-id, continue that run (after an approval, say)."""
-    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
-
-    require_local_store("run")
-    check_worker_settings()
-    continuing = run_id is not None and goal is None and scenario is None and agent is None
-    if continuing and run_id is not None and _exists(run_id):
-        state = None
-    else:
-        state = validated_run(
-            goal=goal,
-            scenario=scenario,
-            agent_ref=agent,
-            run_id=run_id,
-            model=model,
-            max_steps=max_steps,
-            input_json=input_json,
-            params=param,
-            batches=batches,
-            tool_latency_ms=tool_latency_ms,
-            notify=notify,
-            notify_slack=notify_slack,
-            concurrency_key=key,
-            priority=priority,
-            budget=budget,
-        )
-    client = open_client(create=True)
-    # Started before the run is created: on a store's first sender, a run made earlier is not
-    # owed (`SqliteDeliveries.prepare`).
-    reference = state.agent if state is not None else client.head(str(run_id)).agent
-    sender = webhook_sender(client.runtime, agent_urls=agent_webhooks(reference), console=err)
-    if sender is not None:
-        sender.start()
-    try:
-        if state is not None:
-            state = with_approval_timeout(state, approval_timeout)
-        created = state is not None and client.create(state).created
-        if state is not None and not created:
-            err.print(f"run {state.run_id} already exists; resuming it")
-        worked_id = state.run_id if state is not None else run_id
-        assert worked_id is not None
-        if not as_json:
-            say_if_paid(client.head(worked_id).options.model, stderr=False)
-
-        try:
-            with (
-                ProgressPrinter(as_json=as_json, live=not logs_on_terminal()) as printer,
-                model_retries_said(printer),
-            ):
-                _work_showing_progress(client, worked_id, printer)
-        except KeyboardInterrupt:
-            _say_interrupted(client.head(worked_id))
-            raise typer.Exit(130) from None
-        if sender is not None:
-            # The run has ended or parked here, in the foreground: its changes are sent before
-            # the command exits (bounded), or stay owed in the store for the next sender.
-            say_still_owed(sender.drain(worked_id))
-        final = client.head(worked_id)
-        waits_for_person = (
-            final.status is RunStatus.WAITING
-            and final.waiting is not None
-            and final.waiting.kind == "person"
-        )
-        link = approval_link(client.runtime, final.run_id) if waits_for_person else None
-    finally:
-        if sender is not None:
-            sender.stop()
-        client.close()
-    _say_where_it_stands(final, link, as_json=as_json, store=store_named(settings().store))
+    run_in_foreground(
+        goal=goal,
+        scenario=scenario,
+        run_id=run_id,
+        agent_ref=agent,
+        model=model,
+        max_steps=max_steps,
+        input_json=input_json,
+        params=param,
+        batches=batches,
+        tool_latency_ms=tool_latency_ms,
+        notify=notify,
+        notify_slack=notify_slack,
+        approval_timeout=approval_timeout,
+        concurrency_key=key,
+        priority=priority,
+        budget=budget,
+        as_json=as_json,
+    )
 
 
 def worker(
@@ -359,10 +303,10 @@ def worker(
         logger=logger,
         lease_seconds=lease_seconds,
         on_park=announce,
-        on_step=lambda report: _progress_line(report, printer),
+        on_step=lambda report: progress_line(report, printer),
         on_wait=printer.say,
     )
-    sender = webhook_sender(runtime, console=err)
+    sender = webhook_sender(runtime, stderr=True)
     signal.signal(signal.SIGTERM, lambda *_: work.stop.set())
     interrupted = False
     try:
@@ -395,86 +339,3 @@ def worker(
         left = ", ".join(sorted(work.unloadable))
         err.print(f"left runs whose agent this worker cannot load: {left}", markup=False)
         raise typer.Exit(1)
-
-
-def _exists(run_id: str) -> bool:
-    """Whether the store holds this run (no store yet: it does not)."""
-    check_run_id(run_id)
-    try:
-        runtime = open_runtime(create=False)
-    except StoreUnavailable:
-        return False
-    try:
-        return runtime.store.load_head(run_id) is not None
-    finally:
-        runtime.close()
-
-
-def _say_interrupted(state: RunState) -> None:
-    """Where a run worked in the foreground stands after Ctrl-C, and how to go on."""
-    say(
-        f"interrupted: {state.run_id} is {state.status.value} at step {state.step} (a step "
-        f"under way resumes from there); go on with: {command('run', '--run-id', state.run_id)}",
-        console=err,
-    )
-
-
-def _progress_line(report: Any, printer: Any) -> None:
-    state = report.state
-    printer.show(line_of_state(state, ms=report.ms, before=printer.before(state.run_id)))
-
-
-def _work_showing_progress(client: Any, run_id: str, printer: Any) -> None:
-    """`client.work`, printing a line per committed step (the worker's `on_step`). The run
-    exists: `run` has just created it or found it."""
-    client.runtime.work(
-        run_id,
-        worker_id=client.worker_id,
-        logger=client.logger,
-        faults=client.faults,
-        on_step=lambda report: _progress_line(report, printer),
-        on_wait=printer.say,
-        # The operator's own request (the link it prints after the run parks is theirs).
-        on_park=lambda parked: parked_line(client.runtime, parked),
-    )
-
-
-def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool, store: str) -> None:
-    """What `run` prints once the run is done, waiting or failed (exit 1 if it failed), and
-    which store it is in."""
-    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
-
-    if as_json:
-        print_json({**status_payload(final), "approval_link": link})
-        if final.status is RunStatus.FAILED:
-            raise typer.Exit(1)
-        return
-    say(f"{final.run_id}: {_status_text(final)}")
-    if final.summary:
-        say(final.summary, lines=True)
-    if final.status is RunStatus.WAITING and final.waiting and final.waiting.kind == "person":
-        say(f"Waiting for a person: {final.waiting.request.prompt}")
-        say(f"Approve or reject at: {link}  (serve it with: {command('serve')})")
-        say(
-            f"or decide here: {command('approve', final.run_id)}  /  "
-            f"{command('reject', final.run_id)}"
-        )
-    elif final.status is RunStatus.WAITING and final.waiting:
-        wait = readout.wait_of(final.waiting.model_dump(mode="json"))
-        say(readout.wait_announcement(final.run_id, wait))
-    say(f"(the run is in store {store})")
-    if final.status is RunStatus.FAILED:
-        say(f"run failed: {final.error}", console=err)
-        raise typer.Exit(1)
-
-
-def _status_text(state: RunState) -> str:
-    """`done at step 7`, `failed at step 3`, `stopped at step 60: Stopped at the cap...`."""
-    from ratchet.state import RunStatus  # the run models (see ratchet.cli.context)
-
-    if state.status is RunStatus.FAILED:
-        return f"failed at step {state.next_step}"
-    said = f"{state.status.value} at step {state.step}"
-    if state.status is RunStatus.STOPPED and state.summary:
-        said += f": {state.summary}"
-    return said

@@ -25,7 +25,7 @@ from ratchet.cli.context import (
     say,
     settings,
 )
-from ratchet.cli.deliveries import webhook_sender
+from ratchet.cli.foreground import webhook_sender
 from ratchet.cli.options import MAX_BATCHES, not_empty
 from ratchet.errors import InvalidInput
 from ratchet.store_urls import DYNAMODB_SCHEME
@@ -252,7 +252,7 @@ def _serve(
 
 def _announce(runtime: Any, run_id: str) -> None:
     """What `ratchet worker` prints when a run parks (and the request it opens)."""
-    from ratchet.cli.waits import parked_line
+    from ratchet.cli.foreground import parked_line
 
     said = parked_line(runtime, run_id)
     if said is not None:

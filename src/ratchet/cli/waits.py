@@ -1,5 +1,6 @@
 """Settling what a run waits for, other than a person: `send` an event to a run, `wake` a
-sleeping one; and what the worker and `ratchet run` say when a run parks.
+sleeping one. What the worker and `ratchet run` say when a run parks is
+`ratchet.cli.foreground.parked_line`, which loads no typer.
 
 Both commands act through the Python client, and so through the event desk every channel
 shares (`ratchet.waiting.desk`): an event is taken once per id, kept in the run's mailbox if
@@ -15,9 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ratchet.cli import readout
 from ratchet.cli.context import (
-    approval_link,
     open_client,
     operator_name,
     print_json,
@@ -28,7 +27,7 @@ from ratchet.cli.options import JsonOption, RunArgument, not_empty
 from ratchet.errors import InvalidInput, JsonOverLimit, WaitError
 
 if TYPE_CHECKING:
-    from ratchet.state import RunState
+    pass
 
 MAX_DATA_CHARS = 1024 * 1024
 """The longest `--data` text taken before it is parsed: the payload's bound
@@ -189,27 +188,4 @@ def sent_text(answer: dict[str, Any]) -> str:
         said = f"{run_id}: event {name!r} ({event_id}) kept but refused: {answer['refused']}"
     if answer["duplicate"]:
         said += " (sent before with this id: nothing changed)"
-    return said
-
-
-def parked_line(runtime: Any, run_id: str) -> str | None:
-    """What the worker (and `ratchet run`) says of a run it just parked: for a person, the
-    operator's approval link (opening the request if no one has); for an event, how to send
-    it; for a time, when it wakes. None if the run no longer waits (settled meanwhile)."""
-    head: RunState | None = runtime.store.load_head(run_id)
-    if head is None or head.waiting is None or head.status.value != "waiting":
-        return None
-    if head.waiting.kind == "person":
-        link = approval_link(runtime, run_id)
-        return f"{run_id} waits for a person; approve or reject at: {link}"
-    wait = readout.wait_of(head.waiting.model_dump(mode="json"))
-    said = readout.wait_announcement(run_id, wait)
-    request = head.waiting.request
-    if getattr(request, "webhook", False):
-        from ratchet.runtime.hooks import hook_url
-
-        # The URL only: `ratchet hook RUN NAME` shows its secret to whoever asks for it.
-        name = str(getattr(request, "name", ""))
-        url = hook_url(runtime, run_id, name)
-        said += f"; or deliver it to {url} (ratchet hook {run_id} {name})"
     return said
