@@ -33,33 +33,14 @@ from ratchet.cli.context import (
     store_named,
 )
 from ratchet.cli.progress import ProgressPrinter, line_of_state, model_retries_said
-from ratchet.cli.writes import say_if_paid, validated_run, with_approval_timeout
+from ratchet.cli.writes import NewRun, say_if_paid, validated_run, with_approval_timeout
 from ratchet.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from ratchet.state import RunState
 
 
-def run_in_foreground(
-    *,
-    goal: str | None = None,
-    scenario: str | None = None,
-    run_id: str | None = None,
-    agent_ref: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    input_json: str | None = None,
-    params: list[str] | None = None,
-    batches: int | None = None,
-    tool_latency_ms: int | None = None,
-    notify: list[str] | None = None,
-    notify_slack: str | None = None,
-    approval_timeout: int | None = None,
-    concurrency_key: str | None = None,
-    priority: int | None = None,
-    budget: str | None = None,
-    as_json: bool = False,
-) -> None:
+def run_in_foreground(new: NewRun, *, as_json: bool = False) -> None:
     """`ratchet run`: start a run and work it in the foreground until it is done, waiting or
     failed, with a line per step. With only a run id, continue that run (after an approval,
     say). Exits 1 if the run failed, 130 on Ctrl-C."""
@@ -67,27 +48,11 @@ def run_in_foreground(
 
     require_local_store("run")
     check_worker_settings()
-    continuing = run_id is not None and goal is None and scenario is None and agent_ref is None
-    if continuing and run_id is not None and _exists(run_id):
-        state = None
-    else:
-        state = validated_run(
-            goal=goal,
-            scenario=scenario,
-            agent_ref=agent_ref,
-            run_id=run_id,
-            model=model,
-            max_steps=max_steps,
-            input_json=input_json,
-            params=params,
-            batches=batches,
-            tool_latency_ms=tool_latency_ms,
-            notify=notify,
-            notify_slack=notify_slack,
-            concurrency_key=concurrency_key,
-            priority=priority,
-            budget=budget,
-        )
+    run_id = new.run_id
+    # A run id with no goal, scenario or agent, of a run that exists: go on with that run.
+    named_only = new.goal is None and new.scenario is None and new.agent_ref is None
+    continuing = run_id is not None and named_only and _exists(run_id)
+    state = None if continuing else validated_run(new)
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not
     # owed (`SqliteDeliveries.prepare`).
@@ -97,7 +62,7 @@ def run_in_foreground(
         sender.start()
     try:
         if state is not None:
-            state = with_approval_timeout(state, approval_timeout)
+            state = with_approval_timeout(state, new.approval_timeout)
         created = state is not None and client.create(state).created
         if state is not None and not created:
             context.err.print(f"run {state.run_id} already exists; resuming it")

@@ -56,8 +56,8 @@ START: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--priority": ("priority", (0, MAX_PRIORITY)),
     "--budget": ("budget", TEXT),
 }
-"""`ratchet start`'s options (`ratchet.cli.runs.start`): the keyword each sets on
-`ratchet.cli.writes.start_run`, and what it takes (text, repeated text, or a whole number
+"""`ratchet start`'s options (`ratchet.cli.runs.start`): the field each sets of
+`ratchet.cli.writes.NewRun`, and what it takes (text, repeated text, or a whole number
 within bounds)."""
 APPROVE: dict[str, tuple[str, str | tuple[int, int]]] = {
     "--comment": ("comment", TEXT),
@@ -98,7 +98,11 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
 
         acts["run"] = run_in_foreground
     try:
-        acts[name](**given)
+        if name in ("start", "run"):
+            # Each keyword is one of NewRun's fields, of the kind its option reads (START).
+            acts[name](writes.NewRun(**given))  # type: ignore[arg-type]
+        else:
+            acts[name](**given)
     except KeyboardInterrupt:
         sys.exit(130)  # as typer ends a command interrupted by Ctrl-C, saying nothing
     except BrokenPipeError:

@@ -37,7 +37,7 @@ from ratchet.cli.options import (
     not_empty,
 )
 from ratchet.cli.progress import ProgressPrinter, model_retries_said
-from ratchet.cli.writes import start_run
+from ratchet.cli.writes import NewRun, start_run
 from ratchet.errors import StoreMissing
 
 GoalOption = Annotated[
@@ -190,22 +190,24 @@ def start(
 ) -> None:
     """Start a run (a worker does the steps). Prints the run id."""
     start_run(
-        goal=goal,
-        scenario=scenario,
-        agent_ref=agent,
-        run_id=run_id,
-        model=model,
-        max_steps=max_steps,
-        input_json=input_json,
-        params=param,
-        batches=batches,
-        tool_latency_ms=tool_latency_ms,
-        notify=notify,
-        notify_slack=notify_slack,
-        approval_timeout=approval_timeout,
-        concurrency_key=key,
-        priority=priority,
-        budget=budget,
+        NewRun(
+            goal=goal,
+            scenario=scenario,
+            agent_ref=agent,
+            run_id=run_id,
+            model=model,
+            max_steps=max_steps,
+            input_json=input_json,
+            params=param,
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify=notify,
+            notify_slack=notify_slack,
+            approval_timeout=approval_timeout,
+            concurrency_key=key,
+            priority=priority,
+            budget=budget,
+        )
     )
 
 
@@ -231,22 +233,24 @@ def run(
     """Start a run and work it in the foreground until it is done, waiting or failed, with a
     line per step. With only --run-id, continue that run (after an approval, say)."""
     run_in_foreground(
-        goal=goal,
-        scenario=scenario,
-        run_id=run_id,
-        agent_ref=agent,
-        model=model,
-        max_steps=max_steps,
-        input_json=input_json,
-        params=param,
-        batches=batches,
-        tool_latency_ms=tool_latency_ms,
-        notify=notify,
-        notify_slack=notify_slack,
-        approval_timeout=approval_timeout,
-        concurrency_key=key,
-        priority=priority,
-        budget=budget,
+        NewRun(
+            goal=goal,
+            scenario=scenario,
+            run_id=run_id,
+            agent_ref=agent,
+            model=model,
+            max_steps=max_steps,
+            input_json=input_json,
+            params=param,
+            batches=batches,
+            tool_latency_ms=tool_latency_ms,
+            notify=notify,
+            notify_slack=notify_slack,
+            approval_timeout=approval_timeout,
+            concurrency_key=key,
+            priority=priority,
+            budget=budget,
+        ),
         as_json=as_json,
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ratchet.cli.context import (
@@ -29,46 +30,37 @@ if TYPE_CHECKING:
     from ratchet.state import RunState
 
 
-def start_run(
-    *,
-    goal: str | None = None,
-    scenario: str | None = None,
-    agent_ref: str | None = None,
-    run_id: str | None = None,
-    model: str | None = None,
-    max_steps: int | None = None,
-    input_json: str | None = None,
-    params: list[str] | None = None,
-    batches: int | None = None,
-    tool_latency_ms: int | None = None,
-    notify: list[str] | None = None,
-    notify_slack: str | None = None,
-    approval_timeout: int | None = None,
-    concurrency_key: str | None = None,
-    priority: int | None = None,
-    budget: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class NewRun:
+    """What `ratchet start` and `ratchet run` are told of the run to start, as the command
+    line gave it (None where it was not given): one value that both commands, on both paths
+    (typer's and `ratchet.cli.quick_writes`), hand on whole, so an option added here reaches
+    each of them. `validated_run` checks it."""
+
+    goal: str | None = None
+    scenario: str | None = None
+    agent_ref: str | None = None
+    run_id: str | None = None
+    model: str | None = None
+    max_steps: int | None = None
+    input_json: str | None = None
+    params: list[str] | None = None
+    batches: int | None = None
+    tool_latency_ms: int | None = None
+    notify: list[str] | None = None
+    notify_slack: str | None = None
+    approval_timeout: int | None = None
+    concurrency_key: str | None = None
+    priority: int | None = None
+    budget: str | None = None
+
+
+def start_run(new: NewRun) -> None:
     """`ratchet start`: create the run (a worker does the steps) and print its id."""
     require_local_store("start")
-    state = validated_run(
-        goal=goal,
-        scenario=scenario,
-        agent_ref=agent_ref,
-        run_id=run_id,
-        model=model,
-        max_steps=max_steps,
-        input_json=input_json,
-        params=params,
-        batches=batches,
-        tool_latency_ms=tool_latency_ms,
-        notify=notify,
-        notify_slack=notify_slack,
-        concurrency_key=concurrency_key,
-        priority=priority,
-        budget=budget,
-    )
+    state = validated_run(new)
     say_if_paid(state.options.model, stderr=True)
-    created = _create(with_approval_timeout(state, approval_timeout))
+    created = _create(with_approval_timeout(state, new.approval_timeout))
     say_line(state.run_id)
     if not created:
         say_line(f"run {state.run_id} already exists; nothing changed", stderr=True)
@@ -78,24 +70,7 @@ def start_run(
         )
 
 
-def validated_run(
-    *,
-    goal: str | None,
-    scenario: str | None,
-    agent_ref: str | None,
-    run_id: str | None,
-    model: str | None,
-    max_steps: int | None,
-    input_json: str | None,
-    params: list[str] | None,
-    batches: int | None,
-    tool_latency_ms: int | None,
-    notify: list[str] | None = None,
-    notify_slack: str | None = None,
-    concurrency_key: str | None = None,
-    priority: int | None = None,
-    budget: str | None = None,
-) -> RunState:
+def validated_run(new: NewRun) -> RunState:
     """Validate everything about a new run before anything touches the store. Refusals
     name the CLI's flags (the API names the same fields as JSON fields)."""
     # pydantic and the run models (see ratchet.cli.context).
@@ -110,29 +85,29 @@ def validated_run(
         request_problems,
     )
 
-    if run_id is not None:
-        check_run_id(run_id)
-    if concurrency_key is not None:
-        check_concurrency_key(concurrency_key, "--key")
+    if new.run_id is not None:
+        check_run_id(new.run_id)
+    if new.concurrency_key is not None:
+        check_concurrency_key(new.concurrency_key, "--key")
     try:
         request = RunRequest(
-            run_id=run_id,
-            scenario=scenario,
-            agent=agent_ref,
-            goal=goal,
-            model=model,
-            max_steps=max_steps,
-            input=run_input(input_json, params),
-            batches=batches,
-            tool_latency_ms=tool_latency_ms,
-            notify={"email": notify or [], "slack_channel": notify_slack}
-            if notify or notify_slack
+            run_id=new.run_id,
+            scenario=new.scenario,
+            agent=new.agent_ref,
+            goal=new.goal,
+            model=new.model,
+            max_steps=new.max_steps,
+            input=run_input(new.input_json, new.params),
+            batches=new.batches,
+            tool_latency_ms=new.tool_latency_ms,
+            notify={"email": new.notify or [], "slack_channel": new.notify_slack}
+            if new.notify or new.notify_slack
             else None,
-            concurrency_key=concurrency_key,
-            priority=priority,
+            concurrency_key=new.concurrency_key,
+            priority=new.priority,
             # As text: the model reads it as a number, and says the same line whichever path
             # (this CLI's option or the quick one) read it.
-            budget_usd=budget,
+            budget_usd=new.budget,
         )
     except ValidationError as error:
         field, message = request_problems(error)[0]
@@ -140,7 +115,7 @@ def validated_run(
     try:
         return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
     except RunRequestInvalid as refused:
-        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, params)) from None
+        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, new.params)) from None
 
 
 def _as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
