@@ -6,6 +6,7 @@ keeps what the writer wrote; a second run rewrites nothing."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from ratchet.adapters.dynamodb import reencrypt as reencryption
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.reencrypt import SEALED_ATTRIBUTES, StackStorage, reencrypt
-from ratchet.adapters.payload_keys import KeyringCodec, new_keyring_line
+from ratchet.adapters.payload_keys import KeyringCodec, KmsCodec, new_keyring_line
 from ratchet.adapters.s3_blobs import PREFIX
 from ratchet.cli.app import app as cli_app
 from ratchet.client import Client
@@ -250,3 +251,38 @@ def test_an_item_a_writer_changed_after_the_scan_keeps_what_the_writer_wrote(
     print(f"second run: {again.to_json()}")
     assert (again.records, again.moved, again.blobs) == (0, 0, 0)
     assert set(_texts_by_key(dynamodb)) == {codec_b.key_id}
+
+
+def test_with_kms_keys_the_newest_is_the_named_key_and_the_old_one_can_be_disabled(aws):
+    dynamodb, s3 = aws
+    kms = boto3.client("kms", region_name=REGION)
+    key_a = kms.create_key()["KeyMetadata"]["Arn"]
+    key_b = kms.create_key()["KeyMetadata"]["Arn"]
+    # Given a run sealed under KMS key A, and one under B by another process (its own data key)
+    _write_run(_runtime(dynamodb, s3, KmsCodec(kms, key_a)), "a-1")
+    _write_run(_runtime(dynamodb, s3, KmsCodec(kms, key_b)), "b-1")
+
+    # When the store is rewritten with B named
+    done = _ratchet("migrate", "--reencrypt", "--json", "--bucket", BUCKET, key=f"kms:{key_b}")
+    report = json.loads(done.output)
+    print(f"\n{report}")
+
+    # Then A's texts and blob are rewritten, and B's, under another data key of B, are already
+    # under the newest key
+    assert done.exit_code == 0, done.output
+    assert report["key_id"] == key_b
+    assert (report["records"], report["current"]) == (12, 12)
+    assert (report["blobs_resealed"], report["blobs_current"]) == (1, 1)
+    assert set(_texts_by_key(dynamodb)) == {key_b}
+    # and every run reads without KMS being asked to decrypt anything with A: A may be disabled
+    # (moto's KMS decrypts with a disabled key, so what the reads ask of it is counted instead)
+    asked: list[str] = []
+    reader_kms = boto3.client("kms", region_name=REGION)
+    reader_kms.meta.events.register(
+        "provide-client-params.kms.Decrypt", lambda params, **_: asked.append(params["KeyId"])
+    )
+    reader = _runtime(dynamodb, s3, KmsCodec(reader_kms, key_b))
+    for run_id in ("a-1", "b-1"):
+        _reads_whole(reader, run_id)
+    print(f"Decrypt calls of the reads, by key: {Counter(asked)}")
+    assert set(asked) == {key_b}

@@ -129,7 +129,7 @@ SEALED_ATTRIBUTES = (
     ),
 )
 """Every attribute a codec seals on the stack's tables (`ratchet.stored`, and the ledger's,
-mailbox's, approval book's and run data's adapters); tests/integration/aws/test_reencrypt.py
+mailbox's, approval book's and run data's adapters); tests/integration/test_reencrypt_dynamodb.py
 checks that a store sealed under an old key holds no text left under it after a run."""
 
 
