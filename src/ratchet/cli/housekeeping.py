@@ -35,8 +35,24 @@ ReencryptOption = Annotated[
 ]
 
 
+BucketOption = Annotated[
+    str | None,
+    typer.Option(
+        "--bucket",
+        envvar="RATCHET_BLOB_BUCKET",
+        metavar="NAME",
+        help="With --reencrypt on a dynamodb:// store: the stack's blob bucket (its BlobBucket "
+        "output), whose blobs are rewritten too.",
+        show_default=False,
+    ),
+]
+
+
 def migrate(
-    dry_run: DryRunOption = False, as_json: JsonOption = False, reencrypt: ReencryptOption = False
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+    reencrypt: ReencryptOption = False,
+    bucket: BucketOption = None,
 ) -> None:
     """Upgrade every stored head to the current state schema, each under its version check,
     and report per schema version. Exit 1 if a run cannot be read or upgraded. On a deployed
@@ -47,7 +63,7 @@ def migrate(
     from ratchet.store_urls import DYNAMODB_SCHEME
 
     if reencrypt:
-        _reencrypt(dry_run=dry_run, as_json=as_json)
+        _reencrypt(dry_run=dry_run, as_json=as_json, bucket=bucket)
         return
     if settings().store.startswith(DYNAMODB_SCHEME):
         _index_unlisted(dry_run=dry_run, as_json=as_json)
@@ -133,21 +149,24 @@ def gc(
         say(f"  {run_id}  unreadable, left as it is: {reason}")
 
 
-def _reencrypt(*, dry_run: bool, as_json: bool) -> None:
-    """`migrate --reencrypt`: every sealed text and blob of a local store under the newest
-    payload key (`LocalRuntime.reencrypt`)."""
+def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
+    """`migrate --reencrypt`: every sealed text and blob of a local store, or every sealed
+    attribute and blob of a deployed stack's tables and bucket, under the newest payload key
+    (`LocalRuntime.reencrypt`, `AwsRuntime.reencrypt`); one report for both."""
     from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
-        raise InvalidInput(
-            "ratchet migrate --reencrypt rewrites a local sqlite:// store; a dynamodb:// "
-            "store's sealed items are not rewritten yet (old keys stay needed)"
-        )
-    runtime = _local_store("migrate", write=not dry_run)
-    try:
-        report = runtime.reencrypt(dry_run=dry_run)
-    finally:
-        runtime.close()
+        runtime = open_runtime(create=False)
+        try:
+            report = runtime.reencrypt(dry_run=dry_run, bucket=bucket)
+        finally:
+            runtime.close()
+    else:
+        runtime = _local_store("migrate", write=not dry_run)
+        try:
+            report = runtime.reencrypt(dry_run=dry_run)
+        finally:
+            runtime.close()
     if as_json:
         print_json(report.to_json())
     else:

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_stepfunctions import SFNClient
 
+    from ratchet.adapters.sqlite.reencrypt import Reencryption
     from ratchet.runtime.hooks import Hooks
 
 SCRATCH = Path("/tmp/ratchet-scratch")
@@ -116,6 +117,7 @@ class AwsRuntime:
         self._stepfunctions = stepfunctions
         self._hook_key = hook_key
         self._codec = codec
+        self._s3 = s3
         self.anthropic_configured = anthropic_api_key is not None
         self.store = DynamoDbCheckpointStore(
             dynamodb,
@@ -680,6 +682,39 @@ class AwsRuntime:
             at=change.updated_at,
             event=change.status.value,
         )
+
+    def reencrypt(self, *, dry_run: bool, bucket: str | None = None) -> Reencryption:
+        """`ratchet migrate --reencrypt`: every sealed attribute of the stack's items and every
+        blob of its bucket (`bucket`, else the settings') under the payload key's newest key
+        (`ratchet.adapters.dynamodb.reencrypt`)."""
+        from ratchet.adapters.dynamodb.reencrypt import StackStorage, reencrypt
+
+        if self._codec is None:
+            raise InvalidInput(
+                "ratchet migrate --reencrypt seals under the payload key: set "
+                "RATCHET_PAYLOAD_KEY (kms:<the new key>, or file:PATH with the new key first)"
+            )
+        bucket = bucket or self.settings.blob_bucket
+        if not bucket:
+            # Without it the blobs would stay under the old key, and removing the key would
+            # lose them: refused rather than half done.
+            raise InvalidInput(
+                "ratchet migrate --reencrypt on a dynamodb:// store rewrites the blobs too: "
+                "name the stack's bucket (its BlobBucket output) with --bucket or "
+                "RATCHET_BLOB_BUCKET"
+            )
+        s3 = self._s3
+        if s3 is None:
+            import boto3
+
+            s3 = boto3.client("s3", region_name=self.dynamodb.meta.region_name)
+        tables = {
+            "checkpoints": self.settings.checkpoints_table,
+            "idempotency": self.settings.idempotency_table,
+            "app": self.settings.app_table,
+        }
+        storage = StackStorage(self.dynamodb, tables, s3, bucket)
+        return reencrypt(storage, self._codec, dry_run=dry_run)
 
     def close(self) -> None:
         """Nothing to release (the clients are the caller's); here so the CLI can treat both

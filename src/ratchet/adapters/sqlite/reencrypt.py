@@ -229,28 +229,46 @@ def _rewritten(
     column: SealedColumn, rows: list[Any], codec: PayloadCodec, report: Reencryption
 ) -> Iterator[tuple[tuple[Any, ...], str, str, dict[str, int]]]:
     """Each row of a page that is not under the newest key: its key, its text as read, its
-    text under the newest key, and the count it adds to. A dry run counts them here."""
+    text under the newest key, and the count it adds to."""
     width = len(column.keys)
     for row in rows:
         key, run_id, text = tuple(row[:width]), str(row[width]), str(row[width + 1])
-        key_id = stored.sealed_key_id(text)
-        if key_id == codec.key_id:
-            report.current += 1
-            continue
-        if key_id is None and stored.is_sealed_text(text) and not column.clear_values:
-            report.unreadable.append(f"{column.table} {'/'.join(map(str, key))}")
-            continue
-        part = column.part(key)
-        try:
-            plain = column.open(text, codec, part, run_id)
-        except PayloadTampered:
-            report.unreadable.append(f"{column.table} {'/'.join(map(str, key))}")
-            continue
-        counts = report.sealed if key_id is None else report.resealed
-        if report.dry_run:
-            counts[column.table] = counts.get(column.table, 0) + 1
-            continue
-        yield key, text, column.seal(plain, codec, part, run_id), counts
+        rewrite = resealed_text(column, key, run_id, text, codec, report)
+        if rewrite is not None:
+            yield key, text, *rewrite
+
+
+def resealed_text(
+    column: SealedColumn,
+    key: tuple[Any, ...],
+    run_id: str,
+    text: str,
+    codec: PayloadCodec,
+    report: Reencryption,
+) -> tuple[str, dict[str, int]] | None:
+    """`text` (of `column`, the row or item `key` of run `run_id`) under the newest key, and
+    the count its write adds to; None if it is left as it is (already under the newest key,
+    or failing its authentication: counted here) or the run is a dry one (counted here).
+    Every store's reencryption decides each text here."""
+    key_id = stored.sealed_key_id(text)
+    if key_id == codec.key_id:
+        report.current += 1
+        return None
+    where = f"{column.table} {'/'.join(map(str, key))}"
+    if key_id is None and stored.is_sealed_text(text) and not column.clear_values:
+        report.unreadable.append(where)
+        return None
+    part = column.part(key)
+    try:
+        plain = column.open(text, codec, part, run_id)
+    except PayloadTampered:
+        report.unreadable.append(where)
+        return None
+    counts = report.sealed if key_id is None else report.resealed
+    if report.dry_run:
+        counts[column.table] = counts.get(column.table, 0) + 1
+        return None
+    return column.seal(plain, codec, part, run_id), counts
 
 
 def _reencrypt_blobs(root: Path, codec: PayloadCodec, report: Reencryption) -> None:
@@ -259,25 +277,34 @@ def _reencrypt_blobs(root: Path, codec: PayloadCodec, report: Reencryption) -> N
     for path in sorted(root.glob("*/*")):
         if path.name.startswith(".") or not path.is_file():
             continue  # a blob being written (`.tmp-...`): its writer seals it
-        data = path.read_bytes()
-        context = blob_context(path.name)
-        if hashlib.sha256(data).hexdigest() == path.name:
-            plain, counted = data, "blobs_sealed"
-        elif is_sealed(data):
-            try:
-                if header_of(data)[0] == codec.key_id:
-                    report.blobs_current += 1
-                    continue
-                plain, counted = codec.open(data, context=context), "blobs_resealed"
-            except PayloadTampered:
-                report.unreadable.append(f"blob {path.name}")
-                continue
-        else:
-            report.unreadable.append(f"blob {path.name}")
-            continue
-        setattr(report, counted, getattr(report, counted) + 1)
-        if not report.dry_run:
-            _replace(path, codec.seal(plain, context=context))
+        data = resealed_blob(path.name, path.read_bytes(), codec, report)
+        if data is not None:
+            _replace(path, data)
+
+
+def resealed_blob(
+    name: str, data: bytes, codec: PayloadCodec, report: Reencryption
+) -> bytes | None:
+    """The blob `name`'s bytes `data` under the newest key, bound to the same name (one written
+    in clear is named by its SHA-256); None if it is left as it is or the run is a dry one.
+    Counted here, as `resealed_text` counts a text."""
+    context = blob_context(name)
+    if hashlib.sha256(data).hexdigest() == name:
+        plain, counted = data, "blobs_sealed"
+    elif is_sealed(data):
+        try:
+            if header_of(data)[0] == codec.key_id:
+                report.blobs_current += 1
+                return None
+            plain, counted = codec.open(data, context=context), "blobs_resealed"
+        except PayloadTampered:
+            report.unreadable.append(f"blob {name}")
+            return None
+    else:
+        report.unreadable.append(f"blob {name}")
+        return None
+    setattr(report, counted, getattr(report, counted) + 1)
+    return None if report.dry_run else codec.seal(plain, context=context)
 
 
 def _reencrypt_outbox(folder: Path, codec: PayloadCodec, report: Reencryption) -> None:
