@@ -166,6 +166,13 @@ CREATE TABLE approvals (
     record      text NOT NULL
 );
 CREATE INDEX approvals_by_run ON approvals (run_id, step);
+-- ratchet.adapters.postgres.blobs keeps large tool outputs here, by the address the file
+-- blobs take (their SHA-256, or keyed hash when sealed): workers on every host read them.
+CREATE TABLE blobs (
+    address    text PRIMARY KEY,
+    data       bytea NOT NULL,
+    touched_at timestamptz NOT NULL
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
