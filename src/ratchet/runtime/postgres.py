@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.postgres.hooks import PostgresHookBook
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
+    from ratchet.adapters.postgres.wakeups import PostgresWakeUps
 
 _FOLDER_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -158,6 +159,13 @@ class PostgresRuntime(LocalRuntime):
         # as a command waits on a busy store before a worker delivers what it left.
         book, after = self.approvals, delivery_time(self.settings.busy_timeout_seconds)
         return lambda now: deliver_undelivered(book, engine, now, after=after)
+
+    def wake_ups(self) -> PostgresWakeUps:
+        """A worker's own listening connection: told of new work by `NOTIFY`, it polls only
+        as a fallback (`ratchet.adapters.postgres.wakeups`)."""
+        from ratchet.adapters.postgres.wakeups import PostgresWakeUps
+
+        return PostgresWakeUps(self.pg, clock=self.clock)
 
     @property
     def deliveries(self) -> NoReturn:

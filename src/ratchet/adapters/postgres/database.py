@@ -184,6 +184,10 @@ _MAKING_LOCK = 0x52744368_00000001
 """The advisory lock (transaction-scoped) two processes making one new store at once take in
 turn: the second finds the store made, and makes nothing."""
 
+WORK_CHANNEL = "ratchet_work"
+"""The channel on which a write that gives workers something to do says so (a new run, an
+event, a decision or a settled wait: the run becomes runnable), for `PostgresWakeUps`."""
+
 DEFAULT_POOL_SIZE = 4
 POOL_SIZE_PARAMETER = "pool_size"
 URL_FORM = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?pool_size=N&...libpq parameters]"
@@ -370,6 +374,14 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def notify_work(tx: psycopg.Connection[Any], run_id: str) -> None:
+    """Tell the listening workers that `run_id` may be worked, in `tx`: Postgres sends the
+    notification when the transaction commits, and never if it rolls back, so no worker is
+    woken for a write that did not land, nor misses one that did (unless it was not listening
+    then: its fallback poll finds the run)."""
+    tx.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, run_id))
 
 
 def _configure(connection: psycopg.Connection[Any]) -> None:
