@@ -173,6 +173,14 @@ CREATE TABLE blobs (
     data       bytea NOT NULL,
     touched_at timestamptz NOT NULL
 );
+-- ratchet.adapters.postgres.daily_spend counts an agent's spend on model calls here, a row
+-- per agent and day (UTC), in millionths of a US dollar.
+CREATE TABLE daily_spend (
+    agent  text NOT NULL,
+    day    text NOT NULL,
+    micros bigint NOT NULL,
+    PRIMARY KEY (agent, day)
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
