@@ -1,6 +1,7 @@
 """The contract every DailySpend backend must honour (`ratchet.ports.DailySpend`, an agent's
 spend per day shared by all its runs and workers): SQLite locally, DynamoDB (on moto) on AWS,
-Postgres (the tests' throwaway cluster), one suite. Issue 38, item 2: the counter; the engine does not use it yet."""
+Postgres (the tests' throwaway cluster), one suite. Issue 38, item 2: the counter; the engine
+does not use it yet."""
 
 from __future__ import annotations
 
