@@ -11,10 +11,16 @@ Concurrency limits (a SQLite store, 4 workers in this process): 20 runs of
 side by side: the steps in flight in each tenth of a second, the most at once, and how long the
 20 runs took.
 
-Child runs (`bench.fan_out`, last): a parent starting 10 and 100 children, 4 workers, the time
+Child runs (`bench.fan_out`): a parent starting 10 and 100 children, 4 workers, the time
 from its starting step to its resumption.
 
-    python -m bench.many_runs [--runs 100 1000 10000] [--steps 10] [--limit 50]
+Postgres beside SQLite (last; alone with `--stores`): 200 runs of `tests.keyed_effects_agent`
+(3 steps, each applying one keyed effect to a SQLite file of its own, the same for both
+stores) worked by 4 `ratchet worker --until-idle` processes, on a SQLite store and on a
+Postgres store (a throwaway cluster, `tests.postgres_support`): steps per second from the
+first step's commit to the last, and the wall time with the workers' start-up.
+
+    python -m bench.many_runs [--runs 100 1000 10000] [--steps 10] [--limit 50] [--stores]
 
 For each table it prints the items the table holds, then for the Scan and for a page of done
 runs (a third of them) and a page of every status: the items DynamoDB read (`ScannedCount`,
@@ -117,7 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--stores", action="store_true", help="only Postgres beside SQLite")
     args = parser.parse_args(argv)
+    if args.stores:
+        stores_section()
+        return
     print(
         f"Listing runs on DynamoDB (moto): the Scan against a page of {args.limit} from the "
         f"runs index; {args.steps} step records a run"
@@ -212,9 +222,98 @@ def concurrency_section() -> None:
     print(f"{'bounded / free':>17} {'':>12} {bounded / free:>7.2f}x")
 
 
+STORE_RUNS = 200
+STORE_WORKERS = 4
+STORE_STEPS = 3
+REPO = Path(__file__).resolve().parents[1]
+
+
+def steps_per_second(store: str, root: Path) -> tuple[float, float]:
+    """Steps a second over `STORE_RUNS` runs worked by `STORE_WORKERS` worker processes on
+    `store`, from the first step's commit to the last, and the wall seconds the workers took
+    (with their start-up)."""
+    import os
+    import subprocess
+    import sys
+
+    import ratchet
+    from ratchet.state import RunStatus, StepCompleted
+    from tests.keyed_effects_agent import AGENT
+
+    client = ratchet.connect(store)
+    worker_argv = [sys.executable, "-m", "ratchet.cli"]
+    for n in range(STORE_RUNS):
+        client.start(run_id=f"r-{n:03d}", agent=AGENT, input={"steps": STORE_STEPS})
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(REPO)) if p)
+    env = {k: v for k, v in os.environ.items() if k not in {"RATCHET_FAULT", "RATCHET_STORE"}}
+    started = time.monotonic()
+    workers = [
+        subprocess.Popen(
+            [*worker_argv, "--store", store, "worker", "--until-idle", "--worker-id", f"w{n}"],
+            cwd=root,
+            env={**env, "PYTHONPATH": path},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for n in range(STORE_WORKERS)
+    ]
+    for worker in workers:
+        worker.wait(timeout=600)
+    wall = time.monotonic() - started
+    commits = []
+    for n in range(STORE_RUNS):
+        head = client.runtime.store.load_head(f"r-{n:03d}")
+        assert head is not None, n
+        assert head.status is RunStatus.DONE, head
+        commits += [
+            c.created_at
+            for c in client.runtime.store.list_checkpoints(f"r-{n:03d}")
+            if isinstance(c.event, StepCompleted)
+        ]
+    client.runtime.close()
+    span = (max(commits) - min(commits)).total_seconds()
+    return len(commits) / span, wall
+
+
+def stores_section() -> None:
+    import os
+
+    from tests.postgres_support import cluster
+
+    print()
+    print(
+        f"Postgres beside SQLite: {STORE_RUNS} runs x {STORE_STEPS} steps over "
+        f"{STORE_WORKERS} worker processes"
+    )
+    rows = {}
+    here = Path.cwd()
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        for label in ("sqlite", "postgres"):
+            (root / label).mkdir()
+            os.chdir(root / label)  # the agent's world and the store's host files
+            try:
+                if label == "sqlite":
+                    store = f"sqlite:///{root / label / 'ratchet.db'}"
+                else:
+                    postgres = cluster()
+                    store = postgres.url(postgres.fresh_database())
+                rows[label] = steps_per_second(store, root / label)
+            finally:
+                os.chdir(here)
+    print(f"{'store':>9} {'steps/s':>8} {'wall s':>7}")
+    for label, (rate, wall) in rows.items():
+        print(f"{label:>9} {rate:>8.1f} {wall:>7.1f}")
+    print(f"{'pg/sqlite':>9} {rows['postgres'][0] / rows['sqlite'][0]:>7.2f}x")
+
+
 if __name__ == "__main__":
+    import sys
+
     from bench.fan_out import fan_out_section
 
     main()
-    concurrency_section()
-    fan_out_section()
+    if "--stores" not in sys.argv:
+        concurrency_section()
+        fan_out_section()
+        stores_section()

@@ -216,10 +216,16 @@ class BenchRun:
     engine."""
 
     def __init__(
-        self, directory: Path, *, steps: int, max_steps: int, budget: Budget | None = None
+        self,
+        directory: Path,
+        *,
+        steps: int,
+        max_steps: int,
+        budget: Budget | None = None,
+        url: str | None = None,
     ) -> None:
-        self.url = f"sqlite:///{directory / 'ratchet.db'}"
-        self.runtime = LocalRuntime.open(_settings(self.url))
+        self.url = url or f"sqlite:///{directory / 'ratchet.db'}"
+        self.runtime = _open(self.url)
         self.clock = ToolClock()
         self.engine = bench_engine(self.runtime, self.clock)
         # What `ratchet start --agent bench.scripted_agent:agent --param steps=N` does (with
@@ -382,6 +388,15 @@ def resume_in_fresh_process(url: str) -> ResumeSample:
     if completed.returncode != 0:
         raise RuntimeError(f"the resume process failed:\n{completed.stderr}")
     return ResumeSample(**json.loads(completed.stdout.splitlines()[-1]))
+
+
+def _open(url: str) -> LocalRuntime:
+    """The local runtime on `url`: a SQLite file, or (`--compare-postgres`) a Postgres store."""
+    if url.startswith("postgresql://"):
+        from ratchet.runtime.postgres import PostgresRuntime
+
+        return PostgresRuntime.open(_settings(url))
+    return LocalRuntime.open(_settings(url))
 
 
 def _settings(url: str) -> LocalSettings:
@@ -859,6 +874,42 @@ def _dynamodb_step_cost(budget: Budget | None) -> tuple[int, int, str]:
         return sum(cost.by_operation().values()), cost.write_units(), ops
 
 
+POSTGRES_STEPS = 1_000
+
+
+def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
+    """`--compare-postgres`: the engine's time and the bytes a commit wrote per step, on a
+    SQLite store and on a Postgres store (the tests' throwaway cluster, `fsync` off), the
+    same run of the scripted agent on each, in this process."""
+    from tests.postgres_support import cluster
+
+    postgres = cluster()
+    stores = {
+        "sqlite": f"sqlite:///{directory / 'ratchet.db'}",
+        "postgres": postgres.url(postgres.fresh_database()),
+    }
+    lines = [f"{steps:,} steps of the scripted agent, in this process", ""]
+    lines.append(f"{'store':>9} {'engine ms p50':>13} {'p90':>6} {'step ms p50':>11} {'bytes':>6}")
+    for label, url in stores.items():
+        with BenchRun(directory, steps=steps + 1, max_steps=MAX_STEPS, url=url) as run:
+            timings = run.advance_to(steps)
+            written = [
+                c.size for c in run.runtime.store.list_checkpoints(RUN_ID) if c.event.kind == "step"
+            ]
+        engine = [t.engine.wall_ms for t in timings]
+        whole = [t.whole.wall_ms for t in timings]
+        lines.append(
+            f"{label:>9} {_median(engine):>13.2f} {_p90(engine):>6.2f} "
+            f"{_median(whole):>11.2f} {statistics.median(written):>6.0f}"
+        )
+    lines += [
+        "",
+        "engine ms: a step's wall time less the tool's own; bytes: the commit's receipt (head, "
+        "step record, ledger result), as the store's `bytes` column keeps it",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="What one Ratchet step costs.")
     parser.add_argument(
@@ -883,7 +934,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="what a run's budget costs a step: engine time, records and bytes without a "
         "budget and with one, side by side, and DynamoDB requests and write units (moto)",
     )
+    parser.add_argument(
+        "--compare-postgres",
+        action="store_true",
+        help="engine ms and bytes per step on a SQLite store and on a Postgres store (the "
+        "tests' throwaway cluster), side by side",
+    )
     args = parser.parse_args(argv)
+    if args.compare_postgres:
+        with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
+            print(postgres_comparison(Path(directory)))
+        return
     if args.compare_budget:
         with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
             (Path(directory) / "without").mkdir()

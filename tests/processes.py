@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.agents import load_agent
-from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.runtime import runtime_for
+from ratchet.runtime.local import LocalSettings
 from ratchet.state import RunState, RunStatus
 
 RATCHET = [sys.executable, "-m", "ratchet.cli"]
@@ -76,7 +77,7 @@ class Cli:
     # and a CLI start-up per poll would only slow the tests down.
 
     def head(self, run_id: str) -> RunState:
-        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        runtime = runtime_for(LocalSettings(store=self.store), create=False)
         try:
             state = runtime.store.load_head(run_id)
         finally:
@@ -86,7 +87,7 @@ class Cli:
 
     def verify(self, run_id: str) -> dict[str, Any]:
         state = self.head(run_id)
-        runtime = LocalRuntime.open(LocalSettings(store=self.store), create=False)
+        runtime = runtime_for(LocalSettings(store=self.store), create=False)
         try:
             agent = load_agent(state.agent)
             assert agent.verify is not None

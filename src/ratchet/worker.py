@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ratchet.engine import Engine, Outcome, StepOutcome
 from ratchet.errors import (
@@ -48,6 +48,9 @@ from ratchet.state import RunState, utcnow
 
 DEFAULT_LEASE_SECONDS = 30.0
 POLL_SECONDS = 0.1
+FALLBACK_POLL_SECONDS = 2.0
+"""How long a worker told of new work by its store (`WakeUps`) waits for word before it looks
+anyway: the bound on how late it finds work whose notification it missed."""
 RETRY_PAUSE_SECONDS = 0.05
 """The pause before retrying a step that crashed without a recorded failure (the engine's
 backoff, `not_before`, covers the failures it recorded)."""
@@ -175,6 +178,17 @@ class Heartbeat:
             hold.lost.set()
 
 
+class WakeUps(Protocol):
+    """A store's word that there may be work (a new run, an event, a decision, a due timer),
+    for a worker with none, instead of asking the store every `POLL_SECONDS`."""
+
+    def wait(self, seconds: float) -> bool:
+        """Return when told of work (True), or after about `seconds` (False)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Worker:
     engine: Engine
@@ -215,6 +229,10 @@ class Worker:
     such runs are claimed only while their agent (by its name, whatever reference its runs
     store) has a free slot, and let go after each step, so the runs waiting their turn take it
     in order (`ratchet.limits`)."""
+    wake_ups: WakeUps | None = None
+    """Where an idle worker waits for word of new work, looking anyway every
+    `fallback_poll_seconds` (None: it looks every `poll_seconds`)."""
+    fallback_poll_seconds: float = FALLBACK_POLL_SECONDS
     unreadable: set[str] = field(default_factory=set, init=False)
     """Runs this worker found it cannot read; it leaves them alone from then on."""
     unloadable: dict[str, AgentUnloadable] = field(default_factory=dict, init=False)
@@ -267,6 +285,8 @@ class Worker:
             ) as heartbeat:
                 self._claim_and_work(heartbeat, until_idle=until_idle, run_id=run_id)
         finally:
+            if self.wake_ups is not None:
+                self.wake_ups.close()
             self.leases.unregister_worker(self.worker_id, token)
 
     def _claim_and_work(
@@ -304,7 +324,7 @@ class Worker:
                     # Once per stretch of idleness: a worker with nothing to do is not silent.
                     self.on_wait("no run to work; waiting for one (Ctrl-C or SIGTERM stops)")
                 said_idle = True
-                self.stop.wait(self.poll_seconds)
+                self._wait_for_work()
                 continue
             said_idle = False
             self._work_on(claimed, heartbeat)
@@ -647,6 +667,14 @@ class Worker:
             },
         )
         self._pause(delay)
+
+    def _wait_for_work(self) -> None:
+        if self.wake_ups is None:
+            self.stop.wait(self.poll_seconds)
+        else:
+            # Until word comes, a timer is due or the fallback poll's time is up: a stop asked
+            # meanwhile is seen then, within `fallback_poll_seconds`.
+            self.wake_ups.wait(self.fallback_poll_seconds)
 
     def _pause(self, seconds: float) -> None:
         if self.sleep is not None:

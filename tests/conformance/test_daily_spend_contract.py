@@ -1,6 +1,7 @@
 """The contract every DailySpend backend must honour (`ratchet.ports.DailySpend`, an agent's
 spend per day shared by all its runs and workers): SQLite locally, DynamoDB (on moto) on AWS,
-one suite. Issue 38, item 2: the counter; the engine does not use it yet."""
+Postgres (the tests' throwaway cluster), one suite. Issue 38, item 2: the counter; the engine
+does not use it yet."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from ratchet.adapters.dynamodb.daily_spend import DynamoDbDailySpend
+from ratchet.adapters.postgres.daily_spend import PostgresDailySpend
 from ratchet.adapters.sqlite.daily_spend import SqliteDailySpend
 from ratchet.adapters.sqlite.database import SqliteDatabase
 from ratchet.ports import DailySpend
 from tests.dynamodb_support import SETTINGS, serialized_moto_tables
+from tests.postgres_support import scratch_store
 
 DAY = "2026-12-06"
 
@@ -39,9 +42,16 @@ def _dynamodb(tmp_path: Path) -> Iterator[Callable[[], DailySpend]]:
         yield lambda: DynamoDbDailySpend(client, SETTINGS.checkpoints_table)
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+def _postgres(tmp_path: Path) -> Iterator[Callable[[], DailySpend]]:
+    with scratch_store() as open_store:
+        # Each reserver with a pool of its own, as each worker process has.
+        yield lambda: PostgresDailySpend(open_store())
+
+
+@pytest.fixture(params=["sqlite", "dynamodb", "postgres"])
 def counters(request, tmp_path) -> Iterator[Callable[[], DailySpend]]:
-    yield from {"sqlite": _sqlite, "dynamodb": _dynamodb}[request.param](tmp_path)
+    backend = {"sqlite": _sqlite, "dynamodb": _dynamodb, "postgres": _postgres}[request.param]
+    yield from backend(tmp_path)
 
 
 def test_a_day_takes_reservations_up_to_its_limit_and_refuses_the_rest_uncounted(counters):

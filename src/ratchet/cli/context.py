@@ -190,15 +190,26 @@ _ON_AWS = {
 }
 
 
+_NOT_ON_POSTGRES = frozenset({"deliveries", "gc", "migrate", "serve", "demo"})
+"""The commands not built on a postgresql:// store yet (docs/postgres.md)."""
+
+
 def require_local_store(command: str) -> None:
     """The commands that write, or work on the store itself, take a local store only: refuse
-    a dynamodb:// one before touching anything, saying what to do on AWS instead."""
-    from ratchet.store_urls import DYNAMODB_SCHEME
+    a dynamodb:// one before touching anything, saying what to do on AWS instead. A
+    postgresql:// store takes them all but those not built on it yet, refused the same way."""
+    from ratchet.store_urls import DYNAMODB_SCHEME, POSTGRES_SCHEMES
 
-    if settings().store.startswith(DYNAMODB_SCHEME):
+    store = settings().store
+    if store.startswith(DYNAMODB_SCHEME):
         raise InvalidInput(
             f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: "
             f"{_ON_AWS[command]}"
+        )
+    if store.startswith(POSTGRES_SCHEMES) and command in _NOT_ON_POSTGRES:
+        raise InvalidInput(
+            f"ratchet {command} is not built on a postgresql:// store yet (docs/postgres.md): "
+            "use a sqlite:// store for it meanwhile"
         )
 
 

@@ -84,6 +84,7 @@ def serve(
 
         serve_deployed(host, port)
         return
+    require_local_store("serve")
     # The web apps, waitress and the local runtime: loaded only to serve (see ratchet.cli.context).
     from ratchet.runtime.local import LocalRuntime
     from ratchet.web.serve import base_url, is_local, listen

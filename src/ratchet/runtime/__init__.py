@@ -9,9 +9,8 @@ the approval book. `open_runtime(url)` builds one from a store URL:
 - `dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION[&endpoint=URL]`: the tables of a
   deployed stack (`ratchet.runtime.aws.AwsRuntime`), for reading runs, and for working a run in
   process where no state machine does;
-- `postgresql://USER@HOST/DATABASE`: recognised and checked (the `postgres` extra, the URL's
-  form), but no runtime runs on it yet: `ratchet.adapters.postgres` holds most of its ports,
-  the runtime that wires them is to come (docs/postgres.md).
+- `postgresql://USER@HOST/DATABASE`: the local runtime on a Postgres database that workers on
+  many hosts share (`ratchet.runtime.postgres.PostgresRuntime`, docs/postgres.md).
 
 Each runtime also builds its approval desk and notifiers (`LocalRuntime.approval_desk`,
 `AwsRuntime.approval_desk`); each run's model is chosen and built in `ratchet.runtime.models`,
@@ -111,16 +110,9 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
 
         return LocalRuntime.open(settings, create=create)
     if url.startswith(POSTGRES_SCHEMES):
-        from ratchet.adapters.postgres.database import PostgresUrl
+        from ratchet.runtime.postgres import PostgresRuntime
 
-        # The URL's form and the extra it needs are said first, in one line each: a user who
-        # names a Postgres store learns what to install before anything else.
-        PostgresUrl.parse(url)
-        raise StoreUnavailable(
-            "a postgresql:// store cannot run agents yet: its store's parts are being built, "
-            "its workers and commands are not (docs/postgres.md); use a sqlite:// or "
-            "dynamodb:// store meanwhile"
-        )
+        return PostgresRuntime.open(settings, create=create)
     raise StoreUnavailable(
         f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
         f"sqlite:////absolute/path.db or {DYNAMODB_FORM}"

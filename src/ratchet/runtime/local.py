@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from ratchet.schedules import Starter
     from ratchet.waiting.desk import EventDesk
     from ratchet.waiting.hooks import HookKeys
-    from ratchet.worker import StepReport, Worker
+    from ratchet.worker import StepReport, WakeUps, Worker
 from ratchet.runtime.models import Bindings
 from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
 from ratchet.tools import Agent, RunContext
@@ -611,7 +611,13 @@ class LocalRuntime:
                 self._schedule_starter(worker_id, logger), logger=logger
             ),
             stop=stop or threading.Event(),
+            wake_ups=self.wake_ups(),
         )
+
+    def wake_ups(self) -> WakeUps | None:
+        """Where this store's idle workers wait for word of work: none on SQLite, whose
+        workers look every `POLL_SECONDS` (a read of a local file costs little)."""
+        return None
 
     def _schedule_starter(self, worker_id: str, logger: Any) -> Starter:
         """How a worker starts a schedule's fire: the client's own start path, so the run is

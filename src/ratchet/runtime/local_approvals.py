@@ -7,10 +7,11 @@ recording it on the run is recorded by a worker (`deliver_undelivered`)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Protocol
 
-from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
 from ratchet.engine import Engine
 from ratchet.errors import ApprovalClosed, NotWaiting, StaleVersion
+from ratchet.ports import ApprovalBook
 from ratchet.state import RunState
 from ratchet.waits import Approval, ApprovalStatus, Verdict, expired_verdict
 
@@ -18,6 +19,14 @@ RESUME_TRIES = 3
 """Writes of the decision before the resume gives up on a head that keeps moving: the first
 on the head the desk read, each later one on the head read again (each move is a commit)."""
 DELIVERY_MARGIN_SECONDS = 5.0
+
+
+class ListedApprovals(ApprovalBook, Protocol):
+    """A book a worker reads whole for what it owes: the local stores' (SQLite, Postgres)."""
+
+    def pending(self) -> list[Approval]: ...
+
+    def undelivered(self, *, decided_before: datetime) -> list[Approval]: ...
 
 
 def delivery_time(busy_timeout: float) -> timedelta:
@@ -52,7 +61,7 @@ class LocalResumer:
                 head = approval.run_id
 
 
-def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> list[str]:
+def expire_overdue(book: ListedApprovals, engine: Engine, now: datetime) -> list[str]:
     """Record the expiry of every pending request past its deadline, as `RecordDecision` does
     on AWS: the waiting run gets a rejection by nobody (`expired_verdict`) as its step's
     result and is runnable again, and the step's requests are marked expired. A run no longer
@@ -75,7 +84,7 @@ def expire_overdue(book: SqliteApprovalBook, engine: Engine, now: datetime) -> l
 
 
 def deliver_undelivered(
-    book: SqliteApprovalBook, engine: Engine, now: datetime, *, after: timedelta
+    book: ListedApprovals, engine: Engine, now: datetime, *, after: timedelta
 ) -> list[str]:
     """Record every decision a person took longer than `after` ago (`delivery_time`) that
     its run, still waiting at the request's step, never got: its decider settled the request,

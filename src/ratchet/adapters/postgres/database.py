@@ -166,6 +166,21 @@ CREATE TABLE approvals (
     record      text NOT NULL
 );
 CREATE INDEX approvals_by_run ON approvals (run_id, step);
+-- ratchet.adapters.postgres.blobs keeps large tool outputs here, by the address the file
+-- blobs take (their SHA-256, or keyed hash when sealed): workers on every host read them.
+CREATE TABLE blobs (
+    address    text PRIMARY KEY,
+    data       bytea NOT NULL,
+    touched_at timestamptz NOT NULL
+);
+-- ratchet.adapters.postgres.daily_spend counts an agent's spend on model calls here, a row
+-- per agent and day (UTC), in millionths of a US dollar.
+CREATE TABLE daily_spend (
+    agent  text NOT NULL,
+    day    text NOT NULL,
+    micros bigint NOT NULL,
+    PRIMARY KEY (agent, day)
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
@@ -176,6 +191,10 @@ INSERT INTO {MARKER_TABLE} (schema_version) VALUES ({SCHEMA_VERSION});
 _MAKING_LOCK = 0x52744368_00000001
 """The advisory lock (transaction-scoped) two processes making one new store at once take in
 turn: the second finds the store made, and makes nothing."""
+
+WORK_CHANNEL = "ratchet_work"
+"""The channel on which a write that gives workers something to do says so (a new run, an
+event, a decision or a settled wait: the run becomes runnable), for `PostgresWakeUps`."""
 
 DEFAULT_POOL_SIZE = 4
 POOL_SIZE_PARAMETER = "pool_size"
@@ -363,6 +382,14 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def notify_work(tx: psycopg.Connection[Any], run_id: str) -> None:
+    """Tell the listening workers that `run_id` may be worked, in `tx`: Postgres sends the
+    notification when the transaction commits, and never if it rolls back, so no worker is
+    woken for a write that did not land, nor misses one that did (unless it was not listening
+    then: its fallback poll finds the run)."""
+    tx.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, run_id))
 
 
 def _configure(connection: psycopg.Connection[Any]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ratchet.adapters.postgres.database import PostgresDatabase
+from ratchet.adapters.postgres.database import PostgresDatabase, notify_work
 from ratchet.sealing import PayloadCodec
 from ratchet.stored import open_record_text, sealed_record_text
 from ratchet.waits import MAX_MAILBOX_EVENTS, SentEvent, mailbox_full
@@ -64,6 +64,8 @@ class PostgresMailbox:
                     ),
                 ),
             )
+            # A waiting run's event: a worker settles its wait (`settle_waits`).
+            notify_work(tx, event.run_id)
         return event, True
 
     def get(self, run_id: str, event_id: str) -> SentEvent | None:

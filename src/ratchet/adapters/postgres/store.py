@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ratchet import stored
-from ratchet.adapters.postgres.database import PostgresDatabase
+from ratchet.adapters.postgres.database import PostgresDatabase, notify_work
 from ratchet.adapters.postgres.ledger import COMPLETION_SQL
 from ratchet.adapters.sqlite.database import RUN_STATUSES, check_size
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
@@ -78,6 +78,8 @@ class PostgresCheckpointStore:
                 _insert_checkpoint(tx, checkpoint, event_json, other)
                 if state.status is RunStatus.WAITING:
                     _book_wait(tx, state)  # a fork of a waiting run waits too
+                elif state.status is RunStatus.RUNNING:
+                    notify_work(tx, state.run_id)
         return bool(inserted)
 
     def load_head(self, run_id: str) -> RunState | None:
@@ -206,6 +208,11 @@ class PostgresCheckpointStore:
                     _book_wait(tx, head)
                 elif stored_status == RunStatus.WAITING.value:
                     tx.execute("DELETE FROM open_waits WHERE run_id = %s", (head.run_id,))
+                if head.status is RunStatus.RUNNING:
+                    # A run that goes on again (a decision, a settled wait, a retry) is work
+                    # for whichever worker is free; a step's own commit wakes no one, its
+                    # worker goes on with the run.
+                    notify_work(tx, head.run_id)
             if commit.consumes is not None:
                 # The event this commit settles a wait with leaves the mailbox in the same
                 # transaction, and only if it was still there: it is taken once, never twice
