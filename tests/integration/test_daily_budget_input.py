@@ -43,9 +43,7 @@ def test_an_agent_with_a_bad_daily_budget_is_refused_when_it_is_defined(given, s
         (["--usd", "5", "--day", "2026-13-01"], "ratchet: --day: '2026-13-01' is not a day"),
     ],
 )
-def test_the_cli_refuses_a_bad_raise_in_one_line_with_exit_2_writing_nothing(
-    tmp_path, typed, said
-):
+def test_the_cli_refuses_a_bad_raise_in_one_line_with_exit_2_writing_nothing(tmp_path, typed, said):
     cli = Cli(tmp_path)
     cli.ok("start", "--scenario", "migration", "--run-id", "b")
     done = cli.run("budget", "raise", "daily", *typed)
