@@ -33,7 +33,7 @@ DAY_BUDGET = 0.03
 def dynamodb_requests(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Every DynamoDB request any client makes meanwhile, by operation."""
     seen: Counter[str] = Counter()
-    original = botocore.client.BaseClient._make_api_call
+    original = botocore.client.BaseClient._make_api_call  # type: ignore[attr-defined]
 
     def counted(self: Any, operation: str, params: dict[str, Any]) -> Any:
         if self.meta.service_model.service_name == "dynamodb":
@@ -81,7 +81,8 @@ def test_a_run_on_the_state_machine_waits_for_the_day_and_goes_on_once_raised(
                 {"agent": agent, "model": "metered", "run_id": f"aws-{agent}", "max_steps": steps}
             )
             assert status == 201, started
-            wait_until(lambda a=agent: _done(stack, f"aws-{a}"), timeout=120, what="the run")
+            run_id = f"aws-{agent}"
+            wait_until(lambda: _done(stack, run_id), timeout=120, what=f"{run_id} to end")  # noqa: B023
         costs[agent] = seen
     counter = _wiring.runtime().daily_spend
     # the daily run's calls counted (the unbounded run's first, never)
