@@ -34,12 +34,14 @@ def test_twenty_runs_on_four_workers_never_hold_more_than_their_agents_daily_bud
     day = day_of(utcnow())
     seen: list[int] = []
     db: list[SqliteDatabase] = []
+    counters: list[SqliteDailySpend] = []
 
     def counted(_: object) -> None:
         # Read in the stand-in's thread, as the request arrives: the caller's hold is on it.
-        if not db:
+        if not counters:
             db.append(SqliteDatabase(tmp_path / "ratchet.db", create=False, any_thread=True))
-        seen.append(SqliteDailySpend(db[0]).spent("daily", day))
+            counters.append(SqliteDailySpend(db[0]))
+        seen.append(counters[0].spent("daily", day))
 
     with BillingMessagesApi(on_request=counted) as api:
         runtime = LocalRuntime.open(LocalSettings(store=cli.store))

@@ -73,8 +73,10 @@ class SqliteDailySpend:
         return self._read(agent, day)[1]
 
     def _read(self, agent: str, day: str) -> tuple[int, int]:
-        with self._db.write() as tx:
-            self._check_table(tx)
+        if not self._table_checked:  # once: then a look at the counter waits for no writer
+            with self._db.write() as tx:
+                self._check_table(tx)
+        with self._db.read() as tx:
             row = tx.execute(
                 "SELECT micros + raised, raised FROM daily_spend WHERE agent = ? AND day = ?",
                 (agent, day),
