@@ -440,8 +440,9 @@ class Engine:
         left, in a commit of its own before any call (`ratchet.engine.spending`), and return
         the head it wrote; or, when that would not fit, park the run for a person to raise
         the budget and return that outcome. With an agent's daily budget, the same bound is
-        held on the agent's counter for the day first (returned, for the settling), or the
-        run waits for the next day. Without either (or with no call to make), `state`."""
+        held on the agent's counter for the day first (returned beside the head, for the
+        settling), or the run waits for the next day. Without either (or with no call to
+        make), `state` and no hold."""
         budget = state.budget
         if budget is None and self._daily is None:
             return state, None
