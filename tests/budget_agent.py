@@ -28,3 +28,28 @@ agent = Agent(
     step_timeout_seconds=None,
     max_cost_usd=0.05,
 )
+
+
+daily = Agent(
+    name="daily",
+    goal="Write notes, one a step.",
+    tools=[write_note],
+    instructions="You keep a tidy notebook.",
+    max_tokens=1024,
+    model_retry_seconds=0,
+    step_timeout_seconds=None,
+    max_cost_usd_per_day=0.03,
+)
+"""The same, with no budget per run and a budget per day, shared by all its runs."""
+
+
+unbounded = Agent(
+    name="unbounded",
+    goal="Write notes, one a step.",
+    tools=[write_note],
+    instructions="You keep a tidy notebook.",
+    max_tokens=1024,
+    model_retry_seconds=0,
+    step_timeout_seconds=None,
+)
+"""The same, bounded by nothing: what a step costs without a budget, for comparison."""

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
@@ -40,6 +40,7 @@ from ratchet.engine.fold import replay
 from ratchet.errors import (
     InvalidInput,
     NotResumable,
+    NotSleeping,
     RatchetError,
     RunNotFound,
     ScheduleExists,
@@ -74,6 +75,7 @@ from ratchet.state import (
     RunStatus,
     StepCompleted,
     StoredCheckpoint,
+    TimerWait,
     Usage,
     WaitSettled,
     utcnow,
@@ -86,7 +88,13 @@ from ratchet.waits import MAX_BY_CHARS, MAX_COMMENT_CHARS, Verdict
 if TYPE_CHECKING:
     from ratchet.engine import Binding, Engine
     from ratchet.feed import FeedBatch, FeedCursor, FeedEvent
-    from ratchet.ports import BlobStore, CheckpointStore, HookOpener, IdempotencyLedger
+    from ratchet.ports import (
+        BlobStore,
+        CheckpointStore,
+        DailySpend,
+        HookOpener,
+        IdempotencyLedger,
+    )
     from ratchet.schedules import Schedule, ScheduleBook
     from ratchet.tools import RunContext
     from ratchet.waiting.desk import EventDesk
@@ -95,6 +103,7 @@ __all__ = [
     "AsyncClient",
     "Checkpoint",
     "Client",
+    "DayBudgetRaised",
     "EventSent",
     "FeedEvent",
     "HookOpened",
@@ -221,6 +230,20 @@ class HookOpened(AnswerModel):
     """`<public url>/hooks/<hook id>`: needs no AWS signature, only a signed delivery."""
     secret: str = Field(repr=False)
     """HMAC-SHA256 key of the deliveries (64 hex characters): GitHub's webhook Secret."""
+
+
+class DayBudgetRaised(AnswerModel):
+    """An agent's daily budget raised for one UTC day (`Client.raise_day_budget`)."""
+
+    agent: str
+    day: str
+    """`YYYY-MM-DD`, UTC."""
+    raised_usd: float
+    """What the day's budget was raised by, this raise and the earlier ones of the day."""
+    spent_usd: float
+    """What the agent's runs spent on the day so far, holds of calls under way included."""
+    woken: list[str]
+    """The runs that waited for the day's budget and were woken to try again."""
 
 
 class UsageTotals(AnswerModel):
@@ -587,6 +610,11 @@ class Runtime(Protocol):
         has one (so the request's page and links show the decision), directly only if the
         step has no request at all. A request decided already, even one the run has not
         recorded yet, is never overruled: `ApprovalDecided` says who decided, and when."""
+        ...
+
+    @property
+    def daily_spend(self) -> DailySpend:
+        """The agents' daily spend counters (`Agent.max_cost_usd_per_day`)."""
         ...
 
     def event_desk(self, engine: Engine) -> EventDesk:
@@ -1021,6 +1049,63 @@ class Client:
             url=opened.url,
             secret=opened.secret,
         )
+
+    def raise_day_budget(
+        self, agent: str, usd: float, *, day: str | None = None, by: str | None = None
+    ) -> DayBudgetRaised:
+        """Let the runs of the agent named `agent` (`Agent.name`) spend `usd` more on `day`
+        (`YYYY-MM-DD`, UTC; today by default) than its `max_cost_usd_per_day`, on every worker,
+        and wake its runs that wait for today's budget (they try their step again; one that
+        still finds no room waits again). Raises add up. `InvalidInput`, with nothing written,
+        for an amount that is not above $0 and at most $10,000, a day that is not a date, or
+        a bad agent name or `by`."""
+        from ratchet.engine.spending import MICROS, micros
+        from ratchet.tools import check_budget, check_day
+
+        steering = _Steering.checked("raise", by=by or _operator())
+        if not agent or len(agent) > 128 or not agent.isprintable():
+            raise InvalidInput(f"agent: {agent!r} is not an agent's name")
+        try:
+            amount = check_budget(usd, "usd")
+            day = check_day(day, "day")
+        except ValueError as error:
+            raise InvalidInput(str(error)) from None
+        assert amount is not None
+        desk = self._event_desk()
+        today = desk.clock().astimezone(UTC).date().isoformat()  # the runtime's time
+        day = today if day is None else day
+        counter = self.runtime.daily_spend
+        raised = counter.raise_budget(agent, day, micros(amount))
+        self.logger.info(
+            "daily budget raised",
+            extra={"agent": agent, "day": day, "usd": amount, "by": steering.by},
+        )
+        woken = self._wake_for_day(desk, agent, by=steering.by) if day == today else []
+        return DayBudgetRaised(
+            agent=agent,
+            day=day,
+            raised_usd=raised / MICROS,
+            spent_usd=counter.spent(agent, day) / MICROS,
+            woken=woken,
+        )
+
+    def _wake_for_day(self, desk: EventDesk, agent: str, *, by: str) -> list[str]:
+        """Wake the agent's runs that wait for its daily budget (reading every waiting run's
+        head: the runs index keeps no wait's reason)."""
+        woken = []
+        for listed in self.runtime.store.list_runs():
+            if listed.status != RunStatus.WAITING.value:
+                continue
+            head = self.runtime.store.load_head(listed.run_id)
+            request = head.waiting.request if head and head.waiting else None
+            if not isinstance(request, TimerWait) or request.day_budget_of != agent:
+                continue
+            try:
+                desk.wake(listed.run_id, by=f"{by} (raised the daily budget)")
+            except NotSleeping:
+                continue  # went on another way meanwhile (a cancel, tomorrow's coming)
+            woken.append(listed.run_id)
+        return woken
 
     def _event_desk(self) -> EventDesk:
         engine = self.runtime.engine(worker_id=self.worker_id, logger=self.logger)

@@ -784,11 +784,21 @@ class DailySpend(Protocol):
     shared by every run and every process of a store or deployment: one counter per agent and
     day, moved only by conditional writes. A call is reserved before it is made (`reserve`,
     only while the day's total stays within its limit) and settled once its usage is known
-    (`settle`), so the counter never passes the limit, whoever reserves at once."""
+    (`settle`), so the counter never passes the limit (plus what a person raised the day by,
+    `raise_budget`), whoever reserves at once."""
 
     def reserve(self, agent: str, day: str, amount: int, limit: int) -> bool:
         """Add `amount` to the agent's spend on `day` (`YYYY-MM-DD`) if the total stays at
-        most `limit`, and say so; else change nothing and return False."""
+        most `limit` plus the day's raises, and say so; else change nothing and return
+        False."""
+        ...
+
+    def raise_budget(self, agent: str, day: str, amount: int) -> int:
+        """Let the agent spend `amount` more on `day` than its limit; the day's raises in all."""
+        ...
+
+    def raised(self, agent: str, day: str) -> int:
+        """What the agent's limit on `day` was raised by, in all (0: never)."""
         ...
 
     def settle(self, agent: str, day: str, reserved: int, used: int) -> None:

@@ -340,9 +340,17 @@ class TimerWait(_Model):
     """As asked by `sleep` (relative), or None for `sleep_until`."""
     until: datetime | None = None
     """When the run wakes: set by `sleep_until`, or by the engine from `seconds`."""
+    day_budget_of: str | None = None
+    """Set (to the agent's name) when the engine parks the run because its agent's daily
+    budget is spent: it wakes at the next UTC day (`until`) or when a person raises the day's
+    budget, and its settling moves no step's result (no step of the run asked for it)."""
+    day_budget_usd: float | None = None
+    """The day's budget it found spent, for its prompt."""
 
     @property
     def prompt(self) -> str:
+        if self.day_budget_of is not None and self.until is not None:
+            return day_budget_prompt(self.day_budget_of, self.day_budget_usd, self.until)
         return f"Sleeping until {_when(self.until)}" if self.until else "Sleeping"
 
     @property
@@ -446,6 +454,16 @@ def duration_words(seconds: float) -> str:
 
 def _when(at: datetime) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def day_budget_prompt(agent: str, usd: float | None, until: datetime) -> str:
+    """What a run parked for its agent's spent daily budget says: "agent support's daily
+    budget of $5.00 is spent; resumes at 2026-12-07T00:00Z or when raised"."""
+    budget = "" if usd is None else f" of ${usd:,.2f}" if usd >= 0.1 else f" of ${usd:.4f}"
+    return (
+        f"agent {agent}'s daily budget{budget} is spent; "
+        f"resumes at {until.astimezone(UTC):%Y-%m-%dT%H:%MZ} or when raised"
+    )
 
 
 _WAIT_KINDS = ("event", "timer", "children")
@@ -774,15 +792,21 @@ class Reserved(_Model):
     attempt: int
     usd: float = Field(default=0.0, ge=0)
     tokens: int = Field(default=0, ge=0)
+    day: str | None = None
+    """The UTC day (`YYYY-MM-DD`) whose agent-wide counter holds `day_usd` for the attempt
+    (`Agent.max_cost_usd_per_day`), taken before this record was written; None: none."""
+    day_usd: float = Field(default=0.0, ge=0)
 
 
 class BudgetAsked(_Model):
-    """Step `step` would not fit in what is left of the run's budget: the run did not call
-    the model, and waits for a person to raise the budget (`request`), at the last step."""
+    """Step `step` would not fit in what is left of the run's budget, or of its agent's
+    daily budget: the run did not call the model, and waits (`request`) at the last step."""
 
     kind: Literal["budget_asked"] = "budget_asked"
     step: int
-    request: ApprovalRequest
+    request: WaitRequest
+    """A person's approval to raise the run's budget, or, when the agent's daily budget is
+    spent, a wait until the next UTC day (`TimerWait.day_budget_of`) that a raise wakes."""
 
 
 class Finished(_Model):

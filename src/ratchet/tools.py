@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, get_type_hints
@@ -585,6 +585,18 @@ def check_budget(value: object, what: str) -> float | None:
     return float(value)
 
 
+def check_day(value: str | None, what: str) -> str | None:
+    """`value` if it is None or a UTC day as `YYYY-MM-DD` (a daily budget's day)."""
+    if value is None:
+        return None
+    try:
+        if len(value) == 10:
+            return date.fromisoformat(value).isoformat()
+    except ValueError:
+        pass
+    raise ValueError(f"{what}: {value!r} is not a day (YYYY-MM-DD)")
+
+
 def check_budget_tokens(value: object, what: str) -> int | None:
     """`value` if it is None or a whole number of tokens from 1 to `MAX_BUDGET_TOKENS`."""
     if value is None:
@@ -694,6 +706,12 @@ class Agent:
     max_tokens_total: int | None = None
     """Each run's budget in tokens (input and output), for a model without a price; held like
     `max_cost_usd`. None sets no bound."""
+    max_cost_usd_per_day: float | None = None
+    """What all the agent's runs together may spend on model calls each UTC day, in US
+    dollars, on every worker of a store or deployment: one counter per agent and day, held
+    like `max_cost_usd` (reserved before each call, settled after). A run that finds the day's
+    budget spent waits, holding no process, until the next day or until a person raises it
+    (`ratchet budget raise`). None sets no bound. See docs/limits.md."""
     webhooks: Sequence[str] = ()
     """URLs each change of a run's status is POSTed to, signed, beside the deployment's
     (`RATCHET_WEBHOOKS`): locally, by the webhook sender of a worker, `ratchet serve` or
@@ -729,6 +747,7 @@ class Agent:
         )
         check_budget(self.max_cost_usd, f"agent {self.name!r}: max_cost_usd")
         check_budget_tokens(self.max_tokens_total, f"agent {self.name!r}: max_tokens_total")
+        check_budget(self.max_cost_usd_per_day, f"agent {self.name!r}: max_cost_usd_per_day")
         if isinstance(self.webhooks, str):
             raise ValueError(f"agent {self.name!r}: webhooks must be a list of URLs, not one")
         urls: dict[str, None] = {}

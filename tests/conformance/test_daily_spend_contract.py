@@ -96,3 +96,24 @@ def test_reservers_at_once_never_take_more_than_the_limit(counters):
 
     assert granted.count(True) == 33  # 99 of 100: a 34th would pass it
     assert reservers[0].spent("support", DAY) == 99
+
+
+def test_a_raise_lets_the_day_spend_that_much_more_and_spent_stays_what_was_spent(counters):
+    spend = counters()
+    assert not spend.reserve("support", DAY, 130, 100)  # over the limit on its own
+    assert spend.reserve("support", DAY, 90, 100)
+    assert not spend.reserve("support", DAY, 40, 100)
+    assert spend.raise_budget("support", DAY, 50) == 50
+    assert spend.reserve("support", DAY, 40, 100)  # 130 of 150
+    assert not spend.reserve("support", DAY, 21, 100)
+    spend.settle("support", DAY, reserved=40, used=10)
+    assert spend.spent("support", DAY) == 100
+    assert spend.raised("support", DAY) == 50
+    assert spend.raise_budget("support", DAY, 30) == 80  # raises add up
+    assert spend.reserve("support", DAY, 80, 100)  # 180 of 180
+    assert spend.spent("support", DAY) == 180
+    assert spend.raised("other", DAY) == 0
+    # A raise before any spend, and a first reservation above the limit alone but within it
+    assert spend.raise_budget("other", DAY, 100) == 100
+    assert spend.reserve("other", DAY, 150, 100)
+    assert spend.spent("other", DAY) == 150

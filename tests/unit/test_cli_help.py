@@ -14,7 +14,14 @@ from ratchet.cli.usage import EXAMPLES
 
 GROUP = typer.main.get_command(app)
 SCHEDULE = GROUP.commands["schedule"]  # type: ignore[attr-defined]
-PATHS = [*COMMANDS, "schedule", *(f"schedule {name}" for name in SCHEDULE.commands)]
+BUDGET = GROUP.commands["budget"]  # type: ignore[attr-defined]
+PATHS = [
+    *COMMANDS,
+    "schedule",
+    *(f"schedule {name}" for name in SCHEDULE.commands),
+    "budget",
+    *(f"budget {name}" for name in BUDGET.commands),
+]
 
 
 def _help(path: str) -> str:

@@ -32,6 +32,8 @@ REQUESTS: list[ApprovalRequest | EventWait | TimerWait | ChildrenWait] = [
     EventWait(name="deploy.done"),
     TimerWait(seconds=60, until=AT),
     TimerWait(until=AT),
+    TimerWait(until=AT, day_budget_of="support", day_budget_usd=5.0),
+    TimerWait(until=AT, day_budget_of="support", day_budget_usd=0.03),
     ChildrenWait(children=["r1.step-3.0", "r1.step-3.1"]),
     ChildrenWait(children=["r1.step-3.0"], wait="first"),
 ]
@@ -84,12 +86,24 @@ def test_an_event_and_a_timer_say_how_to_settle_them():
 
 
 def test_a_children_wait_names_its_children():
-    both = readout.wait_of(_head(REQUESTS[5]).model_dump(mode="json")["waiting"])
-    first = readout.wait_of(json.loads(head_json(_head(REQUESTS[6])))["waiting"])
+    both = readout.wait_of(_head(REQUESTS[7]).model_dump(mode="json")["waiting"])
+    first = readout.wait_of(json.loads(head_json(_head(REQUESTS[8])))["waiting"])
 
     assert readout.wait_hint("r1", both) == (
         "waiting for 2 child runs to end: r1.step-3.0, r1.step-3.1"
     )
     assert readout.wait_announcement("r1", first) == (
         "r1 is waiting for the first of 1 child run to end: r1.step-3.0"
+    )
+
+
+def test_a_run_waiting_for_its_agents_daily_budget_says_so_and_how_to_raise_it():
+    waiting = readout.wait_of(_head(REQUESTS[5]).model_dump(mode="json")["waiting"])
+
+    assert waiting["prompt"] == (
+        "agent support's daily budget of $5.00 is spent; resumes at 2026-12-02T10:00Z or "
+        "when raised"
+    )
+    assert readout.wait_hint("r1", waiting) == (
+        f"{waiting['prompt']} (ratchet budget raise support --usd N)"
     )

@@ -26,6 +26,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ratchet.cli import (
+    budget,
     check,
     decisions,
     deliveries,
@@ -124,6 +125,7 @@ app.callback()(global_options)
 for name, command in COMMANDS.items():
     app.command(name, cls=Command, epilog=example(name))(command)
 app.add_typer(schedules.app, name="schedule", epilog=example("schedule"))
+app.add_typer(budget.app, name="budget", epilog=example("budget"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -36,10 +36,10 @@ from ratchet.untrusted import for_terminal, json_for_terminal
 TYPE_CHECKING = False  # `typing` takes longer to load than a quick read takes to answer
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
-    from datetime import datetime
+    from datetime import UTC, datetime
     from typing import Any
 else:  # the C type that `datetime.datetime` is, without the module's pure-Python half
-    from _datetime import datetime
+    from _datetime import UTC, datetime
 
 GOAL_CHARS = 200
 """`ratchet status` shows the goal cut to this many characters (`--json` has all of it)."""
@@ -202,6 +202,8 @@ def wait_of(waiting: Mapping[str, Any]) -> dict[str, Any]:
     children = list(request["children"]) if kind == "children" else None
     if kind == "event":
         prompt = f"Waiting for the event {name!r}" + (f" until {when(due)}" if due else "")
+    elif kind == "timer" and request.get("day_budget_of") and due:
+        prompt = day_budget_prompt(request["day_budget_of"], request.get("day_budget_usd"), due)
     elif kind == "timer":
         prompt = f"Sleeping until {when(due)}" if due else "Sleeping"
     elif children is not None:
@@ -216,6 +218,8 @@ def wait_of(waiting: Mapping[str, Any]) -> dict[str, Any]:
         "until": iso(due) if due else None,
         "prompt": prompt,
     }
+    if kind == "timer" and request.get("day_budget_of"):
+        wait["day_budget_of"] = request["day_budget_of"]
     if children is not None:
         wait["children"] = children
     return wait
@@ -227,6 +231,17 @@ def children_prompt(count: int, wait: str) -> str:
     if wait == "first":
         return f"Waiting for the first of {count} child {runs} to end"
     return f"Waiting for {count} child {runs} to end"
+
+
+def day_budget_prompt(agent: str, usd: float | None, until: str | datetime) -> str:
+    """`TimerWait.prompt` of a run waiting for its agent's daily budget (a unit test holds
+    them equal)."""
+    at = datetime.fromisoformat(until) if isinstance(until, str) else until
+    budget = "" if usd is None else f" of ${usd:,.2f}" if usd >= 0.1 else f" of ${usd:.4f}"
+    return (
+        f"agent {agent}'s daily budget{budget} is spent; "
+        f"resumes at {at.astimezone(UTC):%Y-%m-%dT%H:%MZ} or when raised"
+    )
 
 
 def when(moment: str | datetime) -> str:
@@ -241,6 +256,8 @@ def wait_hint(run_id: str, wait: Mapping[str, Any]) -> str:
     `sleeping until ... (wake it: ratchet wake r1)`. (Run ids and event names hold no
     character a shell reads.)"""
     until = wait.get("until")
+    if wait["kind"] == "timer" and wait.get("day_budget_of"):
+        return f"{wait['prompt']} (ratchet budget raise {wait['day_budget_of']} --usd N)"
     if wait["kind"] == "timer":
         sleeping = f"sleeping until {when(until)}" if until else "sleeping"
         return f"{sleeping} (wake it: ratchet wake {run_id})"

@@ -50,6 +50,8 @@ EXAMPLES = {
     "schedule pause": "ratchet schedule pause nightly",
     "schedule resume": "ratchet schedule resume nightly",
     "schedule remove": "ratchet schedule remove nightly",
+    "budget": "ratchet budget raise support --usd 5",
+    "budget raise": "ratchet budget raise support --usd 5",
 }
 """A command line for each command (by its path under `ratchet`) that runs as it is typed,
 given a store where run m1 (or schedule nightly) is at the point the command acts on."""

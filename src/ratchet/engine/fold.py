@@ -27,6 +27,7 @@ from ratchet.state import (
     RunStatus,
     StepCompleted,
     StoredCheckpoint,
+    TimerWait,
     ToolDigest,
     Usage,
     Waiting,
@@ -53,6 +54,10 @@ def apply_event(
             update |= _settled(state, event.usage)
         case PersonDecided() if _asks_to_raise(state):
             update |= _after_budget_decision(state, event)
+        case WaitSettled() if _waits_for_day(state):
+            # No step asked for this wait (the engine parked the run for its agent's spent
+            # daily budget): the day's coming, or a raise, moves no step's result.
+            update |= {"status": RunStatus.RUNNING, "waiting": None}
         case PersonDecided() | WaitSettled():
             update |= _after_decision(state, event)
         case AttemptFailed():
@@ -189,6 +194,11 @@ def _settled(state: RunState, used: Usage | None) -> dict[str, object]:
     prices = spending.price_of(state.options.model)
     cost = None if used is None else spending.used(used, prices)
     return {"budget": spending.settled(budget, cost)}
+
+
+def _waits_for_day(state: RunState) -> bool:
+    request = state.waiting.request if state.waiting else None
+    return isinstance(request, TimerWait) and request.day_budget_of is not None
 
 
 def _asks_to_raise(state: RunState) -> bool:

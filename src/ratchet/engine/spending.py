@@ -21,14 +21,25 @@ adapter may write all of it to the prompt cache.
 When the next attempt would not fit, it makes no call: the run waits for a person to raise the
 budget (`BudgetAsked`), through the same approvals as `ask_person`.
 
+An agent's daily budget (`Agent.max_cost_usd_per_day`) is held the same way, on a counter
+every run and worker of the agent shares (`ratchet.ports.DailySpend`, one per agent and UTC
+day): the attempt's bound is added to the day's counter, on the condition that it stays within
+the day's budget, before the run's `Reserved` record is written (so the record never names a
+hold the counter lacks), and the step's commit is followed by settling it to what the calls
+used. A process that dies between the two leaves the bound counted in full. When the day's
+counter has no room, the run makes no call and waits for the next UTC day (`day_wait`), or
+until a person raises the day's budget, which wakes it.
+
 Pure: the engine passes in the run, its agent and the prices.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
 
 from ratchet.engine import memory
 from ratchet.engine.prompt import render_summary_prompt, step_prompt, view_of
@@ -39,6 +50,7 @@ from ratchet.state import (
     ApprovalRequest,
     Budget,
     RunState,
+    TimerWait,
     Usage,
 )
 from ratchet.tools import Agent, RaiseBudget, RaiseTokens
@@ -213,3 +225,41 @@ def dollars(amount: float) -> str:
     if amount and abs(amount) < 0.1:
         return f"${amount:.4f}"
     return f"${amount:,.2f}"
+
+
+MICROS = 1_000_000
+"""The daily counter counts millionths of a dollar."""
+
+
+@dataclass(frozen=True)
+class DayHold:
+    """What an attempt holds on its agent's counter for `day`, in millionths of a dollar."""
+
+    agent: str
+    day: str
+    micros: int
+
+
+def micros(usd: float) -> int:
+    """Dollars as the counter counts them, rounded up: a hold never falls short of a bound."""
+    return math.ceil(round(usd * MICROS, 3))
+
+
+def day_of(now: datetime) -> str:
+    """The UTC day `now` falls in, as the counter names it (`2026-12-06`)."""
+    return now.astimezone(UTC).date().isoformat()
+
+
+def day_wait(agent: str, budget_usd: float, now: datetime) -> TimerWait:
+    """The wait of a run whose agent's daily budget is spent at `now`: until the next UTC
+    day's midnight, or a raise."""
+    tomorrow = now.astimezone(UTC).date() + timedelta(days=1)
+    until = datetime.combine(tomorrow, time(), tzinfo=UTC)
+    return TimerWait(until=until, day_budget_of=agent, day_budget_usd=budget_usd)
+
+
+def day_used(hold: DayHold, usage: Usage, prices: Prices | None) -> int:
+    """What the calls of an attempt holding `hold` used, for its settling: at most the hold
+    (a call never costs more than its bound; rounding must not make it seem to)."""
+    cost = used(usage, prices)
+    return min(hold.micros, micros(cost.usd or 0.0))

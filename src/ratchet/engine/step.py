@@ -8,7 +8,8 @@ makes a crash at any point cost at most that step and never repeat a side effect
 2. count the attempt, durably, as the step begins and before any work (a crash before it, right
    after the step before committed, is no strike on this step);
 3. with a budget, reserve the most the attempt's model calls can cost, in a commit of its own
-   before any call, or park the run for a person when that would not fit (`spending`);
+   before any call (and, with an agent's daily budget, on the agent's counter before that), or
+   park the run when that would not fit (`spending`);
    decide: reuse the decision recorded under the step's key, or call the model once and record
    it before acting;
 4. act: run the one tool with the key `<run_id>/step-<n>`;
@@ -70,6 +71,7 @@ from ratchet.errors import (
     NotCancellable,
     NotRetryable,
     NotWaiting,
+    RatchetError,
     RunNotFound,
     RunUnreadable,
     StaleVersion,
@@ -85,6 +87,7 @@ from ratchet.ports import (
     ChildRuns,
     ConcurrencyBound,
     Consumption,
+    DailySpend,
     IdempotencyLedger,
     LedgerCompletion,
     RateLimit,
@@ -151,6 +154,7 @@ class Engine:
         requests_per_minute: int | None = None,
         children: ChildRuns | None = None,
         call_locks: CallLocks | None = None,
+        daily_spend: DailySpend | None = None,
     ) -> None:
         """With `slots` and `limits` (the bound of a run's stored agent, None for none), a
         step of a bounded agent's run takes one of its agent's slots (by the agent's name,
@@ -171,8 +175,14 @@ class Engine:
         With `call_locks` (the local runtime's), an at-most-once call holds its lock on this
         host while it runs, and a retried step that finds it started asks a person whether it
         ran only once no process here holds it; everywhere, only once its deadline has passed
-        (`ratchet.engine.calls`). Until then the step is `Outcome.QUEUED`."""
+        (`ratchet.engine.calls`). Until then the step is `Outcome.QUEUED`.
+
+        With `daily_spend` (the store's or deployment's shared counter), a run of an agent
+        with a daily budget (`Agent.max_cost_usd_per_day`) holds each attempt's bound on its
+        agent's counter for the day before any call, and settles it after the step's commit;
+        finding no room, the run waits for the next UTC day or a raise (`spending`)."""
         self._store = store
+        self._daily = daily_spend
         self._children = children
         self._rate = rate
         self._requests_per_minute = requests_per_minute
@@ -387,7 +397,7 @@ class Engine:
             reserved = self._reserve(state)
             if isinstance(reserved, StepOutcome):
                 return reserved
-            holds, state = reserved is not state, reserved
+            holds, (state, day_hold) = reserved[0] is not state, reserved
             attempted = self._attempt(state, span)
             if holds and attempted.usage is None:
                 # Reserved, and no model called after all (a step made again with the call a
@@ -420,18 +430,26 @@ class Engine:
         except Exception as error:
             failure = attempt_failure(error, f"step {step} could not be committed")
             return self._record_failure(state, paid_for(failure, attempted.usage))
+        if day_hold is not None and attempted.usage is not None:
+            self._settle_day(state, day_hold, attempted.usage)
         self._faults.hit(FaultPoint.AFTER_COMMIT, step)
         return StepOutcome.of(head, bytes_written=written, step_limit=attempted.step_limit)
 
-    def _reserve(self, state: RunState) -> RunState | StepOutcome:
+    def _reserve(self, state: RunState) -> tuple[RunState, spending.DayHold | None] | StepOutcome:
         """With a budget: hold the most this attempt's model calls can cost against what is
         left, in a commit of its own before any call (`ratchet.engine.spending`), and return
         the head it wrote; or, when that would not fit, park the run for a person to raise
-        the budget and return that outcome. Without one (or with no call to make), `state`."""
+        the budget and return that outcome. With an agent's daily budget, the same bound is
+        held on the agent's counter for the day first (returned beside the head, for the
+        settling), or the run waits for the next day. Without either (or with no call to
+        make), `state` and no hold."""
         budget = state.budget
-        if budget is None:
-            return state
+        if budget is None and self._daily is None:
+            return state, None
         binding = self._bound(state, time.monotonic() + MAX_STEP_TIMEOUT_SECONDS)
+        per_day = binding.agent.max_cost_usd_per_day if self._daily is not None else None
+        if budget is None and per_day is None:
+            return state, None
         cost = spending.attempt_bound(
             state,
             binding.agent,
@@ -439,18 +457,70 @@ class Engine:
             decides=self._work.decides(state),
         )
         if cost.tokens == 0:
-            return state  # no call to make: the decision is recorded and no summary is due
-        if not spending.fits(budget, cost):
+            return state, None  # no call to make: the decision is recorded, no summary is due
+        if budget is not None and not spending.fits(budget, cost):
             asked = BudgetAsked(
                 step=state.next_step, request=spending.ask_to_raise(state, budget, cost)
             )
             head, written = self._commits.commit(state, asked, step=state.step)
             return StepOutcome.of(head, bytes_written=written)
+        day_hold = None
+        if per_day is not None:
+            held = self._hold_day(state, binding.agent.name, per_day, cost)
+            if isinstance(held, StepOutcome):
+                return held
+            day_hold = held
         event = Reserved(
-            step=state.next_step, attempt=state.attempts, usd=cost.usd or 0.0, tokens=cost.tokens
+            step=state.next_step,
+            attempt=state.attempts,
+            usd=cost.usd or 0.0,
+            tokens=cost.tokens,
+            day=day_hold.day if day_hold else None,
+            day_usd=day_hold.micros / spending.MICROS if day_hold else 0.0,
         )
         head, _ = self._commits.commit(state, event, step=state.step)
-        return head
+        return head, day_hold
+
+    def _hold_day(
+        self, state: RunState, agent: str, per_day: float, cost: spending.Cost
+    ) -> spending.DayHold | StepOutcome:
+        """Hold `cost` on the agent's counter for today (UTC, by the engine's clock), or,
+        with no room left, park the run until tomorrow or a raise and return that outcome.
+        The counter is moved before the run's record of it: a process that dies between the
+        two leaves the hold counted in full, never a record of a hold the counter lacks."""
+        assert self._daily is not None
+        now = self._clock()
+        if cost.usd is None:
+            error = (
+                f"agent {agent!r} has a daily budget in dollars, and its model "
+                f"{state.options.model!r} has no price (set RATCHET_PRICES for it)"
+            )
+            return self._commits.fail_run(state, Finished(status=RunStatus.FAILED, error=error))
+        hold = spending.DayHold(agent, spending.day_of(now), spending.micros(cost.usd))
+        if self._daily.reserve(agent, hold.day, hold.micros, spending.micros(per_day)):
+            return hold
+        asked = BudgetAsked(step=state.next_step, request=spending.day_wait(agent, per_day, now))
+        head, written = self._commits.commit(state, asked, step=state.step)
+        self._logger.info(
+            "the agent's daily budget is spent; the run waits for the next day or a raise",
+            extra={"run_id": state.run_id, "agent": agent, "day": hold.day},
+        )
+        return StepOutcome.of(head, bytes_written=written)
+
+    def _settle_day(self, state: RunState, hold: spending.DayHold, usage: Usage) -> None:
+        """Settle the attempt's hold on the day's counter to what its calls used, once the
+        step is committed. Not settled (this fails, or the process dies first), the hold
+        counts in full: the counter may say more was spent than was, never less."""
+        assert self._daily is not None
+        used = spending.day_used(hold, usage, spending.price_of(state.options.model))
+        try:
+            self._daily.settle(hold.agent, hold.day, hold.micros, used)
+        except RatchetError:
+            self._logger.warning(
+                "the day's hold not settled; it counts in full",
+                extra={"run_id": state.run_id, "agent": hold.agent, "day": hold.day},
+                exc_info=True,
+            )
 
     def _wait_for_call(self, state: RunState, under_way: CallUnderWay) -> StepOutcome:
         self._logger.info(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from ratchet.adapters.dynamodb.approvals import AwsApprovals
+from ratchet.adapters.dynamodb.daily_spend import DynamoDbDailySpend
 from ratchet.adapters.dynamodb.data import DynamoDbRunData
 from ratchet.adapters.dynamodb.ledger import DynamoDbLedger
 from ratchet.adapters.dynamodb.mailbox import DynamoMailbox
@@ -170,6 +171,11 @@ class AwsRuntime:
         """The run's agent, model and opened resources, built once per container and run."""
         return self._bindings(state)
 
+    @property
+    def daily_spend(self) -> DynamoDbDailySpend:
+        """The agents' daily spend, one counter per agent and day for every step here."""
+        return DynamoDbDailySpend(self.dynamodb, self.settings.checkpoints_table)
+
     def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
         engine = Engine(
             store=self.store,
@@ -184,6 +190,7 @@ class AwsRuntime:
             limits=self._limits,
             rate=DynamoDbRateLimit(self.dynamodb, self.settings.checkpoints_table),
             requests_per_minute=self.settings.requests_per_minute,
+            daily_spend=self.daily_spend,
         )
         engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
         return engine

@@ -34,6 +34,7 @@ from ratchet.adapters.payload_keys import payload_codec
 from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.adapters.sqlite.approvals import SqliteApprovalBook
+from ratchet.adapters.sqlite.daily_spend import SqliteDailySpend
 from ratchet.adapters.sqlite.data import SqliteRunData
 from ratchet.adapters.sqlite.database import DEFAULT_BUSY_TIMEOUT_SECONDS, SqliteDatabase
 from ratchet.adapters.sqlite.leases import SqliteLeases
@@ -459,6 +460,11 @@ class LocalRuntime:
     def anthropic_configured(self) -> bool:
         return self.settings.anthropic_api_key is not None
 
+    @property
+    def daily_spend(self) -> SqliteDailySpend:
+        """The agents' daily spend, one counter per agent and day for every worker here."""
+        return SqliteDailySpend(self.db)
+
     def before_prepare(self) -> None:
         """Take the store's write lock once before an agent's prepare hook writes a new run's
         data: a store another process holds refuses the start here, with nothing written."""
@@ -486,6 +492,7 @@ class LocalRuntime:
             requests_per_minute=self.settings.requests_per_minute,
             # Every process working this store finds the store's calls under way there.
             call_locks=FileCallLocks(Path(f"{self.root}.calls")),
+            daily_spend=self.daily_spend,
         )
         engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
         return engine

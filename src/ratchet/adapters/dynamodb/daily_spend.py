@@ -1,7 +1,11 @@
 """`ratchet.ports.DailySpend` in the checkpoints table: the partition `spend#<agent>` holds an
 item per day, moved by `ADD` on the condition that the new total stays within the limit, so
 every step invocation of a deployment shares one counter. Each item carries the table's TTL
-attribute a week past its day."""
+attribute a week past its day.
+
+A condition cannot add two attributes, so the item keeps the spend net of the day's raises
+(`micros`) beside the raises (`raised`): a raise moves both in one update, and a reservation's
+condition compares `micros` with the limit alone, in the one write it always was."""
 
 from __future__ import annotations
 
@@ -33,8 +37,9 @@ class DynamoDbDailySpend:
 
     @translated_errors
     def reserve(self, agent: str, day: str, amount: int, limit: int) -> bool:
-        if amount > limit:
-            return False
+        # A day with no item has spent nothing and been raised by nothing: the amount fits
+        # it only within the limit alone. One with an item is checked by its net spend.
+        fresh = "attribute_not_exists(#micros) OR " if amount <= limit else ""
         try:
             # The condition is read and the count moved in one write: of two reservers at
             # once, the second is checked against the total the first left.
@@ -42,7 +47,7 @@ class DynamoDbDailySpend:
                 TableName=self._table,
                 Key=self._key(agent, day),
                 UpdateExpression="ADD #micros :amount SET #ttl = :ttl",
-                ConditionExpression="attribute_not_exists(#micros) OR #micros <= :room",
+                ConditionExpression=fresh + "#micros <= :room",
                 ExpressionAttributeNames={"#micros": "micros", "#ttl": TTL_ATTRIBUTE},
                 ExpressionAttributeValues={
                     ":amount": number_attribute(amount),
@@ -70,11 +75,44 @@ class DynamoDbDailySpend:
         )
 
     @translated_errors
+    def raise_budget(self, agent: str, day: str, amount: int) -> int:
+        # One write moves both: a reservation at once sees the raise whole or not at all.
+        found = self._client.update_item(
+            TableName=self._table,
+            Key=self._key(agent, day),
+            UpdateExpression="ADD #micros :less, #raised :amount SET #ttl = :ttl",
+            ExpressionAttributeNames={
+                "#micros": "micros",
+                "#raised": "raised",
+                "#ttl": TTL_ATTRIBUTE,
+            },
+            ExpressionAttributeValues={
+                ":less": number_attribute(-amount),
+                ":amount": number_attribute(amount),
+                ":ttl": number_attribute(_expires(day)),
+            },
+            ReturnValues="UPDATED_NEW",
+        )
+        return int(found["Attributes"]["raised"]["N"])
+
+    @translated_errors
     def spent(self, agent: str, day: str) -> int:
+        micros, raised = self._read(agent, day)
+        return micros + raised
+
+    @translated_errors
+    def raised(self, agent: str, day: str) -> int:
+        return self._read(agent, day)[1]
+
+    def _read(self, agent: str, day: str) -> tuple[int, int]:
         found = self._client.get_item(
             TableName=self._table, Key=self._key(agent, day), ConsistentRead=True
         ).get("Item")
-        return int(found["micros"]["N"]) if found and "micros" in found else 0
+        if not found:
+            return 0, 0
+        micros = int(found["micros"]["N"]) if "micros" in found else 0
+        raised = int(found["raised"]["N"]) if "raised" in found else 0
+        return micros, raised
 
     def _key(self, agent: str, day: str) -> dict[str, AttributeValueTypeDef]:
         return {
