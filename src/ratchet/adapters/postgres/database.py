@@ -174,11 +174,13 @@ CREATE TABLE blobs (
     touched_at timestamptz NOT NULL
 );
 -- ratchet.adapters.postgres.daily_spend counts an agent's spend on model calls here, a row
--- per agent and day (UTC), in millionths of a US dollar.
+-- per agent and day (UTC), in millionths of a US dollar: micros is the spend less the day's
+-- raises (raised), so it may go below 0.
 CREATE TABLE daily_spend (
     agent  text NOT NULL,
     day    text NOT NULL,
     micros bigint NOT NULL,
+    raised bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, day)
 );
 CREATE TABLE {MARKER_TABLE} (

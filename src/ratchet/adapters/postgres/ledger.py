@@ -18,7 +18,7 @@ from ratchet.errors import IdempotencyConflict
 from ratchet.ports import CallStart, LedgerEntry, LedgerStatus
 from ratchet.sealing import PayloadCodec
 from ratchet.state import utcnow
-from ratchet.stored import open_sealed_text, sealed_text
+from ratchet.stored import open_sealed_text, opened_args_hash, sealed_args_hash, sealed_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -64,7 +64,7 @@ class PostgresLedger:
                     entry.run_id,
                     entry.step,
                     LedgerStatus.IN_PROGRESS.value,
-                    entry.args_hash,
+                    sealed_args_hash(entry.args_hash, self._codec, run_id=entry.run_id),
                     decision_json,
                     now,
                     expires_at,
@@ -128,7 +128,7 @@ class PostgresLedger:
             run_id=run_id,
             step=step,
             status=LedgerStatus(status),
-            args_hash=args_hash,
+            args_hash=opened_args_hash(args_hash, self._codec, run_id=run_id),
             decision=None
             if decision is None
             else json.loads(
