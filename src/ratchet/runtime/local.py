@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.sqlite.reencrypt import Reencryption
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.approvals.desk import ApprovalDesk
+    from ratchet.ports import DailySpend, RateLimit
     from ratchet.runtime.hooks import Hooks
     from ratchet.schedules import Starter
     from ratchet.waiting.desk import EventDesk
@@ -461,9 +462,14 @@ class LocalRuntime:
         return self.settings.anthropic_api_key is not None
 
     @property
-    def daily_spend(self) -> SqliteDailySpend:
+    def daily_spend(self) -> DailySpend:
         """The agents' daily spend, one counter per agent and day for every worker here."""
         return SqliteDailySpend(self.db)
+
+    @property
+    def rate_limit(self) -> RateLimit:
+        """The deployment's bound on model requests a minute, shared by every worker here."""
+        return SqliteRateLimit(self.db)
 
     def before_prepare(self) -> None:
         """Take the store's write lock once before an agent's prepare hook writes a new run's
@@ -488,7 +494,7 @@ class LocalRuntime:
             logger=logger,
             faults=faults,
             clock=self.clock,
-            rate=SqliteRateLimit(self.db),
+            rate=self.rate_limit,
             requests_per_minute=self.settings.requests_per_minute,
             # Every process working this store finds the store's calls under way there.
             call_locks=FileCallLocks(Path(f"{self.root}.calls")),

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.adapters.postgres.approvals import PostgresApprovalBook
 from ratchet.adapters.postgres.blobs import PostgresBlobStore
+from ratchet.adapters.postgres.daily_spend import PostgresDailySpend
 from ratchet.adapters.postgres.data import PostgresRunData
 from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
 from ratchet.adapters.postgres.leases import PostgresLeases
@@ -33,7 +33,6 @@ from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.engine import Engine
 from ratchet.errors import StoreUnavailable
-from ratchet.faults import NO_FAULTS, FaultPlan
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.local_approvals import deliver_undelivered, delivery_time
 from ratchet.state import RunOptions, utcnow
@@ -136,23 +135,13 @@ class PostgresRuntime(LocalRuntime):
         """Nothing to take: a Postgres store has no store-wide write lock, and a start that
         another start beats is refused by the run's own row."""
 
-    def engine(self, *, worker_id: str, logger: Any, faults: FaultPlan = NO_FAULTS) -> Engine:
-        engine = Engine(
-            store=self.store,
-            ledger=self.ledger,
-            blobs=self.blobs,
-            bind=self.bind,
-            unbind=self._bindings.forget,
-            worker_id=worker_id,
-            logger=logger,
-            faults=faults,
-            clock=self.clock,
-            rate=PostgresRateLimit(self.pg),
-            requests_per_minute=self.settings.requests_per_minute,
-            call_locks=FileCallLocks(Path(f"{self.root}.calls")),
-        )
-        engine.attach_children(self.child_runs(engine, worker_id=worker_id, logger=logger))
-        return engine
+    @property
+    def daily_spend(self) -> PostgresDailySpend:
+        return PostgresDailySpend(self.pg)
+
+    @property
+    def rate_limit(self) -> PostgresRateLimit:
+        return PostgresRateLimit(self.pg)
 
     def decision_delivery(self, engine: Engine) -> Callable[[datetime], list[str]]:
         # A decider on Postgres waits on rows, not on a store-wide lock: it is given as long
