@@ -22,7 +22,6 @@ import json
 import math
 import os
 import threading
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,7 +40,14 @@ from ratchet.scenarios import migration
 from ratchet.state import PersonDecided, RunOptions, RunState, RunStatus
 from ratchet.waits import Approval
 from tests.dynamodb_seed import _run_items, _step_records, _write, seed_runs
-from tests.dynamodb_support import REGION, SETTINGS, make_tables, scan, server_store_url
+from tests.dynamodb_support import (
+    REGION,
+    SETTINGS,
+    make_tables,
+    reset_moto,
+    scan,
+    server_store_url,
+)
 from tests.processes import RATCHET, Served, serving
 from tests.support import LOG
 
@@ -151,11 +157,7 @@ def counting_moto() -> Iterator[tuple[str, Calls]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_port}"
-    # moto's state is the process's: another test of this process may have left tables of
-    # the same names behind.
-    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST")
-    with urllib.request.urlopen(reset, timeout=30) as answer:
-        assert answer.status == 200
+    reset_moto(endpoint)
     try:
         yield endpoint, calls
     finally:

@@ -5,6 +5,7 @@ ledger."""
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -124,9 +125,20 @@ def moto_server() -> Iterator[str]:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
+        endpoint = f"http://{host}:{port}"
+        reset_moto(endpoint)
+        yield endpoint
     finally:
         server.stop()
+
+
+def reset_moto(endpoint: str) -> None:
+    """Empty moto's state through the server at `endpoint`: it is the process's, and another
+    test of this process may have left tables of the same names behind, holding runs of the
+    same ids."""
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST")
+    with urllib.request.urlopen(reset, timeout=30) as answer:
+        assert answer.status == 200
 
 
 def server_store_url(endpoint: str, **overrides: str) -> str:
