@@ -42,15 +42,16 @@ UNUSED = (
 """What neither command uses, and so must not load."""
 UNUSED_BY_START = ("aws_lambda_powertools", "jmespath", "ratchet.approvals.desk")
 """What `start` does not use: it logs nothing, and opens and decides no approval request."""
-BUDGETS = {"start": 311, "approve": 361}
+BUDGETS = {"start": 312, "approve": 362}
 """The most modules each command may have loaded when it exits (the interpreter's own
 included). `start` loaded 519 before issue 36, 467 with its lazy imports, 414 through the
 entry point's own reading of its options, without typer, and 308 without rich, Powertools, the
 feed, the worker, the schedules, the read commands' text, the approval desk and the store's
 books that neither uses (webhook deliveries, hooks, housekeeping, the mailbox; `approve`: 358,
 with Powertools and the approval desk); 310 and 360 on the main this budget was last set on
-(f19768f), with nothing to spare; 311 and 361 since the engine reserves a run's budget
-(`ratchet.engine.spending`, issue 38); a new import at the top of a module on their path shows
+(f19768f), with nothing to spare; 312 and 362 since the engine reserves a run's budget
+(`ratchet.engine.spending`) and holds its agent's day (`ratchet.adapters.sqlite.daily_spend`,
+issue 38); a new import at the top of a module on their path shows
 here first, with the modules it brought."""
 
 PROBE = (
