@@ -175,7 +175,8 @@ def test_migrate_upgrades_every_head_and_every_run_then_resumes(fixture_store):
     assert finished.status is RunStatus.DONE
     # The fixture holds the store alone, not the runs' app data: the migration's check of its
     # rows (`verify`) has nothing of the steps before the fixture was made to count.
-    assert finished.summary is not None and finished.summary.startswith("Copied 1,000 rows")
+    assert finished.summary is not None
+    assert finished.summary.startswith("Copied 1,000 rows")
 
 
 def test_migrate_keeps_a_whole_head_whose_window_is_not_in_its_records(fixture_store):
