@@ -3,6 +3,8 @@ a model that never says it is done (each test ends its run at the bound or the s
 
 from __future__ import annotations
 
+import dataclasses
+
 from pydantic import BaseModel
 
 from ratchet.tools import Agent, ToolContext, tool
@@ -18,31 +20,6 @@ def write_note(args: Note, ctx: ToolContext) -> str:
     return f"noted: {args.text}"
 
 
-agent = Agent(
-    name="budgeted",
-    goal="Write notes, one a step.",
-    tools=[write_note],
-    instructions="You keep a tidy notebook.",
-    max_tokens=1024,
-    model_retry_seconds=0,
-    step_timeout_seconds=None,
-    max_cost_usd=0.05,
-)
-
-
-daily = Agent(
-    name="daily",
-    goal="Write notes, one a step.",
-    tools=[write_note],
-    instructions="You keep a tidy notebook.",
-    max_tokens=1024,
-    model_retry_seconds=0,
-    step_timeout_seconds=None,
-    max_cost_usd_per_day=0.03,
-)
-"""The same, with no budget per run and a budget per day, shared by all its runs."""
-
-
 unbounded = Agent(
     name="unbounded",
     goal="Write notes, one a step.",
@@ -52,4 +29,9 @@ unbounded = Agent(
     model_retry_seconds=0,
     step_timeout_seconds=None,
 )
-"""The same, bounded by nothing: what a step costs without a budget, for comparison."""
+"""Bounded by nothing: what a step costs without a budget, for comparison."""
+
+agent = dataclasses.replace(unbounded, name="budgeted", max_cost_usd=0.05)
+
+daily = dataclasses.replace(unbounded, name="daily", max_cost_usd_per_day=0.03)
+"""The same, with no budget per run and a budget per day, shared by all its runs."""
