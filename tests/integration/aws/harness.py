@@ -197,6 +197,8 @@ class InProcessLambda:
     def __init__(self, handlers: dict[str, Handler]) -> None:
         self.handlers = handlers
         self.invocations: list[tuple[str, dict[str, Any]]] = []
+        self.returned: list[tuple[str, Any]] = []
+        """Each invocation that returned (not raised), by function name, with its result."""
         self.clocks: dict[str, Callable[[], Callable[[], float]]] = {}
         """By function name: what makes each invocation's clock of the time it has left
         (`FakeContext.seconds_left`); none: the real clock from the function's timeout."""
@@ -234,6 +236,7 @@ class InProcessLambda:
             return _function_error(response_headers, self.crash_error, f"crashed: {crash}")
         except Exception as error:  # anything a handler raises is the function's error
             return _function_error(response_headers, type(error).__name__, str(error))
+        self.returned.append((name, result))
         return json.dumps(result).encode()
 
 
