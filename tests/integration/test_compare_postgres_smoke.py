@@ -1,13 +1,17 @@
-"""`python -m bench.compare --postgres` at a small scale, on the tests' throwaway cluster, so
-that it cannot rot between runs: the Ratchet side always, DBOS's only where the `compare` extra
-is installed. Who is faster is not asserted; that both sides ran and were measured is."""
+"""`python -m bench.compare --postgres` and `bench.step_cost --compare-postgres` at a small
+scale, on the tests' throwaway cluster, so that they cannot rot between runs: the Ratchet side
+always, DBOS's only where the `compare` extra is installed. Who is faster is not asserted; that
+both sides ran and were measured is."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from bench.compare import MODULES, compare_on_postgres, main, postgres_report
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES
+from bench.step_cost import postgres_comparison
 from tests.postgres_support import cluster
 
 SHORT, LONG = 10, 60
@@ -74,3 +78,14 @@ def test_a_server_given_by_its_url_takes_the_runs_databases(
     assert "ms a step, median, 3 steps" in printed
     assert "WAL bytes a step, steps 1-3" in printed
     assert "Ratchet" in printed.splitlines()[5]
+
+
+def test_step_cost_prints_wal_bytes_a_step_on_both_stores(tmp_path: Path) -> None:
+    text = postgres_comparison(tmp_path, steps=10)
+
+    print(text)
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[3:5]}
+    assert set(rows) == {"sqlite", "postgres"}
+    for cells in rows.values():
+        assert int(cells[-1].replace(",", "")) >= ARGUMENT_BYTES + RESULT_BYTES
+    assert "Postgres WAL bytes a step as the run grows: steps 1-10 " in text
