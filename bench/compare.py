@@ -1,4 +1,5 @@
-"""The same scripted agent on Ratchet, LangGraph and DBOS, each on SQLite: `make compare`.
+"""The same scripted agent on Ratchet, LangGraph and DBOS, each on SQLite (`make compare`), or
+on Ratchet and DBOS, each on Postgres (`--postgres`).
 
 Every step of `bench.scripted_agent` is one tool call with 200 bytes of JSON arguments and a
 1,024-byte result. Each framework runs it as its users would write it, on its own durable
@@ -33,6 +34,15 @@ Bytes, per step of the run (its creation included):
   `dbstat`: every table's and index's cells), and how much each grows a step from the
   second-longest run to the longest, which leaves out what a new database holds before any
   step (its schema).
+
+`--postgres [ADMIN_URL]` runs Ratchet and DBOS with their stores on Postgres instead: a
+throwaway cluster (`tests/postgres_support.py`), or the server at ADMIN_URL, each run in a
+database of its own (Ratchet's `postgresql://` store; DBOS's system database), fresh runs of
+10, 100 and 500 steps in fresh processes. Per step: the wall time of each step (median, p90);
+the cluster's WAL (its insert position before and after: the same count for both, whatever
+their tables), over the whole run and over its last 10 steps alone, to show whether what a
+step writes grows with the run; and the growth of the database's tables (their rows, indexes
+and TOAST) from the second-longest run to the longest.
 
 `--before REV` runs Ratchet a second time, as it was at the git revision REV (its `src`,
 taken with `git archive`, first on the children's path), in a column of its own: the figures
