@@ -1,4 +1,5 @@
-"""The same scripted agent on Ratchet, LangGraph and DBOS, each on SQLite: `make compare`.
+"""The same scripted agent on Ratchet, LangGraph and DBOS, each on SQLite (`make compare`), or
+on Ratchet and DBOS, each on Postgres (`--postgres`).
 
 Every step of `bench.scripted_agent` is one tool call with 200 bytes of JSON arguments and a
 1,024-byte result. Each framework runs it as its users would write it, on its own durable
@@ -34,6 +35,15 @@ Bytes, per step of the run (its creation included):
   second-longest run to the longest, which leaves out what a new database holds before any
   step (its schema).
 
+`--postgres [ADMIN_URL]` runs Ratchet and DBOS with their stores on Postgres instead: a
+throwaway cluster (`tests/postgres_support.py`), or the server at ADMIN_URL, each run in a
+database of its own (Ratchet's `postgresql://` store; DBOS's system database), fresh runs of
+10, 100 and 500 steps in fresh processes. Per step: the wall time of each step (median, p90);
+the cluster's WAL (its insert position before and after: the same count for both, whatever
+their tables), over the whole run and over its last 10 steps alone, to show whether what a
+step writes grows with the run; and the growth of the database's tables (their rows, indexes
+and TOAST) from the second-longest run to the longest.
+
 `--before REV` runs Ratchet a second time, as it was at the git revision REV (its `src`,
 taken with `git archive`, first on the children's path), in a column of its own: the figures
 before and after a change, in one run.
@@ -44,6 +54,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -54,14 +65,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata, util
 from pathlib import Path
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Protocol, Self
 
-from bench.measure import DISCARD, bytes_written_by_process
+from bench.measure import DISCARD, bytes_written_by_process, wal_position
 from bench.scripted_agent import (
     MAX_STEPS,
     TOOL_NAME,
@@ -443,9 +455,10 @@ def resume_langgraph(directory: Path, from_step: int) -> NoReturn:
 # --- DBOS ------------------------------------------------------------------------------------
 
 
-def _dbos_app(path: Path, at_step: Callable[[int], None]) -> Callable[[], int]:
-    """The workflow, and DBOS launched on a SQLite system database at `path` (which recovers
-    any workflow a dead process left pending)."""
+def _dbos_app(system_database: str, at_step: Callable[[int], None]) -> Callable[[], int]:
+    """The workflow, and DBOS launched on the system database `system_database` (a SQLite
+    file's URL, or a Postgres database's: `--postgres`), which recovers any workflow a dead
+    process left pending."""
     from dbos import DBOS
 
     def model_call(step: int) -> dict[str, Any]:
@@ -471,7 +484,7 @@ def _dbos_app(path: Path, at_step: Callable[[int], None]) -> Callable[[], int]:
     DBOS(
         config={
             "name": "compare",
-            "system_database_url": f"sqlite:///{path}",
+            "system_database_url": system_database,
             "log_level": "ERROR",
         }
     )
@@ -500,7 +513,7 @@ def run_dbos(directory: Path, steps: int) -> NoReturn:
             assert meter is not None
             _exit_with(asdict(meter.figures("dbos", steps, _dbos_pragmas)))
 
-    workflow = _dbos_app(directory / DATABASE, at_step)
+    workflow = _dbos_app(f"sqlite:///{directory / DATABASE}", at_step)
     meter = Meter()
     with SetWorkflowID(RUN_ID):
         workflow()
@@ -524,7 +537,7 @@ def resume_dbos(directory: Path, from_step: int) -> NoReturn:
                 }
             )
 
-    _dbos_app(directory / DATABASE, at_step)
+    _dbos_app(f"sqlite:///{directory / DATABASE}", at_step)
     time.sleep(CHILD_TIMEOUT_SECONDS)
     raise RuntimeError("DBOS did not recover the workflow")
 
@@ -676,6 +689,7 @@ def versions() -> dict[str, str]:
         "langgraph-checkpoint-sqlite",
         "dbos",
         "sqlalchemy",
+        "psycopg",
         "matplotlib",
     ):
         try:
@@ -883,18 +897,371 @@ def plot(result: Comparison, path: Path) -> None:
     plt.close(figure)
 
 
-def _child_main(kind: str, framework: str, number: int, directory: Path) -> None:
+# --- on Postgres (`--postgres`) --------------------------------------------------------------
+
+POSTGRES_FRAMEWORKS = ("ratchet", "dbos")
+POSTGRES_STEP_COUNTS = (10, 100, 500)
+WINDOW_STEPS = 10
+"""The last steps of each run, whose WAL is read apart: what a step writes at steps 1-10,
+91-100 and 491-500, the run's creation out, to show whether it grows with the run."""
+POSTGRES_DURABILITY = {
+    "ratchet": "the engine's own commits: the attempt, the decision before the tool runs, the step",
+    "dbos": "each DBOS step's output committed as it returns (two a turn: the decision and "
+    "the tool call)",
+}
+
+
+@dataclass(frozen=True)
+class PostgresRunFigures:
+    framework: str
+    steps: int
+    step_ms: list[float]
+    """Each step's wall time, from the step before it durable until it is durable."""
+    wal_bytes: int
+    """The cluster's WAL from just before the run was created until its last step was durable."""
+    window_wal_bytes: int
+    """The same for the run's last `window_steps` steps alone."""
+    window_steps: int
+    table_bytes: dict[str, int] = field(default_factory=dict)
+    """What the run's database holds after it, by table (`pg_total_relation_size`: its rows,
+    indexes and TOAST), read by the parent."""
+
+    def wal_per_step(self) -> float:
+        return self.wal_bytes / self.steps
+
+    def window_wal_per_step(self) -> float:
+        return self.window_wal_bytes / self.window_steps
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return self.steps - self.window_steps + 1, self.steps
+
+
+class _StepClock:
+    """Each step's wall time and the WAL positions a run's figures need, the positions read
+    between steps, outside the steps' times (a query to the cluster costs a round trip)."""
+
+    def __init__(self, url: str, steps: int) -> None:
+        self.url, self.steps = url, steps
+        self.window_steps = min(steps, WINDOW_STEPS)
+        self.step_ms: list[float] = []
+        self.started = self.window = wal_position(url)
+        self._resumed = 0.0
+
+    def before(self, step: int) -> None:
+        """Step `step` starts: the one before it is durable."""
+        if step == self.steps - self.window_steps + 1:
+            self.window = wal_position(self.url)
+        self._resumed = time.perf_counter()
+
+    def after(self, step: int) -> None:
+        self.step_ms.append((time.perf_counter() - self._resumed) * 1000)
+
+    def figures(self, framework: str) -> dict[str, Any]:
+        ended = wal_position(self.url)
+        return asdict(
+            PostgresRunFigures(
+                framework=framework,
+                steps=self.steps,
+                step_ms=self.step_ms,
+                wal_bytes=ended - self.started,
+                window_wal_bytes=ended - self.window,
+                window_steps=self.window_steps,
+            )
+        )
+
+
+def run_ratchet_on_postgres(url: str, steps: int) -> dict[str, Any]:
+    """N steps of a new run in the store at `url`, made first (its schema out of the figures),
+    as `ratchet worker` takes them."""
+    from ratchet.runtime.postgres import PostgresRuntime
+
+    runtime = PostgresRuntime.open(LocalSettings(store=url))
+    try:
+        engine = _ratchet_engine(runtime)
+        clock = _StepClock(url, steps)
+        if not engine.start(new_scripted_run(RUN_ID, max_steps=MAX_STEPS)):
+            raise RuntimeError(f"{RUN_ID} already exists in {url}")
+        for expected in range(1, steps + 1):
+            clock.before(expected)
+            outcome = engine.advance(RUN_ID)
+            clock.after(expected)
+            if outcome.outcome is not Outcome.CONTINUE or outcome.step != expected:
+                raise RuntimeError(f"expected step {expected} to complete, got {outcome}")
+        return clock.figures("ratchet")
+    finally:
+        runtime.close()
+
+
+def run_dbos_on_postgres(url: str, steps: int) -> NoReturn:
+    """N steps of the workflow with DBOS's system database at `url`, launched first (its
+    migrations out of the figures)."""
+    from dbos import SetWorkflowID
+
+    clock: _StepClock | None = None
+
+    def at_step(step: int) -> None:
+        # Called as each turn starts: the turn before it returned from its tool call, its two
+        # DBOS steps recorded.
+        assert clock is not None
+        if step > 1:
+            clock.after(step - 1)
+        if step > steps:
+            _exit_with(clock.figures("dbos"))
+        clock.before(step)
+
+    workflow = _dbos_app(url, at_step)
+    clock = _StepClock(url, steps)
+    with SetWorkflowID(RUN_ID):
+        workflow()
+    raise RuntimeError("the workflow ended before its last step")
+
+
+CHILD_POSTGRES_RUNS: dict[str, Callable[[str, int], Any]] = {
+    "ratchet": run_ratchet_on_postgres,
+    "dbos": run_dbos_on_postgres,
+}
+
+
+class PostgresServer(Protocol):
+    """Where the runs' databases are made: the tests' throwaway cluster
+    (`tests.postgres_support.Cluster`) or a server given by its URL (`GivenServer`)."""
+
+    def url(self, database: str = "postgres") -> str: ...
+
+    def fresh_database(self) -> str: ...
+
+    def drop_database(self, name: str) -> None: ...
+
+
+@dataclass
+class GivenServer:
+    """A Postgres server given by a URL whose role may create databases: each run gets a
+    database of its own there, dropped after."""
+
+    admin_url: str
+    _names: Iterator[int] = field(default_factory=itertools.count)
+
+    def url(self, database: str = "postgres") -> str:
+        parts = urllib.parse.urlsplit(self.admin_url)
+        return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as connection:
+            connection.execute(sql.encode())  # names made here, never a caller's text
+
+    def fresh_database(self) -> str:
+        name = f"ratchet_compare_{os.getpid()}_{next(self._names)}"
+        self._admin(f"CREATE DATABASE {name}")
+        return name
+
+    def drop_database(self, name: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def table_bytes(url: str) -> dict[str, int]:
+    """Every table of the database at `url` but the catalog's, with its indexes and TOAST."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT n.nspname || '.' || c.relname, pg_total_relation_size(c.oid) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+            "AND n.nspname NOT LIKE 'pg_toast%%'"
+        ).fetchall()
+    return {str(name): int(size) for name, size in rows}
+
+
+def server_settings(url: str) -> dict[str, str]:
+    """The server's version and the settings that decide what a commit costs it."""
+    import psycopg
+
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level")
+    with psycopg.connect(url, autocommit=True) as connection:
+        return {name: str(connection.execute(f"SHOW {name}").fetchone()[0]) for name in names}  # type: ignore[index]
+
+
+def measure_on_postgres(framework: str, steps: int, server: PostgresServer) -> PostgresRunFigures:
+    """N steps of a fresh run of `framework` in a fresh process, in a database of its own on
+    `server`; then what that database holds, and it is dropped."""
+    name = server.fresh_database()
+    url = server.url(name)
+    try:
+        answer = _child("postgres", framework, str(steps), url)
+        answer["table_bytes"] = table_bytes(url)
+    finally:
+        server.drop_database(name)
+    return PostgresRunFigures(**answer)
+
+
+@dataclass(frozen=True)
+class PostgresComparison:
+    runs: dict[str, dict[int, PostgresRunFigures]]
+    settings: dict[str, str]
+    server: str
+    missing: list[str]
+    seconds: float
+    taken: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    )
+
+
+def compare_on_postgres(
+    server: PostgresServer,
+    step_counts: Sequence[int] = POSTGRES_STEP_COUNTS,
+    frameworks: Sequence[str] = POSTGRES_FRAMEWORKS,
+    *,
+    described: str = "a throwaway cluster, tests/postgres_support.py",
+) -> PostgresComparison:
+    started = time.perf_counter()
+    present = [f for f in frameworks if installed(f)]
+    runs: dict[str, dict[int, PostgresRunFigures]] = {f: {} for f in present}
+    for steps in step_counts:
+        for framework in present:  # interleaved, so that a noisy minute hits both
+            runs[framework][steps] = measure_on_postgres(framework, steps, server)
+    return PostgresComparison(
+        runs=runs,
+        settings=server_settings(server.url()),
+        server=described,
+        missing=[f for f in frameworks if f not in present],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _p90(values: Sequence[float]) -> float:
+    return (
+        statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+    )
+
+
+def _table_growth(result: PostgresComparison, framework: str) -> float:
+    """What the database's tables grow a step from the second-longest run to the longest."""
+    runs = result.runs[framework]
+    low, high = sorted(runs)[-2:]
+    grown = sum(runs[high].table_bytes.values()) - sum(runs[low].table_bytes.values())
+    return grown / (high - low)
+
+
+POSTGRES_FIGURES: tuple[tuple[str, Callable[[PostgresRunFigures], float], str], ...] = (
+    ("ms a step, median", lambda run: statistics.median(run.step_ms), "{:,.2f} ms"),
+    ("ms a step, p90", lambda run: _p90(run.step_ms), "{:,.2f} ms"),
+    ("WAL bytes a step (creation included)", PostgresRunFigures.wal_per_step, "{:,.0f} B"),
+)
+
+
+def postgres_report(result: PostgresComparison) -> str:
+    present = list(result.runs)
+    counts = sorted(next(iter(result.runs.values()))) if present else []
+    found = versions()
+    settings = result.settings
+    lines = [
+        "The scripted agent (bench/scripted_agent.py) on Postgres: one tool call a step, 200 B "
+        "of JSON arguments, a 1,024 B result",
+        f"{result.taken}, {machine()}, Python {found['python']}, PostgreSQL "
+        f"{settings['server_version']} ({result.server}): fsync={settings['fsync']}, "
+        f"synchronous_commit={settings['synchronous_commit']}, "
+        f"full_page_writes={settings['full_page_writes']}, wal_level={settings['wal_level']}",
+        "ratchet-agents {ratchet-agents} (psycopg {psycopg}), dbos {dbos} (SQLAlchemy "
+        "{sqlalchemy})".format(**found),
+        "Each run a fresh database of that server, in a fresh process; ratios against Ratchet "
+        "(1.00x).",
+        "",
+    ]
+    rows: list[list[str]] = [["figure", *(NAMES[f] for f in present)]]
+
+    def row(label: str, values: dict[str, float], shape: str) -> None:
+        base = values.get("ratchet", 0.0)
+        rows.append(
+            [label, *(f"{shape.format(values[f])} ({_ratio(values[f], base)})" for f in present)]
+        )
+
+    for label, figure, shape in POSTGRES_FIGURES:
+        for steps in counts:
+            row(
+                f"{label}, {steps:,} steps",
+                {f: figure(result.runs[f][steps]) for f in present},
+                shape,
+            )
+    for steps in counts:
+        first, last = next(iter(result.runs.values()))[steps].window
+        row(
+            f"WAL bytes a step, steps {first:,}-{last:,}",
+            {f: result.runs[f][steps].window_wal_per_step() for f in present},
+            "{:,.0f} B",
+        )
+    if len(counts) > 1:
+        low, high = counts[-2:]
+        row(
+            f"table bytes a step, steps {low:,}-{high:,}",
+            {f: _table_growth(result, f) for f in present},
+            "{:,.0f} B",
+        )
+    lines += _table(rows)
+    for framework in present:
+        longest = result.runs[framework][counts[-1]]
+        tables = sorted(longest.table_bytes.items(), key=lambda item: -item[1])
+        lines.append(
+            f"{NAMES[framework]}, {longest.steps:,} steps, its tables (pg_total_relation_size): "
+            + ", ".join(f"{name} {size / 1024:,.0f} KB" for name, size in tables if size)
+        )
+    if "ratchet" in present and len(counts) > 1:
+        windows = [result.runs["ratchet"][n] for n in counts]
+        lines.append(
+            "What a Ratchet step writes to the WAL as its run grows: "
+            + ", ".join(
+                f"steps {w.window[0]:,}-{w.window[1]:,} {w.window_wal_per_step():,.0f} B"
+                for w in windows
+            )
+            + f" ({windows[-1].window_wal_per_step() / windows[0].window_wal_per_step():.2f}x)"
+        )
+    lines += ["", "Durability, as each ran (the server's settings above hold for both):"]
+    lines += [f"  {NAMES[f]}: {POSTGRES_DURABILITY[f]}" for f in present]
+    lines += [
+        "ms: a step's wall time, from the step before it durable until it is durable. WAL: "
+        "pg_current_wal_insert_lsn() before and after, the whole cluster's (nothing else runs "
+        "on it; autovacuum may).",
+        "Table bytes: every table of the run's database with its indexes and TOAST, after the "
+        "run; a step's is the growth from the second-longest run to the longest.",
+    ]
+    if result.missing:
+        lines.append(
+            "Not measured (not installed: make compare installs them): "
+            + ", ".join(NAMES[f] for f in result.missing)
+        )
+    lines.append(f"compare took {result.seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def _child_main(kind: str, framework: str, number: int, where: str) -> None:
+    """`where`: the run's folder, or (`postgres`) its database's URL."""
     for module in MODULES[framework]:
         importlib.import_module(module)
+    if kind == "postgres":
+        _exit_with(CHILD_POSTGRES_RUNS[framework](where, number))
     with counting_sqlite_writes():
         if kind == "run":
-            _exit_with(asdict(CHILD_RUNS[framework](directory, number)))
-        _exit_with({"ms": CHILD_RESUMES[framework](directory, number)})
+            _exit_with(asdict(CHILD_RUNS[framework](Path(where), number)))
+        _exit_with({"ms": CHILD_RESUMES[framework](Path(where), number)})
+
+
+def _postgres_main(admin_url: str, steps: str | None) -> str:
+    step_counts = [int(n) for n in steps.split(",")] if steps else POSTGRES_STEP_COUNTS
+    if admin_url:
+        server = GivenServer(admin_url)
+        host = urllib.parse.urlsplit(admin_url).hostname or "a unix socket"
+        return postgres_report(compare_on_postgres(server, step_counts, described=host))
+    from tests.postgres_support import cluster
+
+    return postgres_report(compare_on_postgres(cluster(), step_counts))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The scripted agent on Ratchet, LangGraph, DBOS.")
-    parser.add_argument("--steps", default=",".join(map(str, STEP_COUNTS)))
+    parser.add_argument("--steps", help=f"default {','.join(map(str, STEP_COUNTS))}")
     parser.add_argument("--plot", type=Path, default=PROJECT_ROOT / "docs" / "compare.png")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument(
@@ -902,13 +1269,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="REV",
         help="also run Ratchet as it was at this git revision, in a column of its own",
     )
+    parser.add_argument(
+        "--postgres",
+        nargs="?",
+        const="",
+        metavar="ADMIN_URL",
+        help="Ratchet and DBOS with their stores on Postgres instead (steps 10,100,500 unless "
+        "--steps says): on a throwaway cluster, or on the server at ADMIN_URL, whose role may "
+        "create databases",
+    )
     parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        kind, framework, number, directory = args.child
-        _child_main(kind, framework, int(number), Path(directory))
+        kind, framework, number, where = args.child
+        _child_main(kind, framework, int(number), where)
         return
-    step_counts = [int(n) for n in args.steps.split(",")]
+    if args.postgres is not None:
+        print(_postgres_main(args.postgres, args.steps))
+        return
+    step_counts = [int(n) for n in (args.steps or ",".join(map(str, STEP_COUNTS))).split(",")]
     frameworks: tuple[str, ...] = FRAMEWORKS
     with tempfile.TemporaryDirectory(prefix="ratchet-compare-") as root:
         if args.before:

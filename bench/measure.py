@@ -1,5 +1,5 @@
 """What the benches measure with: a sink for the checkpoint log, this process's bytes handed
-to write(2), and the median time of an action repeated."""
+to write(2), a Postgres cluster's WAL position, and the median time of an action repeated."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ def bytes_written_by_process() -> int:
 
 
 WRITES_KNOWN = Path("/proc/self/io").exists()
+
+
+def wal_position(url: str) -> int:
+    """The WAL insert position of the Postgres cluster `url` is in, in bytes: what every
+    database of the cluster has written to its WAL so far. The insert position, not
+    `pg_current_wal_lsn()`, the write position: with `synchronous_commit` off (the tests'
+    cluster) a commit returns before its WAL is written out, and the write position lags it.
+    Reading it writes no WAL."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def median_seconds(action: Callable[[], object], *, times: int) -> float:

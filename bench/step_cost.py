@@ -51,7 +51,7 @@ from typing import Any
 # Imported up front, as a worker does at start-up, so a resume's timer does not pay for it.
 import aws_lambda_powertools  # noqa: F401
 
-from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process
+from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process, wal_position
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
 from ratchet import stored
 from ratchet.adapters.sqlite.database import PAGE_SIZE
@@ -875,12 +875,18 @@ def _dynamodb_step_cost(budget: Budget | None) -> tuple[int, int, str]:
 
 
 POSTGRES_STEPS = 1_000
+POSTGRES_WAL_AT = (10, 100, 500, 1_000)
+POSTGRES_WAL_WINDOW = 10
+"""What the last 10 steps up to each of `POSTGRES_WAL_AT` wrote to Postgres's WAL, a step: it
+must not grow with the run."""
 
 
 def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
-    """`--compare-postgres`: the engine's time and the bytes a commit wrote per step, on a
-    SQLite store and on a Postgres store (the tests' throwaway cluster, `fsync` off), the
-    same run of the scripted agent on each, in this process."""
+    """`--compare-postgres`: the engine's time and the bytes a step writes, on a SQLite store
+    and on a Postgres store (the tests' throwaway cluster, `fsync` off), the same run of the
+    scripted agent on each, in this process. WAL bytes a step: the `WAL_STEPS` steps after the
+    timed ones, SQLite's WAL emptied first and its size read after (`wal_bytes_per_step`),
+    Postgres's insert position read before and after (the cluster serves nothing else)."""
     from tests.postgres_support import cluster
 
     postgres = cluster()
@@ -889,25 +895,67 @@ def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
         "postgres": postgres.url(postgres.fresh_database()),
     }
     lines = [f"{steps:,} steps of the scripted agent, in this process", ""]
-    lines.append(f"{'store':>9} {'engine ms p50':>13} {'p90':>6} {'step ms p50':>11} {'bytes':>6}")
+    lines.append(
+        f"{'store':>9} {'engine ms p50':>13} {'p90':>6} {'step ms p50':>11} {'bytes':>6} "
+        f"{'WAL bytes':>9}"
+    )
+    growth = ""
     for label, url in stores.items():
-        with BenchRun(directory, steps=steps + 1, max_steps=MAX_STEPS, url=url) as run:
-            timings = run.advance_to(steps)
+        with BenchRun(directory, steps=steps + WAL_STEPS + 1, max_steps=MAX_STEPS, url=url) as run:
+            if label == "postgres":
+                timings, windows = _postgres_steps(run, url, steps)
+                before = wal_position(url)
+                run.advance_to(steps + WAL_STEPS)
+                wal = (wal_position(url) - before) / WAL_STEPS
+                growth = "Postgres WAL bytes a step as the run grows: " + ", ".join(
+                    f"steps {at - POSTGRES_WAL_WINDOW + 1:,}-{at:,} {b:,.0f} B"
+                    for at, b in windows.items()
+                )
+            else:
+                timings = run.advance_to(steps)
+                wal = run.wal_bytes_per_step()
             written = [
-                c.size for c in run.runtime.store.list_checkpoints(RUN_ID) if c.event.kind == "step"
+                c.size
+                for c in run.runtime.store.list_checkpoints(RUN_ID)
+                if c.event.kind == "step" and c.step <= steps
             ]
         engine = [t.engine.wall_ms for t in timings]
         whole = [t.whole.wall_ms for t in timings]
         lines.append(
             f"{label:>9} {_median(engine):>13.2f} {_p90(engine):>6.2f} "
-            f"{_median(whole):>11.2f} {statistics.median(written):>6.0f}"
+            f"{_median(whole):>11.2f} {statistics.median(written):>6.0f} {wal:>9,.0f}"
         )
     lines += [
         "",
         "engine ms: a step's wall time less the tool's own; bytes: the commit's receipt (head, "
         "step record, ledger result), as the store's `bytes` column keeps it",
+        f"WAL bytes: a step's, over steps {steps + 1:,}-{steps + WAL_STEPS:,} (SQLite: its WAL "
+        "file, whole pages; Postgres: pg_current_wal_insert_lsn(), the cluster's records)",
+        growth,
     ]
     return "\n".join(lines)
+
+
+def _postgres_steps(
+    run: BenchRun, url: str, steps: int
+) -> tuple[list[StepTiming], dict[int, float]]:
+    """`steps` steps, timed; and what the last `POSTGRES_WAL_WINDOW` steps up to each of
+    `POSTGRES_WAL_AT` wrote to the WAL, a step (the positions read between steps, outside
+    their times)."""
+    marks = {at - POSTGRES_WAL_WINDOW for at in POSTGRES_WAL_AT} | set(POSTGRES_WAL_AT)
+    positions = {run.step: wal_position(url)}
+
+    def between(step: int) -> None:
+        if step in marks:
+            positions[step] = wal_position(url)
+
+    timings = run.advance_to(steps, between=between)
+    windows = {
+        at: (positions[at] - positions[at - POSTGRES_WAL_WINDOW]) / POSTGRES_WAL_WINDOW
+        for at in POSTGRES_WAL_AT
+        if at <= steps
+    }
+    return timings, windows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
