@@ -349,7 +349,15 @@ class LocalRuntime:
         rotating one revokes only its own (links, or hooks)."""
         from ratchet.waiting.hooks import HookKeys
 
-        return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
+        return HookKeys(self.hook_key)
+
+    def hook_key(self) -> bytes:
+        """The key the hooks derive from: `<store>.hook-key`, made on first use."""
+        return key_file(Path(f"{self.root}.hook-key"))
+
+    def approval_key(self) -> bytes:
+        """The key approval links are signed with: `<store>.approval-key`, made on first use."""
+        return key_file(Path(f"{self.root}.approval-key"))
 
     @property
     def serve_token_file(self) -> Path:
@@ -566,7 +574,7 @@ class LocalRuntime:
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
             clock=self.clock,
-            signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
+            signer=LinkSigner(self.approval_key),
             public_url=self.public_url,
             notifiers=[self.outbox],
             faults=FaultPlan.parse(self.settings.fault),
