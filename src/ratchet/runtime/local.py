@@ -408,6 +408,17 @@ class LocalRuntime:
         """The token in `serve_token_file`, made on first use and kept for the next start."""
         return token_file(self.serve_token_file)
 
+    @contextmanager
+    def readers(self) -> Iterator[LocalRuntime]:
+        """The runtime `ratchet serve`'s feeds and long polls read through, on their
+        connections' threads: one whose store gives each thread a connection of its own
+        (this one's, opened with `any_thread`, serves the app's one thread)."""
+        readers = type(self).open(self.settings, create=False, clock=self.clock)
+        try:
+            yield readers
+        finally:
+            readers.close()
+
     def hooks(self, agents: AgentRegistry) -> Hooks:
         """The store's webhooks (`ratchet hook`, `POST /runs/{id}/hooks/{name}`), reached on
         `RATCHET_PUBLIC_URL` (`ratchet serve`'s)."""

@@ -16,7 +16,8 @@ address it listens at, under `.ratchet/postgres/<database>` of the working direc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -134,6 +135,18 @@ class PostgresRuntime(LocalRuntime):
         """The store's approval link key, in the database: a link a worker on one host sends
         is verified by a `ratchet serve` on any other."""
         return PostgresKeys(self.pg).key(APPROVAL_LINKS, make=new_key)
+
+    @contextmanager
+    def readers(self) -> Iterator[PostgresRuntime]:
+        """This runtime itself: its pool gives every thread a connection of its own."""
+        yield self
+
+    @contextmanager
+    def serving(self, url: str) -> Iterator[None]:
+        # This host's folder of the store, which nothing may have made yet.
+        private_folder(self.root.parent)
+        with super().serving(url):
+            yield
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         return RunContext(
