@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -116,6 +117,16 @@ def _status(store: str, run_id: str) -> RunStatus | None:
     return head.status if head is not None else None
 
 
+def _version(store: str, run_id: str) -> int:
+    runtime = runtime_for(LocalSettings(store=store), create=False)
+    try:
+        head = runtime.store.load_head(run_id)
+    finally:
+        runtime.close()
+    assert head is not None
+    return head.version
+
+
 def _until_status(store: str, run_id: str, wanted: RunStatus) -> None:
     deadline = time.monotonic() + PATIENCE
     while (status := _status(store, run_id)) is not wanted:
@@ -151,16 +162,38 @@ def test_a_run_started_through_serve_is_approved_in_chromium_finished_and_listed
         assert link.startswith(f"{served.base}/approvals/"), link
         _until_status(store, "m1", RunStatus.WAITING)
 
-        # When the person opens the emailed link in a browser and approves
+        # When the person opens the emailed link in a browser and approves, while a program
+        # long-polls the run's history for what comes after its last record
         page = browser.new_page()
         opened = page.goto(link)
         assert opened is not None
         assert opened.status == 200
         expect(page).to_have_title("Approval needed · Ratchet")
+        parked = _version(store, "m1")
+        polled: list[tuple[int, str, float]] = []
+        poll = threading.Thread(
+            target=lambda: polled.append(
+                (
+                    *_request(f"{served.base}/runs/m1/history?after={parked}&wait=20"),
+                    time.monotonic(),
+                )
+            )
+        )
+        poll.start()
+        clicked = time.monotonic()
         page.get_by_role("button", name="Approve").click()
         expect(page).to_have_title("Approved · Ratchet")
 
-        # Then serve's worker finishes the run, with no other command
+        # Then the long poll is answered with the records the decision wrote
+        poll.join(PATIENCE)
+        ((status, history, answered),) = polled
+        assert status == 200, history
+        versions = [record["version"] for record in json.loads(history)["checkpoints"]]
+        assert versions, history
+        assert min(versions) > parked, (parked, versions)
+        print(f"long poll answered {(answered - clicked) * 1000:.0f} ms after the click")
+
+        # And serve's worker finishes the run, with no other command
         _until_status(store, "m1", RunStatus.DONE)
 
         # And the dashboard lists it, done, and its feed reads it to its end
