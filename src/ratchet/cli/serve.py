@@ -8,6 +8,7 @@ import _thread
 import re
 import signal
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -86,7 +87,7 @@ def serve(
         return
     require_local_store("serve")
     # The web apps, waitress and the local runtime: loaded only to serve (see ratchet.cli.context).
-    from ratchet.runtime.local import LocalRuntime
+    from ratchet.runtime import local_runtime
     from ratchet.web.serve import base_url, is_local, listen
 
     agents = _agents(agent or [])
@@ -98,29 +99,26 @@ def serve(
         # The links this server makes (and its worker's) point where it listens, unless
         # RATCHET_PUBLIC_URL says where people reach it.
         chosen = settings().serving_at(base_url(host, port))
-        # The server runs the app on a thread of its own, one request at a time.
-        runtime = LocalRuntime.open(chosen, create=True, any_thread=True)
+        # The server runs the app on a thread of its own, one request at a time; the store is
+        # a SQLite file or a Postgres database (whose pool serves any thread anyway).
+        runtime = local_runtime(chosen, create=True, any_thread=True)
     except BaseException:
         listening.close()
         raise
     try:
         token = None if is_local(host) else runtime.serve_token()
         # The feeds and long polls read on their connections' threads, each thread with a
-        # store connection of its own (the routes' one connection serves the app's thread).
-        readers = LocalRuntime.open(chosen, create=False)
-        try:
-            with runtime.serving(chosen.public_url):
-                _serve(
-                    runtime,
-                    listening,
-                    host=host,
-                    token=token,
-                    work=work,
-                    agents=agents,
-                    readers=readers,
-                )
-        finally:
-            readers.close()
+        # store connection of its own (`LocalRuntime.readers`).
+        with runtime.readers() as readers, runtime.serving(chosen.public_url):
+            _serve(
+                runtime,
+                listening,
+                host=host,
+                token=token,
+                work=work,
+                agents=agents,
+                readers=readers,
+            )
     finally:
         listening.close()  # served and closed by now, unless the token was refused
         runtime.close()
@@ -161,7 +159,9 @@ def _serve(
         runtime, worker_id=f"serve:{cli_worker_id()}", logger=logger, agents=agents
     )
     runs_app = build_runs_app(lambda: runs)
-    book = runtime.deliveries  # the webhooks' deliveries, which a run's page lists
+    # The webhooks' deliveries, which a run's page lists: asked for when a run's page is first
+    # shown, not at start, so that a store without a book of them serves everything else.
+    book = cache(lambda: runtime.deliveries)
     routes = [
         ("/approvals/", approvals),
         ("/slack/", approvals),
@@ -174,7 +174,7 @@ def _serve(
                 services.desk,
                 operator=operator_name(),
                 mailbox=runtime.mailbox,
-                deliveries=lambda run_id: book.listed(run_id, limit=MAX_DELIVERY_ROWS),
+                deliveries=lambda run_id: book().listed(run_id, limit=MAX_DELIVERY_ROWS),
             ),
         ),
     ]

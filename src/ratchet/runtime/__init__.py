@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from pydantic import SecretStr
 
     from ratchet.client import Client, Runtime
-    from ratchet.runtime.local import LocalSettings
+    from ratchet.runtime.local import LocalRuntime, LocalSettings
 
 
 def connect(
@@ -105,14 +105,26 @@ def runtime_for(settings: LocalSettings, *, create: bool) -> Runtime:
         return DynamoDbStoreUrl.parse(url).open(
             anthropic_api_key=settings.anthropic_api_key, payload_key=settings.payload_key
         )
+    return local_runtime(settings, create=create)
+
+
+def local_runtime(
+    settings: LocalSettings, *, create: bool, any_thread: bool = False
+) -> LocalRuntime:
+    """The local runtime of the sqlite:// or postgresql:// store `settings.store` names, for
+    an entry point that uses its local parts (`ratchet serve`, its worker); `any_thread` as
+    `LocalRuntime.open` takes it. A dynamodb:// store is `StoreUnavailable`."""
+    url = store_url(settings.store)
+    if url != settings.store:
+        settings = settings.model_copy(update={"store": url})
     if url.startswith(SQLITE_SCHEME):
         from ratchet.runtime.local import LocalRuntime
 
-        return LocalRuntime.open(settings, create=create)
+        return LocalRuntime.open(settings, create=create, any_thread=any_thread)
     if url.startswith(POSTGRES_SCHEMES):
         from ratchet.runtime.postgres import PostgresRuntime
 
-        return PostgresRuntime.open(settings, create=create)
+        return PostgresRuntime.open(settings, create=create, any_thread=any_thread)
     raise StoreUnavailable(
         f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
         f"sqlite:////absolute/path.db or {DYNAMODB_FORM}"

@@ -349,7 +349,15 @@ class LocalRuntime:
         rotating one revokes only its own (links, or hooks)."""
         from ratchet.waiting.hooks import HookKeys
 
-        return HookKeys(lambda: key_file(Path(f"{self.root}.hook-key")))
+        return HookKeys(self.hook_key)
+
+    def hook_key(self) -> bytes:
+        """The key the hooks derive from: `<store>.hook-key`, made on first use."""
+        return key_file(Path(f"{self.root}.hook-key"))
+
+    def approval_key(self) -> bytes:
+        """The key approval links are signed with: `<store>.approval-key`, made on first use."""
+        return key_file(Path(f"{self.root}.approval-key"))
 
     @property
     def serve_token_file(self) -> Path:
@@ -399,6 +407,17 @@ class LocalRuntime:
     def serve_token(self) -> str:
         """The token in `serve_token_file`, made on first use and kept for the next start."""
         return token_file(self.serve_token_file)
+
+    @contextmanager
+    def readers(self) -> Iterator[LocalRuntime]:
+        """The runtime `ratchet serve`'s feeds and long polls read through, on their
+        connections' threads: one whose store gives each thread a connection of its own
+        (this one's, opened with `any_thread`, serves the app's one thread)."""
+        readers = type(self).open(self.settings, create=False, clock=self.clock)
+        try:
+            yield readers
+        finally:
+            readers.close()
 
     def hooks(self, agents: AgentRegistry) -> Hooks:
         """The store's webhooks (`ratchet hook`, `POST /runs/{id}/hooks/{name}`), reached on
@@ -566,7 +585,7 @@ class LocalRuntime:
             resumer=LocalResumer(self.engine(worker_id=worker_id, logger=logger)),
             store=self.store,
             clock=self.clock,
-            signer=LinkSigner(lambda: key_file(Path(f"{self.root}.approval-key"))),
+            signer=LinkSigner(self.approval_key),
             public_url=self.public_url,
             notifiers=[self.outbox],
             faults=FaultPlan.parse(self.settings.fault),

@@ -4,17 +4,20 @@ that read and decide runs, with every part the store's workers share in the data
 `LocalRuntime` wired to the Postgres adapters (`ratchet.adapters.postgres`) in place of the
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
 approvals, webhooks' book, schedules, rate limits, each run's data, and blobs (in the
-database, since workers on many hosts share nothing else). What stays on this host's disk is
-what a process keeps for itself: the approval and hook keys, the outbox's messages, the
-locks of calls under way and each run's working folder, under `.ratchet/postgres/<database>`
-of the working directory (docs/postgres.md). Webhook deliveries and housekeeping (`ratchet
-deliveries`, `migrate`, `gc`) are not built on Postgres yet: they say so in one line.
+database, since workers on many hosts share nothing else), and the approval links' and hooks'
+keys, so that a link or a hook made on one host is taken by a `ratchet serve` on any other.
+What stays on this host's disk is what a process keeps for itself: the outbox's messages, the
+locks of calls under way, each run's working folder, and `ratchet serve`'s token and the
+address it listens at, under `.ratchet/postgres/<database>` of the working directory
+(docs/postgres.md). Webhook deliveries and housekeeping (`ratchet deliveries`, `migrate`,
+`gc`) are not built on Postgres yet: they say so in one line.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,12 +28,14 @@ from ratchet.adapters.postgres.blobs import PostgresBlobStore
 from ratchet.adapters.postgres.daily_spend import PostgresDailySpend
 from ratchet.adapters.postgres.data import PostgresRunData
 from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
+from ratchet.adapters.postgres.keys import APPROVAL_LINKS, HOOKS, PostgresKeys
 from ratchet.adapters.postgres.leases import PostgresLeases
 from ratchet.adapters.postgres.ledger import PostgresLedger
 from ratchet.adapters.postgres.rate import PostgresRateLimit
 from ratchet.adapters.postgres.store import PostgresCheckpointStore, PostgresWaitBook
 from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
+from ratchet.approvals.links import new_key
 from ratchet.engine import Engine
 from ratchet.errors import StoreUnavailable
 from ratchet.runtime.local import LocalRuntime, LocalSettings
@@ -121,6 +126,27 @@ class PostgresRuntime(LocalRuntime):
     @property
     def blobs(self) -> PostgresBlobStore:  # type: ignore[override]
         return PostgresBlobStore(self.pg, self.codec)
+
+    def hook_key(self) -> bytes:
+        """The store's hook key, in the database: every host derives the same hooks."""
+        return PostgresKeys(self.pg).key(HOOKS, make=new_key)
+
+    def approval_key(self) -> bytes:
+        """The store's approval link key, in the database: a link a worker on one host sends
+        is verified by a `ratchet serve` on any other."""
+        return PostgresKeys(self.pg).key(APPROVAL_LINKS, make=new_key)
+
+    @contextmanager
+    def readers(self) -> Iterator[PostgresRuntime]:
+        """This runtime itself: its pool gives every thread a connection of its own."""
+        yield self
+
+    @contextmanager
+    def serving(self, url: str) -> Iterator[None]:
+        # This host's folder of the store, which nothing may have made yet.
+        private_folder(self.root.parent)
+        with super().serving(url):
+            yield
 
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         return RunContext(

@@ -1,12 +1,12 @@
 """What `ratchet serve` runs beside its routes: `ratchet worker`'s loop, on a thread of its own.
 
-The worker is `LocalRuntime.worker`, the one `ratchet worker` runs, on a store connection of
-its own opened on its thread (the routes keep theirs), so a decision taken on the approval
-page is worked on at once, with no other command. It lives and dies with the server's
-process: nothing outlives a SIGTERM, a Ctrl-C or a SIGKILL, so no orphan keeps a lease. On
-shutdown it is stopped after the step it is on; one still running after `STOP_SECONDS` is
-left to the process's end, as a killed worker's is: its lease lapses and the next worker
-resumes the run from its last checkpoint.
+The worker is `LocalRuntime.worker`, the one `ratchet worker` runs, on a runtime of its own
+opened on its thread for the store's scheme (SQLite or Postgres; the routes keep theirs), so a
+decision taken on the approval page is worked on at once, with no other command. It lives and
+dies with the server's process: nothing outlives a SIGTERM, a Ctrl-C or a SIGKILL, so no
+orphan keeps a lease. On shutdown it is stopped after the step it is on; one still running
+after `STOP_SECONDS` is left to the process's end, as a killed worker's is: its lease lapses
+and the next worker resumes the run from its last checkpoint.
 
 If the worker stops on its own (its id is taken, or a call it abandoned still runs, which only
 the end of the process ends), `on_stopped` is told, and `ratchet serve` stops too.
@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ratchet.runtime import local_runtime
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 
 STOP_SECONDS = 10.0
@@ -59,7 +60,7 @@ class ServeWorker:
     def _work(self) -> None:
         failure: BaseException | None = None
         try:
-            runtime = LocalRuntime.open(self._settings, create=True)
+            runtime = local_runtime(self._settings, create=True)
             try:
                 worker = runtime.worker(
                     worker_id=self._worker_id,

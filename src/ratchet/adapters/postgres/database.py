@@ -183,6 +183,13 @@ CREATE TABLE daily_spend (
     raised bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, day)
 );
+-- ratchet.adapters.postgres.keys keeps the keys every host of the store signs with here:
+-- the approval links' key and the hooks' key, each made by the first process that needs it.
+CREATE TABLE signing_keys (
+    name    text PRIMARY KEY,
+    secret  bytea NOT NULL,
+    made_at timestamptz NOT NULL DEFAULT now()
+);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()
