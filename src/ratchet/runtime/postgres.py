@@ -3,12 +3,13 @@ that read and decide runs, with every part the store's workers share in the data
 
 `LocalRuntime` wired to the Postgres adapters (`ratchet.adapters.postgres`) in place of the
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
-approvals, webhooks' book, schedules, rate limits, each run's data, and blobs (in the
-database, since workers on many hosts share nothing else). What stays on this host's disk is
-what a process keeps for itself: the approval and hook keys, the outbox's messages, the
-locks of calls under way and each run's working folder, under `.ratchet/postgres/<database>`
-of the working directory (docs/postgres.md). Webhook deliveries and housekeeping (`ratchet
-deliveries`, `migrate`, `gc`) are not built on Postgres yet: they say so in one line.
+approvals, webhooks' book, the webhook deliveries sent and owed, schedules, rate limits, each
+run's data, and blobs (in the database, since workers on many hosts share nothing else). What
+stays on this host's disk is what a process keeps for itself: the approval and hook keys, the
+webhooks' secret (unless RATCHET_WEBHOOK_SECRET gives it), the outbox's messages, the locks of
+calls under way and each run's working folder, under `.ratchet/postgres/<database>` of the
+working directory (docs/postgres.md). Housekeeping (`ratchet migrate`, `gc`) is not built on
+Postgres yet: it says so in one line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ratchet.state import RunOptions, utcnow
 from ratchet.tools import RunContext
 
 if TYPE_CHECKING:
+    from ratchet.adapters.postgres.deliveries import PostgresDeliveries
     from ratchet.adapters.postgres.hooks import PostgresHookBook
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
@@ -157,8 +159,10 @@ class PostgresRuntime(LocalRuntime):
         return PostgresWakeUps(self.pg, clock=self.clock)
 
     @property
-    def deliveries(self) -> NoReturn:
-        _not_yet("webhook deliveries (RATCHET_WEBHOOKS, ratchet deliveries)")
+    def deliveries(self) -> PostgresDeliveries:  # type: ignore[override]
+        from ratchet.adapters.postgres.deliveries import PostgresDeliveries
+
+        return PostgresDeliveries(self.pg, self.codec)
 
     @property
     def housekeeping(self) -> NoReturn:
