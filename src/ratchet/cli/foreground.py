@@ -215,9 +215,6 @@ def webhook_sender(runtime: Any, *, agent_urls: Sequence[str] = (), stderr: bool
     urls = [*runtime.settings.webhooks, *agent_urls]
     if not urls:
         return None
-    # A store without a book of deliveries (a postgresql:// one, as yet) refuses here, in one
-    # line, before any run is worked whose changes it could not send.
-    runtime.deliveries  # noqa: B018
     sender = open_sender(runtime)
     secret = (
         "RATCHET_WEBHOOK_SECRET"
