@@ -10,6 +10,7 @@ sender, as another process reaches the store.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,39 @@ def test_a_delivery_is_claimed_by_one_sender_until_its_claim_lapses(backend):
     (again,) = other.due()
     assert again.delivery_id == delivery.delivery_id
     assert other.claim(again)
+
+
+def test_of_senders_claiming_one_delivery_at_once_one_holds_it(backend):
+    # Given deliveries due, read by several senders on connections of their own
+    backend.book.prepare()
+    for i in range(10):
+        new_run(backend.store, f"r{i}")
+    for moved in backend.book.moved():
+        owe_moved(backend.book, moved, owe(moved.run_id, 1))
+    senders = [backend.other() for _ in range(6)]
+    due = backend.book.due()
+    assert len(due) == 10
+    start = threading.Barrier(len(senders))
+    held: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    # When each claims every one of them at once
+    def claim(book: DeliveryBook) -> None:
+        start.wait(timeout=60)
+        for delivery in due:
+            if book.claim(delivery):
+                with lock:
+                    held[delivery.delivery_id] += 1
+
+    threads = [threading.Thread(target=claim, args=(book,)) for book in senders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # Then each is held by one sender
+    print(f"{backend.name}: {sum(held.values())} claims won of {len(due) * len(senders)} tried")
+    assert held == Counter({d.delivery_id: 1 for d in due})
 
 
 def test_a_delivery_read_before_another_sender_sent_it_is_not_claimed(backend):
