@@ -55,7 +55,7 @@ def run_in_foreground(new: NewRun, *, as_json: bool = False) -> None:
     state = None if continuing else validated_run(new)
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not
-    # owed (`SqliteDeliveries.prepare`).
+    # owed (the book of deliveries' `prepare`, SQLite's or Postgres's).
     reference = state.agent if state is not None else client.head(str(run_id)).agent
     sender = webhook_sender(client.runtime, agent_urls=agent_webhooks(reference), stderr=True)
     if sender is not None:
