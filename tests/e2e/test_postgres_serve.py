@@ -208,7 +208,6 @@ def test_a_run_started_through_serve_is_approved_in_chromium_finished_and_listed
     assert "Traceback" not in served.printed, served.printed
 
 
-@pytest.mark.xfail(strict=True, reason="needs PostgresDeliveries")
 def test_the_dashboard_shows_a_runs_page_with_its_deliveries(store: str, tmp_path: Path) -> None:
     host = _host(tmp_path, "host", store)
     host.ok("start", "--scenario", "notebook", "--run-id", "n1")

@@ -55,7 +55,7 @@ def run_in_foreground(new: NewRun, *, as_json: bool = False) -> None:
     state = None if continuing else validated_run(new)
     client = open_client(create=True)
     # Started before the run is created: on a store's first sender, a run made earlier is not
-    # owed (`SqliteDeliveries.prepare`).
+    # owed (the book of deliveries' `prepare`, SQLite's or Postgres's).
     reference = state.agent if state is not None else client.head(str(run_id)).agent
     sender = webhook_sender(client.runtime, agent_urls=agent_webhooks(reference), stderr=True)
     if sender is not None:
@@ -215,9 +215,6 @@ def webhook_sender(runtime: Any, *, agent_urls: Sequence[str] = (), stderr: bool
     urls = [*runtime.settings.webhooks, *agent_urls]
     if not urls:
         return None
-    # A store without a book of deliveries (a postgresql:// one, as yet) refuses here, in one
-    # line, before any run is worked whose changes it could not send.
-    runtime.deliveries  # noqa: B018
     sender = open_sender(runtime)
     secret = (
         "RATCHET_WEBHOOK_SECRET"

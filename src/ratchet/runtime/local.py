@@ -351,6 +351,10 @@ class LocalRuntime:
 
         return HookKeys(self.hook_key)
 
+    one_host = True
+    """Whether every process of this store runs on this host (a SQLite file's do): then what a
+    process makes for the store may be kept beside it, as its keys are."""
+
     def hook_key(self) -> bytes:
         """The key the hooks derive from: `<store>.hook-key`, made on first use."""
         return key_file(Path(f"{self.root}.hook-key"))

@@ -3,14 +3,15 @@ that read and decide runs, with every part the store's workers share in the data
 
 `LocalRuntime` wired to the Postgres adapters (`ratchet.adapters.postgres`) in place of the
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
-approvals, webhooks' book, schedules, rate limits, each run's data, and blobs (in the
-database, since workers on many hosts share nothing else), and the approval links' and hooks'
-keys, so that a link or a hook made on one host is taken by a `ratchet serve` on any other.
-What stays on this host's disk is what a process keeps for itself: the outbox's messages, the
-locks of calls under way, each run's working folder, and `ratchet serve`'s token and the
-address it listens at, under `.ratchet/postgres/<database>` of the working directory
-(docs/postgres.md). Webhook deliveries and housekeeping (`ratchet deliveries`, `migrate`,
-`gc`) are not built on Postgres yet: they say so in one line.
+approvals, webhooks' book, the webhook deliveries sent and owed, schedules, rate limits, each
+run's data, and blobs (in the database, since workers on many hosts share nothing else), and
+the approval links', hooks' and webhooks' keys, so that a link or a hook made on one host is
+taken by a `ratchet serve` on any other, and a webhook any host sends is signed with the same
+secret. What stays on this host's disk is what a process keeps for itself: the outbox's
+messages, the locks of calls under way, each run's working folder, and `ratchet serve`'s token
+and the address it listens at, under `.ratchet/postgres/<database>` of the working directory
+(docs/postgres.md). Housekeeping (`ratchet migrate`, `gc`) is not built on Postgres yet: it
+says so in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ratchet.state import RunOptions, utcnow
 from ratchet.tools import RunContext
 
 if TYPE_CHECKING:
+    from ratchet.adapters.postgres.deliveries import PostgresDeliveries
     from ratchet.adapters.postgres.hooks import PostgresHookBook
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
@@ -127,6 +129,8 @@ class PostgresRuntime(LocalRuntime):
     def blobs(self) -> PostgresBlobStore:  # type: ignore[override]
         return PostgresBlobStore(self.pg, self.codec)
 
+    one_host = False  # workers on many hosts share the store
+
     def hook_key(self) -> bytes:
         """The store's hook key, in the database: every host derives the same hooks."""
         return PostgresKeys(self.pg).key(HOOKS, make=new_key)
@@ -183,8 +187,10 @@ class PostgresRuntime(LocalRuntime):
         return PostgresWakeUps(self.pg, clock=self.clock)
 
     @property
-    def deliveries(self) -> NoReturn:
-        _not_yet("webhook deliveries (RATCHET_WEBHOOKS, ratchet deliveries)")
+    def deliveries(self) -> PostgresDeliveries:  # type: ignore[override]
+        from ratchet.adapters.postgres.deliveries import PostgresDeliveries
+
+        return PostgresDeliveries(self.pg, self.codec)
 
     @property
     def housekeeping(self) -> NoReturn:

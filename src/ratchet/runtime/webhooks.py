@@ -1,17 +1,18 @@
 """The webhook sender: each change of a run's status (`ratchet.pushes`), POSTed signed to
 every URL of `RATCHET_WEBHOOKS` and of the run's agent (`Agent.webhooks`), retried with backoff
 for `RETRY_SECONDS`, each delivery and its outcome kept in the store
-(`ratchet.adapters.sqlite.deliveries`, read by `ratchet deliveries` and the dashboard).
+(`ratchet.adapters.sqlite.deliveries`, `ratchet.adapters.postgres.deliveries`, read by `ratchet
+deliveries` and the dashboard).
 
 It runs on a thread of its own with a store connection of its own, in each process that works or
 serves runs with `RATCHET_WEBHOOKS` set (`ratchet serve`, `ratchet worker`, `ratchet run`, which
 also starts one for an agent that declares webhooks), and keeps nothing in memory that the store
 does not: a sender killed at any point owes on its next start what it owed, and sends again what
 it was sending (with the same delivery id: a receiver deduplicates on it). Several senders on one
-store (two workers, a worker and `ratchet serve`) share the work through the store: a change is
-owed once (`SqliteDeliveries.enqueue`), and a delivery is sent by one sender at a time
-(`SqliteDeliveries.claim`); only a sender that dies mid-send, or outlives its claim, leaves it to
-be sent again.
+store (two workers, a worker and `ratchet serve`, or on Postgres workers on many hosts) share
+the work through the store: a change is owed once (`DeliveryBook.enqueue`), and a delivery is
+sent by one sender at a time (`DeliveryBook.claim`); only a sender that dies mid-send, or
+outlives its claim, leaves it to be sent again.
 
 A delivery is sent once its URL's host resolves to no link-local address (a name may resolve
 to one though its URL did not say so); a redirect is not followed (it is an answer that is not
@@ -31,13 +32,13 @@ import urllib.request
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ratchet.adapters.sqlite.deliveries import Delivery, Moved, Owed, SqliteDeliveries
+from ratchet.adapters.sqlite.deliveries import Delivery, Moved, Owed
 from ratchet.agents import load_agent
 from ratchet.approvals.links import token_file
-from ratchet.errors import RatchetError, StoreBusy
+from ratchet.errors import InvalidInput, RatchetError, StoreBusy
 from ratchet.pushes import (
     DELIVERY_HEADER,
     RETRY_SECONDS,
@@ -47,6 +48,7 @@ from ratchet.pushes import (
     status_changes,
 )
 from ratchet.runtime.local import LocalRuntime, LocalSettings
+from ratchet.state import RunStatus
 from ratchet.webhook_urls import any_link_local
 
 SEND_TIMEOUT_SECONDS = 10.0
@@ -61,15 +63,48 @@ waits for what it owes to be sent: the first attempts and a few retries."""
 _log = logging.getLogger("ratchet.webhooks")
 
 
+class DeliveryBook(Protocol):
+    """The store's book of deliveries the sender works through: SQLite's
+    (`ratchet.adapters.sqlite.deliveries`, whose docstring is the contract) or Postgres's;
+    tests/conformance/test_deliveries_contract.py holds both to it."""
+
+    def prepare(self) -> None: ...
+
+    def moved(self) -> list[Moved]: ...
+
+    def enqueue(
+        self, moved: Moved, *, version: int, status: RunStatus, owed: Sequence[Owed]
+    ) -> bool: ...
+
+    def due(self, *, limit: int = 20) -> list[Delivery]: ...
+
+    def owing(self, run_id: str | None = None, *, due_by: float | None = None) -> int: ...
+
+    def claim(self, delivery: Delivery) -> bool: ...
+
+    def record(
+        self, delivery: Delivery, *, delivered: bool, error: str | None, retry_at: float | None
+    ) -> None: ...
+
+
 def webhook_secret_file(runtime: LocalRuntime) -> Path:
     """`<store>.webhook-secret`, beside the store's keys, owner-only."""
     return Path(f"{runtime.root}.webhook-secret")
 
 
 def webhook_secret(runtime: LocalRuntime) -> str:
-    """`RATCHET_WEBHOOK_SECRET`, or the secret in `webhook_secret_file` (made on first use)."""
+    """`RATCHET_WEBHOOK_SECRET`, or the secret in `webhook_secret_file` (made on first use);
+    `InvalidInput` on a store that workers on many hosts share (`runtime.one_host`), where a
+    secret made here would sign this host's deliveries only."""
     given = runtime.settings.webhook_secret
-    return given.get_secret_value() if given else token_file(webhook_secret_file(runtime))
+    if given:
+        return given.get_secret_value()
+    if not runtime.one_host:
+        raise InvalidInput(
+            "webhooks on a postgresql:// store need RATCHET_WEBHOOK_SECRET, the same on every "
+            "host that sends: a secret made here would sign this host's deliveries only"
+        )
+    return token_file(webhook_secret_file(runtime))
 
 
 def delivery_id(change_id: str, url: str) -> str:
@@ -95,8 +130,12 @@ class WebhookSender:
         secret: str,
         poll_seconds: float = POLL_SECONDS,
         retry_seconds: float = RETRY_SECONDS,
+        runtime: type[LocalRuntime] = LocalRuntime,
     ) -> None:
         self._settings = settings
+        # The kind of runtime the sender's own connections open: a sqlite:// store's, or a
+        # postgresql:// one's (`ratchet.runtime.postgres.PostgresRuntime`).
+        self._runtime = runtime
         self._urls = settings.webhooks
         self._agent_urls: dict[str, tuple[str, ...]] = {}
         self._secret = secret
@@ -108,7 +147,7 @@ class WebhookSender:
     def start(self) -> None:
         """Start sending. The store's delivery tables are made first, here, so that a run
         created once this returns is owed from its start even on a store's first sender."""
-        runtime = LocalRuntime.open(self._settings, create=False)
+        runtime = self._runtime.open(self._settings, create=False)
         try:
             runtime.deliveries.prepare()
         finally:
@@ -123,7 +162,7 @@ class WebhookSender:
         the next sender, and is not waited for."""
         deadline = time.time() + timeout
         owed: int | None = None
-        runtime = LocalRuntime.open(self._settings, create=False)
+        runtime = self._runtime.open(self._settings, create=False)
         try:
             while self._thread.is_alive():
                 with suppress(StoreBusy):
@@ -144,7 +183,7 @@ class WebhookSender:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        runtime = LocalRuntime.open(self._settings, create=False)
+        runtime = self._runtime.open(self._settings, create=False)
         try:
             book = runtime.deliveries
             while not self._stop.is_set():
@@ -158,7 +197,7 @@ class WebhookSender:
         finally:
             runtime.close()
 
-    def pass_once(self, runtime: LocalRuntime, book: SqliteDeliveries) -> None:
+    def pass_once(self, runtime: LocalRuntime, book: DeliveryBook) -> None:
         """Owe the changes of the runs that moved, then send what is due."""
         for moved in book.moved():
             self._owe(runtime, book, moved)
@@ -168,7 +207,7 @@ class WebhookSender:
             if book.claim(delivery):
                 self._send(book, delivery)
 
-    def _owe(self, runtime: LocalRuntime, book: SqliteDeliveries, moved: Moved) -> None:
+    def _owe(self, runtime: LocalRuntime, book: DeliveryBook, moved: Moved) -> None:
         # Read after `moved`: every record up to its version is here, and perhaps later ones
         # (the cursor then moves past them, with their changes owed).
         records = runtime.store.list_checkpoints(moved.run_id, after=moved.cursor or 0)
@@ -204,7 +243,7 @@ class WebhookSender:
             self._agent_urls[agent] = declared
         return tuple(dict.fromkeys([*self._urls, *self._agent_urls[agent]]))
 
-    def _send(self, book: SqliteDeliveries, delivery: Delivery) -> None:
+    def _send(self, book: DeliveryBook, delivery: Delivery) -> None:
         error = refusal(delivery.url)
         if error is not None:
             book.record(delivery, delivered=False, error=error, retry_at=None)
@@ -257,4 +296,4 @@ def open_sender(runtime: LocalRuntime, urls: Sequence[str] | None = None) -> Web
     settings = runtime.settings
     if urls is not None:
         settings = settings.model_copy(update={"webhooks": tuple(urls)})
-    return WebhookSender(settings, secret=webhook_secret(runtime))
+    return WebhookSender(settings, secret=webhook_secret(runtime), runtime=type(runtime))

@@ -190,6 +190,35 @@ CREATE TABLE signing_keys (
     secret  bytea NOT NULL,
     made_at timestamptz NOT NULL DEFAULT now()
 );
+-- ratchet.adapters.postgres.deliveries keeps the webhooks' deliveries here: where the store's
+-- first sender started (push_start), how far each run's changes are owed (push_cursors), and
+-- each change owed to a URL with how its sending went. Times are the senders' clocks, in
+-- seconds since the epoch; `body` is sealed under the codec when one is set.
+CREATE TABLE push_start (
+    one        integer PRIMARY KEY CHECK (one = 1),
+    started_at double precision NOT NULL
+);
+CREATE TABLE push_cursors (
+    run_id  text PRIMARY KEY,
+    version bigint NOT NULL,
+    status  text NOT NULL
+);
+CREATE TABLE deliveries (
+    delivery_id   text COLLATE "C" PRIMARY KEY,
+    change_id     text NOT NULL,
+    run_id        text NOT NULL,
+    url           text NOT NULL,
+    body          text NOT NULL,
+    state         text NOT NULL,
+    attempts      integer NOT NULL,
+    created_at    double precision NOT NULL,
+    next_at       double precision NOT NULL,
+    claimed_until double precision NOT NULL,
+    answered_at   double precision,
+    last_error    text
+);
+CREATE INDEX deliveries_due ON deliveries (next_at) WHERE state = 'pending';
+CREATE INDEX deliveries_by_run ON deliveries (run_id, created_at);
 CREATE TABLE {MARKER_TABLE} (
     schema_version integer NOT NULL,
     made_at        timestamptz NOT NULL DEFAULT now()

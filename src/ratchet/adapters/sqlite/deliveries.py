@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ratchet.adapters.sqlite.database import SqliteDatabase
@@ -108,12 +108,19 @@ _COLUMNS = (
 
 
 class SqliteDeliveries:
-    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
+    def __init__(
+        self,
+        db: SqliteDatabase,
+        codec: PayloadCodec | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._db = db
         self._ready = False
         # Seals each delivery's body (the run's status change, its summary or error), bound to
         # its run: the sender opens it to send it, `ratchet deliveries` to show it.
         self._codec = codec
+        self._clock = clock
 
     def prepare(self) -> None:
         """Make the tables (the first sender on the store marks where it starts): a sender
@@ -126,7 +133,7 @@ class SqliteDeliveries:
                     tx.execute(statement)
             # The first sender on the store starts from where every run stands now.
             first = tx.execute(
-                "INSERT OR IGNORE INTO push_start (one, started_at) VALUES (1, ?)", (time.time(),)
+                "INSERT OR IGNORE INTO push_start (one, started_at) VALUES (1, ?)", (self._clock(),)
             ).rowcount
             if first:
                 tx.execute(
@@ -158,7 +165,7 @@ class SqliteDeliveries:
     ) -> bool:
         """Owe each of `owed` and move the run's cursor to `version` (its status
         there `status`); False if another sender moved the cursor first (it owes them)."""
-        now = time.time()
+        now = self._clock()
         with self._db.write() as tx:
             # The cursor moves only from where `moved` read it: two senders that read the
             # same changes owe them once, the second finding the cursor gone on.
@@ -189,7 +196,7 @@ class SqliteDeliveries:
     def due(self, *, limit: int = 20) -> list[Delivery]:
         """Pending deliveries whose time has come and that no sender holds, oldest first."""
         self.prepare()
-        now = time.time()
+        now = self._clock()
         rows = self._db.connection.execute(
             f"SELECT {_COLUMNS} FROM deliveries WHERE state = 'pending' AND next_at <= ? "
             "AND claimed_until <= ? ORDER BY next_at, created_at LIMIT ?",
@@ -224,7 +231,7 @@ class SqliteDeliveries:
 
     def claim(self, delivery: Delivery) -> bool:
         """Hold `delivery` for `CLAIM_SECONDS`; False if another sender sent or holds it."""
-        now = time.time()
+        now = self._clock()
         with self._db.write() as tx:
             # Conditional on the attempts read: a sender that read it before another sent it
             # (and counted the attempt) finds the count moved, and leaves it.
@@ -241,7 +248,7 @@ class SqliteDeliveries:
     ) -> None:
         """Write how an attempt went: delivered; or failed, tried again at `retry_at` (None:
         given up)."""
-        now = time.time()
+        now = self._clock()
         state = "delivered" if delivered else "pending" if retry_at is not None else "failed"
         with self._db.write() as tx:
             tx.execute(
