@@ -115,8 +115,7 @@ class PostgresRuntime(LocalRuntime):
     def schedules(self) -> PostgresScheduleBook:  # type: ignore[override]
         from ratchet.adapters.postgres.schedules import PostgresScheduleBook
 
-        # Its schedules' inputs are not sealed yet (docs/postgres.md), unlike SQLite's.
-        return PostgresScheduleBook(self.pg)
+        return PostgresScheduleBook(self.pg, self.codec)
 
     @property
     def blobs(self) -> PostgresBlobStore:  # type: ignore[override]
