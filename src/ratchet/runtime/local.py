@@ -426,18 +426,22 @@ class LocalRuntime:
         store under the payload key's newest key (`ratchet.adapters.sqlite.reencrypt`)."""
         from ratchet.adapters.sqlite.reencrypt import reencrypt
 
+        return reencrypt(
+            self.db,
+            Path(f"{self.root}.blobs"),
+            self.resealing_codec(),
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
+
+    def resealing_codec(self) -> PayloadCodec:
+        """The codec `reencrypt` seals under: refused in one line if there is none."""
         if self.codec is None:
             raise InvalidInput(
                 "ratchet migrate --reencrypt seals under the payload key: set "
                 "RATCHET_PAYLOAD_KEY (the keyring with the new key first)"
             )
-        return reencrypt(
-            self.db,
-            Path(f"{self.root}.blobs"),
-            self.codec,
-            outbox=Path(f"{self.root}.outbox"),
-            dry_run=dry_run,
-        )
+        return self.codec
 
     @property
     def root(self) -> Path:

@@ -8,7 +8,8 @@ database, since workers on many hosts share nothing else). What stays on this ho
 what a process keeps for itself: the approval and hook keys, the outbox's messages, the
 locks of calls under way and each run's working folder, under `.ratchet/postgres/<database>`
 of the working directory (docs/postgres.md). Webhook deliveries and housekeeping (`ratchet
-deliveries`, `migrate`, `gc`) are not built on Postgres yet: they say so in one line.
+deliveries`, `migrate` but for `--reencrypt`, `gc`) are not built on Postgres yet: they say so
+in one line.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
     from ratchet.adapters.postgres.wakeups import PostgresWakeUps
+    from ratchet.adapters.sqlite.reencrypt import Reencryption
 
 _FOLDER_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -163,8 +165,18 @@ class PostgresRuntime(LocalRuntime):
     def housekeeping(self) -> NoReturn:
         _not_yet("ratchet migrate and ratchet gc")
 
-    def reencrypt(self, *, dry_run: bool) -> NoReturn:
-        _not_yet("ratchet migrate --reencrypt")
+    def reencrypt(self, *, dry_run: bool) -> Reencryption:
+        """`ratchet migrate --reencrypt`: every sealed text and blob in the database, and every
+        sealed message of this host's outbox, under the payload key's newest key
+        (`ratchet.adapters.postgres.reencrypt`)."""
+        from ratchet.adapters.postgres.reencrypt import reencrypt
+
+        return reencrypt(
+            self.pg,
+            self.resealing_codec(),
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
 
 
 def _not_yet(what: str) -> NoReturn:
