@@ -6,7 +6,10 @@ line. Each test runs on a SQLite store and on a Postgres one (tests/postgres_sup
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import sqlite3
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +39,8 @@ from tests.postgres_support import Cluster
 from tests.processes import RATCHET, clean_env
 from tests.support import LOG
 
+ENVELOPE = re.compile(rb'"sealed" ?: ?"([A-Za-z0-9+/=]+)"')
+
 
 @dataclass
 class Store:
@@ -51,6 +56,9 @@ class Store:
     blobs: Callable[[], list[bytes]]
     stored_bytes: Callable[[], dict[str, bytes]]
     """Every byte the store holds (files or rows), by where it is."""
+    values: Callable[[], list[bytes]]
+    """Every value of every row of every table as it reads now (not a page a write left
+    behind in a file), as its bytes."""
     reencrypt: Callable[[Any], Reencryption]
     """The store's reencryption called as `ratchet migrate --reencrypt` calls it."""
     heads: Callable[[Any], dict[str, str]]
@@ -87,6 +95,15 @@ class Store:
             found[key_id] = found.get(key_id, 0) + 1
         return found
 
+    def keys_anywhere(self) -> set[str]:
+        """The key of every envelope in any value of any table (whole or inside a record) and
+        of every blob: what a reader still needs, found without the list of sealed columns."""
+        found = set(filter(None, self.blob_keys()))
+        for value in self.values():
+            for sealed in ENVELOPE.findall(value):
+                found.add(header_of(base64.b64decode(sealed))[0])
+        return found
+
     def blob_keys(self) -> list[str | None]:
         return [
             header_of(data)[0] if data.startswith(b"RTS\x01") else None for data in self.blobs()
@@ -120,6 +137,19 @@ def _sqlite(tmp_path: Path) -> Store:
         files = [store, Path(f"{store}-wal"), *sorted(Path(f"{beside}.blobs").rglob("*"))]
         return {str(f.relative_to(tmp_path)): f.read_bytes() for f in files if f.is_file()}
 
+    def values() -> list[bytes]:
+        connection = sqlite3.connect(store)
+        try:
+            tables = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            return [
+                value if isinstance(value, bytes) else str(value).encode()
+                for (table,) in tables.fetchall()
+                for row in connection.execute(f"SELECT * FROM {table}").fetchall()
+                for value in row
+            ]
+        finally:
+            connection.close()
+
     def reencrypt(runtime: Any) -> Reencryption:
         return reencryption.reencrypt(runtime.db, Path(f"{runtime.root}.blobs"), runtime.codec)
 
@@ -133,6 +163,7 @@ def _sqlite(tmp_path: Path) -> Store:
         texts,
         blobs,
         stored_bytes,
+        values,
         reencrypt,
         heads,
     )
@@ -169,19 +200,22 @@ def _postgres(url: str) -> Store:
     def blobs() -> list[bytes]:
         return [bytes(data) for (data,) in rows("SELECT data FROM blobs ORDER BY address")]
 
-    def stored_bytes() -> dict[str, bytes]:
-        """Every value of every row of every table, as its bytes."""
-        found: dict[str, bytes] = {}
+    def values() -> list[bytes]:
         tables = rows(
             "SELECT table_name FROM information_schema.tables "
             "WHERE table_schema = current_schema() ORDER BY table_name"
         )
-        for (table,) in tables:
-            for n, row in enumerate(rows(f"SELECT * FROM {table}")):
-                found[f"{table}/{n}"] = b"\0".join(
-                    bytes(v) if isinstance(v, bytes | memoryview) else str(v).encode() for v in row
-                )
-        return found
+        return [
+            bytes(value) if isinstance(value, bytes | memoryview) else str(value).encode()
+            for (table,) in tables
+            for row in rows(f"SELECT * FROM {table}")
+            for value in row
+        ]
+
+    def stored_bytes() -> dict[str, bytes]:
+        """Every value of every row of every table (Postgres's files are not read: a page a
+        write left behind is not a row, and a cluster's files are its owner's)."""
+        return {str(n): value for n, value in enumerate(values())}
 
     def reencrypt(runtime: Any) -> Reencryption:
         return postgres_reencryption.reencrypt(runtime.pg, runtime.codec)
@@ -197,6 +231,7 @@ def _postgres(url: str) -> Store:
         texts,
         blobs,
         stored_bytes,
+        values,
         reencrypt,
         heads,
     )
@@ -250,6 +285,7 @@ def test_after_reencrypt_the_old_key_can_go_and_every_run_still_reads(store: Sto
         second.close()
     print(f"\ntexts before: {before}; blobs before: {store.blob_keys()}")
     assert min(before[None], before[key_a], before[key_b]) > 0
+    assert store.keys_anywhere() == {key_a, key_b}
     assert sorted(store.blob_keys(), key=str) == sorted([None, key_a], key=str)
 
     # ...while key A is still needed: without it, one error naming it
@@ -282,8 +318,10 @@ def test_after_reencrypt_the_old_key_can_go_and_every_run_still_reads(store: Sto
     report = json.loads(again.stdout)
     assert (report["records"], report["blobs"], report["key_id"]) == (0, 0, key_b)
     assert report["current"] == sum(before.values())
-    # every text and blob is sealed under B, and the run written in clear is in no stored byte,
+    # every text and blob is sealed under B (and no envelope in any table under another key),
+    # and the run written in clear is in no stored byte,
     assert set(store.blob_keys()) == {key_b}
+    assert store.keys_anywhere() == {key_b}
     for name, data in store.stored_bytes().items():
         assert SECRET.encode() not in data, name
 
