@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +33,7 @@ from ratchet.runtime.postgres import files_folder
 from ratchet.runtime.services import local_runs_services
 from ratchet.sealing import header_of
 from ratchet.stored import sealed_key_id
+from ratchet.waits import ApprovalNotice, Invitation
 from ratchet.web.dashboard import local_app
 from ratchet.web.serve import wsgi_app
 from tests.integration.test_sealed_payloads import AGENT, SECRET, _state, _work
@@ -475,6 +477,47 @@ def test_a_row_a_worker_rewrote_after_it_was_read_keeps_what_the_worker_wrote(
         assert set(store.texts_by_key(runtime)) == {key_b}
     finally:
         runtime.close()
+
+
+def test_an_outbox_message_under_the_old_key_is_rewritten_and_reads_without_it(store: Store):
+    # Given an approval's email in the outbox (on this host's disk), sealed under key A
+    notice = ApprovalNotice(
+        approval_id="a1b2c3d4e5",
+        run_id="r1",
+        step=2,
+        agent=AGENT,
+        goal=f"export the orders of {SECRET}",
+        prompt=f"Export the orders of {SECRET}?",
+        expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+        emails=[Invitation(recipient="dana@example.com", url="https://example.com/a/1")],
+    )
+    runtime = store.open()
+    try:
+        runtime.outbox.send(notice)
+    finally:
+        runtime.close()
+    (key_a,) = store.keyring_ids()
+    store.ring.write_text(f"{new_keyring_line()}\n{store.ring.read_text()}")
+
+    # When the store is reencrypted
+    done = store.cli("migrate", "--reencrypt", "--json")
+
+    # Then the message is rewritten under B, and reads with A gone from the keyring
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    print(f"\n{report}")
+    assert report["outbox_resealed"] == 1
+    store.ring.write_text(f"{store.ring.read_text().split()[0]}\n")
+    runtime = store.open()
+    try:
+        (message,) = runtime.outbox.messages()
+        (path,) = runtime.outbox.folder.glob("*.json")
+        text = path.read_text()
+    finally:
+        runtime.close()
+    assert message["to"] == "dana@example.com"
+    assert SECRET in message["subject"]
+    assert sealed_key_id(text) == store.keyring_ids()[0] != key_a
 
 
 def test_reencrypt_without_a_payload_key_is_one_line(store: Store):
