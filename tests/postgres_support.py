@@ -266,3 +266,15 @@ def scratch_store() -> Iterator[Callable[[], PostgresDatabase]]:
         for db in opened:
             db.close()
         postgres.drop_database(name)
+
+
+def shared_keyring(folder: Path) -> str:
+    """A `RATCHET_PAYLOAD_KEY` for a Postgres store: a keyring file of one new key, owner-only,
+    in `folder` (`file:PATH`), as every host of a shared store would be given one (`local`,
+    a keyring each host makes for itself, is refused there)."""
+    from ratchet.adapters.payload_keys import new_keyring_line
+
+    ring = folder / "payload-keys"
+    ring.write_text(f"{new_keyring_line()}\n")
+    ring.chmod(0o600)  # a keyring others may read is refused
+    return f"file:{ring}"

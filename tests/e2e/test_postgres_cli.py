@@ -1,21 +1,27 @@
 """The CLI on a Postgres store, in real processes: `ratchet run` works a run to its end,
 `start` and `worker --until-idle` work one through a person's approval, and `status`,
-`history`, `list` and `approve` read and decide it there."""
+`history`, `list` and `approve` read and decide it there; `migrate --reencrypt` rewrites a
+sealed store under a new key."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ratchet.adapters.payload_keys import local_key_id, new_keyring_line
 from ratchet.state import RunStatus
+from tests.fixtures import sealed_agent
 from tests.postgres_support import Cluster
-from tests.processes import Cli
+from tests.processes import Cli, clean_env
 
 BATCHES = 2  # 1 inspect, 2-3 copy, 4 ask, 5 drop, 6 email, 7 done
+SEALED_AGENT = f"{sealed_agent.__name__}:agent"
+SECRET = "Zanzibar-Quokka-7731"
 
 
 @dataclass
@@ -32,7 +38,7 @@ def cli(
     postgres: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[PostgresCli]:
     # The files a Postgres store's processes keep on their host (each run's folder, the
-    # approval key) are in the working directory's .ratchet: the test's, for every process.
+    # outbox) are in the working directory's .ratchet: the test's, for every process.
     monkeypatch.chdir(tmp_path)
     name = postgres.fresh_database()
     yield PostgresCli(tmp_path, url=postgres.url(name))
@@ -88,3 +94,77 @@ def test_the_quick_read_path_hands_a_postgres_store_to_the_full_cli(cli: Postgre
     cli.ok("start", "--scenario", "migration", "--run-id", "mig")
     said = json.loads(cli.ok("--json", "status", "mig"))
     assert said["run_id"] == "mig", said
+
+
+def test_migrate_reencrypt_rewrites_a_postgres_store_under_the_new_key_and_the_old_can_go(
+    cli: PostgresCli,
+) -> None:
+    ring = cli.root / "payload-keys"
+    ring.write_text(f"{new_keyring_line()}\n")
+    ring.chmod(0o600)  # a keyring others may read is refused
+    key = f"file:{ring}"
+
+    def ratchet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            cli.argv(*args),
+            capture_output=True,
+            text=True,
+            env=clean_env(RATCHET_PAYLOAD_KEY=key),
+            timeout=120,
+            check=False,
+        )
+
+    # Given a run worked to its end and a schedule, both sealed under key A
+    ran = ratchet("run", "--agent", SEALED_AGENT, "--param", f"customer={SECRET}", "--run-id", "s1")
+    assert ran.returncode == 0, ran.stderr
+    scheduled = ratchet(
+        *("schedule", "add", "nightly", "--agent", SEALED_AGENT, "--every", "1h"),
+        *("--input", json.dumps({"customer": SECRET})),
+    )  # fmt: skip
+    assert scheduled.returncode == 0, scheduled.stderr
+    key_a = ring.read_text()
+    ring.write_text(f"{new_keyring_line()}\n{key_a}")
+
+    # When `ratchet migrate --reencrypt` runs on the store with key B put first
+    done = ratchet("migrate", "--reencrypt")
+    again = ratchet("migrate", "--reencrypt", "--json")
+
+    # Then it says what it rewrote under B, and a second run finds everything under B
+    print(f"\n{done.stdout}")
+    assert done.returncode == 0, done.stderr
+    key_b = local_key_id(bytes.fromhex(ring.read_text().split()[0]))
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("rewrote "), first
+    assert first.endswith(f" blobs under key {key_b}"), first
+    report = json.loads(again.stdout)
+    assert (report["records"], report["blobs"], report["key_id"]) == (0, 0, key_b), report
+    assert report["current"] == int(first.split()[1]), (first, report)
+    # and with A removed from the keyring, the run and the schedule read
+    ring.write_text(f"{ring.read_text().split()[0]}\n")
+    history = ratchet("history", "s1", "--json")
+    assert history.returncode == 0, history.stderr
+    assert SECRET in history.stdout
+    listed = ratchet("schedule", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["schedules"][0]["input"] == {"customer": SECRET}
+
+
+def test_a_local_payload_keyring_is_refused_on_postgres_in_one_line(cli: PostgresCli) -> None:
+    # `local` makes a keyring on this host: each host of a shared store would seal under its
+    # own and open none of the others' records
+    for command in (["start", "--scenario", "migration", "--run-id", "k1"], ["worker"]):
+        refused = subprocess.run(
+            cli.argv(*command),
+            capture_output=True,
+            text=True,
+            env=clean_env(RATCHET_PAYLOAD_KEY="local"),
+            timeout=120,
+            check=False,
+        )
+        assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
+        assert refused.stderr.strip().splitlines() == [
+            "ratchet: RATCHET_PAYLOAD_KEY=local keeps its keys beside a store on one host: name "
+            "a keyring every host reads (file:PATH) or a KMS key (kms:...) instead"
+        ], command
+    assert cli.run("status", "k1").returncode != 0  # nothing was started
+    assert list(cli.root.rglob("*payload-keys*")) == []

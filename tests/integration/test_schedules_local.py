@@ -1,42 +1,58 @@
-"""Schedules on a local store, fired through the client's start path on the test's clock: each
-fire time starts one run with the derived id; a fire repeated after a crash between the start
-and the schedule's move starts no second run; a worker down for several fire times makes up
-the latest once; a paused schedule's fires are skipped; a pause, resume or removal that lands
-while a fire starts its run, or a removal and a new schedule of the name that land while a pause
-or resume is under way, stays done."""
+"""Schedules on a local store (and a sealed Postgres one), fired through the client's start path
+on the test's clock: each fire time starts one run with the derived id; a fire repeated after a
+crash between the start and the schedule's move starts no second run; a worker down for several
+fire times makes up the latest once; a paused schedule's fires are skipped; a pause, resume or
+removal that lands while a fire starts its run, or a removal and a new schedule of the name that
+land while a pause or resume is under way, stays done."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
 from ratchet.client import Client
+from ratchet.runtime import runtime_for
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from ratchet.schedules import Schedule, fire_due
+from ratchet.schedules import Schedule, ScheduleBook, fire_due
+from tests.postgres_support import Cluster, shared_keyring
 
 LOG = logging.getLogger("ratchet.tests.schedules")
 ADDED = datetime(2026, 12, 1, 10, 0, 30, tzinfo=UTC)
 
 
+@pytest.fixture(params=["sqlite", "postgres-sealed"])
+def settings(request, tmp_path, monkeypatch) -> Iterator[LocalSettings]:
+    """A local store, or a Postgres one whose records a payload key seals (the schedules'
+    inputs among them): the same schedules hold on both."""
+    if request.param == "sqlite":
+        yield LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db")
+        return
+    # What a Postgres store's processes keep on their host is in the working directory: the
+    # test's.
+    monkeypatch.chdir(tmp_path)
+    postgres: Cluster = request.getfixturevalue("postgres")
+    name = postgres.fresh_database(store=True)
+    yield LocalSettings(store=postgres.url(name), payload_key=shared_keyring(tmp_path))
+    postgres.drop_database(name)
+
+
 @pytest.fixture
-def client(tmp_path, monkeypatch):
+def client(settings, monkeypatch):
     monkeypatch.setattr("ratchet.client.utcnow", lambda: ADDED)
-    runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db"))
-    client = Client(runtime, worker_id="test", logger=LOG)
+    client = Client(runtime_for(settings, create=True), worker_id="test", logger=LOG)
     yield client
     client.close()
 
 
 @pytest.fixture
-def other(tmp_path):
+def other(settings, client):
     """Another process's client on the same store: its commands land while this one's are
     under way."""
-    runtime = LocalRuntime.open(LocalSettings(store=f"sqlite:///{tmp_path}/ratchet.db"))
-    other = Client(runtime, worker_id="other", logger=LOG)
+    other = Client(runtime_for(settings, create=True), worker_id="other", logger=LOG)
     yield other
     other.close()
 
@@ -48,7 +64,7 @@ def _fire(client: Client, at: datetime) -> list[str]:
     return list(fire_due(_book(client), start, at, logger=LOG))
 
 
-def _book(client: Client) -> SqliteScheduleBook:
+def _book(client: Client) -> ScheduleBook:
     runtime = client.runtime
     assert isinstance(runtime, LocalRuntime)
     return runtime.schedules

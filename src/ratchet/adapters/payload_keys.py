@@ -251,8 +251,8 @@ def payload_codec(
     if setting == "local":
         if beside is None:
             raise InvalidInput(
-                "RATCHET_PAYLOAD_KEY=local keeps its keys beside a local store: name a keyring "
-                "(file:PATH) or a KMS key (kms:...) instead"
+                "RATCHET_PAYLOAD_KEY=local keeps its keys beside a store on one host: name a "
+                "keyring every host reads (file:PATH) or a KMS key (kms:...) instead"
             )
         return KeyringCodec(Path(f"{beside}.payload-keys"), create=True)
     if kind == "file":

@@ -150,9 +150,10 @@ def gc(
 
 
 def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
-    """`migrate --reencrypt`: every sealed text and blob of a local store, or every sealed
-    attribute and blob of a deployed stack's tables and bucket, under the newest payload key
-    (`LocalRuntime.reencrypt`, `AwsRuntime.reencrypt`); one report for both."""
+    """`migrate --reencrypt`: every sealed text and blob of a local or Postgres store, or every
+    sealed attribute and blob of a deployed stack's tables and bucket, under the newest payload
+    key (`LocalRuntime.reencrypt`, `PostgresRuntime.reencrypt`, `AwsRuntime.reencrypt`); one
+    report for all."""
     from ratchet.store_urls import DYNAMODB_SCHEME
 
     if settings().store.startswith(DYNAMODB_SCHEME):
@@ -162,7 +163,9 @@ def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
         finally:
             runtime.close()
     else:
-        runtime = _local_store("migrate", write=not dry_run)
+        # Its own name: `migrate --reencrypt` is built on a postgresql:// store, where
+        # `migrate` alone is not yet (`require_local_store`).
+        runtime = _local_store("migrate --reencrypt", write=not dry_run)
         try:
             report = runtime.reencrypt(dry_run=dry_run)
         finally:

@@ -305,8 +305,11 @@ class LocalRuntime:
     @cached_property
     def codec(self) -> PayloadCodec | None:
         """What seals runs' records and blobs (`RATCHET_PAYLOAD_KEY`), or None: its keyring
-        read (and, for `local`, made) once, when first needed."""
-        return payload_codec(self.settings.payload_key, beside=self.root, kms=_kms_client)
+        read (and, for `local`, made) once, when first needed. A `local` keyring is kept
+        beside the store only when every process of it runs here (`one_host`): on a store many
+        hosts share, each would make its own, and open none of the others' records."""
+        beside = self.root if self.one_host else None
+        return payload_codec(self.settings.payload_key, beside=beside, kms=_kms_client)
 
     @property
     def store(self) -> SqliteCheckpointStore:
@@ -449,18 +452,22 @@ class LocalRuntime:
         store under the payload key's newest key (`ratchet.adapters.sqlite.reencrypt`)."""
         from ratchet.adapters.sqlite.reencrypt import reencrypt
 
+        return reencrypt(
+            self.db,
+            Path(f"{self.root}.blobs"),
+            self.resealing_codec(),
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
+
+    def resealing_codec(self) -> PayloadCodec:
+        """The codec `reencrypt` seals under: refused in one line if there is none."""
         if self.codec is None:
             raise InvalidInput(
                 "ratchet migrate --reencrypt seals under the payload key: set "
                 "RATCHET_PAYLOAD_KEY (the keyring with the new key first)"
             )
-        return reencrypt(
-            self.db,
-            Path(f"{self.root}.blobs"),
-            self.codec,
-            outbox=Path(f"{self.root}.outbox"),
-            dry_run=dry_run,
-        )
+        return self.codec
 
     @property
     def root(self) -> Path:

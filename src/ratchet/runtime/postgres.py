@@ -5,13 +5,14 @@ that read and decide runs, with every part the store's workers share in the data
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
 approvals, webhooks' book, the webhook deliveries sent and owed, schedules, rate limits, each
 run's data, and blobs (in the database, since workers on many hosts share nothing else), and
-the approval links', hooks' and webhooks' keys, so that a link or a hook made on one host is
-taken by a `ratchet serve` on any other, and a webhook any host sends is signed with the same
-secret. What stays on this host's disk is what a process keeps for itself: the outbox's
-messages, the locks of calls under way, each run's working folder, and `ratchet serve`'s token
-and the address it listens at, under `.ratchet/postgres/<database>` of the working directory
-(docs/postgres.md). Housekeeping (`ratchet migrate`, `gc`) is not built on Postgres yet: it
-says so in one line.
+the approval links' and hooks' keys, so that a link or a hook made on one host is taken by a
+`ratchet serve` on any other. What stays on this host's disk is what a process keeps for
+itself: the outbox's messages, the locks of calls under way, each run's working folder, and
+`ratchet serve`'s token and the address it listens at, under `.ratchet/postgres/<database>` of
+the working directory (docs/postgres.md). What a host would make for itself but every host
+must share is refused in one line: a webhooks' secret (RATCHET_WEBHOOK_SECRET gives it) and a
+`local` payload keyring (`file:PATH` or `kms:` names one). Housekeeping (`ratchet migrate` but
+for `--reencrypt`, `gc`) is not built on Postgres yet: it says so in one line.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
     from ratchet.adapters.postgres.wakeups import PostgresWakeUps
+    from ratchet.adapters.sqlite.reencrypt import Reencryption
 
 _FOLDER_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -122,8 +124,7 @@ class PostgresRuntime(LocalRuntime):
     def schedules(self) -> PostgresScheduleBook:  # type: ignore[override]
         from ratchet.adapters.postgres.schedules import PostgresScheduleBook
 
-        # Its schedules' inputs are not sealed yet (docs/postgres.md), unlike SQLite's.
-        return PostgresScheduleBook(self.pg)
+        return PostgresScheduleBook(self.pg, self.codec)
 
     @property
     def blobs(self) -> PostgresBlobStore:  # type: ignore[override]
@@ -196,8 +197,18 @@ class PostgresRuntime(LocalRuntime):
     def housekeeping(self) -> NoReturn:
         _not_yet("ratchet migrate and ratchet gc")
 
-    def reencrypt(self, *, dry_run: bool) -> NoReturn:
-        _not_yet("ratchet migrate --reencrypt")
+    def reencrypt(self, *, dry_run: bool) -> Reencryption:
+        """`ratchet migrate --reencrypt`: every sealed text and blob in the database, and every
+        sealed message of this host's outbox, under the payload key's newest key
+        (`ratchet.adapters.postgres.reencrypt`)."""
+        from ratchet.adapters.postgres.reencrypt import reencrypt
+
+        return reencrypt(
+            self.pg,
+            self.resealing_codec(),
+            outbox=Path(f"{self.root}.outbox"),
+            dry_run=dry_run,
+        )
 
 
 def _not_yet(what: str) -> NoReturn:

@@ -3,7 +3,8 @@ next fire; every change after the add reads the row locked (`FOR UPDATE`) and wr
 it is still the schedule its caller read (a fire: but for whether it is paused), in one
 transaction, so of the workers on any machines that fire the same time one moves it (the run
 they start is the same one: its id derives from the fire), and a pause, resume or removal that
-answered stays done."""
+answered stays done. With a codec, each record is sealed as a local store's is
+(`ratchet.adapters.sqlite.schedules`); one written in clear before the codec reads as it is."""
 
 from __future__ import annotations
 
@@ -12,11 +13,17 @@ from datetime import datetime
 
 from ratchet.adapters.postgres.database import PostgresDatabase
 from ratchet.schedules import Schedule
+from ratchet.sealing import PayloadCodec
+from ratchet.stored import open_sealed_text, sealed_text
 
 
 class PostgresScheduleBook:
-    def __init__(self, db: PostgresDatabase) -> None:
+    def __init__(self, db: PostgresDatabase, codec: PayloadCodec | None = None) -> None:
         self._db = db
+        # Seals each schedule's record (the input and params its runs start with), bound to
+        # its name; what a worker selects on (its next fire, whether it is paused) stays in
+        # its own columns.
+        self._codec = codec
 
     def add(self, schedule: Schedule) -> bool:
         with self._db.write() as tx:
@@ -27,29 +34,32 @@ class PostgresScheduleBook:
                     schedule.name,
                     schedule.next_fire,
                     schedule.paused,
-                    schedule.model_dump_json(),
+                    self._sealed(schedule),
                 ),
             ).rowcount
         return bool(inserted)
 
     def get(self, name: str) -> Schedule | None:
         with self._db.read() as tx:
-            row = tx.execute("SELECT record FROM schedules WHERE name = %s", (name,)).fetchone()
-        return Schedule.model_validate_json(row[0]) if row else None
+            row = tx.execute(
+                "SELECT name, record FROM schedules WHERE name = %s", (name,)
+            ).fetchone()
+        return self._schedule(*row) if row else None
 
     def all(self) -> list[Schedule]:
         with self._db.read() as tx:
-            rows = tx.execute("SELECT record FROM schedules ORDER BY name").fetchall()
-        return [Schedule.model_validate_json(record) for (record,) in rows]
+            rows = tx.execute("SELECT name, record FROM schedules ORDER BY name").fetchall()
+        return [self._schedule(name, record) for name, record in rows]
 
     def due(self, now: datetime) -> list[Schedule]:
         """One read of the rows due (what a worker makes every second): not every schedule."""
         with self._db.read() as tx:
             rows = tx.execute(
-                "SELECT record FROM schedules WHERE NOT paused AND next_fire <= %s ORDER BY name",
+                "SELECT name, record FROM schedules "
+                "WHERE NOT paused AND next_fire <= %s ORDER BY name",
                 (now,),
             ).fetchall()
-        return [Schedule.model_validate_json(record) for (record,) in rows]
+        return [self._schedule(name, record) for name, record in rows]
 
     def remove(self, name: str) -> bool:
         with self._db.write() as tx:
@@ -81,11 +91,21 @@ class PostgresScheduleBook:
             row = tx.execute(
                 "SELECT record FROM schedules WHERE name = %s FOR UPDATE", (name,)
             ).fetchone()
-            changed = change(Schedule.model_validate_json(row[0])) if row else None
+            changed = change(self._schedule(name, row[0])) if row else None
             if changed is None:
                 return False
             tx.execute(
                 "UPDATE schedules SET next_fire = %s, paused = %s, record = %s WHERE name = %s",
-                (changed.next_fire, changed.paused, changed.model_dump_json(), name),
+                (changed.next_fire, changed.paused, self._sealed(changed), name),
             )
         return True
+
+    def _sealed(self, schedule: Schedule) -> str:
+        return sealed_text(
+            schedule.model_dump_json(), self._codec, part="schedule", run_id=schedule.name
+        )
+
+    def _schedule(self, name: str, record: str) -> Schedule:
+        return Schedule.model_validate_json(
+            open_sealed_text(record, self._codec, part="schedule", run_id=name)
+        )

@@ -185,7 +185,7 @@ def reencrypt(
             _reencrypt_column(db, column, codec, report)
     _reencrypt_blobs(blobs, codec, report)
     if outbox is not None:
-        _reencrypt_outbox(outbox, codec, report)
+        reencrypt_outbox(outbox, codec, report)
     return report
 
 
@@ -307,7 +307,9 @@ def resealed_blob(
     return None if report.dry_run else codec.seal(plain, context=context)
 
 
-def _reencrypt_outbox(folder: Path, codec: PayloadCodec, report: Reencryption) -> None:
+def reencrypt_outbox(folder: Path, codec: PayloadCodec, report: Reencryption) -> None:
+    """Every message in the outbox `folder` sealed under an older key, rewritten under the
+    newest (a Postgres store's outbox is such a folder on each host too)."""
     if not folder.is_dir():
         return
     for path in sorted(folder.glob("*.json")):
