@@ -67,8 +67,7 @@ SEALED_TABLES: tuple[SealedTable, ...] = (
     SealedTable("mailbox", ("seq",), ("record",)),
     SealedTable("schedules", ("name",), ("record",)),
     SealedTable("run_data", ("run_id", "key"), ("value",), utf8_bytes=True),
-    # Webhook deliveries' bodies slot in here when their table is on Postgres:
-    # SealedTable("deliveries", ("delivery_id",), ("body",)), sealed as SQLite's.
+    SealedTable("deliveries", ("delivery_id",), ("body",)),
 )
 """Every table a codec seals texts in on a Postgres store (`ratchet.stored`, and the ledger's,
 mailbox's, approval book's, schedule book's and run data's adapters); blobs are the `blobs`
