@@ -480,7 +480,6 @@ def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
     # When gc runs
     report = collect_garbage(
         local.runtime.housekeeping,
-        blobs,
         older_than=timedelta(days=1),
         now=utcnow(),
         dry_run=False,
