@@ -190,7 +190,7 @@ _ON_AWS = {
 }
 
 
-_NOT_ON_POSTGRES = frozenset({"deliveries", "gc", "migrate", "serve", "demo"})
+_NOT_ON_POSTGRES = frozenset({"deliveries", "serve", "demo"})
 """The commands not built on a postgresql:// store yet (docs/postgres.md)."""
 
 

@@ -7,8 +7,8 @@ approvals, webhooks' book, schedules, rate limits, each run's data, and blobs (i
 database, since workers on many hosts share nothing else). What stays on this host's disk is
 what a process keeps for itself: the approval and hook keys, the outbox's messages, the
 locks of calls under way and each run's working folder, under `.ratchet/postgres/<database>`
-of the working directory (docs/postgres.md). Webhook deliveries and housekeeping (`ratchet
-deliveries`, `migrate`, `gc`) are not built on Postgres yet: they say so in one line.
+of the working directory (docs/postgres.md). Webhook deliveries (`ratchet deliveries`) and
+`ratchet migrate --reencrypt` are not built on Postgres yet: they say so in one line.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ratchet.tools import RunContext
 
 if TYPE_CHECKING:
     from ratchet.adapters.postgres.hooks import PostgresHookBook
+    from ratchet.adapters.postgres.housekeeping import PostgresHousekeeping
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
     from ratchet.adapters.postgres.wakeups import PostgresWakeUps
@@ -161,8 +162,10 @@ class PostgresRuntime(LocalRuntime):
         _not_yet("webhook deliveries (RATCHET_WEBHOOKS, ratchet deliveries)")
 
     @property
-    def housekeeping(self) -> NoReturn:
-        _not_yet("ratchet migrate and ratchet gc")
+    def housekeeping(self) -> PostgresHousekeeping:  # type: ignore[override]
+        from ratchet.adapters.postgres.housekeeping import PostgresHousekeeping
+
+        return PostgresHousekeeping(self.pg, self.codec)
 
     def reencrypt(self, *, dry_run: bool) -> NoReturn:
         _not_yet("ratchet migrate --reencrypt")
