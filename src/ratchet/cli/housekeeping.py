@@ -223,24 +223,23 @@ def _store_schema(runtime: Any, *, dry_run: bool) -> tuple[dict[str, Any], str] 
 
     if not settings().store.startswith(POSTGRES_SCHEMES):
         return None
-    from ratchet.adapters.postgres.database import SCHEMA_VERSION
-
     found, upgraded_from = runtime.pg.found_version, runtime.pg.upgraded_from
-    if dry_run and found is not None and found < SCHEMA_VERSION:
+    current = runtime.pg.schema_version
+    if dry_run and found is not None and found < current:
         line = (
-            f"would upgrade the Postgres store's schema from {found} to {SCHEMA_VERSION} "
+            f"would upgrade the Postgres store's schema from {found} to {current} "
             "(dry run: nothing changed)"
         )
         found_version = found
     elif upgraded_from is not None:
-        line = f"upgraded the Postgres store's schema from {upgraded_from} to {SCHEMA_VERSION}"
+        line = f"upgraded the Postgres store's schema from {upgraded_from} to {current}"
         found_version = upgraded_from
     else:
-        line = f"the Postgres store's schema is current ({SCHEMA_VERSION})"
-        found_version = SCHEMA_VERSION
+        line = f"the Postgres store's schema is current ({current})"
+        found_version = current
     payload = {
         "from": found_version,
-        "to": SCHEMA_VERSION,
+        "to": current,
         "upgraded": upgraded_from is not None,
     }
     return payload, line

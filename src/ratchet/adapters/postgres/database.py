@@ -322,6 +322,11 @@ class PostgresDatabase:
             open=True,
         )
 
+    @property
+    def schema_version(self) -> int:
+        """The schema version this Ratchet makes and upgrades stores to."""
+        return SCHEMA_VERSION
+
     def _make_or_check(self, connection: psycopg.Connection[Any], *, create: bool) -> None:
         # The marker and the other tables are seen in one statement, one snapshot: a store
         # another process makes meanwhile is seen whole (its marker with its tables) or not
