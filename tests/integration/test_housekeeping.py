@@ -1,9 +1,11 @@
-"""`ratchet migrate` and `ratchet gc` on local stores, through the real command.
+"""`ratchet migrate` and `ratchet gc` on SQLite and Postgres stores, through the real command:
+each test runs on both (`store`), but for the few about what only a SQLite store can be.
 
 `migrate` runs over `tests/fixtures/stores/schema_versions.db`, a store holding heads as every
-state schema stored them (made by `tests/fixtures/stores/make_schema_versions.py`). `gc` runs
-over a store made here: finished runs past the retention, live runs made to look just as old,
-and blobs referenced from kept records, from deleted records only, and from nothing.
+state schema stored them (made by `tests/fixtures/stores/make_schema_versions.py`; on Postgres,
+its rows copied into a new store). `gc` runs over a store made here: finished runs past the
+retention, live runs made to look just as old, and blobs referenced from kept records, from
+deleted records only, and from nothing (files beside a SQLite store, rows of a Postgres one).
 """
 
 from __future__ import annotations

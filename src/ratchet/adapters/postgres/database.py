@@ -11,7 +11,9 @@ advisory lock on the run orders the writers.
 A database is used only if it is a Ratchet store: its schema holds Ratchet's marker table
 (`ratchet_store`, with the schema's version), or nothing at all, which then becomes a store in
 one transaction, the marker with its tables. A schema holding another application's tables is
-refused before anything is written.
+refused before anything is written. A store of an older schema version is upgraded, step by
+step (`_UPGRADES`), by the first process that opens it to write; one of a newer version is
+refused.
 
 Every Postgres adapter works through `PostgresDatabase`, whose transactions raise Ratchet's
 errors: nothing above the adapters sees a `psycopg` error.
