@@ -109,6 +109,18 @@ class Cli:
 
 
 @dataclass
+class PostgresCli(Cli):
+    """`Cli` on a Postgres store: `url` names its database; the files its processes keep on
+    their host are in the working directory's .ratchet (the test's: see tests/e2e's)."""
+
+    url: str = ""
+
+    @property
+    def store(self) -> str:
+        return self.url
+
+
+@dataclass
 class Served:
     """A `ratchet serve` process, where it listens, and the file its output goes to."""
 

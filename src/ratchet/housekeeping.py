@@ -11,21 +11,22 @@ head, its static part, its first record (the state it was created with) and ever
 ledger entry from its window's first step on (`stored.window_start`). So it still loads, shows
 and can be retried as before; only its older history goes. Running and waiting runs are never
 touched. Blobs that no remaining head, record, ledger entry, approval or mailbox event
-references are deleted.
+references are deleted, unless a write put them less than `BLOB_GRACE` ago (files beside a
+SQLite store, rows of a Postgres one).
 
-The backend (`ratchet.ports.HousekeepingStore`, for SQLite
-`ratchet.adapters.sqlite.housekeeping.SqliteHousekeeping`) only reads and writes rows; what to
-keep and what to rewrite is decided here.
+The backend (`ratchet.ports.HousekeepingStore`: for SQLite
+`ratchet.adapters.sqlite.housekeeping.SqliteHousekeeping`, for Postgres
+`ratchet.adapters.postgres.housekeeping.PostgresHousekeeping`) only reads and writes rows;
+what to keep and what to rewrite is decided here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -36,7 +37,7 @@ from ratchet.ports import HousekeepingStore, StoredHead, StoredRecord
 from ratchet.state import FINISHED, SCHEMA_VERSION, CheckpointEvent, RunState
 
 BLOB_GRACE = timedelta(hours=1)
-"""A blob file younger than this is never deleted: a worker writes a step's blob before the
+"""A blob younger than this is never deleted: a worker writes a step's blob before the
 commit that references it, so a new, not yet referenced blob may be about to be."""
 
 
@@ -252,7 +253,6 @@ class GcReport:
 
 def collect_garbage(
     store: HousekeepingStore,
-    blob_root: Path,
     *,
     older_than: timedelta,
     now: datetime,
@@ -288,32 +288,19 @@ def collect_garbage(
                     head.run_id, head.status, keep_from, trimmed.records, trimmed.ledger_entries
                 )
             )
-    # Under the write lock, no commit can add a reference between the scan and the deletes;
-    # a blob a worker wrote for a commit still to come is younger than BLOB_GRACE. A dry run
-    # deletes nothing and takes no lock.
+    # A blob a worker wrote for a commit still to come is younger than BLOB_GRACE: only older
+    # ones are weighed, and each is deleted only if no write has put it again since it was
+    # read. Under the lock no commit adds a reference to an older one meanwhile (see
+    # `HousekeepingStore.locked`). A dry run deletes nothing and takes no lock.
     with nullcontext() if dry_run else store.locked():
         referenced = store.blob_references(trims if dry_run else {})
-        for path in _blob_files(blob_root):
-            info = path.stat()
-            old = datetime.fromtimestamp(info.st_mtime, now.tzinfo) < now - BLOB_GRACE
-            if path.name in referenced or not old:
-                report.blobs_kept += 1
+        total = store.count_blobs()
+        for blob in store.blobs(touched_before=now - BLOB_GRACE):
+            if blob.address in referenced:
                 continue
+            if not dry_run and not store.delete_blob(blob):
+                continue  # put again since it was read: in use anew
             report.blobs_deleted += 1
-            report.blob_bytes_deleted += info.st_size
-            if not dry_run:
-                path.unlink(missing_ok=True)
+            report.blob_bytes_deleted += blob.size
+        report.blobs_kept = max(total - report.blobs_deleted, 0)
     return report
-
-
-def _blob_files(root: Path) -> Iterator[Path]:
-    """The blob files of a `FileBlobStore` folder (`<root>/<2 hex>/<sha256>`), not the
-    temporary files of a write under way."""
-    if not root.is_dir():
-        return
-    for folder in sorted(root.iterdir()):
-        if not folder.is_dir() or len(folder.name) != 2:
-            continue
-        for path in sorted(folder.iterdir()):
-            if len(path.name) == 64 and path.name.startswith(folder.name) and path.is_file():
-                yield path

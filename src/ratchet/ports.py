@@ -288,11 +288,22 @@ class Trimmed:
     ledger_entries: int
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    """A stored blob as `ratchet gc` weighs it: its address, its size as stored and when a
+    write last put it (a blob put again is in use anew)."""
+
+    address: str
+    size: int
+    touched_at: datetime
+
+
 class HousekeepingStore(Protocol):
     """The rows `ratchet.housekeeping` (`ratchet migrate`, `ratchet gc`) reads and the few
-    writes it makes, each conditional on the head's version as read: a store's rows as
-    stored, before any parsing, so that a damaged run is reported rather than fatal.
-    Implemented for SQLite (`ratchet.adapters.sqlite.housekeeping`)."""
+    writes it makes, each conditional on the head's version as read (or a blob's last use):
+    a store's rows as stored, before any parsing, so that a damaged run is reported rather
+    than fatal. Implemented for SQLite (`ratchet.adapters.sqlite.housekeeping`, whose blobs
+    are files) and Postgres (`ratchet.adapters.postgres.housekeeping`, whose blobs are rows)."""
 
     def heads(self) -> list[StoredHead]:
         """Every run's stored head."""
@@ -319,8 +330,23 @@ class HousekeepingStore(Protocol):
         step)."""
         ...
 
+    def blobs(self, touched_before: datetime) -> list[StoredBlob]:
+        """The stored blobs last put before `touched_before`."""
+        ...
+
+    def count_blobs(self) -> int:
+        """How many blobs the store holds."""
+        ...
+
+    def delete_blob(self, blob: StoredBlob) -> bool:
+        """Delete the blob if no write has put it since it was read (`blob.touched_at`);
+        False, with nothing deleted, if one has."""
+        ...
+
     def locked(self) -> AbstractContextManager[object]:
-        """Hold the store's write lock: no commit lands meanwhile."""
+        """Hold what keeps commits from adding a reference to an old blob while gc reads the
+        references and deletes: SQLite's write lock; on Postgres, where commits take no
+        store-wide lock, a blob a commit references was put just before it, so is young."""
         ...
 
 

@@ -8,29 +8,22 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from ratchet.adapters.payload_keys import local_key_id, new_keyring_line
+from ratchet.adapters.postgres.database import _SCHEMA, MARKER_TABLE, SCHEMA_VERSION
+from ratchet.state import SCHEMA_VERSION as STATE_SCHEMA
 from ratchet.state import RunStatus
 from tests.fixtures import sealed_agent
 from tests.postgres_support import Cluster
-from tests.processes import Cli, clean_env
+from tests.processes import PostgresCli, clean_env
 
 BATCHES = 2  # 1 inspect, 2-3 copy, 4 ask, 5 drop, 6 email, 7 done
 SEALED_AGENT = f"{sealed_agent.__name__}:agent"
 SECRET = "Zanzibar-Quokka-7731"
-
-
-@dataclass
-class PostgresCli(Cli):
-    url: str = ""
-
-    @property
-    def store(self) -> str:
-        return self.url
 
 
 @pytest.fixture
@@ -82,7 +75,7 @@ def test_start_worker_approve_status_history_list_on_postgres(cli: PostgresCli) 
 
 def test_commands_not_built_on_postgres_say_so_in_one_line(cli: PostgresCli) -> None:
     cli.ok("start", "--scenario", "migration", "--run-id", "mig")
-    for command in (["gc", "--older-than", "30"], ["migrate"], ["demo"]):
+    for command in (["demo"],):
         refused = cli.run(*command)
         assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
         lines = refused.stderr.strip().splitlines()
@@ -168,3 +161,81 @@ def test_a_local_payload_keyring_is_refused_on_postgres_in_one_line(cli: Postgre
         ], command
     assert cli.run("status", "k1").returncode != 0  # nothing was started
     assert list(cli.root.rglob("*payload-keys*")) == []
+
+
+def test_migrate_upgrades_a_schema_1_store_and_says_so_in_one_line(cli: PostgresCli) -> None:
+    # Given a store made by a Ratchet of schema 1 (tests/integration/test_postgres_store.py)
+    with psycopg.connect(cli.url) as connection:
+        connection.execute(_SCHEMA.encode())
+
+    # A dry run says what it would do, and does nothing; migrate does it; then it is current
+    dry = cli.ok("migrate", "--dry-run").splitlines()
+    assert dry[0] == (
+        f"would upgrade the Postgres store's schema from 1 to {SCHEMA_VERSION} "
+        "(dry run: nothing changed)"
+    ), dry
+    assert _schema_version(cli) == 1
+    done = cli.ok("migrate").splitlines()
+    assert done[0] == f"upgraded the Postgres store's schema from 1 to {SCHEMA_VERSION}", done
+    assert _schema_version(cli) == SCHEMA_VERSION
+    again = cli.json("migrate")
+    assert again["store_schema"] == {
+        "from": SCHEMA_VERSION,
+        "to": SCHEMA_VERSION,
+        "upgraded": False,
+    }
+    assert again["ok"] is True
+
+    # And the store works: a run starts, runs to its question and its heads are current
+    cli.ok("run", "--scenario", "migration", "--run-id", "mig", "--batches", str(BATCHES))
+    assert cli.head("mig").status is RunStatus.WAITING
+    assert cli.json("migrate", "--dry-run")["versions"] == {
+        str(STATE_SCHEMA): {"runs": 1, "current": 1}
+    }
+
+
+def _schema_version(cli: PostgresCli) -> int:
+    with psycopg.connect(cli.url) as connection:
+        row = connection.execute(f"SELECT schema_version FROM {MARKER_TABLE}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_gc_trims_an_old_finished_run_on_postgres_and_it_still_reads(cli: PostgresCli) -> None:
+    # Given a finished run, its records past the retention, and a blob referenced by nothing,
+    # last put two hours ago
+    cli.ok("run", "--scenario", "migration", "--run-id", "mig", "--batches", "6")
+    cli.ok("approve", "mig", "--comment", "ok", "--by", "tester")
+    cli.work_until_idle()
+    before = cli.head("mig")
+    assert before.status is RunStatus.DONE
+    with psycopg.connect(cli.url, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO blobs (address, data, touched_at) "
+            "VALUES (repeat('ab', 32), 'orphan', now() - interval '2 hours')"
+        )
+        connection.execute("UPDATE runs SET updated_at = now() - interval '40 days'")
+        records = connection.execute("SELECT count(*) FROM checkpoints").fetchone()
+
+    # A dry run counts, gc deletes the same, and a second gc finds nothing left to delete
+    dry = cli.json("gc", "--older-than", "30", "--dry-run")
+    text = cli.ok("gc", "--older-than", "30")
+    again = cli.json("gc", "--older-than", "30")
+
+    assert dry["runs_trimmed"] == 1, dry
+    assert dry["records_deleted"] > 0, dry
+    assert dry["blobs_deleted"] == 1, dry
+    assert (
+        f"deleted {dry['records_deleted']} records and {dry['ledger_entries_deleted']} ledger "
+        f"entries of 1 finished runs older than 30 days, and 1 blobs (6 bytes)"
+    ) in text
+    assert (again["records_deleted"], again["blobs_deleted"]) == (0, 0), again
+    assert records is not None
+    with psycopg.connect(cli.url) as connection:
+        left = connection.execute("SELECT count(*) FROM checkpoints").fetchone()
+    assert left is not None
+    assert left[0] == records[0] - dry["records_deleted"]
+    # The run reads as it did: its head, its window and its history's first record.
+    assert cli.head("mig") == before
+    assert cli.json("status", "mig")["status"] == "done"
+    assert cli.verify("mig")["ok"]

@@ -18,9 +18,9 @@ from tests.e2e.test_outbound_webhooks import (
     documented_verify,
     serving,
 )
-from tests.e2e.test_postgres_cli import PostgresCli
 from tests.e2e.test_serve_local import PATIENCE
 from tests.postgres_support import Cluster
+from tests.processes import PostgresCli
 
 pytestmark = pytest.mark.slow
 

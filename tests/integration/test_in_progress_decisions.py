@@ -114,8 +114,7 @@ def test_gc_keeps_the_blob_of_a_decision_recorded_before_a_crash_and_the_run_res
 
     # When gc runs
     report = collect_garbage(
-        SqliteHousekeeping(harness.db),
-        tmp_path / "blobs",
+        SqliteHousekeeping(harness.db, blob_root=tmp_path / "blobs"),
         older_than=timedelta(days=1),
         now=utcnow(),
         dry_run=False,

@@ -5,6 +5,7 @@ race on a real cluster (tests/postgres_support.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from ratchet.adapters.postgres.database import MARKER_TABLE, PostgresDatabase, PostgresUrl
+from ratchet.adapters.postgres import database as postgres_database
+from ratchet.adapters.postgres.database import (
+    _SCHEMA,
+    _UPGRADES,
+    MARKER_TABLE,
+    SCHEMA_VERSION,
+    PostgresDatabase,
+    PostgresUrl,
+)
 from ratchet.adapters.postgres.ledger import PostgresLedger
 from ratchet.adapters.postgres.store import PostgresCheckpointStore
 from ratchet.errors import StaleVersion, StoreBusy, StoreMissing, StoreUnavailable
@@ -73,7 +82,7 @@ def test_an_empty_database_becomes_a_store_only_when_asked_to(database):
     PostgresDatabase(url).close()
     PostgresDatabase(url, create=False).close()  # a store now: opened as it is
     tables = dict(_rows(database))
-    assert tables[MARKER_TABLE][0][0].startswith("(1,")
+    assert tables[MARKER_TABLE][0][0].startswith(f"({SCHEMA_VERSION},")
     assert {"runs", "checkpoints", "idempotency", "mailbox"} <= tables.keys()
 
 
@@ -100,6 +109,93 @@ def test_a_store_a_newer_ratchet_made_is_refused_and_left_as_it_was(database):
     before = _rows(database)
 
     with pytest.raises(StoreUnavailable, match=r"schema 99, which this Ratchet .* upgrade Ratchet"):
+        PostgresDatabase(PostgresUrl.parse(database))
+
+    assert _rows(database) == before
+
+
+VERSION_1_SHA256 = "4d77e52c3aefccaf29ac06589b490f6efa9043bee4b81d14ae6daed2a22bd667"
+"""The schema text of version 1, as the first Postgres stores were made: pinned, since stores
+made by it exist. A change to the schema is an upgrade step (`_UPGRADES`), never an edit of it."""
+
+
+def _version_1_store(url: str) -> None:
+    """The database made a store as a Ratchet of schema version 1 made it."""
+    with psycopg.connect(url) as connection:
+        connection.execute(_SCHEMA.encode())
+
+
+def _indexes(url: str) -> set[str]:
+    with psycopg.connect(url) as connection:
+        rows = connection.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
+        return {str(name) for (name,) in rows}
+
+
+def test_the_version_1_schema_is_as_the_first_stores_were_made():
+    assert hashlib.sha256(_SCHEMA.encode()).hexdigest() == VERSION_1_SHA256
+    assert SCHEMA_VERSION == 1 + len(_UPGRADES) == max(_UPGRADES) + 1
+
+
+def test_a_store_of_schema_1_is_upgraded_by_the_first_write_and_then_works(database):
+    # Given a store made by schema 1, holding a run, with no blob index yet
+    _version_1_store(database)
+    url = PostgresUrl.parse(database)
+    reader = PostgresDatabase(url, create=False)  # a reading command: read as it is
+    assert (reader.found_version, reader.upgraded_from) == (1, None)
+    state, created = new_run()
+    assert PostgresCheckpointStore(reader).create_run(state, created)
+    reader.close()
+    assert dict(_rows(database))[MARKER_TABLE][0][0].startswith("(1,")
+    assert "blobs_by_touch" not in _indexes(database)
+
+    # When a writing command opens it
+    writer = PostgresDatabase(url)
+
+    # Then every step is done, the marker says so, and the run made before loads and commits
+    assert (writer.found_version, writer.upgraded_from) == (1, 1)
+    assert dict(_rows(database))[MARKER_TABLE][0][0].startswith(f"({SCHEMA_VERSION},")
+    assert {"blobs_by_touch", "deliveries_due", "signing_keys_pkey"} <= _indexes(database)
+    store = PostgresCheckpointStore(writer)
+    assert store.load_head("r1") == state
+    PostgresLedger(writer).begin(
+        LedgerEntry(key="r1/step-1", run_id="r1", step=1, args_hash="h", decision={})
+    )
+    store.commit(step_commit(state, 1))
+    assert [c.version for c in store.list_checkpoints("r1")] == [1, 2]
+    writer.close()
+    again = PostgresDatabase(url)
+    assert (again.found_version, again.upgraded_from) == (SCHEMA_VERSION, None)
+    again.close()
+
+
+def test_workers_that_start_at_once_on_a_schema_1_store_upgrade_it_once(database):
+    # Eight writers of the new Ratchet opening an old store together: one upgrades it (its
+    # steps are not repeatable: a second CREATE INDEX would fail), the others wait for it.
+    _version_1_store(database)
+    url = PostgresUrl.parse(database)
+    start = threading.Barrier(RACERS)
+
+    def open_store(_: int) -> int | None:
+        start.wait(timeout=30)
+        db = PostgresDatabase(url)
+        db.close()
+        return db.upgraded_from
+
+    with ThreadPoolExecutor(RACERS) as pool:
+        upgraded = list(pool.map(open_store, range(RACERS)))
+
+    assert sorted(upgraded, key=str) == [1] + [None] * (RACERS - 1)
+    assert dict(_rows(database))[MARKER_TABLE][0][0].startswith(f"({SCHEMA_VERSION},")
+
+
+def test_an_older_ratchet_refuses_a_store_upgraded_past_it(database, monkeypatch):
+    _version_1_store(database)
+    PostgresDatabase(PostgresUrl.parse(database)).close()  # upgraded
+    before = _rows(database)
+    monkeypatch.setattr(postgres_database, "SCHEMA_VERSION", 1)  # a Ratchet of schema 1
+
+    newer = rf"schema {SCHEMA_VERSION}, which this Ratchet \(schema 1\)"
+    with pytest.raises(StoreUnavailable, match=newer):
         PostgresDatabase(PostgresUrl.parse(database))
 
     assert _rows(database) == before

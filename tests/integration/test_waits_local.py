@@ -29,6 +29,7 @@ from ratchet.errors import (
     RunNotFound,
 )
 from ratchet.housekeeping import BLOB_GRACE, collect_garbage
+from ratchet.runtime import runtime_for
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.state import (
     INLINE_BYTES,
@@ -66,9 +67,11 @@ class Local:
     agent = agent
     agent_ref = AGENT
 
-    def __init__(self, root: Path) -> None:
-        self.url = f"sqlite:///{root}/s.db"
-        self.runtime = LocalRuntime.open(LocalSettings(store=self.url))
+    def __init__(self, root: Path, url: str | None = None) -> None:
+        self.url = url or f"sqlite:///{root}/s.db"
+        runtime = runtime_for(LocalSettings(store=self.url), create=True)
+        assert isinstance(runtime, LocalRuntime)  # or its Postgres subclass
+        self.runtime = runtime
         self.clock = Clock(utcnow())
 
     @property
@@ -466,21 +469,50 @@ def test_a_wait_no_retry_can_make_valid_fails_the_run_at_once(local, case, messa
 # --- housekeeping -------------------------------------------------------------------------------
 
 
-def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local):
+@pytest.fixture(params=["sqlite", "postgres"])
+def local_on(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Local]:
+    """`local` on a SQLite store, or on a Postgres one (whose blobs are rows, not files)."""
+    if request.param == "sqlite":
+        served = Local(tmp_path)
+        yield served
+        served.runtime.close()
+        return
+    monkeypatch.chdir(tmp_path)  # where a Postgres store's processes keep their files
+    postgres = request.getfixturevalue("postgres")
+    name = postgres.fresh_database()
+    served = Local(tmp_path, postgres.url(name))
+    yield served
+    served.runtime.close()
+    postgres.drop_database(name)
+
+
+def _age_every_blob(local: Local, by: timedelta) -> list[str]:
+    """Every blob of the store as if last put `by` ago: their addresses."""
+    if local.url.startswith("postgresql"):
+        with local.runtime.db.write() as tx:
+            tx.execute("UPDATE blobs SET touched_at = touched_at - %s", (by,))
+            return [str(address) for (address,) in tx.execute("SELECT address FROM blobs")]
+    paths = list(Path(f"{local.runtime.root}.blobs").glob("*/*"))
+    then = time.time() - by.total_seconds()
+    for path in paths:
+        os.utime(path, (then, then))
+    return [path.name for path in paths]
+
+
+def test_gc_keeps_the_blob_of_an_event_still_in_the_mailbox(local_on):
     # Given an event too large to keep inline, sent before the run waits (so only the
     # mailbox references its blob), and the blob older than gc's grace period
+    local = local_on
     big = {"conclusion": "success", "url": "https://ci.example/" + "x" * (2 * INLINE_BYTES)}
     run_id = local.start()
     assert local.desk().send(run_id, "ci-finished", big, event_id="big").status == "queued"
-    blobs = Path(f"{local.runtime.root}.blobs")
-    [blob] = list(blobs.glob("*/*"))
-    then = time.time() - 2 * BLOB_GRACE.total_seconds()
-    os.utime(blob, (then, then))
+    assert len(_age_every_blob(local, 2 * BLOB_GRACE)) == 1
 
     # When gc runs
     report = collect_garbage(
         local.runtime.housekeeping,
-        blobs,
         older_than=timedelta(days=1),
         now=utcnow(),
         dry_run=False,

@@ -190,7 +190,7 @@ _ON_AWS = {
 }
 
 
-_NOT_ON_POSTGRES = frozenset({"gc", "migrate", "demo"})
+_NOT_ON_POSTGRES = frozenset({"demo"})
 """The commands not built on a postgresql:// store yet (docs/postgres.md)."""
 
 

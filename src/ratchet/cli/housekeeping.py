@@ -4,7 +4,6 @@ what finished runs no longer need."""
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -70,12 +69,15 @@ def migrate(
         return
     runtime = _local_store("migrate", write=not dry_run)
     try:
+        schema = _store_schema(runtime, dry_run=dry_run)
         report = migrate_heads(runtime.housekeeping, dry_run=dry_run)
     finally:
         runtime.close()
     if as_json:
-        print_json(report.to_json())
+        print_json(report.to_json() | ({"store_schema": schema[0]} if schema else {}))
     else:
+        if schema:
+            out.print(schema[1], markup=False)
         verb = "would upgrade" if dry_run else "upgraded"
         done = {"upgrade", "upgraded"}
         count = sum(run.outcome in done for run in report.runs)
@@ -122,7 +124,6 @@ def gc(
     try:
         report = collect_garbage(
             runtime.housekeeping,
-            Path(f"{runtime.root}.blobs"),
             older_than=timedelta(days=older_than),
             now=utcnow(),
             dry_run=dry_run,
@@ -215,6 +216,36 @@ def _index_unlisted(*, dry_run: bool, as_json: bool) -> None:
     verb = "would index" if dry_run else "indexed"
     note = " (dry run: nothing changed)" if dry_run else ""
     out.print(f"{verb} {count} runs written before the runs index{note}")
+
+
+def _store_schema(runtime: Any, *, dry_run: bool) -> tuple[dict[str, Any], str] | None:
+    """On a Postgres store, its own schema as `migrate` found and left it (opening it to write
+    upgraded it: `ratchet.adapters.postgres.database`), for the report and in one line; None
+    on SQLite, whose tables a write adds as it opens, with nothing to report."""
+    from ratchet.store_urls import POSTGRES_SCHEMES
+
+    if not settings().store.startswith(POSTGRES_SCHEMES):
+        return None
+    found, upgraded_from = runtime.pg.found_version, runtime.pg.upgraded_from
+    current = runtime.pg.schema_version
+    if dry_run and found is not None and found < current:
+        line = (
+            f"would upgrade the Postgres store's schema from {found} to {current} "
+            "(dry run: nothing changed)"
+        )
+        found_version = found
+    elif upgraded_from is not None:
+        line = f"upgraded the Postgres store's schema from {upgraded_from} to {current}"
+        found_version = upgraded_from
+    else:
+        line = f"the Postgres store's schema is current ({current})"
+        found_version = current
+    payload = {
+        "from": found_version,
+        "to": current,
+        "upgraded": upgraded_from is not None,
+    }
+    return payload, line
 
 
 def _local_store(command: str, *, write: bool) -> Any:

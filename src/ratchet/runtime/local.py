@@ -445,7 +445,7 @@ class LocalRuntime:
         """The store's side of `ratchet migrate` and `ratchet gc` (`ratchet.housekeeping`)."""
         from ratchet.adapters.sqlite.housekeeping import SqliteHousekeeping
 
-        return SqliteHousekeeping(self.db, self.codec)
+        return SqliteHousekeeping(self.db, self.codec, blob_root=Path(f"{self.root}.blobs"))
 
     def reencrypt(self, *, dry_run: bool) -> Reencryption:
         """`ratchet migrate --reencrypt`: every sealed record, blob and outbox message of the

@@ -11,8 +11,7 @@ itself: the outbox's messages, the locks of calls under way, each run's working 
 `ratchet serve`'s token and the address it listens at, under `.ratchet/postgres/<database>` of
 the working directory (docs/postgres.md). What a host would make for itself but every host
 must share is refused in one line: a webhooks' secret (RATCHET_WEBHOOK_SECRET gives it) and a
-`local` payload keyring (`file:PATH` or `kms:` names one). Housekeeping (`ratchet migrate` but
-for `--reencrypt`, `gc`) is not built on Postgres yet: it says so in one line.
+`local` payload keyring (`file:PATH` or `kms:` names one).
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from ratchet.tools import RunContext
 if TYPE_CHECKING:
     from ratchet.adapters.postgres.deliveries import PostgresDeliveries
     from ratchet.adapters.postgres.hooks import PostgresHookBook
+    from ratchet.adapters.postgres.housekeeping import PostgresHousekeeping
     from ratchet.adapters.postgres.mailbox import PostgresMailbox
     from ratchet.adapters.postgres.schedules import PostgresScheduleBook
     from ratchet.adapters.postgres.wakeups import PostgresWakeUps
@@ -194,8 +194,10 @@ class PostgresRuntime(LocalRuntime):
         return PostgresDeliveries(self.pg, self.codec)
 
     @property
-    def housekeeping(self) -> NoReturn:
-        _not_yet("ratchet migrate and ratchet gc")
+    def housekeeping(self) -> PostgresHousekeeping:  # type: ignore[override]
+        from ratchet.adapters.postgres.housekeeping import PostgresHousekeeping
+
+        return PostgresHousekeeping(self.pg, self.codec)
 
     def reencrypt(self, *, dry_run: bool) -> Reencryption:
         """`ratchet migrate --reencrypt`: every sealed text and blob in the database, and every

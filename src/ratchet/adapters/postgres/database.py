@@ -11,7 +11,9 @@ advisory lock on the run orders the writers.
 A database is used only if it is a Ratchet store: its schema holds Ratchet's marker table
 (`ratchet_store`, with the schema's version), or nothing at all, which then becomes a store in
 one transaction, the marker with its tables. A schema holding another application's tables is
-refused before anything is written.
+refused before anything is written. A store of an older schema version is upgraded, step by
+step (`_UPGRADES`), by the first process that opens it to write; one of a newer version is
+refused.
 
 Every Postgres adapter works through `PostgresDatabase`, whose transactions raise Ratchet's
 errors: nothing above the adapters sees a `psycopg` error.
@@ -32,13 +34,11 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-SCHEMA_VERSION = 1
-"""The version of the tables below, kept in the marker: a store made by a newer Ratchet (a
-higher version) is refused rather than misread."""
-
 MARKER_TABLE = "ratchet_store"
 
 _SCHEMA = f"""
+-- Version 1 of the schema, as the first Postgres stores were made: never changed, since
+-- stores made by it exist. A change is an upgrade step (_UPGRADES below).
 -- Run ids in byte order (COLLATE "C"), as SQLite and DynamoDB order them, whatever the
 -- database's own collation: the runs list pages by them.
 CREATE TABLE runs (
@@ -183,6 +183,20 @@ CREATE TABLE daily_spend (
     raised bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (agent, day)
 );
+CREATE TABLE {MARKER_TABLE} (
+    schema_version integer NOT NULL,
+    made_at        timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {MARKER_TABLE} (schema_version) VALUES (1);
+"""
+
+_UPGRADES: dict[int, str] = {
+    # 1 -> 2: `ratchet gc` reads the blobs past their grace period by their last use
+    # (ratchet.adapters.postgres.housekeeping), not every blob's row.
+    1: "CREATE INDEX blobs_by_touch ON blobs (touched_at);",
+    # 2 -> 3: the keys every host of the store signs with (ratchet.adapters.postgres.keys),
+    # and the webhooks' deliveries (ratchet.adapters.postgres.deliveries).
+    2: """
 -- ratchet.adapters.postgres.keys keeps the keys every host of the store signs with here:
 -- the approval links' key and the hooks' key, each made by the first process that needs it.
 CREATE TABLE signing_keys (
@@ -219,12 +233,16 @@ CREATE TABLE deliveries (
 );
 CREATE INDEX deliveries_due ON deliveries (next_at) WHERE state = 'pending';
 CREATE INDEX deliveries_by_run ON deliveries (run_id, created_at);
-CREATE TABLE {MARKER_TABLE} (
-    schema_version integer NOT NULL,
-    made_at        timestamptz NOT NULL DEFAULT now()
-);
-INSERT INTO {MARKER_TABLE} (schema_version) VALUES ({SCHEMA_VERSION});
-"""
+""",
+}
+"""The steps that bring a store of one schema version to the next, keyed by the version each
+upgrades from, in SQL. A new store is made at version 1 and brought up by the same steps, so
+every store of one version has the same tables, whichever Ratchet made it. A change to the
+schema is one more step here, at the next version."""
+
+SCHEMA_VERSION = 1 + len(_UPGRADES)
+"""The version of the tables, kept in the marker: a store made by a newer Ratchet (a higher
+version) is refused rather than misread; an older one is upgraded (`PostgresDatabase`)."""
 
 _MAKING_LOCK = 0x52744368_00000001
 """The advisory lock (transaction-scoped) two processes making one new store at once take in
@@ -315,6 +333,10 @@ class PostgresDatabase:
 
         self.url = url
         self._psycopg = psycopg
+        self.found_version: int | None = None
+        """The schema version of the store as this open found it; None if it made it."""
+        self.upgraded_from: int | None = None
+        """The older schema version this open upgraded the store from, if it did."""
         try:
             # One connection first, alone: a wrong host, a missing database or a role refused
             # fails here with libpq's own reason, rather than as a pool's timeout.
@@ -342,39 +364,57 @@ class PostgresDatabase:
             open=True,
         )
 
+    @property
+    def schema_version(self) -> int:
+        """The schema version this Ratchet makes and upgrades stores to."""
+        return SCHEMA_VERSION
+
     def _make_or_check(self, connection: psycopg.Connection[Any], *, create: bool) -> None:
         # The marker and the other tables are seen in one statement, one snapshot: a store
         # another process makes meanwhile is seen whole (its marker with its tables) or not
         # at all, never as tables without their marker, which is another application's.
         tables = _tables(connection)
-        if self._marked(connection, tables):
+        self.found_version = self._marked(connection, tables)
+        if self.found_version == SCHEMA_VERSION:
             return
-        if tables:
+        if self.found_version is None and tables:
             raise StoreUnavailable(
                 f"{self.url.where} is not a Ratchet store: it has tables of another application "
                 f"({', '.join(tables[:3])}); nothing was changed"
             )
         if not create:
-            raise StoreMissing(f"no Ratchet store in {self.url.where} (start a run first)")
+            if self.found_version is None:
+                raise StoreMissing(f"no Ratchet store in {self.url.where} (start a run first)")
+            # A store of an older schema is read as it is (every version keeps the tables of
+            # the one before): the first command that writes upgrades it.
+            return
         with connection.transaction():
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MAKING_LOCK,))
-            # Another process may have made it while this one waited for the lock: then it is
-            # whole (made in one transaction), and nothing is made twice.
+            # Another process may have made or upgraded it while this one waited for the
+            # lock: then it is whole (each in one transaction), and nothing is done twice.
             tables = _tables(connection)
-            if self._marked(connection, tables):
-                return
-            if tables:
-                raise StoreUnavailable(
-                    f"{self.url.where} is not a Ratchet store: another application made its "
-                    "tables meanwhile; nothing was changed"
-                )
-            connection.execute(_SCHEMA.encode())
+            version = self._marked(connection, tables)
+            if version is None:
+                if tables:
+                    raise StoreUnavailable(
+                        f"{self.url.where} is not a Ratchet store: another application made "
+                        "its tables meanwhile; nothing was changed"
+                    )
+                connection.execute(_SCHEMA.encode())
+                version = 1
+            elif version < SCHEMA_VERSION:
+                self.upgraded_from = version
+            # In the transaction that made the store, or under the lock: a process that
+            # opens it next finds every step done or none.
+            for step in range(version, SCHEMA_VERSION):
+                connection.execute(_UPGRADES[step].encode())
+            connection.execute(f"UPDATE {MARKER_TABLE} SET schema_version = %s", (SCHEMA_VERSION,))
 
-    def _marked(self, connection: psycopg.Connection[Any], tables: list[str]) -> bool:
-        """Whether `tables` (the current schema's) hold Ratchet's marker; `StoreUnavailable` if
-        a newer Ratchet made it."""
+    def _marked(self, connection: psycopg.Connection[Any], tables: list[str]) -> int | None:
+        """The schema version of Ratchet's marker if `tables` (the current schema's) hold it;
+        `StoreUnavailable` if a newer Ratchet made it."""
         if MARKER_TABLE not in tables:
-            return False
+            return None
         row = connection.execute(f"SELECT max(schema_version) FROM {MARKER_TABLE}").fetchone()
         version = row[0] if row else None
         if version is None or version > SCHEMA_VERSION:
@@ -382,7 +422,7 @@ class PostgresDatabase:
                 f"{self.url.where} holds a Ratchet store of schema {version}, which this Ratchet "
                 f"(schema {SCHEMA_VERSION}) cannot read: upgrade Ratchet"
             )
-        return True
+        return int(version)
 
     @contextmanager
     def write(self) -> Iterator[psycopg.Connection[Any]]:

@@ -5,20 +5,26 @@ run does not stop the others, and the few conditional writes housekeeping makes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from pathlib import Path
 
 from ratchet import stored
 from ratchet.adapters.sqlite.database import RowTexts, SqliteDatabase, check_size
-from ratchet.ports import StoredHead, StoredRecord, Trimmed
+from ratchet.ports import StoredBlob, StoredHead, StoredRecord, Trimmed
 from ratchet.sealing import PayloadCodec
 
 
 class SqliteHousekeeping:
-    """The rows `ratchet.housekeeping` reads and writes in a SQLite store (`migrate`, `gc`)."""
+    """The rows `ratchet.housekeeping` reads and writes in a SQLite store (`migrate`, `gc`),
+    and the files of its blobs (a `FileBlobStore`'s folder, `blob_root`)."""
 
-    def __init__(self, db: SqliteDatabase, codec: PayloadCodec | None = None) -> None:
+    def __init__(
+        self, db: SqliteDatabase, codec: PayloadCodec | None = None, *, blob_root: Path
+    ) -> None:
         self._db = db
+        self._blob_root = blob_root
         # `ratchet migrate` reads heads and records as a worker does, and writes a head back
         # as a commit would: opened on the way up, sealed again on the way down.
         self._codec = codec
@@ -169,3 +175,39 @@ class SqliteHousekeeping:
     def _tables(self) -> set[str]:
         rows = self._db.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {str(name) for (name,) in rows}
+
+    def blobs(self, touched_before: datetime) -> list[StoredBlob]:
+        found = []
+        for path in _blob_files(self._blob_root):
+            info = path.stat()
+            touched_at = datetime.fromtimestamp(info.st_mtime, UTC)
+            if touched_at < touched_before:
+                found.append(StoredBlob(path.name, info.st_size, touched_at))
+        return found
+
+    def count_blobs(self) -> int:
+        return sum(1 for _ in _blob_files(self._blob_root))
+
+    def delete_blob(self, blob: StoredBlob) -> bool:
+        path = self._blob_root / blob.address[:2] / blob.address
+        try:
+            # A put of the same content touches the file: it is in use anew.
+            if datetime.fromtimestamp(path.stat().st_mtime, UTC) != blob.touched_at:
+                return False
+        except FileNotFoundError:
+            return False
+        path.unlink(missing_ok=True)
+        return True
+
+
+def _blob_files(root: Path) -> Iterator[Path]:
+    """The blob files of a `FileBlobStore` folder (`<root>/<2 hex>/<sha256>`), not the
+    temporary files of a write under way."""
+    if not root.is_dir():
+        return
+    for folder in sorted(root.iterdir()):
+        if not folder.is_dir() or len(folder.name) != 2:
+            continue
+        for path in sorted(folder.iterdir()):
+            if len(path.name) == 64 and path.name.startswith(folder.name) and path.is_file():
+                yield path
