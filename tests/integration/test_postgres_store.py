@@ -188,6 +188,50 @@ def test_workers_that_start_at_once_on_a_schema_1_store_upgrade_it_once(database
     assert dict(_rows(database))[MARKER_TABLE][0][0].startswith(f"({SCHEMA_VERSION},")
 
 
+def test_reading_an_older_store_a_table_it_lacks_asks_for_migrate_in_one_line(database):
+    # Given a store of schema 1, opened by a command that only reads (it is read as it is)
+    _version_1_store(database)
+    reader = PostgresDatabase(PostgresUrl.parse(database), create=False)
+    before = _rows(database)
+    try:
+        # When it reads a table a later version added (webhook deliveries, in version 3)
+        with pytest.raises(StoreUnavailable) as refused, reader.read() as tx:
+            tx.execute("SELECT count(*) FROM deliveries")
+    finally:
+        reader.close()
+
+    # Then it says so in one line, naming the command that upgrades it, and changes nothing
+    assert str(refused.value) == (
+        f"the Postgres store {PostgresUrl.parse(database).where} is of schema 1, older than "
+        f"this Ratchet's ({SCHEMA_VERSION}): run `ratchet migrate` to upgrade it"
+    )
+    assert _rows(database) == before
+
+
+def test_a_role_whose_rights_were_taken_after_it_opened_the_store_is_one_line(postgres, database):
+    # Given a role that opened the store, then lost its right to read a table
+    store = PostgresDatabase(PostgresUrl.parse(database))
+    store.close()
+    with psycopg.connect(database, autocommit=True) as connection:
+        connection.execute("DROP ROLE IF EXISTS worker")
+        connection.execute("CREATE ROLE worker LOGIN")
+        connection.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO worker")
+    try:
+        as_worker = PostgresDatabase(PostgresUrl.parse(database.replace("postgres@", "worker@")))
+        with psycopg.connect(database, autocommit=True) as connection:
+            connection.execute("REVOKE SELECT ON runs FROM worker")
+        # When it reads the runs, then the refusal is one line, not psycopg's error
+        with pytest.raises(StoreUnavailable) as refused, as_worker.read() as tx:
+            tx.execute("SELECT count(*) FROM runs")
+        as_worker.close()
+        assert "cannot be used: permission denied for table runs" in str(refused.value)
+        assert "\n" not in str(refused.value)
+    finally:
+        with psycopg.connect(database, autocommit=True) as connection:
+            connection.execute("DROP OWNED BY worker")
+        postgres.admin("DROP ROLE worker")
+
+
 def test_an_older_ratchet_refuses_a_store_upgraded_past_it(database, monkeypatch):
     _version_1_store(database)
     PostgresDatabase(PostgresUrl.parse(database)).close()  # upgraded

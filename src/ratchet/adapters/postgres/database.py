@@ -457,6 +457,20 @@ class PostgresDatabase:
             raise InvalidInput(
                 f"the Postgres store refused a value: {_first_line(error)}"
             ) from None
+        except psycopg.errors.UndefinedTable as error:
+            # A command that only reads opened an older store as it is (`_make_or_check`),
+            # and reads a table a later version added.
+            older = self.found_version is not None and self.found_version < SCHEMA_VERSION
+            raise StoreUnavailable(
+                f"the Postgres store {self.url.where} is of schema {self.found_version}, older "
+                f"than this Ratchet's ({SCHEMA_VERSION}): run `ratchet migrate` to upgrade it"
+                if older
+                else f"the Postgres store {self.url.where} lacks a table: {_first_line(error)}"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise StoreUnavailable(
+                f"the Postgres store {self.url.where} cannot be used: {_first_line(error)}"
+            ) from None
 
     def close(self) -> None:
         self.pool.close()
