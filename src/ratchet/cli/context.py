@@ -190,14 +190,10 @@ _ON_AWS = {
 }
 
 
-_NOT_ON_POSTGRES = frozenset({"demo"})
-"""The commands not built on a postgresql:// store yet (docs/postgres.md)."""
-
-
 def require_local_store(command: str) -> None:
     """The commands that write, or work on the store itself, take a local store only: refuse
     a dynamodb:// one before touching anything, saying what to do on AWS instead. A
-    postgresql:// store takes them all but those not built on it yet, refused the same way."""
+    postgresql:// store takes them all, but the demo, which makes a store of its own."""
     from ratchet.store_urls import DYNAMODB_SCHEME, POSTGRES_SCHEMES
 
     store = settings().store
@@ -206,10 +202,10 @@ def require_local_store(command: str) -> None:
             f"ratchet {command} needs a local sqlite:// store, not a dynamodb:// one: "
             f"{_ON_AWS[command]}"
         )
-    if store.startswith(POSTGRES_SCHEMES) and command in _NOT_ON_POSTGRES:
+    if store.startswith(POSTGRES_SCHEMES) and command == "demo":
         raise InvalidInput(
-            f"ratchet {command} is not built on a postgresql:// store yet (docs/postgres.md): "
-            "use a sqlite:// store for it meanwhile"
+            "ratchet demo runs on a fresh sqlite:// store of its own, not on a postgresql:// "
+            "one: run it without --store (docs/postgres.md has what runs on Postgres)"
         )
 
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from ratchet.adapters.postgres.approvals import PostgresApprovalBook
 from ratchet.adapters.postgres.blobs import PostgresBlobStore
@@ -38,7 +38,6 @@ from ratchet.adapters.private import private_folder
 from ratchet.adapters.secrets import EnvironmentSecrets
 from ratchet.approvals.links import new_key
 from ratchet.engine import Engine
-from ratchet.errors import StoreUnavailable
 from ratchet.runtime.local import LocalRuntime, LocalSettings
 from ratchet.runtime.local_approvals import deliver_undelivered, delivery_time
 from ratchet.state import RunOptions, utcnow
@@ -211,10 +210,3 @@ class PostgresRuntime(LocalRuntime):
             outbox=Path(f"{self.root}.outbox"),
             dry_run=dry_run,
         )
-
-
-def _not_yet(what: str) -> NoReturn:
-    raise StoreUnavailable(
-        f"{what}: not built on a postgresql:// store yet (docs/postgres.md); use a sqlite:// "
-        "store for this meanwhile"
-    )
