@@ -1,0 +1,128 @@
+"""The database stops in the middle of a step, exactly: the step's tool stops the server after
+its effect, so the step's commit meets a store that is gone. An outage is not the step's
+failure: the engine records no failed attempt, the worker gives back the attempt the outage
+cut short once the store answers, and the step commits at its first attempt; the worker says
+so in one line when the store goes and one when it is back.
+
+A Postgres failure that is not an outage (a statement the server cancelled) stays `StoreBusy`
+and is not said to be one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from ratchet import Client
+from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
+from ratchet.errors import StoreBusy, StoreUnreachable
+from ratchet.runtime.local import LocalSettings
+from ratchet.runtime.postgres import PostgresRuntime
+from ratchet.state import AttemptFailed, RunStatus, StepCompleted
+from ratchet.tools import Agent, Done, Tool, ToolCall, ToolContext
+from tests.postgres_support import Cluster, private_cluster
+
+AGENT = f"{__name__}:agent"
+
+
+class Nothing(BaseModel):
+    pass
+
+
+_server: list[Cluster] = []
+"""The cluster whose server the tool stops, set by the test (the tool runs in its process)."""
+_calls: list[str] = []
+
+
+def stop_the_database(args: Nothing, ctx: ToolContext) -> str:
+    _calls.append(ctx.idempotency_key)
+    if len(_calls) == 1:
+        _server[0].stop_server()
+    return "stopped"
+
+
+agent = Agent(
+    name="stops-its-database",
+    tools=[Tool("stop", "Stop the database.", Nothing, stop_the_database)],
+    goal="Stop the database once",
+    policy=lambda view: (
+        ToolCall(name="stop", arguments={}) if not view.messages else Done(summary="ok")
+    ),
+)
+
+
+@pytest.fixture
+def own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    monkeypatch.chdir(tmp_path)  # the store's host files live here
+    with private_cluster() as cluster:
+        _server[:] = [cluster]
+        _calls.clear()
+        yield cluster
+        _server.clear()
+
+
+def test_a_step_cut_short_by_the_database_stopping_commits_at_its_first_attempt(
+    own: Cluster,
+) -> None:
+    # Given a run whose first step's tool stops the database after its effect
+    runtime = PostgresRuntime.open(LocalSettings(store=own.url(own.fresh_database())))
+    Client(runtime, worker_id="starter", logger=logging.getLogger("starter")).start(
+        run_id="cut", agent=AGENT
+    )
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        # The database comes back as soon as the worker says it is gone: the worker tries
+        # again at its own pace, and finds it.
+        said.append(line)
+        if line.startswith("the store is unreachable"):
+            own.start_server()
+
+    worker = runtime.worker(worker_id="w", logger=logging.getLogger("w"), on_wait=say)
+
+    # When a worker works it until it is done
+    worker.run(until_idle=True)
+
+    # Then the step committed once, at its first attempt, with no failed attempt on record
+    history = runtime.store.list_checkpoints("cut")
+    head = runtime.store.load_head("cut")
+    assert head is not None
+    assert head.status is RunStatus.DONE, head.error
+    steps = [c.event for c in history if isinstance(c.event, StepCompleted)]
+    assert [(s.step, s.attempt) for s in steps] == [(1, 1)]
+    assert not [c for c in history if isinstance(c.event, AttemptFailed)]
+    assert _calls == ["cut/step-1", "cut/step-1"]  # the tool ran again, with the same key
+    # And the worker said so once each way
+    outage = [line for line in said if "store is" in line]
+    print(f"\nthe worker said: {outage}")
+    assert len(outage) == 2, said
+    assert outage[0].startswith("the store is unreachable (the Postgres store"), outage
+    assert outage[0].endswith("); retrying"), outage
+    assert outage[1].startswith("the store is reachable again after "), outage
+    runtime.close()
+
+
+def test_a_statement_the_server_cancelled_is_busy_and_not_an_outage(postgres: Cluster) -> None:
+    # A statement past its time limit is cancelled by the server (QueryCanceled, an
+    # OperationalError as a lost connection is): the database is there, so it is no outage.
+    name = postgres.fresh_database(store=True)
+    db = PostgresDatabase(PostgresUrl.parse(postgres.url(name)))
+    try:
+        with pytest.raises(StoreBusy) as cancelled:
+            _sleep_past_its_limit(db)
+        assert "canceling statement due to statement timeout" in str(cancelled.value)
+        assert not isinstance(cancelled.value, StoreUnreachable), cancelled.value
+        with db.read() as tx:
+            assert tx.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        db.close()
+        postgres.drop_database(name)
+
+
+def _sleep_past_its_limit(db: PostgresDatabase) -> None:
+    with db.write() as tx:
+        tx.execute("SET LOCAL statement_timeout = 1")
+        tx.execute("SELECT pg_sleep(5)")
