@@ -17,7 +17,8 @@ import pytest
 from pydantic import BaseModel
 
 from ratchet import Client
-from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
+from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl, notify_work
+from ratchet.adapters.postgres.wakeups import PostgresWakeUps
 from ratchet.errors import StoreBusy, StoreUnreachable
 from ratchet.runtime.local import LocalSettings
 from ratchet.runtime.postgres import PostgresRuntime
@@ -103,6 +104,32 @@ def test_a_step_cut_short_by_the_database_stopping_commits_at_its_first_attempt(
     assert outage[0].endswith("); retrying"), outage
     assert outage[1].startswith("the store is reachable again after "), outage
     runtime.close()
+
+
+def test_an_idle_workers_wait_outlives_the_database_and_listens_again(own: Cluster) -> None:
+    # Given a worker's wake-ups listening on a store, whose server then stops
+    db = PostgresDatabase(PostgresUrl.parse(own.url(own.fresh_database(store=True))))
+    wake_ups = PostgresWakeUps(db)
+    try:
+        assert wake_ups.wait(0.1)  # the first wait listens, then says to look once
+        own.stop_server()
+
+        # When it waits while the server is down, and again once it is back
+        while_down = wake_ups.wait(0.1)
+        own.start_server()
+        back = wake_ups.wait(0.1)
+
+        # Then the wait while down ended quietly, told of nothing; the one after listened
+        # anew and said to look (whatever was notified meanwhile told no one), and a write
+        # notified now reaches it
+        assert while_down is False
+        assert back is True
+        with db.write() as tx:
+            notify_work(tx, "new-run")
+        assert wake_ups.wait(30)
+    finally:
+        wake_ups.close()
+        db.close()
 
 
 def test_a_statement_the_server_cancelled_is_busy_and_not_an_outage(postgres: Cluster) -> None:
