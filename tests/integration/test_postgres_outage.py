@@ -74,15 +74,17 @@ def test_a_step_cut_short_by_the_database_stopping_commits_at_its_first_attempt(
         run_id="cut", agent=AGENT
     )
     said: list[str] = []
+    pauses: list[float] = []
 
-    def say(line: str) -> None:
-        # The database comes back as soon as the worker says it is gone: the worker tries
-        # again at its own pace, and finds it.
-        said.append(line)
-        if line.startswith("the store is unreachable"):
+    def pause(seconds: float) -> None:
+        # The database comes back at the worker's second pause, so that two of its tries
+        # have failed by then: it says so once all the same.
+        pauses.append(seconds)
+        if len(pauses) == 2:
             own.start_server()
 
-    worker = runtime.worker(worker_id="w", logger=logging.getLogger("w"), on_wait=say)
+    worker = runtime.worker(worker_id="w", logger=logging.getLogger("w"), on_wait=said.append)
+    worker.sleep = pause
 
     # When a worker works it until it is done
     worker.run(until_idle=True)
@@ -96,9 +98,10 @@ def test_a_step_cut_short_by_the_database_stopping_commits_at_its_first_attempt(
     assert [(s.step, s.attempt) for s in steps] == [(1, 1)]
     assert not [c for c in history if isinstance(c.event, AttemptFailed)]
     assert _calls == ["cut/step-1", "cut/step-1"]  # the tool ran again, with the same key
-    # And the worker said so once each way
+    # And the worker said so once each way, trying again 0.5 s then 1 s after a failed try
     outage = [line for line in said if "store is" in line]
-    print(f"\nthe worker said: {outage}")
+    print(f"\nthe worker said: {outage}; paused {pauses}")
+    assert pauses[:2] == [0.5, 1.0], pauses
     assert len(outage) == 2, said
     assert outage[0].startswith("the store is unreachable (the Postgres store"), outage
     assert outage[0].endswith("); retrying"), outage
@@ -130,6 +133,34 @@ def test_an_idle_workers_wait_outlives_the_database_and_listens_again(own: Clust
     finally:
         wake_ups.close()
         db.close()
+
+
+def test_a_pool_drops_the_idle_connections_an_outage_cut(own: Cluster) -> None:
+    # Given a pool holding three connections, idle, when the server stops
+    db = PostgresDatabase(
+        PostgresUrl.parse(own.url(own.fresh_database(store=True)) + "&pool_size=3")
+    )
+    try:
+        with db.pool.connection(), db.pool.connection(), db.pool.connection():
+            pass
+        own.stop_server()
+
+        # When a transaction finds it gone, and the server starts again
+        with pytest.raises(StoreUnreachable):
+            _read_one(db)
+        own.start_server()
+
+        # Then no connection the outage cut is left to fail a transaction after it
+        answered = [_read_one(db) for _ in range(6)]
+        assert answered == [1] * 6
+    finally:
+        db.close()
+
+
+def _read_one(db: PostgresDatabase) -> int:
+    with db.read() as tx:
+        row = tx.execute("SELECT 1").fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_a_statement_the_server_cancelled_is_busy_and_not_an_outage(postgres: Cluster) -> None:
