@@ -84,7 +84,7 @@ def _wait(done: Callable[[], bool], failure: str, root: Path) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     while not done():
         if time.monotonic() > deadline:
-            logs = {p.name: p.read_text()[-3000:] for p in sorted(root.glob("w*.*"))}
+            logs = {p.name: p.read_text()[-3000:] for p in sorted(root.glob("w*.[oe][ur][tr]"))}
             pytest.fail(f"{failure}: {logs}")
         time.sleep(0.05)
 
@@ -180,7 +180,7 @@ def test_workers_ride_out_a_database_restart_each_key_once_and_one_line_each_way
         assert {s.attempt for s in steps} == {1}, (run_id, [(s.step, s.attempt) for s in steps])
     print(
         f"\n{RUNS} runs x {STEPS} steps over {WORKERS} workers; server stopped after "
-        f"{applied_while_up} keys, down {down_seconds:.1f} s; every run done "
+        f"{applied_while_up} keys, every worker said so {down_seconds:.1f} s after; every run done "
         f"{elapsed:.1f} s after the stop; {len(applied)} keys applied once; a run started "
         f"after it done in {after_ms:.0f} ms; "
         f"{came_back}"
