@@ -63,6 +63,8 @@ class Cluster:
     binaries: Path
     owner: str | None
     started_in_seconds: float
+    settings: str = ""
+    """The server's options (`pg_ctl start -o`), for a start after a stop."""
     _names: count[int] = field(default_factory=count)
     _template: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,6 +133,37 @@ class Cluster:
                 str(self.folder / "data"),
                 "-l",
                 str(self.folder / "server.log"),
+            ],
+            capture_output=True,
+            check=True,
+            timeout=START_SECONDS + 10,
+        )
+
+    def stop_server(self) -> None:
+        """Stop the server (`fast`: every session cut, what committed kept), as a database
+        that goes away under load does; `start_server` brings it back."""
+        self._pg_ctl("stop", "-m", "fast", "-w", "-t", str(START_SECONDS))
+
+    def start_server(self) -> None:
+        self._pg_ctl(
+            "start",
+            "-w",
+            "-t",
+            str(START_SECONDS),
+            "-l",
+            str(self.folder / "server.log"),
+            "-o",
+            self.settings,
+        )
+
+    def _pg_ctl(self, *arguments: str) -> None:
+        subprocess.run(
+            [
+                *_as_owner(self.owner),
+                str(self.binaries / "pg_ctl"),
+                *arguments,
+                "-D",
+                str(self.folder / "data"),
             ],
             capture_output=True,
             check=True,
@@ -226,7 +259,7 @@ def start_cluster() -> Cluster:
             f"({Path(error.cmd[len(run)]).name}): "
             f"{error.stderr.decode(errors='replace').strip()}"
         ) from None
-    return Cluster(folder, binaries, owner, time.perf_counter() - started)
+    return Cluster(folder, binaries, owner, time.perf_counter() - started, settings)
 
 
 _cluster: Cluster | None = None
@@ -241,6 +274,17 @@ def cluster() -> Cluster:
             _cluster = start_cluster()
             atexit.register(_cluster.stop)
         return _cluster
+
+
+@contextmanager
+def private_cluster() -> Iterator[Cluster]:
+    """A cluster of its own, for a test that stops and starts its server: the process's
+    shared one (`cluster()`) serves other tests' databases meanwhile. Removed after."""
+    own = start_cluster()
+    try:
+        yield own
+    finally:
+        own.stop()
 
 
 @contextmanager

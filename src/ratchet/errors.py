@@ -189,6 +189,16 @@ class StoreBusy(RatchetError):
     partial was written, and an attempt already counted stands."""
 
 
+class StoreUnreachable(StoreBusy):
+    """The store's database cannot be reached at all (it stopped, restarted, or the network
+    to it is down), as distinct from one request turned away: an outage, which a worker waits
+    out without counting it against the step it was taking. `attempt_version` is the head's
+    version after the engine counted the step's attempt, when the outage cut that attempt
+    short: the attempt is owed back once the store answers again."""
+
+    attempt_version: int | None = None
+
+
 class EventsNotPut(RatchetError):
     """EventBridge turned away some of a batch of a run's status change events: the stream's
     batch is read again (those put already come twice, each with its id)."""

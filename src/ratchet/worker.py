@@ -41,6 +41,7 @@ from ratchet.errors import (
     StaleVersion,
     StepAttemptFailed,
     StoreBusy,
+    StoreUnreachable,
     is_transient,
 )
 from ratchet.ports import ConcurrencyBound, Leases, check_lease_seconds
@@ -59,6 +60,9 @@ BACKOFF_MAX_SECONDS = 10.0
 """Transient failures the engine could not record (a busy or briefly failing store) are retried
 after 0.5 s, 1 s, 2 s, ... up to this: the engine's strikes still bound how often one step is
 tried."""
+RECONNECT_MAX_SECONDS = 5.0
+"""The longest pause between a worker's tries of a store it cannot reach (0.5 s, 1 s, 2 s, ...
+up to this): a database back from a restart is found within about this long."""
 MAX_WORKER_ID_CHARS = 200
 EXPIRY_CHECK_SECONDS = 5.0
 """How often, by the worker's clock, it looks for approval requests past their deadline."""
@@ -90,6 +94,39 @@ class StepReport:
     """How long the step took in this worker, the commit included."""
 
 
+class StoreOutage:
+    """Says that the store went out of reach once, when the first try fails, and that it
+    answers again once, when a try next succeeds, however many tries (the worker's, its
+    heartbeat's) fail between: an outage is two lines, not a line per try, nor a traceback.
+    Shared by the worker's threads."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._tries = 0
+
+    def lost(self, error: StoreUnreachable) -> None:
+        with self._lock:
+            first, self._since = self._since is None, self._since or time.monotonic()
+        if first:
+            self._say(f"the store is unreachable ({error}); retrying")
+
+    def next_pause(self) -> float:
+        """How long the worker waits before its next try: 0.5 s after the first, doubling,
+        at most `RECONNECT_MAX_SECONDS`."""
+        with self._lock:
+            self._tries += 1
+            tries = self._tries
+        return min(_backoff(tries), RECONNECT_MAX_SECONDS)
+
+    def answered(self) -> None:
+        with self._lock:
+            since, self._since, self._tries = self._since, None, 0
+        if since is not None:
+            self._say(f"the store is reachable again after {time.monotonic() - since:.1f} s")
+
+
 @dataclass
 class _Hold:
     run_id: str
@@ -110,8 +147,10 @@ class Heartbeat:
         lease_seconds: float,
         interval: float,
         logger: Any,
+        outage: StoreOutage | None = None,
     ) -> None:
         self._leases = leases
+        self._outage = outage
         self._worker_id = worker_id
         self._token = token
         self._lease_seconds = lease_seconds
@@ -147,6 +186,10 @@ class Heartbeat:
                 try:
                     leases = leases or self._leases.on_own_connection()
                     self._beat(leases)
+                except StoreUnreachable as unreachable:
+                    # Said once for the whole worker; the lease may lapse meanwhile (above).
+                    if self._outage is not None:
+                        self._outage.lost(unreachable)
                 except RatchetError as error:
                     # A busy or vanished store: the lease may lapse, and then the run is
                     # another worker's; the version check keeps our late commit out.
@@ -163,6 +206,8 @@ class Heartbeat:
         beat = leases.beat(
             self._worker_id, self._token, self._lease_seconds, hold.run_id if hold else None
         )
+        if self._outage is not None:
+            self._outage.answered()
         if not beat.registered and not self.displaced.is_set():
             self._log.error(
                 "worker id taken over by another live worker; stopping after this step",
@@ -242,6 +287,10 @@ class Worker:
     _beat_every: float = field(default=0.0, init=False, repr=False)
     _expiry_checked: datetime | None = field(default=None, init=False, repr=False)
     _schedules_checked: datetime | None = field(default=None, init=False, repr=False)
+    _outage: StoreOutage = field(init=False, repr=False)
+    _owed: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    """Runs whose attempt an outage cut short, by the version that counted it: given back
+    before the run's next step (`Engine.give_back_attempt`)."""
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -256,6 +305,7 @@ class Worker:
                 f"({self.lease_seconds:g} s), not {self.heartbeat_seconds!r}"
             )
         self._beat_every = beat_every
+        self._outage = StoreOutage(self._say_outage)
         if not (math.isfinite(self.poll_seconds) and 0 <= self.poll_seconds <= 60):
             raise InvalidInput(f"poll seconds must be from 0 to 60, not {self.poll_seconds!r}")
 
@@ -282,6 +332,7 @@ class Worker:
                 lease_seconds=self.lease_seconds,
                 interval=self._beat_every,
                 logger=self.logger,
+                outage=self._outage,
             ) as heartbeat:
                 self._claim_and_work(heartbeat, until_idle=until_idle, run_id=run_id)
         finally:
@@ -307,6 +358,10 @@ class Worker:
                     limit_of=self.limits,
                 )
                 idle = claimed is None and not self.leases.running_runs(run_id, skip=self._skipped)
+            except StoreUnreachable as unreachable:
+                self._outage.lost(unreachable)
+                self._pause(self._outage.next_pause())
+                continue
             except StoreBusy as error:  # another process holds the write lock for long
                 busy += 1
                 self.logger.warning(
@@ -315,6 +370,7 @@ class Worker:
                 self._pause(_backoff(busy))
                 continue
             busy = 0
+            self._outage.answered()
             if claimed is None:
                 if until_idle and (idle or (run_id is None and self._left_to_live_workers())):
                     return
@@ -346,6 +402,9 @@ class Worker:
                 continue
             try:
                 resumed = check(now)
+            except StoreUnreachable as unreachable:
+                self._outage.lost(unreachable)  # the next check tries again
+                continue
             except RatchetError as error:
                 # A busy store, or a run moved on meanwhile: the next check tries again.
                 self.logger.warning(
@@ -366,6 +425,8 @@ class Worker:
         self._schedules_checked = now
         try:
             self.fire_schedules(now)
+        except StoreUnreachable as unreachable:
+            self._outage.lost(unreachable)  # the next check fires the same times
         except RatchetError as error:
             # A busy store: the next check fires the same times, under the same run ids.
             self.logger.warning(
@@ -378,6 +439,9 @@ class Worker:
             return
         try:
             resumed = self.settle_waits(self.clock())
+        except StoreUnreachable as unreachable:
+            self._outage.lost(unreachable)  # the next pass tries again
+            return
         except RatchetError as error:
             # A busy store: the next pass tries again, and nothing was half done (each wait
             # settles in one commit).
@@ -468,17 +532,36 @@ class Worker:
         finally:
             heartbeat.let_go()
             self._failures.pop(run_id, None)
+            # An attempt owed back and not given back by now stays counted: the run may be
+            # another worker's already.
+            self._owed.pop(run_id, None)
             # A call of the run that this process abandoned at a deadline may still act: the
             # lease stays, so no other worker takes the run until it lapses after this
             # process ends (which ends the call).
             if not self.engine.abandoned_call_running(run_id):
-                self.leases.release(run_id, self.worker_id)
+                self._release(run_id)
+
+    def _release(self, run_id: str) -> None:
+        try:
+            self.leases.release(run_id, self.worker_id)
+        except StoreUnreachable as unreachable:
+            # The lease lapses by itself; another worker may take the run then.
+            self._outage.lost(unreachable)
 
     def _step(self, run_id: str) -> bool:
         """One step; True if the worker should go on with this run."""
         started = time.perf_counter()
         try:
+            self._give_back_owed_attempt(run_id)
             outcome = self.engine.advance(run_id)
+        except StoreUnreachable as unreachable:
+            # The database went away: not the step's failure. The attempt it cut short is
+            # given back once the store answers; until then, tries at a bounded pace.
+            self._outage.lost(unreachable)
+            if unreachable.attempt_version is not None:
+                self._owed[run_id] = unreachable.attempt_version
+            self._pause(self._outage.next_pause())
+            return True
         except StaleVersion as stale:
             # Another worker advanced the run under us (our lease had lapsed): it owns the run
             # now and our write changed nothing. Let go.
@@ -529,6 +612,7 @@ class Worker:
             self._pause_before_retry(run_id, error)
             return True
         self._failures.pop(run_id, None)
+        self._outage.answered()
         if outcome.bytes_written and self.on_step is not None:
             self._report(outcome, (time.perf_counter() - started) * 1000)
         if outcome.outcome is Outcome.WAITING and outcome.bytes_written and self.on_park:
@@ -564,6 +648,29 @@ class Worker:
             )
             return False
         return True
+
+    def _give_back_owed_attempt(self, run_id: str) -> None:
+        version = self._owed.get(run_id)
+        if version is None:
+            return
+        try:
+            self.engine.give_back_attempt(run_id, version)
+        except StaleVersion:
+            # The run moved on meanwhile (another worker took it, or the commit landed after
+            # all and only its answer was lost): nothing is owed.
+            del self._owed[run_id]
+            return
+        del self._owed[run_id]
+        self.logger.info(
+            "attempt cut short by the store's outage given back",
+            extra={"run_id": run_id, "worker_id": self.worker_id},
+        )
+
+    def _say_outage(self, said: str) -> None:
+        if self.on_wait is not None:
+            self.on_wait(said)
+        else:
+            self.logger.warning(said, extra={"worker_id": self.worker_id})
 
     def _say_attempt_failed(self, run_id: str, failure: StepAttemptFailed) -> None:
         """`attempt 1 of step 3 failed: ...; next in 5 s`, as it happens: a retry's backoff

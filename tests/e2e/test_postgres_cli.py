@@ -1,6 +1,8 @@
 """The CLI on a Postgres store, in real processes: `ratchet run` works a run to its end,
-`start` and `worker --until-idle` work one through a person's approval, and `status`,
-`history`, `list` and `approve` read and decide it there; `migrate --reencrypt` rewrites a
+`start` and `worker --until-idle` work one through a person's approval, `status`,
+`history`, `list` and `approve` read and decide it there, and `send`, `wake`, `cancel`,
+`retry`, `fork` and `schedule` steer runs there, each with the outcome it has on SQLite;
+`migrate` upgrades an older store, `gc` trims an old run, and `migrate --reencrypt` rewrites a
 sealed store under a new key."""
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -15,11 +18,16 @@ import pytest
 
 from ratchet.adapters.payload_keys import local_key_id, new_keyring_line
 from ratchet.adapters.postgres.database import _SCHEMA, MARKER_TABLE, SCHEMA_VERSION
+from ratchet.runtime.local import LocalSettings
+from ratchet.runtime.postgres import PostgresRuntime
 from ratchet.state import SCHEMA_VERSION as STATE_SCHEMA
 from ratchet.state import RunStatus
 from tests.fixtures import sealed_agent
 from tests.postgres_support import Cluster
 from tests.processes import PostgresCli, clean_env
+from tests.waits_agent import AGENT as WAITS
+
+PASSED = '{"conclusion": "success", "url": "https://ci.example/1"}'
 
 BATCHES = 2  # 1 inspect, 2-3 copy, 4 ask, 5 drop, 6 email, 7 done
 SEALED_AGENT = f"{sealed_agent.__name__}:agent"
@@ -238,3 +246,119 @@ def test_gc_trims_an_old_finished_run_on_postgres_and_it_still_reads(cli: Postgr
     assert cli.head("mig") == before
     assert cli.json("status", "mig")["status"] == "done"
     assert cli.verify("mig")["ok"]
+
+
+def test_send_and_wake_steer_a_waiting_run_on_postgres(cli: PostgresCli) -> None:
+    # Given a run that waits for an event, then naps
+    cli.ok("start", "--agent", WAITS, "--run-id", "w1", "--param", "nap=true")
+    cli.work_until_idle("first")
+    assert cli.head("w1").waiting is not None
+
+    # When the event is sent, a worker takes it and the run sleeps, and it is woken early
+    sent = cli.ok("send", "w1", "ci-finished", "--data", PASSED, "--id", "gh-1")
+    cli.work_until_idle("second")
+    sleeping = cli.head("w1")
+    woken = cli.ok("wake", "w1", "--by", "dana")
+    cli.work_until_idle("third")
+
+    # Then each said what it did, and the run took the event and finished, woken
+    assert (
+        sent == "w1: event 'ci-finished' (gh-1) delivered at step 1; the next free worker resumes "
+        "the run (or: ratchet run --run-id w1)\n"
+    )
+    assert sleeping.waiting is not None
+    assert sleeping.waiting.kind == "timer", sleeping.waiting
+    assert woken == (
+        "w1: woken at step 2; the next free worker resumes it (or: ratchet run --run-id w1)\n"
+    )
+    done = cli.head("w1")
+    assert done.status is RunStatus.DONE, done
+    assert (done.summary or "").startswith("finished after: Woken early by dana"), done.summary
+    history = cli.ok("history", "w1")
+    assert "event 'ci-finished' arrived (gh-1)" in history, history
+    again = cli.run("send", "w1", "ci-finished", "--data", PASSED)
+    assert again.returncode == 2, again.stderr
+    assert "takes no more events" in again.stderr, again.stderr
+
+
+def test_cancel_fork_and_retry_steer_runs_on_postgres(cli: PostgresCli) -> None:
+    # Given a migration waiting for its approval, and one failed by a step that crashes
+    # its worker at every attempt
+    cli.ok("start", "--scenario", "migration", "--run-id", "mig", "--batches", str(BATCHES))
+    cli.work_until_idle("first")
+    assert cli.head("mig").status is RunStatus.WAITING
+    cli.ok("start", "--scenario", "migration", "--run-id", "crashes", "--batches", str(BATCHES))
+    crashing = cli.run(
+        "worker", "--until-idle", "--lease-seconds", "0.5", fault="raise:before_commit@1"
+    )
+    assert crashing.returncode == 0, crashing.stderr
+    failed = cli.head("crashes")
+    assert failed.status is RunStatus.FAILED, failed
+
+    # When the waiting run is forked as of step 2 and then cancelled, and the failed one
+    # retried and worked
+    cli.ok("fork", "mig", "--from-step", "2", "--run-id", "mig-fork")
+    cli.ok("cancel", "mig", "--reason", "wrong table", "--by", "dana")
+    cli.ok("retry", "crashes")
+    cli.work_until_idle("second")
+
+    # Then the source is cancelled with its checkpoints, the fork went its own way from step
+    # 2, and the retried run went past the step that failed, to its approval
+    status = cli.json("status", "mig")
+    assert (status["status"], status["summary"]) == ("cancelled", "Cancelled by dana: wrong table")
+    refused = cli.run("cancel", "mig")
+    assert refused.returncode == 2, refused.stderr
+    assert "already cancelled" in refused.stderr
+    fork = cli.head("mig-fork")
+    assert fork.status is RunStatus.WAITING, fork
+    history = cli.json("history", "mig-fork")["checkpoints"]
+    assert history[0]["step"] == 2, history[0]
+    retried = cli.head("crashes")
+    assert retried.status is RunStatus.WAITING, retried
+    assert retried.step > failed.step
+    not_failed = cli.run("retry", "mig-fork")
+    assert not_failed.returncode == 2
+    assert "only a failed run can be retried" in not_failed.stderr
+
+
+def test_schedule_add_fire_pause_resume_remove_on_postgres(cli: PostgresCli) -> None:
+    # Given a schedule added through the command, its first time moved back so it is due
+    cli.ok(
+        "schedule",
+        "add",
+        "nightly",
+        "--agent",
+        "migration",
+        "--every",
+        "1m",
+        "--input",
+        json.dumps({"batches": BATCHES}),
+    )
+    runtime = PostgresRuntime.open(LocalSettings(store=cli.url), create=False)
+    try:
+        book = runtime.schedules
+        (added,) = book.all()
+        back = timedelta(minutes=10)
+        due = added.model_copy(
+            update={"anchor": added.anchor - back, "next_fire": added.next_fire - back}
+        )
+        assert book.replace(due, expected=added)
+    finally:
+        runtime.close()
+
+    # When a worker runs, and the schedule is paused, resumed and removed
+    cli.work_until_idle("fires")
+    (row,) = cli.json("schedule", "list")["schedules"]
+    paused = cli.json("schedule", "pause", "nightly")
+    resumed = cli.json("schedule", "resume", "nightly")
+    cli.ok("schedule", "remove", "nightly")
+
+    # Then the worker fired it once, starting the run it names, which it worked to its
+    # approval; the schedule moved on, and each command did as it says
+    runs = [run["run_id"] for run in cli.json("list")["runs"]]
+    assert runs == [row["last_run"]], (runs, row)
+    assert row["last_run"].startswith("nightly-"), row
+    assert cli.head(row["last_run"]).status is RunStatus.WAITING
+    assert datetime.fromisoformat(row["next_fire"]) > datetime.now(UTC) - timedelta(minutes=1)
+    assert (paused["paused"], resumed["paused"]) == (True, False), (paused, resumed)
+    assert cli.json("schedule", "list")["schedules"] == []

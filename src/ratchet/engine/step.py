@@ -77,6 +77,7 @@ from ratchet.errors import (
     StaleVersion,
     StepAttemptFailed,
     StepTimedOut,
+    StoreUnreachable,
     is_transient,
 )
 from ratchet.faults import NO_FAULTS, FaultPlan, FaultPoint
@@ -279,6 +280,13 @@ class Engine:
             raise RunNotFound(run_id)
         return state
 
+    def give_back_attempt(self, run_id: str, version: int) -> None:
+        """Uncount the attempt that a store outage cut short (`StoreUnreachable`'s
+        `attempt_version`), if the run is still at that version: an outage is no strike.
+        Raises `StaleVersion` if the run moved on meanwhile (another worker took it, or the
+        step's commit landed after all and only its answer was lost): then nothing is owed."""
+        self._store.release_attempt(run_id, version)
+
     def advance(self, run_id: str) -> StepOutcome:
         """Take exactly one step of the run (or apply a stop rule) and commit it.
 
@@ -405,6 +413,8 @@ class Engine:
                 attempted = replace(attempted, usage=Usage())
         except (StaleVersion, InjectedFault):
             raise
+        except StoreUnreachable as unreachable:
+            raise _owed_back(unreachable, state) from None
         except CallUnderWay as under_way:
             # Found as the attempt came to the call (a worker thawed and took it up between
             # the read before this attempt and now): the step is not taken after all, so its
@@ -427,6 +437,8 @@ class Engine:
             head, written = self._commit_step(state, attempted, started=started, span=span)
         except (StaleVersion, InjectedFault):
             raise
+        except StoreUnreachable as unreachable:
+            raise _owed_back(unreachable, state) from None
         except Exception as error:
             failure = attempt_failure(error, f"step {step} could not be committed")
             return self._record_failure(state, paid_for(failure, attempted.usage))
@@ -781,6 +793,14 @@ class Engine:
             # gets its own. (A cancelled coroutine that has ended uses nothing any more.)
             self._unbind(state.run_id)
         return self._commits.record_failure(state, error)
+
+
+def _owed_back(unreachable: StoreUnreachable, state: RunState) -> StoreUnreachable:
+    """The outage, with the version whose attempt it cut short: the database going away is
+    not the step's failure, so no failed attempt is recorded (nothing could be written
+    anyway) and the attempt is given back once the store answers (`give_back_attempt`)."""
+    unreachable.attempt_version = state.version
+    return unreachable
 
 
 def _cancelled(by: str, reason: str) -> Finished:

@@ -21,13 +21,20 @@ errors: nothing above the adapters sees a `psycopg` error.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from ratchet.errors import InvalidInput, StoreBusy, StoreMissing, StoreUnavailable
+from ratchet.errors import (
+    InvalidInput,
+    StoreBusy,
+    StoreMissing,
+    StoreUnavailable,
+    StoreUnreachable,
+)
 from ratchet.store_urls import POSTGRES_SCHEMES
 
 if TYPE_CHECKING:
@@ -256,6 +263,20 @@ DEFAULT_POOL_SIZE = 4
 POOL_SIZE_PARAMETER = "pool_size"
 URL_FORM = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?pool_size=N&...libpq parameters]"
 _CONNECT_SECONDS = 10
+_RECONNECT_SECONDS = 10.0
+"""How long the pool's background tries to make one lost connection again (1, 2, 4 s apart)
+before giving that try up: the next transaction wanting a connection starts a new one at once.
+The pool's own default (5 minutes, its pauses doubling meanwhile) would leave a worker up to
+minutes behind a database that came back."""
+_LOST_CONNECTION = ("08", "57P01", "57P02", "57P03")
+"""SQLSTATE classes and codes of a connection cut or refused (connection exceptions; the
+server shutting down, crashed, or not yet accepting connections): an outage, not a
+transaction turned away."""
+
+# The pool says every failed try to reconnect (a warning each, through Python's last-resort
+# handler when the application set up none). A worker says an outage once, in its own words
+# (ratchet.worker.StoreOutage); an application that configures logging still sees these.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -360,7 +381,10 @@ class PostgresDatabase:
             # is left open between them.
             kwargs={"autocommit": True},
             configure=_configure,
-            timeout=30,
+            # A transaction waits this long for a connection: one of the pool's, or the one
+            # it makes again after the database restarted.
+            timeout=_CONNECT_SECONDS,
+            reconnect_timeout=_RECONNECT_SECONDS,
             open=True,
         )
 
@@ -450,9 +474,10 @@ class PostgresDatabase:
         try:
             yield
         except (psycopg.OperationalError, PoolTimeout) as error:
-            raise StoreBusy(
-                f"the Postgres store {self.url.where} did not answer: {_first_line(error)}"
-            ) from None
+            said = f"the Postgres store {self.url.where} did not answer: {_first_line(error)}"
+            if self._lost(error):
+                raise StoreUnreachable(said) from None
+            raise StoreBusy(said) from None
         except psycopg.DataError as error:
             raise InvalidInput(
                 f"the Postgres store refused a value: {_first_line(error)}"
@@ -471,6 +496,29 @@ class PostgresDatabase:
             raise StoreUnavailable(
                 f"the Postgres store {self.url.where} cannot be used: {_first_line(error)}"
             ) from None
+
+    def _lost(self, error: Exception) -> bool:
+        """Whether `error` says the database is out of reach, not that it turned one
+        transaction away (a deadlock, a serialization failure, a lock or statement timeout)."""
+        from psycopg_pool import PoolTimeout
+
+        if isinstance(error, PoolTimeout):
+            # No connection came in time: every one busy in this process's other threads, or
+            # none can be made. One try of its own tells the two apart.
+            try:
+                self._psycopg.connect(self.url.conninfo, connect_timeout=_CONNECT_SECONDS).close()
+            except self._psycopg.OperationalError:
+                return True
+            return False
+        code = getattr(error, "sqlstate", None)
+        # No SQLSTATE: libpq's own failure (the socket closed, no server there).
+        if code is not None and not code.startswith(_LOST_CONNECTION):
+            return False
+        # The pool's idle connections were cut too, and it learns that of each only as it is
+        # next used: were those kept, each would fail once more after the database is back,
+        # and a worker would say its store went away again. Test and drop them now.
+        self.pool.check()
+        return True
 
     def close(self) -> None:
         self.pool.close()

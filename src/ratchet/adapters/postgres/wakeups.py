@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ratchet.adapters.postgres.database import WORK_CHANNEL, PostgresDatabase
+from ratchet.errors import StoreBusy
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,7 +38,12 @@ class PostgresWakeUps:
     def wait(self, seconds: float) -> bool:
         import psycopg
 
-        due_in = self._until_due()
+        try:
+            due_in = self._until_due()
+        except StoreBusy:
+            # The database is out of reach (the worker says so, once, when its next claim
+            # fails): no timer is known, and the listening connection below fails too.
+            due_in = float("inf")
         # Never less than the old poll's pause: a wait due but not settled yet (a store
         # busy meanwhile) must not turn this into a tight loop.
         timeout = max(MIN_WAIT_SECONDS, min(seconds, due_in))
