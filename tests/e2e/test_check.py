@@ -207,13 +207,17 @@ def _service_env() -> dict[str, str]:
 # --- a model-driven agent, from its recorded decisions -----------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_model_driven_agent_is_checked_from_a_recorded_run_without_asking_its_model(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, request, kind
 ):
     # Given a run of the agent with no scripted policy, decided by a model (the stand-in for
-    # Claude counts the calls it answers), done in a store
+    # Claude counts the calls it answers), done in a store (a local file, or a Postgres one)
     calls = tmp_path / "model-calls.txt"
     store = f"sqlite:///{tmp_path / 'runs.db'}"
+    if kind == "postgres":
+        postgres = request.getfixturevalue("postgres")
+        store = postgres.url(postgres.fresh_database())
     env = {MODEL_CALLS_ENV: str(calls)}
     (tmp_path / "world").mkdir()
     monkeypatch.chdir(tmp_path / "world")

@@ -176,9 +176,12 @@ def _recorded(run_id: str, agent: str, path: Path) -> Path:
     from ratchet.cli.context import open_client
     from ratchet.testing.model import recording_of
 
-    if not settings().store.startswith("sqlite:"):
+    from ratchet.store_urls import POSTGRES_SCHEMES
+
+    if not settings().store.startswith(("sqlite:", *POSTGRES_SCHEMES)):
         raise InvalidInput(
-            "--from-run reads the run from a local store: give --store sqlite:///..."
+            "--from-run reads the run from a local store: give --store sqlite:///... "
+            "(or postgresql://...)"
         )
     client = open_client(create=False, logs=False)
     try:
