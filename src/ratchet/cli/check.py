@@ -174,9 +174,8 @@ def _recording_model(model: str | None) -> str:
 def _recorded(run_id: str, agent: str, path: Path) -> Path:
     """The decisions of run `run_id` in the store `--store` names, written to `path`."""
     from ratchet.cli.context import open_client
-    from ratchet.testing.model import recording_of
-
     from ratchet.store_urls import POSTGRES_SCHEMES
+    from ratchet.testing.model import recording_of
 
     if not settings().store.startswith(("sqlite:", *POSTGRES_SCHEMES)):
         raise InvalidInput(
