@@ -1,5 +1,5 @@
-"""The local runtime on a Postgres store: `ratchet worker`, `run`, `start` and the commands
-that read and decide runs, with every part the store's workers share in the database.
+"""The local runtime on a Postgres store, for every command but the demo (and the client and
+`ratchet serve`), with every part the store's workers share in the database.
 
 `LocalRuntime` wired to the Postgres adapters (`ratchet.adapters.postgres`) in place of the
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
