@@ -164,9 +164,7 @@ def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
         finally:
             runtime.close()
     else:
-        # Its own name: `migrate --reencrypt` is built on a postgresql:// store, where
-        # `migrate` alone is not yet (`require_local_store`).
-        runtime = _local_store("migrate --reencrypt", write=not dry_run)
+        runtime = _local_store("migrate", write=not dry_run)
         try:
             report = runtime.reencrypt(dry_run=dry_run)
         finally:
