@@ -30,6 +30,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """`clean_env` for a process that works in a folder of the test's own (a Postgres store's
+    processes keep their host's files in the working directory) and still imports the tests'
+    agents (`tests.*`) from this checkout, which `python -m` finds only from its own folder."""
+    path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
+    return clean_env(**{"PYTHONPATH": path, **extra})
+
+
 @dataclass
 class Cli:
     root: Path
@@ -41,8 +52,12 @@ class Cli:
     def argv(self, *args: str) -> list[str]:
         return [*RATCHET, "--store", self.store, *args]
 
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of this store's processes."""
+        return clean_env(**extra)
+
     def run(self, *args: str, fault: str | None = None, timeout: float = 120) -> Any:
-        env = clean_env(RATCHET_FAULT=fault) if fault else clean_env()
+        env = self.env(RATCHET_FAULT=fault) if fault else self.env()
         return subprocess.run(
             self.argv(*args), capture_output=True, text=True, env=env, timeout=timeout, check=False
         )
@@ -58,7 +73,7 @@ class Cli:
     def spawn_worker(
         self, name: str, *, fault: str | None = None, lease: float = 0.5, until_idle: bool = True
     ) -> subprocess.Popen[str]:
-        env = clean_env(RATCHET_FAULT=fault) if fault else clean_env()
+        env = self.env(RATCHET_FAULT=fault) if fault else self.env()
         log = (self.root / f"{name}.log").open("a")
         flags = ["--until-idle"] if until_idle else []
         return subprocess.Popen(
@@ -118,6 +133,9 @@ class PostgresCli(Cli):
     @property
     def store(self) -> str:
         return self.url
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return checkout_env(**extra)
 
 
 @dataclass

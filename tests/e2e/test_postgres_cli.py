@@ -24,7 +24,7 @@ from ratchet.state import SCHEMA_VERSION as STATE_SCHEMA
 from ratchet.state import RunStatus
 from tests.fixtures import sealed_agent
 from tests.postgres_support import Cluster
-from tests.processes import PostgresCli, clean_env
+from tests.processes import PostgresCli
 from tests.waits_agent import AGENT as WAITS
 
 PASSED = '{"conclusion": "success", "url": "https://ci.example/1"}'
@@ -109,7 +109,7 @@ def test_migrate_reencrypt_rewrites_a_postgres_store_under_the_new_key_and_the_o
             cli.argv(*args),
             capture_output=True,
             text=True,
-            env=clean_env(RATCHET_PAYLOAD_KEY=key),
+            env=cli.env(RATCHET_PAYLOAD_KEY=key),
             timeout=120,
             check=False,
         )
@@ -157,7 +157,7 @@ def test_a_local_payload_keyring_is_refused_on_postgres_in_one_line(cli: Postgre
             cli.argv(*command),
             capture_output=True,
             text=True,
-            env=clean_env(RATCHET_PAYLOAD_KEY="local"),
+            env=cli.env(RATCHET_PAYLOAD_KEY="local"),
             timeout=120,
             check=False,
         )

@@ -31,7 +31,7 @@ from ratchet.state import RunStatus
 from ratchet.waiting.hooks import github_signature
 from tests.e2e.test_approval_browser import OPERATOR, chromium
 from tests.postgres_support import Cluster
-from tests.processes import RATCHET, Served, clean_env, serving
+from tests.processes import RATCHET, Served, checkout_env, serving
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ class Host:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = clean_env(PYTHONUNBUFFERED="1", LOGNAME=OPERATOR, USER=OPERATOR, **extra)
+    env = checkout_env(PYTHONUNBUFFERED="1", LOGNAME=OPERATOR, USER=OPERATOR, **extra)
     if "RATCHET_PUBLIC_URL" not in extra:
         env.pop("RATCHET_PUBLIC_URL", None)
     return env

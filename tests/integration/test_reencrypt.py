@@ -37,7 +37,7 @@ from ratchet.web.dashboard import local_app
 from ratchet.web.serve import wsgi_app
 from tests.integration.test_sealed_payloads import AGENT, SECRET, _state, _work
 from tests.postgres_support import Cluster, shared_keyring
-from tests.processes import RATCHET, clean_env
+from tests.processes import RATCHET, checkout_env
 from tests.support import LOG
 
 ENVELOPE = re.compile(rb'"sealed" ?: ?"([A-Za-z0-9+/=]+)"')
@@ -78,7 +78,7 @@ class Store:
         return runtime
 
     def cli(self, *args: str, sealed: bool = True) -> subprocess.CompletedProcess[str]:
-        env = clean_env(**({"RATCHET_PAYLOAD_KEY": self.key} if sealed else {}))
+        env = checkout_env(**({"RATCHET_PAYLOAD_KEY": self.key} if sealed else {}))
         return subprocess.run(
             [*RATCHET, "--store", self.url, *args],
             capture_output=True,
