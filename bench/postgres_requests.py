@@ -6,9 +6,9 @@ request to the server goes out through one of them.
 
 - `BaseCursor._execute_send`: a statement (`execute`, and `Connection.execute`, which runs
   it on a cursor of its own);
-- `BaseCursor._send_prepare` and `_send_query_prepared`: a statement psycopg prepares on its
-  sixth use on a connection (`prepare_threshold`) is sent as a prepare, answered on its own,
-  and then executed; later uses send only the execute;
+- `BaseCursor._send_prepare` and `_send_query_prepared`: a statement psycopg prepares, once
+  it has sent it `prepare_threshold` times on a connection, is sent as a prepare, answered on
+  its own, and then executed; later uses send only the execute;
 - `BaseConnection._exec_command`: the statements psycopg sends itself, as statements of their
   own: a transaction's BEGIN and COMMIT or ROLLBACK (`connection.transaction()` on an
   autocommit connection), and DEALLOCATE when its cache of prepared statements is full;

@@ -951,7 +951,8 @@ def postgres_comparison(
         *round_trips,
         "round trips: every request this process's psycopg connections sent the server, each "
         "answered before the next: the statements, each transaction's BEGIN and COMMIT (sent as "
-        "statements of their own), and a statement's prepare on its 6th use on a connection; "
+        "statements of their own), and psycopg's prepare of a statement it has sent often on "
+        "the connection; "
         "transactions: BEGINs, and statements sent outside a transaction (autocommit)",
     ]
     return "\n".join(lines)
