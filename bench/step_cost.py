@@ -52,6 +52,7 @@ from typing import Any
 import aws_lambda_powertools  # noqa: F401
 
 from bench.measure import DISCARD, WRITES_KNOWN, bytes_written_by_process, wal_position
+from bench.postgres_requests import PostgresRequests, Requests
 from bench.scripted_agent import ARGUMENT_BYTES, RESULT_BYTES, new_scripted_run
 from ratchet import stored
 from ratchet.adapters.sqlite.database import PAGE_SIZE
@@ -250,12 +251,18 @@ class BenchRun:
         return self.engine.load(RUN_ID).step
 
     def advance_to(
-        self, step: int, *, between: Callable[[int], None] | None = None
+        self,
+        step: int,
+        *,
+        between: Callable[[int], None] | None = None,
+        start: int | None = None,
     ) -> list[StepTiming]:
         """Take steps until the run has completed `step`; each must complete and leave the
-        run running. `between` is called after each, outside the timing."""
+        run running. `between` is called after each, outside the timing. `start`: the step
+        the run is at, when the caller knows it, so that nothing but the steps is sent to the
+        store (reading it is a transaction of its own)."""
         timings = []
-        for expected in range(self.step + 1, step + 1):
+        for expected in range((self.step if start is None else start) + 1, step + 1):
             timings.append(self._advance(expected))
             if between is not None:
                 between(expected)
@@ -881,12 +888,17 @@ POSTGRES_WAL_WINDOW = 10
 must not grow with the run."""
 
 
-def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
+def postgres_comparison(
+    directory: Path, steps: int = POSTGRES_STEPS, *, verbose: bool = False
+) -> str:
     """`--compare-postgres`: the engine's time and the bytes a step writes, on a SQLite store
     and on a Postgres store (the tests' throwaway cluster, `fsync` off), the same run of the
     scripted agent on each, in this process. WAL bytes a step: the `WAL_STEPS` steps after the
     timed ones, SQLite's WAL emptied first and its size read after (`wal_bytes_per_step`),
-    Postgres's insert position read before and after (the cluster serves nothing else)."""
+    Postgres's insert position read before and after (the cluster serves nothing else).
+    Round trips a step: what this process's psycopg connections sent over the first and the
+    last `POSTGRES_WAL_WINDOW` of the timed steps (`bench.postgres_requests`); `verbose`
+    lists them by statement."""
     from tests.postgres_support import cluster
 
     postgres = cluster()
@@ -900,10 +912,14 @@ def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
         f"{'WAL bytes':>9}"
     )
     growth = ""
+    round_trips: list[str] = []
     for label, url in stores.items():
         with BenchRun(directory, steps=steps + WAL_STEPS + 1, max_steps=MAX_STEPS, url=url) as run:
             if label == "postgres":
-                timings, windows = _postgres_steps(run, url, steps)
+                timings, windows, sent = _postgres_steps(run, url, steps)
+                round_trips = [
+                    line for at, s in sent.items() for line in _round_trips(at, s, verbose=verbose)
+                ]
                 before = wal_position(url)
                 run.advance_to(steps + WAL_STEPS)
                 wal = (wal_position(url) - before) / WAL_STEPS
@@ -932,30 +948,62 @@ def postgres_comparison(directory: Path, steps: int = POSTGRES_STEPS) -> str:
         f"WAL bytes: a step's, over steps {steps + 1:,}-{steps + WAL_STEPS:,} (SQLite: its WAL "
         "file, whole pages; Postgres: pg_current_wal_insert_lsn(), the cluster's records)",
         growth,
+        *round_trips,
+        "round trips: every request this process's psycopg connections sent the server, each "
+        "answered before the next: the statements, each transaction's BEGIN and COMMIT (sent as "
+        "statements of their own), and psycopg's prepare of a statement it has sent often on "
+        "the connection; "
+        "transactions: BEGINs, and statements sent outside a transaction (autocommit)",
     ]
     return "\n".join(lines)
 
 
 def _postgres_steps(
     run: BenchRun, url: str, steps: int
-) -> tuple[list[StepTiming], dict[int, float]]:
-    """`steps` steps, timed; and what the last `POSTGRES_WAL_WINDOW` steps up to each of
+) -> tuple[list[StepTiming], dict[int, float], dict[int, Requests]]:
+    """`steps` steps, timed; what the last `POSTGRES_WAL_WINDOW` steps up to each of
     `POSTGRES_WAL_AT` wrote to the WAL, a step (the positions read between steps, outside
-    their times)."""
+    their times); and what the first and the last `POSTGRES_WAL_WINDOW` steps sent to the
+    server (`bench.postgres_requests`), by the step that ends each."""
     marks = {at - POSTGRES_WAL_WINDOW for at in POSTGRES_WAL_AT} | set(POSTGRES_WAL_AT)
-    positions = {run.step: wal_position(url)}
+    first, last = POSTGRES_WAL_WINDOW, steps
+    counted = {first, last - POSTGRES_WAL_WINDOW, last}
+    at = run.step
+    with PostgresRequests() as meter:
+        with meter.paused():
+            positions = {at: wal_position(url)}
+        taken = {at: meter.take()}
 
-    def between(step: int) -> None:
-        if step in marks:
-            positions[step] = wal_position(url)
+        def between(step: int) -> None:
+            if step in counted:
+                taken[step] = meter.take()
+            if step in marks:
+                with meter.paused():
+                    positions[step] = wal_position(url)
 
-    timings = run.advance_to(steps, between=between)
+        timings = run.advance_to(steps, between=between, start=at)
     windows = {
         at: (positions[at] - positions[at - POSTGRES_WAL_WINDOW]) / POSTGRES_WAL_WINDOW
         for at in POSTGRES_WAL_AT
         if at <= steps
     }
-    return timings, windows
+    requests = {at: taken[at] - taken[at - POSTGRES_WAL_WINDOW] for at in (first, last)}
+    return timings, windows, requests
+
+
+def _round_trips(at: int, sent: Requests, *, verbose: bool) -> list[str]:
+    """What the `POSTGRES_WAL_WINDOW` steps ending at step `at` sent, a step."""
+    n = POSTGRES_WAL_WINDOW
+    lines = [
+        f"Postgres round trips a step, steps {at - n + 1:,}-{at:,}: {sent.round_trips / n:g} "
+        f"({sent.transactions / n:g} transactions, {sent.prepares / n:g} prepares)"
+    ]
+    if verbose:
+        lines += [
+            f"  {count / n:>5g}  {kind}"
+            for kind, count in sorted(sent.by_kind.items(), key=lambda item: (-item[1], item[0]))
+        ]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -988,10 +1036,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="engine ms and bytes per step on a SQLite store and on a Postgres store (the "
         "tests' throwaway cluster), side by side",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="with --compare-postgres: the round trips a Postgres step sends, by statement",
+    )
     args = parser.parse_args(argv)
     if args.compare_postgres:
         with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:
-            print(postgres_comparison(Path(directory)))
+            print(postgres_comparison(Path(directory), verbose=args.verbose))
         return
     if args.compare_budget:
         with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as directory:

@@ -5,6 +5,7 @@ both sides ran and were measured is."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,38 @@ def test_step_cost_prints_wal_bytes_a_step_on_both_stores(tmp_path: Path) -> Non
     for cells in rows.values():
         assert int(cells[-1].replace(",", "")) >= ARGUMENT_BYTES + RESULT_BYTES
     assert "Postgres WAL bytes a step as the run grows: steps 1-10 " in text
+
+
+ROUND_TRIP_STEPS = 30
+ROUND_TRIPS = re.compile(
+    r"Postgres round trips a step, steps (\d+)-(\d+): ([\d.]+) \(([\d.]+) transactions, "
+    r"([\d.]+) prepares\)"
+)
+
+
+def test_step_cost_counts_a_postgres_steps_round_trips_and_they_do_not_grow(
+    tmp_path: Path,
+) -> None:
+    text = postgres_comparison(tmp_path, steps=ROUND_TRIP_STEPS, verbose=True)
+
+    print(text)
+    figures = {
+        (int(first), int(last)): (float(trips), float(transactions), float(prepares))
+        for first, last, trips, transactions, prepares in ROUND_TRIPS.findall(text)
+    }
+    assert list(figures) == [(1, 10), (ROUND_TRIP_STEPS - 9, ROUND_TRIP_STEPS)]
+    (start, _, start_prepares), (trips, transactions, prepares) = figures.values()
+    # A transaction sends its BEGIN, a statement at least and its COMMIT, each a round trip.
+    assert transactions >= 1
+    assert trips >= 3 * transactions
+    # By the last steps every statement is prepared on the one connection, and each step
+    # sends the same: no fraction of a round trip.
+    assert prepares == 0
+    assert trips == int(trips)
+    # The first 10 steps send what the last 10 do, and psycopg's prepares besides, but for
+    # step 1's read of its window's records (a run at step 0 has none to read): what a step
+    # sends does not grow with its run.
+    assert round(10 * (start - start_prepares)) == round(10 * trips) - 1
+    # `verbose` lists them by statement.
+    for kind in ("BEGIN", "COMMIT", "INSERT checkpoints"):
+        assert f"  {kind}\n" in text
