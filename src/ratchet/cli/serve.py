@@ -160,7 +160,7 @@ def _serve(
     )
     runs_app = build_runs_app(lambda: runs)
     # The webhooks' deliveries, which a run's page lists: asked for when a run's page is first
-    # shown, not at start, so that a store without a book of them serves everything else.
+    # shown, not at start, which needs none of them.
     book = cache(lambda: runtime.deliveries)
     routes = [
         ("/approvals/", approvals),
