@@ -27,7 +27,8 @@ from ratchet.adapters.sqlite.store import SqliteCheckpointStore
 from ratchet.ports import CheckpointStore
 from ratchet.runtime.webhooks import DeliveryBook
 from ratchet.sealing import PayloadCodec
-from ratchet.state import Created, RunState, RunStatus, StoredCheckpoint
+from ratchet.state import RunStatus
+from tests.conformance.test_store_contract import new_run as created_run
 from tests.postgres_support import scratch_store
 
 T0 = 1_800_000_000.0
@@ -119,16 +120,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deliveri
 
 
 def new_run(store: CheckpointStore, run_id: str) -> None:
-    state = RunState(run_id=run_id, agent="fake", goal="copy the rows")
-    checkpoint = StoredCheckpoint(
-        run_id=run_id,
-        version=1,
-        step=0,
-        status=state.status,
-        worker_id="w",
-        event=Created(state=state),
-    )
-    assert store.create_run(state, checkpoint)
+    assert store.create_run(*created_run(run_id))
 
 
 def move(store: CheckpointStore, run_id: str) -> int:
