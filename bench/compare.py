@@ -622,6 +622,11 @@ def measure_resume(framework: str, directory: Path, from_step: int) -> dict[str,
     return _child("resume", _kind(framework), str(from_step), str(directory), framework=framework)
 
 
+def _today() -> str:
+    """The date a comparison was taken (UTC), as its report prints it."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+
+
 @dataclass(frozen=True)
 class Comparison:
     runs: dict[str, dict[int, RunFigures]]
@@ -631,9 +636,7 @@ class Comparison:
     seconds: float
     before: str | None = None
     """The revision the `ratchet-before` column ran, if any."""
-    taken: str = field(
-        default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    )
+    taken: str = field(default_factory=_today)
 
 
 def compare(
@@ -1105,9 +1108,7 @@ class PostgresComparison:
     server: str
     missing: list[str]
     seconds: float
-    taken: str = field(
-        default_factory=lambda: datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    )
+    taken: str = field(default_factory=_today)
 
 
 def compare_on_postgres(
