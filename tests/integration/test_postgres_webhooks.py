@@ -19,7 +19,7 @@ from ratchet.pushes import verify
 from ratchet.runtime.local import LocalSettings
 from ratchet.runtime.postgres import PostgresRuntime
 from ratchet.runtime.webhooks import WebhookSender
-from ratchet.state import Created, RunState, StoredCheckpoint
+from tests.conformance.test_store_contract import new_run as created_run
 from tests.e2e.test_outbound_webhooks import Receiver, serving
 from tests.postgres_support import Cluster
 
@@ -40,16 +40,7 @@ def store(postgres: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _create(runtime: PostgresRuntime, run_id: str) -> None:
-    state = RunState(run_id=run_id, agent="migration", goal="copy the rows")
-    checkpoint = StoredCheckpoint(
-        run_id=run_id,
-        version=1,
-        step=0,
-        status=state.status,
-        worker_id="w",
-        event=Created(state=state),
-    )
-    assert runtime.store.create_run(state, checkpoint)
+    assert runtime.store.create_run(*created_run(run_id))
 
 
 def test_two_senders_on_separate_pools_deliver_each_change_once_per_url(store):
