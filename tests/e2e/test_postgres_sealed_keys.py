@@ -131,9 +131,9 @@ def test_a_link_a_worker_signs_under_the_payload_key_is_verified_by_a_serve_on_a
 
         # Then the key it signed with is stored sealed under the payload key
         rows = _rows(store)
-        print(f"\nstored: { {n: (len(r), header_of(r)[0]) for n, r in rows.items()} }")
         assert "approval-links" in rows
         assert all(is_sealed(row) for row in rows.values()), rows
+        print(f"\nstored: { {n: (len(r), header_of(r)[0]) for n, r in rows.items()} }")
         # And B verifies A's link and takes the decision
         status, page = _request(link)
         assert status == 200, page
@@ -195,7 +195,7 @@ def test_a_clear_key_verifies_its_links_before_and_after_reencrypt_seals_it(
     # And `migrate --reencrypt` seals the key, counting it
     report = json.loads(host_a.ok("migrate", "--reencrypt", "--json", RATCHET_PAYLOAD_KEY=key))
     print(f"\nreencrypt: {report}")
-    assert report["sealed"]["signing_keys"] == 1, report
+    assert report["sealed"].get("signing_keys") == 1, report
     resealed = _rows(store)["approval-links"]
     assert is_sealed(resealed)
     assert clear not in resealed

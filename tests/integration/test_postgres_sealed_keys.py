@@ -14,12 +14,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ratchet.adapters.payload_keys import new_keyring_line
 from ratchet.adapters.postgres.database import PostgresDatabase, PostgresUrl
 from ratchet.adapters.postgres.keys import APPROVAL_LINKS, HOOKS, PostgresKeys, sealed_key
+from ratchet.adapters.postgres.reencrypt import reencrypt
 from ratchet.errors import PayloadTampered
 from ratchet.runtime.local import LocalSettings
 from ratchet.runtime.postgres import PostgresRuntime
-from ratchet.sealing import is_sealed
+from ratchet.sealing import header_of, is_sealed
 from tests.integration.test_postgres_shared_keys import PATIENCE, _waits_on_a_lock
 from tests.postgres_support import Cluster, shared_keyring
 
@@ -151,4 +153,46 @@ def test_two_makers_with_a_payload_key_end_up_with_the_first_ones_key(
     finally:
         holder.close()
         db.close()
+        runtime.close()
+
+
+def test_reencrypt_rewrites_the_keys_under_the_newest_payload_key_and_they_open_without_the_old(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given both keys sealed under payload key A
+    monkeypatch.chdir(tmp_path)
+    payload_key = shared_keyring(tmp_path)
+    ring = Path(payload_key.removeprefix("file:"))
+    runtime = _runtime(store, payload_key)
+    try:
+        keys = (runtime.approval_key(), runtime.hook_key())
+    finally:
+        runtime.close()
+    key_a = ring.read_text()
+
+    # When the keyring's newest key is B, and the store is reencrypted
+    ring.write_text(f"{new_keyring_line()}\n{key_a}")
+    runtime = _runtime(store, payload_key)
+    try:
+        assert runtime.codec is not None
+        key_b = runtime.codec.key_id
+        report = reencrypt(runtime.pg, runtime.codec)
+        again = reencrypt(runtime.pg, runtime.codec)
+    finally:
+        runtime.close()
+    print(f"\nfirst: {report.to_json()}\nsecond: {again.to_json()}")
+
+    # Then both keys are under B, counted, and a second run finds them current
+    assert report.resealed.get("signing_keys") == 2, report
+    assert "signing_keys" not in again.resealed
+    assert {name: header_of(row)[0] for name, row in _rows(store).items()} == {
+        APPROVAL_LINKS: key_b,
+        HOOKS: key_b,
+    }
+    # And with B alone they open as the same keys
+    ring.write_text(ring.read_text().splitlines()[0] + "\n")
+    runtime = _runtime(store, payload_key)
+    try:
+        assert (runtime.approval_key(), runtime.hook_key()) == keys
+    finally:
         runtime.close()
