@@ -5,13 +5,14 @@
 SQLite ones: checkpoints and heads, the ledger, leases, the mailbox and its book of waits,
 approvals, webhooks' book, the webhook deliveries sent and owed, schedules, rate limits, each
 run's data, and blobs (in the database, since workers on many hosts share nothing else), and
-the approval links' and hooks' keys, so that a link or a hook made on one host is taken by a
-`ratchet serve` on any other. What stays on this host's disk is what a process keeps for
-itself: the outbox's messages, the locks of calls under way, each run's working folder, and
-`ratchet serve`'s token and the address it listens at, under `.ratchet/postgres/<database>` of
-the working directory (docs/postgres.md). What a host would make for itself but every host
-must share is refused in one line: a webhooks' secret (RATCHET_WEBHOOK_SECRET gives it) and a
-`local` payload keyring (`file:PATH` or `kms:` names one).
+the approval links' and hooks' keys (sealed under the payload key, if there is one), so that a
+link or a hook made on one host is taken by a `ratchet serve` on any other. What stays on this
+host's disk is what a process keeps for itself: the outbox's messages, the locks of calls under
+way, each run's working folder, and `ratchet serve`'s token and the address it listens at, under
+`.ratchet/postgres/<database>` of the working directory (docs/postgres.md). What a host would
+make for itself but every host must share is refused in one line: a webhooks' secret
+(RATCHET_WEBHOOK_SECRET gives it) and a `local` payload keyring (`file:PATH` or `kms:` names
+one).
 """
 
 from __future__ import annotations
@@ -132,13 +133,15 @@ class PostgresRuntime(LocalRuntime):
     one_host = False  # workers on many hosts share the store
 
     def hook_key(self) -> bytes:
-        """The store's hook key, in the database: every host derives the same hooks."""
-        return PostgresKeys(self.pg).key(HOOKS, make=new_key)
+        """The store's hook key, in the database (sealed under the payload key, if there is
+        one): every host derives the same hooks."""
+        return PostgresKeys(self.pg, self.codec).key(HOOKS, make=new_key)
 
     def approval_key(self) -> bytes:
         """The store's approval link key, in the database: a link a worker on one host sends
-        is verified by a `ratchet serve` on any other."""
-        return PostgresKeys(self.pg).key(APPROVAL_LINKS, make=new_key)
+        is verified by a `ratchet serve` on any other. Sealed under the payload key, if there
+        is one, as the hook key is."""
+        return PostgresKeys(self.pg, self.codec).key(APPROVAL_LINKS, make=new_key)
 
     @contextmanager
     def readers(self) -> Iterator[PostgresRuntime]:

@@ -1,8 +1,9 @@
-"""`ratchet migrate --reencrypt` on a Postgres store: every sealed text of every table, and every
-blob of the `blobs` table, rewritten under the codec's newest key, and every one written in
-clear before the codec was turned on sealed, as `ratchet.adapters.sqlite.reencrypt` does for a
-local store (which decides each text and blob, and holds the report). The outbox's messages are
-files on this host (`ratchet.runtime.postgres.files_folder`), rewritten as a local store's are.
+"""`ratchet migrate --reencrypt` on a Postgres store: every sealed text of every table, every
+blob of the `blobs` table and every key of the `signing_keys` table, rewritten under the
+codec's newest key, and every one written in clear before the codec was turned on sealed, as
+`ratchet.adapters.sqlite.reencrypt` does for a local store (which decides each text and blob,
+and holds the report). The outbox's messages are files on this host
+(`ratchet.runtime.postgres.files_folder`), rewritten as a local store's are.
 
 Each column is read in pages of `PAGE_ROWS` rows, in the order of its table's primary key, one
 read transaction a page; a page's new texts are sealed outside any transaction and written in
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.adapters.postgres.database import PostgresDatabase
+from ratchet.adapters.postgres.keys import opened_key, sealed_key
 from ratchet.adapters.sqlite.reencrypt import (
     SEALED_COLUMNS as LOCAL_SEALED_COLUMNS,
 )
@@ -31,7 +33,8 @@ from ratchet.adapters.sqlite.reencrypt import (
     resealed_blob,
     resealed_text,
 )
-from ratchet.sealing import PayloadCodec
+from ratchet.errors import PayloadTampered
+from ratchet.sealing import PayloadCodec, header_of, is_sealed
 
 PAGE_ROWS = 200
 """Rows read, sealed and written per transaction."""
@@ -72,7 +75,12 @@ SEALED_TABLES: tuple[SealedTable, ...] = (
 """Every table a codec seals texts in on a Postgres store (`ratchet.stored`, and the ledger's,
 mailbox's, approval book's, schedule book's and run data's adapters); blobs are the `blobs`
 table's. tests/integration/test_reencrypt.py checks that a store sealed under an old key holds
-no text left under it after a run, on SQLite and Postgres alike."""
+no text left under it after a run, on SQLite and Postgres alike. The signing keys are bytes,
+not texts: `_reencrypt_signing_keys` rewrites them."""
+
+SIGNING_KEYS = "signing_keys"
+"""The table of the keys links and hooks are signed with (`ratchet.adapters.postgres.keys`),
+sealed whole, each bound to its name; counted under this name."""
 
 
 def reencrypt(
@@ -82,16 +90,17 @@ def reencrypt(
     outbox: Path | None = None,
     dry_run: bool = False,
 ) -> Reencryption:
-    """Rewrite every sealed text and blob of the store at `db`, and every sealed message in
-    `outbox`, under `codec`'s newest key, sealing those written in clear (see the module's
-    docstring). A text under a key the codec does not hold stops it with `PayloadKeyMissing`
-    naming that key: what was rewritten before stays rewritten, and a second run after the key
-    is back finishes."""
+    """Rewrite every sealed text, blob and signing key of the store at `db`, and every sealed
+    message in `outbox`, under `codec`'s newest key, sealing those written in clear (see the
+    module's docstring). A text under a key the codec does not hold stops it with
+    `PayloadKeyMissing` naming that key: what was rewritten before stays rewritten, and a second
+    run after the key is back finishes."""
     report = Reencryption(codec.key_id, dry_run)
     for table in SEALED_TABLES:
         for column in table.columns:
             _reencrypt_column(db, table, table.local(column), codec, report)
     _reencrypt_blobs(db, codec, report)
+    _reencrypt_signing_keys(db, codec, report)
     if outbox is not None:
         reencrypt_outbox(outbox, codec, report)
     return report
@@ -177,6 +186,55 @@ def _reencrypt_blobs(db: PostgresDatabase, codec: PayloadCodec, report: Reencryp
                     "UPDATE blobs SET data = %s WHERE address = %s AND data = %s",
                     (new, address, old),
                 )
+
+
+def _reencrypt_signing_keys(
+    db: PostgresDatabase, codec: PayloadCodec, report: Reencryption
+) -> None:
+    """Every signing key (a handful of rows: read in one page) under the newest key, sealing
+    one written in clear, each counted as a text is. A key under a key the codec does not hold
+    stops the run with `PayloadKeyMissing`, as a text does; a damaged one is left, named."""
+    with db.read() as tx:
+        rows = tx.execute(f"SELECT name, secret FROM {SIGNING_KEYS} ORDER BY name").fetchall()
+    writes = []
+    for row_name, secret in rows:
+        name, old = str(row_name), bytes(secret)
+        if is_sealed(old) and _key_id(old) == codec.key_id:
+            report.current += 1
+            continue
+        try:
+            key = opened_key(old, codec, name=name)
+        except PayloadTampered:
+            report.unreadable.append(f"{SIGNING_KEYS} {name}")
+            continue
+        counts = report.resealed if is_sealed(old) else report.sealed
+        if report.dry_run:
+            counts[SIGNING_KEYS] = counts.get(SIGNING_KEYS, 0) + 1
+        else:
+            writes.append((name, old, sealed_key(key, codec, name=name), counts))
+    if not writes:
+        return
+    with db.write() as tx:
+        for name, old, new, counts in writes:
+            # Conditional on the bytes read, as a text's rewrite is: a key once written is
+            # never made again, so only another `--reencrypt` rewrites it meanwhile, and of
+            # the two the second keeps what the first wrote.
+            changed = tx.execute(
+                f"UPDATE {SIGNING_KEYS} SET secret = %s WHERE name = %s AND secret = %s",
+                (new, name, old),
+            ).rowcount
+            if changed:
+                counts[SIGNING_KEYS] = counts.get(SIGNING_KEYS, 0) + 1
+            else:
+                report.moved += 1
+
+
+def _key_id(sealed: bytes) -> str | None:
+    """The key a sealed signing key is under, or None for one whose header is damaged."""
+    try:
+        return header_of(sealed)[0]
+    except PayloadTampered:
+        return None
 
 
 def _texts(table: SealedTable, values: tuple[Any, ...]) -> tuple[Any, ...]:
