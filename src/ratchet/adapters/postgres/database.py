@@ -377,8 +377,8 @@ class PostgresDatabase:
             url.conninfo,
             min_size=1,
             max_size=url.pool_size,
-            # Autocommit, so that every transaction is one `transaction()` block and nothing
-            # is left open between them.
+            # Autocommit, so that every transaction is one `transaction()` block or one
+            # statement (`autocommit()`), and nothing is left open between them.
             kwargs={"autocommit": True},
             configure=_configure,
             # A transaction waits this long for a connection: one of the pool's, or the one
@@ -452,15 +452,31 @@ class PostgresDatabase:
     def write(self) -> Iterator[psycopg.Connection[Any]]:
         """One transaction on a connection of the pool: committed when the block ends, rolled
         back (nothing written) if it raises."""
-        with self._errors(), self.pool.connection() as connection, connection.transaction():
-            yield connection
+        with self._errors(), self.pool.connection() as connection:
+            _begin_as(connection, isolation=None, read_only=None)
+            with connection.transaction():
+                yield connection
 
     @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:
         """One read-only transaction whose statements all see the same snapshot (a head and
         the records of its window)."""
-        with self._errors(), self.pool.connection() as connection, connection.transaction():
-            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        with self._errors(), self.pool.connection() as connection:
+            _begin_as(
+                connection, isolation=self._psycopg.IsolationLevel.REPEATABLE_READ, read_only=True
+            )
+            with connection.transaction():
+                yield connection
+
+    @contextmanager
+    def autocommit(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool outside any transaction: each statement sent on it is a
+        transaction of its own, committed before its answer comes back. One round trip,
+        where a `write()` of one statement takes three (its BEGIN, the statement, its
+        COMMIT): for a write that is one statement, or a read that needs one snapshot only.
+        Two statements in one block are two transactions: the second sees what committed
+        between them, as a new statement at READ COMMITTED does in a `write()`."""
+        with self._errors(), self.pool.connection() as connection:
             yield connection
 
     @contextmanager
@@ -530,6 +546,22 @@ def notify_work(tx: psycopg.Connection[Any], run_id: str) -> None:
     woken for a write that did not land, nor misses one that did (unless it was not listening
     then: its fallback poll finds the run)."""
     tx.execute("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, run_id))
+
+
+def _begin_as(
+    connection: psycopg.Connection[Any],
+    *,
+    isolation: psycopg.IsolationLevel | None,
+    read_only: bool | None,
+) -> None:
+    """How the next `transaction()` on `connection` begins. psycopg writes these into its
+    BEGIN (`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`), so a read's isolation costs no
+    `SET TRANSACTION` round trip of its own; setting them sends nothing. Set by every
+    transaction, as the pool hands its connections to reads and writes alike."""
+    if connection.isolation_level != isolation:
+        connection.isolation_level = isolation
+    if connection.read_only != read_only:
+        connection.read_only = read_only
 
 
 def _configure(connection: psycopg.Connection[Any]) -> None:

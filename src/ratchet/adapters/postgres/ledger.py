@@ -23,9 +23,22 @@ from ratchet.stored import open_sealed_text, opened_args_hash, sealed_args_hash,
 if TYPE_CHECKING:
     import psycopg
 
-COMPLETION_SQL = "UPDATE idempotency SET status = %s, result = %s, decision = NULL WHERE key = %s"
-"""Completes a key, with the step's commit (`PostgresCheckpointStore.commit`) or alone: the
-decision leaves the ledger, as the record written in the same transaction holds it."""
+COMPLETION_SQL = (
+    "UPDATE idempotency SET status = %(ledger_status)s, result = %(ledger_result)s, "
+    "decision = NULL WHERE key = %(ledger_key)s"
+)
+"""Completes a key, with the step's commit (`PostgresCheckpointStore.commit`, in its statement)
+or alone: the decision leaves the ledger, as the record written in the same transaction holds
+it."""
+
+
+def completion(key: str, result: str | None) -> dict[str, object]:
+    """`COMPLETION_SQL`'s parameters."""
+    return {
+        "ledger_status": LedgerStatus.COMPLETED.value,
+        "ledger_result": None if result is None else result.encode(),
+        "ledger_key": key,
+    }
 
 
 class PostgresLedger:
@@ -50,11 +63,12 @@ class PostgresLedger:
         check_size(f"ledger decision of {entry.key}", decision_json)
         now = utcnow()
         expires_at = entry.expires_at or now + self._retention
-        with self._db.write() as tx:
+        with self._db.autocommit() as tx:
             # Insert-if-absent: of two workers deciding the same step, the second's insert
             # waits for the first's transaction, does nothing, and reads the first's record
-            # back below (a new statement, which sees what committed meanwhile). The decision
-            # is committed before this returns, so before the step's tool runs.
+            # back below (a new statement, which sees what committed meanwhile). The insert
+            # is a transaction of its own, committed before its answer comes back: the
+            # decision is committed before this returns, so before the step's tool runs.
             inserted = tx.execute(
                 "INSERT INTO idempotency (key, run_id, step, status, args_hash, decision, "
                 "created_at, expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
@@ -81,22 +95,22 @@ class PostgresLedger:
         return found
 
     def get(self, key: str) -> LedgerEntry | None:
-        with self._db.read() as tx:
+        # One statement sees one snapshot: no transaction of its own needed.
+        with self._db.autocommit() as tx:
             return self._read(tx, key)
 
     def complete(self, key: str, result: str) -> None:
         check_size(f"ledger result of {key}", result)
-        with self._db.write() as tx:
-            changed = tx.execute(
-                COMPLETION_SQL, (LedgerStatus.COMPLETED.value, result.encode(), key)
-            ).rowcount
+        with self._db.autocommit() as tx:
+            changed = tx.execute(COMPLETION_SQL, completion(key, result)).rowcount
         if not changed:
             raise KeyError(f"no idempotency record for {key!r}")
 
     def start_call(self, key: str, call: CallStart) -> bool:
-        with self._db.write() as tx:
+        with self._db.autocommit() as tx:
             # Only from in progress: of two callers, the second's update waits for the first,
-            # finds the key called, and changes nothing.
+            # finds the key called, and changes nothing. A transaction of its own, committed
+            # before this returns: the call starts only once its record says so.
             moved = tx.execute(
                 "UPDATE idempotency SET status = %s, result = %s WHERE key = %s AND status = %s",
                 (

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 
 from ratchet import stored
 from ratchet.adapters.postgres.database import PostgresDatabase, notify_work
-from ratchet.adapters.postgres.ledger import COMPLETION_SQL
+from ratchet.adapters.postgres.ledger import COMPLETION_SQL, completion
 from ratchet.adapters.sqlite.database import RUN_STATUSES, check_size
 from ratchet.errors import RunNotFound, RunUnreadable, StaleVersion
-from ratchet.ports import Commit, CommitReceipt, LedgerStatus, OpenWait, RunCursor, RunSummary
+from ratchet.ports import Commit, CommitReceipt, OpenWait, RunCursor, RunSummary
 from ratchet.sealing import PayloadCodec
 from ratchet.state import CheckpointEvent, RunState, RunStatus, StoredCheckpoint
 
@@ -75,7 +75,8 @@ class PostgresCheckpointStore:
                     (state.run_id, static_json),
                 )
                 other = _text_bytes(state_json, static_json)
-                _insert_checkpoint(tx, checkpoint, event_json, other)
+                record, _ = _record_row(checkpoint, event_json, other)
+                tx.execute(f"{_RECORD_INSERT} VALUES ({_RECORD_VALUES})", record)
                 if state.status is RunStatus.WAITING:
                     _book_wait(tx, state)  # a fork of a waiting run waits too
                 elif state.status is RunStatus.RUNNING:
@@ -146,7 +147,10 @@ class PostgresCheckpointStore:
                 return found[::-1]
 
     def begin_attempt(self, run_id: str, expected_version: int) -> int:
-        with self._db.write() as tx:
+        # One conditional statement, a transaction of its own: a stale one changes nothing,
+        # and the read that tells a missing run from a moved one is a statement after it (as
+        # it was a new statement, with its own snapshot, in a transaction at READ COMMITTED).
+        with self._db.autocommit() as tx:
             changed = tx.execute(
                 "UPDATE runs SET attempts = attempts + 1, version = version + 1 "
                 "WHERE run_id = %s AND version = %s",
@@ -157,7 +161,7 @@ class PostgresCheckpointStore:
         return expected_version + 1
 
     def release_attempt(self, run_id: str, expected_version: int) -> int:
-        with self._db.write() as tx:
+        with self._db.autocommit() as tx:  # as begin_attempt
             changed = tx.execute(
                 "UPDATE runs SET attempts = attempts - 1, version = version + 1 "
                 "WHERE run_id = %s AND version = %s AND attempts > 0",
@@ -177,28 +181,34 @@ class PostgresCheckpointStore:
         result = commit.completes.result if commit.completes else None
         if result is not None:
             check_size(f"ledger result of {commit.completes.key}", result)  # type: ignore[union-attr]
+        record, record_bytes = _record_row(
+            commit.checkpoint, event_json, _text_bytes(state_json, result)
+        )
+        written = _text_bytes(state_json, result) + record_bytes
+        moving = {
+            "version": head.version,
+            "step": head.step,
+            "attempts": head.attempts,
+            "state": state_json,
+            "updated_at": head.updated_at,
+            "status": head.status.value,
+            "run_id": head.run_id,
+            "expected_version": commit.expected_version,
+            **record,
+            **(completion(commit.completes.key, result) if commit.completes else {}),
+        }
+        completes = commit.completes is not None
+        if commit.consumes is None:
+            # Most commits (a running run's step) leave the status as it was: then nothing
+            # changes but the head, the record and the ledger's key, all in one statement,
+            # which is a transaction of its own (one round trip, not five). One that would
+            # change the status, or finds the version moved, writes nothing here and is
+            # made again by the transaction below, which books what the status change asks.
+            with self._db.autocommit() as tx:
+                if tx.execute(_commit_sql(completes, same_status=True), moving).fetchone():
+                    return CommitReceipt(written, (time.perf_counter() - started) * 1000)
         with self._db.write() as tx:
-            # The version check and every write below share one transaction. The UPDATE
-            # holds the head's row until the transaction ends: a second writer from the same
-            # version waits for it, then finds the version moved (no row changed) and is
-            # stale, having written nothing. RETURNING gives the status the row held, from
-            # the row as it was locked (a subquery on the same row, read before the update).
-            row = tx.execute(
-                "UPDATE runs AS r SET version = %s, step = %s, attempts = %s, state = %s, "
-                "updated_at = %s, status = %s FROM (SELECT run_id, status FROM runs "
-                "WHERE run_id = %s AND version = %s FOR UPDATE) AS before "
-                "WHERE r.run_id = before.run_id RETURNING before.status",
-                (
-                    head.version,
-                    head.step,
-                    head.attempts,
-                    state_json,
-                    head.updated_at,
-                    head.status.value,
-                    head.run_id,
-                    commit.expected_version,
-                ),
-            ).fetchone()
+            row = tx.execute(_commit_sql(completes, same_status=False), moving).fetchone()
             if row is None:
                 _raise_stale(tx, head.run_id, commit.expected_version)
             (stored_status,) = row  # type: ignore[misc]  # not None: _raise_stale raised
@@ -216,7 +226,7 @@ class PostgresCheckpointStore:
             if commit.consumes is not None:
                 # The event this commit settles a wait with leaves the mailbox in the same
                 # transaction, and only if it was still there: it is taken once, never twice
-                # (raising rolls the head's update back with it).
+                # (raising rolls the head's update and the record back with it).
                 taken = tx.execute(
                     "UPDATE mailbox SET consumed_step = %s WHERE run_id = %s AND event_id = %s "
                     "AND consumed_step IS NULL AND refused IS NULL",
@@ -224,18 +234,6 @@ class PostgresCheckpointStore:
                 ).rowcount
                 if not taken:
                     raise StaleVersion(head.run_id, commit.expected_version)
-            written = _text_bytes(state_json, result)
-            if commit.completes is not None:
-                # The record below holds the step's decision: the ledger's copy goes.
-                tx.execute(
-                    COMPLETION_SQL,
-                    (
-                        LedgerStatus.COMPLETED.value,
-                        None if result is None else result.encode(),
-                        commit.completes.key,
-                    ),
-                )
-            written += _insert_checkpoint(tx, commit.checkpoint, event_json, written)
         return CommitReceipt(written, (time.perf_counter() - started) * 1000)
 
     def list_checkpoints(self, run_id: str, *, after: int = 0) -> list[StoredCheckpoint]:
@@ -332,27 +330,65 @@ class PostgresCheckpointStore:
         return runs
 
 
-def _insert_checkpoint(
-    tx: psycopg.Connection[Any], checkpoint: StoredCheckpoint, event_json: str, other_bytes: int
-) -> int:
+_RECORD_COLUMNS = (
+    "run_id",
+    "version",
+    "step",
+    "status",
+    "worker_id",
+    "bytes",
+    "created_at",
+    "event",
+)
+_RECORD_INSERT = f"INSERT INTO checkpoints ({', '.join(_RECORD_COLUMNS)})"
+_RECORD_VALUES = ", ".join(f"%(record_{column})s" for column in _RECORD_COLUMNS)
+
+
+def _record_row(
+    checkpoint: StoredCheckpoint, event_json: str, other_bytes: int
+) -> tuple[dict[str, object], int]:
+    """A checkpoint's row, as `_RECORD_VALUES`'s parameters, and the bytes of its own."""
     row_bytes = _text_bytes(
         checkpoint.run_id, checkpoint.worker_id, event_json, checkpoint.status.value
     )
-    tx.execute(
-        "INSERT INTO checkpoints (run_id, version, step, status, worker_id, bytes, "
-        "created_at, event) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            checkpoint.run_id,
-            checkpoint.version,
-            checkpoint.step,
-            checkpoint.status.value,
-            checkpoint.worker_id,
-            row_bytes + other_bytes,
-            checkpoint.created_at,
-            event_json,
-        ),
+    values = (
+        checkpoint.run_id,
+        checkpoint.version,
+        checkpoint.step,
+        checkpoint.status.value,
+        checkpoint.worker_id,
+        row_bytes + other_bytes,
+        checkpoint.created_at,
+        event_json,
     )
-    return row_bytes
+    return {f"record_{c}": v for c, v in zip(_RECORD_COLUMNS, values, strict=True)}, row_bytes
+
+
+def _commit_sql(completes: bool, *, same_status: bool) -> str:
+    """A commit's writes as one statement, each conditional on the head's: `moved` is the
+    head's row if it was still at the expected version (and, with `same_status`, of the status
+    the commit leaves it in), else nothing, and the ledger's key (completed: the record holds
+    its decision from then on) and the record are written only from a row of `moved`. So a
+    stale writer writes nothing at all, in one round trip.
+
+    The UPDATE holds the head's row until the transaction ends: a second writer from the same
+    version waits for it, then finds the version moved (no row changed) and is stale. Its
+    RETURNING gives the status the row held, from the row as it was locked (a subquery on the
+    same row, read before the update)."""
+    status = " AND before.status = %(status)s" if same_status else ""
+    completed = (
+        f"completed AS ({COMPLETION_SQL} AND EXISTS (SELECT FROM moved)), " if completes else ""
+    )
+    return (
+        "WITH moved AS (UPDATE runs AS r SET version = %(version)s, step = %(step)s, "
+        "attempts = %(attempts)s, state = %(state)s, updated_at = %(updated_at)s, "
+        "status = %(status)s FROM (SELECT run_id, status FROM runs "
+        "WHERE run_id = %(run_id)s AND version = %(expected_version)s FOR UPDATE) AS before "
+        f"WHERE r.run_id = before.run_id{status} RETURNING before.status), "
+        f"{completed}"
+        f"recorded AS ({_RECORD_INSERT} SELECT {_RECORD_VALUES} FROM moved) "
+        "SELECT status FROM moved"
+    )
 
 
 def _raise_stale(tx: psycopg.Connection[Any], run_id: str, expected_version: int) -> None:
