@@ -40,6 +40,8 @@ class MailServer:
     port: int
     password: str | None = None
     refused_recipients: frozenset[str] = frozenset()
+    echoes_password: bool = False
+    """Refuse a login saying back the password it was given, as a careless server might."""
     messages: list[EmailMessage] = field(default_factory=list)
     logins: list[tuple[str, str]] = field(default_factory=list)
 
@@ -85,15 +87,19 @@ class MailServer:
         if (login, password) == (USER, self.password):
             return AuthResult(success=True)
         # Not handled: aiosmtpd answers the client as a server does, 535.
-        return AuthResult(success=False, handled=False)
+        said = f"535 5.7.8 {password!r} is not the password" if self.echoes_password else None
+        return AuthResult(success=False, handled=False, message=said)
 
 
 @contextmanager
 def mail_server(
-    *, password: str | None = PASSWORD, refused_recipients: frozenset[str] = frozenset()
+    *,
+    password: str | None = PASSWORD,
+    refused_recipients: frozenset[str] = frozenset(),
+    echoes_password: bool = False,
 ) -> Iterator[MailServer]:
     """A running SMTP server that takes `USER` with `password` (None: no login at all)."""
-    server = MailServer(free_port(), password, refused_recipients)
+    server = MailServer(free_port(), password, refused_recipients, echoes_password)
     auth: dict[str, Any] = (
         {"authenticator": server.authenticate, "auth_require_tls": False, "auth_required": True}
         if password is not None

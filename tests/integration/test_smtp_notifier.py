@@ -84,6 +84,20 @@ def test_a_refused_login_fails_the_channel_without_saying_the_password():
     assert not server.messages
 
 
+def test_a_server_that_says_the_password_back_has_it_cut_out_of_the_line():
+    with (
+        mail_server(password="the-servers-own", echoes_password=True) as server,
+        pytest.raises(SmtpError) as refused,
+    ):
+        _notifier(server.url(password=PASSWORD)).send(notice())
+
+    said = str(refused.value)
+    print(said)
+    assert said == f"{HOST}:{server.port}: 535 5.7.8 '**********' is not the password"
+    # The server got it (smtplib tries each mechanism it offers, PLAIN and LOGIN)
+    assert set(server.logins) == {(USER, PASSWORD)}
+
+
 def test_a_server_down_fails_the_channel_at_once():
     port = down_port()
     started = time.monotonic()
