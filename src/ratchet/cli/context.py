@@ -312,10 +312,18 @@ def operator_name() -> str:
 def approval_link(runtime: Any, run_id: str) -> str:
     """The operator's own link to the run's approval page (opening the request, and writing
     its messages to the outbox, if no one has yet)."""
-    desk = runtime.approval_desk(worker_id=cli_worker_id(), logger=cli_logger())
+    from ratchet.runtime.local import log_failures
+
+    logger = cli_logger()
+    desk = runtime.approval_desk(worker_id=cli_worker_id(), logger=logger)
     opened = desk.open(
         run_id,
         timeout_seconds=runtime.settings.approval_timeout_seconds,
         operator=operator_name(),
     )
+    log_failures(opened.failures, run_id, logger)
+    for failure in opened.failures:
+        # Said by whoever opened the request, once: the others were sent, the outbox holds
+        # every message, and the link below decides it all the same.
+        say_line(f"{run_id}: the approval request was not sent through {failure}", stderr=True)
     return str(desk.link(opened.approval, operator_name()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +26,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -77,14 +79,23 @@ if TYPE_CHECKING:
     from ratchet.adapters.sqlite.reencrypt import Reencryption
     from ratchet.adapters.sqlite.schedules import SqliteScheduleBook
     from ratchet.approvals.desk import ApprovalDesk
-    from ratchet.ports import DailySpend, RateLimit
+    from ratchet.ports import DailySpend, Notifier, RateLimit
     from ratchet.runtime.hooks import Hooks
     from ratchet.schedules import Starter
     from ratchet.waiting.desk import EventDesk
     from ratchet.waiting.hooks import HookKeys
     from ratchet.worker import StepReport, WakeUps, Worker
 from ratchet.runtime.models import Bindings
-from ratchet.state import ChildrenWait, RunOptions, RunState, RunStatus, utcnow
+from ratchet.state import (
+    EMAIL_PATTERN,
+    SLACK_CHANNEL_PATTERN,
+    ChildrenWait,
+    NotifyTargets,
+    RunOptions,
+    RunState,
+    RunStatus,
+    utcnow,
+)
 from ratchet.tools import Agent, RunContext
 
 DEFAULT_PORT = 8765
@@ -135,6 +146,21 @@ class LocalSettings(BaseModel):
     webhook_secret: SecretStr | None = None
     """The webhooks' signing secret (`RATCHET_WEBHOOK_SECRET`); by default one made and kept
     beside the store (`<store>.webhook-secret`)."""
+    notify_emails: tuple[str, ...] = ()
+    """Who is asked when a run names nobody (`RATCHET_NOTIFY_EMAILS`, comma-separated), as on
+    AWS; the operator's own link is printed by the worker all the same."""
+    notify_slack_channel: str | None = None
+    """The Slack channel asked when a run names none (`RATCHET_NOTIFY_SLACK_CHANNEL`)."""
+    slack_bot_token: SecretStr | None = None
+    """Posts each request with its buttons to the run's Slack channel (`RATCHET_SLACK_BOT_TOKEN`,
+    `chat:write`); unset, Slack's message is only written to the outbox."""
+    slack_api_url: str = Field(default="https://slack.com/api", pattern=r"^https?://[^\s?#]+$")
+    """Slack's Web API (`RATCHET_SLACK_API_URL`): a stand-in's, in tests."""
+    smtp_url: SecretStr | None = None
+    """The SMTP server each recipient's email is sent through (`RATCHET_SMTP_URL`, see
+    `ratchet.adapters.smtp`): a secret as a whole, since it holds the password."""
+    email_from: str | None = Field(default=None, validate_default=True)
+    """Who the emails are from (`RATCHET_EMAIL_FROM`): required with `RATCHET_SMTP_URL`."""
     payload_key: str | None = None
     """Seals what runs' records carry about the world before it is stored
     (`RATCHET_PAYLOAD_KEY`: `local`, `file:PATH` or `kms:<key ARN or alias>`, see
@@ -159,6 +185,48 @@ class LocalSettings(BaseModel):
             return parse_webhook_urls(value) if isinstance(value, str) else value
         except InvalidInput as refused:
             raise ValueError(str(refused)) from None
+
+    @field_validator("notify_emails", mode="before")
+    @classmethod
+    def _listed_emails(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        listed = tuple(e.strip() for e in value.split(",") if e.strip())
+        for address in listed:
+            if not re.fullmatch(EMAIL_PATTERN, address):
+                raise ValueError(f"{address!r} is not an email address (name@example.com)")
+        return listed
+
+    @field_validator("notify_slack_channel")
+    @classmethod
+    def _valid_channel(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(SLACK_CHANNEL_PATTERN, value):
+            raise ValueError("not a Slack channel (an id such as C0123ABCD, or #name)")
+        return value
+
+    @field_validator("smtp_url")
+    @classmethod
+    def _valid_smtp_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            # Loaded only when set: `ratchet start` need not load smtplib (issue 36).
+            from ratchet.adapters.smtp import SmtpServer
+
+            SmtpServer.from_url(value.get_secret_value())
+        return value
+
+    @field_validator("email_from")
+    @classmethod
+    def _sender_with_server(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            if info.data.get("smtp_url") is not None:
+                raise ValueError(
+                    "required with RATCHET_SMTP_URL (who the approval emails are from)"
+                )
+            return None
+        from ratchet.adapters.smtp import sender_address
+
+        sender_address(value)
+        return value
 
     @field_validator("payload_key")
     @classmethod
@@ -211,6 +279,12 @@ class LocalSettings(BaseModel):
             requests_per_minute=env.get("RATCHET_REQUESTS_PER_MINUTE") or None,
             webhooks=env.get("RATCHET_WEBHOOKS") or (),
             webhook_secret=env.get("RATCHET_WEBHOOK_SECRET") or None,
+            notify_emails=env.get("RATCHET_NOTIFY_EMAILS") or (),
+            notify_slack_channel=env.get("RATCHET_NOTIFY_SLACK_CHANNEL") or None,
+            slack_bot_token=env.get("RATCHET_SLACK_BOT_TOKEN") or None,
+            slack_api_url=env.get("RATCHET_SLACK_API_URL") or "https://slack.com/api",
+            smtp_url=env.get("RATCHET_SMTP_URL") or None,
+            email_from=env.get("RATCHET_EMAIL_FROM") or None,
             payload_key=env.get(PAYLOAD_KEY_ENV) or None,
         )
 
@@ -229,6 +303,12 @@ _ENV_NAMES = {
     "requests_per_minute": "RATCHET_REQUESTS_PER_MINUTE",
     "webhooks": "RATCHET_WEBHOOKS",
     "webhook_secret": "RATCHET_WEBHOOK_SECRET",
+    "notify_emails": "RATCHET_NOTIFY_EMAILS",
+    "notify_slack_channel": "RATCHET_NOTIFY_SLACK_CHANNEL",
+    "slack_bot_token": "RATCHET_SLACK_BOT_TOKEN",
+    "slack_api_url": "RATCHET_SLACK_API_URL",
+    "smtp_url": "RATCHET_SMTP_URL",
+    "email_from": "RATCHET_EMAIL_FROM",
     "payload_key": PAYLOAD_KEY_ENV,
 }
 
@@ -250,6 +330,13 @@ def _kms_client() -> Any:
             "RATCHET_PAYLOAD_KEY=kms:... needs boto3: pip install 'ratchet-agents[aws]'"
         ) from None
     return boto3.client("kms")
+
+
+def log_failures(failures: Sequence[str], run_id: str, logger: Any) -> None:
+    """The channels an approval request could not be sent through, logged as on AWS
+    (`ratchet.handlers.notify`): the request is open all the same."""
+    for failure in failures:
+        logger.error("approval notification failed", extra={"run_id": run_id, "error": failure})
 
 
 def sqlite_path(url: str) -> Path:
@@ -582,7 +669,8 @@ class LocalRuntime:
             if head is None or head.waiting is None or head.waiting.kind != "person":
                 return
             desk = self.approval_desk(worker_id=worker_id, logger=logger)
-            desk.open(run_id, timeout_seconds=self.settings.approval_timeout_seconds)
+            opened = desk.open(run_id, timeout_seconds=self.settings.approval_timeout_seconds)
+            log_failures(opened.failures, run_id, logger)
 
         return open_request
 
@@ -598,9 +686,32 @@ class LocalRuntime:
             clock=self.clock,
             signer=LinkSigner(self.approval_key),
             public_url=self.public_url,
-            notifiers=[self.outbox],
+            # The outbox first, and always: whatever another channel does, the messages are
+            # kept on this host and the worker prints the operator's link.
+            notifiers=[self.outbox, *self.notifiers()],
+            default_targets=NotifyTargets(
+                email=list(self.settings.notify_emails),
+                slack_channel=self.settings.notify_slack_channel,
+            ),
             faults=FaultPlan.parse(self.settings.fault),
         )
+
+    def notifiers(self) -> list[Notifier]:
+        """The channels that reach people beyond this host, as on AWS: email through the SMTP
+        server of `RATCHET_SMTP_URL`, and Slack with `RATCHET_SLACK_BOT_TOKEN`. Each failure is
+        its own (`Opened.failures`): one channel down never keeps a message from another."""
+        settings = self.settings
+        channels: list[Notifier] = []
+        if settings.smtp_url is not None and settings.email_from is not None:
+            from ratchet.adapters.smtp import SmtpNotifier, SmtpServer
+
+            server = SmtpServer.from_url(settings.smtp_url.get_secret_value())
+            channels.append(SmtpNotifier(server, sender=settings.email_from))
+        if settings.slack_bot_token is not None:
+            from ratchet.adapters.slack import SlackNotifier
+
+            channels.append(SlackNotifier(settings.slack_bot_token, api_url=settings.slack_api_url))
+        return channels
 
     @property
     def schedules(self) -> SqliteScheduleBook:
