@@ -28,3 +28,35 @@ def sqlite_file(store: str) -> str | None:
     if not store.startswith(SQLITE_SCHEME) or not store[len(SQLITE_SCHEME) :].strip():
         return None
     return store[len(SQLITE_SCHEME) :]
+
+
+HIDDEN = "***"
+"""What a printed store URL shows in place of a password."""
+
+
+def shown_url(url: str) -> str:
+    """`url` as it may be printed or logged: a password in it (`postgresql://user:PASSWORD@host`,
+    or libpq's `?password=...`) is shown as `***`, everything else as given. A URL is said in
+    lines a person reads and copies, and ends up in terminals' scrollback and services' logs,
+    which are no place for the database's password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or url.startswith(SQLITE_SCHEME):  # a file's path, whatever it holds
+        return url
+    # The user and password end at the last `@` before the query: a password may hold a `/`
+    # its writer did not escape, which would otherwise end the host part before it.
+    end = min((i for i in (rest.find(c) for c in "?#") if i >= 0), default=len(rest))
+    userinfo, at, _ = rest[:end].rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:{HIDDEN}{rest[len(userinfo) :]}"
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    path, question, query = tail.partition("?")
+    if question:
+        query, hash_sign, fragment = query.partition("#")
+        pairs = [
+            f"{name}={HIDDEN}" if name.lower() == "password" else pair
+            for pair in query.split("&")
+            for name in [pair.partition("=")[0]]
+        ]
+        tail = f"{path}?{'&'.join(pairs)}{hash_sign}{fragment}"
+    return f"{scheme}://{authority}{tail}"

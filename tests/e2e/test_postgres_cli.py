@@ -8,6 +8,7 @@ sealed store under a new key."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -273,7 +274,9 @@ def test_send_and_wake_steer_a_waiting_run_on_postgres(cli: PostgresCli) -> None
     )
     done = cli.head("w1")
     assert done.status is RunStatus.DONE, done
-    assert (done.summary or "").startswith("finished after: Woken early by dana"), done.summary
+    # Early, unless the machine took the nap's two seconds to start `wake` (then "Woken by
+    # dana, after its time had come"): which it is, is the engine's to say (test_waits_cli).
+    assert re.match(r"finished after: Woken (early )?by dana", done.summary or ""), done.summary
     history = cli.ok("history", "w1")
     assert "event 'ci-finished' arrived (gh-1)" in history, history
     again = cli.run("send", "w1", "ci-finished", "--data", PASSED)

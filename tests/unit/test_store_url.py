@@ -1,5 +1,6 @@
 """`--store dynamodb://...`: the URL parser and the commands that refuse such a store, with no
-I/O (no client is made for a refused command or a malformed URL)."""
+I/O (no client is made for a refused command or a malformed URL); and a store URL as a line
+shows it, without its password."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ratchet.cli.app import app
 from ratchet.errors import InvalidInput
 from ratchet.runtime import DynamoDbStoreUrl as DynamoDbStore
 from ratchet.runtime import open_runtime
+from ratchet.store_urls import shown_url
 
 GOOD = "dynamodb://ratchet-checkpoints?ledger=ratchet-idempotency&app=ratchet-app"
 
@@ -90,3 +92,30 @@ def test_an_anthropic_key_that_is_not_utf8_is_refused_before_a_client_is_made():
     # Python hands the byte 0xff of an environment variable over as a lone surrogate.
     with pytest.raises(InvalidInput, match=r"^ANTHROPIC_API_KEY is not valid: not UTF-8 text$"):
         open_runtime(GOOD, environ={"ANTHROPIC_API_KEY": "sk-\udcff"})
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://ops:s3cret@db.internal/ratchet", "postgresql://ops:***@db.internal/ratchet"),
+        (
+            "postgres://ops:s3cret@db:5432/r?sslmode=require&password=s3cret",
+            "postgres://ops:***@db:5432/r?sslmode=require&password=***",
+        ),
+        (
+            "postgresql://db/r?PassWord=s3cret&pool_size=4",
+            "postgresql://db/r?PassWord=***&pool_size=4",
+        ),
+        # A password holding `@` or a `/` its writer did not escape: all of it is hidden.
+        ("postgresql://ops:s3@c/ret@db/r", "postgresql://ops:***@db/r"),
+        ("postgresql://:s3cret@db/r#x", "postgresql://:***@db/r#x"),
+        # Nothing to hide: as given.
+        ("postgresql://ops@db/r?host=/tmp/sock", "postgresql://ops@db/r?host=/tmp/sock"),
+        ("dynamodb://runs?region=eu-west-1", "dynamodb://runs?region=eu-west-1"),
+        ("sqlite:///odd:name@x.db", "sqlite:///odd:name@x.db"),
+        ("runs.db", "runs.db"),
+    ],
+)
+def test_a_shown_store_url_hides_its_password(url: str, shown: str) -> None:
+    assert shown_url(url) == shown
+    assert "s3cret" not in shown_url(url)

@@ -92,7 +92,10 @@ def command(*words: str) -> str:
     was given with `--store`, which the next command would not otherwise know."""
     import shlex
 
-    store = ["--store", _Globals.store] if _Globals.store else []
+    from ratchet.store_urls import shown_url
+
+    # Its password, if the URL holds one, as `***`: a line to copy is no place for it.
+    store = ["--store", shown_url(_Globals.store)] if _Globals.store else []
     return shlex.join(["ratchet", *words, *store])
 
 
@@ -140,11 +143,12 @@ def check_store_folder(store: str) -> None:
 
 
 def store_named(store: str) -> str:
-    """The store as a person finds it: a local store's file, in full."""
-    from ratchet.store_urls import sqlite_file
+    """The store as a person finds it: a local store's file, in full; any other's URL without
+    its password."""
+    from ratchet.store_urls import shown_url, sqlite_file
 
     path = sqlite_file(store)
-    return str(Path(path).resolve()) if path is not None else store
+    return str(Path(path).resolve()) if path is not None else shown_url(store)
 
 
 def open_client(*, create: bool, worker_id: str | None = None, logs: bool = True) -> Any:
@@ -307,6 +311,24 @@ def operator_name() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "local operator"
+
+
+def prints_links(runtime: Any) -> bool:
+    """Whether a command prints the operator's approval link when a run parks: on a store of
+    this machine alone (`one_host`) whose links point at this machine (a loopback
+    `public_url`), where who reads the output is who sits at it. Elsewhere (a store workers on
+    many hosts share, links served to others) a worker's output ends in a service's log, and a
+    link there would let whoever reads the log decide: the request goes to whom the run
+    notifies, and `ratchet link RUN` prints a link to whoever asks for one."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(runtime.public_url).hostname or "").lower()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return bool(runtime.one_host) and loopback
 
 
 def approval_link(runtime: Any, run_id: str) -> str:

@@ -27,6 +27,7 @@ from ratchet.cli.context import (
     open_client,
     open_runtime,
     print_json,
+    prints_links,
     require_local_store,
     say,
     settings,
@@ -91,11 +92,12 @@ def run_in_foreground(new: NewRun, *, as_json: bool = False) -> None:
             and final.waiting.kind == "person"
         )
         link = approval_link(client.runtime, final.run_id) if waits_for_person else None
+        shown = link if as_json or prints_links(client.runtime) else None
     finally:
         if sender is not None:
             sender.stop()
         client.close()
-    _say_where_it_stands(final, link, as_json=as_json, store=store_named(settings().store))
+    _say_where_it_stands(final, shown, as_json=as_json, store=store_named(settings().store))
 
 
 def _exists(run_id: str) -> bool:
@@ -156,7 +158,10 @@ def _say_where_it_stands(final: RunState, link: str | None, *, as_json: bool, st
         say(final.summary, lines=True)
     if final.status is RunStatus.WAITING and final.waiting and final.waiting.kind == "person":
         say(f"Waiting for a person: {final.waiting.request.prompt}")
-        say(f"Approve or reject at: {link}  (serve it with: {command('serve')})")
+        if link is None:  # not printed here (see prints_links)
+            say(f"Approve or reject: {command('link', final.run_id)} prints a link to decide it")
+        else:
+            say(f"Approve or reject at: {link}  (serve it with: {command('serve')})")
         say(
             f"or decide here: {command('approve', final.run_id)}  /  "
             f"{command('reject', final.run_id)}"
@@ -190,7 +195,12 @@ def parked_line(runtime: Any, run_id: str) -> str | None:
     if head is None or head.waiting is None or head.status.value != "waiting":
         return None
     if head.waiting.kind == "person":
-        link = approval_link(runtime, run_id)
+        link = approval_link(runtime, run_id)  # opens the request, printed or not
+        if not prints_links(runtime):
+            return (
+                f"{run_id} waits for a person: the request went to whom the run notifies "
+                f"({command('link', run_id)} prints a link to decide it)"
+            )
         return f"{run_id} waits for a person; approve or reject at: {link}"
     wait = readout.wait_of(head.waiting.model_dump(mode="json"))
     said = readout.wait_announcement(run_id, wait)

@@ -35,7 +35,7 @@ from ratchet.errors import (
     StoreUnavailable,
     StoreUnreachable,
 )
-from ratchet.store_urls import POSTGRES_SCHEMES
+from ratchet.store_urls import POSTGRES_SCHEMES, shown_url
 
 if TYPE_CHECKING:
     import psycopg
@@ -292,7 +292,7 @@ class PostgresUrl:
     @classmethod
     def parse(cls, url: str) -> PostgresUrl:
         if not url.startswith(POSTGRES_SCHEMES):
-            raise InvalidInput(f"not a Postgres store URL {url!r}: use {URL_FORM}")
+            raise InvalidInput(f"not a Postgres store URL {shown_url(url)!r}: use {URL_FORM}")
         try:
             parts = urlsplit(url)
             query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
