@@ -75,7 +75,7 @@ def _env(cli: Cli, **extra: str) -> dict[str, str]:
 
 
 def _smtp(url: str) -> dict[str, str]:
-    return {"RATCHET_SMTP_URL": url, "RATCHET_EMAIL_FROM": SENDER}
+    return {"RATCHET_SMTP_URL": url, "RATCHET_EMAIL_SENDER": SENDER}
 
 
 def _slack(slack: FakeSlack, *, token: str | None = None) -> dict[str, str]:
@@ -317,7 +317,7 @@ def test_a_channel_that_fails_is_said_in_one_line_and_the_request_stays_open(
         ),
         pytest.param(
             {"RATCHET_SMTP_URL": f"smtp://{USER}:{PASSWORD}@mail.example.com"},
-            "RATCHET_EMAIL_FROM is not valid: required with RATCHET_SMTP_URL (who the approval "
+            "RATCHET_EMAIL_SENDER is not valid: required with RATCHET_SMTP_URL (who the approval "
             "emails are from)",
             id="no sender",
         ),
@@ -334,8 +334,8 @@ def test_a_channel_that_fails_is_said_in_one_line_and_the_request_stays_open(
             id="a bad port",
         ),
         pytest.param(
-            {**_smtp("smtp://localhost:1025"), "RATCHET_EMAIL_FROM": "approvals"},
-            "RATCHET_EMAIL_FROM is not valid: not an email address (ratchet@example.com, or "
+            {**_smtp("smtp://localhost:1025"), "RATCHET_EMAIL_SENDER": "approvals"},
+            "RATCHET_EMAIL_SENDER is not valid: not an email address (ratchet@example.com, or "
             "Ratchet <ratchet@...>)",
             id="a sender not an address",
         ),

@@ -64,7 +64,7 @@ def test_the_user_and_password_are_read_unquoted_and_kept_secret() -> None:
 def test_a_bad_url_is_refused_in_one_line_without_its_password(url: str, said: str) -> None:
     with pytest.raises(InvalidInput) as refused:
         LocalSettings.from_env(
-            {"RATCHET_SMTP_URL": url, "RATCHET_EMAIL_FROM": "approvals@example.com"}
+            {"RATCHET_SMTP_URL": url, "RATCHET_EMAIL_SENDER": "approvals@example.com"}
         )
 
     message = str(refused.value)
@@ -78,7 +78,7 @@ def test_the_settings_never_show_the_password_or_the_token() -> None:
     settings = LocalSettings.from_env(
         {
             "RATCHET_SMTP_URL": f"smtps://me:{PASSWORD}@mail.example.com",
-            "RATCHET_EMAIL_FROM": "Ratchet <approvals@example.com>",
+            "RATCHET_EMAIL_SENDER": "Ratchet <approvals@example.com>",
             "RATCHET_SLACK_BOT_TOKEN": "xoxb-secret-bot-token",
             "RATCHET_NOTIFY_EMAILS": "dana@example.com, lee@example.com",
             "RATCHET_NOTIFY_SLACK_CHANNEL": "#approvals",
@@ -97,11 +97,15 @@ def test_the_settings_never_show_the_password_or_the_token() -> None:
     [
         (
             {"RATCHET_SMTP_URL": "smtp://localhost:1025"},
-            "RATCHET_EMAIL_FROM is not valid: required with RATCHET_SMTP_URL",
+            "RATCHET_EMAIL_SENDER is not valid: required with RATCHET_SMTP_URL",
         ),
         (
             {"RATCHET_NOTIFY_EMAILS": "dana@example.com, dana"},
             "RATCHET_NOTIFY_EMAILS is not valid: 'dana' is not an email address",
+        ),
+        (
+            {"RATCHET_NOTIFY_EMAILS": ",".join(f"p{i}@example.com" for i in range(11))},
+            "RATCHET_NOTIFY_EMAILS is not valid: names 11 addresses; at most 10",
         ),
         (
             {"RATCHET_SLACK_API_URL": "slack.com/api"},

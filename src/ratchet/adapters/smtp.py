@@ -49,7 +49,7 @@ class SmtpError(RuntimeError):
 
 
 def sender_address(sender: str) -> str:
-    """The address of `RATCHET_EMAIL_FROM` (`ratchet@example.com`, or `Ratchet
+    """The address of `RATCHET_EMAIL_SENDER` (`ratchet@example.com`, or `Ratchet
     <ratchet@example.com>`); `ValueError` if it has none."""
     _name, address = parseaddr(sender)
     if not re.fullmatch(EMAIL_PATTERN, address) or "\n" in sender or "\r" in sender:

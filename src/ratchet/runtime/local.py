@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 from ratchet.runtime.models import Bindings
 from ratchet.state import (
     EMAIL_PATTERN,
+    MAX_NOTIFY_EMAILS,
     SLACK_CHANNEL_PATTERN,
     ChildrenWait,
     NotifyTargets,
@@ -159,8 +160,8 @@ class LocalSettings(BaseModel):
     smtp_url: SecretStr | None = None
     """The SMTP server each recipient's email is sent through (`RATCHET_SMTP_URL`, see
     `ratchet.adapters.smtp`): a secret as a whole, since it holds the password."""
-    email_from: str | None = Field(default=None, validate_default=True)
-    """Who the emails are from (`RATCHET_EMAIL_FROM`): required with `RATCHET_SMTP_URL`."""
+    email_sender: str | None = Field(default=None, validate_default=True)
+    """Who the emails are from (`RATCHET_EMAIL_SENDER`): required with `RATCHET_SMTP_URL`."""
     payload_key: str | None = None
     """Seals what runs' records carry about the world before it is stored
     (`RATCHET_PAYLOAD_KEY`: `local`, `file:PATH` or `kms:<key ARN or alias>`, see
@@ -191,10 +192,13 @@ class LocalSettings(BaseModel):
     def _listed_emails(cls, value: Any) -> Any:
         if not isinstance(value, str):
             return value
-        listed = tuple(e.strip() for e in value.split(",") if e.strip())
+        listed = tuple(dict.fromkeys(e.strip() for e in value.split(",") if e.strip()))
         for address in listed:
             if not re.fullmatch(EMAIL_PATTERN, address):
                 raise ValueError(f"{address!r} is not an email address (name@example.com)")
+        # The defaults become a run's `NotifyTargets`, which holds this many, as on AWS.
+        if len(listed) > MAX_NOTIFY_EMAILS:
+            raise ValueError(f"names {len(listed)} addresses; at most {MAX_NOTIFY_EMAILS}")
         return listed
 
     @field_validator("notify_slack_channel")
@@ -214,7 +218,7 @@ class LocalSettings(BaseModel):
             SmtpServer.from_url(value.get_secret_value())
         return value
 
-    @field_validator("email_from")
+    @field_validator("email_sender")
     @classmethod
     def _sender_with_server(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
@@ -284,7 +288,7 @@ class LocalSettings(BaseModel):
             slack_bot_token=env.get("RATCHET_SLACK_BOT_TOKEN") or None,
             slack_api_url=env.get("RATCHET_SLACK_API_URL") or "https://slack.com/api",
             smtp_url=env.get("RATCHET_SMTP_URL") or None,
-            email_from=env.get("RATCHET_EMAIL_FROM") or None,
+            email_sender=env.get("RATCHET_EMAIL_SENDER") or None,
             payload_key=env.get(PAYLOAD_KEY_ENV) or None,
         )
 
@@ -308,7 +312,7 @@ _ENV_NAMES = {
     "slack_bot_token": "RATCHET_SLACK_BOT_TOKEN",
     "slack_api_url": "RATCHET_SLACK_API_URL",
     "smtp_url": "RATCHET_SMTP_URL",
-    "email_from": "RATCHET_EMAIL_FROM",
+    "email_sender": "RATCHET_EMAIL_SENDER",
     "payload_key": PAYLOAD_KEY_ENV,
 }
 
@@ -702,11 +706,11 @@ class LocalRuntime:
         its own (`Opened.failures`): one channel down never keeps a message from another."""
         settings = self.settings
         channels: list[Notifier] = []
-        if settings.smtp_url is not None and settings.email_from is not None:
+        if settings.smtp_url is not None and settings.email_sender is not None:
             from ratchet.adapters.smtp import SmtpNotifier, SmtpServer
 
             server = SmtpServer.from_url(settings.smtp_url.get_secret_value())
-            channels.append(SmtpNotifier(server, sender=settings.email_from))
+            channels.append(SmtpNotifier(server, sender=settings.email_sender))
         if settings.slack_bot_token is not None:
             from ratchet.adapters.slack import SlackNotifier
 
