@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from ratchet.adapters.call_locks import FileCallLocks
 from ratchet.runtime.local import LocalRuntime, LocalSettings
-from tests.processes import RATCHET, Cli
+from ratchet.runtime.postgres import PostgresRuntime
+from tests.postgres_support import Cluster
+from tests.processes import RATCHET, Cli, checkout_env
 
 WARNING = "may be read by other users"
 
@@ -75,6 +78,81 @@ def test_a_new_store_its_wal_blobs_and_folders_are_owner_only(tmp_path, open_uma
     assert emails, "the run asked its person by email"
     files = {"store", "wal", "shm", "blob"}
     assert modes == {k: "0o600" if k in files else "0o700" for k in modes}
+
+
+def test_the_folders_a_postgres_store_keeps_on_a_host_are_owner_only(
+    tmp_path, open_umask, postgres: Cluster, monkeypatch
+):
+    # Given a host (a working directory) with no `.ratchet` yet, on a Postgres store
+    name = postgres.fresh_database()
+    store = postgres.url(name)
+    monkeypatch.chdir(tmp_path)
+    try:
+        # When a run parks for a person there (its data folder, its email in the outbox)
+        made = subprocess.run(
+            [*RATCHET, "--store", store, "run", "--scenario", "migration", "--batches", "1"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=tmp_path,
+            env=checkout_env(),
+        )
+        assert made.returncode == 0, made.stderr
+        # And a `ratchet serve` says where it listens
+        runtime = PostgresRuntime.open(LocalSettings(store=store), create=False)
+        try:
+            with runtime.serving("http://127.0.0.1:8787"):
+                served = runtime.serve_file.exists()
+            host = tmp_path / runtime.root.parent
+        finally:
+            runtime.close()
+    finally:
+        postgres.drop_database(name)
+
+    # Then every folder Ratchet made on the host is its owner's, from `.ratchet` down, and
+    # serve's address is read only through them, as a local store's is
+    assert served, "serve wrote where it listens"
+    folders = [
+        tmp_path / ".ratchet",
+        tmp_path / ".ratchet" / "postgres",
+        host,
+        host / "ratchet.data",
+        host / "ratchet.outbox",
+    ]
+    assert {str(f.relative_to(tmp_path)): _mode(f) for f in folders} == {
+        str(f.relative_to(tmp_path)): "0o700" for f in folders
+    }
+
+
+def test_a_serve_token_made_first_on_a_postgres_host_is_in_owner_only_folders(
+    tmp_path, open_umask, postgres: Cluster, monkeypatch
+):
+    # Given a host with no `.ratchet` yet, where a `ratchet serve` bound beyond this machine
+    # makes its token before anything else
+    name = postgres.fresh_database()
+    monkeypatch.chdir(tmp_path)
+    runtime = PostgresRuntime.open(LocalSettings(store=postgres.url(name)))
+    try:
+        runtime.serve_token()
+        token, host = tmp_path / runtime.serve_token_file, tmp_path / runtime.root.parent
+    finally:
+        runtime.close()
+        postgres.drop_database(name)
+
+    # Then the token is owner-only, and so is every folder made for it
+    folders = [tmp_path / ".ratchet", tmp_path / ".ratchet" / "postgres", host]
+    assert [_mode(f) for f in folders] == ["0o700"] * 3
+    assert _mode(token) == "0o600"
+
+
+def test_a_call_lock_taken_first_on_a_host_makes_its_folders_owner_only(tmp_path, open_umask):
+    # A Postgres host's call locks (`<host folder>/ratchet.calls`), the first thing made there
+    host = tmp_path / ".ratchet" / "postgres" / "db_host_store"
+    held = FileCallLocks(host / "ratchet.calls").hold("charge-1")
+    assert held is not None
+    held.release()
+    folders = [tmp_path / ".ratchet", tmp_path / ".ratchet" / "postgres", host]
+    assert [_mode(f) for f in [*folders, host / "ratchet.calls"]] == ["0o700"] * 4
 
 
 def test_a_store_in_a_folder_of_the_users_leaves_the_folder_as_it_is(tmp_path, open_umask):

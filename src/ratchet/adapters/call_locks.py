@@ -20,6 +20,7 @@ import threading
 from contextlib import suppress
 from pathlib import Path
 
+from ratchet.adapters.private import private_folder
 from ratchet.errors import StoreUnavailable
 
 
@@ -32,7 +33,7 @@ class FileCallLocks:
     def hold(self, key: str) -> HeldFile | None:
         path = self._path(key)
         try:
-            self._folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_folder(self._folder)  # and the store's folders above it, if missing
             while True:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 if not _locked(fd, fcntl.LOCK_EX):

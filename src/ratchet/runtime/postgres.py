@@ -155,6 +155,12 @@ class PostgresRuntime(LocalRuntime):
         with super().serving(url):
             yield
 
+    def serve_token(self) -> str:
+        # Made before serve says where it listens, maybe first on this host: in its folder
+        # made owner-only, not one a token file's own would make at the umask's mode.
+        private_folder(self.root.parent)
+        return super().serve_token()
+
     def context(self, run_id: str, options: RunOptions) -> RunContext:
         return RunContext(
             run_id=run_id,

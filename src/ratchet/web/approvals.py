@@ -42,12 +42,12 @@ from ratchet.errors import (
     LinkInvalid,
     LinkOfAnotherStore,
     RunNotFound,
-    StoreBusy,
 )
 
 if TYPE_CHECKING:
     from ratchet.adapters.slack import SlackResponder
 from ratchet.waits import MAX_COMMENT_CHARS, Verdict
+from ratchet.web.outages import Outage, answer_outages, outage_words
 
 MAX_FORM_BYTES = 128 * 1024
 """A 10,000-character comment, each character up to 4 bytes of UTF-8 sent as %XX."""
@@ -79,6 +79,10 @@ def build_app(services: Callable[[], ApprovalServices]) -> APIGatewayRestResolve
     app.get("/approvals/<approval_id>")(routes.show)
     app.post("/approvals/<approval_id>")(routes.decide)
     app.post("/slack/interactions")(routes.slack_interaction)
+    # A store out of reach: a page is read once more, a decision answered 503 (a decision the
+    # store or the resumer turned away was undone, the request pending again: the person may
+    # send it again).
+    answer_outages(app, "the approval pages", _outage, lambda: services().logger)
     return app
 
 
@@ -127,10 +131,6 @@ class ApprovalRoutes:
             return _problem(error)
         except RunNotFound as gone:
             return _problem(ApprovalClosed(str(gone)))
-        except StoreBusy:
-            # The decision was undone (the request is pending again): the person may retry.
-            page = pages.problem_page("Busy, please try again", "AWS is busy for the moment.")
-            return _html(HTTPStatus.SERVICE_UNAVAILABLE, page)
         # What was asked is the request as the person saw it: the run has moved on since.
         reply = pages.asks_for_reply(asked)
         resumes = self.services().resumes
@@ -164,6 +164,10 @@ class ApprovalRoutes:
 
 def _html(status: int, body: str) -> Response[str]:
     return Response(status_code=status, headers=dict(pages.HEADERS), body=body)
+
+
+def _outage(error: Outage) -> Response[str]:
+    return _html(HTTPStatus.SERVICE_UNAVAILABLE, pages.problem_page(*outage_words(error)))
 
 
 def _problem(error: ApprovalError) -> Response[str]:

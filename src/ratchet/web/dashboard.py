@@ -58,6 +58,7 @@ from ratchet.summary import (
     version_span,
 )
 from ratchet.waits import Approval, ApprovalStatus
+from ratchet.web.outages import Outage, answer_outages, outage_words
 
 RESULT_PREVIEW_CHARS = 160
 ARGUMENT_CHARS = 80
@@ -212,6 +213,8 @@ def build_app(services: Callable[[], DashboardServices]) -> APIGatewayRestResolv
     app.get("/dashboard/runs/<run_id>/steps/<step>")(routes.state)
     app.get("/dashboard/runs/<run_id>/steps/<step>/prompt")(routes.prompt)
     app.exception_handler([RunUnreadable, UnsupportedSchema])(routes.damaged)
+    # A page read when the store was out of reach is read once more, then answered 503.
+    answer_outages(app, "the dashboard", routes.outage, lambda: None)
     return app
 
 
@@ -228,6 +231,9 @@ class DashboardRoutes:
     def damaged(self, error: RunUnreadable | UnsupportedSchema) -> Response[str]:
         # A run's page whose stored row cannot be read: the store's fault, named, never quoted.
         return _refused(HTTPStatus.INTERNAL_SERVER_ERROR, "Run damaged", str(error))
+
+    def outage(self, error: Outage) -> Response[str]:
+        return _refused(HTTPStatus.SERVICE_UNAVAILABLE, *outage_words(error))
 
     def runs(self) -> Response[str]:
         asked = self.app.current_event.query_string_parameters or {}

@@ -8,7 +8,8 @@ The route carries no AWS credentials (GitHub has none): the hook's signature, th
 window, throttling and an id of 128 bits protect it, and no route lists hooks. It answers at
 once: it keeps and delivers the event in the request (a few reads and one write) and never
 waits for the run's next step. Every refusal is a 4xx JSON naming the field, with nothing
-written, in the runs API's envelope: `{"error": ..., "problems": [{"field", "message"}]}`.
+written, in the runs API's envelope: `{"error": ..., "problems": [{"field", "message"}]}`; a
+store out of reach is a 503 in it, with Retry-After (`ratchet.web.outages`).
 Nothing it logs holds the hook's secret, a signature or the payload.
 
 The same app serves `ratchet serve` locally (with `Throttle`, since serve has no throttle of
@@ -34,7 +35,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
-from ratchet.errors import InvalidInput, PayloadTooLarge, StoreBusy, WaitError
+from ratchet.errors import InvalidInput, PayloadTooLarge, WaitError
 from ratchet.ports import HookBook
 from ratchet.state import MAX_EVENT_BYTES
 from ratchet.waiting.desk import EventDesk, EventInvalid
@@ -47,6 +48,7 @@ from ratchet.waiting.hooks import (
     find_hook,
     verify_delivery,
 )
+from ratchet.web.outages import Outage, answer_outages, outage_words
 
 BODY_LIMIT = ("/hooks/", MAX_EVENT_BYTES)
 """`ratchet serve` refuses a longer body on its Content-Length, before reading it (413)."""
@@ -106,6 +108,9 @@ def build_app(services: Callable[[], HookServices]) -> APIGatewayRestResolver:
     app = APIGatewayRestResolver()
     routes = HookRoutes(app, services)
     app.post("/hooks/<hook_id>")(routes.deliver)
+    # A store out of reach, from the hook's lookup to the event's write: 503 with Retry-After,
+    # nothing written, and the sender delivers again (a duplicate if it had been kept).
+    answer_outages(app, "the webhooks", routes.outage, lambda: services().logger)
     return app
 
 
@@ -147,12 +152,6 @@ class HookRoutes:
             return self._refuse(wired, refused.http_status, str(refused), "hook")
         except InvalidInput as invalid:  # a payload the desk cannot keep (too deep, ...)
             return self._refuse(wired, HTTPStatus.BAD_REQUEST, str(invalid), "body")
-        except StoreBusy:
-            busy = self._refuse(
-                wired, HTTPStatus.SERVICE_UNAVAILABLE, "the store is busy: try again", "hook"
-            )
-            busy.headers["Retry-After"] = "1"
-            return busy
         answer = sent.answer()
         if wired.logger is not None:
             wired.logger.info(
@@ -167,6 +166,11 @@ class HookRoutes:
                 },
             )
         return _json(HTTPStatus.OK, answer)
+
+    def outage(self, error: Outage) -> Response[str]:
+        _, said = outage_words(error)
+        body = {"error": said, "problems": [{"field": "hook", "message": said}]}
+        return _json(HTTPStatus.SERVICE_UNAVAILABLE, body)
 
     def _refuse_unchecked(
         self, wired: HookServices, refused: HookRefused | PayloadTooLarge
