@@ -488,3 +488,50 @@ def test_a_sealed_store_and_one_others_may_read_say_the_same_on_both_paths(tmp_p
                 else:
                     assert (code, out) == (2, "")
                     assert "sealed with key 'local:" in err
+
+
+@pytest.mark.parametrize(
+    ("prices", "said"),
+    [
+        ('{"x": 3}', 'such as {"input": 3, "output": 15} (cache_write and cache_read optional)'),
+        ("notjson", "is neither a JSON object nor a readable file"),
+    ],
+)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_malformed_ratchet_prices_is_refused_by_status_in_one_line_on_both_paths(
+    store: Path, prices: str, said: str, as_json: bool
+):
+    # Given a price table that is not one, when `status` (which prices the run) is asked of
+    # the entry point and of the full CLI
+    args = ["--store", f"sqlite:///{store}", "status", "priced", *(["--json"] if as_json else [])]
+    env = clean_env(RATCHET_PRICES=prices)
+    for command in (QUICK_CLI, RATCHET):
+        done = subprocess.run(
+            [*command, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+
+        # Then each refuses it in one line that says what a price entry looks like, exit 2
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("ratchet: RATCHET_PRICES")
+        assert said in done.stderr
+        assert "PricesInput" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [["history", "priced"], ["list"], ["list", "--json"]])
+def test_a_read_that_prices_nothing_answers_with_a_malformed_ratchet_prices(store: Path, args):
+    # `history` and `list` print no cost: a price table they never read does not stop them.
+    env = clean_env(RATCHET_PRICES='{"x": 3}')
+    for command in (QUICK_CLI, RATCHET):
+        done = subprocess.run(
+            [*command, "--store", f"sqlite:///{store}", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+        assert done.returncode == 0, done.stderr
+        assert "step committed" in done.stdout or "priced" in done.stdout

@@ -122,6 +122,15 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
+    except Exception as error:
+        # A setting refused (a malformed `RATCHET_PRICES`, as `status` prices the run): the
+        # full CLI refuses it in one line, exit 2. Ratchet's errors are loaded by then (by
+        # what raised it), not before: a read that prices nothing has no need of them.
+        from ratchet.errors import InvalidInput
+
+        if isinstance(error, InvalidInput):
+            return None
+        raise
 
 
 def _exposed(store: str) -> bool:
