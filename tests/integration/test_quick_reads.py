@@ -535,3 +535,61 @@ def test_a_read_that_prices_nothing_answers_with_a_malformed_ratchet_prices(stor
 
         assert done.returncode == 0, done.stderr
         assert "step committed" in done.stdout or "priced" in done.stdout
+
+
+UNREAD_SETTINGS = [
+    ("RATCHET_LOG_LEVEL", "DEBUG"),
+    ("RATCHET_LOG_LEVEL", "warning"),
+    ("RATCHET_LOG_LEVEL", ""),
+    ("RATCHET_PUBLIC_URL", "https://ratchet.example.com/base"),
+    ("RATCHET_WEBHOOK_SECRET", "s3cret"),
+    ("RATCHET_SLACK_SIGNING_SECRET", "s3cret"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), UNREAD_SETTINGS)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "done"],
+        ["status", "priced", "--json"],
+        ["history", "broken"],
+        ["history", "waiting", "--json"],
+        ["list"],
+        ["list", "--json"],
+    ],
+)
+def test_a_setting_a_read_ignores_leaves_it_on_the_quick_path_saying_the_same(
+    store, name, value, args
+):
+    url = f"sqlite:///{store}"
+    _, unset = both(url, args)
+    # Given a setting the full CLI checks and a read then ignores, with a value it takes
+    with _environment(url), pytest.MonkeyPatch.context() as patch:
+        patch.setenv(name, value)
+        said = quick.answer(args, os.environ)
+        code, full, problem = full_cli(args)
+
+    # Then the quick path answers, and says what the full CLI says with it and without it
+    assert code == 0, problem
+    assert said is not None, f"{name}={value!r} sends the read to the full CLI"
+    assert said == full == unset
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RATCHET_LOG_LEVEL", "chatty"),
+        ("RATCHET_LOG_LEVEL", "\u0131nfo"),  # not ASCII: left to the full CLI, whatever it takes
+        ("RATCHET_PUBLIC_URL", "ratchet.example.com"),
+        ("RATCHET_PUBLIC_URL", "https://ratchet.example.com/?x"),
+        ("RATCHET_PUBLIC_URL", "https://"),
+        ("RATCHET_WEBHOOK_SECRET", "caf\udce9"),  # not UTF-8, as the environment gave it
+        ("RATCHET_PAYLOAD_KEY", "local"),  # changes what a read can open
+        ("RATCHET_WEBHOOKS", "https://hooks.example.com/x"),
+        ("RATCHET_NOT_A_SETTING", "1"),
+    ],
+)
+def test_a_setting_the_quick_path_cannot_vouch_for_goes_to_the_full_cli(store, name, value):
+    with _environment(f"sqlite:///{store}"):
+        assert quick.answer(["status", "done"], {**os.environ, name: value}) is None
