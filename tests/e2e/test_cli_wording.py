@@ -1,0 +1,46 @@
+"""What the `ratchet` command says, as a user audit read it: each line names what exists and how
+to give what is missing, through the console script (its quick paths) and the full CLI alike."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.processes import RATCHET, clean_env
+
+QUICK_CLI = [sys.executable, "-c", "import sys; from ratchet.cli.quick import main; main()"]
+"""The console script `ratchet` (the entry point), in a process of its own."""
+ENTRY_POINTS = pytest.mark.parametrize("command", [QUICK_CLI, RATCHET], ids=["script", "full"])
+
+
+def ratchet(command: list[str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*command, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a refusal: exit 2, nothing on stdout."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    return done.stderr.removesuffix("\n")
+
+
+@ENTRY_POINTS
+@pytest.mark.parametrize("args", [["list"], ["status", "r1"], ["history", "r1", "--json"]])
+def test_an_unsupported_store_url_names_every_kind_of_store(tmp_path, command, args):
+    said = one_line(ratchet(command, tmp_path, "--store", "mysql://x/y", *args))
+
+    assert said.startswith("ratchet: unsupported store URL 'mysql://x/y': use ")
+    for kind in ("sqlite:///", "postgresql://", "dynamodb://"):
+        assert kind in said, said
