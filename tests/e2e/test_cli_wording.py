@@ -44,3 +44,22 @@ def test_an_unsupported_store_url_names_every_kind_of_store(tmp_path, command, a
     assert said.startswith("ratchet: unsupported store URL 'mysql://x/y': use ")
     for kind in ("sqlite:///", "postgresql://", "dynamodb://"):
         assert kind in said, said
+
+
+@ENTRY_POINTS
+@pytest.mark.parametrize(
+    ("args", "example"),
+    [
+        (["status", "r1", "--store"], "ratchet --store URL status r1"),
+        (["list", "--store"], "ratchet --store URL list"),
+        (["history", "r1", "--json", "--store"], "ratchet --store URL history r1 --json"),
+        (["approve", "r1", "--answer", '{"a": 1}', "--store"], "approve r1 --answer '{\"a\": 1}'"),
+        (["--store"], "ratchet --store URL COMMAND"),
+    ],
+)
+def test_a_store_option_without_its_value_is_said_to_need_one(tmp_path, command, args, example):
+    said = one_line(ratchet(command, tmp_path, *args))
+
+    assert said.startswith("ratchet: --store needs a value, and goes before the command: ")
+    assert said.endswith(example)
+    assert "No such option" not in said
