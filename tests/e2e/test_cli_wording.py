@@ -63,3 +63,27 @@ def test_a_store_option_without_its_value_is_said_to_need_one(tmp_path, command,
     assert said.startswith("ratchet: --store needs a value, and goes before the command: ")
     assert said.endswith(example)
     assert "No such option" not in said
+
+
+def started(tmp_path: Path, run_id: str, agent: str = "migration") -> str:
+    """A store in `tmp_path` with a run `run_id` started of a built-in scenario; its URL."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    done = ratchet(
+        RATCHET, tmp_path, "--store", store, "start", "--scenario", agent, "--run-id", run_id
+    )
+    assert done.returncode == 0, done.stderr
+    return store
+
+
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_deliveries_of_a_run_that_is_not_there_are_refused_as_every_run_command_refuses_it(
+    tmp_path, as_json
+):
+    store = started(tmp_path, "r1")
+
+    said = one_line(ratchet(RATCHET, tmp_path, "--store", store, "deliveries", "nosuch", *as_json))
+    status = one_line(ratchet(RATCHET, tmp_path, "--store", store, "status", "nosuch"))
+    none = ratchet(RATCHET, tmp_path, "--store", store, "deliveries", "r1", *as_json)
+
+    assert said == status == "ratchet: no run with id 'nosuch' in this store"
+    assert none.returncode == 0, none.stderr  # a run that sent nothing: an empty list
