@@ -335,10 +335,17 @@ class AnswerInvalid(ApprovalError):
 
     http_status = 400
 
-    def __init__(self, message: str, *, field: str | None = None, reason: str = "") -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, reason: str = "", cli: str | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
         self.reason = reason or message
+        self._cli = cli
+
+    def for_cli(self) -> str:
+        """The refusal as `ratchet approve` says it: how to give the answer, where it helps."""
+        return self._cli or str(self)
 
 
 class WaitError(RatchetError):

@@ -210,12 +210,25 @@ def _read_overrides(raw: str) -> dict[str, Prices]:
     return {pattern: _checked(pattern, prices) for pattern, prices in parsed.items()}
 
 
+ENTRY_SHAPE = (
+    'give an object of US dollars per million tokens, such as {"input": 3, "output": 15} '
+    "(cache_write and cache_read optional)"
+)
+"""What one `RATCHET_PRICES` entry looks like, in the words a refusal of one says it."""
+
+
 def _checked(pattern: str, prices: object) -> Prices:
     """One entry of `RATCHET_PRICES`, validated (pydantic loads here, only when it is set)."""
     from pydantic import ValidationError
 
     from ratchet.errors import InvalidInput
 
+    if not isinstance(prices, dict):
+        # pydantic would name its model's class here: say what an entry looks like instead.
+        raise InvalidInput(
+            f"{PRICES_VARIABLE}: bad prices for {pattern!r}: {ENTRY_SHAPE}, not "
+            f"{json.dumps(prices)}"
+        )
     try:
         given = _prices_input().model_validate(prices)
     except ValidationError as error:

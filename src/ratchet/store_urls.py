@@ -11,6 +11,9 @@ SQLITE_SCHEME = "sqlite:///"
 DYNAMODB_SCHEME = "dynamodb://"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """A Postgres store's URL, in either of libpq's spellings (docs/postgres.md)."""
+POSTGRES_FORM = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+"""A Postgres store's URL as a refusal of another names it (the adapter takes libpq's
+parameters after it too)."""
 DEFAULT_STORE = "sqlite:///.ratchet/ratchet.db"
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from datetime import datetime, timedelta
 
 from tests.e2e.test_cli_contract import _run_until_waiting, assert_rejected, fresh, snapshot
 from tests.fixtures import refund_agent
+from tests.processes import clean_env
 
 
 def test_approve_takes_an_answer_the_question_accepts(tmp_path):
@@ -73,3 +76,35 @@ def test_approval_timeout_sets_how_long_the_request_stays_open(tmp_path):
     assert_rejected(
         cli("start", "--agent", "refunds:agent", "--approval-timeout", "0"), "--approval-timeout"
     )
+
+
+QUICK_CLI = [sys.executable, "-c", "import sys; from ratchet.cli.quick import main; main()"]
+"""The console script `ratchet` (its write path answers `approve`), in a process of its own."""
+
+
+def test_approve_without_an_answer_says_how_to_give_it_on_both_paths(tmp_path):
+    # Given a run waiting for how much to refund
+    cli = fresh(tmp_path)
+    shutil.copy(refund_agent.__file__, tmp_path / "refunds.py")
+    cli.ok("run", "--agent", "refunds:agent", "--run-id", "r1")
+
+    # When approved without an answer, through the full CLI and through the console script
+    full = cli("approve", "r1")
+    quick = subprocess.run(
+        [*QUICK_CLI, "--store", str(cli.db), "approve", "r1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+
+    # Then each says what the answer holds and how to give it, in the same line
+    for done in (full, quick):
+        assert_rejected(done)
+        assert done.stderr == (
+            "ratchet: this request needs an answer to approve (amount: a whole number from 1 "
+            'to 500; reason: one of "damaged", "late"): give it as '
+            """--answer '{"amount": N, "reason": "damaged"}'\n"""
+        )

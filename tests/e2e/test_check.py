@@ -325,3 +325,39 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, said):
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("ratchet: "), done.stderr
     assert said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("agent", "given", "said"),
+    [
+        (
+            "tests.children_agent:child",
+            ["--input", '{"i": "x"}'],
+            "ratchet: bad input for agent 'child': Input should be a valid integer, unable to "
+            "parse string as an integer (--input field i)",
+        ),
+        (
+            "tests.children_agent:child",
+            ["--param", "i=x"],
+            "ratchet: bad input for agent 'child': Input should be a valid integer, unable to "
+            "parse string as an integer (--param i)",
+        ),
+        (
+            "billing_agent.agent:agent",
+            ["--input", '{"order_id": "A-1"}'],
+            "ratchet: bad input for agent 'billing': Field required (--input field amount)",
+        ),
+    ],
+    ids=["not-an-integer", "not-an-integer-by-param", "missing"],
+)
+def test_bad_agent_input_is_refused_in_the_line_start_refuses_it_in(tmp_path, agent, given, said):
+    # When the same input is given to `check` and to `start`
+    checked = ratchet(tmp_path, "check", agent, *given, *PROCESSES)
+    started = ratchet(tmp_path, "--store", "sqlite:///runs.db", "start", "--agent", agent, *given)
+
+    # Then both refuse it in one line, exit 2, naming the field and the flag it came in, and
+    # neither dumps pydantic's report (its model, the input, its link)
+    for done in (checked, started):
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stdout == ""
+        assert done.stderr == said + "\n"

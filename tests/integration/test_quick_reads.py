@@ -488,3 +488,108 @@ def test_a_sealed_store_and_one_others_may_read_say_the_same_on_both_paths(tmp_p
                 else:
                     assert (code, out) == (2, "")
                     assert "sealed with key 'local:" in err
+
+
+@pytest.mark.parametrize(
+    ("prices", "said"),
+    [
+        ('{"x": 3}', 'such as {"input": 3, "output": 15} (cache_write and cache_read optional)'),
+        ("notjson", "is neither a JSON object nor a readable file"),
+    ],
+)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_malformed_ratchet_prices_is_refused_by_status_in_one_line_on_both_paths(
+    store: Path, prices: str, said: str, as_json: bool
+):
+    # Given a price table that is not one, when `status` (which prices the run) is asked of
+    # the entry point and of the full CLI
+    args = ["--store", f"sqlite:///{store}", "status", "priced", *(["--json"] if as_json else [])]
+    env = clean_env(RATCHET_PRICES=prices)
+    for command in (QUICK_CLI, RATCHET):
+        done = subprocess.run(
+            [*command, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+
+        # Then each refuses it in one line that says what a price entry looks like, exit 2
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("ratchet: RATCHET_PRICES")
+        assert said in done.stderr
+        assert "PricesInput" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [["history", "priced"], ["list"], ["list", "--json"]])
+def test_a_read_that_prices_nothing_answers_with_a_malformed_ratchet_prices(store: Path, args):
+    # `history` and `list` print no cost: a price table they never read does not stop them.
+    env = clean_env(RATCHET_PRICES='{"x": 3}')
+    for command in (QUICK_CLI, RATCHET):
+        done = subprocess.run(
+            [*command, "--store", f"sqlite:///{store}", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+        assert done.returncode == 0, done.stderr
+        assert "step committed" in done.stdout or "priced" in done.stdout
+
+
+UNREAD_SETTINGS = [
+    ("RATCHET_LOG_LEVEL", "DEBUG"),
+    ("RATCHET_LOG_LEVEL", "warning"),
+    ("RATCHET_LOG_LEVEL", ""),
+    ("RATCHET_PUBLIC_URL", "https://ratchet.example.com/base"),
+    ("RATCHET_WEBHOOK_SECRET", "s3cret"),
+    ("RATCHET_SLACK_SIGNING_SECRET", "s3cret"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), UNREAD_SETTINGS)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "done"],
+        ["status", "priced", "--json"],
+        ["history", "broken"],
+        ["history", "waiting", "--json"],
+        ["list"],
+        ["list", "--json"],
+    ],
+)
+def test_a_setting_a_read_ignores_leaves_it_on_the_quick_path_saying_the_same(
+    store, name, value, args
+):
+    url = f"sqlite:///{store}"
+    _, unset = both(url, args)
+    # Given a setting the full CLI checks and a read then ignores, with a value it takes
+    with _environment(url), pytest.MonkeyPatch.context() as patch:
+        patch.setenv(name, value)
+        said = quick.answer(args, os.environ)
+        code, full, problem = full_cli(args)
+
+    # Then the quick path answers, and says what the full CLI says with it and without it
+    assert code == 0, problem
+    assert said is not None, f"{name}={value!r} sends the read to the full CLI"
+    assert said == full == unset
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RATCHET_LOG_LEVEL", "chatty"),
+        ("RATCHET_LOG_LEVEL", "\u0131nfo"),  # not ASCII: left to the full CLI, whatever it takes
+        ("RATCHET_PUBLIC_URL", "ratchet.example.com"),
+        ("RATCHET_PUBLIC_URL", "https://ratchet.example.com/?x"),
+        ("RATCHET_PUBLIC_URL", "https://"),
+        ("RATCHET_WEBHOOK_SECRET", "caf\udce9"),  # not UTF-8, as the environment gave it
+        ("RATCHET_PAYLOAD_KEY", "local"),  # changes what a read can open
+        ("RATCHET_WEBHOOKS", "https://hooks.example.com/x"),
+        ("RATCHET_NOT_A_SETTING", "1"),
+    ],
+)
+def test_a_setting_the_quick_path_cannot_vouch_for_goes_to_the_full_cli(store, name, value):
+    with _environment(f"sqlite:///{store}"):
+        assert quick.answer(["status", "done"], {**os.environ, name: value}) is None

@@ -504,10 +504,14 @@ def test_an_outbox_message_under_the_old_key_is_rewritten_and_reads_without_it(s
     (key_a,) = store.keyring_ids()
     store.ring.write_text(f"{new_keyring_line()}\n{store.ring.read_text()}")
 
-    # When the store is reencrypted
+    # When the store is reencrypted (after a dry run)
+    dry = store.cli("migrate", "--reencrypt", "--dry-run")
     done = store.cli("migrate", "--reencrypt", "--json")
 
-    # Then the message is rewritten under B, and reads with A gone from the keyring
+    # Then the dry run counts the one message in the singular,
+    assert dry.returncode == 0, dry.stderr
+    assert "  outbox: 1 message sealed with an older key" in dry.stdout.splitlines(), dry.stdout
+    # and the message is rewritten under B, and reads with A gone from the keyring
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     print(f"\n{report}")

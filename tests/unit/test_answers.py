@@ -35,6 +35,7 @@ from ratchet.approvals.messages import (
 from ratchet.approvals.slack import SlackLinkPressed, parse_action
 from ratchet.errors import AnswerInvalid
 from ratchet.state import (
+    MAX_BUDGET_USD,
     ApprovalRequest,
     PersonDecided,
     RunState,
@@ -42,7 +43,7 @@ from ratchet.state import (
     Waiting,
     decision_text,
 )
-from ratchet.tools import ask_person
+from ratchet.tools import RaiseBudget, ask_person
 from ratchet.waits import Approval, ApprovalNotice, ApprovalStatus, Invitation, Verdict
 from tests.fixtures.refund_agent import RefundAnswer
 
@@ -404,3 +405,28 @@ def test_the_email_says_what_to_answer():
 
     assert "To approve, answer on the page:\n  amount: a whole number from 1 to 500\n" in text
     assert '  reason: one of "damaged", "late"\n' in text
+
+
+def test_a_budgets_request_says_its_bounds_as_its_refusals_do_and_how_to_give_the_answer():
+    # Given a run's request to raise its budget (more than 0, at most MAX_BUDGET_USD dollars)
+    request = ApprovalRequest(prompt="Raise it?", answer_schema=answer_schema(RaiseBudget))
+    yes = Verdict(approved=True, by="dana")
+
+    # When approved without an answer, then with 0 and with too much
+    with pytest.raises(AnswerInvalid) as missing:
+        checked_verdict(request, yes)
+    with pytest.raises(AnswerInvalid) as zero:
+        checked_verdict(request, yes.model_copy(update={"answer": {"raise_usd": 0}}))
+    with pytest.raises(AnswerInvalid) as over:
+        checked_verdict(request, yes.model_copy(update={"answer": {"raise_usd": 20_000}}))
+
+    # Then the hint says the bounds the refusals hold it to, and the CLI says how to answer
+    assert str(missing.value) == (
+        "this request needs an answer to approve (raise_usd: a number, more than 0, at most "
+        f"{MAX_BUDGET_USD:.0f})"
+    )
+    assert missing.value.for_cli() == (
+        f"{missing.value}: give it as --answer '{{\"raise_usd\": N}}'"
+    )
+    assert str(zero.value) == "raise_usd: must be more than 0, not 0"
+    assert str(over.value) == f"raise_usd: must be at most {MAX_BUDGET_USD:.0f}, not 20000"

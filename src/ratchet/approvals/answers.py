@@ -70,18 +70,36 @@ class AnswerField:
             return "one of " + ", ".join(json.dumps(c, ensure_ascii=False) for c in self.choices)
         if self.kind in ("integer", "number"):
             noun = "a whole number" if self.kind == "integer" else "a number"
-            low, high = (
-                s.get("minimum", s.get("exclusiveMinimum")),
-                s.get("maximum", s.get("exclusiveMaximum")),
-            )
+            low, high = s.get("minimum"), s.get("maximum")
             if low is not None and high is not None:
-                return f"{noun} from {low} to {high}"
-            if low is not None:
-                return f"{noun}, at least {low}"
-            if high is not None:
-                return f"{noun}, at most {high}"
-            return noun
+                return f"{noun} from {_number(low)} to {_number(high)}"
+            # An exclusive bound is said as `_check_bounds` refuses a value past it.
+            bounds = [
+                f"{words} {_number(s[key])}"
+                for key, words in (
+                    ("minimum", "at least"),
+                    ("exclusiveMinimum", "more than"),
+                    ("maximum", "at most"),
+                    ("exclusiveMaximum", "less than"),
+                )
+                if key in s
+            ]
+            return ", ".join([noun, *bounds])
         return {"string": "text", "boolean": "true or false"}.get(self.kind, "JSON")
+
+    @property
+    def example(self) -> str:
+        """The field's value in an example answer: `N` for a number, the first choice, ..."""
+        if self.kind == "choice" and self.choices:
+            return json.dumps(self.choices[0], ensure_ascii=False)
+        return {"integer": "N", "number": "N", "string": '"TEXT"', "boolean": "true"}.get(
+            self.kind, "JSON"
+        )
+
+
+def _number(value: Any) -> Any:
+    """A bound as a person writes it: 10000, not the schema's 10000.0."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def answer_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -248,13 +266,13 @@ def _check_bounds(
 ) -> None:
     s, given = field.schema, f", not {value}"
     if "minimum" in s and value < s["minimum"]:
-        raise refuse(f"must be at least {s['minimum']}", given)
+        raise refuse(f"must be at least {_number(s['minimum'])}", given)
     if "maximum" in s and value > s["maximum"]:
-        raise refuse(f"must be at most {s['maximum']}", given)
+        raise refuse(f"must be at most {_number(s['maximum'])}", given)
     if "exclusiveMinimum" in s and value <= s["exclusiveMinimum"]:
-        raise refuse(f"must be more than {s['exclusiveMinimum']}", given)
+        raise refuse(f"must be more than {_number(s['exclusiveMinimum'])}", given)
     if "exclusiveMaximum" in s and value >= s["exclusiveMaximum"]:
-        raise refuse(f"must be less than {s['exclusiveMaximum']}", given)
+        raise refuse(f"must be less than {_number(s['exclusiveMaximum'])}", given)
 
 
 def _missing(field: AnswerField) -> AnswerInvalid:
@@ -278,8 +296,13 @@ def checked_verdict(request: AnyWait, verdict: Verdict) -> Verdict:
             raise AnswerInvalid("this request asks for a yes or no, not an answer")
         return verdict
     if verdict.answer is None:
-        wanted = "; ".join(f"{f.name}: {f.hint}" for f in answer_fields(schema))
-        raise AnswerInvalid(f"this request needs an answer to approve ({wanted})")
+        fields = answer_fields(schema)
+        wanted = "; ".join(f"{f.name}: {f.hint}" for f in fields)
+        said = f"this request needs an answer to approve ({wanted})"
+        example = ", ".join(
+            f"{json.dumps(f.name)}: {f.example}" for f in fields if f.required
+        ) or ", ".join(f"{json.dumps(f.name)}: {f.example}" for f in fields)
+        raise AnswerInvalid(said, cli=f"{said}: give it as --answer '{{{example}}}'")
     return verdict.model_copy(update={"answer": check_answer(schema, verdict.answer)})
 
 

@@ -40,7 +40,7 @@ from ratchet.cli import (
     serve,
     waits,
 )
-from ratchet.cli.argv import arrange
+from ratchet.cli.argv import STORE, arrange
 from ratchet.cli.context import (
     DISTRIBUTION,
     installed_version,
@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_text(args)
+        _check_store_value(args)
         code = app(args=arrange(args), prog_name="ratchet", standalone_mode=False)
     except NoArgsIsHelpError as error:
         error.show()
@@ -163,6 +164,20 @@ def _check_text(args: Sequence[str]) -> None:
         else:
             what = f"argument {index + 1}"
         raise InvalidInput(f"{what} is not valid UTF-8: {os.fsencode(arg)!r}")
+
+
+def _check_store_value(args: Sequence[str]) -> None:
+    """Refuse a `--store` typed last, with no value after it, saying so: `arrange` leaves it
+    where it was, and click would call it an option the command does not have (or, typed
+    alone, ask for its argument without saying where it goes)."""
+    if not args or args[-1] != STORE or "--" in args[:-1]:
+        return
+    import shlex  # only for this refusal: its example quotes what was typed, as a shell takes it
+
+    typed = " ".join(shlex.quote(arg) for arg in args[:-1]) or "COMMAND"
+    raise InvalidInput(
+        f"{STORE} needs a value, and goes before the command: ratchet {STORE} URL {typed}"
+    )
 
 
 def _usage_line(error: UsageError) -> str:

@@ -6,7 +6,7 @@ above 0 and at most 10,000, a day that is not a date) is one line, exit 2, nothi
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -50,6 +50,13 @@ def raise_day(
             "--by", metavar="NAME", callback=not_empty, help="Who raises it (default: you)."
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Raise it even if no run in the store is of an agent of that name (yet).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Let the agent's runs spend USD more on a UTC day than its max_cost_usd_per_day, on every
@@ -70,6 +77,16 @@ def raise_day(
         raise InvalidInput(str(refused)) from None
     client = open_client(create=False)
     try:
+        named, unnamed = _agents_with_runs(client)
+        if agent not in named and not unnamed and not force:
+            # The budget is kept by name, so a typo'd one would be raised for no run, and the
+            # runs that wait for it would go on waiting: refused, unless the raise is meant
+            # ahead of the agent's first run here.
+            listed = ", ".join(sorted(named)) or "none"
+            raise InvalidInput(
+                f"no run of agent {agent!r} is in this store: check the name (the agents with "
+                f"runs: {listed}), or give --force to raise it before its first run"
+            )
         raised = client.raise_day_budget(agent, amount, day=day, by=by or operator_name())
     finally:
         client.close()
@@ -77,7 +94,38 @@ def raise_day(
         print_json(raised.model_dump(mode="json"))
         return
     woken = f"woke {', '.join(raised.woken)}" if raised.woken else "no run waited for it"
+    unsure = ""
+    if agent not in named:
+        # A worker may load what this process cannot: the raise stands, and the line says
+        # which agents it could not name, so that a typo is still seen.
+        unsure = (
+            f" (no run here is of an agent named {agent!r} that this process can load; it "
+            f"cannot load {', '.join(sorted(unnamed))})"
+            if unnamed
+            else f" (no run here is of agent {agent!r} yet)"
+        )
     say(
         f"agent {raised.agent}'s daily budget for {raised.day} raised by ${amount:,.4f} "
-        f"(${raised.raised_usd:,.4f} raised that day, ${raised.spent_usd:,.4f} spent); {woken}"
+        f"(${raised.raised_usd:,.4f} raised that day, ${raised.spent_usd:,.4f} spent); "
+        f"{woken}{unsure}"
     )
+
+
+def _agents_with_runs(client: Any) -> tuple[set[str], set[str]]:
+    """The names (`Agent.name`, which the daily budget is kept by) of the agents of the store's
+    runs, and the references of those this process cannot load to read a name from (a module
+    only a worker has, a head that does not say)."""
+    from ratchet.agents import load_agent
+    from ratchet.errors import RatchetError
+
+    named: set[str] = set()
+    unnamed: set[str] = set()
+    for reference in {r.agent for r in client.runtime.store.list_runs()}:
+        if reference is None:
+            unnamed.add("(a run whose head does not say)")
+            continue
+        try:
+            named.add(load_agent(reference).name)
+        except RatchetError:
+            unnamed.add(reference)
+    return named, unnamed

@@ -125,7 +125,8 @@ def check(
     """Crash your agent at every fault point of every step it takes, as an exception and as a
     killed process, resume it, and compare the end with a run without a crash: status,
     summary, effects, model calls. Exit 1 on any difference."""
-    from ratchet.cli.writes import run_input
+    from ratchet.cli.writes import _as_given, run_input
+    from ratchet.runs import RunRequestInvalid
     from ratchet.testing import check as sweep
 
     given = run_input(input_json, param) or {}
@@ -140,17 +141,21 @@ def check(
             recording = _recorded(from_run, agent, Path(scratch.name) / "recording.json")
         if recording is not None and recording.exists():
             given = {**_recorded_params(recording), **given}
-        report = sweep(
-            agent,
-            params=given,
-            effects=effects,
-            setup=setup,
-            script=_script(script),
-            recording=recording,
-            record_with=_recording_model(model) if record is not None else None,
-            processes=processes,
-            budget=budget,
-        )
+        try:
+            report = sweep(
+                agent,
+                params=given,
+                effects=effects,
+                setup=setup,
+                script=_script(script),
+                recording=recording,
+                record_with=_recording_model(model) if record is not None else None,
+                processes=processes,
+                budget=budget,
+            )
+        except RunRequestInvalid as refused:
+            # In the words `ratchet start` refuses the same input in, naming the flag it came in.
+            raise InvalidInput(_as_given(refused.for_cli(), refused.fields, param)) from None
     if as_json:
         out.print_json(data=_as_data(report))
     else:

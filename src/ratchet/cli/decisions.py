@@ -15,6 +15,7 @@ from ratchet.cli.context import (
     open_runtime,
     operator_name,
     out,
+    refuse,
     require_local_store,
 )
 from ratchet.cli.options import MAX_STEPS, RunArgument, not_empty
@@ -54,7 +55,12 @@ def approve(
     ] = None,
 ) -> None:
     """Approve what a waiting run asked for; the next free worker resumes it."""
-    approve_run(run_id, comment=comment, by=by, answer=answer)
+    from ratchet.errors import AnswerInvalid
+
+    try:
+        approve_run(run_id, comment=comment, by=by, answer=answer)
+    except AnswerInvalid as refused:
+        refuse(refused.for_cli())  # how to give the answer: this command's --answer
 
 
 def reject(

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ratchet.cli.context import open_runtime, print_json, require_local_store
+from ratchet.cli.context import load_head, open_runtime, print_json, require_local_store
 from ratchet.cli.options import JsonOption
 from ratchet.untrusted import for_terminal
 
@@ -34,6 +34,11 @@ def deliveries(
     runtime = open_runtime(create=False)
     try:
         rows = [_row(d) for d in runtime.deliveries.listed(run_id, limit=limit)]
+        if run_id is not None and not rows:
+            # None for a typo'd id reads as a run that sent nothing: refused, as every other
+            # command about one run refuses it (a run's deliveries are listed without its head,
+            # which is read only when there are none).
+            load_head(runtime, run_id)
     finally:
         runtime.close()
     if as_json:

@@ -176,8 +176,8 @@ def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
         note = " (dry run: nothing changed)" if dry_run else ""
         resealed, sealed = sum(report.resealed.values()), sum(report.sealed.values())
         out.print(
-            f"{verb} {report.records} records and {report.blobs} blobs under key "
-            f"{report.key_id}{note}",
+            f"{verb} {_count(report.records, 'record')} and {_count(report.blobs, 'blob')} "
+            f"under key {report.key_id}{note}",
             markup=False,
         )
         out.print(
@@ -191,13 +191,20 @@ def _reencrypt(*, dry_run: bool, as_json: bool, bucket: str | None) -> None:
             markup=False,
         )
         if report.outbox_resealed:
-            out.print(f"  outbox: {report.outbox_resealed} messages sealed with an older key")
+            messages = _count(report.outbox_resealed, "message")
+            out.print(f"  outbox: {messages} sealed with an older key")
         if report.moved:
-            say(f"  {report.moved} records changed while it ran: run it again to finish")
+            records = _count(report.moved, "record")
+            say(f"  {records} changed while it ran: run it again to finish")
         for where in report.unreadable:
             say(f"  {where}  fails its authentication: left as it is")
     if report.unreadable or report.moved:
         raise typer.Exit(1)
+
+
+def _count(count: int, noun: str) -> str:
+    """`1 record`, `2 records`: a count and its noun, singular for one."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _index_unlisted(*, dry_run: bool, as_json: bool) -> None:

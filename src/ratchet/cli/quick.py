@@ -46,7 +46,43 @@ MAX_MEMORY_WINDOW = 50
 STATUSES = frozenset({"running", "waiting", "done", "failed", "stopped", "cancelled"})
 """`ratchet.state.RunStatus`, by value."""
 SETTINGS_READ = frozenset({"RATCHET_STORE", "RATCHET_PRICES"})
-"""The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it."""
+"""The only `RATCHET_*` variables this path reads; with any other set, the full CLI checks it,
+but for those in `SETTINGS_UNREAD` with a value it would take."""
+LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+"""`ratchet.runtime.local.LocalSettings.log_level`'s values, in any case."""
+
+
+def _a_level(value: str) -> bool:
+    return value.upper() in LOG_LEVELS
+
+
+def _a_public_url(value: str) -> bool:
+    """`LocalSettings.public_url`'s pattern, `^https?://[^\\s?#]+$`, without loading `re`."""
+    scheme, _, rest = value.partition("://")
+    return (
+        scheme in ("http", "https")
+        and bool(rest)
+        and not any(c.isspace() or c in "?#" for c in rest)
+    )
+
+
+def _any_text(value: str) -> bool:
+    return True
+
+
+SETTINGS_UNREAD = {
+    "RATCHET_LOG_LEVEL": _a_level,
+    "RATCHET_PUBLIC_URL": _a_public_url,
+    "RATCHET_WEBHOOK_SECRET": _any_text,
+    "RATCHET_SLACK_SIGNING_SECRET": _any_text,
+}
+"""Settings the full CLI checks and a read then ignores: a read logs nothing (whatever the
+level), prints no link (whatever the public URL) and signs nothing. With a value the full CLI
+would take (ASCII, as it takes only UTF-8 text, and as its check below says; empty is unset),
+what a read prints is the same either way, so this path answers; with any other, the full CLI
+refuses it in one line. Every other setting goes on to the full CLI: a payload key changes what
+a read can open; the webhooks, bounds and timeouts are each checked in ways not worth
+repeating here, and an unknown `RATCHET_*` name may be one a newer full CLI reads."""
 MAX_ROWS = 100_000
 """`ratchet.cli.options.MAX_ROWS`, the most `list --limit` and `history --last` take: past it,
 the full CLI refuses the count, whichever path is asked (a unit test holds the two equal)."""
@@ -101,7 +137,7 @@ def _columns(environ: Mapping[str, str]) -> int:
 
 def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
     """What the read command `args` prints, or None when the full CLI should answer."""
-    if any(name.startswith("RATCHET_") and name not in SETTINGS_READ for name in environ):
+    if any(_checked_by_the_full_cli(name, value) for name, value in environ.items()):
         return None
     command = _read_command(arrange(list(args)), environ.get("RATCHET_STORE") or DEFAULT_STORE)
     if command is None:
@@ -122,6 +158,23 @@ def answer(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
         # Not what this path expects (a damaged row, a store mid-upgrade): the full CLI reads
         # it with the models and says what is wrong.
         return None
+    except Exception as error:
+        # A setting refused (a malformed `RATCHET_PRICES`, as `status` prices the run): the
+        # full CLI refuses it in one line, exit 2. Ratchet's errors are loaded by then (by
+        # what raised it), not before: a read that prices nothing has no need of them.
+        from ratchet.errors import InvalidInput
+
+        if isinstance(error, InvalidInput):
+            return None
+        raise
+
+
+def _checked_by_the_full_cli(name: str, value: str) -> bool:
+    """Whether the setting `name=value` is one the full CLI should check before a read."""
+    if not name.startswith("RATCHET_") or name in SETTINGS_READ:
+        return False
+    takes = SETTINGS_UNREAD.get(name)
+    return takes is None or not (value == "" or (value.isascii() and takes(value)))
 
 
 def _exposed(store: str) -> bool:

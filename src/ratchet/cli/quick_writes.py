@@ -82,8 +82,8 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
     if command is None:
         return False
     from ratchet.cli import writes
-    from ratchet.cli.context import refuse_error, use_global_options
-    from ratchet.errors import RatchetError
+    from ratchet.cli.context import refuse, refuse_error, use_global_options
+    from ratchet.errors import AnswerInvalid, RatchetError
 
     name, store, log_json, given = command
     use_global_options(store, log_json)
@@ -110,6 +110,8 @@ def main(args: Sequence[str], environ: Mapping[str, str]) -> bool:
         # complaint at exit about the output it could not flush.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except AnswerInvalid as refused:
+        refuse(refused.for_cli())  # how to give the answer: `approve`'s --answer
     except RatchetError as error:
         refuse_error(error)
     return True

@@ -39,6 +39,7 @@ from ratchet.sealing import check_setting
 from ratchet.store_urls import (
     DEFAULT_STORE,
     DYNAMODB_SCHEME,
+    POSTGRES_FORM,
     POSTGRES_SCHEMES,
     SQLITE_SCHEME,
     store_url,
@@ -60,9 +61,10 @@ def connect(
     worker_id: str | None = None,
 ) -> Client:
     """A client on the store at `url`: `sqlite:///path.db` or the file's plain path (made if
-    missing, unless `create=False`), or a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&
-    region=REGION[&endpoint=URL]`. Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`.
-    The rest (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
+    missing, unless `create=False`), a Postgres database, `postgresql://USER@HOST/DATABASE`, or
+    a deployed stack's tables, `dynamodb://TABLE?ledger=TABLE&app=TABLE&region=REGION` (and
+    `&endpoint=URL`). Default: `RATCHET_STORE`, else `sqlite:///.ratchet/ratchet.db`. The rest
+    (`ANTHROPIC_API_KEY`, ...) is read from `environ`, default the process's."""
     # Loaded here, not with the package: a worker or a Lambda handler opens a runtime without
     # the client's answer models.
     from ratchet.client import Client
@@ -127,7 +129,7 @@ def local_runtime(
         return PostgresRuntime.open(settings, create=create, any_thread=any_thread)
     raise StoreUnavailable(
         f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
-        f"sqlite:////absolute/path.db or {DYNAMODB_FORM}"
+        f"sqlite:////absolute/path.db, {POSTGRES_FORM} or {DYNAMODB_FORM}"
     )
 
 

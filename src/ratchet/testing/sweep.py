@@ -23,11 +23,12 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ratchet.agents import load_agent
 from ratchet.errors import InvalidInput
 from ratchet.faults import FaultPoint
+from ratchet.runs import RunRequestInvalid, request_problems
 from ratchet.testing.outcome import Crash, CrashKind, Outcome, Verdict, compare
 from ratchet.testing.runner import (
     CheckFailed,
@@ -159,7 +160,8 @@ def check(
     into `recording`. `crashes` limits the sweep to those schedules. The schedules' scratch
     folders are made in `workdir` (default: in memory, /dev/shm, where there is one; else the
     system's temporary folder) and removed at the end. Raises `InvalidInput`
-    for a check that cannot run (no such agent, an effects function that raises, ...)."""
+    for a check that cannot run (no such agent, an effects function that raises, ...): for
+    bad input, `ratchet.runs.RunRequestInvalid` naming its field, as a start refuses it."""
     from ratchet.testing.script import WaitScript
 
     started = time.perf_counter()
@@ -167,9 +169,15 @@ def check(
     given = dict(params or {})
     try:
         checked_params = loaded.params_for(given)
+    except ValidationError as error:
+        # As a start refuses it (`ratchet.runs`): the first problem and its field, not
+        # pydantic's dump of the input and its model's name.
+        (where, what), *_ = request_problems(error)
+        raise RunRequestInvalid(
+            f"bad input for agent {loaded.name!r}: {what}", f"input.{where}"
+        ) from None
     except ValueError as error:
-        first = " ".join(str(error).split())
-        raise InvalidInput(f"agent {agent!r}: bad input: {first}") from None
+        raise RunRequestInvalid(" ".join(str(error).split()), "input") from None
     if loaded.policy is None and recording is None:
         raise InvalidInput(
             f"agent {loaded.name!r} has no scripted policy: check it from a recorded run "
