@@ -101,3 +101,19 @@ def test_ratchet_run_on_this_machine_alone_still_prints_the_link(tmp_path: Path)
 
     # Then `run` prints the operator's link, as the README's first run shows
     assert re.search(r"Approve or reject at: http://127\.0\.0\.1:\d+/approvals/", _said(done))
+
+
+def test_a_refused_store_url_is_said_without_its_password(tmp_path: Path) -> None:
+    # Given a store URL of a kind Ratchet does not take, holding a password
+    cli = Cli(tmp_path)
+    argv = [a if a != cli.store else f"mysql://ops:{PASSWORD}@db/runs" for a in cli.argv("list")]
+
+    # When a command is given it
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=cli.env(), timeout=120, check=False
+    )
+
+    # Then it is refused in one line that names the URL without its password
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("ratchet: unsupported store URL 'mysql://ops:***@db/runs'")
+    assert PASSWORD not in done.stdout + done.stderr

@@ -125,7 +125,7 @@ def check(
     """Crash your agent at every fault point of every step it takes, as an exception and as a
     killed process, resume it, and compare the end with a run without a crash: status,
     summary, effects, model calls. Exit 1 on any difference."""
-    from ratchet.cli.writes import _as_given, run_input
+    from ratchet.cli.writes import as_given, run_input
     from ratchet.runs import RunRequestInvalid
     from ratchet.testing import check as sweep
 
@@ -155,7 +155,7 @@ def check(
             )
         except RunRequestInvalid as refused:
             # In the words `ratchet start` refuses the same input in, naming the flag it came in.
-            raise InvalidInput(_as_given(refused.for_cli(), refused.fields, param)) from None
+            raise InvalidInput(as_given(refused.for_cli(), refused.fields, param)) from None
     if as_json:
         out.print_json(data=_as_data(report))
     else:

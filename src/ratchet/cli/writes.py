@@ -115,10 +115,10 @@ def validated_run(new: NewRun) -> RunState:
     try:
         return new_run(request, has_anthropic_key=settings().anthropic_api_key is not None)
     except RunRequestInvalid as refused:
-        raise InvalidInput(_as_given(refused.for_cli(), refused.fields, new.params)) from None
+        raise InvalidInput(as_given(refused.for_cli(), refused.fields, new.params)) from None
 
 
-def _as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
+def as_given(said: str, fields: tuple[str, ...], params: list[str] | None) -> str:
     """`said` naming the flag an input field came in: `--param cents` for one a --param set,
     `--input field cents` for one that came in --input (or is missing from it)."""
     by_param = {p.partition("=")[0] for p in params or []}

@@ -42,6 +42,7 @@ from ratchet.store_urls import (
     POSTGRES_FORM,
     POSTGRES_SCHEMES,
     SQLITE_SCHEME,
+    shown_url,
     store_url,
 )
 from ratchet.untrusted import is_utf8
@@ -128,7 +129,7 @@ def local_runtime(
 
         return PostgresRuntime.open(settings, create=create, any_thread=any_thread)
     raise StoreUnavailable(
-        f"unsupported store URL {url!r}: use sqlite:///relative/path.db, "
+        f"unsupported store URL {shown_url(url)!r}: use sqlite:///relative/path.db, "
         f"sqlite:////absolute/path.db, {POSTGRES_FORM} or {DYNAMODB_FORM}"
     )
 

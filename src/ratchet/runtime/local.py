@@ -65,7 +65,7 @@ from ratchet.runtime.local_approvals import (
 )
 from ratchet.sealing import SETTING as PAYLOAD_KEY_ENV
 from ratchet.sealing import PayloadCodec, check_setting
-from ratchet.store_urls import DEFAULT_STORE, shown_url, store_url
+from ratchet.store_urls import DEFAULT_STORE, POSTGRES_FORM, shown_url, store_url
 from ratchet.untrusted import is_utf8
 from ratchet.waits import DEFAULT_APPROVAL_SECONDS, ApprovalStatus, Verdict
 from ratchet.webhook_urls import parse_webhook_urls
@@ -347,8 +347,8 @@ def sqlite_path(url: str) -> Path:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or len(url) == len(prefix):
         raise StoreUnavailable(
-            f"unsupported store URL {shown_url(url)!r}: locally use sqlite:///relative/path.db or "
-            "sqlite:////absolute/path.db"
+            f"unsupported store URL {shown_url(url)!r}: locally use sqlite:///relative/path.db, "
+            f"sqlite:////absolute/path.db or {POSTGRES_FORM}"
         )
     return Path(url[len(prefix) :])
 
