@@ -242,7 +242,7 @@ def test_an_item_a_writer_changed_after_the_scan_keeps_what_the_writer_wrote(
     # Then the write conditional on the value read is refused and counted (exit 1), and the
     # item holds what the writer wrote
     assert done.exit_code == 1
-    assert "  1 records changed while it ran: run it again to finish" in done.output
+    assert "  1 record changed while it ran: run it again to finish" in done.output
     data = DynamoDbRunData(dynamodb, SETTINGS.app_table, "a-1", codec=codec_b)
     assert data.get("customer") == "written meanwhile"
     # and every other text is under B, so a second run rewrites nothing
